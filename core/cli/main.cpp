@@ -1,0 +1,161 @@
+// The `trainer` command: train from a recipe, list plugins, print the resolved config.
+// Exit codes: 0 ok, 2 usage/config error, 3 training failed, 130 interrupted.
+#include <spdlog/spdlog.h>
+
+#include <boost/program_options.hpp>
+#include <iostream>
+
+#include "trainer/error.h"
+#include "trainer/logging.h"
+#include "trainer/plugin_host.h"
+#include "trainer/recipe.h"
+#include "trainer/trainer.h"
+
+namespace po = boost::program_options;
+
+namespace {
+
+const char* kUsage = R"(Usage:
+  trainer --recipe FILE [OVERRIDE...]   train (see docs/recipes.md)
+  trainer plugins [--recipe FILE] [--plugin-dir DIR]...
+                                        list plugins found: version, events, config keys
+
+Overrides:
+  a.b=value       change a key (value in TOML syntax; bare words are strings)
+  +a.b=value      add a key the recipe does not have
+  group=option    pick configs/<group>/<option>.toml (e.g. model=mlp)
+  preset          merge configs/<preset>.toml (e.g. robust)
+
+Exit codes: 0 ok, 2 usage or config error, 3 training failed, 130 interrupted.
+)";
+
+std::string join_events(const std::vector<trainer::Event>& events) {
+  std::string s;
+  for (auto e : events) s += (s.empty() ? "" : ", ") + std::string(trainer::event_name(e));
+  return s;
+}
+
+int list_plugins(const std::vector<std::string>& dirs) {
+  trainer::PluginHost host(dirs);
+  std::vector<std::string> errors;
+  const auto infos = host.discover(&errors);
+  std::cout << "Plugin search path:\n";
+  for (const auto& d : host.search_path()) std::cout << "  " << d << "\n";
+  std::cout << "\n";
+  if (infos.empty()) std::cout << "No plugins found.\n";
+  for (const auto& p : infos) {
+    std::cout << p.name << " " << p.version << "  (" << p.path << ")\n";
+    if (!p.description.empty()) std::cout << "  " << p.description << "\n";
+    std::cout << "  events: " << join_events(p.events) << "\n";
+    std::cout << "  config keys ([plugins." << p.name << "]):\n";
+    for (const auto& k : p.keys) {
+      std::cout << "    " << k.key << " (" << k.describe();
+      if (k.default_value) std::cout << ", default " << trainer::config_value_to_toml(*k.default_value);
+      std::cout << "): " << k.doc << "\n";
+    }
+    std::cout << "    priority (integer): dispatch order, lower first\n";
+    std::cout << "    policy (string, one of: observer, essential): what a throwing handler does\n\n";
+  }
+  for (const auto& e : errors) std::cout << "error: " << e << "\n";
+  return errors.empty() ? trainer::kExitOk : trainer::kExitUsage;
+}
+
+int run(int argc, char** argv) {
+  po::options_description opts("Options");
+  opts.add_options()                                                                     //
+      ("help,h", "show this help")                                                       //
+      ("version", "print the trainer and LibTorch versions")                             //
+      ("recipe,r", po::value<std::string>(), "recipe TOML file")                         //
+      ("print-config", "print the resolved config (defaults filled) and exit")           //
+      ("run-dir", po::value<std::string>(), "run directory (default <run.dir>/<run.name>-<time>)")  //
+      ("resume", po::value<std::string>(), "resume from a checkpoint file or run directory")         //
+      ("log-level", po::value<std::string>()->default_value("info"), "trace, debug, info, warn, error, off")  //
+      ("plugin-dir", po::value<std::vector<std::string>>(), "extra plugin directory (repeatable)");
+  po::options_description hidden;
+  hidden.add_options()("args", po::value<std::vector<std::string>>(), "");
+  po::options_description all;
+  all.add(opts).add(hidden);
+  po::positional_options_description pos;
+  pos.add("args", -1);
+
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(argc, argv).options(all).positional(pos).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    std::cerr << "trainer: " << e.what() << "\n\n" << kUsage << opts;
+    return trainer::kExitUsage;
+  }
+  if (vm.count("help")) {
+    std::cout << kUsage << "\n" << opts;
+    return trainer::kExitOk;
+  }
+  if (vm.count("version")) {
+    std::cout << "trainer " << TRAINER_VERSION << " (LibTorch " << TORCH_VERSION << ", plugin ABI "
+              << TRAINER_ABI_VERSION << ")\n";
+    return trainer::kExitOk;
+  }
+  std::vector<std::string> args = vm.count("args") ? vm["args"].as<std::vector<std::string>>() : std::vector<std::string>{};
+  std::vector<std::string> plugin_dirs =
+      vm.count("plugin-dir") ? vm["plugin-dir"].as<std::vector<std::string>>() : std::vector<std::string>{};
+
+  if (!args.empty() && args.front() == "plugins") {
+    if (args.size() > 1) {
+      std::cerr << "trainer plugins: unexpected argument '" << args[1] << "'\n";
+      return trainer::kExitUsage;
+    }
+    if (vm.count("recipe")) {
+      const auto loaded = trainer::load_recipe(vm["recipe"].as<std::string>(), {});
+      for (auto& d : loaded.config.get_or<std::vector<std::string>>("plugins.path", {})) plugin_dirs.push_back(d);
+    }
+    return list_plugins(plugin_dirs);
+  }
+  if (!vm.count("recipe")) {
+    std::cerr << "trainer: --recipe is required\n\n" << kUsage;
+    return trainer::kExitUsage;
+  }
+  const std::string recipe = vm["recipe"].as<std::string>();
+  trainer::PreparedRun prepared = trainer::prepare_run(recipe, args, plugin_dirs);
+  if (vm.count("print-config")) {
+    std::cout << "# resolved from: ";
+    for (std::size_t i = 0; i < prepared.sources.size(); ++i) std::cout << (i ? ", " : "") << prepared.sources[i];
+    std::cout << "\n" << prepared.config.to_toml();
+    return trainer::kExitOk;
+  }
+  trainer::TrainerOptions options;
+  options.config = prepared.config;
+  options.plugins = prepared.plugins;
+  options.handle_signals = true;
+  options.log_level = vm["log-level"].as<std::string>();
+  if (vm.count("run-dir")) options.run_dir = vm["run-dir"].as<std::string>();
+  if (vm.count("resume")) options.resume = vm["resume"].as<std::string>();
+  trainer::Trainer t(std::move(options));
+  const trainer::RunResult r = t.fit();
+  if (r.exit_code != trainer::kExitOk) {
+    std::cerr << "trainer: run " << r.status << " (exit " << r.exit_code << "): " << r.message << "\n"
+              << "trainer: run directory " << r.run_dir << "\n";
+  }
+  return r.exit_code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const trainer::ConfigError& e) {
+    std::cerr << "trainer: " << e.problems().size() << " config error" << (e.problems().size() == 1 ? "" : "s")
+              << ":\n";
+    for (const auto& p : e.problems()) std::cerr << "  " << p << "\n";
+    return trainer::kExitUsage;
+  } catch (const trainer::UsageError& e) {
+    std::cerr << "trainer: " << e.what() << "\n";
+    return trainer::kExitUsage;
+  } catch (const trainer::PluginError& e) {
+    std::cerr << "trainer: " << e.what() << "\n";
+    return trainer::kExitUsage;
+  } catch (const std::exception& e) {
+    std::cerr << "trainer: " << e.what() << "\n";
+    return trainer::kExitTrainingFailed;
+  }
+}

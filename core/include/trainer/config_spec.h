@@ -1,0 +1,62 @@
+#pragma once
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "trainer/config.h"
+#include "trainer/export.h"
+
+namespace trainer {
+
+/// Value kinds a KeySpec may require.
+enum class ValueType { Int, Float, Bool, String, IntList, FloatList, StringList };
+
+/// "integer", "float", ...
+TRAINER_API std::string value_type_name(ValueType t);
+
+/// Declares one config key of a component: its type, default, allowed range or choices and
+/// a one-line doc. Built fluently:
+/// `KeySpec("lr", ValueType::Float, "Peak learning rate").def(1e-3).min(0, false)`.
+struct TRAINER_API KeySpec {
+  KeySpec(std::string key, ValueType type, std::string doc);
+
+  KeySpec& def(ConfigValue v);       ///< default filled into the resolved config
+  KeySpec& required();               ///< must be present (no default)
+  KeySpec& min(double v, bool inclusive = true);  ///< numbers and numeric list elements
+  KeySpec& max(double v, bool inclusive = true);
+  KeySpec& choices(std::vector<std::string> c);   ///< strings and string list elements
+
+  std::string key;  ///< relative to the section, may be dotted ("betas")
+  ValueType type;
+  std::string doc;
+  std::optional<ConfigValue> default_value;
+  bool is_required = false;
+  std::optional<double> min_value, max_value;
+  bool min_inclusive = true, max_inclusive = true;
+  std::vector<std::string> allowed;
+
+  /// "float >= 0", "one of: constant, step, cosine" — for messages and `trainer plugins`.
+  std::string describe() const;
+};
+
+/// The keys of one config section (`training`, `model`, `plugins.console`).
+struct TRAINER_API SectionSpec {
+  std::string path;           ///< dotted section path
+  std::vector<KeySpec> keys;  ///< allowed keys
+  std::string doc;
+};
+
+/// Checks `cfg` against `sections`: unknown keys (with a did-you-mean), unknown sections,
+/// wrong types, out-of-range values and missing required keys, each message naming the key,
+/// its origin, the bad value and what is allowed. Fills defaults into `cfg`. Returns all
+/// problems (empty = valid). Sections listed in `open_sections` may hold any keys.
+TRAINER_API std::vector<std::string> validate_config(Config& cfg,
+                                                     const std::vector<SectionSpec>& sections,
+                                                     const std::vector<std::string>& open_sections = {});
+
+/// The closest candidate within a small edit distance, or "" (for did-you-mean hints).
+TRAINER_API std::string closest_match(const std::string& word,
+                                      const std::vector<std::string>& candidates);
+
+}  // namespace trainer

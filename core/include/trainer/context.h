@@ -1,0 +1,66 @@
+#pragma once
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <exception>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "trainer/config.h"
+#include "trainer/data.h"
+#include "trainer/events.h"
+#include "trainer/metrics.h"
+#include "trainer/model.h"
+
+namespace spdlog {
+class logger;
+}
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace trainer {
+
+/// Counters of the run, updated by the core before each event.
+struct RunState {
+  std::int64_t epoch = 0;              ///< 0-based current epoch
+  std::int64_t num_epochs = 0;
+  std::int64_t global_step = 0;        ///< optimizer steps completed
+  std::int64_t total_steps = 0;        ///< optimizer steps planned for the whole run
+  std::int64_t batch_in_epoch = 0;     ///< 0-based index of the current batch in its epoch
+  std::int64_t steps_per_epoch = 0;
+  std::int64_t batch_size = 0;         ///< effective batch (samples per optimizer step)
+  std::int64_t micro_batch_size = 0;   ///< samples per forward/backward
+  std::int64_t micro_batch_index = 0;  ///< 0-based index within the current batch
+  std::int64_t num_micro_batches = 0;  ///< micro-batches of the current batch
+  std::int64_t samples_seen = 0;       ///< training samples processed this run
+  double loss = 0.0;                   ///< last batch's mean training loss (BatchEnd)
+  double lr = 0.0;                     ///< learning rate of the current step
+};
+
+/// What a hook may read and act on. The core owns everything referenced here; pointers are
+/// null where the event comes before the object exists (docs/events.md lists, per event,
+/// what is set). Plugins may replace `model` in ModelCreated and choose `device` in
+/// SelectDevice; everything else they read, or change through Control.
+struct TRAINER_API EventContext {
+  Event event = Event::Init;
+  const Config* config = nullptr;               ///< resolved config (always set)
+  std::shared_ptr<spdlog::logger> logger;       ///< the run's logger (always set)
+  MetricsLogger* metrics = nullptr;             ///< log metrics here (always set)
+  std::string run_dir;                          ///< the run directory (always set)
+  RunState state;
+  c10::Device device = c10::Device(c10::kCPU);  ///< the run's device
+  std::shared_ptr<Model> model;                 ///< from ModelCreated on
+  torch::optim::Optimizer* optimizer = nullptr; ///< from OptimizerCreated on
+  const Batch* batch = nullptr;                 ///< current micro-batch (Before/AfterForward/Backward)
+  const at::Tensor* outputs = nullptr;          ///< logits (AfterForward)
+  const at::Tensor* loss = nullptr;             ///< scaled micro-batch loss (AfterForward, Before/AfterBackward)
+  const std::map<std::string, double>* eval_metrics = nullptr;  ///< EvalEnd
+  std::string checkpoint_path;                  ///< Checkpoint: the file just written
+  std::exception_ptr exception;                 ///< Exception: what failed
+  std::string status;                           ///< FitEnd/Shutdown: FINISHED, FAILED, KILLED
+};
+
+}  // namespace trainer

@@ -1,0 +1,33 @@
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace trainer {
+
+/// What plugins may ask of the core. A fresh Control is handed to every dispatch; after
+/// all plugins ran, the core acts on it (docs/events.md says which fields each event
+/// honours; a request an event does not honour is logged and ignored).
+struct Control {
+  /// Finish at the next safe point (after the current optimizer step), as a success.
+  bool stop_training = false;
+  /// Skip this batch's optimizer step (gradients are dropped). BatchStart..BeforeOptimizerStep.
+  bool skip_step = false;
+  /// Re-run the current batch split into micro-batches of this size (OutOfMemory).
+  std::optional<std::int64_t> retry_with_micro_batch;
+  /// Move model and optimizer state to this device ("cpu", "cuda:1").
+  std::optional<std::string> switch_device;
+  /// Write a checkpoint after the current batch.
+  bool request_checkpoint = false;
+  /// Run evaluation after the current batch.
+  bool request_eval = false;
+  /// Free text the core logs with the action ("who asked and why").
+  std::string reason;
+
+  bool any() const {
+    return stop_training || skip_step || retry_with_micro_batch || switch_device ||
+           request_checkpoint || request_eval;
+  }
+};
+
+}  // namespace trainer

@@ -1,0 +1,49 @@
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <string>
+
+#include "trainer/config.h"
+#include "trainer/export.h"
+#include "trainer/model.h"
+#include "trainer/registry.h"
+
+namespace trainer {
+
+/// A batch of samples: inputs [N, ...] float32 and integer class targets [N] (int64).
+struct Batch {
+  at::Tensor inputs;
+  at::Tensor targets;
+  std::int64_t size() const { return targets.defined() ? targets.size(0) : 0; }
+};
+
+enum class Split { Train, Test };
+
+/// An in-memory, random-access dataset.
+class TRAINER_API Dataset {
+ public:
+  virtual ~Dataset() = default;
+  /// Number of samples.
+  virtual std::int64_t size() const = 0;
+  /// Samples at `indices` (1-D int64) in that order.
+  virtual Batch get(const at::Tensor& indices) const = 0;
+  /// Sample shape and class count.
+  virtual DataSpec spec() const = 0;
+};
+
+/// Builds a dataset split from its config section (`dataset.*`).
+using DatasetFactory =
+    std::function<std::shared_ptr<Dataset>(const Config& section, Split split)>;
+
+/// The process-wide dataset registry (built-ins: "fashion_mnist", "synthetic").
+TRAINER_API Registry<DatasetFactory>& dataset_registry();
+
+/// Reads one IDX file (optionally gzip-compressed) into a uint8 tensor of its dimensions.
+/// Throws trainer::Error naming the file on a bad magic number or a short read.
+TRAINER_API at::Tensor read_idx_file(const std::string& path);
+
+/// Restricts a dataset to its first `limit` samples (limit <= 0: unchanged).
+TRAINER_API std::shared_ptr<Dataset> limit_dataset(std::shared_ptr<Dataset> ds, std::int64_t limit);
+
+}  // namespace trainer

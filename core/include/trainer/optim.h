@@ -1,0 +1,44 @@
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <vector>
+
+#include "trainer/config.h"
+#include "trainer/export.h"
+#include "trainer/registry.h"
+
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace trainer {
+
+/// Builds an optimizer over `params` from its config section (`optim.*`).
+using OptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(
+    const Config& section, std::vector<at::Tensor> params)>;
+
+/// The process-wide optimizer registry (built-ins: "sgd", "adamw").
+TRAINER_API Registry<OptimizerFactory>& optimizer_registry();
+
+/// A learning-rate schedule: the learning rate for optimizer step `step` (0-based).
+class TRAINER_API LrSchedule {
+ public:
+  virtual ~LrSchedule() = default;
+  virtual double lr_at(std::int64_t step) const = 0;
+};
+
+/// Builds a schedule from `sched.*`, the optimizer's base learning rate and the run's total
+/// optimizer steps.
+using ScheduleFactory = std::function<std::unique_ptr<LrSchedule>(
+    const Config& section, double base_lr, std::int64_t total_steps)>;
+
+/// The process-wide schedule registry (built-ins: "constant", "step", "cosine").
+TRAINER_API Registry<ScheduleFactory>& schedule_registry();
+
+/// Sets the learning rate of every parameter group (SGD, Adam, AdamW, RMSprop, Adagrad).
+TRAINER_API void set_learning_rate(torch::optim::Optimizer& opt, double lr);
+/// Learning rate of the first parameter group.
+TRAINER_API double get_learning_rate(const torch::optim::Optimizer& opt);
+
+}  // namespace trainer

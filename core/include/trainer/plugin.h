@@ -1,0 +1,107 @@
+#pragma once
+#include <torch/version.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "trainer/config.h"
+#include "trainer/config_spec.h"
+#include "trainer/context.h"
+#include "trainer/control.h"
+#include "trainer/events.h"
+#include "trainer/export.h"
+
+namespace spdlog {
+class logger;
+}
+
+/// Bumped whenever a public header changes a layout or a virtual table plugins rely on.
+#define TRAINER_ABI_VERSION 1
+
+namespace trainer {
+
+/// What the core does when a plugin's handler throws.
+enum class FailurePolicy {
+  Observer,   ///< log the error with plugin and event names, then continue the run
+  Essential,  ///< fail the run cleanly (Exception and Shutdown fire, exit code 3)
+};
+
+/// A plugin: reacts to lifecycle events and may steer the run through Control.
+/// Subclass it in a MODULE library and export it with TRAINER_PLUGIN(Class).
+class TRAINER_API Plugin {
+ public:
+  virtual ~Plugin();
+  /// Unique name; also the config section `plugins.<name>`.
+  virtual std::string name() const = 0;
+  virtual std::string version() const { return "0.1.0"; }
+  virtual std::string description() const { return {}; }
+  /// The events on_event() wants; the bus calls it for these only.
+  virtual std::vector<Event> events() const = 0;
+  /// Keys of `plugins.<name>`; `priority` and `policy` are always accepted in addition.
+  virtual std::vector<KeySpec> config_keys() const { return {}; }
+  /// Lower runs first among opening events (ties: load order); closing events reverse it.
+  virtual int default_priority() const { return 0; }
+  virtual FailurePolicy default_policy() const { return FailurePolicy::Observer; }
+  /// Called once after the config is validated, before Init. `section` is `plugins.<name>`
+  /// with defaults filled in.
+  virtual void configure(const Config& section, std::shared_ptr<spdlog::logger> logger) {
+    (void)section;
+    logger_ = std::move(logger);
+  }
+  /// Handles one event. May throw: the bus reports it with the plugin and event names.
+  virtual void on_event(EventContext& ctx, Control& control) = 0;
+
+ protected:
+  std::shared_ptr<spdlog::logger> logger_;
+};
+
+/// Plain-C description of how a plugin was built, read before any C++ object crosses the
+/// boundary. The host refuses a plugin whose ABI, LibTorch version or C++ ABI differs.
+struct AbiDescriptor {
+  std::uint32_t trainer_abi;
+  char torch_version[32];
+  std::int32_t cxx11_abi;  ///< _GLIBCXX_USE_CXX11_ABI
+  char compiler[96];
+};
+
+/// The descriptor of the code that includes this header (the plugin's or the host's).
+inline AbiDescriptor this_abi() {
+  AbiDescriptor d{};
+  d.trainer_abi = TRAINER_ABI_VERSION;
+  std::snprintf(d.torch_version, sizeof d.torch_version, "%s", TORCH_VERSION);
+#ifdef _GLIBCXX_USE_CXX11_ABI
+  d.cxx11_abi = _GLIBCXX_USE_CXX11_ABI;
+#else
+  d.cxx11_abi = -1;
+#endif
+#if defined(__clang__)
+  std::snprintf(d.compiler, sizeof d.compiler, "clang %s", __clang_version__);
+#elif defined(__GNUC__)
+  std::snprintf(d.compiler, sizeof d.compiler, "gcc %s", __VERSION__);
+#else
+  std::snprintf(d.compiler, sizeof d.compiler, "unknown");
+#endif
+  return d;
+}
+
+using PluginAbiFn = AbiDescriptor();
+using PluginCreateFn = Plugin*();
+
+}  // namespace trainer
+
+#include <boost/dll/alias.hpp>  // NOLINT: needed by TRAINER_PLUGIN only
+
+/// Exports `Class` (a trainer::Plugin with a default constructor) from a plugin library:
+/// the factory `trainer_plugin_create` and the descriptor `trainer_plugin_abi`.
+/// NOTE: the functions live in a namespace; a global function aliased under its own name
+/// makes the alias point at itself (PITFALLS.md).
+#define TRAINER_PLUGIN(Class)                                                      \
+  namespace trainer_plugin_export {                                                \
+  ::trainer::AbiDescriptor trainer_plugin_abi() { return ::trainer::this_abi(); }   \
+  ::trainer::Plugin* trainer_plugin_create() { return new Class(); }               \
+  }                                                                                \
+  BOOST_DLL_ALIAS(trainer_plugin_export::trainer_plugin_abi, trainer_plugin_abi)   \
+  BOOST_DLL_ALIAS(trainer_plugin_export::trainer_plugin_create, trainer_plugin_create)

@@ -1,0 +1,58 @@
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "trainer/export.h"
+#include "trainer/plugin.h"
+
+namespace trainer {
+
+/// What `trainer plugins` shows about one plugin library.
+struct PluginInfo {
+  std::string name;
+  std::string version;
+  std::string description;
+  std::string path;
+  std::vector<Event> events;
+  std::vector<KeySpec> keys;
+};
+
+/// Finds and loads plugin libraries (`libtrainer_plugin_<name>.so`) with Boost.DLL.
+///
+/// Search order: the directories given to the constructor (the recipe's `plugins.path`),
+/// then `$TRAINER_PLUGIN_PATH` (colon-separated), then the build and install plugin
+/// directories. Before creating anything the host reads the library's AbiDescriptor and
+/// refuses a mismatch with a message naming the library and both versions.
+///
+/// Lifetime: a loaded library is never unloaded before process exit (objects, modules and
+/// autograd nodes it created may outlive any handle).
+class TRAINER_API PluginHost {
+ public:
+  explicit PluginHost(std::vector<std::string> extra_dirs = {});
+
+  /// The directories searched, in order.
+  const std::vector<std::string>& search_path() const { return dirs_; }
+
+  /// Loads plugin `name` (or a path to a .so) and creates one instance. Throws PluginError:
+  /// "not found" lists every directory searched; an ABI mismatch names both versions.
+  std::shared_ptr<Plugin> load(const std::string& name_or_path);
+
+  /// Resolves `name_or_path` to a library file; throws PluginError when not found.
+  std::string find(const std::string& name_or_path) const;
+
+  /// Every plugin library found on the search path (first hit per name), loaded and
+  /// described. Libraries that fail to load are returned in `errors`.
+  std::vector<PluginInfo> discover(std::vector<std::string>* errors = nullptr);
+
+  /// The file name of plugin `name`: "libtrainer_plugin_<name>.so".
+  static std::string library_file_name(const std::string& name);
+
+ private:
+  std::vector<std::string> dirs_;
+};
+
+/// The build-tree and install plugin directories compiled into libtrainer_core.
+TRAINER_API std::vector<std::string> default_plugin_dirs();
+
+}  // namespace trainer

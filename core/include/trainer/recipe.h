@@ -1,0 +1,57 @@
+#pragma once
+#include <set>
+#include <string>
+#include <vector>
+
+#include "trainer/config.h"
+#include "trainer/config_spec.h"
+#include "trainer/export.h"
+
+namespace trainer {
+
+/// One command-line override (docs/recipes.md, "Overrides").
+struct Override {
+  enum class Kind {
+    Set,     ///< `a.b=value`: change a key the recipe, its groups or the schema defines
+    Add,     ///< `+a.b=value`: add a key the recipe does not have
+    Group,   ///< `model=cnn`: use configs/model/cnn.toml for the `model` group
+    Preset,  ///< `robust`: merge configs/robust.toml after the recipe's defaults
+  };
+  Kind kind = Kind::Set;
+  std::string key;    ///< dotted key, group name or preset name
+  std::string value;  ///< the text after '=' (Set/Add/Group)
+  std::string text;   ///< the override as typed, for messages
+};
+
+/// Parses `a.b=1`, `+a.b="x"`, `model=cnn`, `robust`. Throws ConfigError on bad syntax.
+TRAINER_API Override parse_override(const std::string& text);
+
+/// Turns override text into a typed value: TOML syntax first (`3`, `0.5`, `true`, `[1, 2]`,
+/// `"s"`), else the raw text as a string.
+TRAINER_API ConfigValue parse_override_value(const std::string& text);
+
+/// A recipe merged with its groups and the command-line overrides, before validation.
+struct TRAINER_API LoadedRecipe {
+  Config config;                   ///< merged: groups in order, the recipe, then overrides
+  std::vector<Override> overrides;
+  std::set<std::string> file_keys; ///< leaf keys defined by the recipe and its groups
+  std::vector<std::string> sources;  ///< files merged, in order
+};
+
+/// Loads `recipe_path`: its `defaults = [...]` groups (found under `config_dirs`, then the
+/// recipe's `../configs`, `$TRAINER_CONFIG_PATH` and the installed configs), the recipe
+/// itself, then `overrides`. Collects every problem and throws one ConfigError.
+TRAINER_API LoadedRecipe load_recipe(const std::string& recipe_path,
+                                     const std::vector<std::string>& overrides,
+                                     const std::vector<std::string>& config_dirs = {});
+
+/// The core's config schema for `cfg`: run, training, eval, checkpoint, runtime, metrics,
+/// plugins, and the model/dataset/optim/sched sections of the names `cfg` selects.
+TRAINER_API std::vector<SectionSpec> core_config_sections(const Config& cfg);
+
+/// Validates a loaded recipe against the core schema plus `extra` (plugin sections), checks
+/// the override rules (`a.b=v` must name a known key, `+a.b=v` a new one), fills defaults.
+/// Throws ConfigError listing every problem.
+TRAINER_API void validate_recipe(LoadedRecipe& recipe, const std::vector<SectionSpec>& extra = {});
+
+}  // namespace trainer

@@ -1,0 +1,363 @@
+#include "trainer/recipe.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <regex>
+
+#include "trainer/data.h"
+#include "trainer/error.h"
+#include "trainer/model.h"
+#include "trainer/optim.h"
+
+namespace fs = std::filesystem;
+
+namespace trainer {
+
+namespace {
+
+bool valid_key(const std::string& key) {
+  static const std::regex re(R"([A-Za-z_][A-Za-z0-9_\-]*(\.[A-Za-z_][A-Za-z0-9_\-]*)*)");
+  return std::regex_match(key, re);
+}
+
+std::vector<std::string> config_search_dirs(const std::string& recipe_path,
+                                            const std::vector<std::string>& explicit_dirs) {
+  std::vector<std::string> dirs = explicit_dirs;
+  const fs::path recipe_dir = fs::absolute(recipe_path).parent_path();
+  dirs.push_back((recipe_dir.parent_path() / "configs").lexically_normal().string());
+  dirs.push_back((recipe_dir / "configs").lexically_normal().string());
+  if (const char* env = std::getenv("TRAINER_CONFIG_PATH")) {
+    std::string s = env, cur;
+    for (char c : s + ":") {
+      if (c == ':') {
+        if (!cur.empty()) dirs.push_back(cur);
+        cur.clear();
+      } else {
+        cur += c;
+      }
+    }
+  }
+#ifdef TRAINER_INSTALL_CONFIG_DIR
+  dirs.push_back(TRAINER_INSTALL_CONFIG_DIR);
+#endif
+#ifdef TRAINER_SOURCE_CONFIG_DIR
+  dirs.push_back(TRAINER_SOURCE_CONFIG_DIR);
+#endif
+  return dirs;
+}
+
+std::string find_group_file(const std::string& group, const std::vector<std::string>& dirs) {
+  for (const auto& d : dirs) {
+    const fs::path p = fs::path(d) / (group + ".toml");
+    if (fs::is_regular_file(p)) return p.string();
+  }
+  return {};
+}
+
+std::vector<std::string> group_options(const std::string& group_dir, const std::vector<std::string>& dirs) {
+  std::vector<std::string> out;
+  for (const auto& d : dirs) {
+    const fs::path p = fs::path(d) / group_dir;
+    if (!fs::is_directory(p)) continue;
+    for (const auto& e : fs::directory_iterator(p)) {
+      if (e.path().extension() == ".toml") out.push_back(e.path().stem().string());
+    }
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+bool is_group_dir(const std::string& name, const std::vector<std::string>& dirs) {
+  for (const auto& d : dirs) {
+    if (fs::is_directory(fs::path(d) / name)) return true;
+  }
+  return false;
+}
+
+std::string join(const std::vector<std::string>& xs) {
+  std::string s;
+  for (const auto& x : xs) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+}  // namespace
+
+ConfigValue parse_override_value(const std::string& text) {
+  try {
+    Config c = Config::parse("v = " + text, "override");
+    if (c.has("v") && !c.is_table("v")) return c.value("v");
+  } catch (const ConfigError&) {
+    // Not TOML: a bare string such as `run.name=baseline` or `dataset.root=/data/x`.
+  }
+  return text;
+}
+
+Override parse_override(const std::string& text) {
+  Override o;
+  o.text = text;
+  std::string body = text;
+  if (!body.empty() && body[0] == '+') {
+    o.kind = Override::Kind::Add;
+    body.erase(0, 1);
+  }
+  const auto eq = body.find('=');
+  if (eq == std::string::npos) {
+    if (o.kind == Override::Kind::Add || !valid_key(body) || body.find('.') != std::string::npos) {
+      throw ConfigError({detail::str("override '", text,
+                                     "': expected key=value, +key=value, group=option or a preset name")});
+    }
+    o.kind = Override::Kind::Preset;
+    o.key = body;
+    return o;
+  }
+  o.key = body.substr(0, eq);
+  o.value = body.substr(eq + 1);
+  if (!valid_key(o.key)) {
+    throw ConfigError({detail::str("override '", text, "': '", o.key,
+                                   "' is not a valid key (letters, digits, '_', '-', dotted)")});
+  }
+  if (o.value.empty()) {
+    throw ConfigError({detail::str("override '", text, "': missing value after '='")});
+  }
+  return o;
+}
+
+LoadedRecipe load_recipe(const std::string& recipe_path, const std::vector<std::string>& overrides,
+                         const std::vector<std::string>& config_dirs) {
+  std::vector<std::string> problems;
+  LoadedRecipe out;
+
+  std::vector<Override> parsed;
+  for (const auto& text : overrides) {
+    try {
+      parsed.push_back(parse_override(text));
+    } catch (const ConfigError& e) {
+      problems.insert(problems.end(), e.problems().begin(), e.problems().end());
+    }
+  }
+
+  Config recipe = Config::parse_file(recipe_path);  // unreadable recipe: nothing else to say
+  const auto dirs = config_search_dirs(recipe_path, config_dirs);
+
+  // defaults = [...] with group selections and presets from the command line applied.
+  std::vector<std::string> defaults;
+  if (recipe.has("defaults")) {
+    try {
+      defaults = recipe.get<std::vector<std::string>>("defaults");
+    } catch (const ConfigError& e) {
+      problems.push_back(detail::str(recipe.origin("defaults"),
+                                     ": defaults must be a list of group names such as [\"model/cnn\"]"));
+    }
+  }
+  const std::string defaults_origin = recipe.origin("defaults");
+  for (auto& o : parsed) {
+    if (o.kind == Override::Kind::Set && o.key.find('.') == std::string::npos && is_group_dir(o.key, dirs)) {
+      o.kind = Override::Kind::Group;
+    }
+    if (o.kind == Override::Kind::Group) {
+      const std::string entry = o.key + "/" + o.value;
+      bool replaced = false;
+      for (auto& d : defaults) {
+        if (d.rfind(o.key + "/", 0) == 0) {
+          d = entry;
+          replaced = true;
+        }
+      }
+      if (!replaced) defaults.push_back(entry);
+    } else if (o.kind == Override::Kind::Preset) {
+      defaults.push_back(o.key);
+    }
+  }
+
+  Config merged;
+  for (const auto& group : defaults) {
+    const std::string file = find_group_file(group, dirs);
+    if (file.empty()) {
+      const auto slash = group.find('/');
+      std::string msg = detail::str(defaults_origin, ": config group '", group, "' not found; searched: ", join(dirs));
+      if (slash != std::string::npos) {
+        const auto opts = group_options(group.substr(0, slash), dirs);
+        msg += detail::str("; available for ", group.substr(0, slash), ": ",
+                           opts.empty() ? std::string("none") : join(opts));
+      }
+      problems.push_back(msg);
+      continue;
+    }
+    try {
+      Config g = Config::parse_file(file);
+      const auto slash = group.find('/');
+      if (slash == std::string::npos) {
+        merged.merge(g);  // a preset merges at the root
+      } else {
+        Config wrapped;
+        const std::string package = group.substr(0, slash);
+        // Re-root the group under its package, keeping each leaf's origin.
+        for (const auto& k : g.leaf_keys()) wrapped.set(package + "." + k, g.value(k), g.origin(k));
+        merged.merge(wrapped);
+      }
+      out.sources.push_back(file);
+    } catch (const ConfigError& e) {
+      problems.insert(problems.end(), e.problems().begin(), e.problems().end());
+    }
+  }
+  recipe.erase("defaults");
+  merged.merge(recipe);
+  out.sources.push_back(recipe_path);
+  for (const auto& k : merged.leaf_keys()) out.file_keys.insert(k);
+
+  for (const auto& o : parsed) {
+    if (o.kind != Override::Kind::Set && o.kind != Override::Kind::Add) continue;
+    const std::string origin = detail::str("override '", o.text, "'");
+    if (merged.is_table(o.key)) {
+      problems.push_back(detail::str(origin, ": '", o.key, "' is a table; set one of its keys (",
+                                     join(merged.keys(o.key)), ")"));
+      continue;
+    }
+    merged.set(o.key, parse_override_value(o.value), origin);
+  }
+  out.overrides = std::move(parsed);
+  out.config = merged;
+  if (!problems.empty()) throw ConfigError(problems);
+  return out;
+}
+
+std::vector<SectionSpec> core_config_sections(const Config& cfg) {
+  using T = ValueType;
+  std::vector<SectionSpec> s;
+  s.push_back({"run",
+               {KeySpec("name", T::String, "Run name; the run directory is <dir>/<name>-<timestamp>").def(std::string("run")),
+                KeySpec("seed", T::Int, "Seed of every random generator").def(std::int64_t{42}).min(0),
+                KeySpec("dir", T::String, "Parent directory of run directories").def(std::string("runs"))},
+               "Run identity"});
+  s.push_back({"training",
+               {KeySpec("epochs", T::Int, "Epochs to train").def(std::int64_t{1}).min(1),
+                KeySpec("batch_size", T::Int, "Effective batch: samples per optimizer step").def(std::int64_t{64}).min(1),
+                KeySpec("micro_batch_size", T::Int, "Samples per forward/backward; 0 = batch_size").def(std::int64_t{0}).min(0),
+                KeySpec("max_steps", T::Int, "Stop after this many optimizer steps; 0 = no limit").def(std::int64_t{0}).min(0),
+                KeySpec("log_every", T::Int, "Log training metrics every N optimizer steps").def(std::int64_t{50}).min(1),
+                KeySpec("grad_clip_norm", T::Float, "Clip the global gradient norm; 0 = off").def(0.0).min(0),
+                KeySpec("shuffle", T::Bool, "Shuffle the training set each epoch (from run.seed)").def(true),
+                KeySpec("drop_last", T::Bool, "Drop the last incomplete batch of an epoch").def(false)},
+               "The training loop"});
+  s.push_back({"eval",
+               {KeySpec("every_epochs", T::Int, "Evaluate every N epochs; 0 = never").def(std::int64_t{1}).min(0),
+                KeySpec("batch_size", T::Int, "Evaluation batch size").def(std::int64_t{1000}).min(1)},
+               "Evaluation on the test split"});
+  s.push_back({"checkpoint",
+               {KeySpec("every_epochs", T::Int, "Checkpoint every N epochs; 0 = never").def(std::int64_t{1}).min(0),
+                KeySpec("every_steps", T::Int, "Checkpoint every N optimizer steps; 0 = never").def(std::int64_t{0}).min(0),
+                KeySpec("keep_last", T::Int, "Checkpoints kept in <run_dir>/checkpoints").def(std::int64_t{2}).min(1),
+                KeySpec("at_end", T::Bool, "Write a checkpoint when the run ends (also on failure)").def(true)},
+               "Checkpoints"});
+  s.push_back({"runtime",
+               {KeySpec("num_threads", T::Int, "Intra-op threads; 0 = number of cores").def(std::int64_t{0}).min(0),
+                KeySpec("device", T::String, "Default device: cpu, cuda or cuda:N (plugins may choose in SelectDevice)")
+                    .def(std::string("cpu"))},
+               "Process settings"});
+  s.push_back({"metrics",
+               {KeySpec("jsonl", T::Bool, "Write <run_dir>/metrics.jsonl").def(true),
+                KeySpec("console", T::Bool, "Log metric groups as info lines").def(true)},
+               "Metric sinks"});
+  s.push_back({"plugins",
+               {KeySpec("load", T::StringList, "Plugins to load, by name or .so path, in order").def(std::vector<std::string>{}),
+                KeySpec("path", T::StringList, "Directories searched first for plugins").def(std::vector<std::string>{})},
+               "Plugins"});
+
+  auto named_section = [&](const std::string& path, const auto& registry, const std::string& fallback,
+                           const std::string& doc) {
+    SectionSpec sec{path, {}, doc};
+    KeySpec name("name", T::String, "Which " + registry.kind() + " to use");
+    name.choices(registry.names());
+    if (fallback.empty()) {
+      name.required();
+    } else {
+      name.def(fallback);
+    }
+    sec.keys.push_back(name);
+    std::string chosen = fallback;
+    if (cfg.has(path + ".name") && !cfg.is_table(path + ".name")) {
+      if (const auto* v = std::get_if<std::string>(&cfg.value(path + ".name"))) chosen = *v;
+    }
+    if (!chosen.empty() && registry.contains(chosen)) {
+      for (const auto& k : registry.get(chosen).keys) sec.keys.push_back(k);
+    }
+    s.push_back(sec);
+  };
+  named_section("model", model_registry(), "", "The model");
+  named_section("dataset", dataset_registry(), "", "The dataset");
+  named_section("optim", optimizer_registry(), "adamw", "The optimizer");
+  named_section("sched", schedule_registry(), "constant", "The learning-rate schedule");
+  return s;
+}
+
+void validate_recipe(LoadedRecipe& recipe, const std::vector<SectionSpec>& extra) {
+  Config& cfg = recipe.config;
+  auto sections = core_config_sections(cfg);
+  sections.insert(sections.end(), extra.begin(), extra.end());
+
+  std::vector<std::string> problems;
+  std::vector<std::string> known;
+  for (const auto& s : sections) {
+    for (const auto& k : s.keys) known.push_back(s.path + "." + k.key);
+  }
+  for (const auto& o : recipe.overrides) {
+    const bool in_files = recipe.file_keys.count(o.key) != 0;
+    const bool in_schema = std::find(known.begin(), known.end(), o.key) != known.end();
+    if (o.kind == Override::Kind::Set && !in_files && !in_schema) {
+      std::string msg = detail::str("override '", o.text, "': no key '", o.key, "' in the recipe or its schema");
+      const std::string hint = closest_match(o.key, known);
+      if (!hint.empty()) msg += detail::str("; did you mean '", hint, "'?");
+      msg += detail::str(" (use '+", o.text, "' to add a new key)");
+      problems.push_back(msg);
+      cfg.erase(o.key);
+    } else if (o.kind == Override::Kind::Add && in_files) {
+      problems.push_back(detail::str("override '", o.text, "': key '", o.key, "' already exists; use '",
+                                     o.text.substr(1), "' to change it"));
+    }
+  }
+
+  // A section whose `name` is unknown cannot say which keys it has: report the name only.
+  std::vector<std::string> open;
+  for (const char* named : {"model", "dataset", "optim", "sched"}) {
+    const std::string key = std::string(named) + ".name";
+    if (!cfg.has(key) || cfg.is_table(key)) continue;
+    const auto* v = std::get_if<std::string>(&cfg.value(key));
+    bool known_name = true;
+    if (v) {
+      if (std::string(named) == "model") known_name = model_registry().contains(*v);
+      if (std::string(named) == "dataset") known_name = dataset_registry().contains(*v);
+      if (std::string(named) == "optim") known_name = optimizer_registry().contains(*v);
+      if (std::string(named) == "sched") known_name = schedule_registry().contains(*v);
+    }
+    if (!known_name) {
+      for (const auto& k : cfg.keys(named)) {
+        if (k != "name") open.push_back(std::string(named) + "." + k);
+      }
+    }
+  }
+
+  auto more = validate_config(cfg, sections, open);
+  problems.insert(problems.end(), more.begin(), more.end());
+
+  if (cfg.has("runtime.device") && !cfg.is_table("runtime.device")) {
+    if (const auto* dev = std::get_if<std::string>(&cfg.value("runtime.device"))) {
+      static const std::regex re(R"(cpu|cuda|cuda:[0-9]+)");
+      if (!std::regex_match(*dev, re)) {
+        problems.push_back(detail::str(cfg.origin("runtime.device"), ": runtime.device = \"", *dev,
+                                       "\": must be cpu, cuda or cuda:N"));
+      }
+    }
+  }
+  if (cfg.has("training.micro_batch_size") && cfg.has("training.batch_size")) {
+    const auto* mb = std::get_if<std::int64_t>(&cfg.value("training.micro_batch_size"));
+    const auto* b = std::get_if<std::int64_t>(&cfg.value("training.batch_size"));
+    if (mb && b && *mb > *b) {
+      problems.push_back(detail::str(cfg.origin("training.micro_batch_size"), ": training.micro_batch_size = ", *mb,
+                                     ": must be <= training.batch_size (", *b, ")"));
+    }
+  }
+  if (!problems.empty()) throw ConfigError(problems);
+}
+
+}  // namespace trainer

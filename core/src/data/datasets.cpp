@@ -1,0 +1,160 @@
+#include <ATen/ATen.h>
+#include <zlib.h>
+
+#include <filesystem>
+
+#include "trainer/data.h"
+#include "trainer/error.h"
+
+namespace fs = std::filesystem;
+
+namespace trainer {
+
+at::Tensor read_idx_file(const std::string& path) {
+  // gzopen reads plain files as well, so .gz and decompressed IDX files both work.
+  gzFile f = gzopen(path.c_str(), "rb");
+  TRAINER_CHECK(f != nullptr, "cannot open ", path);
+  auto read_exact = [&](void* buf, std::size_t n) {
+    std::size_t done = 0;
+    while (done < n) {
+      const int got = gzread(f, static_cast<char*>(buf) + done, static_cast<unsigned>(std::min<std::size_t>(n - done, 1u << 30)));
+      if (got <= 0) return false;
+      done += static_cast<std::size_t>(got);
+    }
+    return true;
+  };
+  unsigned char magic[4];
+  if (!read_exact(magic, 4) || magic[0] != 0 || magic[1] != 0 || magic[2] != 0x08 || magic[3] < 1 || magic[3] > 4) {
+    gzclose(f);
+    throw Error(detail::str(path, ": not an unsigned-byte IDX file (bad magic number)"));
+  }
+  std::vector<std::int64_t> dims(magic[3]);
+  std::int64_t total = 1;
+  for (auto& d : dims) {
+    unsigned char b[4];
+    if (!read_exact(b, 4)) {
+      gzclose(f);
+      throw Error(detail::str(path, ": truncated IDX header"));
+    }
+    d = (std::int64_t(b[0]) << 24) | (std::int64_t(b[1]) << 16) | (std::int64_t(b[2]) << 8) | std::int64_t(b[3]);
+    total *= d;
+  }
+  at::Tensor t = at::empty(dims, at::kByte);
+  const bool ok = read_exact(t.data_ptr<std::uint8_t>(), static_cast<std::size_t>(total));
+  gzclose(f);
+  TRAINER_CHECK(ok, path, ": truncated IDX data (expected ", total, " bytes)");
+  return t;
+}
+
+namespace {
+
+/// Fashion-MNIST (or MNIST) in IDX files: 28x28 grey images, 10 classes.
+class IdxImageDataset final : public Dataset {
+ public:
+  IdxImageDataset(at::Tensor images, at::Tensor labels, double mean, double std)
+      : images_(images.unsqueeze(1).contiguous()), labels_(labels.to(at::kLong)), mean_(mean), std_(std) {
+    TRAINER_CHECK(images_.size(0) == labels_.size(0), "image and label counts differ: ", images_.size(0), " vs ",
+                  labels_.size(0));
+  }
+  std::int64_t size() const override { return labels_.size(0); }
+  Batch get(const at::Tensor& idx) const override {
+    at::Tensor x = images_.index_select(0, idx).to(at::kFloat).div_(255.0).sub_(mean_).div_(std_);
+    return {x, labels_.index_select(0, idx)};
+  }
+  DataSpec spec() const override { return {{1, images_.size(2), images_.size(3)}, 10}; }
+
+ private:
+  at::Tensor images_, labels_;
+  double mean_, std_;
+};
+
+std::string find_idx(const std::string& root, const std::string& stem) {
+  for (const char* ext : {".gz", ""}) {
+    const fs::path p = fs::path(root) / (stem + ext);
+    if (fs::is_regular_file(p)) return p.string();
+  }
+  throw Error(detail::str("Fashion-MNIST not found: no ", stem, ".gz (or ", stem, ") in ", root,
+                          ". Install Debian's dataset-fashion-mnist package (scripts/install-deps.sh does) "
+                          "or point dataset.root at a directory holding the IDX files."));
+}
+
+/// Random inputs and labels from a seed, for benchmarks and tests.
+class SyntheticDataset final : public Dataset {
+ public:
+  SyntheticDataset(std::int64_t n, std::vector<std::int64_t> shape, std::int64_t classes, std::uint64_t seed)
+      : shape_(std::move(shape)), classes_(classes) {
+    auto gen = at::detail::createCPUGenerator(seed);
+    std::vector<std::int64_t> full{n};
+    full.insert(full.end(), shape_.begin(), shape_.end());
+    inputs_ = at::randn(full, gen, at::TensorOptions(at::kFloat));
+    targets_ = at::randint(classes, {n}, gen, at::TensorOptions(at::kLong));
+  }
+  std::int64_t size() const override { return targets_.size(0); }
+  Batch get(const at::Tensor& idx) const override { return {inputs_.index_select(0, idx), targets_.index_select(0, idx)}; }
+  DataSpec spec() const override { return {shape_, classes_}; }
+
+ private:
+  std::vector<std::int64_t> shape_;
+  std::int64_t classes_;
+  at::Tensor inputs_, targets_;
+};
+
+class LimitedDataset final : public Dataset {
+ public:
+  LimitedDataset(std::shared_ptr<Dataset> base, std::int64_t n) : base_(std::move(base)), n_(n) {}
+  std::int64_t size() const override { return n_; }
+  Batch get(const at::Tensor& idx) const override { return base_->get(idx); }
+  DataSpec spec() const override { return base_->spec(); }
+
+ private:
+  std::shared_ptr<Dataset> base_;
+  std::int64_t n_;
+};
+
+}  // namespace
+
+std::shared_ptr<Dataset> limit_dataset(std::shared_ptr<Dataset> ds, std::int64_t limit) {
+  if (limit <= 0 || limit >= ds->size()) return ds;
+  return std::make_shared<LimitedDataset>(std::move(ds), limit);
+}
+
+Registry<DatasetFactory>& dataset_registry() {
+  static Registry<DatasetFactory>* reg = [] {
+    auto* r = new Registry<DatasetFactory>("dataset");
+    using T = ValueType;
+    r->add(
+        "fashion_mnist",
+        [](const Config& c, Split split) -> std::shared_ptr<Dataset> {
+          const std::string root = c.get<std::string>("root");
+          const std::string prefix = split == Split::Train ? "train" : "t10k";
+          auto images = read_idx_file(find_idx(root, prefix + "-images-idx3-ubyte"));
+          auto labels = read_idx_file(find_idx(root, prefix + "-labels-idx1-ubyte"));
+          TRAINER_CHECK(images.dim() == 3 && labels.dim() == 1, root, ": unexpected IDX shapes");
+          auto ds = std::make_shared<IdxImageDataset>(images, labels, 0.2860, 0.3530);
+          return limit_dataset(ds, c.get<std::int64_t>(split == Split::Train ? "limit" : "eval_limit"));
+        },
+        {KeySpec("root", T::String, "Directory with the IDX files (.gz or plain)")
+             .def(std::string("/usr/share/datasets/fashion-mnist")),
+         KeySpec("limit", T::Int, "Train on the first N samples; 0 = all").def(std::int64_t{0}).min(0),
+         KeySpec("eval_limit", T::Int, "Evaluate on the first N test samples; 0 = all").def(std::int64_t{0}).min(0)},
+        "Fashion-MNIST from Debian's dataset-fashion-mnist (60k train, 10k test, 28x28, 10 classes)");
+    r->add(
+        "synthetic",
+        [](const Config& c, Split split) -> std::shared_ptr<Dataset> {
+          const auto seed = static_cast<std::uint64_t>(c.get<std::int64_t>("seed")) + (split == Split::Train ? 0 : 1);
+          return std::make_shared<SyntheticDataset>(c.get<std::int64_t>(split == Split::Train ? "size" : "eval_size"),
+                                                    c.get<std::vector<std::int64_t>>("shape"),
+                                                    c.get<std::int64_t>("num_classes"), seed);
+        },
+        {KeySpec("size", T::Int, "Training samples").def(std::int64_t{1024}).min(1),
+         KeySpec("eval_size", T::Int, "Test samples").def(std::int64_t{256}).min(1),
+         KeySpec("shape", T::IntList, "Sample shape").def(std::vector<std::int64_t>{1, 28, 28}).min(1),
+         KeySpec("num_classes", T::Int, "Classes").def(std::int64_t{10}).min(2),
+         KeySpec("seed", T::Int, "Generator seed").def(std::int64_t{0}).min(0)},
+        "Random Gaussian inputs with random labels (benchmarks, tests)");
+    return r;
+  }();
+  return *reg;
+}
+
+}  // namespace trainer

@@ -1,0 +1,118 @@
+#include "trainer/metrics.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstdio>
+
+#include "trainer/error.h"
+#include "trainer/json.h"
+#include "trainer/logging.h"
+
+namespace trainer {
+
+double wall_time_s() {
+  using namespace std::chrono;
+  return duration<double>(system_clock::now().time_since_epoch()).count();
+}
+
+struct JsonlSink::Impl {
+  std::string path;
+  std::FILE* f = nullptr;
+};
+
+JsonlSink::JsonlSink(const std::string& path) : impl_(std::make_unique<Impl>()) {
+  impl_->path = path;
+  impl_->f = std::fopen(path.c_str(), "a");
+  if (!impl_->f) throw Error("cannot open metrics file " + path + " for writing");
+}
+
+JsonlSink::~JsonlSink() {
+  if (impl_->f) std::fclose(impl_->f);
+}
+
+void JsonlSink::write(const std::vector<MetricPoint>& points) {
+  if (!impl_->f) return;
+  for (const auto& p : points) {
+    const std::string line = "{\"step\":" + std::to_string(p.step) + ",\"name\":" + json_quote(p.name) +
+                             ",\"value\":" + json_number(p.value) + ",\"time\":" + json_number(p.time) + "}\n";
+    std::fwrite(line.data(), 1, line.size(), impl_->f);
+  }
+}
+
+void JsonlSink::flush() {
+  if (impl_->f) std::fflush(impl_->f);
+}
+
+void JsonlSink::close(const std::string&) {
+  if (impl_->f) {
+    std::fclose(impl_->f);
+    impl_->f = nullptr;
+  }
+}
+
+ConsoleSink::ConsoleSink(std::shared_ptr<spdlog::logger> logger) : logger_(std::move(logger)) {}
+
+void ConsoleSink::write(const std::vector<MetricPoint>& points) {
+  if (points.empty()) return;
+  std::string line = "step " + std::to_string(points.front().step);
+  for (const auto& p : points) line += fmt::format(" | {} {:.4g}", p.name, p.value);
+  logger_->info("{}", line);
+}
+
+MetricsLogger::MetricsLogger(std::shared_ptr<spdlog::logger> logger)
+    : logger_(logger ? std::move(logger) : default_logger()) {}
+
+void MetricsLogger::add_sink(std::shared_ptr<MetricSink> sink) {
+  std::lock_guard<std::mutex> lock(mu_);
+  sinks_.push_back(std::move(sink));
+  disabled_.push_back(false);
+}
+
+void MetricsLogger::log(std::int64_t step, const std::map<std::string, double>& values) {
+  std::vector<MetricPoint> points;
+  const double t = wall_time_s();
+  for (const auto& kv : values) points.push_back({step, kv.first, kv.second, t});
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& kv : values) latest_[kv.first] = kv.second;
+  for (std::size_t i = 0; i < sinks_.size(); ++i) {
+    if (disabled_[i]) continue;
+    try {
+      sinks_[i]->write(points);
+    } catch (const std::exception& e) {
+      disabled_[i] = true;
+      logger_->error("metric sink #{} failed and is disabled: {}", i, e.what());
+    }
+  }
+}
+
+void MetricsLogger::flush() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (std::size_t i = 0; i < sinks_.size(); ++i) {
+    if (disabled_[i]) continue;
+    try {
+      sinks_[i]->flush();
+    } catch (const std::exception& e) {
+      logger_->error("metric sink #{} failed to flush: {}", i, e.what());
+    }
+  }
+}
+
+void MetricsLogger::close(const std::string& status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (std::size_t i = 0; i < sinks_.size(); ++i) {
+    try {
+      sinks_[i]->flush();
+      sinks_[i]->close(status);
+    } catch (const std::exception& e) {
+      logger_->error("metric sink #{} failed to close: {}", i, e.what());
+    }
+  }
+}
+
+std::map<std::string, double> MetricsLogger::latest() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return latest_;
+}
+
+}  // namespace trainer

@@ -1,0 +1,143 @@
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+
+#include <cmath>
+
+#include "trainer/error.h"
+#include "trainer/optim.h"
+
+namespace trainer {
+
+void set_learning_rate(torch::optim::Optimizer& opt, double lr) {
+  for (auto& group : opt.param_groups()) group.options().set_lr(lr);
+}
+
+double get_learning_rate(const torch::optim::Optimizer& opt) {
+  TRAINER_ASSERT(!opt.param_groups().empty());
+  return opt.param_groups().front().options().get_lr();
+}
+
+Registry<OptimizerFactory>& optimizer_registry() {
+  static Registry<OptimizerFactory>* reg = [] {
+    auto* r = new Registry<OptimizerFactory>("optimizer");
+    using T = ValueType;
+    r->add(
+        "sgd",
+        [](const Config& c, std::vector<at::Tensor> params) -> std::unique_ptr<torch::optim::Optimizer> {
+          torch::optim::SGDOptions o(c.get<double>("lr"));
+          o.momentum(c.get<double>("momentum")).nesterov(c.get<bool>("nesterov")).weight_decay(c.get<double>("weight_decay"));
+          if (o.nesterov() && o.momentum() <= 0) {
+            throw ConfigError({detail::str(c.origin("nesterov"), ": optim.nesterov = true needs optim.momentum > 0")});
+          }
+          return std::make_unique<torch::optim::SGD>(std::move(params), o);
+        },
+        {KeySpec("lr", T::Float, "Learning rate").def(0.01).min(0, false),
+         KeySpec("momentum", T::Float, "Momentum factor").def(0.0).min(0).max(1, false),
+         KeySpec("nesterov", T::Bool, "Nesterov momentum (needs momentum > 0)").def(false),
+         KeySpec("weight_decay", T::Float, "L2 penalty").def(0.0).min(0)},
+        "Stochastic gradient descent");
+    r->add(
+        "adamw",
+        [](const Config& c, std::vector<at::Tensor> params) -> std::unique_ptr<torch::optim::Optimizer> {
+          const auto betas = c.get<std::vector<double>>("betas");
+          if (betas.size() != 2) {
+            throw ConfigError({detail::str(c.origin("betas"), ": optim.betas must hold 2 values, got ", betas.size())});
+          }
+          torch::optim::AdamWOptions o(c.get<double>("lr"));
+          o.betas({betas[0], betas[1]}).eps(c.get<double>("eps")).weight_decay(c.get<double>("weight_decay"));
+          return std::make_unique<torch::optim::AdamW>(std::move(params), o);
+        },
+        {KeySpec("lr", T::Float, "Learning rate").def(1e-3).min(0, false),
+         KeySpec("betas", T::FloatList, "Adam beta1, beta2").def(std::vector<double>{0.9, 0.999}).min(0).max(1, false),
+         KeySpec("eps", T::Float, "Denominator epsilon").def(1e-8).min(0, false),
+         KeySpec("weight_decay", T::Float, "Decoupled weight decay").def(0.01).min(0)},
+        "Adam with decoupled weight decay");
+    return r;
+  }();
+  return *reg;
+}
+
+namespace {
+
+double warmup_factor(std::int64_t step, std::int64_t warmup) {
+  return warmup > 0 && step < warmup ? double(step + 1) / double(warmup) : 1.0;
+}
+
+class ConstantSchedule final : public LrSchedule {
+ public:
+  ConstantSchedule(double base, std::int64_t warmup) : base_(base), warmup_(warmup) {}
+  double lr_at(std::int64_t step) const override { return base_ * warmup_factor(step, warmup_); }
+
+ private:
+  double base_;
+  std::int64_t warmup_;
+};
+
+class StepSchedule final : public LrSchedule {
+ public:
+  StepSchedule(double base, std::int64_t warmup, std::int64_t step_size, double gamma)
+      : base_(base), warmup_(warmup), step_size_(step_size), gamma_(gamma) {}
+  double lr_at(std::int64_t step) const override {
+    return base_ * warmup_factor(step, warmup_) * std::pow(gamma_, double(step / step_size_));
+  }
+
+ private:
+  double base_;
+  std::int64_t warmup_, step_size_;
+  double gamma_;
+};
+
+class CosineSchedule final : public LrSchedule {
+ public:
+  CosineSchedule(double base, std::int64_t warmup, std::int64_t total, double min_ratio)
+      : base_(base), warmup_(warmup), total_(total), min_ratio_(min_ratio) {}
+  double lr_at(std::int64_t step) const override {
+    if (step < warmup_) return base_ * warmup_factor(step, warmup_);
+    const double span = std::max<std::int64_t>(1, total_ - warmup_);
+    const double progress = std::min(1.0, double(step - warmup_) / span);
+    const double cos = 0.5 * (1.0 + std::cos(M_PI * progress));
+    return base_ * (min_ratio_ + (1.0 - min_ratio_) * cos);
+  }
+
+ private:
+  double base_;
+  std::int64_t warmup_, total_;
+  double min_ratio_;
+};
+
+}  // namespace
+
+Registry<ScheduleFactory>& schedule_registry() {
+  static Registry<ScheduleFactory>* reg = [] {
+    auto* r = new Registry<ScheduleFactory>("schedule");
+    using T = ValueType;
+    const KeySpec warmup = KeySpec("warmup_steps", T::Int, "Linear warm-up steps").def(std::int64_t{0}).min(0);
+    r->add(
+        "constant",
+        [](const Config& c, double base, std::int64_t) -> std::unique_ptr<LrSchedule> {
+          return std::make_unique<ConstantSchedule>(base, c.get<std::int64_t>("warmup_steps"));
+        },
+        {warmup}, "Constant learning rate after warm-up");
+    r->add(
+        "step",
+        [](const Config& c, double base, std::int64_t) -> std::unique_ptr<LrSchedule> {
+          return std::make_unique<StepSchedule>(base, c.get<std::int64_t>("warmup_steps"),
+                                                c.get<std::int64_t>("step_size"), c.get<double>("gamma"));
+        },
+        {warmup, KeySpec("step_size", T::Int, "Multiply the LR by gamma every N steps").def(std::int64_t{1000}).min(1),
+         KeySpec("gamma", T::Float, "Decay factor").def(0.1).min(0, false).max(1)},
+        "Step decay");
+    r->add(
+        "cosine",
+        [](const Config& c, double base, std::int64_t total) -> std::unique_ptr<LrSchedule> {
+          return std::make_unique<CosineSchedule>(base, c.get<std::int64_t>("warmup_steps"), total,
+                                                  c.get<double>("min_lr_ratio"));
+        },
+        {warmup, KeySpec("min_lr_ratio", T::Float, "Final LR as a fraction of the peak").def(0.0).min(0).max(1)},
+        "Linear warm-up then cosine decay to min_lr_ratio x lr at the last step");
+    return r;
+  }();
+  return *reg;
+}
+
+}  // namespace trainer

@@ -1,0 +1,183 @@
+#include "trainer/plugin_host.h"
+
+#include <dlfcn.h>
+#include <spdlog/spdlog.h>
+
+#include <boost/dll/shared_library.hpp>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <mutex>
+
+#include "trainer/error.h"
+#include "trainer/logging.h"
+
+namespace fs = std::filesystem;
+
+namespace trainer {
+
+namespace {
+
+// NOTE: libraries are kept until process exit on purpose. Objects, modules, autograd nodes
+// and exceptions a plugin created can outlive every handle, and unmapping the code under
+// them crashes (PITFALLS.md). The list is leaked so no static destructor unloads it either.
+struct LoadedLibraries {
+  std::mutex mu;
+  std::map<std::string, boost::dll::shared_library> by_path;
+};
+LoadedLibraries& loaded() {
+  static auto* libs = new LoadedLibraries();
+  return *libs;
+}
+
+std::string core_library_dir() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&default_plugin_dirs), &info) && info.dli_fname) {
+    return fs::absolute(info.dli_fname).parent_path().string();
+  }
+  return {};
+}
+
+std::string join(const std::vector<std::string>& xs, const char* sep) {
+  std::string s;
+  for (const auto& x : xs) s += (s.empty() ? "" : sep) + x;
+  return s;
+}
+
+bool looks_like_path(const std::string& s) {
+  return s.find('/') != std::string::npos || (s.size() > 3 && s.compare(s.size() - 3, 3, ".so") == 0);
+}
+
+}  // namespace
+
+std::vector<std::string> default_plugin_dirs() {
+  std::vector<std::string> dirs;
+  const std::string core_dir = core_library_dir();
+  if (!core_dir.empty()) dirs.push_back(core_dir + "/trainer/plugins");
+#ifdef TRAINER_BUILD_PLUGIN_DIR
+  dirs.push_back(TRAINER_BUILD_PLUGIN_DIR);
+#endif
+#ifdef TRAINER_INSTALL_PLUGIN_DIR
+  dirs.push_back(TRAINER_INSTALL_PLUGIN_DIR);
+#endif
+  return dirs;
+}
+
+std::string PluginHost::library_file_name(const std::string& name) { return "libtrainer_plugin_" + name + ".so"; }
+
+PluginHost::PluginHost(std::vector<std::string> extra_dirs) {
+  for (auto& d : extra_dirs) dirs_.push_back(std::move(d));
+  if (const char* env = std::getenv("TRAINER_PLUGIN_PATH")) {
+    std::string cur;
+    for (const char* p = env;; ++p) {
+      if (*p == ':' || *p == '\0') {
+        if (!cur.empty()) dirs_.push_back(cur);
+        cur.clear();
+        if (*p == '\0') break;
+      } else {
+        cur += *p;
+      }
+    }
+  }
+  for (auto& d : default_plugin_dirs()) {
+    if (std::find(dirs_.begin(), dirs_.end(), d) == dirs_.end()) dirs_.push_back(d);
+  }
+}
+
+std::string PluginHost::find(const std::string& name_or_path) const {
+  if (looks_like_path(name_or_path)) {
+    if (fs::is_regular_file(name_or_path)) return fs::absolute(name_or_path).string();
+    throw PluginError(detail::str("plugin library '", name_or_path, "' not found"));
+  }
+  const std::string file = library_file_name(name_or_path);
+  for (const auto& d : dirs_) {
+    const fs::path p = fs::path(d) / file;
+    std::error_code ec;
+    if (fs::is_regular_file(p, ec)) return fs::absolute(p).string();
+  }
+  throw PluginError(detail::str("plugin '", name_or_path, "' not found: looked for ", file, " in ",
+                                dirs_.empty() ? std::string("(no directories)") : join(dirs_, ", "),
+                                " (add a directory with plugins.path or $TRAINER_PLUGIN_PATH)"));
+}
+
+std::shared_ptr<Plugin> PluginHost::load(const std::string& name_or_path) {
+  const std::string path = find(name_or_path);
+  auto& libs = loaded();
+  std::lock_guard<std::mutex> lock(libs.mu);
+  auto it = libs.by_path.find(path);
+  if (it == libs.by_path.end()) {
+    boost::dll::shared_library lib;
+    try {
+      lib.load(path, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
+    } catch (const std::exception& e) {
+      throw PluginError(detail::str("cannot load plugin library ", path, ": ", e.what()));
+    }
+    if (!lib.has("trainer_plugin_abi") || !lib.has("trainer_plugin_create")) {
+      throw PluginError(detail::str(path, " is not a trainer plugin: it does not export trainer_plugin_abi and "
+                                          "trainer_plugin_create (use TRAINER_PLUGIN(YourClass))"));
+    }
+    const AbiDescriptor theirs = lib.get_alias<PluginAbiFn>("trainer_plugin_abi")();
+    const AbiDescriptor ours = this_abi();
+    std::vector<std::string> mismatches;
+    if (theirs.trainer_abi != ours.trainer_abi) {
+      mismatches.push_back(detail::str("trainer ABI ", theirs.trainer_abi, " (plugin) vs ", ours.trainer_abi, " (host)"));
+    }
+    if (std::strncmp(theirs.torch_version, ours.torch_version, sizeof ours.torch_version) != 0) {
+      mismatches.push_back(detail::str("LibTorch ", std::string(theirs.torch_version, strnlen(theirs.torch_version, 32)),
+                                       " (plugin) vs ", ours.torch_version, " (host)"));
+    }
+    if (theirs.cxx11_abi != ours.cxx11_abi) {
+      mismatches.push_back(detail::str("_GLIBCXX_USE_CXX11_ABI ", theirs.cxx11_abi, " (plugin) vs ", ours.cxx11_abi,
+                                       " (host)"));
+    }
+    if (!mismatches.empty()) {
+      throw PluginError(detail::str("refusing plugin ", path, ": built for a different host: ", join(mismatches, "; "),
+                                    ". Rebuild the plugin against this trainer."));
+    }
+    if (std::strncmp(theirs.compiler, ours.compiler, sizeof ours.compiler) != 0) {
+      default_logger()->warn("plugin {} was built with {}, trainer with {}", path,
+                             std::string(theirs.compiler, strnlen(theirs.compiler, sizeof theirs.compiler)),
+                             ours.compiler);
+    }
+    it = libs.by_path.emplace(path, std::move(lib)).first;
+  }
+  Plugin* raw = nullptr;
+  try {
+    raw = it->second.get_alias<PluginCreateFn>("trainer_plugin_create")();
+  } catch (const std::exception& e) {
+    throw PluginError(detail::str("plugin ", path, ": trainer_plugin_create threw: ", e.what()));
+  }
+  if (!raw) throw PluginError(detail::str("plugin ", path, ": trainer_plugin_create returned null"));
+  return std::shared_ptr<Plugin>(raw);
+}
+
+std::vector<PluginInfo> PluginHost::discover(std::vector<std::string>* errors) {
+  std::vector<PluginInfo> out;
+  std::vector<std::string> seen;
+  for (const auto& d : dirs_) {
+    std::error_code ec;
+    if (!fs::is_directory(d, ec)) continue;
+    std::vector<fs::path> files;
+    for (const auto& e : fs::directory_iterator(d, ec)) files.push_back(e.path());
+    std::sort(files.begin(), files.end());
+    for (const auto& p : files) {
+      const std::string fname = p.filename().string();
+      const std::string prefix = "libtrainer_plugin_";
+      if (fname.rfind(prefix, 0) != 0 || p.extension() != ".so") continue;
+      const std::string name = fname.substr(prefix.size(), fname.size() - prefix.size() - 3);
+      if (std::find(seen.begin(), seen.end(), name) != seen.end()) continue;
+      seen.push_back(name);
+      try {
+        auto plugin = load(p.string());
+        out.push_back({plugin->name(), plugin->version(), plugin->description(), p.string(), plugin->events(),
+                       plugin->config_keys()});
+      } catch (const std::exception& e) {
+        if (errors) errors->push_back(e.what());
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace trainer

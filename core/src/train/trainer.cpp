@@ -1,0 +1,688 @@
+#include "trainer/trainer.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+#include <spdlog/spdlog.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/optimizer.h>
+#include <torch/serialize.h>
+#include <torch/cuda.h>
+#include <torch/utils.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "trainer/event_bus.h"
+#include "trainer/json.h"
+#include "trainer/logging.h"
+#include "trainer/optim.h"
+#include "trainer/plugin_host.h"
+#include "trainer/recipe.h"
+
+namespace fs = std::filesystem;
+
+namespace trainer {
+
+namespace {
+
+std::atomic<bool> g_interrupt{false};
+
+extern "C" void on_signal(int sig) {
+  g_interrupt.store(true);
+  // A second signal kills the process the ordinary way.
+  std::signal(sig, SIG_DFL);
+}
+
+/// Installs SIGINT/SIGTERM handlers for its lifetime.
+class SignalScope {
+ public:
+  explicit SignalScope(bool enable) : enabled_(enable) {
+    if (!enabled_) return;
+    prev_int_ = std::signal(SIGINT, on_signal);
+    prev_term_ = std::signal(SIGTERM, on_signal);
+  }
+  ~SignalScope() {
+    if (!enabled_) return;
+    std::signal(SIGINT, prev_int_);
+    std::signal(SIGTERM, prev_term_);
+  }
+
+ private:
+  bool enabled_;
+  void (*prev_int_)(int) = SIG_DFL;
+  void (*prev_term_)(int) = SIG_DFL;
+};
+
+/// Writes `text` to `path` through a temporary file and a rename: never half-written.
+void write_atomic(const fs::path& path, const std::string& text) {
+  const fs::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    TRAINER_CHECK(out.good(), "cannot write ", tmp.string());
+    out << text;
+    out.flush();
+    TRAINER_CHECK(out.good(), "short write to ", tmp.string());
+  }
+  fs::rename(tmp, path);
+}
+
+std::string timestamp() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y%m%d-%H%M%S", &tm);
+  return buf;
+}
+
+std::int64_t scalar(torch::serialize::InputArchive& ar, const std::string& key) {
+  at::Tensor t;
+  ar.read(key, t);
+  return t.item<std::int64_t>();
+}
+
+/// Stops a run that a plugin, max_steps or a signal ended early (not a failure).
+struct StopRun {};
+
+}  // namespace
+
+void request_interrupt() noexcept { g_interrupt.store(true); }
+void clear_interrupt() noexcept { g_interrupt.store(false); }
+
+struct Trainer::Impl {
+  TrainerOptions opts;
+  const Config& cfg;
+  std::shared_ptr<spdlog::logger> log;
+  std::unique_ptr<EventBus> bus;
+  std::unique_ptr<MetricsLogger> metrics;
+  std::string run_dir;
+
+  std::shared_ptr<Dataset> train_set, test_set;
+  std::shared_ptr<Model> model;
+  std::unique_ptr<torch::optim::Optimizer> optim;
+  std::unique_ptr<LrSchedule> schedule;
+  c10::Device device{c10::kCPU};
+
+  // Settings.
+  std::int64_t epochs = 1, batch_size = 1, micro_batch_size = 1, max_steps = 0, log_every = 50, seed = 0;
+  std::int64_t eval_every = 1, eval_batch = 1000, ckpt_every_epochs = 1, ckpt_every_steps = 0, keep_last = 2;
+  double clip = 0.0;
+  bool shuffle = true, drop_last = false, ckpt_at_end = true;
+
+  // Progress.
+  RunState st;
+  EventContext ctx;
+  std::int64_t start_epoch = 0, start_batch = 0;
+  std::int64_t epochs_completed = 0;
+  bool want_stop = false, want_checkpoint = false, want_eval = false;
+  std::string stop_reason;
+  std::string last_checkpoint;
+  std::vector<std::string> checkpoints;
+  double window_loss = 0.0;
+  std::int64_t window_steps = 0, window_samples = 0;
+  std::chrono::steady_clock::time_point window_start;
+
+  explicit Impl(TrainerOptions o) : opts(std::move(o)), cfg(opts.config) {}
+
+  // --- events ------------------------------------------------------------------------
+  /// Fires `e` with the persistent context; per-event pointers are cleared afterwards.
+  Control fire(Event e) {
+    Control control;
+    ctx.event = e;
+    ctx.state = st;
+    if (bus->subscribers(e) != 0) {
+      bus->dispatch(ctx, control);
+      if (control.any()) apply_control(e, control);
+    }
+    ctx.batch = nullptr;
+    ctx.outputs = nullptr;
+    ctx.loss = nullptr;
+    ctx.eval_metrics = nullptr;
+    return control;
+  }
+
+  void apply_control(Event e, const Control& c) {
+    const std::string why = c.reason.empty() ? "" : " (" + c.reason + ")";
+    if (c.stop_training && !want_stop) {
+      want_stop = true;
+      stop_reason = "a plugin asked to stop in " + std::string(event_name(e)) + why;
+      log->info("{}; stopping at the next safe point", stop_reason);
+    }
+    if (c.request_checkpoint) want_checkpoint = true;
+    if (c.request_eval) want_eval = true;
+    if (c.retry_with_micro_batch && e != Event::OutOfMemory) {
+      log->warn("retry_with_micro_batch is honoured in OutOfMemory only; ignored in {}", event_name(e));
+    }
+    if (c.switch_device && e != Event::SelectDevice) {
+      log->warn("switch_device is honoured in SelectDevice only; ignored in {}", event_name(e));
+    }
+  }
+
+  // --- set-up ------------------------------------------------------------------------
+  void read_settings() {
+    epochs = cfg.get<std::int64_t>("training.epochs");
+    batch_size = cfg.get<std::int64_t>("training.batch_size");
+    const auto mb = cfg.get<std::int64_t>("training.micro_batch_size");
+    micro_batch_size = mb > 0 ? std::min(mb, batch_size) : batch_size;
+    max_steps = cfg.get<std::int64_t>("training.max_steps");
+    log_every = cfg.get<std::int64_t>("training.log_every");
+    clip = cfg.get<double>("training.grad_clip_norm");
+    shuffle = cfg.get<bool>("training.shuffle");
+    drop_last = cfg.get<bool>("training.drop_last");
+    seed = cfg.get<std::int64_t>("run.seed");
+    eval_every = cfg.get<std::int64_t>("eval.every_epochs");
+    eval_batch = cfg.get<std::int64_t>("eval.batch_size");
+    ckpt_every_epochs = cfg.get<std::int64_t>("checkpoint.every_epochs");
+    ckpt_every_steps = cfg.get<std::int64_t>("checkpoint.every_steps");
+    keep_last = cfg.get<std::int64_t>("checkpoint.keep_last");
+    ckpt_at_end = cfg.get<bool>("checkpoint.at_end");
+  }
+
+  void make_run_dir() {
+    if (!opts.run_dir.empty()) {
+      run_dir = opts.run_dir;
+    } else {
+      const fs::path base = fs::path(cfg.get<std::string>("run.dir")) / (cfg.get<std::string>("run.name") + "-" + timestamp());
+      fs::path p = base;
+      for (int i = 1; fs::exists(p); ++i) p = base.string() + "-" + std::to_string(i);
+      run_dir = p.string();
+    }
+    std::error_code ec;
+    fs::create_directories(fs::path(run_dir) / "checkpoints", ec);
+    TRAINER_CHECK_T(UsageError, !ec, "cannot create run directory ", run_dir, ": ", ec.message());
+  }
+
+  void write_status(const std::string& status, int exit_code, const std::string& message) {
+    if (run_dir.empty()) return;
+    try {
+      std::string s = "{\"status\":" + json_quote(status) + ",\"exit_code\":" +
+                      (status == "RUNNING" ? std::string("null") : std::to_string(exit_code)) +
+                      ",\"global_step\":" + std::to_string(st.global_step) + ",\"epoch\":" + std::to_string(st.epoch) +
+                      ",\"message\":" + json_quote(message) + ",\"last_checkpoint\":" + json_quote(last_checkpoint) +
+                      ",\"time\":" + json_number(wall_time_s()) + "}\n";
+      write_atomic(fs::path(run_dir) / "status.json", s);
+    } catch (const std::exception& e) {
+      log->error("cannot write run status: {}", e.what());
+    }
+  }
+
+  void setup_plugins() {
+    bus = std::make_unique<EventBus>(log);
+    for (const auto& p : opts.plugins) {
+      const std::string sec = "plugins." + p->name();
+      std::optional<int> priority;
+      std::optional<FailurePolicy> policy;
+      if (cfg.has(sec + ".priority")) priority = static_cast<int>(cfg.get<std::int64_t>(sec + ".priority"));
+      if (cfg.has(sec + ".policy")) {
+        policy = cfg.get<std::string>(sec + ".policy") == "essential" ? FailurePolicy::Essential : FailurePolicy::Observer;
+      }
+      p->configure(cfg.sub(sec), log);
+      bus->add(p, priority, policy);
+    }
+  }
+
+  void setup_metrics() {
+    metrics = std::make_unique<MetricsLogger>(log);
+    if (cfg.get<bool>("metrics.jsonl")) metrics->add_sink(std::make_shared<JsonlSink>(run_dir + "/metrics.jsonl"));
+    if (cfg.get<bool>("metrics.console")) metrics->add_sink(std::make_shared<ConsoleSink>(log));
+  }
+
+  void setup_runtime() {
+    const auto threads = cfg.get<std::int64_t>("runtime.num_threads");
+    const int n = threads > 0 ? static_cast<int>(threads) : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    at::set_num_threads(n);
+    torch::manual_seed(static_cast<std::uint64_t>(seed));
+    log->info("threads: {}, seed: {}, LibTorch {}", n, seed, TORCH_VERSION);
+    check_blas(*log);
+  }
+
+  void select_device() {
+    const std::string requested = cfg.get<std::string>("runtime.device");
+    ctx.device = c10::Device(requested == "cuda" ? std::string("cuda:0") : requested);
+    const Control c = fire(Event::SelectDevice);
+    if (c.switch_device) ctx.device = c10::Device(*c.switch_device);
+    device = ctx.device;
+    if (device.is_cuda()) {
+      TRAINER_CHECK(torch::cuda::is_available(), "device ", device.str(),
+                    " requested but this LibTorch has no CUDA or no GPU is visible");
+    }
+    log->info("device: {}", device.str());
+  }
+
+  void build() {
+    const Config ds = cfg.sub("dataset");
+    auto factory = dataset_registry().get(cfg.get<std::string>("dataset.name")).factory;
+    train_set = factory(ds, Split::Train);
+    if (eval_every > 0) test_set = factory(ds, Split::Test);
+    const DataSpec spec = train_set->spec();
+    log->info("dataset {}: {} train, {} test samples", cfg.get<std::string>("dataset.name"), train_set->size(),
+              test_set ? test_set->size() : 0);
+
+    model = model_registry().get(cfg.get<std::string>("model.name")).factory(cfg.sub("model"), spec);
+    ctx.model = model;
+    fire(Event::ModelCreated);
+    TRAINER_CHECK(ctx.model != nullptr, "a plugin cleared the model in ModelCreated");
+    model = ctx.model;
+    model->to(device);
+    model->train();
+    fire(Event::ModelToDevice);
+    std::int64_t nparams = 0;
+    for (const auto& p : model->parameters()) nparams += p.numel();
+    log->info("model {}: {} parameters", cfg.get<std::string>("model.name"), nparams);
+
+    std::vector<at::Tensor> params;
+    for (const auto& p : model->parameters()) {
+      if (p.requires_grad()) params.push_back(p);
+    }
+    optim = optimizer_registry().get(cfg.get<std::string>("optim.name")).factory(cfg.sub("optim"), params);
+    ctx.optimizer = optim.get();
+    fire(Event::OptimizerCreated);
+
+    st.batch_size = batch_size;
+    st.micro_batch_size = micro_batch_size;
+    st.num_epochs = epochs;
+    const std::int64_t n = train_set->size();
+    st.steps_per_epoch = drop_last ? n / batch_size : (n + batch_size - 1) / batch_size;
+    TRAINER_CHECK_T(UsageError, st.steps_per_epoch > 0, "training.batch_size = ", batch_size,
+                    " with drop_last leaves no batch of ", n, " samples");
+    st.total_steps = st.steps_per_epoch * epochs;
+    if (max_steps > 0) st.total_steps = std::min(st.total_steps, max_steps);
+    schedule = schedule_registry().get(cfg.get<std::string>("sched.name"))
+                   .factory(cfg.sub("sched"), get_learning_rate(*optim), st.total_steps);
+  }
+
+  // --- checkpoints -------------------------------------------------------------------
+  std::string save_checkpoint(std::int64_t epoch, std::int64_t batch_in_epoch) {
+    torch::serialize::OutputArchive ar, m, o;
+    model->save(m);
+    optim->save(o);
+    ar.write("model", m);
+    ar.write("optimizer", o);
+    ar.write("epoch", at::tensor(epoch));
+    ar.write("batch_in_epoch", at::tensor(batch_in_epoch));
+    ar.write("global_step", at::tensor(st.global_step));
+    ar.write("samples_seen", at::tensor(st.samples_seen));
+    ar.write("rng_cpu", at::detail::getDefaultCPUGenerator().get_state());
+    const fs::path dir = fs::path(run_dir) / "checkpoints";
+    char name[64];
+    std::snprintf(name, sizeof name, "step_%08lld.pt", static_cast<long long>(st.global_step));
+    const fs::path final_path = dir / name;
+    const fs::path tmp = final_path.string() + ".tmp";
+    ar.save_to(tmp.string());
+    fs::rename(tmp, final_path);
+    write_atomic(dir / "latest", std::string(name) + "\n");
+    if (std::find(checkpoints.begin(), checkpoints.end(), final_path.string()) == checkpoints.end()) {
+      checkpoints.push_back(final_path.string());
+    }
+    while (static_cast<std::int64_t>(checkpoints.size()) > keep_last) {
+      std::error_code ec;
+      fs::remove(checkpoints.front(), ec);
+      checkpoints.erase(checkpoints.begin());
+    }
+    last_checkpoint = final_path.string();
+    checkpoint_step_ = st.global_step;
+    log->info("checkpoint written: {}", last_checkpoint);
+    ctx.checkpoint_path = last_checkpoint;
+    fire(Event::Checkpoint);
+    return last_checkpoint;
+  }
+
+  static std::string resolve_checkpoint(const std::string& path) {
+    fs::path p(path);
+    if (fs::is_directory(p)) {
+      fs::path dir = fs::exists(p / "checkpoints" / "latest") ? p / "checkpoints" : p;
+      std::ifstream in(dir / "latest");
+      std::string name;
+      TRAINER_CHECK_T(UsageError, in && std::getline(in, name) && !name.empty(), "--resume ", path,
+                      ": no checkpoints/latest in that directory");
+      p = dir / name;
+    }
+    TRAINER_CHECK_T(UsageError, fs::is_regular_file(p), "--resume: checkpoint ", p.string(), " not found");
+    return p.string();
+  }
+
+  void load_checkpoint(const std::string& path) {
+    const std::string file = resolve_checkpoint(path);
+    torch::serialize::InputArchive ar, m, o;
+    try {
+      ar.load_from(file, device);
+      ar.read("model", m);
+      ar.read("optimizer", o);
+      model->load(m);
+      optim->load(o);
+      start_epoch = scalar(ar, "epoch");
+      start_batch = scalar(ar, "batch_in_epoch");
+      st.global_step = scalar(ar, "global_step");
+      st.samples_seen = scalar(ar, "samples_seen");
+      at::Tensor rng;
+      ar.read("rng_cpu", rng);
+      at::Generator gen = at::detail::getDefaultCPUGenerator();  // shares the default generator
+      gen.set_state(rng);
+    } catch (const c10::Error& e) {
+      throw UsageError(detail::str("cannot resume from ", file, ": ", e.what_without_backtrace(),
+                                   " (was it written by this model and optimizer?)"));
+    }
+    if (start_batch >= st.steps_per_epoch) {
+      ++start_epoch;
+      start_batch = 0;
+    }
+    epochs_completed = start_epoch;
+    log->info("resumed from {}: epoch {}, batch {}, step {}", file, start_epoch, start_batch, st.global_step);
+  }
+
+  // --- training ----------------------------------------------------------------------
+  at::Tensor epoch_order(std::int64_t epoch) const {
+    const std::int64_t n = train_set->size();
+    if (!shuffle) return at::arange(n, at::kLong);
+    auto gen = at::detail::createCPUGenerator(static_cast<std::uint64_t>(seed) * 1000003ULL + static_cast<std::uint64_t>(epoch));
+    return at::randperm(n, gen, at::TensorOptions(at::kLong));
+  }
+
+  void zero_grads() {
+    for (auto& p : model->parameters()) {
+      if (p.grad().defined()) p.mutable_grad() = at::Tensor();
+    }
+  }
+
+  /// One optimizer step on `indices`: the batch is split into micro-batches whose losses
+  /// are scaled by their share of the batch, so the accumulated gradient is the gradient of
+  /// the batch's mean loss.
+  void train_batch(const at::Tensor& indices) {
+    const std::int64_t n = indices.size(0);
+    st.num_micro_batches = (n + micro_batch_size - 1) / micro_batch_size;
+    st.micro_batch_index = 0;
+    if (fire(Event::BatchStart).skip_step) {
+      log->debug("batch {} skipped at BatchStart", st.batch_in_epoch);
+      return;
+    }
+    Batch full = train_set->get(indices);
+    if (device != full.inputs.device()) full = {full.inputs.to(device), full.targets.to(device)};
+    zero_grads();
+    bool skip = false;
+    at::Tensor loss_sum = at::zeros({}, at::TensorOptions(at::kDouble).device(device));
+    for (std::int64_t i = 0; i < st.num_micro_batches; ++i) {
+      const std::int64_t begin = i * micro_batch_size, len = std::min(micro_batch_size, n - begin);
+      Batch mb = st.num_micro_batches == 1 ? full
+                                           : Batch{full.inputs.narrow(0, begin, len), full.targets.narrow(0, begin, len)};
+      st.micro_batch_index = i;
+      ctx.batch = &mb;
+      skip |= fire(Event::BeforeForward).skip_step;
+      at::Tensor out = model->forward(mb.inputs);
+      at::Tensor loss = at::cross_entropy_loss(out, mb.targets);
+      if (len != n) loss = loss * (static_cast<double>(len) / static_cast<double>(n));
+      ctx.batch = &mb;
+      ctx.outputs = &out;
+      ctx.loss = &loss;
+      skip |= fire(Event::AfterForward).skip_step;
+      ctx.batch = &mb;
+      ctx.loss = &loss;
+      skip |= fire(Event::BeforeBackward).skip_step;
+      loss.backward();
+      ctx.batch = &mb;
+      ctx.loss = &loss;
+      skip |= fire(Event::AfterBackward).skip_step;
+      loss_sum += loss.detach().to(at::kDouble);
+    }
+    const double batch_loss = loss_sum.item<double>();
+    st.loss = batch_loss;
+    st.lr = schedule->lr_at(st.global_step);
+    if (!skip) {
+      if (clip > 0) torch::nn::utils::clip_grad_norm_(model->parameters(), clip);
+      set_learning_rate(*optim, st.lr);
+      skip = fire(Event::BeforeOptimizerStep).skip_step;
+    }
+    if (skip) {
+      zero_grads();
+      log->debug("optimizer step skipped at batch {}", st.batch_in_epoch);
+      return;
+    }
+    optim->step();
+    ++st.global_step;
+    st.samples_seen += n;
+    fire(Event::AfterOptimizerStep);
+    window_loss += batch_loss;
+    ++window_steps;
+    window_samples += n;
+  }
+
+  void log_train_metrics() {
+    if (window_steps == 0) return;
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - window_start).count();
+    metrics->log(st.global_step, {{"train/loss", window_loss / double(window_steps)},
+                                  {"train/lr", st.lr},
+                                  {"train/epoch", double(st.epoch) + double(st.batch_in_epoch + 1) / double(st.steps_per_epoch)},
+                                  {"train/samples_per_s", secs > 0 ? double(window_samples) / secs : 0.0}});
+    window_loss = 0;
+    window_steps = 0;
+    window_samples = 0;
+    window_start = std::chrono::steady_clock::now();
+  }
+
+  std::map<std::string, double> evaluate() {
+    std::map<std::string, double> m;
+    if (!test_set) return m;
+    fire(Event::EvalStart);
+    model->eval();
+    double loss_sum = 0.0;
+    std::int64_t correct = 0;
+    const std::int64_t n = test_set->size();
+    {
+      at::NoGradGuard no_grad;
+      for (std::int64_t begin = 0; begin < n; begin += eval_batch) {
+        const std::int64_t len = std::min(eval_batch, n - begin);
+        Batch b = test_set->get(at::arange(begin, begin + len, at::kLong));
+        at::Tensor x = b.inputs.to(device), y = b.targets.to(device);
+        at::Tensor out = model->forward(x);
+        loss_sum += at::cross_entropy_loss(out, y, {}, at::Reduction::Sum).item<double>();
+        correct += out.argmax(1).eq(y).sum().item<std::int64_t>();
+      }
+    }
+    model->train();
+    m["eval/loss"] = loss_sum / double(n);
+    m["eval/accuracy"] = double(correct) / double(n);
+    metrics->log(st.global_step, m);
+    ctx.eval_metrics = &m;
+    fire(Event::EvalEnd);
+    return m;
+  }
+
+  void check_stop() {
+    if (g_interrupt.load()) throw StopRun{};
+    if (want_stop) throw StopRun{};
+    if (max_steps > 0 && st.global_step >= max_steps) {
+      stop_reason = "training.max_steps reached";
+      throw StopRun{};
+    }
+  }
+
+  void run_loop() {
+    window_start = std::chrono::steady_clock::now();
+    for (std::int64_t epoch = start_epoch; epoch < epochs; ++epoch) {
+      st.epoch = epoch;
+      st.batch_in_epoch = start_batch;
+      fire(Event::EpochStart);
+      const at::Tensor order = epoch_order(epoch);
+      const std::int64_t n = order.size(0);
+      for (std::int64_t b = start_batch; b < st.steps_per_epoch; ++b) {
+        st.batch_in_epoch = b;
+        const std::int64_t begin = b * batch_size, len = std::min(batch_size, n - begin);
+        train_batch(order.narrow(0, begin, len));
+        fire(Event::BatchEnd);
+        if (st.global_step % log_every == 0) log_train_metrics();
+        if (want_eval) {
+          want_eval = false;
+          evaluate();
+        }
+        const bool step_ckpt = ckpt_every_steps > 0 && st.global_step % ckpt_every_steps == 0;
+        if (want_checkpoint || step_ckpt) {
+          want_checkpoint = false;
+          save_checkpoint(epoch, b + 1);
+        }
+        if (g_interrupt.load() || want_stop || (max_steps > 0 && st.global_step >= max_steps)) {
+          // Position after this batch, so a resume continues with the next one.
+          position_epoch = b + 1 < st.steps_per_epoch ? epoch : epoch + 1;
+          position_batch = b + 1 < st.steps_per_epoch ? b + 1 : 0;
+          check_stop();
+        }
+      }
+      start_batch = 0;
+      log_train_metrics();
+      if (eval_every > 0 && (epoch + 1) % eval_every == 0) evaluate();
+      epochs_completed = epoch + 1;
+      position_epoch = epoch + 1;
+      position_batch = 0;
+      fire(Event::EpochEnd);
+      if (ckpt_every_epochs > 0 && (epoch + 1) % ckpt_every_epochs == 0) save_checkpoint(epoch + 1, 0);
+      check_stop();
+    }
+  }
+
+  std::int64_t position_epoch = 0, position_batch = 0;
+
+  void final_checkpoint() {
+    if (!ckpt_at_end || !model || !optim) return;
+    if (!last_checkpoint.empty() && checkpoint_step_ == st.global_step) return;
+    try {
+      save_checkpoint(position_epoch, position_batch);
+    } catch (const std::exception& e) {
+      log->error("final checkpoint failed: {}", e.what());
+    }
+  }
+  std::int64_t checkpoint_step_ = -1;
+
+  RunResult fit() {
+    RunResult r;
+    SignalScope signals(opts.handle_signals);
+    log = default_logger();
+    std::exception_ptr failure;
+    bool interrupted = false;
+    try {
+      read_settings();
+      make_run_dir();
+      log = configure_logging(run_dir, opts.log_level);
+      write_atomic(fs::path(run_dir) / "config.toml", cfg.to_toml());
+      write_status("RUNNING", 0, "");
+      setup_metrics();
+      setup_plugins();
+      ctx.config = &cfg;
+      ctx.logger = log;
+      ctx.metrics = metrics.get();
+      ctx.run_dir = run_dir;
+      log->info("run directory: {}", run_dir);
+      fire(Event::Init);
+      setup_runtime();
+      select_device();
+      build();
+      if (!opts.resume.empty()) load_checkpoint(opts.resume);
+      position_epoch = start_epoch;
+      position_batch = start_batch;
+      fire(Event::FitStart);
+      try {
+        run_loop();
+      } catch (const StopRun&) {
+        interrupted = g_interrupt.load();
+        if (interrupted) stop_reason = "interrupted by a signal";
+        log->info("stopping: {}", stop_reason);
+      }
+      r.status = interrupted ? "KILLED" : "FINISHED";
+      r.exit_code = interrupted ? kExitInterrupted : kExitOk;
+      r.message = interrupted ? stop_reason : "";
+      final_checkpoint();
+      ctx.status = r.status;
+      fire(Event::FitEnd);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    if (failure) {
+      r.status = "FAILED";
+      r.exit_code = kExitTrainingFailed;
+      try {
+        std::rethrow_exception(failure);
+      } catch (const UsageError& e) {
+        r.exit_code = kExitUsage;
+        r.message = e.what();
+      } catch (const c10::Error& e) {
+        r.message = e.what_without_backtrace();
+      } catch (const std::exception& e) {
+        r.message = e.what();
+      } catch (...) {
+        r.message = "unknown exception";
+      }
+      log->error("run failed: {}", r.message);
+      if (bus) {
+        ctx.exception = failure;
+        ctx.status = r.status;
+        try {
+          fire(Event::Exception);
+        } catch (const std::exception& e) {
+          log->error("while handling the failure: {}", e.what());
+        }
+      }
+      final_checkpoint();
+    }
+    if (bus) {
+      ctx.status = r.status;
+      try {
+        fire(Event::Shutdown);
+      } catch (const std::exception& e) {
+        log->error("Shutdown: {}", e.what());
+      }
+    }
+    if (metrics) metrics->close(r.status);
+    write_status(r.status, r.exit_code, r.message);
+    r.run_dir = run_dir;
+    r.global_step = st.global_step;
+    r.epochs_completed = epochs_completed;
+    r.final_metrics = metrics ? metrics->latest() : std::map<std::string, double>{};
+    r.last_checkpoint = last_checkpoint;
+    log->info("run {}: {} steps, status {}", run_dir, st.global_step, r.status);
+    log->flush();
+    return r;
+  }
+};
+
+Trainer::Trainer(TrainerOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
+Trainer::~Trainer() = default;
+RunResult Trainer::fit() { return impl_->fit(); }
+std::shared_ptr<Model> Trainer::model() const { return impl_->model; }
+
+std::vector<SectionSpec> plugin_config_sections(const std::vector<std::shared_ptr<Plugin>>& plugins) {
+  std::vector<SectionSpec> out;
+  for (const auto& p : plugins) {
+    SectionSpec s{"plugins." + p->name(), p->config_keys(), p->description()};
+    s.keys.push_back(KeySpec("priority", ValueType::Int, "Dispatch order: lower runs first"));
+    s.keys.push_back(
+        KeySpec("policy", ValueType::String, "When a handler throws: observer logs and continues, essential fails the run")
+            .choices({"observer", "essential"}));
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+PreparedRun prepare_run(const std::string& recipe, const std::vector<std::string>& overrides,
+                        const std::vector<std::string>& plugin_dirs) {
+  LoadedRecipe loaded = load_recipe(recipe, overrides);
+  std::vector<std::string> dirs = plugin_dirs;
+  std::vector<std::string> names;
+  try {
+    for (auto& d : loaded.config.get_or<std::vector<std::string>>("plugins.path", {})) dirs.push_back(d);
+    names = loaded.config.get_or<std::vector<std::string>>("plugins.load", {});
+  } catch (const ConfigError&) {
+    // Wrong types here are reported by validate_recipe below.
+  }
+  PluginHost host(dirs);
+  PreparedRun out;
+  for (const auto& name : names) out.plugins.push_back(host.load(name));
+  validate_recipe(loaded, plugin_config_sections(out.plugins));
+  out.config = loaded.config;
+  out.sources = loaded.sources;
+  return out;
+}
+
+}  // namespace trainer

@@ -1,0 +1,128 @@
+// console: a progress line on a terminal, periodic plain lines otherwise.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include "trainer/plugin.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string hms(double seconds) {
+  if (!(seconds >= 0) || seconds > 1e7) return "?";
+  const auto s = static_cast<long long>(seconds + 0.5);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", s / 3600, (s / 60) % 60, s % 60);
+  return buf;
+}
+
+class ConsolePlugin final : public trainer::Plugin {
+ public:
+  std::string name() const override { return "console"; }
+  std::string version() const override { return "0.1.0"; }
+  std::string description() const override { return "Progress line: epoch, step/total, loss, samples/s, ETA"; }
+  std::vector<trainer::Event> events() const override {
+    using E = trainer::Event;
+    return {E::FitStart, E::BatchEnd, E::EvalEnd, E::EpochEnd, E::FitEnd};
+  }
+  std::vector<trainer::KeySpec> config_keys() const override {
+    using T = trainer::ValueType;
+    return {trainer::KeySpec("every_steps", T::Int, "Plain mode: print every N optimizer steps").def(std::int64_t{100}).min(1),
+            trainer::KeySpec("mode", T::String, "auto picks tty when stdout is a terminal")
+                .def(std::string("auto"))
+                .choices({"auto", "tty", "plain"})};
+  }
+  void configure(const trainer::Config& section, std::shared_ptr<spdlog::logger> logger) override {
+    Plugin::configure(section, std::move(logger));
+    every_ = section.get<std::int64_t>("every_steps");
+    const std::string mode = section.get<std::string>("mode");
+    tty_ = mode == "tty" || (mode == "auto" && isatty(STDOUT_FILENO));
+  }
+
+  void on_event(trainer::EventContext& ctx, trainer::Control&) override {
+    const auto& s = ctx.state;
+    switch (ctx.event) {
+      case trainer::Event::FitStart:
+        start_ = last_draw_ = Clock::now();
+        start_step_ = s.global_step;
+        start_samples_ = s.samples_seen;
+        break;
+      case trainer::Event::BatchEnd: {
+        const auto now = Clock::now();
+        if (tty_) {
+          if (now - last_draw_ < std::chrono::milliseconds(100) && s.global_step < s.total_steps) return;
+          std::printf("\r%s\033[K", line(s, now).c_str());
+          std::fflush(stdout);
+          drawn_ = true;
+        } else if (s.global_step % every_ == 0) {
+          std::printf("%s\n", line(s, now).c_str());
+          std::fflush(stdout);
+        }
+        last_draw_ = now;
+        break;
+      }
+      case trainer::Event::EvalEnd:
+        end_line();
+        if (ctx.eval_metrics) {
+          std::string text = "eval  epoch " + std::to_string(s.epoch + 1) + "/" + std::to_string(s.num_epochs);
+          for (const auto& kv : *ctx.eval_metrics) {
+            char buf[96];
+            std::snprintf(buf, sizeof buf, " | %s %.4f", kv.first.c_str(), kv.second);
+            text += buf;
+          }
+          std::printf("%s\n", text.c_str());
+          std::fflush(stdout);
+        }
+        break;
+      case trainer::Event::EpochEnd:
+        end_line();
+        if (!tty_) {
+          std::printf("%s\n", line(s, Clock::now()).c_str());
+          std::fflush(stdout);
+        }
+        break;
+      case trainer::Event::FitEnd: {
+        end_line();
+        const double secs = std::chrono::duration<double>(Clock::now() - start_).count();
+        std::printf("done: %lld steps in %s (%s)\n", static_cast<long long>(s.global_step), hms(secs).c_str(),
+                    ctx.status.c_str());
+        std::fflush(stdout);
+        break;
+      }
+      default:
+        break;
+    }
+  }
+
+ private:
+  std::string line(const trainer::RunState& s, Clock::time_point now) const {
+    const double secs = std::chrono::duration<double>(now - start_).count();
+    const double steps_done = double(s.global_step - start_step_);
+    const double rate = secs > 0 ? double(s.samples_seen - start_samples_) / secs : 0.0;
+    const double eta = steps_done > 0 ? secs / steps_done * double(s.total_steps - s.global_step) : -1.0;
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "epoch %lld/%lld | step %lld/%lld | loss %.4f | %.0f samples/s | ETA %s",
+                  static_cast<long long>(s.epoch + 1), static_cast<long long>(s.num_epochs),
+                  static_cast<long long>(s.global_step), static_cast<long long>(s.total_steps), s.loss, rate,
+                  hms(eta).c_str());
+    return buf;
+  }
+  void end_line() {
+    if (tty_ && drawn_) {
+      std::printf("\n");
+      drawn_ = false;
+    }
+  }
+
+  std::int64_t every_ = 100;
+  bool tty_ = false, drawn_ = false;
+  Clock::time_point start_, last_draw_;
+  std::int64_t start_step_ = 0, start_samples_ = 0;
+};
+
+}  // namespace
+
+TRAINER_PLUGIN(ConsolePlugin)

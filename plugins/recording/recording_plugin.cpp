@@ -1,0 +1,90 @@
+// recording: writes every event with a context snapshot as JSON lines (tests, debugging).
+#include <c10/core/Device.h>
+#include <ATen/core/Tensor.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+#include "trainer/json.h"
+#include "trainer/plugin.h"
+
+namespace {
+
+class RecordingPlugin final : public trainer::Plugin {
+ public:
+  ~RecordingPlugin() override {
+    if (out_) std::fclose(out_);
+  }
+  std::string name() const override { return "recording"; }
+  std::string version() const override { return "0.1.0"; }
+  std::string description() const override { return "Records every event and its context as JSON lines"; }
+  std::vector<trainer::Event> events() const override {
+    std::vector<trainer::Event> all;
+    for (std::size_t i = 0; i < trainer::kNumEvents; ++i) all.push_back(static_cast<trainer::Event>(i));
+    return all;
+  }
+  std::vector<trainer::KeySpec> config_keys() const override {
+    using T = trainer::ValueType;
+    return {trainer::KeySpec("file", T::String, "Output file; empty = <run_dir>/events.jsonl").def(std::string("")),
+            trainer::KeySpec("events", T::StringList, "Record only these events; empty = all")
+                .def(std::vector<std::string>{})};
+  }
+  void configure(const trainer::Config& section, std::shared_ptr<spdlog::logger> logger) override {
+    Plugin::configure(section, std::move(logger));
+    file_ = section.get<std::string>("file");
+    for (const auto& e : section.get<std::vector<std::string>>("events")) {
+      const auto ev = trainer::event_from_name(e);
+      if (!ev) throw trainer::ConfigError({"plugins.recording.events: unknown event '" + e + "'"});
+      only_.push_back(*ev);
+    }
+  }
+
+  void on_event(trainer::EventContext& ctx, trainer::Control&) override {
+    if (!only_.empty() && std::find(only_.begin(), only_.end(), ctx.event) == only_.end()) return;
+    if (!out_) {
+      const std::string path = file_.empty() ? ctx.run_dir + "/events.jsonl" : file_;
+      out_ = std::fopen(path.c_str(), "w");
+      if (!out_) throw trainer::Error("recording: cannot open " + path);
+    }
+    const auto& s = ctx.state;
+    std::string line = "{\"seq\":" + std::to_string(seq_++) + ",\"event\":" +
+                       trainer::json_quote(std::string(trainer::event_name(ctx.event))) +
+                       ",\"epoch\":" + std::to_string(s.epoch) + ",\"global_step\":" + std::to_string(s.global_step) +
+                       ",\"batch_in_epoch\":" + std::to_string(s.batch_in_epoch) +
+                       ",\"micro_batch_index\":" + std::to_string(s.micro_batch_index) +
+                       ",\"num_micro_batches\":" + std::to_string(s.num_micro_batches) +
+                       ",\"micro_batch_size\":" + std::to_string(s.micro_batch_size) +
+                       ",\"batch_size\":" + std::to_string(s.batch_size) +
+                       ",\"samples_seen\":" + std::to_string(s.samples_seen) +
+                       ",\"has_model\":" + (ctx.model ? "true" : "false") +
+                       ",\"has_optimizer\":" + (ctx.optimizer ? "true" : "false") +
+                       ",\"device\":" + trainer::json_quote(ctx.device.str());
+    if (ctx.batch) line += ",\"samples\":" + std::to_string(ctx.batch->size());
+    if (ctx.loss && ctx.loss->defined()) line += ",\"loss\":" + trainer::json_number(ctx.loss->item<double>());
+    if (ctx.event == trainer::Event::BatchEnd) line += ",\"batch_loss\":" + trainer::json_number(s.loss);
+    if (ctx.eval_metrics) {
+      for (const auto& kv : *ctx.eval_metrics) line += "," + trainer::json_quote(kv.first) + ":" + trainer::json_number(kv.second);
+    }
+    if (!ctx.checkpoint_path.empty() && ctx.event == trainer::Event::Checkpoint) {
+      line += ",\"checkpoint\":" + trainer::json_quote(ctx.checkpoint_path);
+    }
+    if (!ctx.status.empty()) line += ",\"status\":" + trainer::json_quote(ctx.status);
+    line += "}\n";
+    std::fwrite(line.data(), 1, line.size(), out_);
+    if (ctx.event == trainer::Event::Shutdown || ctx.event == trainer::Event::Checkpoint ||
+        ctx.event == trainer::Event::Exception) {
+      std::fflush(out_);
+    }
+  }
+
+ private:
+  std::string file_;
+  std::vector<trainer::Event> only_;
+  std::FILE* out_ = nullptr;
+  std::int64_t seq_ = 0;
+};
+
+}  // namespace
+
+TRAINER_PLUGIN(RecordingPlugin)
