@@ -244,7 +244,7 @@ std::vector<std::string> validate_config(Config& cfg, const std::vector<SectionS
       const std::string full = s.path.empty() ? k.key : s.path + "." + k.key;
       if (cfg.has(full)) {
         if (cfg.is_table(full)) {
-          problems.push_back(detail::str(cfg.origin(full), ": '", full, "' must be a ",
+          problems.push_back(detail::str(cfg.origin(full), ": '", full, "' must be a value of type ",
                                          value_type_name(k.type), ", not a table"));
         }
         continue;

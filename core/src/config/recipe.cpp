@@ -8,6 +8,7 @@
 #include "trainer/error.h"
 #include "trainer/model.h"
 #include "trainer/optim.h"
+#include "util/paths.h"
 
 namespace fs = std::filesystem;
 
@@ -37,11 +38,14 @@ std::vector<std::string> config_search_dirs(const std::string& recipe_path,
       }
     }
   }
+  // Installed layout: <prefix>/lib/libtrainer_core.so and <prefix>/share/trainer/configs.
+  const std::string lib_dir = detail::core_library_dir();
+  if (!lib_dir.empty()) {
+    const fs::path installed = fs::path(lib_dir).parent_path() / "share" / "trainer" / "configs";
+    if (fs::is_directory(installed)) dirs.push_back(installed.string());
+  }
 #ifdef TRAINER_INSTALL_CONFIG_DIR
   dirs.push_back(TRAINER_INSTALL_CONFIG_DIR);
-#endif
-#ifdef TRAINER_SOURCE_CONFIG_DIR
-  dirs.push_back(TRAINER_SOURCE_CONFIG_DIR);
 #endif
   return dirs;
 }
@@ -347,14 +351,6 @@ void validate_recipe(LoadedRecipe& recipe, const std::vector<SectionSpec>& extra
         problems.push_back(detail::str(cfg.origin("runtime.device"), ": runtime.device = \"", *dev,
                                        "\": must be cpu, cuda or cuda:N"));
       }
-    }
-  }
-  if (cfg.has("training.micro_batch_size") && cfg.has("training.batch_size")) {
-    const auto* mb = std::get_if<std::int64_t>(&cfg.value("training.micro_batch_size"));
-    const auto* b = std::get_if<std::int64_t>(&cfg.value("training.batch_size"));
-    if (mb && b && *mb > *b) {
-      problems.push_back(detail::str(cfg.origin("training.micro_batch_size"), ": training.micro_batch_size = ", *mb,
-                                     ": must be <= training.batch_size (", *b, ")"));
     }
   }
   if (!problems.empty()) throw ConfigError(problems);

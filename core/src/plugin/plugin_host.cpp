@@ -1,6 +1,5 @@
 #include "trainer/plugin_host.h"
 
-#include <dlfcn.h>
 #include <spdlog/spdlog.h>
 
 #include <boost/dll/shared_library.hpp>
@@ -12,6 +11,7 @@
 
 #include "trainer/error.h"
 #include "trainer/logging.h"
+#include "util/paths.h"
 
 namespace fs = std::filesystem;
 
@@ -31,14 +31,6 @@ LoadedLibraries& loaded() {
   return *libs;
 }
 
-std::string core_library_dir() {
-  Dl_info info{};
-  if (dladdr(reinterpret_cast<void*>(&default_plugin_dirs), &info) && info.dli_fname) {
-    return fs::absolute(info.dli_fname).parent_path().string();
-  }
-  return {};
-}
-
 std::string join(const std::vector<std::string>& xs, const char* sep) {
   std::string s;
   for (const auto& x : xs) s += (s.empty() ? "" : sep) + x;
@@ -53,7 +45,7 @@ bool looks_like_path(const std::string& s) {
 
 std::vector<std::string> default_plugin_dirs() {
   std::vector<std::string> dirs;
-  const std::string core_dir = core_library_dir();
+  const std::string core_dir = detail::core_library_dir();
   if (!core_dir.empty()) dirs.push_back(core_dir + "/trainer/plugins");
 #ifdef TRAINER_BUILD_PLUGIN_DIR
   dirs.push_back(TRAINER_BUILD_PLUGIN_DIR);

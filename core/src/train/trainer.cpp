@@ -615,6 +615,7 @@ struct Trainer::Impl {
         r.message = "unknown exception";
       }
       log->error("run failed: {}", r.message);
+      final_checkpoint();
       if (bus) {
         ctx.exception = failure;
         ctx.status = r.status;
@@ -624,7 +625,6 @@ struct Trainer::Impl {
           log->error("while handling the failure: {}", e.what());
         }
       }
-      final_checkpoint();
     }
     if (bus) {
       ctx.status = r.status;

@@ -1,0 +1,17 @@
+#include "util/paths.h"
+
+#include <dlfcn.h>
+
+#include <filesystem>
+
+namespace trainer::detail {
+
+std::string core_library_dir() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&core_library_dir), &info) && info.dli_fname) {
+    return std::filesystem::absolute(info.dli_fname).parent_path().string();
+  }
+  return {};
+}
+
+}  // namespace trainer::detail

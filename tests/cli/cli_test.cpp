@@ -1,0 +1,115 @@
+// The `trainer` executable: exit codes and messages, run as a user would.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <string>
+
+#include "support/test_util.h"
+
+namespace {
+
+using trainer::testing::TempDir;
+using trainer::testing::write_file;
+
+struct Output {
+  int code = -1;
+  std::string text;
+};
+
+Output run_cli(const std::string& args) {
+  const std::string cmd = std::string(TRAINER_CLI) + " " + args + " 2>&1";
+  Output out;
+  FILE* p = popen(cmd.c_str(), "r");
+  char buf[4096];
+  while (std::size_t n = fread(buf, 1, sizeof buf, p)) out.text.append(buf, n);
+  const int status = pclose(p);
+  out.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return out;
+}
+
+const std::string kRecipe = std::string(TRAINER_SOURCE_DIR) + "/recipes/fashion_mnist.toml";
+
+TEST(Cli, HelpAndVersion) {
+  const auto help = run_cli("--help");
+  EXPECT_EQ(help.code, 0);
+  EXPECT_NE(help.text.find("trainer --recipe FILE"), std::string::npos);
+  const auto v = run_cli("--version");
+  EXPECT_EQ(v.code, 0);
+  EXPECT_NE(v.text.find("LibTorch"), std::string::npos);
+}
+
+TEST(Cli, UnknownOptionIsAUsageError) { EXPECT_EQ(run_cli("--frobnicate").code, 2); }
+
+TEST(Cli, MissingRecipeIsAUsageError) {
+  const auto o = run_cli("");
+  EXPECT_EQ(o.code, 2);
+  EXPECT_NE(o.text.find("--recipe is required"), std::string::npos);
+}
+
+TEST(Cli, PrintConfigShowsResolvedValues) {
+  const auto o = run_cli("--recipe " + kRecipe + " --print-config training.batch_size=32 model=mlp");
+  EXPECT_EQ(o.code, 0) << o.text;
+  EXPECT_NE(o.text.find("batch_size = 32"), std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("name = \"mlp\""), std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("grad_clip_norm = 0.0"), std::string::npos) << o.text;  // defaults filled
+}
+
+TEST(Cli, ReportsAllConfigErrorsAtOnceWithExitCode2) {
+  const auto o = run_cli("--recipe " + kRecipe + " training.batch_size=-1 training.epochs=abc traning.lr=1 model.chanels=[8]");
+  EXPECT_EQ(o.code, 2) << o.text;
+  EXPECT_NE(o.text.find("4 config errors"), std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("training.batch_size = -1: must be integer >= 1"), std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("did you mean 'model.channels'?"), std::string::npos) << o.text;
+}
+
+TEST(Cli, ErrorsInARecipeFileNameFileAndLine) {
+  TempDir tmp;
+  write_file(tmp / "bad.toml", "[model]\nname = \"mlp\"\n[dataset]\nname = \"synthetic\"\n[training]\nepochs = 0\n");
+  const auto o = run_cli("--recipe " + (tmp / "bad.toml") + " --print-config");
+  EXPECT_EQ(o.code, 2);
+  EXPECT_NE(o.text.find((tmp / "bad.toml") + ":6: training.epochs = 0"), std::string::npos) << o.text;
+}
+
+TEST(Cli, MissingRecipeFileIsNamed) {
+  const auto o = run_cli("--recipe /nonexistent/r.toml");
+  EXPECT_EQ(o.code, 2);
+  EXPECT_NE(o.text.find("/nonexistent/r.toml"), std::string::npos);
+}
+
+TEST(Cli, UnknownPluginListsTheSearchPath) {
+  const auto o = run_cli("--recipe " + kRecipe + " 'plugins.load=[\"nosuch\"]' --print-config");
+  EXPECT_EQ(o.code, 2);
+  EXPECT_NE(o.text.find("plugin 'nosuch' not found"), std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("looked for libtrainer_plugin_nosuch.so in "), std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("/plugins"), std::string::npos) << o.text;
+}
+
+TEST(Cli, PluginsCommandListsEventsAndKeys) {
+  const auto o = run_cli("plugins");
+  EXPECT_EQ(o.code, 0) << o.text;
+  EXPECT_NE(o.text.find("console 0.1.0"), std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("every_steps (integer >= 1, default 100)"), std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("events: Init, SelectDevice"), std::string::npos) << o.text;
+}
+
+TEST(Cli, TrainsAndExitsZero) {
+  TempDir tmp;
+  const auto o = run_cli("--recipe " + kRecipe + " --run-dir " + (tmp / "run") +
+                         " dataset.limit=512 dataset.eval_limit=256 training.epochs=1 plugins.console.mode=plain"
+                         " plugins.console.every_steps=1");
+  EXPECT_EQ(o.code, 0) << o.text;
+  EXPECT_NE(o.text.find("epoch 1/1 | step 4/4 | loss"), std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("eval/accuracy"), std::string::npos) << o.text;
+  EXPECT_TRUE(std::filesystem::exists(tmp / "run/checkpoints/latest"));
+}
+
+TEST(Cli, MissingDatasetFailsWithTheFixInTheMessage) {
+  TempDir tmp;
+  const auto o = run_cli("--recipe " + kRecipe + " --run-dir " + (tmp / "run") + " dataset.root=" + tmp.str());
+  EXPECT_EQ(o.code, 3) << o.text;
+  EXPECT_NE(o.text.find("dataset-fashion-mnist"), std::string::npos) << o.text;
+  EXPECT_NE(trainer::testing::read_file(tmp / "run/status.json").find("FAILED"), std::string::npos);
+}
+
+}  // namespace

@@ -1,0 +1,71 @@
+#include "trainer/config_spec.h"
+
+#include <gtest/gtest.h>
+
+namespace trainer {
+namespace {
+
+std::vector<SectionSpec> spec() {
+  using T = ValueType;
+  return {{"training",
+           {KeySpec("epochs", T::Int, "epochs").def(std::int64_t{1}).min(1),
+            KeySpec("lr", T::Float, "lr").def(0.1).min(0, false),
+            KeySpec("mode", T::String, "mode").def(std::string("fast")).choices({"fast", "slow"}),
+            KeySpec("sizes", T::IntList, "sizes").def(std::vector<std::int64_t>{1}).min(1)},
+           ""},
+          {"model", {KeySpec("name", T::String, "name").required()}, ""}};
+}
+
+bool contains(const std::vector<std::string>& ps, const std::string& needle) {
+  for (const auto& p : ps) {
+    if (p.find(needle) != std::string::npos) return true;
+  }
+  return false;
+}
+
+TEST(ValidateConfig, FillsDefaultsAndCoercesIntToFloat) {
+  Config c = Config::parse("[training]\nlr = 1\n[model]\nname = \"m\"\n");
+  EXPECT_TRUE(validate_config(c, spec()).empty());
+  EXPECT_EQ(c.get<std::int64_t>("training.epochs"), 1);
+  EXPECT_EQ(c.origin("training.epochs"), "default");
+  EXPECT_TRUE(std::holds_alternative<double>(c.value("training.lr")));
+}
+
+TEST(ValidateConfig, ReportsEveryProblemAtOnce) {
+  Config c = Config::parse("[training]\nepochs = 0\nlr = \"x\"\nmode = \"fats\"\nepoch = 3\nsizes = [1, 0]\n", "r.toml");
+  const auto ps = validate_config(c, spec());
+  ASSERT_EQ(ps.size(), 6u) << ::testing::PrintToString(ps);
+  EXPECT_TRUE(contains(ps, "r.toml:2: training.epochs = 0: must be integer >= 1"));
+  EXPECT_TRUE(contains(ps, "r.toml:3: training.lr = \"x\": expected float > 0, got string"));
+  EXPECT_TRUE(contains(ps, "did you mean 'fast'?"));
+  EXPECT_TRUE(contains(ps, "unknown key 'training.epoch'; did you mean 'training.epochs'?"));
+  EXPECT_TRUE(contains(ps, "training.sizes = [1, 0]: must be integer list with elements >= 1"));
+  EXPECT_TRUE(contains(ps, "missing required key 'model.name'"));
+}
+
+TEST(ValidateConfig, UnknownSectionGetsAHint) {
+  Config c = Config::parse("[traning]\nepochs = 2\n[model]\nname = \"m\"\n", "r.toml");
+  const auto ps = validate_config(c, spec());
+  ASSERT_EQ(ps.size(), 1u);
+  EXPECT_TRUE(contains(ps, "r.toml:2: unknown key 'traning.epochs'; did you mean 'training.epochs'?"));
+}
+
+TEST(ValidateConfig, OpenSectionsAcceptAnything) {
+  Config c = Config::parse("[model]\nname = \"m\"\nwhatever = 1\n");
+  EXPECT_TRUE(validate_config(c, spec(), {"model.whatever"}).empty());
+}
+
+TEST(ValidateConfig, TableWhereValueExpected) {
+  Config c = Config::parse("[model]\nname = \"m\"\n[training.epochs]\nx = 1\n");
+  const auto ps = validate_config(c, spec());
+  EXPECT_TRUE(contains(ps, "'training.epochs' must be a value of type integer, not a table"))
+      << ::testing::PrintToString(ps);
+}
+
+TEST(ClosestMatch, FindsSmallEdits) {
+  EXPECT_EQ(closest_match("batch_sise", {"batch_size", "epochs"}), "batch_size");
+  EXPECT_EQ(closest_match("zzzzzz", {"batch_size", "epochs"}), "");
+}
+
+}  // namespace
+}  // namespace trainer

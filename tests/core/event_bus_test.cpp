@@ -1,0 +1,149 @@
+#include "trainer/event_bus.h"
+
+#include <c10/util/Exception.h>
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+
+namespace trainer {
+namespace {
+
+/// Records "<name>:<event>" into a shared log; optionally throws in one event.
+class LogPlugin final : public Plugin {
+ public:
+  LogPlugin(std::string name, std::vector<std::string>* log, std::vector<Event> events, int priority = 0)
+      : name_(std::move(name)), log_(log), events_(std::move(events)), priority_(priority) {}
+  std::string name() const override { return name_; }
+  std::vector<Event> events() const override { return events_; }
+  int default_priority() const override { return priority_; }
+  void on_event(EventContext& ctx, Control& c) override {
+    log_->push_back(name_ + ":" + std::string(event_name(ctx.event)));
+    ++calls;
+    if (throw_in && *throw_in == ctx.event) throw std::runtime_error("boom");
+    if (oom_in && *oom_in == ctx.event) TORCH_CHECK_WITH(OutOfMemoryError, false, "fake OOM");
+    if (stop_in && *stop_in == ctx.event) c.stop_training = true;
+  }
+  std::optional<Event> throw_in, oom_in, stop_in;
+  int calls = 0;
+
+ private:
+  std::string name_;
+  std::vector<std::string>* log_;
+  std::vector<Event> events_;
+  int priority_;
+};
+
+EventContext ctx_for(Event e) {
+  EventContext c;
+  c.event = e;
+  return c;
+}
+
+TEST(EventBus, RunsByPriorityThenLoadOrder) {
+  std::vector<std::string> log;
+  EventBus bus;
+  bus.add(std::make_shared<LogPlugin>("late", &log, std::vector<Event>{Event::BatchStart}, 10));
+  bus.add(std::make_shared<LogPlugin>("a", &log, std::vector<Event>{Event::BatchStart}, 0));
+  bus.add(std::make_shared<LogPlugin>("b", &log, std::vector<Event>{Event::BatchStart}, 0));
+  bus.add(std::make_shared<LogPlugin>("first", &log, std::vector<Event>{Event::BatchStart}, -5));
+  auto c = ctx_for(Event::BatchStart);
+  Control control;
+  bus.dispatch(c, control);
+  EXPECT_EQ(log, (std::vector<std::string>{"first:BatchStart", "a:BatchStart", "b:BatchStart", "late:BatchStart"}));
+}
+
+TEST(EventBus, ClosingEventsRunInReverseSoWrappersNest) {
+  std::vector<std::string> log;
+  EventBus bus;
+  const std::vector<Event> evs{Event::BeforeForward, Event::AfterForward};
+  bus.add(std::make_shared<LogPlugin>("outer", &log, evs, 0));
+  bus.add(std::make_shared<LogPlugin>("inner", &log, evs, 1));
+  Control control;
+  auto before = ctx_for(Event::BeforeForward);
+  bus.dispatch(before, control);
+  auto after = ctx_for(Event::AfterForward);
+  bus.dispatch(after, control);
+  EXPECT_EQ(log, (std::vector<std::string>{"outer:BeforeForward", "inner:BeforeForward", "inner:AfterForward",
+                                           "outer:AfterForward"}));
+}
+
+TEST(EventBus, DeliversOnlyDeclaredEvents) {
+  std::vector<std::string> log;
+  EventBus bus;
+  auto p = std::make_shared<LogPlugin>("p", &log, std::vector<Event>{Event::EpochEnd});
+  bus.add(p);
+  Control control;
+  for (Event e : {Event::Init, Event::EpochStart, Event::EpochEnd}) {
+    auto c = ctx_for(e);
+    bus.dispatch(c, control);
+  }
+  EXPECT_EQ(p->calls, 1);
+  EXPECT_EQ(bus.subscribers(Event::EpochEnd), 1u);
+  EXPECT_EQ(bus.subscribers(Event::Init), 0u);
+}
+
+TEST(EventBus, ObserverFailureIsLoggedAndTheOthersStillRun) {
+  std::vector<std::string> log;
+  EventBus bus;
+  auto bad = std::make_shared<LogPlugin>("bad", &log, std::vector<Event>{Event::BatchEnd});
+  bad->throw_in = Event::BatchEnd;
+  auto good = std::make_shared<LogPlugin>("good", &log, std::vector<Event>{Event::BatchEnd});
+  bus.add(good);
+  bus.add(bad);
+  auto c = ctx_for(Event::BatchEnd);
+  Control control;
+  EXPECT_NO_THROW(bus.dispatch(c, control));
+  EXPECT_EQ(good->calls, 1);
+  EXPECT_EQ(bus.swallowed_errors(), 1u);
+}
+
+TEST(EventBus, EssentialFailureNamesPluginAndEvent) {
+  std::vector<std::string> log;
+  EventBus bus;
+  auto bad = std::make_shared<LogPlugin>("strict", &log, std::vector<Event>{Event::AfterBackward});
+  bad->throw_in = Event::AfterBackward;
+  bus.add(bad, std::nullopt, FailurePolicy::Essential);
+  auto c = ctx_for(Event::AfterBackward);
+  Control control;
+  try {
+    bus.dispatch(c, control);
+    FAIL();
+  } catch (const PluginError& e) {
+    EXPECT_STREQ(e.what(), "plugin 'strict' failed in AfterBackward: boom");
+  }
+}
+
+TEST(EventBus, OutOfMemoryPassesThroughUnchanged) {
+  std::vector<std::string> log;
+  EventBus bus;
+  auto p = std::make_shared<LogPlugin>("p", &log, std::vector<Event>{Event::BeforeForward});
+  p->oom_in = Event::BeforeForward;
+  bus.add(p);
+  auto c = ctx_for(Event::BeforeForward);
+  Control control;
+  EXPECT_THROW(bus.dispatch(c, control), c10::OutOfMemoryError);
+}
+
+TEST(EventBus, ControlRequestsReachTheCaller) {
+  std::vector<std::string> log;
+  EventBus bus;
+  auto p = std::make_shared<LogPlugin>("p", &log, std::vector<Event>{Event::BatchEnd});
+  p->stop_in = Event::BatchEnd;
+  bus.add(p);
+  auto c = ctx_for(Event::BatchEnd);
+  Control control;
+  bus.dispatch(c, control);
+  EXPECT_TRUE(control.stop_training);
+  EXPECT_TRUE(control.any());
+}
+
+TEST(Events, NamesRoundTrip) {
+  for (std::size_t i = 0; i < kNumEvents; ++i) {
+    const auto e = static_cast<Event>(i);
+    EXPECT_EQ(event_from_name(event_name(e)), e);
+  }
+  EXPECT_FALSE(event_from_name("NoSuchEvent").has_value());
+}
+
+}  // namespace
+}  // namespace trainer

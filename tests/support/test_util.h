@@ -1,0 +1,100 @@
+#pragma once
+// Shared helpers for the trainer tests: a temp dir per test, file I/O, JSONL field access.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace trainer::testing {
+
+/// A fresh directory per test, removed afterwards.
+class TempDir {
+ public:
+  TempDir() {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    std::string name = info ? std::string(info->test_suite_name()) + "." + info->name() : "test";
+    for (auto& c : name) {
+      if (c == '/') c = '_';
+    }
+    path_ = std::filesystem::temp_directory_path() / ("trainer_test_" + name + "_" + std::to_string(::getpid()));
+    std::filesystem::remove_all(path_);
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  std::string str() const { return path_.string(); }
+  std::string operator/(const std::string& rel) const { return (path_ / rel).string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+/// Seeds LibTorch and gives each test its own temp dir.
+class TrainerTest : public ::testing::Test {
+ protected:
+  void SetUp() override { torch::manual_seed(0); }
+  TempDir tmp_;
+};
+
+inline void write_file(const std::string& path, const std::string& text) {
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+  std::ofstream(path) << text;
+}
+
+inline std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+inline std::vector<std::string> read_lines(const std::string& path) {
+  std::vector<std::string> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty()) out.push_back(line);
+  }
+  return out;
+}
+
+/// The string value of "key":"value" in a flat JSON object line.
+inline std::string json_str(const std::string& line, const std::string& key) {
+  const std::regex re("\"" + key + "\":\"([^\"]*)\"");
+  std::smatch m;
+  return std::regex_search(line, m, re) ? m[1].str() : std::string();
+}
+
+/// The numeric value of "key":number in a flat JSON object line.
+inline std::optional<double> json_num(const std::string& line, const std::string& key) {
+  const std::regex re("\"" + key + "\":(-?[0-9.eE+-]+)");
+  std::smatch m;
+  if (!std::regex_search(line, m, re)) return std::nullopt;
+  return std::stod(m[1].str());
+}
+
+/// Events recorded by the recording plugin, in order.
+inline std::vector<std::string> recorded_events(const std::string& events_file) {
+  std::vector<std::string> out;
+  for (const auto& l : read_lines(events_file)) out.push_back(json_str(l, "event"));
+  return out;
+}
+
+/// metrics.jsonl values of `name`, keyed by step.
+inline std::map<long, double> metric_by_step(const std::string& metrics_file, const std::string& name) {
+  std::map<long, double> out;
+  for (const auto& l : read_lines(metrics_file)) {
+    if (json_str(l, "name") == name) out[static_cast<long>(*json_num(l, "step"))] = *json_num(l, "value");
+  }
+  return out;
+}
+
+}  // namespace trainer::testing
