@@ -24,7 +24,7 @@ Overrides:
   a.b=value       change a key (value in TOML syntax; bare words are strings)
   +a.b=value      add a key the recipe does not have
   group=option    pick configs/<group>/<option>.toml (e.g. model=mlp)
-  preset          merge configs/<preset>.toml (e.g. robust)
+  preset          merge configs/<preset>.toml after the recipe (e.g. smoke)
 
 Exit codes: 0 ok, 2 usage or config error, 3 training failed, 130 interrupted.
 )";

@@ -50,5 +50,15 @@ TEST(Recipes, EveryConfigGroupValidates) {
   EXPECT_GT(n, 0);
 }
 
+TEST(Recipes, EveryPresetAppliesToTheMainRecipe) {
+  const fs::path configs = fs::path(TRAINER_SOURCE_DIR) / "configs";
+  for (const auto& f : fs::directory_iterator(configs)) {
+    if (f.path().extension() != ".toml") continue;
+    SCOPED_TRACE(f.path().string());
+    EXPECT_NO_THROW(prepare_run(std::string(TRAINER_SOURCE_DIR) + "/recipes/fashion_mnist.toml",
+                                {f.path().stem().string()}, {TRAINER_TEST_PLUGIN_DIR}));
+  }
+}
+
 }  // namespace
 }  // namespace trainer

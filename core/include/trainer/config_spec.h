@@ -55,6 +55,10 @@ TRAINER_API std::vector<std::string> validate_config(Config& cfg,
                                                      const std::vector<SectionSpec>& sections,
                                                      const std::vector<std::string>& open_sections = {});
 
+/// "; did you mean 'training.epochs'?" for a near-miss among `known` dotted keys, else
+/// "; did you mean section [training]?" when only the first component is misspelt, else "".
+TRAINER_API std::string did_you_mean(const std::string& key, const std::vector<std::string>& known);
+
 /// The closest candidate within a small edit distance, or "" (for did-you-mean hints).
 TRAINER_API std::string closest_match(const std::string& word,
                                       const std::vector<std::string>& candidates);

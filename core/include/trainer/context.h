@@ -51,7 +51,7 @@ struct TRAINER_API EventContext {
   MetricsLogger* metrics = nullptr;             ///< log metrics here (always set)
   std::string run_dir;                          ///< the run directory (always set)
   RunState state;
-  c10::Device device = c10::Device(c10::kCPU);  ///< the run's device
+  c10::Device device = c10::Device(c10::kCPU);  ///< the run's device (SelectDevice proposes runtime.device)
   std::shared_ptr<Model> model;                 ///< from ModelCreated on
   torch::optim::Optimizer* optimizer = nullptr; ///< from OptimizerCreated on
   const Batch* batch = nullptr;                 ///< current micro-batch (Before/AfterForward/Backward)
@@ -60,7 +60,7 @@ struct TRAINER_API EventContext {
   const std::map<std::string, double>* eval_metrics = nullptr;  ///< EvalEnd
   std::string checkpoint_path;                  ///< Checkpoint: the file just written
   std::exception_ptr exception;                 ///< Exception: what failed
-  std::string status;                           ///< FitEnd/Shutdown: FINISHED, FAILED, KILLED
+  std::string status;                           ///< FitEnd: FINISHED or KILLED; Exception: FAILED; Shutdown: any
 };
 
 }  // namespace trainer

@@ -5,9 +5,11 @@
 
 namespace trainer {
 
-/// What plugins may ask of the core. A fresh Control is handed to every dispatch; after
-/// all plugins ran, the core acts on it (docs/events.md says which fields each event
-/// honours; a request an event does not honour is logged and ignored).
+/// What plugins may ask of the core. A fresh Control is handed to every dispatch and shared
+/// by all plugins of that dispatch (a later plugin sees, and may overwrite, what an earlier
+/// one set); after all ran, the core acts on it. docs/events.md says which fields each
+/// event honours; the others are ignored (switch_device and retry_with_micro_batch log a
+/// warning when ignored).
 struct Control {
   /// Finish at the next safe point (after the current optimizer step), as a success.
   bool stop_training = false;
@@ -15,7 +17,7 @@ struct Control {
   bool skip_step = false;
   /// Re-run the current batch split into micro-batches of this size (OutOfMemory).
   std::optional<std::int64_t> retry_with_micro_batch;
-  /// Move model and optimizer state to this device ("cpu", "cuda:1").
+  /// Use this device for the run ("cpu", "cuda:1"); honoured in SelectDevice.
   std::optional<std::string> switch_device;
   /// Write a checkpoint after the current batch.
   bool request_checkpoint = false;

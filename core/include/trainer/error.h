@@ -13,7 +13,7 @@ enum ExitCode : int {
   kExitOk = 0,               ///< training finished
   kExitUsage = 2,            ///< bad command line, recipe or config
   kExitTrainingFailed = 3,   ///< training started but failed (run status FAILED)
-  kExitInterrupted = 130,    ///< SIGINT/SIGTERM: stopped at a safe point, checkpoint written
+  kExitInterrupted = 130,    ///< SIGINT/SIGTERM: stopped at a safe point (checkpoint if checkpoint.at_end)
 };
 
 /// Base of every exception trainer throws.

@@ -27,7 +27,7 @@ class TRAINER_API EventBus {
   void add(std::shared_ptr<Plugin> plugin, std::optional<int> priority = std::nullopt,
            std::optional<FailurePolicy> policy = std::nullopt);
 
-  /// Fires `ctx.event`; returns the merged Control of every handler.
+  /// Fires `ctx.event` to its subscribers in order; all of them share `control`.
   void dispatch(EventContext& ctx, Control& control);
 
   /// Plugins in dispatch order for opening events.

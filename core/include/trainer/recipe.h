@@ -13,9 +13,9 @@ namespace trainer {
 struct Override {
   enum class Kind {
     Set,     ///< `a.b=value`: change a key the recipe, its groups or the schema defines
-    Add,     ///< `+a.b=value`: add a key the recipe does not have
+    Add,     ///< `+a.b=value`: add a key the recipe does not define (still checked against the schema)
     Group,   ///< `model=cnn`: use configs/model/cnn.toml for the `model` group
-    Preset,  ///< `robust`: merge configs/robust.toml after the recipe's defaults
+    Preset,  ///< `smoke`: merge configs/smoke.toml after the recipe (it wins over the recipe)
   };
   Kind kind = Kind::Set;
   std::string key;    ///< dotted key, group name or preset name
@@ -32,15 +32,17 @@ TRAINER_API ConfigValue parse_override_value(const std::string& text);
 
 /// A recipe merged with its groups and the command-line overrides, before validation.
 struct TRAINER_API LoadedRecipe {
-  Config config;                   ///< merged: groups in order, the recipe, then overrides
+  Config config;                   ///< merged: groups in order, the recipe, presets, then overrides
   std::vector<Override> overrides;
   std::set<std::string> file_keys; ///< leaf keys defined by the recipe and its groups
   std::vector<std::string> sources;  ///< files merged, in order
 };
 
-/// Loads `recipe_path`: its `defaults = [...]` groups (found under `config_dirs`, then the
-/// recipe's `../configs`, `$TRAINER_CONFIG_PATH` and the installed configs), the recipe
-/// itself, then `overrides`. Collects every problem and throws one ConfigError.
+/// Loads `recipe_path`: its `defaults = [...]` groups (with `group=option` overrides applied),
+/// the recipe itself, presets named on the command line, then `key=value` overrides. Groups
+/// are searched in `config_dirs`, the recipe's `../configs` and `configs/`,
+/// `$TRAINER_CONFIG_PATH` and the installed configs. Collects every problem it can and
+/// throws one ConfigError.
 TRAINER_API LoadedRecipe load_recipe(const std::string& recipe_path,
                                      const std::vector<std::string>& overrides,
                                      const std::vector<std::string>& config_dirs = {});

@@ -95,6 +95,22 @@ std::string closest_match(const std::string& word, const std::vector<std::string
   return best;
 }
 
+std::string did_you_mean(const std::string& key, const std::vector<std::string>& known) {
+  const std::string full = closest_match(key, known);
+  if (!full.empty()) return "; did you mean '" + full + "'?";
+  const auto dot = key.find('.');
+  if (dot == std::string::npos) return {};
+  std::vector<std::string> sections;
+  for (const auto& k : known) {
+    const auto d = k.find('.');
+    if (d != std::string::npos) sections.push_back(k.substr(0, d));
+  }
+  const std::string head = key.substr(0, dot);
+  if (std::find(sections.begin(), sections.end(), head) != sections.end()) return {};
+  const std::string sec = closest_match(head, sections);
+  return sec.empty() ? std::string() : "; did you mean section [" + sec + "]?";
+}
+
 namespace {
 
 bool is_list(ValueType t) {
@@ -195,8 +211,7 @@ std::vector<std::string> validate_config(Config& cfg, const std::vector<SectionS
     const std::string where = cfg.origin(key);
     if (!spec) {
       std::string msg = detail::str(where, ": unknown key '", key, "'");
-      const std::string hint = closest_match(key, known_full);
-      if (!hint.empty()) msg += detail::str("; did you mean '", hint, "'?");
+      msg += did_you_mean(key, known_full);
       if (section_found && !section.empty()) {
         std::vector<std::string> names;
         for (const auto& kv : by_section[section]) names.push_back(kv.first);

@@ -154,60 +154,69 @@ LoadedRecipe load_recipe(const std::string& recipe_path, const std::vector<std::
                                      ": defaults must be a list of group names such as [\"model/cnn\"]"));
     }
   }
-  const std::string defaults_origin = recipe.origin("defaults");
+  // Each entry remembers who asked for it, for the "not found" message.
+  std::vector<std::pair<std::string, std::string>> groups;  // (group, origin)
+  const std::string defaults_origin = recipe.has("defaults") ? recipe.origin("defaults") : recipe_path;
+  for (const auto& d : defaults) groups.emplace_back(d, defaults_origin);
+  std::vector<std::pair<std::string, std::string>> presets;  // merged after the recipe
   for (auto& o : parsed) {
     if (o.kind == Override::Kind::Set && o.key.find('.') == std::string::npos && is_group_dir(o.key, dirs)) {
       o.kind = Override::Kind::Group;
     }
+    const std::string origin = detail::str("override '", o.text, "'");
     if (o.kind == Override::Kind::Group) {
       const std::string entry = o.key + "/" + o.value;
       bool replaced = false;
-      for (auto& d : defaults) {
-        if (d.rfind(o.key + "/", 0) == 0) {
-          d = entry;
+      for (auto& g : groups) {
+        if (g.first.rfind(o.key + "/", 0) == 0) {
+          g = {entry, origin};
           replaced = true;
         }
       }
-      if (!replaced) defaults.push_back(entry);
+      if (!replaced) groups.emplace_back(entry, origin);
     } else if (o.kind == Override::Kind::Preset) {
-      defaults.push_back(o.key);
+      presets.emplace_back(o.key, origin);
     }
   }
 
-  Config merged;
-  for (const auto& group : defaults) {
+  // Group files are merged under their package (configs/model/x.toml -> [model]); a
+  // top-level preset merges at the root.
+  auto merge_group = [&](Config& into, const std::string& group, const std::string& origin) {
     const std::string file = find_group_file(group, dirs);
+    const auto slash = group.find('/');
     if (file.empty()) {
-      const auto slash = group.find('/');
-      std::string msg = detail::str(defaults_origin, ": config group '", group, "' not found; searched: ", join(dirs));
+      std::string msg = detail::str(origin, ": config group '", group, "' not found; searched: ", join(dirs));
       if (slash != std::string::npos) {
         const auto opts = group_options(group.substr(0, slash), dirs);
         msg += detail::str("; available for ", group.substr(0, slash), ": ",
                            opts.empty() ? std::string("none") : join(opts));
       }
       problems.push_back(msg);
-      continue;
+      return;
     }
     try {
       Config g = Config::parse_file(file);
-      const auto slash = group.find('/');
       if (slash == std::string::npos) {
-        merged.merge(g);  // a preset merges at the root
+        into.merge(g);
       } else {
         Config wrapped;
         const std::string package = group.substr(0, slash);
-        // Re-root the group under its package, keeping each leaf's origin.
         for (const auto& k : g.leaf_keys()) wrapped.set(package + "." + k, g.value(k), g.origin(k));
-        merged.merge(wrapped);
+        into.merge(wrapped);
       }
       out.sources.push_back(file);
     } catch (const ConfigError& e) {
       problems.insert(problems.end(), e.problems().begin(), e.problems().end());
     }
-  }
+  };
+
+  Config merged;
+  for (const auto& g : groups) merge_group(merged, g.first, g.second);
   recipe.erase("defaults");
   merged.merge(recipe);
   out.sources.push_back(recipe_path);
+  // Presets named on the command line are the user's latest word: they win over the recipe.
+  for (const auto& p : presets) merge_group(merged, p.first, p.second);
   for (const auto& k : merged.leaf_keys()) out.file_keys.insert(k);
 
   for (const auto& o : parsed) {
@@ -310,9 +319,7 @@ void validate_recipe(LoadedRecipe& recipe, const std::vector<SectionSpec>& extra
     const bool in_schema = std::find(known.begin(), known.end(), o.key) != known.end();
     if (o.kind == Override::Kind::Set && !in_files && !in_schema) {
       std::string msg = detail::str("override '", o.text, "': no key '", o.key, "' in the recipe or its schema");
-      const std::string hint = closest_match(o.key, known);
-      if (!hint.empty()) msg += detail::str("; did you mean '", hint, "'?");
-      msg += detail::str(" (use '+", o.text, "' to add a new key)");
+      msg += did_you_mean(o.key, known);
       problems.push_back(msg);
       cfg.erase(o.key);
     } else if (o.kind == Override::Kind::Add && in_files) {

@@ -38,6 +38,8 @@ void JsonlSink::write(const std::vector<MetricPoint>& points) {
                              ",\"value\":" + json_number(p.value) + ",\"time\":" + json_number(p.time) + "}\n";
     std::fwrite(line.data(), 1, line.size(), impl_->f);
   }
+  // One flush per logged group (every log_every steps): a crash loses nothing logged.
+  std::fflush(impl_->f);
 }
 
 void JsonlSink::flush() {

@@ -93,7 +93,8 @@ class CosineSchedule final : public LrSchedule {
       : base_(base), warmup_(warmup), total_(total), min_ratio_(min_ratio) {}
   double lr_at(std::int64_t step) const override {
     if (step < warmup_) return base_ * warmup_factor(step, warmup_);
-    const double span = std::max<std::int64_t>(1, total_ - warmup_);
+    // The last step taken is total - 1: that is where the LR reaches min_lr_ratio * lr.
+    const double span = std::max<std::int64_t>(1, total_ - 1 - warmup_);
     const double progress = std::min(1.0, double(step - warmup_) / span);
     const double cos = 0.5 * (1.0 + std::cos(M_PI * progress));
     return base_ * (min_ratio_ + (1.0 - min_ratio_) * cos);

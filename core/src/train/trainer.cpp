@@ -136,14 +136,20 @@ struct Trainer::Impl {
     Control control;
     ctx.event = e;
     ctx.state = st;
+    // The per-event pointers refer to locals of the caller: clear them whatever happens.
+    struct ClearEventPointers {
+      EventContext& c;
+      ~ClearEventPointers() {
+        c.batch = nullptr;
+        c.outputs = nullptr;
+        c.loss = nullptr;
+        c.eval_metrics = nullptr;
+      }
+    } clear{ctx};
     if (bus->subscribers(e) != 0) {
       bus->dispatch(ctx, control);
       if (control.any()) apply_control(e, control);
     }
-    ctx.batch = nullptr;
-    ctx.outputs = nullptr;
-    ctx.loss = nullptr;
-    ctx.eval_metrics = nullptr;
     return control;
   }
 
@@ -393,13 +399,13 @@ struct Trainer::Impl {
   /// One optimizer step on `indices`: the batch is split into micro-batches whose losses
   /// are scaled by their share of the batch, so the accumulated gradient is the gradient of
   /// the batch's mean loss.
-  void train_batch(const at::Tensor& indices) {
+  bool train_batch(const at::Tensor& indices) {
     const std::int64_t n = indices.size(0);
     st.num_micro_batches = (n + micro_batch_size - 1) / micro_batch_size;
     st.micro_batch_index = 0;
     if (fire(Event::BatchStart).skip_step) {
       log->debug("batch {} skipped at BatchStart", st.batch_in_epoch);
-      return;
+      return false;
     }
     Batch full = train_set->get(indices);
     if (device != full.inputs.device()) full = {full.inputs.to(device), full.targets.to(device)};
@@ -440,7 +446,7 @@ struct Trainer::Impl {
     if (skip) {
       zero_grads();
       log->debug("optimizer step skipped at batch {}", st.batch_in_epoch);
-      return;
+      return false;
     }
     optim->step();
     ++st.global_step;
@@ -449,6 +455,7 @@ struct Trainer::Impl {
     window_loss += batch_loss;
     ++window_steps;
     window_samples += n;
+    return true;
   }
 
   void log_train_metrics() {
@@ -501,6 +508,10 @@ struct Trainer::Impl {
     }
   }
 
+  bool stop_requested() const {
+    return g_interrupt.load() || want_stop || (max_steps > 0 && st.global_step >= max_steps);
+  }
+
   void run_loop() {
     window_start = std::chrono::steady_clock::now();
     for (std::int64_t epoch = start_epoch; epoch < epochs; ++epoch) {
@@ -512,31 +523,28 @@ struct Trainer::Impl {
       for (std::int64_t b = start_batch; b < st.steps_per_epoch; ++b) {
         st.batch_in_epoch = b;
         const std::int64_t begin = b * batch_size, len = std::min(batch_size, n - begin);
-        train_batch(order.narrow(0, begin, len));
+        const bool stepped = train_batch(order.narrow(0, begin, len));
+        // Where a resume continues: the batch after this one.
+        position_epoch = b + 1 < st.steps_per_epoch ? epoch : epoch + 1;
+        position_batch = b + 1 < st.steps_per_epoch ? b + 1 : 0;
         fire(Event::BatchEnd);
-        if (st.global_step % log_every == 0) log_train_metrics();
+        if (stepped && st.global_step % log_every == 0) log_train_metrics();
         if (want_eval) {
           want_eval = false;
           evaluate();
         }
-        const bool step_ckpt = ckpt_every_steps > 0 && st.global_step % ckpt_every_steps == 0;
+        const bool step_ckpt = stepped && ckpt_every_steps > 0 && st.global_step % ckpt_every_steps == 0;
         if (want_checkpoint || step_ckpt) {
           want_checkpoint = false;
-          save_checkpoint(epoch, b + 1);
+          save_checkpoint(position_epoch, position_batch);
         }
-        if (g_interrupt.load() || want_stop || (max_steps > 0 && st.global_step >= max_steps)) {
-          // Position after this batch, so a resume continues with the next one.
-          position_epoch = b + 1 < st.steps_per_epoch ? epoch : epoch + 1;
-          position_batch = b + 1 < st.steps_per_epoch ? b + 1 : 0;
-          check_stop();
-        }
+        // A stop on the last batch of an epoch still finishes the epoch (eval, EpochEnd).
+        if (stop_requested() && b + 1 < st.steps_per_epoch) check_stop();
       }
       start_batch = 0;
       log_train_metrics();
       if (eval_every > 0 && (epoch + 1) % eval_every == 0) evaluate();
       epochs_completed = epoch + 1;
-      position_epoch = epoch + 1;
-      position_batch = 0;
       fire(Event::EpochEnd);
       if (ckpt_every_epochs > 0 && (epoch + 1) % ckpt_every_epochs == 0) save_checkpoint(epoch + 1, 0);
       check_stop();
@@ -546,7 +554,7 @@ struct Trainer::Impl {
   std::int64_t position_epoch = 0, position_batch = 0;
 
   void final_checkpoint() {
-    if (!ckpt_at_end || !model || !optim) return;
+    if (!ckpt_at_end || !fit_started) return;
     if (!last_checkpoint.empty() && checkpoint_step_ == st.global_step) return;
     try {
       save_checkpoint(position_epoch, position_batch);
@@ -555,6 +563,7 @@ struct Trainer::Impl {
     }
   }
   std::int64_t checkpoint_step_ = -1;
+  bool fit_started = false;  ///< model, optimizer and resume state are in place
 
   RunResult fit() {
     RunResult r;
@@ -569,11 +578,11 @@ struct Trainer::Impl {
       write_atomic(fs::path(run_dir) / "config.toml", cfg.to_toml());
       write_status("RUNNING", 0, "");
       setup_metrics();
-      setup_plugins();
       ctx.config = &cfg;
       ctx.logger = log;
       ctx.metrics = metrics.get();
       ctx.run_dir = run_dir;
+      setup_plugins();
       log->info("run directory: {}", run_dir);
       fire(Event::Init);
       setup_runtime();
@@ -582,6 +591,9 @@ struct Trainer::Impl {
       if (!opts.resume.empty()) load_checkpoint(opts.resume);
       position_epoch = start_epoch;
       position_batch = start_batch;
+      st.epoch = start_epoch;
+      st.batch_in_epoch = start_batch;
+      fit_started = true;
       fire(Event::FitStart);
       try {
         run_loop();

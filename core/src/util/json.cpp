@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 
 namespace trainer {
 
@@ -30,8 +31,10 @@ std::string json_quote(const std::string& s) {
 std::string json_number(double v) {
   if (std::isnan(v)) return "\"NaN\"";
   if (std::isinf(v)) return v > 0 ? "\"Infinity\"" : "\"-Infinity\"";
+  // The shortest of %.15g / %.17g that reads back exactly (wall-clock times need all digits).
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%.10g", v);
+  std::snprintf(buf, sizeof buf, "%.15g", v);
+  if (std::strtod(buf, nullptr) != v) std::snprintf(buf, sizeof buf, "%.17g", v);
   return buf;
 }
 
