@@ -19,8 +19,4 @@ TRAINER_API std::shared_ptr<spdlog::logger> default_logger();
 TRAINER_API std::shared_ptr<spdlog::logger> configure_logging(const std::string& run_dir,
                                                               const std::string& level);
 
-/// Warns when LibTorch's float32 math runs on the reference BLAS (60x slower than OpenBLAS).
-/// Returns the BLAS library mapped into the process, or "" if none was found.
-TRAINER_API std::string check_blas(spdlog::logger& logger);
-
 }  // namespace trainer

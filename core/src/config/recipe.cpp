@@ -266,7 +266,10 @@ std::vector<SectionSpec> core_config_sections(const Config& cfg) {
   s.push_back({"runtime",
                {KeySpec("num_threads", T::Int, "Intra-op threads; 0 = number of cores").def(std::int64_t{0}).min(0),
                 KeySpec("device", T::String, "Default device: cpu, cuda or cuda:N (plugins may choose in SelectDevice)")
-                    .def(std::string("cpu"))},
+                    .def(std::string("cpu")),
+                KeySpec("tune_malloc", T::Bool,
+                        "Keep freed tensor memory in the heap instead of returning it to the OS each step")
+                    .def(true)},
                "Process settings"});
   s.push_back({"metrics",
                {KeySpec("jsonl", T::Bool, "Write <run_dir>/metrics.jsonl").def(true),

@@ -24,6 +24,7 @@
 #include "trainer/optim.h"
 #include "trainer/plugin_host.h"
 #include "trainer/recipe.h"
+#include "trainer/runtime.h"
 
 namespace fs = std::filesystem;
 
@@ -243,6 +244,9 @@ struct Trainer::Impl {
     const auto threads = cfg.get<std::int64_t>("runtime.num_threads");
     const int n = threads > 0 ? static_cast<int>(threads) : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     at::set_num_threads(n);
+    if (cfg.get<bool>("runtime.tune_malloc") && !tune_cpu_allocator()) {
+      log->warn("runtime.tune_malloc: the C library refused the malloc settings; running untuned");
+    }
     torch::manual_seed(static_cast<std::uint64_t>(seed));
     log->info("threads: {}, seed: {}, LibTorch {}", n, seed, TORCH_VERSION);
     check_blas(*log);

@@ -4,7 +4,6 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
-#include <fstream>
 
 #include "trainer/error.h"
 
@@ -36,29 +35,6 @@ std::shared_ptr<spdlog::logger> configure_logging(const std::string& run_dir, co
   logger->set_level(lvl);
   logger->flush_on(spdlog::level::warn);
   return logger;
-}
-
-std::string check_blas(spdlog::logger& logger) {
-  std::ifstream maps("/proc/self/maps");
-  std::string line, found;
-  while (std::getline(maps, line)) {
-    const auto slash = line.find('/');
-    if (slash == std::string::npos) continue;
-    const std::string path = line.substr(slash);
-    if (path.find("libblas") != std::string::npos || path.find("openblas") != std::string::npos ||
-        path.find("libmkl") != std::string::npos) {
-      found = path;
-      if (path.find("openblas") != std::string::npos || path.find("mkl") != std::string::npos) break;
-    }
-  }
-  if (!found.empty() && found.find("openblas") == std::string::npos && found.find("mkl") == std::string::npos &&
-      found.find("/blas/") != std::string::npos) {
-    logger.warn(
-        "LibTorch is using the reference BLAS ({}): float32 math is ~60x slower than with OpenBLAS. "
-        "Install libopenblas0-openmp (scripts/install-deps.sh does).",
-        found);
-  }
-  return found;
 }
 
 }  // namespace trainer
