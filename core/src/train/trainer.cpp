@@ -128,6 +128,7 @@ struct Trainer::Impl {
   double window_loss = 0.0;
   std::int64_t window_steps = 0, window_samples = 0;
   std::chrono::steady_clock::time_point window_start;
+  double window_excluded_s = 0.0;  ///< eval and checkpoint time inside the window
 
   explicit Impl(TrainerOptions o) : opts(std::move(o)), cfg(opts.config) {}
 
@@ -309,6 +310,7 @@ struct Trainer::Impl {
 
   // --- checkpoints -------------------------------------------------------------------
   std::string save_checkpoint(std::int64_t epoch, std::int64_t batch_in_epoch) {
+    ExcludeFromThroughput pause{window_excluded_s};
     torch::serialize::OutputArchive ar, m, o;
     model->save(m);
     optim->save(o);
@@ -464,7 +466,8 @@ struct Trainer::Impl {
 
   void log_train_metrics() {
     if (window_steps == 0) return;
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - window_start).count();
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - window_start).count() - window_excluded_s;
     metrics->log(st.global_step, {{"train/loss", window_loss / double(window_steps)},
                                   {"train/lr", st.lr},
                                   {"train/epoch", double(st.epoch) + double(st.batch_in_epoch + 1) / double(st.steps_per_epoch)},
@@ -472,12 +475,21 @@ struct Trainer::Impl {
     window_loss = 0;
     window_steps = 0;
     window_samples = 0;
+    window_excluded_s = 0.0;
     window_start = std::chrono::steady_clock::now();
   }
+
+  /// Adds the time until the guard dies to window_excluded_s (throughput is training only).
+  struct ExcludeFromThroughput {
+    double& excluded;
+    std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+    ~ExcludeFromThroughput() { excluded += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
+  };
 
   std::map<std::string, double> evaluate() {
     std::map<std::string, double> m;
     if (!test_set) return m;
+    ExcludeFromThroughput pause{window_excluded_s};
     fire(Event::EvalStart);
     model->eval();
     double loss_sum = 0.0;
