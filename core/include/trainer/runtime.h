@@ -12,7 +12,7 @@ namespace trainer {
 /// Tunes glibc malloc for training: tensors up to 32 MiB come from the heap instead of fresh
 /// mmap()s, and freed memory is kept (up to 1 GiB) instead of being returned to the OS.
 /// Without it every step maps and unmaps its large activations and pays the page faults
-/// (docs/benchmarks.md: ~25 % of a small CNN's CPU step). Process-wide; idempotent.
+/// (docs/benchmarks.md has the measured effect). Process-wide; idempotent.
 /// Returns false when the C library refused a setting.
 TRAINER_API bool tune_cpu_allocator();
 

@@ -396,6 +396,13 @@ struct Trainer::Impl {
     return at::randperm(n, gen, at::TensorOptions(at::kLong));
   }
 
+  /// The current batch is consumed: a resume continues with the next one.
+  void advance_position() {
+    const bool last = st.batch_in_epoch + 1 >= st.steps_per_epoch;
+    position_epoch = last ? st.epoch + 1 : st.epoch;
+    position_batch = last ? 0 : st.batch_in_epoch + 1;
+  }
+
   void zero_grads() {
     for (auto& p : model->parameters()) {
       if (p.grad().defined()) p.mutable_grad() = at::Tensor();
@@ -411,6 +418,7 @@ struct Trainer::Impl {
     st.micro_batch_index = 0;
     if (fire(Event::BatchStart).skip_step) {
       log->debug("batch {} skipped at BatchStart", st.batch_in_epoch);
+      advance_position();
       return false;
     }
     Batch full = train_set->get(indices);
@@ -452,11 +460,13 @@ struct Trainer::Impl {
     if (skip) {
       zero_grads();
       log->debug("optimizer step skipped at batch {}", st.batch_in_epoch);
+      advance_position();
       return false;
     }
     optim->step();
     ++st.global_step;
     st.samples_seen += n;
+    advance_position();
     fire(Event::AfterOptimizerStep);
     window_loss += batch_loss;
     ++window_steps;
@@ -540,9 +550,6 @@ struct Trainer::Impl {
         st.batch_in_epoch = b;
         const std::int64_t begin = b * batch_size, len = std::min(batch_size, n - begin);
         const bool stepped = train_batch(order.narrow(0, begin, len));
-        // Where a resume continues: the batch after this one.
-        position_epoch = b + 1 < st.steps_per_epoch ? epoch : epoch + 1;
-        position_batch = b + 1 < st.steps_per_epoch ? b + 1 : 0;
         fire(Event::BatchEnd);
         if (stepped && st.global_step % log_every == 0) log_train_metrics();
         if (want_eval) {
