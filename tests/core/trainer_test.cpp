@@ -197,6 +197,11 @@ TEST_F(TrainerRun, EssentialPluginFailureFailsTheRunCleanly) {
   EXPECT_NE(read_file(tmp_ / "run/status.json").find("\"status\":\"FAILED\""), std::string::npos);
   EXPECT_FALSE(r.last_checkpoint.empty());
   EXPECT_TRUE(std::filesystem::exists(r.last_checkpoint));
+  // The step that was taken before the failure is not trained again after a resume.
+  const RunResult resumed = run({}, "resumed", tmp_ / "run");
+  ASSERT_EQ(resumed.exit_code, kExitOk) << resumed.message;
+  EXPECT_EQ(resumed.global_step, 4);
+  EXPECT_EQ(metric_by_step(tmp_ / "resumed/metrics.jsonl", "train/loss").size(), 1u);
 }
 
 /// Raises a real SIGINT after the given optimizer step.
