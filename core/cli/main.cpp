@@ -62,13 +62,13 @@ int list_plugins(const std::vector<std::string>& dirs) {
 
 int run(int argc, char** argv) {
   po::options_description opts("Options");
-  opts.add_options()                                                                     //
-      ("help,h", "show this help")                                                       //
-      ("version", "print the trainer and LibTorch versions")                             //
-      ("recipe,r", po::value<std::string>(), "recipe TOML file")                         //
-      ("print-config", "print the resolved config (defaults filled) and exit")           //
-      ("run-dir", po::value<std::string>(), "run directory (default <run.dir>/<run.name>-<time>)")  //
-      ("resume", po::value<std::string>(), "resume from a checkpoint file or run directory")         //
+  opts.add_options()                                                                                          //
+      ("help,h", "show this help")                                                                            //
+      ("version", "print the trainer and LibTorch versions")                                                  //
+      ("recipe,r", po::value<std::string>(), "recipe TOML file")                                              //
+      ("print-config", "print the resolved config (defaults filled) and exit")                                //
+      ("run-dir", po::value<std::string>(), "run directory (default <run.dir>/<run.name>-<time>)")            //
+      ("resume", po::value<std::string>(), "resume from a checkpoint file or run directory")                  //
       ("log-level", po::value<std::string>()->default_value("info"), "trace, debug, info, warn, error, off")  //
       ("plugin-dir", po::value<std::vector<std::string>>(), "extra plugin directory (repeatable)");
   po::options_description hidden;
@@ -95,7 +95,8 @@ int run(int argc, char** argv) {
               << TRAINER_ABI_VERSION << ")\n";
     return trainer::kExitOk;
   }
-  std::vector<std::string> args = vm.count("args") ? vm["args"].as<std::vector<std::string>>() : std::vector<std::string>{};
+  std::vector<std::string> args =
+      vm.count("args") ? vm["args"].as<std::vector<std::string>>() : std::vector<std::string>{};
   std::vector<std::string> plugin_dirs =
       vm.count("plugin-dir") ? vm["plugin-dir"].as<std::vector<std::string>>() : std::vector<std::string>{};
 

@@ -30,7 +30,9 @@ class ConsolePlugin final : public trainer::Plugin {
   }
   std::vector<trainer::KeySpec> config_keys() const override {
     using T = trainer::ValueType;
-    return {trainer::KeySpec("every_steps", T::Int, "Plain mode: print every N optimizer steps").def(std::int64_t{100}).min(1),
+    return {trainer::KeySpec("every_steps", T::Int, "Plain mode: print every N optimizer steps")
+                .def(std::int64_t{100})
+                .min(1),
             trainer::KeySpec("mode", T::String, "auto picks tty when stdout is a terminal")
                 .def(std::string("auto"))
                 .choices({"auto", "tty", "plain"})};

@@ -1,6 +1,6 @@
 // recording: writes every event with a context snapshot as JSON lines (tests, debugging).
-#include <c10/core/Device.h>
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -48,8 +48,8 @@ class RecordingPlugin final : public trainer::Plugin {
       if (!out_) throw trainer::Error("recording: cannot open " + path);
     }
     const auto& s = ctx.state;
-    std::string line = "{\"seq\":" + std::to_string(seq_++) + ",\"event\":" +
-                       trainer::json_quote(std::string(trainer::event_name(ctx.event))) +
+    std::string line = "{\"seq\":" + std::to_string(seq_++) +
+                       ",\"event\":" + trainer::json_quote(std::string(trainer::event_name(ctx.event))) +
                        ",\"epoch\":" + std::to_string(s.epoch) + ",\"global_step\":" + std::to_string(s.global_step) +
                        ",\"batch_in_epoch\":" + std::to_string(s.batch_in_epoch) +
                        ",\"micro_batch_index\":" + std::to_string(s.micro_batch_index) +
@@ -64,7 +64,8 @@ class RecordingPlugin final : public trainer::Plugin {
     if (ctx.loss && ctx.loss->defined()) line += ",\"loss\":" + trainer::json_number(ctx.loss->item<double>());
     if (ctx.event == trainer::Event::BatchEnd) line += ",\"batch_loss\":" + trainer::json_number(s.loss);
     if (ctx.eval_metrics) {
-      for (const auto& kv : *ctx.eval_metrics) line += "," + trainer::json_quote(kv.first) + ":" + trainer::json_number(kv.second);
+      for (const auto& kv : *ctx.eval_metrics)
+        line += "," + trainer::json_quote(kv.first) + ":" + trainer::json_number(kv.second);
     }
     if (!ctx.checkpoint_path.empty() && ctx.event == trainer::Event::Checkpoint) {
       line += ",\"checkpoint\":" + trainer::json_quote(ctx.checkpoint_path);

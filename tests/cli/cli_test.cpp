@@ -56,7 +56,8 @@ TEST(Cli, PrintConfigShowsResolvedValues) {
 }
 
 TEST(Cli, ReportsAllConfigErrorsAtOnceWithExitCode2) {
-  const auto o = run_cli("--recipe " + kRecipe + " training.batch_size=-1 training.epochs=abc traning.lr=1 model.chanels=[8]");
+  const auto o =
+      run_cli("--recipe " + kRecipe + " training.batch_size=-1 training.epochs=abc traning.lr=1 model.chanels=[8]");
   EXPECT_EQ(o.code, 2) << o.text;
   EXPECT_NE(o.text.find("4 config errors"), std::string::npos) << o.text;
   EXPECT_NE(o.text.find("training.batch_size = -1: must be integer >= 1"), std::string::npos) << o.text;

@@ -32,7 +32,8 @@ TEST(ValidateConfig, FillsDefaultsAndCoercesIntToFloat) {
 }
 
 TEST(ValidateConfig, ReportsEveryProblemAtOnce) {
-  Config c = Config::parse("[training]\nepochs = 0\nlr = \"x\"\nmode = \"fats\"\nepoch = 3\nsizes = [1, 0]\n", "r.toml");
+  Config c =
+      Config::parse("[training]\nepochs = 0\nlr = \"x\"\nmode = \"fats\"\nepoch = 3\nsizes = [1, 0]\n", "r.toml");
   const auto ps = validate_config(c, spec());
   ASSERT_EQ(ps.size(), 6u) << ::testing::PrintToString(ps);
   EXPECT_TRUE(contains(ps, "r.toml:2: training.epochs = 0: must be integer >= 1"));

@@ -22,7 +22,8 @@ f = [1, 2.5]
 g = ["p", "q"]
 [t.u]
 v = 7
-)", "mem.toml");
+)",
+                                 "mem.toml");
   EXPECT_EQ(c.get<std::int64_t>("a"), 3);
   EXPECT_DOUBLE_EQ(c.get<double>("b"), 0.5);
   EXPECT_TRUE(c.get<bool>("c"));
@@ -71,13 +72,9 @@ TEST(Config, SyntaxErrorNamesTheFile) {
   }
 }
 
-TEST(Config, MissingFileIsAConfigError) {
-  EXPECT_THROW(Config::parse_file("/nonexistent/recipe.toml"), ConfigError);
-}
+TEST(Config, MissingFileIsAConfigError) { EXPECT_THROW(Config::parse_file("/nonexistent/recipe.toml"), ConfigError); }
 
-TEST(Config, MixedArraysAreRejected) {
-  EXPECT_THROW(Config::parse("a = [1, \"x\"]"), ConfigError);
-}
+TEST(Config, MixedArraysAreRejected) { EXPECT_THROW(Config::parse("a = [1, \"x\"]"), ConfigError); }
 
 TEST(Config, MergeIsDeep) {
   Config a = Config::parse("[m]\nx = 1\ny = 2\n");

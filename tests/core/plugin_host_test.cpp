@@ -54,7 +54,8 @@ TEST(PluginHost, RefusesAnAbiMismatchNamingLibraryAndVersions) {
     const std::string msg = e.what();
     EXPECT_NE(msg.find("libtrainer_plugin_bad_abi.so"), std::string::npos) << msg;
     EXPECT_NE(msg.find("trainer ABI 999 (plugin) vs " + std::to_string(TRAINER_ABI_VERSION) + " (host)"),
-              std::string::npos) << msg;
+              std::string::npos)
+        << msg;
     EXPECT_NE(msg.find(std::string("LibTorch 0.0.1 (plugin) vs ") + TORCH_VERSION + " (host)"), std::string::npos)
         << msg;
   }

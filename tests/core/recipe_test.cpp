@@ -125,9 +125,11 @@ TEST_F(LoadRecipe, ValidationReportsOverrideOrigins) {
     const std::string msg = e.what();
     EXPECT_EQ(e.problems().size(), 3u) << msg;
     EXPECT_NE(msg.find("override 'training.batch_size=-1': training.batch_size = -1: must be integer >= 1"),
-              std::string::npos) << msg;
+              std::string::npos)
+        << msg;
     EXPECT_NE(msg.find("override 'training.epochs=abc': training.epochs = \"abc\": expected integer"),
-              std::string::npos) << msg;
+              std::string::npos)
+        << msg;
     EXPECT_NE(msg.find("override 'traning.lr=1': no key 'traning.lr'"), std::string::npos) << msg;
     EXPECT_NE(msg.find("did you mean section [training]?"), std::string::npos) << msg;
   }

@@ -40,7 +40,8 @@ TEST(Recipes, EveryConfigGroupValidates) {
       // Fill the other required groups so the group under test is validated on its own.
       std::string defaults = "\"" + name + "\"";
       for (const char* g : {"model/mlp", "dataset/synthetic", "optim/sgd"}) {
-        if (std::string(g).rfind(group.path().filename().string() + "/", 0) != 0) defaults += std::string(", \"") + g + "\"";
+        if (std::string(g).rfind(group.path().filename().string() + "/", 0) != 0)
+          defaults += std::string(", \"") + g + "\"";
       }
       testing::write_file(tmp / "r.toml", "defaults = [" + defaults + "]\n");
       auto r = load_recipe(tmp / "r.toml", {}, {configs.string()});

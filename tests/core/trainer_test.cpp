@@ -49,8 +49,7 @@ load = ["recording"]
 class TrainerRun : public testing::TrainerTest {
  protected:
   RunResult run(const std::vector<std::string>& overrides, const std::string& name = "run",
-                const std::string& resume = "", std::vector<std::shared_ptr<Plugin>> extra = {},
-                bool signals = false) {
+                const std::string& resume = "", std::vector<std::shared_ptr<Plugin>> extra = {}, bool signals = false) {
     write_file(tmp_ / "recipe.toml", recipe_);
     PreparedRun p = prepare_run(tmp_ / "recipe.toml", overrides, {TRAINER_TEST_PLUGIN_DIR});
     TrainerOptions o;
@@ -66,7 +65,9 @@ class TrainerRun : public testing::TrainerTest {
     model_ = t.model();
     return r;
   }
-  std::vector<std::string> events(const std::string& name = "run") { return recorded_events(tmp_ / (name + "/events.jsonl")); }
+  std::vector<std::string> events(const std::string& name = "run") {
+    return recorded_events(tmp_ / (name + "/events.jsonl"));
+  }
   std::shared_ptr<Model> model_;
   std::string recipe_ = kBaseRecipe;
 };
@@ -74,14 +75,15 @@ class TrainerRun : public testing::TrainerTest {
 TEST_F(TrainerRun, FiresEveryEventInOrderWithAccumulation) {
   const RunResult r = run({});
   ASSERT_EQ(r.exit_code, kExitOk) << r.message;
-  std::vector<std::string> expected = {"Init", "SelectDevice", "ModelCreated", "ModelToDevice", "OptimizerCreated",
-                                       "FitStart"};
+  std::vector<std::string> expected = {"Init",          "SelectDevice",     "ModelCreated",
+                                       "ModelToDevice", "OptimizerCreated", "FitStart"};
   for (int epoch = 0; epoch < 2; ++epoch) {
     expected.push_back("EpochStart");
     for (int batch = 0; batch < 2; ++batch) {
       expected.push_back("BatchStart");
       for (int micro = 0; micro < 2; ++micro) {
-        for (const char* e : {"BeforeForward", "AfterForward", "BeforeBackward", "AfterBackward"}) expected.push_back(e);
+        for (const char* e : {"BeforeForward", "AfterForward", "BeforeBackward", "AfterBackward"})
+          expected.push_back(e);
       }
       for (const char* e : {"BeforeOptimizerStep", "AfterOptimizerStep", "BatchEnd"}) expected.push_back(e);
     }
@@ -128,8 +130,9 @@ std::vector<at::Tensor> params_of(const std::shared_ptr<Model>& m) {
 TEST_F(TrainerRun, AccumulatedGradientEqualsFullBatchGradient) {
   // One SGD step without momentum: the parameter change is -lr * gradient, so equal
   // parameters after the step mean equal gradients.
-  const std::vector<std::string> common = {"training.max_steps=1", "training.shuffle=false", "optim.lr=0.5",
-                                           "eval.every_epochs=0", "checkpoint.at_end=false", "checkpoint.every_epochs=0"};
+  const std::vector<std::string> common = {
+      "training.max_steps=1", "training.shuffle=false",  "optim.lr=0.5",
+      "eval.every_epochs=0",  "checkpoint.at_end=false", "checkpoint.every_epochs=0"};
   auto with = [&](std::vector<std::string> extra) {
     extra.insert(extra.end(), common.begin(), common.end());
     return extra;
@@ -141,8 +144,8 @@ TEST_F(TrainerRun, AccumulatedGradientEqualsFullBatchGradient) {
     const auto acc = params_of(model_);
     ASSERT_EQ(acc.size(), full.size());
     for (std::size_t i = 0; i < acc.size(); ++i) {
-      EXPECT_TRUE(at::allclose(acc[i], full[i], 1e-5, 1e-6)) << micro << " param " << i << " max diff "
-                                                             << (acc[i] - full[i]).abs().max().item<double>();
+      EXPECT_TRUE(at::allclose(acc[i], full[i], 1e-5, 1e-6))
+          << micro << " param " << i << " max diff " << (acc[i] - full[i]).abs().max().item<double>();
     }
   }
 }
@@ -173,7 +176,8 @@ TEST_F(TrainerRun, ResumeReproducesTheLossesOfAnUninterruptedRun) {
 TEST_F(TrainerRun, SameSeedGivesTheSameLosses) {
   ASSERT_EQ(run({"+model.dropout=0.1"}, "a").exit_code, kExitOk);
   ASSERT_EQ(run({"+model.dropout=0.1"}, "b").exit_code, kExitOk);
-  EXPECT_EQ(metric_by_step(tmp_ / "a/metrics.jsonl", "train/loss"), metric_by_step(tmp_ / "b/metrics.jsonl", "train/loss"));
+  EXPECT_EQ(metric_by_step(tmp_ / "a/metrics.jsonl", "train/loss"),
+            metric_by_step(tmp_ / "b/metrics.jsonl", "train/loss"));
 }
 
 TEST_F(TrainerRun, ObserverPluginFailureDoesNotStopTheRun) {
@@ -183,12 +187,14 @@ TEST_F(TrainerRun, ObserverPluginFailureDoesNotStopTheRun) {
 }
 
 TEST_F(TrainerRun, EssentialPluginFailureFailsTheRunCleanly) {
-  const RunResult r = run({"plugins.load=[\"recording\", \"throwing\"]", "+plugins.throwing.event=\"AfterOptimizerStep\"",
-                           "+plugins.throwing.at_step=3", "+plugins.throwing.policy=\"essential\""});
+  const RunResult r =
+      run({"plugins.load=[\"recording\", \"throwing\"]", "+plugins.throwing.event=\"AfterOptimizerStep\"",
+           "+plugins.throwing.at_step=3", "+plugins.throwing.policy=\"essential\""});
   EXPECT_EQ(r.exit_code, kExitTrainingFailed);
   EXPECT_EQ(r.status, "FAILED");
   EXPECT_NE(r.message.find("plugin 'throwing' failed in AfterOptimizerStep: injected failure at step 3"),
-            std::string::npos) << r.message;
+            std::string::npos)
+      << r.message;
   const auto ev = events();
   ASSERT_GE(ev.size(), 2u);
   EXPECT_EQ(ev[ev.size() - 3], "Checkpoint");  // the failure checkpoint comes first
@@ -239,14 +245,16 @@ TEST_F(TrainerRun, WritesTheRunDirectory) {
   EXPECT_NE(read_file(tmp_ / "run/status.json").find("\"status\":\"FINISHED\""), std::string::npos);
   // keep_last = 2 by default: both epoch checkpoints are there, nothing else.
   int n = 0;
-  for (const auto& e : std::filesystem::directory_iterator(tmp_ / "run/checkpoints")) n += e.path().extension() == ".pt";
+  for (const auto& e : std::filesystem::directory_iterator(tmp_ / "run/checkpoints"))
+    n += e.path().extension() == ".pt";
   EXPECT_EQ(n, 2);
 }
 
 TEST_F(TrainerRun, KeepLastPrunesOldCheckpoints) {
   ASSERT_EQ(run({"checkpoint.every_steps=1", "checkpoint.keep_last=1"}).exit_code, kExitOk);
   int n = 0;
-  for (const auto& e : std::filesystem::directory_iterator(tmp_ / "run/checkpoints")) n += e.path().extension() == ".pt";
+  for (const auto& e : std::filesystem::directory_iterator(tmp_ / "run/checkpoints"))
+    n += e.path().extension() == ".pt";
   EXPECT_EQ(n, 1);
 }
 

@@ -21,11 +21,11 @@ TRAINER_API std::string value_type_name(ValueType t);
 struct TRAINER_API KeySpec {
   KeySpec(std::string key, ValueType type, std::string doc);
 
-  KeySpec& def(ConfigValue v);       ///< default filled into the resolved config
-  KeySpec& required();               ///< must be present (no default)
+  KeySpec& def(ConfigValue v);                    ///< default filled into the resolved config
+  KeySpec& required();                            ///< must be present (no default)
   KeySpec& min(double v, bool inclusive = true);  ///< numbers and numeric list elements
   KeySpec& max(double v, bool inclusive = true);
-  KeySpec& choices(std::vector<std::string> c);   ///< strings and string list elements
+  KeySpec& choices(std::vector<std::string> c);  ///< strings and string list elements
 
   std::string key;  ///< relative to the section, may be dotted ("betas")
   ValueType type;
@@ -51,8 +51,7 @@ struct TRAINER_API SectionSpec {
 /// wrong types, out-of-range values and missing required keys, each message naming the key,
 /// its origin, the bad value and what is allowed. Fills defaults into `cfg`. Returns all
 /// problems (empty = valid). Sections listed in `open_sections` may hold any keys.
-TRAINER_API std::vector<std::string> validate_config(Config& cfg,
-                                                     const std::vector<SectionSpec>& sections,
+TRAINER_API std::vector<std::string> validate_config(Config& cfg, const std::vector<SectionSpec>& sections,
                                                      const std::vector<std::string>& open_sections = {});
 
 /// "; did you mean 'training.epochs'?" for a near-miss among `known` dotted keys, else
@@ -60,7 +59,6 @@ TRAINER_API std::vector<std::string> validate_config(Config& cfg,
 TRAINER_API std::string did_you_mean(const std::string& key, const std::vector<std::string>& known);
 
 /// The closest candidate within a small edit distance, or "" (for did-you-mean hints).
-TRAINER_API std::string closest_match(const std::string& word,
-                                      const std::vector<std::string>& candidates);
+TRAINER_API std::string closest_match(const std::string& word, const std::vector<std::string>& candidates);
 
 }  // namespace trainer

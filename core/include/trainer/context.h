@@ -25,11 +25,11 @@ namespace trainer {
 
 /// Counters of the run, updated by the core before each event.
 struct RunState {
-  std::int64_t epoch = 0;              ///< 0-based current epoch
+  std::int64_t epoch = 0;  ///< 0-based current epoch
   std::int64_t num_epochs = 0;
-  std::int64_t global_step = 0;        ///< optimizer steps completed
-  std::int64_t total_steps = 0;        ///< optimizer steps planned for the whole run
-  std::int64_t batch_in_epoch = 0;     ///< 0-based index of the current batch in its epoch
+  std::int64_t global_step = 0;     ///< optimizer steps completed
+  std::int64_t total_steps = 0;     ///< optimizer steps planned for the whole run
+  std::int64_t batch_in_epoch = 0;  ///< 0-based index of the current batch in its epoch
   std::int64_t steps_per_epoch = 0;
   std::int64_t batch_size = 0;         ///< effective batch (samples per optimizer step)
   std::int64_t micro_batch_size = 0;   ///< samples per forward/backward
@@ -46,21 +46,21 @@ struct RunState {
 /// SelectDevice; everything else they read, or change through Control.
 struct TRAINER_API EventContext {
   Event event = Event::Init;
-  const Config* config = nullptr;               ///< resolved config (always set)
-  std::shared_ptr<spdlog::logger> logger;       ///< the run's logger (always set)
-  MetricsLogger* metrics = nullptr;             ///< log metrics here (always set)
-  std::string run_dir;                          ///< the run directory (always set)
+  const Config* config = nullptr;          ///< resolved config (always set)
+  std::shared_ptr<spdlog::logger> logger;  ///< the run's logger (always set)
+  MetricsLogger* metrics = nullptr;        ///< log metrics here (always set)
+  std::string run_dir;                     ///< the run directory (always set)
   RunState state;
-  c10::Device device = c10::Device(c10::kCPU);  ///< the run's device (SelectDevice proposes runtime.device)
-  std::shared_ptr<Model> model;                 ///< from ModelCreated on
-  torch::optim::Optimizer* optimizer = nullptr; ///< from OptimizerCreated on
-  const Batch* batch = nullptr;                 ///< current micro-batch (Before/AfterForward/Backward)
-  const at::Tensor* outputs = nullptr;          ///< logits (AfterForward)
-  const at::Tensor* loss = nullptr;             ///< scaled micro-batch loss (AfterForward, Before/AfterBackward)
+  c10::Device device = c10::Device(c10::kCPU);   ///< the run's device (SelectDevice proposes runtime.device)
+  std::shared_ptr<Model> model;                  ///< from ModelCreated on
+  torch::optim::Optimizer* optimizer = nullptr;  ///< from OptimizerCreated on
+  const Batch* batch = nullptr;                  ///< current micro-batch (Before/AfterForward/Backward)
+  const at::Tensor* outputs = nullptr;           ///< logits (AfterForward)
+  const at::Tensor* loss = nullptr;              ///< scaled micro-batch loss (AfterForward, Before/AfterBackward)
   const std::map<std::string, double>* eval_metrics = nullptr;  ///< EvalEnd
-  std::string checkpoint_path;                  ///< Checkpoint: the file just written
-  std::exception_ptr exception;                 ///< Exception: what failed
-  std::string status;                           ///< FitEnd: FINISHED or KILLED; Exception: FAILED; Shutdown: any
+  std::string checkpoint_path;                                  ///< Checkpoint: the file just written
+  std::exception_ptr exception;                                 ///< Exception: what failed
+  std::string status;  ///< FitEnd: FINISHED or KILLED; Exception: FAILED; Shutdown: any
 };
 
 }  // namespace trainer

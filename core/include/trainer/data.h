@@ -33,8 +33,7 @@ class TRAINER_API Dataset {
 };
 
 /// Builds a dataset split from its config section (`dataset.*`).
-using DatasetFactory =
-    std::function<std::shared_ptr<Dataset>(const Config& section, Split split)>;
+using DatasetFactory = std::function<std::shared_ptr<Dataset>(const Config& section, Split split)>;
 
 /// The process-wide dataset registry (built-ins: "fashion_mnist", "synthetic").
 TRAINER_API Registry<DatasetFactory>& dataset_registry();

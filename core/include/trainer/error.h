@@ -10,10 +10,10 @@ namespace trainer {
 
 /// Process exit codes of the `trainer` executable (documented in docs/recipes.md).
 enum ExitCode : int {
-  kExitOk = 0,               ///< training finished
-  kExitUsage = 2,            ///< bad command line, recipe or config
-  kExitTrainingFailed = 3,   ///< training started but failed (run status FAILED)
-  kExitInterrupted = 130,    ///< SIGINT/SIGTERM: stopped at a safe point (checkpoint if checkpoint.at_end)
+  kExitOk = 0,              ///< training finished
+  kExitUsage = 2,           ///< bad command line, recipe or config
+  kExitTrainingFailed = 3,  ///< training started but failed (run status FAILED)
+  kExitInterrupted = 130,   ///< SIGINT/SIGTERM: stopped at a safe point (checkpoint if checkpoint.at_end)
 };
 
 /// Base of every exception trainer throws.
@@ -52,28 +52,27 @@ std::string str(const Args&... args) {
   (os << ... << args);
   return os.str();
 }
-[[noreturn]] TRAINER_API void assert_fail(const char* cond, const char* file, int line,
-                                          const std::string& msg);
+[[noreturn]] TRAINER_API void assert_fail(const char* cond, const char* file, int line, const std::string& msg);
 }  // namespace detail
 
 }  // namespace trainer
 
 /// Throws trainer::Error with the parts streamed together when `cond` is false.
-#define TRAINER_CHECK(cond, ...)                                    \
-  do {                                                              \
+#define TRAINER_CHECK(cond, ...)                                              \
+  do {                                                                        \
     if (!(cond)) throw ::trainer::Error(::trainer::detail::str(__VA_ARGS__)); \
   } while (0)
 
 /// Like TRAINER_CHECK but throws the given trainer exception type.
-#define TRAINER_CHECK_T(type, cond, ...)                                 \
-  do {                                                                   \
-    if (!(cond)) throw type(::trainer::detail::str(__VA_ARGS__));        \
+#define TRAINER_CHECK_T(type, cond, ...)                          \
+  do {                                                            \
+    if (!(cond)) throw type(::trainer::detail::str(__VA_ARGS__)); \
   } while (0)
 
 /// Internal invariant: a failure is a bug in trainer, not a user error.
-#define TRAINER_ASSERT(cond, ...)                                                     \
-  do {                                                                                \
-    if (!(cond))                                                                      \
-      ::trainer::detail::assert_fail(#cond, __FILE__, __LINE__,                       \
+#define TRAINER_ASSERT(cond, ...)                                                            \
+  do {                                                                                       \
+    if (!(cond))                                                                             \
+      ::trainer::detail::assert_fail(#cond, __FILE__, __LINE__,                              \
                                      ::trainer::detail::str("" __VA_OPT__(, ) __VA_ARGS__)); \
   } while (0)

@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "trainer/control.h"
 #include "trainer/context.h"
+#include "trainer/control.h"
 #include "trainer/events.h"
 #include "trainer/export.h"
 #include "trainer/plugin.h"

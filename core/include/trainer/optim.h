@@ -15,8 +15,8 @@ class Optimizer;
 namespace trainer {
 
 /// Builds an optimizer over `params` from its config section (`optim.*`).
-using OptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(
-    const Config& section, std::vector<at::Tensor> params)>;
+using OptimizerFactory =
+    std::function<std::unique_ptr<torch::optim::Optimizer>(const Config& section, std::vector<at::Tensor> params)>;
 
 /// The process-wide optimizer registry (built-ins: "sgd", "adamw").
 TRAINER_API Registry<OptimizerFactory>& optimizer_registry();
@@ -30,8 +30,8 @@ class TRAINER_API LrSchedule {
 
 /// Builds a schedule from `sched.*`, the optimizer's base learning rate and the run's total
 /// optimizer steps.
-using ScheduleFactory = std::function<std::unique_ptr<LrSchedule>(
-    const Config& section, double base_lr, std::int64_t total_steps)>;
+using ScheduleFactory =
+    std::function<std::unique_ptr<LrSchedule>(const Config& section, double base_lr, std::int64_t total_steps)>;
 
 /// The process-wide schedule registry (built-ins: "constant", "step", "cosine").
 TRAINER_API Registry<ScheduleFactory>& schedule_registry();

@@ -98,10 +98,10 @@ using PluginCreateFn = Plugin*();
 /// the factory `trainer_plugin_create` and the descriptor `trainer_plugin_abi`.
 /// NOTE: the functions live in a namespace; a global function aliased under its own name
 /// makes the alias point at itself (PITFALLS.md).
-#define TRAINER_PLUGIN(Class)                                                      \
-  namespace trainer_plugin_export {                                                \
-  ::trainer::AbiDescriptor trainer_plugin_abi() { return ::trainer::this_abi(); }   \
-  ::trainer::Plugin* trainer_plugin_create() { return new Class(); }               \
-  }                                                                                \
-  BOOST_DLL_ALIAS(trainer_plugin_export::trainer_plugin_abi, trainer_plugin_abi)   \
+#define TRAINER_PLUGIN(Class)                                                     \
+  namespace trainer_plugin_export {                                               \
+  ::trainer::AbiDescriptor trainer_plugin_abi() { return ::trainer::this_abi(); } \
+  ::trainer::Plugin* trainer_plugin_create() { return new Class(); }              \
+  }                                                                               \
+  BOOST_DLL_ALIAS(trainer_plugin_export::trainer_plugin_abi, trainer_plugin_abi)  \
   BOOST_DLL_ALIAS(trainer_plugin_export::trainer_plugin_create, trainer_plugin_create)

@@ -32,9 +32,9 @@ TRAINER_API ConfigValue parse_override_value(const std::string& text);
 
 /// A recipe merged with its groups and the command-line overrides, before validation.
 struct TRAINER_API LoadedRecipe {
-  Config config;                   ///< merged: groups in order, the recipe, presets, then overrides
+  Config config;  ///< merged: groups in order, the recipe, presets, then overrides
   std::vector<Override> overrides;
-  std::set<std::string> file_keys; ///< leaf keys defined by the recipe and its groups
+  std::set<std::string> file_keys;   ///< leaf keys defined by the recipe and its groups
   std::vector<std::string> sources;  ///< files merged, in order
 };
 
@@ -43,8 +43,7 @@ struct TRAINER_API LoadedRecipe {
 /// are searched in `config_dirs`, the recipe's `../configs` and `configs/`,
 /// `$TRAINER_CONFIG_PATH` and the installed configs. Collects every problem it can and
 /// throws one ConfigError.
-TRAINER_API LoadedRecipe load_recipe(const std::string& recipe_path,
-                                     const std::vector<std::string>& overrides,
+TRAINER_API LoadedRecipe load_recipe(const std::string& recipe_path, const std::vector<std::string>& overrides,
                                      const std::vector<std::string>& config_dirs = {});
 
 /// The core's config schema for `cfg`: run, training, eval, checkpoint, runtime, metrics,

@@ -25,8 +25,7 @@ class Registry {
   explicit Registry(std::string kind) : kind_(std::move(kind)) {}
 
   /// Registers (or replaces) `name`.
-  void add(const std::string& name, Factory factory, std::vector<KeySpec> keys = {},
-           std::string doc = {}) {
+  void add(const std::string& name, Factory factory, std::vector<KeySpec> keys = {}, std::string doc = {}) {
     std::lock_guard<std::mutex> lock(mu_);
     entries_[name] = Entry{std::move(factory), std::move(keys), std::move(doc)};
   }

@@ -31,10 +31,10 @@ struct TrainerOptions {
 
 /// How a run ended.
 struct RunResult {
-  int exit_code = kExitOk;       ///< kExitOk, kExitTrainingFailed, kExitInterrupted
-  std::string status;            ///< FINISHED, FAILED, KILLED
+  int exit_code = kExitOk;  ///< kExitOk, kExitTrainingFailed, kExitInterrupted
+  std::string status;       ///< FINISHED, FAILED, KILLED
   std::string run_dir;
-  std::string message;           ///< why it failed, empty on success
+  std::string message;  ///< why it failed, empty on success
   std::int64_t global_step = 0;
   std::int64_t epochs_completed = 0;
   std::map<std::string, double> final_metrics;  ///< last value of every metric

@@ -113,15 +113,13 @@ void convert(const TomlValue& v, const std::string& key, std::shared_ptr<ConfigN
         for (const auto& e : arr) xs.push_back(e.as_string());
         out = leaf(xs, where);
       } else {
-        errors.push_back(detail::str(where, ": key '", key,
-                                     "': arrays must hold only numbers or only strings"));
+        errors.push_back(detail::str(where, ": key '", key, "': arrays must hold only numbers or only strings"));
         out = nullptr;
       }
       return;
     }
     default:
-      errors.push_back(detail::str(where, ": key '", key, "': unsupported value type (",
-                                   toml::stringize(v.type()),
+      errors.push_back(detail::str(where, ": key '", key, "': unsupported value type (", toml::stringize(v.type()),
                                    "); use integers, floats, bools, strings or arrays of them"));
       out = nullptr;
   }
@@ -150,11 +148,20 @@ std::string quote(const std::string& s) {
   std::string out = "\"";
   for (char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      default: out += c;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        out += c;
     }
   }
   return out + "\"";
@@ -217,13 +224,34 @@ void collect_leaves(const ConfigNode& node, const std::string& prefix, std::vect
 
 template <typename T>
 struct TypeName;
-template <> struct TypeName<std::int64_t> { static constexpr const char* value = "integer"; };
-template <> struct TypeName<double> { static constexpr const char* value = "float"; };
-template <> struct TypeName<bool> { static constexpr const char* value = "bool"; };
-template <> struct TypeName<std::string> { static constexpr const char* value = "string"; };
-template <> struct TypeName<std::vector<std::int64_t>> { static constexpr const char* value = "integer list"; };
-template <> struct TypeName<std::vector<double>> { static constexpr const char* value = "float list"; };
-template <> struct TypeName<std::vector<std::string>> { static constexpr const char* value = "string list"; };
+template <>
+struct TypeName<std::int64_t> {
+  static constexpr const char* value = "integer";
+};
+template <>
+struct TypeName<double> {
+  static constexpr const char* value = "float";
+};
+template <>
+struct TypeName<bool> {
+  static constexpr const char* value = "bool";
+};
+template <>
+struct TypeName<std::string> {
+  static constexpr const char* value = "string";
+};
+template <>
+struct TypeName<std::vector<std::int64_t>> {
+  static constexpr const char* value = "integer list";
+};
+template <>
+struct TypeName<std::vector<double>> {
+  static constexpr const char* value = "float list";
+};
+template <>
+struct TypeName<std::vector<std::string>> {
+  static constexpr const char* value = "string list";
+};
 
 }  // namespace
 

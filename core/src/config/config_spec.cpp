@@ -10,13 +10,20 @@ namespace trainer {
 
 std::string value_type_name(ValueType t) {
   switch (t) {
-    case ValueType::Int: return "integer";
-    case ValueType::Float: return "float";
-    case ValueType::Bool: return "bool";
-    case ValueType::String: return "string";
-    case ValueType::IntList: return "integer list";
-    case ValueType::FloatList: return "float list";
-    case ValueType::StringList: return "string list";
+    case ValueType::Int:
+      return "integer";
+    case ValueType::Float:
+      return "float";
+    case ValueType::Bool:
+      return "bool";
+    case ValueType::String:
+      return "string";
+    case ValueType::IntList:
+      return "integer list";
+    case ValueType::FloatList:
+      return "float list";
+    case ValueType::StringList:
+      return "string list";
   }
   return "?";
 }
@@ -113,18 +120,19 @@ std::string did_you_mean(const std::string& key, const std::vector<std::string>&
 
 namespace {
 
-bool is_list(ValueType t) {
-  return t == ValueType::IntList || t == ValueType::FloatList || t == ValueType::StringList;
-}
+bool is_list(ValueType t) { return t == ValueType::IntList || t == ValueType::FloatList || t == ValueType::StringList; }
 
 // Returns the value converted to the spec's type, or nullopt when the types do not fit.
 std::optional<ConfigValue> coerce(const ConfigValue& v, ValueType t) {
   if (is_list(t)) {
     if (const auto* s = std::get_if<std::vector<std::string>>(&v); s && s->empty()) {
       switch (t) {
-        case ValueType::IntList: return ConfigValue(std::vector<std::int64_t>{});
-        case ValueType::FloatList: return ConfigValue(std::vector<double>{});
-        default: return v;
+        case ValueType::IntList:
+          return ConfigValue(std::vector<std::int64_t>{});
+        case ValueType::FloatList:
+          return ConfigValue(std::vector<double>{});
+        default:
+          return v;
       }
     }
   }
@@ -223,8 +231,8 @@ std::vector<std::string> validate_config(Config& cfg, const std::vector<SectionS
     const ConfigValue& v = cfg.value(key);
     const auto coerced = coerce(v, spec->type);
     if (!coerced) {
-      problems.push_back(detail::str(where, ": ", key, " = ", config_value_to_toml(v), ": expected ",
-                                     spec->describe(), ", got ", config_value_type_name(v)));
+      problems.push_back(detail::str(where, ": ", key, " = ", config_value_to_toml(v), ": expected ", spec->describe(),
+                                     ", got ", config_value_type_name(v)));
       continue;
     }
     bool ok = true;
@@ -247,8 +255,7 @@ std::vector<std::string> validate_config(Config& cfg, const std::vector<SectionS
       }
     }
     if (!ok) {
-      problems.push_back(detail::str(where, ": ", key, " = ", config_value_to_toml(v), ": must be ",
-                                     spec->describe()));
+      problems.push_back(detail::str(where, ": ", key, " = ", config_value_to_toml(v), ": must be ", spec->describe()));
       continue;
     }
     if (coerced->index() != v.index()) cfg.set(key, *coerced, where);

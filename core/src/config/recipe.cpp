@@ -108,8 +108,8 @@ Override parse_override(const std::string& text) {
   const auto eq = body.find('=');
   if (eq == std::string::npos) {
     if (o.kind == Override::Kind::Add || !valid_key(body) || body.find('.') != std::string::npos) {
-      throw ConfigError({detail::str("override '", text,
-                                     "': expected key=value, +key=value, group=option or a preset name")});
+      throw ConfigError(
+          {detail::str("override '", text, "': expected key=value, +key=value, group=option or a preset name")});
     }
     o.kind = Override::Kind::Preset;
     o.key = body;
@@ -118,8 +118,8 @@ Override parse_override(const std::string& text) {
   o.key = body.substr(0, eq);
   o.value = body.substr(eq + 1);
   if (!valid_key(o.key)) {
-    throw ConfigError({detail::str("override '", text, "': '", o.key,
-                                   "' is not a valid key (letters, digits, '_', '-', dotted)")});
+    throw ConfigError(
+        {detail::str("override '", text, "': '", o.key, "' is not a valid key (letters, digits, '_', '-', dotted)")});
   }
   if (o.value.empty()) {
     throw ConfigError({detail::str("override '", text, "': missing value after '='")});
@@ -150,8 +150,8 @@ LoadedRecipe load_recipe(const std::string& recipe_path, const std::vector<std::
     try {
       defaults = recipe.get<std::vector<std::string>>("defaults");
     } catch (const ConfigError& e) {
-      problems.push_back(detail::str(recipe.origin("defaults"),
-                                     ": defaults must be a list of group names such as [\"model/cnn\"]"));
+      problems.push_back(
+          detail::str(recipe.origin("defaults"), ": defaults must be a list of group names such as [\"model/cnn\"]"));
     }
   }
   // Each entry remembers who asked for it, for the "not found" message.
@@ -223,8 +223,8 @@ LoadedRecipe load_recipe(const std::string& recipe_path, const std::vector<std::
     if (o.kind != Override::Kind::Set && o.kind != Override::Kind::Add) continue;
     const std::string origin = detail::str("override '", o.text, "'");
     if (merged.is_table(o.key)) {
-      problems.push_back(detail::str(origin, ": '", o.key, "' is a table; set one of its keys (",
-                                     join(merged.keys(o.key)), ")"));
+      problems.push_back(
+          detail::str(origin, ": '", o.key, "' is a table; set one of its keys (", join(merged.keys(o.key)), ")"));
       continue;
     }
     merged.set(o.key, parse_override_value(o.value), origin);
@@ -238,31 +238,34 @@ LoadedRecipe load_recipe(const std::string& recipe_path, const std::vector<std::
 std::vector<SectionSpec> core_config_sections(const Config& cfg) {
   using T = ValueType;
   std::vector<SectionSpec> s;
-  s.push_back({"run",
-               {KeySpec("name", T::String, "Run name; the run directory is <dir>/<name>-<timestamp>").def(std::string("run")),
-                KeySpec("seed", T::Int, "Seed of every random generator").def(std::int64_t{42}).min(0),
-                KeySpec("dir", T::String, "Parent directory of run directories").def(std::string("runs"))},
-               "Run identity"});
-  s.push_back({"training",
-               {KeySpec("epochs", T::Int, "Epochs to train").def(std::int64_t{1}).min(1),
-                KeySpec("batch_size", T::Int, "Effective batch: samples per optimizer step").def(std::int64_t{64}).min(1),
-                KeySpec("micro_batch_size", T::Int, "Samples per forward/backward; 0 = batch_size").def(std::int64_t{0}).min(0),
-                KeySpec("max_steps", T::Int, "Stop after this many optimizer steps; 0 = no limit").def(std::int64_t{0}).min(0),
-                KeySpec("log_every", T::Int, "Log training metrics every N optimizer steps").def(std::int64_t{50}).min(1),
-                KeySpec("grad_clip_norm", T::Float, "Clip the global gradient norm; 0 = off").def(0.0).min(0),
-                KeySpec("shuffle", T::Bool, "Shuffle the training set each epoch (from run.seed)").def(true),
-                KeySpec("drop_last", T::Bool, "Drop the last incomplete batch of an epoch").def(false)},
-               "The training loop"});
+  s.push_back(
+      {"run",
+       {KeySpec("name", T::String, "Run name; the run directory is <dir>/<name>-<timestamp>").def(std::string("run")),
+        KeySpec("seed", T::Int, "Seed of every random generator").def(std::int64_t{42}).min(0),
+        KeySpec("dir", T::String, "Parent directory of run directories").def(std::string("runs"))},
+       "Run identity"});
+  s.push_back(
+      {"training",
+       {KeySpec("epochs", T::Int, "Epochs to train").def(std::int64_t{1}).min(1),
+        KeySpec("batch_size", T::Int, "Effective batch: samples per optimizer step").def(std::int64_t{64}).min(1),
+        KeySpec("micro_batch_size", T::Int, "Samples per forward/backward; 0 = batch_size").def(std::int64_t{0}).min(0),
+        KeySpec("max_steps", T::Int, "Stop after this many optimizer steps; 0 = no limit").def(std::int64_t{0}).min(0),
+        KeySpec("log_every", T::Int, "Log training metrics every N optimizer steps").def(std::int64_t{50}).min(1),
+        KeySpec("grad_clip_norm", T::Float, "Clip the global gradient norm; 0 = off").def(0.0).min(0),
+        KeySpec("shuffle", T::Bool, "Shuffle the training set each epoch (from run.seed)").def(true),
+        KeySpec("drop_last", T::Bool, "Drop the last incomplete batch of an epoch").def(false)},
+       "The training loop"});
   s.push_back({"eval",
                {KeySpec("every_epochs", T::Int, "Evaluate every N epochs; 0 = never").def(std::int64_t{1}).min(0),
                 KeySpec("batch_size", T::Int, "Evaluation batch size").def(std::int64_t{1000}).min(1)},
                "Evaluation on the test split"});
-  s.push_back({"checkpoint",
-               {KeySpec("every_epochs", T::Int, "Checkpoint every N epochs; 0 = never").def(std::int64_t{1}).min(0),
-                KeySpec("every_steps", T::Int, "Checkpoint every N optimizer steps; 0 = never").def(std::int64_t{0}).min(0),
-                KeySpec("keep_last", T::Int, "Checkpoints kept in <run_dir>/checkpoints").def(std::int64_t{2}).min(1),
-                KeySpec("at_end", T::Bool, "Write a checkpoint when the run ends (also on failure)").def(true)},
-               "Checkpoints"});
+  s.push_back(
+      {"checkpoint",
+       {KeySpec("every_epochs", T::Int, "Checkpoint every N epochs; 0 = never").def(std::int64_t{1}).min(0),
+        KeySpec("every_steps", T::Int, "Checkpoint every N optimizer steps; 0 = never").def(std::int64_t{0}).min(0),
+        KeySpec("keep_last", T::Int, "Checkpoints kept in <run_dir>/checkpoints").def(std::int64_t{2}).min(1),
+        KeySpec("at_end", T::Bool, "Write a checkpoint when the run ends (also on failure)").def(true)},
+       "Checkpoints"});
   s.push_back({"runtime",
                {KeySpec("num_threads", T::Int, "Intra-op threads; 0 = number of cores").def(std::int64_t{0}).min(0),
                 KeySpec("device", T::String, "Default device: cpu, cuda or cuda:N (plugins may choose in SelectDevice)")
@@ -275,10 +278,12 @@ std::vector<SectionSpec> core_config_sections(const Config& cfg) {
                {KeySpec("jsonl", T::Bool, "Write <run_dir>/metrics.jsonl").def(true),
                 KeySpec("console", T::Bool, "Log metric groups as info lines").def(true)},
                "Metric sinks"});
-  s.push_back({"plugins",
-               {KeySpec("load", T::StringList, "Plugins to load, by name or .so path, in order").def(std::vector<std::string>{}),
-                KeySpec("path", T::StringList, "Directories searched first for plugins").def(std::vector<std::string>{})},
-               "Plugins"});
+  s.push_back(
+      {"plugins",
+       {KeySpec("load", T::StringList, "Plugins to load, by name or .so path, in order")
+            .def(std::vector<std::string>{}),
+        KeySpec("path", T::StringList, "Directories searched first for plugins").def(std::vector<std::string>{})},
+       "Plugins"});
 
   auto named_section = [&](const std::string& path, const auto& registry, const std::string& fallback,
                            const std::string& doc) {

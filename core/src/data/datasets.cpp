@@ -17,7 +17,8 @@ at::Tensor read_idx_file(const std::string& path) {
   auto read_exact = [&](void* buf, std::size_t n) {
     std::size_t done = 0;
     while (done < n) {
-      const int got = gzread(f, static_cast<char*>(buf) + done, static_cast<unsigned>(std::min<std::size_t>(n - done, 1u << 30)));
+      const int got =
+          gzread(f, static_cast<char*>(buf) + done, static_cast<unsigned>(std::min<std::size_t>(n - done, 1u << 30)));
       if (got <= 0) return false;
       done += static_cast<std::size_t>(got);
     }
@@ -90,7 +91,9 @@ class SyntheticDataset final : public Dataset {
     targets_ = at::randint(classes, {n}, gen, at::TensorOptions(at::kLong));
   }
   std::int64_t size() const override { return targets_.size(0); }
-  Batch get(const at::Tensor& idx) const override { return {inputs_.index_select(0, idx), targets_.index_select(0, idx)}; }
+  Batch get(const at::Tensor& idx) const override {
+    return {inputs_.index_select(0, idx), targets_.index_select(0, idx)};
+  }
   DataSpec spec() const override { return {shape_, classes_}; }
 
  private:

@@ -1,10 +1,10 @@
+#include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/pooling.h>
-#include <torch/nn/modules/activation.h>
 
 #include "trainer/error.h"
 #include "trainer/model.h"
@@ -58,8 +58,8 @@ class Cnn final : public Model {
       h /= 2;
       w /= 2;
     }
-    TRAINER_CHECK(h > 0 && w > 0, "model 'cnn': ", channels.size(), " pooling stages shrink a ",
-                  data.sample_shape[1], "x", data.sample_shape[2], " image to nothing; use fewer model.channels");
+    TRAINER_CHECK(h > 0 && w > 0, "model 'cnn': ", channels.size(), " pooling stages shrink a ", data.sample_shape[1],
+                  "x", data.sample_shape[2], " image to nothing; use fewer model.channels");
     head_->push_back(torch::nn::Linear(c * h * w, hidden));
     head_->push_back(torch::nn::ReLU());
     if (dropout > 0) head_->push_back(torch::nn::Dropout(dropout));

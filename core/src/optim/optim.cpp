@@ -25,7 +25,9 @@ Registry<OptimizerFactory>& optimizer_registry() {
         "sgd",
         [](const Config& c, std::vector<at::Tensor> params) -> std::unique_ptr<torch::optim::Optimizer> {
           torch::optim::SGDOptions o(c.get<double>("lr"));
-          o.momentum(c.get<double>("momentum")).nesterov(c.get<bool>("nesterov")).weight_decay(c.get<double>("weight_decay"));
+          o.momentum(c.get<double>("momentum"))
+              .nesterov(c.get<bool>("nesterov"))
+              .weight_decay(c.get<double>("weight_decay"));
           if (o.nesterov() && o.momentum() <= 0) {
             throw ConfigError({detail::str(c.origin("nesterov"), ": optim.nesterov = true needs optim.momentum > 0")});
           }

@@ -11,11 +11,9 @@ namespace trainer {
 
 Plugin::~Plugin() = default;
 
-EventBus::EventBus(std::shared_ptr<spdlog::logger> logger)
-    : logger_(logger ? std::move(logger) : default_logger()) {}
+EventBus::EventBus(std::shared_ptr<spdlog::logger> logger) : logger_(logger ? std::move(logger) : default_logger()) {}
 
-void EventBus::add(std::shared_ptr<Plugin> plugin, std::optional<int> priority,
-                   std::optional<FailurePolicy> policy) {
+void EventBus::add(std::shared_ptr<Plugin> plugin, std::optional<int> priority, std::optional<FailurePolicy> policy) {
   TRAINER_ASSERT(plugin != nullptr);
   Entry e{plugin, plugin->name(), priority.value_or(plugin->default_priority()),
           policy.value_or(plugin->default_policy()), entries_.size()};
@@ -55,8 +53,8 @@ void EventBus::dispatch(EventContext& ctx, Control& control) {
       ++swallowed_;
       logger_->error("{} (observer plugin: the run continues)", msg);
     } catch (...) {
-      const std::string msg = detail::str("plugin '", e->name, "' failed in ", event_name(ctx.event),
-                                          ": unknown exception");
+      const std::string msg =
+          detail::str("plugin '", e->name, "' failed in ", event_name(ctx.event), ": unknown exception");
       if (e->policy == FailurePolicy::Essential) throw PluginError(msg);
       ++swallowed_;
       logger_->error("{} (observer plugin: the run continues)", msg);

@@ -4,11 +4,29 @@ namespace trainer {
 
 namespace {
 constexpr std::array<std::string_view, kNumEvents> kNames = {
-    "Init",          "SelectDevice",   "ModelCreated",        "ModelToDevice",      "OptimizerCreated",
-    "FitStart",      "EpochStart",     "BatchStart",          "BeforeForward",      "AfterForward",
-    "BeforeBackward", "AfterBackward", "BeforeOptimizerStep", "AfterOptimizerStep", "BatchEnd",
-    "EvalStart",     "EvalEnd",        "EpochEnd",            "Checkpoint",         "OutOfMemory",
-    "FitEnd",        "Exception",      "Shutdown",
+    "Init",
+    "SelectDevice",
+    "ModelCreated",
+    "ModelToDevice",
+    "OptimizerCreated",
+    "FitStart",
+    "EpochStart",
+    "BatchStart",
+    "BeforeForward",
+    "AfterForward",
+    "BeforeBackward",
+    "AfterBackward",
+    "BeforeOptimizerStep",
+    "AfterOptimizerStep",
+    "BatchEnd",
+    "EvalStart",
+    "EvalEnd",
+    "EpochEnd",
+    "Checkpoint",
+    "OutOfMemory",
+    "FitEnd",
+    "Exception",
+    "Shutdown",
 };
 }  // namespace
 

@@ -106,22 +106,25 @@ std::shared_ptr<Plugin> PluginHost::load(const std::string& name_or_path) {
       throw PluginError(detail::str("cannot load plugin library ", path, ": ", e.what()));
     }
     if (!lib.has("trainer_plugin_abi") || !lib.has("trainer_plugin_create")) {
-      throw PluginError(detail::str(path, " is not a trainer plugin: it does not export trainer_plugin_abi and "
-                                          "trainer_plugin_create (use TRAINER_PLUGIN(YourClass))"));
+      throw PluginError(detail::str(path,
+                                    " is not a trainer plugin: it does not export trainer_plugin_abi and "
+                                    "trainer_plugin_create (use TRAINER_PLUGIN(YourClass))"));
     }
     const AbiDescriptor theirs = lib.get_alias<PluginAbiFn>("trainer_plugin_abi")();
     const AbiDescriptor ours = this_abi();
     std::vector<std::string> mismatches;
     if (theirs.trainer_abi != ours.trainer_abi) {
-      mismatches.push_back(detail::str("trainer ABI ", theirs.trainer_abi, " (plugin) vs ", ours.trainer_abi, " (host)"));
+      mismatches.push_back(
+          detail::str("trainer ABI ", theirs.trainer_abi, " (plugin) vs ", ours.trainer_abi, " (host)"));
     }
     if (std::strncmp(theirs.torch_version, ours.torch_version, sizeof ours.torch_version) != 0) {
-      mismatches.push_back(detail::str("LibTorch ", std::string(theirs.torch_version, strnlen(theirs.torch_version, 32)),
+      mismatches.push_back(detail::str("LibTorch ",
+                                       std::string(theirs.torch_version, strnlen(theirs.torch_version, 32)),
                                        " (plugin) vs ", ours.torch_version, " (host)"));
     }
     if (theirs.cxx11_abi != ours.cxx11_abi) {
-      mismatches.push_back(detail::str("_GLIBCXX_USE_CXX11_ABI ", theirs.cxx11_abi, " (plugin) vs ", ours.cxx11_abi,
-                                       " (host)"));
+      mismatches.push_back(
+          detail::str("_GLIBCXX_USE_CXX11_ABI ", theirs.cxx11_abi, " (plugin) vs ", ours.cxx11_abi, " (host)"));
     }
     if (!mismatches.empty()) {
       throw PluginError(detail::str("refusing plugin ", path, ": built for a different host: ", join(mismatches, "; "),

@@ -4,10 +4,10 @@
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <spdlog/spdlog.h>
+#include <torch/cuda.h>
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/optimizer.h>
 #include <torch/serialize.h>
-#include <torch/cuda.h>
 #include <torch/utils.h>
 
 #include <atomic>
@@ -196,7 +196,8 @@ struct Trainer::Impl {
     if (!opts.run_dir.empty()) {
       run_dir = opts.run_dir;
     } else {
-      const fs::path base = fs::path(cfg.get<std::string>("run.dir")) / (cfg.get<std::string>("run.name") + "-" + timestamp());
+      const fs::path base =
+          fs::path(cfg.get<std::string>("run.dir")) / (cfg.get<std::string>("run.name") + "-" + timestamp());
       fs::path p = base;
       for (int i = 1; fs::exists(p); ++i) p = base.string() + "-" + std::to_string(i);
       run_dir = p.string();
@@ -209,8 +210,8 @@ struct Trainer::Impl {
   void write_status(const std::string& status, int exit_code, const std::string& message) {
     if (run_dir.empty()) return;
     try {
-      std::string s = "{\"status\":" + json_quote(status) + ",\"exit_code\":" +
-                      (status == "RUNNING" ? std::string("null") : std::to_string(exit_code)) +
+      std::string s = "{\"status\":" + json_quote(status) +
+                      ",\"exit_code\":" + (status == "RUNNING" ? std::string("null") : std::to_string(exit_code)) +
                       ",\"global_step\":" + std::to_string(st.global_step) + ",\"epoch\":" + std::to_string(st.epoch) +
                       ",\"message\":" + json_quote(message) + ",\"last_checkpoint\":" + json_quote(last_checkpoint) +
                       ",\"time\":" + json_number(wall_time_s()) + "}\n";
@@ -228,7 +229,8 @@ struct Trainer::Impl {
       std::optional<FailurePolicy> policy;
       if (cfg.has(sec + ".priority")) priority = static_cast<int>(cfg.get<std::int64_t>(sec + ".priority"));
       if (cfg.has(sec + ".policy")) {
-        policy = cfg.get<std::string>(sec + ".policy") == "essential" ? FailurePolicy::Essential : FailurePolicy::Observer;
+        policy =
+            cfg.get<std::string>(sec + ".policy") == "essential" ? FailurePolicy::Essential : FailurePolicy::Observer;
       }
       p->configure(cfg.sub(sec), log);
       bus->add(p, priority, policy);
@@ -243,7 +245,8 @@ struct Trainer::Impl {
 
   void setup_runtime() {
     const auto threads = cfg.get<std::int64_t>("runtime.num_threads");
-    const int n = threads > 0 ? static_cast<int>(threads) : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const int n =
+        threads > 0 ? static_cast<int>(threads) : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     at::set_num_threads(n);
     if (cfg.get<bool>("runtime.tune_malloc") && !tune_cpu_allocator()) {
       log->warn("runtime.tune_malloc: the C library refused the malloc settings; running untuned");
@@ -304,7 +307,8 @@ struct Trainer::Impl {
                     " with drop_last leaves no batch of ", n, " samples");
     st.total_steps = st.steps_per_epoch * epochs;
     if (max_steps > 0) st.total_steps = std::min(st.total_steps, max_steps);
-    schedule = schedule_registry().get(cfg.get<std::string>("sched.name"))
+    schedule = schedule_registry()
+                   .get(cfg.get<std::string>("sched.name"))
                    .factory(cfg.sub("sched"), get_learning_rate(*optim), st.total_steps);
   }
 
@@ -392,7 +396,8 @@ struct Trainer::Impl {
   at::Tensor epoch_order(std::int64_t epoch) const {
     const std::int64_t n = train_set->size();
     if (!shuffle) return at::arange(n, at::kLong);
-    auto gen = at::detail::createCPUGenerator(static_cast<std::uint64_t>(seed) * 1000003ULL + static_cast<std::uint64_t>(epoch));
+    auto gen = at::detail::createCPUGenerator(static_cast<std::uint64_t>(seed) * 1000003ULL +
+                                              static_cast<std::uint64_t>(epoch));
     return at::randperm(n, gen, at::TensorOptions(at::kLong));
   }
 
@@ -428,8 +433,9 @@ struct Trainer::Impl {
     at::Tensor loss_sum = at::zeros({}, at::TensorOptions(at::kDouble).device(device));
     for (std::int64_t i = 0; i < st.num_micro_batches; ++i) {
       const std::int64_t begin = i * micro_batch_size, len = std::min(micro_batch_size, n - begin);
-      Batch mb = st.num_micro_batches == 1 ? full
-                                           : Batch{full.inputs.narrow(0, begin, len), full.targets.narrow(0, begin, len)};
+      Batch mb = st.num_micro_batches == 1
+                     ? full
+                     : Batch{full.inputs.narrow(0, begin, len), full.targets.narrow(0, begin, len)};
       st.micro_batch_index = i;
       ctx.batch = &mb;
       skip |= fire(Event::BeforeForward).skip_step;
@@ -478,10 +484,11 @@ struct Trainer::Impl {
     if (window_steps == 0) return;
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - window_start).count() - window_excluded_s;
-    metrics->log(st.global_step, {{"train/loss", window_loss / double(window_steps)},
-                                  {"train/lr", st.lr},
-                                  {"train/epoch", double(st.epoch) + double(st.batch_in_epoch + 1) / double(st.steps_per_epoch)},
-                                  {"train/samples_per_s", secs > 0 ? double(window_samples) / secs : 0.0}});
+    metrics->log(st.global_step,
+                 {{"train/loss", window_loss / double(window_steps)},
+                  {"train/lr", st.lr},
+                  {"train/epoch", double(st.epoch) + double(st.batch_in_epoch + 1) / double(st.steps_per_epoch)},
+                  {"train/samples_per_s", secs > 0 ? double(window_samples) / secs : 0.0}});
     window_loss = 0;
     window_steps = 0;
     window_samples = 0;
@@ -493,7 +500,9 @@ struct Trainer::Impl {
   struct ExcludeFromThroughput {
     double& excluded;
     std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
-    ~ExcludeFromThroughput() { excluded += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
+    ~ExcludeFromThroughput() {
+      excluded += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
   };
 
   std::map<std::string, double> evaluate() {
@@ -692,9 +701,9 @@ std::vector<SectionSpec> plugin_config_sections(const std::vector<std::shared_pt
   for (const auto& p : plugins) {
     SectionSpec s{"plugins." + p->name(), p->config_keys(), p->description()};
     s.keys.push_back(KeySpec("priority", ValueType::Int, "Dispatch order: lower runs first"));
-    s.keys.push_back(
-        KeySpec("policy", ValueType::String, "When a handler throws: observer logs and continues, essential fails the run")
-            .choices({"observer", "essential"}));
+    s.keys.push_back(KeySpec("policy", ValueType::String,
+                             "When a handler throws: observer logs and continues, essential fails the run")
+                         .choices({"observer", "essential"}));
     out.push_back(std::move(s));
   }
   return out;

@@ -15,8 +15,8 @@ ConfigError::ConfigError(std::vector<std::string> problems)
 
 namespace detail {
 void assert_fail(const char* cond, const char* file, int line, const std::string& msg) {
-  throw Error(str("internal error (a trainer bug): ", cond, " failed at ", file, ":", line,
-                  msg.empty() ? "" : ": ", msg));
+  throw Error(
+      str("internal error (a trainer bug): ", cond, " failed at ", file, ":", line, msg.empty() ? "" : ": ", msg));
 }
 }  // namespace detail
 
