@@ -19,11 +19,7 @@ class RecordingPlugin final : public trainer::Plugin {
   std::string name() const override { return "recording"; }
   std::string version() const override { return "0.1.0"; }
   std::string description() const override { return "Records every event and its context as JSON lines"; }
-  std::vector<trainer::Event> events() const override {
-    std::vector<trainer::Event> all;
-    for (std::size_t i = 0; i < trainer::kNumEvents; ++i) all.push_back(static_cast<trainer::Event>(i));
-    return all;
-  }
+  std::vector<trainer::Event> events() const override { return trainer::all_events(); }
   std::vector<trainer::KeySpec> config_keys() const override {
     using T = trainer::ValueType;
     return {trainer::KeySpec("file", T::String, "Output file; empty = <run_dir>/events.jsonl").def(std::string("")),

@@ -9,11 +9,7 @@ namespace {
 class ThrowingPlugin final : public trainer::Plugin {
  public:
   std::string name() const override { return "throwing"; }
-  std::vector<trainer::Event> events() const override {
-    std::vector<trainer::Event> all;
-    for (std::size_t i = 0; i < trainer::kNumEvents; ++i) all.push_back(static_cast<trainer::Event>(i));
-    return all;
-  }
+  std::vector<trainer::Event> events() const override { return trainer::all_events(); }
   std::vector<trainer::KeySpec> config_keys() const override {
     using T = trainer::ValueType;
     return {trainer::KeySpec("event", T::String, "Event to throw in").def(std::string("BatchEnd")),

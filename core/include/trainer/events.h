@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <optional>
 #include <string_view>
+#include <vector>
 
 #include "trainer/export.h"
 
@@ -38,6 +39,8 @@ enum class Event : std::uint8_t {
 
 inline constexpr std::size_t kNumEvents = static_cast<std::size_t>(Event::Shutdown) + 1;
 
+/// Every event, in firing order (for plugins that subscribe to all of them).
+TRAINER_API std::vector<Event> all_events();
 /// "BatchStart" etc.
 TRAINER_API std::string_view event_name(Event e) noexcept;
 /// Inverse of event_name; nullopt for an unknown name.

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "trainer/error.h"
+#include "trainer/json.h"
 
 namespace trainer {
 namespace detail {
@@ -144,28 +145,8 @@ std::string format_double(double d) {
   return s;
 }
 
-std::string quote(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out + "\"";
-}
+// JSON string escapes are valid TOML basic-string escapes.
+std::string quote(const std::string& s) { return json_quote(s); }
 
 std::string bare_or_quoted_key(const std::string& k) {
   bool bare = !k.empty();

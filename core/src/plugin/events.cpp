@@ -30,6 +30,12 @@ constexpr std::array<std::string_view, kNumEvents> kNames = {
 };
 }  // namespace
 
+std::vector<Event> all_events() {
+  std::vector<Event> all;
+  for (std::size_t i = 0; i < kNumEvents; ++i) all.push_back(static_cast<Event>(i));
+  return all;
+}
+
 std::string_view event_name(Event e) noexcept {
   const auto i = static_cast<std::size_t>(e);
   return i < kNames.size() ? kNames[i] : std::string_view("?");
