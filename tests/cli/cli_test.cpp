@@ -105,6 +105,23 @@ TEST(Cli, TrainsAndExitsZero) {
   EXPECT_TRUE(std::filesystem::exists(tmp / "run/checkpoints/latest"));
 }
 
+TEST(Cli, SigintStopsWithACheckpointAndExitCode130) {
+  TempDir tmp;
+  // timeout sends a real SIGINT after 4 s, in the middle of the first epoch.
+  const std::string cmd = "timeout --preserve-status -s INT 4 " + std::string(TRAINER_CLI) + " --recipe " + kRecipe +
+                          " --run-dir " + (tmp / "run") + " plugins.console.mode=plain 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string text;
+  char buf[4096];
+  while (std::size_t n = fread(buf, 1, sizeof buf, p)) text.append(buf, n);
+  const int status = pclose(p);
+  ASSERT_TRUE(WIFEXITED(status)) << text;
+  EXPECT_EQ(WEXITSTATUS(status), 130) << text;
+  EXPECT_NE(text.find("interrupted by a signal"), std::string::npos) << text;
+  EXPECT_NE(trainer::testing::read_file(tmp / "run/status.json").find("\"status\":\"KILLED\""), std::string::npos);
+  EXPECT_FALSE(trainer::testing::read_file(tmp / "run/checkpoints/latest").empty());
+}
+
 TEST(Cli, MissingDatasetFailsWithTheFixInTheMessage) {
   TempDir tmp;
   const auto o = run_cli("--recipe " + kRecipe + " --run-dir " + (tmp / "run") + " dataset.root=" + tmp.str());

@@ -1,0 +1,153 @@
+// Built-in registry components: schedules, models, optimizers, datasets.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+#include <zlib.h>
+
+#include "support/test_util.h"
+#include "trainer/data.h"
+#include "trainer/error.h"
+#include "trainer/model.h"
+#include "trainer/optim.h"
+
+namespace trainer {
+namespace {
+
+std::unique_ptr<LrSchedule> schedule(const std::string& name, const std::string& toml, double lr, std::int64_t total) {
+  return schedule_registry().get(name).factory(Config::parse(toml), lr, total);
+}
+
+TEST(Schedules, ConstantWarmsUpLinearly) {
+  auto s = schedule("constant", "warmup_steps = 4", 1.0, 100);
+  EXPECT_DOUBLE_EQ(s->lr_at(0), 0.25);
+  EXPECT_DOUBLE_EQ(s->lr_at(3), 1.0);
+  EXPECT_DOUBLE_EQ(s->lr_at(50), 1.0);
+}
+
+TEST(Schedules, StepDecaysEveryStepSize) {
+  auto s = schedule("step", "warmup_steps = 0\nstep_size = 10\ngamma = 0.5", 2.0, 100);
+  EXPECT_DOUBLE_EQ(s->lr_at(9), 2.0);
+  EXPECT_DOUBLE_EQ(s->lr_at(10), 1.0);
+  EXPECT_DOUBLE_EQ(s->lr_at(25), 0.5);
+}
+
+TEST(Schedules, CosineReachesTheFloorAtTheLastStep) {
+  auto s = schedule("cosine", "warmup_steps = 10\nmin_lr_ratio = 0.1", 1.0, 110);
+  EXPECT_DOUBLE_EQ(s->lr_at(9), 1.0);
+  EXPECT_DOUBLE_EQ(s->lr_at(10), 1.0);
+  EXPECT_NEAR(s->lr_at(59), 0.1 + 0.9 * 0.5 * (1 + std::cos(M_PI * 49.0 / 99.0)), 1e-12);
+  EXPECT_DOUBLE_EQ(s->lr_at(109), 0.1);
+}
+
+TEST(Models, ProduceLogitsPerClass) {
+  const DataSpec spec{{1, 28, 28}, 10};
+  for (const std::string name : {"mlp", "cnn"}) {
+    Config c;
+    if (name == "mlp") {
+      c = Config::parse("hidden = [16]\ndropout = 0.0");
+    } else {
+      c = Config::parse("channels = [4, 8]\nhidden = 16\ndropout = 0.0\nbatch_norm = true");
+    }
+    auto m = model_registry().get(name).factory(c, spec);
+    EXPECT_EQ(m->forward(torch::randn({3, 1, 28, 28})).sizes(), (std::vector<std::int64_t>{3, 10})) << name;
+  }
+}
+
+TEST(Models, CnnRejectsTooManyPoolingStages) {
+  const DataSpec spec{{1, 4, 4}, 10};
+  auto c = Config::parse("channels = [4, 4, 4]\nhidden = 8\ndropout = 0.0\nbatch_norm = false");
+  EXPECT_THROW(model_registry().get("cnn").factory(c, spec), Error);
+}
+
+TEST(Optimizers, SetAndGetLearningRate) {
+  auto p = torch::zeros({2}, torch::requires_grad());
+  auto opt = optimizer_registry().get("sgd").factory(
+      Config::parse("lr = 0.1\nmomentum = 0.9\nnesterov = true\nweight_decay = 0.0"), {p});
+  EXPECT_DOUBLE_EQ(get_learning_rate(*opt), 0.1);
+  set_learning_rate(*opt, 0.02);
+  EXPECT_DOUBLE_EQ(get_learning_rate(*opt), 0.02);
+}
+
+TEST(Optimizers, NesterovWithoutMomentumIsAConfigError) {
+  auto p = torch::zeros({2}, torch::requires_grad());
+  EXPECT_THROW(optimizer_registry().get("sgd").factory(
+                   Config::parse("lr = 0.1\nmomentum = 0.0\nnesterov = true\nweight_decay = 0.0"), {p}),
+               ConfigError);
+}
+
+TEST(Registries, UnknownNameListsTheKnownOnes) {
+  try {
+    model_registry().get("resnet");
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown model 'resnet'; known: cnn, mlp"), std::string::npos) << e.what();
+  }
+}
+
+/// Writes an IDX file of unsigned bytes, gzip-compressed or plain.
+void write_idx(const std::string& path, const std::vector<std::uint32_t>& dims, const std::vector<std::uint8_t>& data,
+               bool gz, std::uint8_t magic_type = 0x08) {
+  std::string bytes = {0, 0, static_cast<char>(magic_type), static_cast<char>(dims.size())};
+  for (auto d : dims) {
+    for (int s = 24; s >= 0; s -= 8) bytes += static_cast<char>((d >> s) & 0xff);
+  }
+  bytes.append(data.begin(), data.end());
+  if (gz) {
+    gzFile f = gzopen(path.c_str(), "wb");
+    gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size()));
+    gzclose(f);
+  } else {
+    testing::write_file(path, bytes);
+  }
+}
+
+TEST(ReadIdx, ReadsGzipAndPlainFiles) {
+  testing::TempDir tmp;
+  for (bool gz : {true, false}) {
+    const std::string path = tmp / (gz ? "x.gz" : "x");
+    write_idx(path, {2, 3}, {1, 2, 3, 4, 5, 6}, gz);
+    const at::Tensor t = read_idx_file(path);
+    EXPECT_EQ(t.sizes(), (std::vector<std::int64_t>{2, 3}));
+    EXPECT_EQ(t[1][2].item<int>(), 6);
+  }
+}
+
+TEST(ReadIdx, RejectsBadMagicAndTruncatedData) {
+  testing::TempDir tmp;
+  write_idx(tmp / "bad", {2}, {1, 2}, false, 0x0d);
+  EXPECT_THROW(read_idx_file(tmp / "bad"), Error);
+  write_idx(tmp / "short", {10}, {1, 2}, false);
+  try {
+    read_idx_file(tmp / "short");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("truncated"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Datasets, FashionMnistFromAnIdxTreeWithLimit) {
+  testing::TempDir tmp;
+  std::vector<std::uint8_t> pixels(5 * 28 * 28, 255);
+  for (const char* split : {"train", "t10k"}) {
+    write_idx(tmp / (std::string(split) + "-images-idx3-ubyte.gz"), {5, 28, 28}, pixels, true);
+    write_idx(tmp / (std::string(split) + "-labels-idx1-ubyte.gz"), {5}, {0, 1, 2, 3, 9}, true);
+  }
+  auto ds = dataset_registry().get("fashion_mnist").factory(
+      Config::parse("root = \"" + tmp.str() + "\"\nlimit = 3\neval_limit = 0"), Split::Train);
+  EXPECT_EQ(ds->size(), 3);
+  const Batch b = ds->get(torch::tensor({2, 0}, torch::kLong));
+  EXPECT_EQ(b.inputs.sizes(), (std::vector<std::int64_t>{2, 1, 28, 28}));
+  EXPECT_EQ(b.targets[0].item<std::int64_t>(), 2);
+  EXPECT_NEAR(b.inputs.max().item<double>(), (1.0 - 0.2860) / 0.3530, 1e-5);
+}
+
+TEST(Datasets, SyntheticIsSeeded) {
+  auto cfg = Config::parse("size = 8\neval_size = 4\nshape = [3]\nnum_classes = 2\nseed = 5");
+  auto a = dataset_registry().get("synthetic").factory(cfg, Split::Train);
+  auto b = dataset_registry().get("synthetic").factory(cfg, Split::Train);
+  const auto idx = torch::arange(8, torch::kLong);
+  EXPECT_TRUE(torch::equal(a->get(idx).inputs, b->get(idx).inputs));
+  EXPECT_EQ(dataset_registry().get("synthetic").factory(cfg, Split::Test)->size(), 4);
+}
+
+}  // namespace
+}  // namespace trainer
