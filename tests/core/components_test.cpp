@@ -131,8 +131,9 @@ TEST(Datasets, FashionMnistFromAnIdxTreeWithLimit) {
     write_idx(tmp / (std::string(split) + "-images-idx3-ubyte.gz"), {5, 28, 28}, pixels, true);
     write_idx(tmp / (std::string(split) + "-labels-idx1-ubyte.gz"), {5}, {0, 1, 2, 3, 9}, true);
   }
-  auto ds = dataset_registry().get("fashion_mnist").factory(
-      Config::parse("root = \"" + tmp.str() + "\"\nlimit = 3\neval_limit = 0"), Split::Train);
+  auto ds = dataset_registry()
+                .get("fashion_mnist")
+                .factory(Config::parse("root = \"" + tmp.str() + "\"\nlimit = 3\neval_limit = 0"), Split::Train);
   EXPECT_EQ(ds->size(), 3);
   const Batch b = ds->get(torch::tensor({2, 0}, torch::kLong));
   EXPECT_EQ(b.inputs.sizes(), (std::vector<std::int64_t>{2, 1, 28, 28}));

@@ -11,6 +11,7 @@
 #include "trainer/config.h"
 #include "trainer/data.h"
 #include "trainer/events.h"
+#include "trainer/memory.h"
 #include "trainer/metrics.h"
 #include "trainer/model.h"
 
@@ -38,6 +39,18 @@ struct RunState {
   std::int64_t samples_seen = 0;       ///< training samples processed this run
   double loss = 0.0;                   ///< last batch's mean training loss (BatchEnd)
   double lr = 0.0;                     ///< learning rate of the current step
+  std::int64_t oom_recoveries = 0;     ///< out-of-memory errors recovered from this run
+};
+
+/// What failed, for the OutOfMemory event.
+struct OomInfo {
+  std::string phase;                  ///< data, forward, backward, optimizer_step, eval, checkpoint
+  std::string message;                ///< the error's message
+  std::int64_t requested_bytes = 0;   ///< the refused allocation (0 when unknown)
+  std::int64_t micro_batch_size = 0;  ///< micro-batch (eval: eval batch) of the failed attempt
+  std::int64_t batch_size = 0;        ///< samples of the batch being retried (eval: the test set)
+  std::int64_t attempt = 0;           ///< 0 for the first failure of this batch, then 1, 2, ...
+  MemoryStats stats;                  ///< device counters right after the failed attempt was dropped
 };
 
 /// What a hook may read and act on. The core owns everything referenced here; pointers are
@@ -55,9 +68,11 @@ struct TRAINER_API EventContext {
   std::shared_ptr<Model> model;                  ///< from ModelCreated on
   torch::optim::Optimizer* optimizer = nullptr;  ///< from OptimizerCreated on
   const Batch* batch = nullptr;                  ///< current micro-batch (Before/AfterForward/Backward)
+  const at::Tensor* indices = nullptr;           ///< dataset indices of `batch` (int64; same events as `batch`)
   const at::Tensor* outputs = nullptr;           ///< logits (AfterForward)
   const at::Tensor* loss = nullptr;              ///< scaled micro-batch loss (AfterForward, Before/AfterBackward)
   const std::map<std::string, double>* eval_metrics = nullptr;  ///< EvalEnd
+  const OomInfo* oom = nullptr;                                 ///< OutOfMemory
   std::string checkpoint_path;                                  ///< Checkpoint: the file just written
   std::exception_ptr exception;                                 ///< Exception: what failed
   std::string status;  ///< FitEnd: FINISHED or KILLED; Exception: FAILED; Shutdown: any

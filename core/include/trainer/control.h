@@ -15,8 +15,11 @@ struct Control {
   bool stop_training = false;
   /// Skip this batch's optimizer step (gradients are dropped). BatchStart..BeforeOptimizerStep.
   bool skip_step = false;
-  /// Re-run the current batch split into micro-batches of this size (OutOfMemory).
+  /// Re-run the failed batch (or evaluation) with micro-batches of this size (OutOfMemory).
   std::optional<std::int64_t> retry_with_micro_batch;
+  /// Use this micro-batch size from now on (BatchStart: already for this batch; BatchEnd:
+  /// from the next one). Clamped to [1, batch_size]. How oom_backoff grows back.
+  std::optional<std::int64_t> micro_batch_size;
   /// Use this device for the run ("cpu", "cuda:1"); honoured in SelectDevice.
   std::optional<std::string> switch_device;
   /// Write a checkpoint after the current batch.

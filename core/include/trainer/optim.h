@@ -36,6 +36,12 @@ using ScheduleFactory =
 /// The process-wide schedule registry (built-ins: "constant", "step", "cosine").
 TRAINER_API Registry<ScheduleFactory>& schedule_registry();
 
+/// Creates the per-parameter state the built-in optimizers would create lazily at their
+/// first step (AdamW: step 0 and zero moments; SGD with momentum: a zero buffer), so that a
+/// step allocates temporaries only. The first step then computes exactly what it would have
+/// without this. Returns false for optimizers it does not know (their state stays lazy).
+TRAINER_API bool materialize_optimizer_state(torch::optim::Optimizer& opt);
+
 /// Sets the learning rate of every parameter group (SGD, Adam, AdamW, RMSprop, Adagrad).
 TRAINER_API void set_learning_rate(torch::optim::Optimizer& opt, double lr);
 /// Learning rate of the first parameter group.

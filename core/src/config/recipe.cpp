@@ -274,6 +274,12 @@ std::vector<SectionSpec> core_config_sections(const Config& cfg) {
                         "Keep freed tensor memory in the heap instead of returning it to the OS each step")
                     .def(true)},
                "Process settings"});
+  s.push_back({"memory",
+               {KeySpec("limit_mb", T::Float,
+                        "Memory budget of the run's device in MiB; past it allocations fail with a real OOM. 0 = none")
+                    .def(0.0)
+                    .min(0)},
+               "Memory"});
   s.push_back({"metrics",
                {KeySpec("jsonl", T::Bool, "Write <run_dir>/metrics.jsonl").def(true),
                 KeySpec("console", T::Bool, "Log metric groups as info lines").def(true)},

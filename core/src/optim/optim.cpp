@@ -12,6 +12,41 @@ void set_learning_rate(torch::optim::Optimizer& opt, double lr) {
   for (auto& group : opt.param_groups()) group.options().set_lr(lr);
 }
 
+bool materialize_optimizer_state(torch::optim::Optimizer& opt) {
+  auto key = [](const at::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); };
+  if (auto* adamw = dynamic_cast<torch::optim::AdamW*>(&opt)) {
+    for (auto& group : adamw->param_groups()) {
+      const bool amsgrad = static_cast<const torch::optim::AdamWOptions&>(group.options()).amsgrad();
+      for (auto& p : group.params()) {
+        if (adamw->state().count(key(p))) continue;
+        auto st = std::make_unique<torch::optim::AdamWParamState>();
+        st->step(0);
+        st->exp_avg(at::zeros_like(p, at::MemoryFormat::Preserve));
+        st->exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
+        if (amsgrad) st->max_exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
+        adamw->state()[key(p)] = std::move(st);
+      }
+    }
+    return true;
+  }
+  if (auto* sgd = dynamic_cast<torch::optim::SGD*>(&opt)) {
+    for (auto& group : sgd->param_groups()) {
+      const auto& o = static_cast<const torch::optim::SGDOptions&>(group.options());
+      // With dampening the lazy first buffer (a clone of the gradient) differs from a
+      // zero buffer updated once; trainer's SGD has no dampening key, so this holds.
+      if (o.momentum() == 0 || o.dampening() != 0) continue;
+      for (auto& p : group.params()) {
+        if (sgd->state().count(key(p))) continue;
+        auto st = std::make_unique<torch::optim::SGDParamState>();
+        st->momentum_buffer(at::zeros_like(p, at::MemoryFormat::Preserve));
+        sgd->state()[key(p)] = std::move(st);
+      }
+    }
+    return true;
+  }
+  return false;
+}
+
 double get_learning_rate(const torch::optim::Optimizer& opt) {
   TRAINER_ASSERT(!opt.param_groups().empty());
   return opt.param_groups().front().options().get_lr();

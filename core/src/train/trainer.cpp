@@ -21,6 +21,7 @@
 #include "trainer/event_bus.h"
 #include "trainer/json.h"
 #include "trainer/logging.h"
+#include "trainer/memory.h"
 #include "trainer/optim.h"
 #include "trainer/plugin_host.h"
 #include "trainer/recipe.h"
@@ -143,6 +144,7 @@ struct Trainer::Impl {
       EventContext& c;
       ~ClearEventPointers() {
         c.batch = nullptr;
+        c.indices = nullptr;
         c.outputs = nullptr;
         c.loss = nullptr;
         c.eval_metrics = nullptr;
@@ -164,6 +166,17 @@ struct Trainer::Impl {
     }
     if (c.request_checkpoint) want_checkpoint = true;
     if (c.request_eval) want_eval = true;
+    if (c.micro_batch_size) {
+      if (e == Event::BatchStart || e == Event::BatchEnd) {
+        const std::int64_t next = std::clamp<std::int64_t>(*c.micro_batch_size, 1, batch_size);
+        if (next != micro_batch_size) {
+          log->info("micro-batch {} -> {}{}", micro_batch_size, next, why);
+          micro_batch_size = next;
+        }
+      } else {
+        log->warn("micro_batch_size is honoured in BatchStart and BatchEnd only; ignored in {}", event_name(e));
+      }
+    }
     if (c.retry_with_micro_batch && e != Event::OutOfMemory) {
       log->warn("retry_with_micro_batch is honoured in OutOfMemory only; ignored in {}", event_name(e));
     }
@@ -262,6 +275,16 @@ struct Trainer::Impl {
     const Control c = fire(Event::SelectDevice);
     if (c.switch_device) ctx.device = c10::Device(*c.switch_device);
     device = ctx.device;
+    const double limit_mb = cfg.get<double>("memory.limit_mb");
+    if (device.is_cpu()) {
+      install_cpu_tracking_allocator();
+      set_memory_limit(device, static_cast<std::int64_t>(limit_mb * 1024.0 * 1024.0));
+      if (limit_mb > 0)
+        log->info("memory budget: {} on {}", format_bytes(std::int64_t(limit_mb * 1048576.0)), device.str());
+    } else {
+      TRAINER_CHECK_T(UsageError, limit_mb == 0, "memory.limit_mb on ", device.str(),
+                      " needs the CUDA memory backend, which this build does not have");
+    }
     if (device.is_cuda()) {
       TRAINER_CHECK(torch::cuda::is_available(), "device ", device.str(),
                     " requested but this LibTorch has no CUDA or no GPU is visible");
@@ -313,8 +336,37 @@ struct Trainer::Impl {
   }
 
   // --- checkpoints -------------------------------------------------------------------
+  /// Writes a checkpoint; an OOM while serialising is retried once after freeing cached
+  /// memory, then reported (the run goes on without that checkpoint).
   std::string save_checkpoint(std::int64_t epoch, std::int64_t batch_in_epoch) {
+    for (int attempt = 0;; ++attempt) {
+      try {
+        return write_checkpoint(epoch, batch_in_epoch);
+      } catch (const std::exception& e) {
+        if (!is_out_of_memory(e)) throw;
+        clear_memory(device, /*force=*/true);
+        ++st.oom_recoveries;
+        OomInfo info;
+        info.phase = "checkpoint";
+        info.message = e.what();
+        info.attempt = attempt;
+        info.stats = device.is_cpu() ? memory_stats(device) : MemoryStats{};
+        info.requested_bytes = info.stats.last_failed_request;
+        ctx.oom = &info;
+        fire(Event::OutOfMemory);
+        ctx.oom = nullptr;
+        if (attempt >= 1) {
+          log->error("checkpoint skipped: out of memory while writing it twice: {}", e.what());
+          return last_checkpoint;
+        }
+        log->warn("out of memory while writing a checkpoint; retrying once after freeing memory");
+      }
+    }
+  }
+
+  std::string write_checkpoint(std::int64_t epoch, std::int64_t batch_in_epoch) {
     ExcludeFromThroughput pause{window_excluded_s};
+    phase_ = "checkpoint";
     torch::serialize::OutputArchive ar, m, o;
     model->save(m);
     optim->save(o);
@@ -417,64 +469,179 @@ struct Trainer::Impl {
   /// One optimizer step on `indices`: the batch is split into micro-batches whose losses
   /// are scaled by their share of the batch, so the accumulated gradient is the gradient of
   /// the batch's mean loss.
+  /// Thrown when an out-of-memory error cannot be recovered from (no plugin asked to retry,
+  /// or the retry budget is spent); carries the summary of what was tried.
+  struct OomFailure : Error {
+    using Error::Error;
+  };
+
+  /// Drops the failed attempt, fires OutOfMemory and returns the micro-batch size a plugin
+  /// asked to retry with; throws OomFailure when none did.
+  std::int64_t recover_from_oom(const std::exception& e, const std::string& phase, std::int64_t micro,
+                                std::int64_t samples, std::int64_t attempt, std::vector<std::int64_t>& tried) {
+    zero_grads();
+    clear_memory(device, /*force=*/false);
+    ++st.oom_recoveries;
+    OomInfo info;
+    info.phase = phase;
+    info.message = e.what();
+    if (const auto* c10e = dynamic_cast<const c10::Error*>(&e)) info.message = c10e->what_without_backtrace();
+    info.micro_batch_size = micro;
+    info.batch_size = samples;
+    info.attempt = attempt;
+    info.stats = device.is_cpu() ? memory_stats(device) : MemoryStats{};
+    info.requested_bytes = info.stats.last_failed_request;
+    tried.push_back(micro);
+    log->warn("out of memory in {} (micro-batch {}, attempt {}): {}", phase, micro, attempt + 1, info.message);
+    ctx.oom = &info;
+    Control c;
+    try {
+      c = fire(Event::OutOfMemory);
+    } catch (...) {
+      ctx.oom = nullptr;
+      throw;
+    }
+    ctx.oom = nullptr;
+    if (c.retry_with_micro_batch && attempt + 1 < kMaxOomAttempts) {
+      const std::int64_t next = std::clamp<std::int64_t>(*c.retry_with_micro_batch, 1, samples);
+      log->warn("retrying the same {} with micro-batches of {} ({}){}", phase == "eval" ? "evaluation" : "batch", next,
+                next < micro ? "smaller" : "same size or larger", c.reason.empty() ? "" : ": " + c.reason);
+      return next;
+    }
+    std::string sizes;
+    for (auto t : tried) sizes += (sizes.empty() ? "" : " -> ") + std::to_string(t);
+    throw OomFailure(detail::str(
+        "out of memory in ", phase, " after ", tried.size(), " attempt(s) with micro-batches ", sizes,
+        c.retry_with_micro_batch ? " (retry limit reached)" : " (no plugin asked to retry: load oom_backoff)", ": ",
+        info.message,
+        ". What to change: a smaller training.micro_batch_size (gradient accumulation keeps the effective batch), "
+        "mixed precision, activation checkpointing, a smaller model, or a larger memory.limit_mb"));
+  }
+
+  /// Forward and backward over the micro-batches of `full`; returns the summed (already
+  /// batch-normalised) loss and whether a plugin asked to skip the step.
+  std::pair<double, bool> accumulate(const Batch& full, const at::Tensor& indices, std::int64_t micro) {
+    const std::int64_t n = full.size();
+    st.num_micro_batches = (n + micro - 1) / micro;
+    bool skip = false;
+    at::Tensor loss_sum = at::zeros({}, at::TensorOptions(at::kDouble).device(device));
+    for (std::int64_t i = 0; i < st.num_micro_batches; ++i) {
+      const std::int64_t begin = i * micro, len = std::min(micro, n - begin);
+      const bool whole = st.num_micro_batches == 1;
+      Batch mb = whole ? full : Batch{full.inputs.narrow(0, begin, len), full.targets.narrow(0, begin, len)};
+      const at::Tensor idx = whole ? indices : indices.narrow(0, begin, len);
+      st.micro_batch_index = i;
+      ctx.batch = &mb;
+      ctx.indices = &idx;
+      skip |= fire(Event::BeforeForward).skip_step;
+      phase_ = "forward";
+      at::Tensor out = model->forward(mb.inputs);
+      at::Tensor loss = at::cross_entropy_loss(out, mb.targets);
+      if (len != n) loss = loss * (static_cast<double>(len) / static_cast<double>(n));
+      ctx.batch = &mb;
+      ctx.indices = &idx;
+      ctx.outputs = &out;
+      ctx.loss = &loss;
+      skip |= fire(Event::AfterForward).skip_step;
+      ctx.batch = &mb;
+      ctx.indices = &idx;
+      ctx.loss = &loss;
+      skip |= fire(Event::BeforeBackward).skip_step;
+      phase_ = "backward";
+      loss.backward();
+      ctx.batch = &mb;
+      ctx.indices = &idx;
+      ctx.loss = &loss;
+      skip |= fire(Event::AfterBackward).skip_step;
+      loss_sum += loss.detach().to(at::kDouble);
+    }
+    return {loss_sum.item<double>(), skip};
+  }
+
+  /// Bytes an optimizer step may allocate for temporaries: the built-in optimizers hold at
+  /// most two parameter-sized temporaries at once (SGD with Nesterov and weight decay,
+  /// AdamW's denominator), plus small scalars.
+  std::int64_t step_reserve_bytes() const {
+    std::int64_t largest = 0;
+    for (const auto& p : model->parameters()) largest = std::max<std::int64_t>(largest, p.nbytes());
+    return 2 * largest + (64 << 10);
+  }
+
+  /// The optimizer step, made atomic against OOM: state is materialised up front and the
+  /// step's temporaries are reserved (allocated and freed) before anything is modified, so
+  /// an OOM leaves parameters and optimizer state exactly as they were.
+  void atomic_step() {
+    phase_ = "optimizer_step";
+    if (!state_materialized_) state_materialized_ = materialize_optimizer_state(*optim);
+    { at::Tensor reserve = at::empty({step_reserve_bytes()}, at::TensorOptions(at::kByte).device(device)); }
+    in_step_ = true;
+    optim->step();
+    in_step_ = false;
+  }
+
+  /// One optimizer step on `indices`: the batch is split into micro-batches whose losses
+  /// are scaled by their share of the batch, so the accumulated gradient is the gradient of
+  /// the batch's mean loss. An out-of-memory error anywhere in it drops the attempt and,
+  /// when a plugin asks (OutOfMemory), re-runs the same samples in smaller micro-batches.
   bool train_batch(const at::Tensor& indices) {
     const std::int64_t n = indices.size(0);
-    st.num_micro_batches = (n + micro_batch_size - 1) / micro_batch_size;
+    const std::int64_t planned = std::min(micro_batch_size, n);
+    st.micro_batch_size = planned;
+    st.num_micro_batches = (n + planned - 1) / planned;
     st.micro_batch_index = 0;
     if (fire(Event::BatchStart).skip_step) {
       log->debug("batch {} skipped at BatchStart", st.batch_in_epoch);
       advance_position();
       return false;
     }
-    Batch full = train_set->get(indices);
-    if (device != full.inputs.device()) full = {full.inputs.to(device), full.targets.to(device)};
-    zero_grads();
-    bool skip = false;
-    at::Tensor loss_sum = at::zeros({}, at::TensorOptions(at::kDouble).device(device));
-    for (std::int64_t i = 0; i < st.num_micro_batches; ++i) {
-      const std::int64_t begin = i * micro_batch_size, len = std::min(micro_batch_size, n - begin);
-      Batch mb = st.num_micro_batches == 1
-                     ? full
-                     : Batch{full.inputs.narrow(0, begin, len), full.targets.narrow(0, begin, len)};
-      st.micro_batch_index = i;
-      ctx.batch = &mb;
-      skip |= fire(Event::BeforeForward).skip_step;
-      at::Tensor out = model->forward(mb.inputs);
-      at::Tensor loss = at::cross_entropy_loss(out, mb.targets);
-      if (len != n) loss = loss * (static_cast<double>(len) / static_cast<double>(n));
-      ctx.batch = &mb;
-      ctx.outputs = &out;
-      ctx.loss = &loss;
-      skip |= fire(Event::AfterForward).skip_step;
-      ctx.batch = &mb;
-      ctx.loss = &loss;
-      skip |= fire(Event::BeforeBackward).skip_step;
-      loss.backward();
-      ctx.batch = &mb;
-      ctx.loss = &loss;
-      skip |= fire(Event::AfterBackward).skip_step;
-      loss_sum += loss.detach().to(at::kDouble);
+    std::int64_t micro = std::min(micro_batch_size, n);  // BatchStart may have changed it
+    std::vector<std::int64_t> tried;
+    for (std::int64_t attempt = 0;; ++attempt) {
+      st.micro_batch_size = micro;
+      try {
+        phase_ = "data";
+        Batch full = train_set->get(indices);
+        if (device != full.inputs.device()) full = {full.inputs.to(device), full.targets.to(device)};
+        zero_grads();
+        auto [batch_loss, skip] = accumulate(full, indices, micro);
+        st.loss = batch_loss;
+        st.lr = schedule->lr_at(st.global_step);
+        if (!skip) {
+          phase_ = "optimizer_step";
+          if (clip > 0) torch::nn::utils::clip_grad_norm_(model->parameters(), clip);
+          set_learning_rate(*optim, st.lr);
+          skip = fire(Event::BeforeOptimizerStep).skip_step;
+        }
+        if (skip) {
+          zero_grads();
+          log->debug("optimizer step skipped at batch {}", st.batch_in_epoch);
+          advance_position();
+          return false;
+        }
+        atomic_step();
+        window_loss += batch_loss;
+        break;
+      } catch (const std::exception& e) {
+        if (!is_out_of_memory(e)) throw;
+        if (in_step_) {
+          // The reserve was not enough: the step ran out of memory half-way. Parameters may
+          // be partly updated, so neither a retry nor a checkpoint of them is safe.
+          in_step_ = false;
+          params_consistent_ = false;
+          throw Error(detail::str("out of memory inside the optimizer step after its reserve (",
+                                  format_bytes(step_reserve_bytes()),
+                                  "); parameters may be partly updated, so the run "
+                                  "stops without a final checkpoint: ",
+                                  e.what()));
+        }
+        micro = recover_from_oom(e, phase_, micro, n, attempt, tried);
+        micro_batch_size = micro;  // later batches keep the size that worked (oom_backoff grows it back)
+      }
     }
-    const double batch_loss = loss_sum.item<double>();
-    st.loss = batch_loss;
-    st.lr = schedule->lr_at(st.global_step);
-    if (!skip) {
-      if (clip > 0) torch::nn::utils::clip_grad_norm_(model->parameters(), clip);
-      set_learning_rate(*optim, st.lr);
-      skip = fire(Event::BeforeOptimizerStep).skip_step;
-    }
-    if (skip) {
-      zero_grads();
-      log->debug("optimizer step skipped at batch {}", st.batch_in_epoch);
-      advance_position();
-      return false;
-    }
-    optim->step();
     ++st.global_step;
     st.samples_seen += n;
     advance_position();
     fire(Event::AfterOptimizerStep);
-    window_loss += batch_loss;
     ++window_steps;
     window_samples += n;
     return true;
@@ -510,19 +677,40 @@ struct Trainer::Impl {
     if (!test_set) return m;
     ExcludeFromThroughput pause{window_excluded_s};
     fire(Event::EvalStart);
-    model->eval();
+    const std::int64_t n = test_set->size();
     double loss_sum = 0.0;
     std::int64_t correct = 0;
-    const std::int64_t n = test_set->size();
-    {
-      at::NoGradGuard no_grad;
-      for (std::int64_t begin = 0; begin < n; begin += eval_batch) {
-        const std::int64_t len = std::min(eval_batch, n - begin);
-        Batch b = test_set->get(at::arange(begin, begin + len, at::kLong));
-        at::Tensor x = b.inputs.to(device), y = b.targets.to(device);
-        at::Tensor out = model->forward(x);
-        loss_sum += at::cross_entropy_loss(out, y, {}, at::Reduction::Sum).item<double>();
-        correct += out.argmax(1).eq(y).sum().item<std::int64_t>();
+    std::vector<std::int64_t> tried;
+    std::int64_t batch = eval_batch;
+    model->eval();
+    for (std::int64_t attempt = 0;; ++attempt) {
+      // Every attempt starts from zero: a retried evaluation counts each sample once.
+      loss_sum = 0.0;
+      correct = 0;
+      try {
+        phase_ = "eval";
+        at::NoGradGuard no_grad;
+        for (std::int64_t begin = 0; begin < n; begin += batch) {
+          const std::int64_t len = std::min(batch, n - begin);
+          Batch b = test_set->get(at::arange(begin, begin + len, at::kLong));
+          at::Tensor x = b.inputs.to(device), y = b.targets.to(device);
+          at::Tensor out = model->forward(x);
+          loss_sum += at::cross_entropy_loss(out, y, {}, at::Reduction::Sum).item<double>();
+          correct += out.argmax(1).eq(y).sum().item<std::int64_t>();
+        }
+        break;
+      } catch (const std::exception& e) {
+        if (!is_out_of_memory(e)) {
+          model->train();
+          throw;
+        }
+        try {
+          batch = recover_from_oom(e, "eval", batch, n, attempt, tried);
+        } catch (...) {
+          model->train();
+          throw;
+        }
+        eval_batch = batch;  // later evaluations keep the size that worked
       }
     }
     model->train();
@@ -587,6 +775,10 @@ struct Trainer::Impl {
 
   void final_checkpoint() {
     if (!ckpt_at_end || !fit_started) return;
+    if (!params_consistent_) {
+      log->error("no final checkpoint: parameters may be inconsistent after an OOM inside the optimizer step");
+      return;
+    }
     if (!last_checkpoint.empty() && checkpoint_step_ == st.global_step) return;
     try {
       save_checkpoint(position_epoch, position_batch);
@@ -595,7 +787,12 @@ struct Trainer::Impl {
     }
   }
   std::int64_t checkpoint_step_ = -1;
-  bool fit_started = false;  ///< model, optimizer and resume state are in place
+  static constexpr std::int64_t kMaxOomAttempts = 64;  ///< per batch, whatever plugins ask
+  std::string phase_ = "setup";                        ///< what the loop is doing, for OOM reports
+  bool state_materialized_ = false;                    ///< optimizer state created before the first step
+  bool in_step_ = false;                               ///< inside optim->step() (past the reserve)
+  bool params_consistent_ = true;                      ///< false after an OOM inside the step proper
+  bool fit_started = false;                            ///< model, optimizer and resume state are in place
 
   RunResult fit() {
     RunResult r;
