@@ -66,6 +66,16 @@ inline std::vector<std::string> read_lines(const std::string& path) {
   return out;
 }
 
+/// The non-empty lines of a string.
+inline std::vector<std::string> read_lines_of(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty()) out.push_back(line);
+  }
+  return out;
+}
+
 /// The string value of "key":"value" in a flat JSON object line.
 inline std::string json_str(const std::string& line, const std::string& key) {
   const std::regex re("\"" + key + "\":\"([^\"]*)\"");

@@ -30,7 +30,8 @@ struct Control {
   std::string reason;
 
   bool any() const {
-    return stop_training || skip_step || retry_with_micro_batch || switch_device || request_checkpoint || request_eval;
+    return stop_training || skip_step || retry_with_micro_batch || micro_batch_size || switch_device ||
+           request_checkpoint || request_eval;
   }
 };
 

@@ -13,12 +13,12 @@ namespace trainer {
 /// allocator (installed by install_cpu_tracking_allocator), on CUDA from the caching
 /// allocator.
 struct MemoryStats {
-  std::int64_t allocated = 0;       ///< bytes held by live tensors
-  std::int64_t reserved = 0;        ///< bytes obtained from the system (CPU: allocated + headers)
-  std::int64_t peak_allocated = 0;  ///< highest `allocated` since the last reset_peak_memory
-  std::int64_t num_ooms = 0;        ///< allocations refused (budget or device)
-  std::int64_t num_alloc_retries = 0;  ///< CUDA: cudaMalloc retries after freeing cache; CPU: 0
-  std::int64_t limit = 0;           ///< the budget in bytes; 0 = none
+  std::int64_t allocated = 0;            ///< bytes held by live tensors
+  std::int64_t reserved = 0;             ///< bytes obtained from the system (CPU: allocated + headers)
+  std::int64_t peak_allocated = 0;       ///< highest `allocated` since the last reset_peak_memory
+  std::int64_t num_ooms = 0;             ///< allocations refused (budget or device)
+  std::int64_t num_alloc_retries = 0;    ///< CUDA: cudaMalloc retries after freeing cache; CPU: 0
+  std::int64_t limit = 0;                ///< the budget in bytes; 0 = none
   std::int64_t last_failed_request = 0;  ///< size of the last refused allocation
 };
 

@@ -42,6 +42,11 @@ TRAINER_API Registry<ScheduleFactory>& schedule_registry();
 /// without this. Returns false for optimizers it does not know (their state stays lazy).
 TRAINER_API bool materialize_optimizer_state(torch::optim::Optimizer& opt);
 
+/// How many parameter-sized temporaries one step of `opt` holds at once (its peak extra
+/// memory is that times the largest parameter): AdamW 2, SGD 0 to 2 depending on weight
+/// decay and Nesterov; 2 for optimizers it does not know.
+TRAINER_API int optimizer_step_temporaries(const torch::optim::Optimizer& opt);
+
 /// Sets the learning rate of every parameter group (SGD, Adam, AdamW, RMSprop, Adagrad).
 TRAINER_API void set_learning_rate(torch::optim::Optimizer& opt, double lr);
 /// Learning rate of the first parameter group.

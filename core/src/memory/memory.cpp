@@ -49,7 +49,8 @@ bool is_out_of_memory(const std::exception& e) {
   // Fallback: CUDA libraries (cuBLAS, cuDNN) report OOM as a plain c10::Error.
   if (dynamic_cast<const c10::Error*>(&e)) {
     const std::string msg = e.what();
-    return msg.find("out of memory") != std::string::npos || msg.find("CUBLAS_STATUS_ALLOC_FAILED") != std::string::npos ||
+    return msg.find("out of memory") != std::string::npos ||
+           msg.find("CUBLAS_STATUS_ALLOC_FAILED") != std::string::npos ||
            msg.find("CUDNN_STATUS_ALLOC_FAILED") != std::string::npos;
   }
   return false;
@@ -67,8 +68,11 @@ std::string format_bytes(std::int64_t bytes) {
   if (u == 0) {
     std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(bytes));
   } else {
-    std::snprintf(buf, sizeof buf, v >= 100 || v <= -100 ? "%.0f %s" : v >= 10 || v <= -10 ? "%.1f %s" : "%.2f %s", v,
-                  units[u]);
+    std::snprintf(buf, sizeof buf,
+                  v >= 100 || v <= -100 ? "%.0f %s"
+                  : v >= 10 || v <= -10 ? "%.1f %s"
+                                        : "%.2f %s",
+                  v, units[u]);
   }
   return buf;
 }

@@ -47,6 +47,20 @@ bool materialize_optimizer_state(torch::optim::Optimizer& opt) {
   return false;
 }
 
+int optimizer_step_temporaries(const torch::optim::Optimizer& opt) {
+  if (const auto* sgd = dynamic_cast<const torch::optim::SGD*>(&opt)) {
+    int most = 0;
+    for (const auto& group : sgd->param_groups()) {
+      const auto& o = static_cast<const torch::optim::SGDOptions&>(group.options());
+      // weight decay: d_p = d_p.add(p, wd); Nesterov: d_p = d_p.add(buf, m) while the first lives.
+      most = std::max(most, int(o.weight_decay() != 0) + int(o.nesterov()));
+    }
+    return most;
+  }
+  // AdamW: sqrt(exp_avg_sq) and its quotient live together; unknown optimizers: assume 2.
+  return 2;
+}
+
 double get_learning_rate(const torch::optim::Optimizer& opt) {
   TRAINER_ASSERT(!opt.param_groups().empty());
   return opt.param_groups().front().options().get_lr();

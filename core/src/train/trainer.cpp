@@ -277,7 +277,6 @@ struct Trainer::Impl {
     device = ctx.device;
     const double limit_mb = cfg.get<double>("memory.limit_mb");
     if (device.is_cpu()) {
-      install_cpu_tracking_allocator();
       set_memory_limit(device, static_cast<std::int64_t>(limit_mb * 1024.0 * 1024.0));
       if (limit_mb > 0)
         log->info("memory budget: {} on {}", format_bytes(std::int64_t(limit_mb * 1048576.0)), device.str());
@@ -510,10 +509,12 @@ struct Trainer::Impl {
     }
     std::string sizes;
     for (auto t : tried) sizes += (sizes.empty() ? "" : " -> ") + std::to_string(t);
+    std::string why = c.retry_with_micro_batch ? " (retry limit reached)" : " (no plugin asked to retry)";
+    if (bus->subscribers(Event::OutOfMemory) == 0) why = " (no plugin handles OutOfMemory: load oom_backoff)";
+    std::string msg = info.message;
+    while (!msg.empty() && (msg.back() == '.' || msg.back() == '\n')) msg.pop_back();
     throw OomFailure(detail::str(
-        "out of memory in ", phase, " after ", tried.size(), " attempt(s) with micro-batches ", sizes,
-        c.retry_with_micro_batch ? " (retry limit reached)" : " (no plugin asked to retry: load oom_backoff)", ": ",
-        info.message,
+        "out of memory in ", phase, " after ", tried.size(), " attempt(s) with micro-batches ", sizes, why, ": ", msg,
         ". What to change: a smaller training.micro_batch_size (gradient accumulation keeps the effective batch), "
         "mixed precision, activation checkpointing, a smaller model, or a larger memory.limit_mb"));
   }
@@ -558,13 +559,12 @@ struct Trainer::Impl {
     return {loss_sum.item<double>(), skip};
   }
 
-  /// Bytes an optimizer step may allocate for temporaries: the built-in optimizers hold at
-  /// most two parameter-sized temporaries at once (SGD with Nesterov and weight decay,
-  /// AdamW's denominator), plus small scalars.
+  /// Bytes an optimizer step may allocate for temporaries: its parameter-sized temporaries
+  /// (optimizer_step_temporaries) times the largest parameter, plus 64 KiB for scalars.
   std::int64_t step_reserve_bytes() const {
     std::int64_t largest = 0;
     for (const auto& p : model->parameters()) largest = std::max<std::int64_t>(largest, p.nbytes());
-    return 2 * largest + (64 << 10);
+    return optimizer_step_temporaries(*optim) * largest + (64 << 10);
   }
 
   /// The optimizer step, made atomic against OOM: state is materialised up front and the
@@ -798,6 +798,7 @@ struct Trainer::Impl {
     RunResult r;
     SignalScope signals(opts.handle_signals);
     log = default_logger();
+    install_cpu_tracking_allocator();  // counts from the start; the budget comes with the device
     std::exception_ptr failure;
     bool interrupted = false;
     try {

@@ -1,0 +1,66 @@
+// memory_log: where the memory went. Logs allocated / reserved / peak at the milestones of a
+// run (and every N steps if asked) as log lines and as memory/* metrics, and prints a
+// summary at FitEnd.
+#include <spdlog/spdlog.h>
+
+#include "trainer/memory.h"
+#include "trainer/plugin.h"
+
+namespace {
+
+class MemoryLogPlugin final : public trainer::Plugin {
+ public:
+  std::string name() const override { return "memory_log"; }
+  std::string version() const override { return "0.1.0"; }
+  std::string description() const override { return "Logs allocated/reserved/peak memory as log lines and metrics"; }
+  std::vector<trainer::Event> events() const override {
+    using E = trainer::Event;
+    return {E::Init,        E::ModelToDevice, E::OptimizerCreated, E::EpochStart,
+            E::OutOfMemory, E::BatchEnd,      E::FitEnd};
+  }
+  std::vector<trainer::KeySpec> config_keys() const override {
+    using T = trainer::ValueType;
+    return {trainer::KeySpec("every_steps", T::Int, "Also log every N optimizer steps; 0 = only at milestones")
+                .def(std::int64_t{0})
+                .min(0)};
+  }
+  void configure(const trainer::Config& section, std::shared_ptr<spdlog::logger> logger) override {
+    Plugin::configure(section, std::move(logger));
+    every_ = section.get<std::int64_t>("every_steps");
+  }
+
+  void on_event(trainer::EventContext& ctx, trainer::Control&) override {
+    if (!ctx.device.is_cpu()) return;  // the CUDA memory backend is not in this build
+    const trainer::Event e = ctx.event;
+    if (e == trainer::Event::BatchEnd && (every_ == 0 || ctx.state.global_step % every_ != 0)) return;
+    const trainer::MemoryStats s = trainer::memory_stats(ctx.device);
+    max_peak_ = std::max(max_peak_, s.peak_allocated);
+    if (e == trainer::Event::FitEnd) {
+      logger_->info("memory summary ({}): peak {} allocated, {} now, {} out-of-memory errors, budget {}",
+                    ctx.device.str(), trainer::format_bytes(max_peak_), trainer::format_bytes(s.allocated), s.num_ooms,
+                    s.limit > 0 ? trainer::format_bytes(s.limit) : std::string("none"));
+    } else if (e == trainer::Event::OutOfMemory && ctx.oom) {
+      logger_->warn("memory at OutOfMemory ({}, micro-batch {}): {} allocated, {} requested, budget {}",
+                    ctx.oom->phase, ctx.oom->micro_batch_size, trainer::format_bytes(s.allocated),
+                    trainer::format_bytes(ctx.oom->requested_bytes),
+                    s.limit > 0 ? trainer::format_bytes(s.limit) : std::string("none"));
+    } else {
+      logger_->info("memory at {}: {} allocated, {} reserved, {} peak", trainer::event_name(e),
+                    trainer::format_bytes(s.allocated), trainer::format_bytes(s.reserved),
+                    trainer::format_bytes(s.peak_allocated));
+    }
+    constexpr double kMiB = 1024.0 * 1024.0;
+    ctx.metrics->log(ctx.state.global_step, {{"memory/allocated_mb", double(s.allocated) / kMiB},
+                                             {"memory/reserved_mb", double(s.reserved) / kMiB},
+                                             {"memory/peak_mb", double(s.peak_allocated) / kMiB},
+                                             {"memory/num_ooms", double(s.num_ooms)}});
+  }
+
+ private:
+  std::int64_t every_ = 0;
+  std::int64_t max_peak_ = 0;
+};
+
+}  // namespace
+
+TRAINER_PLUGIN(MemoryLogPlugin)

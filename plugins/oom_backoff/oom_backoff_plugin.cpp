@@ -1,0 +1,123 @@
+// oom_backoff: the policy half of OOM recovery. The core drops a failed attempt and fires
+// OutOfMemory; this plugin answers with a smaller micro-batch (the core re-runs the same
+// samples as more micro-batches), and after enough clean steps grows the micro-batch back
+// toward the configured size, remembering where it failed so it does not thrash.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "trainer/plugin.h"
+
+namespace {
+
+class OomBackoffPlugin final : public trainer::Plugin {
+ public:
+  std::string name() const override { return "oom_backoff"; }
+  std::string version() const override { return "0.1.0"; }
+  std::string description() const override {
+    return "On out-of-memory, retry the same batch with a smaller micro-batch; grow back after clean steps";
+  }
+  std::vector<trainer::Event> events() const override {
+    using E = trainer::Event;
+    return {E::FitStart, E::BatchStart, E::AfterOptimizerStep, E::OutOfMemory, E::FitEnd};
+  }
+  std::vector<trainer::KeySpec> config_keys() const override {
+    using T = trainer::ValueType;
+    return {
+        trainer::KeySpec("factor", T::Float, "Micro-batch multiplier after an OOM").def(0.5).min(0, false).max(1, false),
+        trainer::KeySpec("min_micro_batch", T::Int, "Give up below this micro-batch").def(std::int64_t{1}).min(1),
+        trainer::KeySpec("max_retries", T::Int, "Retries of one batch before giving up").def(std::int64_t{8}).min(0),
+        trainer::KeySpec("grow_after", T::Int, "Clean steps before trying a micro-batch twice as large; 0 = never")
+            .def(std::int64_t{50})
+            .min(0),
+        trainer::KeySpec("eval", T::Bool, "Also retry evaluation with a smaller eval batch").def(true)};
+  }
+  void configure(const trainer::Config& section, std::shared_ptr<spdlog::logger> logger) override {
+    Plugin::configure(section, std::move(logger));
+    factor_ = section.get<double>("factor");
+    min_micro_ = section.get<std::int64_t>("min_micro_batch");
+    max_retries_ = section.get<std::int64_t>("max_retries");
+    grow_after_ = section.get<std::int64_t>("grow_after");
+    eval_ = section.get<bool>("eval");
+  }
+
+  void on_event(trainer::EventContext& ctx, trainer::Control& control) override {
+    switch (ctx.event) {
+      case trainer::Event::FitStart: {
+        const auto batch = ctx.config->get<std::int64_t>("training.batch_size");
+        const auto micro = ctx.config->get<std::int64_t>("training.micro_batch_size");
+        configured_ = micro > 0 ? std::min(micro, batch) : batch;
+        patience_ = grow_after_;
+        break;
+      }
+      case trainer::Event::AfterOptimizerStep:
+        ++clean_steps_;
+        break;
+      case trainer::Event::BatchStart:
+        maybe_grow(ctx, control);
+        break;
+      case trainer::Event::OutOfMemory:
+        on_oom(ctx, control);
+        break;
+      case trainer::Event::FitEnd:
+        if (ooms_ > 0) {
+          logger_->info("oom_backoff: {} out-of-memory error(s) recovered; micro-batch now {} (configured {})", ooms_,
+                        ctx.state.micro_batch_size, configured_);
+        }
+        break;
+      default:
+        break;
+    }
+  }
+
+ private:
+  void on_oom(trainer::EventContext& ctx, trainer::Control& control) {
+    const trainer::OomInfo& oom = *ctx.oom;
+    ++ooms_;
+    if (oom.phase == "checkpoint") return;  // the core retries a checkpoint once by itself
+    const bool eval = oom.phase == "eval";
+    if (eval && !eval_) return;
+    if (oom.attempt >= max_retries_) {
+      logger_->error("oom_backoff: giving up on this batch after {} retries (plugins.oom_backoff.max_retries)",
+                     oom.attempt);
+      return;
+    }
+    const std::int64_t floor = eval ? 1 : min_micro_;
+    const auto next = std::max<std::int64_t>(floor, static_cast<std::int64_t>(double(oom.micro_batch_size) * factor_));
+    if (next >= oom.micro_batch_size) {
+      logger_->error("oom_backoff: already at the minimum micro-batch {} (plugins.oom_backoff.min_micro_batch)",
+                     oom.micro_batch_size);
+      return;
+    }
+    control.retry_with_micro_batch = next;
+    control.reason = "oom_backoff: " + std::to_string(oom.micro_batch_size) + " x " + std::to_string(factor_);
+    if (!eval) {
+      // A failure right after growing means the larger size does not fit (yet): wait twice
+      // as long before the next attempt instead of failing every few steps.
+      if (grew_) patience_ = std::max<std::int64_t>(patience_ * 2, grow_after_);
+      grew_ = false;
+      clean_steps_ = 0;
+    }
+  }
+
+  void maybe_grow(trainer::EventContext& ctx, trainer::Control& control) {
+    const std::int64_t current = ctx.state.micro_batch_size;
+    if (grow_after_ == 0 || current >= configured_ || clean_steps_ < patience_) return;
+    const std::int64_t next = std::min(current * 2, configured_);
+    control.micro_batch_size = next;
+    control.reason = "oom_backoff: " + std::to_string(clean_steps_) + " clean steps, growing back";
+    grew_ = true;
+    clean_steps_ = 0;
+  }
+
+  double factor_ = 0.5;
+  std::int64_t min_micro_ = 1, max_retries_ = 8, grow_after_ = 50;
+  bool eval_ = true;
+  std::int64_t configured_ = 0;
+  std::int64_t clean_steps_ = 0, patience_ = 50, ooms_ = 0;
+  bool grew_ = false;
+};
+
+}  // namespace
+
+TRAINER_PLUGIN(OomBackoffPlugin)

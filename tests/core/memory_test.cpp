@@ -1,0 +1,111 @@
+// The memory API: tracking allocator, budget, stats, monitor, OOM detection.
+#include "trainer/memory.h"
+
+#include <c10/util/Exception.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "trainer/model.h"
+#include "trainer/optim.h"
+
+namespace trainer {
+namespace {
+
+const c10::Device kCpu(c10::kCPU);
+
+class Memory : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    install_cpu_tracking_allocator();
+    set_memory_limit(kCpu, 0);
+  }
+  void TearDown() override { set_memory_limit(kCpu, 0); }
+};
+
+TEST_F(Memory, CountsEveryTensorByteAndPeak) {
+  const auto before = memory_stats(kCpu);
+  MemoryMonitor mon(kCpu);
+  {
+    auto t = torch::empty({1000}, torch::kFloat);
+    EXPECT_EQ(memory_stats(kCpu).allocated - before.allocated, 4000);
+  }
+  EXPECT_EQ(mon.delta(), 0);
+  EXPECT_EQ(mon.peak_delta(), 4000);
+  EXPECT_GE(memory_stats(kCpu).reserved, memory_stats(kCpu).allocated);
+}
+
+TEST_F(Memory, BudgetRaisesARealOutOfMemoryError) {
+  const auto base = memory_stats(kCpu);
+  set_memory_limit(kCpu, base.allocated + (1 << 20));
+  auto fits = torch::empty({(1 << 20) / 8}, torch::kFloat);  // 512 KiB
+  try {
+    auto too_big = torch::empty({1 << 20}, torch::kFloat);  // 4 MiB
+    FAIL() << "expected an OOM";
+  } catch (const c10::OutOfMemoryError& e) {
+    const std::string msg = e.what_without_backtrace();
+    EXPECT_NE(msg.find("CPU out of memory: tried to allocate 4.00 MiB"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("budget (memory.limit_mb)"), std::string::npos) << msg;
+    EXPECT_TRUE(is_out_of_memory(e));
+  }
+  const auto after = memory_stats(kCpu);
+  EXPECT_EQ(after.num_ooms, base.num_ooms + 1);
+  EXPECT_EQ(after.last_failed_request, 4 << 20);
+  EXPECT_EQ(after.allocated, base.allocated + (1 << 19));  // the refused bytes are not counted
+}
+
+TEST_F(Memory, OomInsideBackwardIsCaughtByType) {
+  auto w = torch::randn({256, 256}, torch::requires_grad());
+  auto loss = torch::mm(torch::randn({512, 256}), w).relu().sum();
+  set_memory_limit(kCpu, memory_stats(kCpu).allocated + 1024);
+  EXPECT_THROW(loss.backward(), c10::OutOfMemoryError);
+}
+
+TEST_F(Memory, MessageFallbackOnlyForPlainOutOfMemoryErrors) {
+  EXPECT_TRUE(is_out_of_memory(c10::Error({"f", "file", 1}, "CUDA error: out of memory")));
+  EXPECT_FALSE(is_out_of_memory(c10::Error({"f", "file", 1}, "shape mismatch")));
+  EXPECT_FALSE(is_out_of_memory(std::runtime_error("out of memory")));  // not from LibTorch
+}
+
+TEST_F(Memory, FormatsBytes) {
+  EXPECT_EQ(format_bytes(512), "512 B");
+  EXPECT_EQ(format_bytes(3 * 1024), "3.00 KiB");
+  EXPECT_EQ(format_bytes(12 * 1024 * 1024 + 512 * 1024), "12.5 MiB");
+}
+
+TEST_F(Memory, ModelsLoadOnceAndMoveOnce) {
+  const DataSpec spec{{1, 28, 28}, 10};
+  MemoryMonitor build(kCpu);
+  auto model = model_registry().get("mlp").factory(Config::parse("hidden = [512, 256]\ndropout = 0.0"), spec);
+  model->to(kCpu);
+  std::int64_t param_bytes = 0;
+  for (const auto& p : model->parameters()) param_bytes += p.nbytes();
+  EXPECT_LE(double(build.peak_delta()), 1.05 * double(param_bytes));
+  MemoryMonitor second(kCpu);
+  model->to(kCpu);
+  EXPECT_EQ(second.peak_delta(), 0);  // a second move allocates nothing
+}
+
+TEST_F(Memory, MaterialisedOptimizerStateGivesTheSameFirstStep) {
+  for (const char* opt : {"adamw", "sgd"}) {
+    SCOPED_TRACE(opt);
+    const Config cfg = std::string(opt) == "adamw"
+                           ? Config::parse("lr = 0.1\nbetas = [0.9, 0.999]\neps = 1e-8\nweight_decay = 0.01")
+                           : Config::parse("lr = 0.1\nmomentum = 0.9\nnesterov = true\nweight_decay = 0.01");
+    torch::manual_seed(3);
+    auto a = torch::randn({4, 3}, torch::requires_grad());
+    auto b = a.detach().clone().requires_grad_(true);
+    auto lazy = optimizer_registry().get(opt).factory(cfg, {a});
+    auto eager = optimizer_registry().get(opt).factory(cfg, {b});
+    ASSERT_TRUE(materialize_optimizer_state(*eager));
+    for (int step = 0; step < 3; ++step) {
+      a.mutable_grad() = torch::full({4, 3}, 0.5 + step);
+      b.mutable_grad() = torch::full({4, 3}, 0.5 + step);
+      lazy->step();
+      eager->step();
+      EXPECT_TRUE(torch::equal(a, b)) << "step " << step;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace trainer

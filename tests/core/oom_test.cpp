@@ -1,0 +1,367 @@
+// Out-of-memory recovery end to end, on CPU, through the memory budget: every OOM here is a
+// real allocation refused by the tracking allocator, recovered by the core and the real
+// oom_backoff .so (or an in-process policy where the test needs exact control).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <set>
+
+#include "support/test_util.h"
+#include "trainer/memory.h"
+#include "trainer/trainer.h"
+
+namespace trainer {
+namespace {
+
+using testing::read_file;
+using testing::write_file;
+
+const c10::Device kCpu(c10::kCPU);
+
+// A small CNN without BatchNorm (so accumulation is exact) whose activations dominate its
+// parameters: micro-batch size really changes the memory a step needs.
+constexpr const char* kRecipe = R"(
+[run]
+seed = 11
+[model]
+name = "cnn"
+channels = [8, 16]
+hidden = 32
+batch_norm = false
+dropout = 0.0
+[dataset]
+name = "synthetic"
+size = 256
+eval_size = 64
+[training]
+epochs = 1
+batch_size = 64
+micro_batch_size = 64
+log_every = 1
+[optim]
+name = "sgd"
+lr = 0.05
+[eval]
+every_epochs = 0
+[metrics]
+console = false
+[plugins]
+load = ["oom_backoff", "recording"]
+)";
+
+/// Makes the next allocation after `event` fail: sets the budget to what is in use plus
+/// 1 KiB, for the steps in `steps` (first attempt only), and lifts it when OutOfMemory fires.
+/// Optionally acts as the policy itself: retry with half the micro-batch (restoring the
+/// configured size at the next batch), or with the same size.
+class Squeeze final : public Plugin {
+ public:
+  enum class Policy { None, Half, Same };
+  Squeeze(Event at, std::set<std::int64_t> steps, Policy policy = Policy::None)
+      : at_(at), steps_(std::move(steps)), policy_(policy) {}
+  std::string name() const override { return "squeeze"; }
+  std::vector<Event> events() const override {
+    return {at_, Event::OutOfMemory, Event::BatchStart, Event::BatchEnd, Event::EvalEnd, Event::FitEnd};
+  }
+  int default_priority() const override { return -10; }  // before oom_backoff
+  void on_event(EventContext& ctx, Control& c) override {
+    if (ctx.event == Event::OutOfMemory) {
+      set_memory_limit(kCpu, 0);
+      phases.push_back(ctx.oom->phase);
+      if (policy_ == Policy::Half) c.retry_with_micro_batch = std::max<std::int64_t>(1, ctx.oom->micro_batch_size / 2);
+      if (policy_ == Policy::Same) c.retry_with_micro_batch = ctx.oom->micro_batch_size;
+      return;
+    }
+    if (ctx.event == Event::BatchStart) {
+      attempted_this_batch_ = false;
+      if (policy_ == Policy::Half && configured_ > 0) c.micro_batch_size = configured_;
+      if (configured_ == 0) configured_ = ctx.state.micro_batch_size;
+    }
+    if (ctx.event == Event::BatchEnd) allocated_at_batch_end.push_back(memory_stats(kCpu).allocated);
+    const bool per_micro = at_ == Event::BeforeForward || at_ == Event::BeforeBackward;
+    if (ctx.event == at_ && !attempted_this_batch_ && steps_.count(ctx.state.global_step) &&
+        (!per_micro || ctx.state.micro_batch_index == 0)) {
+      attempted_this_batch_ = true;
+      set_memory_limit(kCpu, memory_stats(kCpu).allocated + 1024);
+    }
+  }
+  std::vector<std::string> phases;
+  std::vector<std::int64_t> allocated_at_batch_end;
+
+ private:
+  Event at_;
+  std::set<std::int64_t> steps_;
+  Policy policy_;
+  bool attempted_this_batch_ = false;
+  std::int64_t configured_ = 0;
+};
+
+/// Records which dataset indices contributed to committed optimizer steps.
+class SampleLedger final : public Plugin {
+ public:
+  std::string name() const override { return "ledger"; }
+  std::vector<Event> events() const override {
+    return {Event::BatchStart, Event::AfterBackward, Event::OutOfMemory, Event::AfterOptimizerStep};
+  }
+  void on_event(EventContext& ctx, Control&) override {
+    switch (ctx.event) {
+      case Event::BatchStart:
+      case Event::OutOfMemory:
+        pending_.clear();  // a failed attempt contributes nothing
+        break;
+      case Event::AfterBackward: {
+        const at::Tensor idx = *ctx.indices;
+        for (std::int64_t i = 0; i < idx.size(0); ++i) pending_.push_back(idx[i].item<std::int64_t>());
+        break;
+      }
+      case Event::AfterOptimizerStep:
+        committed.insert(committed.end(), pending_.begin(), pending_.end());
+        pending_.clear();
+        break;
+      default:
+        break;
+    }
+  }
+  std::vector<std::int64_t> committed;
+
+ private:
+  std::vector<std::int64_t> pending_;
+};
+
+/// Snapshots the parameters at BeforeOptimizerStep and compares them at OutOfMemory.
+class StepGuardProbe final : public Plugin {
+ public:
+  std::string name() const override { return "step_probe"; }
+  std::vector<Event> events() const override { return {Event::BeforeOptimizerStep, Event::OutOfMemory}; }
+  int default_priority() const override { return -20; }
+  void on_event(EventContext& ctx, Control&) override {
+    if (ctx.event == Event::BeforeOptimizerStep) {
+      before_.clear();
+      for (const auto& p : ctx.model->parameters()) before_.push_back(p.detach().clone());
+      return;
+    }
+    if (ctx.oom->phase != "optimizer_step") return;
+    ++checked;
+    std::size_t i = 0;
+    for (const auto& p : ctx.model->parameters()) identical = identical && torch::equal(p, before_.at(i++));
+  }
+  int checked = 0;
+  bool identical = true;
+
+ private:
+  std::vector<at::Tensor> before_;
+};
+
+class Oom : public testing::TrainerTest {
+ protected:
+  void TearDown() override { set_memory_limit(kCpu, 0); }
+  RunResult run(const std::string& name, std::vector<std::string> overrides,
+                std::vector<std::shared_ptr<Plugin>> extra = {}) {
+    write_file(tmp_ / "recipe.toml", recipe_);
+    PreparedRun p = prepare_run(tmp_ / "recipe.toml", overrides, {TRAINER_TEST_PLUGIN_DIR});
+    TrainerOptions o;
+    o.config = p.config;
+    o.plugins = p.plugins;
+    for (auto& e : extra) o.plugins.push_back(e);
+    o.run_dir = tmp_ / name;
+    o.log_level = "error";
+    Trainer t(std::move(o));
+    RunResult r = t.fit();
+    params_.clear();
+    if (t.model()) {
+      for (const auto& p : t.model()->parameters()) params_.push_back(p.detach().clone());
+    }
+    return r;
+  }
+  void expect_params_close(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+    ASSERT_EQ(a.size(), b.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      EXPECT_TRUE(torch::allclose(a[i], b[i], 1e-5, 1e-6))
+          << "param " << i << " max diff " << (a[i] - b[i]).abs().max().item<double>();
+    }
+  }
+  std::string recipe_ = kRecipe;
+  std::vector<at::Tensor> params_;
+};
+
+TEST_F(Oom, RecoversInEveryTrainingPhaseWithTheSameResult) {
+  ASSERT_EQ(run("clean", {}).exit_code, kExitOk);
+  const auto reference = params_;
+  const std::vector<std::pair<Event, std::string>> phases = {{Event::BatchStart, "data"},
+                                                             {Event::BeforeForward, "forward"},
+                                                             {Event::BeforeBackward, "backward"},
+                                                             {Event::BeforeOptimizerStep, "optimizer_step"}};
+  for (const auto& [event, phase] : phases) {
+    SCOPED_TRACE(phase);
+    auto squeeze = std::make_shared<Squeeze>(event, std::set<std::int64_t>{1, 2});
+    const RunResult r = run(phase, {}, {squeeze});
+    ASSERT_EQ(r.exit_code, kExitOk) << r.message;
+    EXPECT_EQ(r.global_step, 4);
+    EXPECT_EQ(squeeze->phases, (std::vector<std::string>{phase, phase}));
+    expect_params_close(params_, reference);
+  }
+}
+
+TEST_F(Oom, EverySampleContributesExactlyOncePerEpoch) {
+  auto ledger = std::make_shared<SampleLedger>();
+  auto squeeze = std::make_shared<Squeeze>(Event::BeforeBackward, std::set<std::int64_t>{0, 1, 2, 3});
+  ASSERT_EQ(run("run", {"training.epochs=2"}, {squeeze, ledger}).exit_code, kExitOk);
+  ASSERT_EQ(ledger->committed.size(), 512u);
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    std::vector<std::int64_t> seen(ledger->committed.begin() + epoch * 256, ledger->committed.begin() + (epoch + 1) * 256);
+    std::sort(seen.begin(), seen.end());
+    for (std::int64_t i = 0; i < 256; ++i) ASSERT_EQ(seen[i], i) << "epoch " << epoch;
+  }
+}
+
+TEST_F(Oom, OptimizerStepOomLeavesParametersBitIdentical) {
+  ASSERT_EQ(run("clean", {"optim.name=adamw"}).exit_code, kExitOk);
+  const auto reference = params_;
+  // Retrying at the same micro-batch size repeats the exact computation, so any change the
+  // failed step made to parameters or AdamW's state would show in the final parameters.
+  auto squeeze = std::make_shared<Squeeze>(Event::BeforeOptimizerStep, std::set<std::int64_t>{0, 2},
+                                           Squeeze::Policy::Same);
+  auto probe = std::make_shared<StepGuardProbe>();
+  const RunResult r = run("oom", {"optim.name=adamw", "plugins.load=[\"recording\"]"}, {squeeze, probe});
+  ASSERT_EQ(r.exit_code, kExitOk) << r.message;
+  EXPECT_EQ(probe->checked, 2);
+  EXPECT_TRUE(probe->identical);
+  ASSERT_EQ(params_.size(), reference.size());
+  for (std::size_t i = 0; i < params_.size(); ++i) EXPECT_TRUE(torch::equal(params_[i], reference[i])) << i;
+}
+
+TEST_F(Oom, AllocatedMemoryReturnsToTheBaselineAfter20Recoveries) {
+  recipe_ = std::string(kRecipe);
+  const std::string size = "size = 256";
+  recipe_.replace(recipe_.find(size), size.size(), "size = 1344");  // 21 steps
+  auto clean = std::make_shared<Squeeze>(Event::BeforeForward, std::set<std::int64_t>{}, Squeeze::Policy::Half);
+  ASSERT_EQ(run("clean", {}, {clean}).exit_code, kExitOk);
+  std::set<std::int64_t> steps;
+  for (std::int64_t s = 1; s <= 20; ++s) steps.insert(s);
+  auto squeeze = std::make_shared<Squeeze>(Event::BeforeForward, steps, Squeeze::Policy::Half);
+  const RunResult r = run("oom", {}, {squeeze});
+  ASSERT_EQ(r.exit_code, kExitOk) << r.message;
+  EXPECT_EQ(squeeze->phases.size(), 20u);
+  ASSERT_EQ(squeeze->allocated_at_batch_end.size(), 21u);
+  // Step 0 had no OOM; after each of the 20 recoveries the memory in use is back exactly there.
+  for (std::size_t s = 1; s < 21; ++s) EXPECT_EQ(squeeze->allocated_at_batch_end[s], squeeze->allocated_at_batch_end[0]) << s;
+  EXPECT_EQ(clean->allocated_at_batch_end.size(), 21u);
+}
+
+/// Keeps micro-batches above 16 from fitting until step `until`, then "frees" the memory.
+class TightUntil final : public Plugin {
+ public:
+  explicit TightUntil(std::int64_t until) : until_(until) {}
+  std::string name() const override { return "tight_until"; }
+  std::vector<Event> events() const override { return {Event::BeforeForward, Event::OutOfMemory, Event::BatchStart}; }
+  int default_priority() const override { return -10; }
+  void on_event(EventContext& ctx, Control&) override {
+    if (ctx.event == Event::BatchStart) micro_at_start.push_back(ctx.state.micro_batch_size);
+    if (ctx.event == Event::OutOfMemory) set_memory_limit(kCpu, 0);
+    if (ctx.event == Event::BeforeForward && ctx.state.global_step < until_ && ctx.state.micro_batch_size > 16 &&
+        ctx.state.micro_batch_index == 0) {
+      set_memory_limit(kCpu, memory_stats(kCpu).allocated + 1024);
+    }
+  }
+  std::vector<std::int64_t> micro_at_start;
+
+ private:
+  std::int64_t until_;
+};
+
+TEST_F(Oom, GrowsBackToTheConfiguredMicroBatchOnceMemoryFreesUp) {
+  auto tight = std::make_shared<TightUntil>(6);
+  const RunResult r = run("run", {"dataset.size=1024", "+plugins.oom_backoff.grow_after=2"}, {tight});
+  ASSERT_EQ(r.exit_code, kExitOk) << r.message;
+  ASSERT_EQ(tight->micro_at_start.size(), 16u);
+  EXPECT_EQ(tight->micro_at_start[1], 16);        // backed off 64 -> 32 -> 16
+  EXPECT_EQ(tight->micro_at_start.back(), 64);    // and grew back to the configured size
+}
+
+TEST_F(Oom, GivesUpCleanlyAtTheMinimumMicroBatch) {
+  // Re-arms the budget before every forward from step 1 on, so that no micro-batch fits.
+  class Always final : public Plugin {
+   public:
+    std::string name() const override { return "always"; }
+    std::vector<Event> events() const override { return {Event::BeforeForward}; }
+    void on_event(EventContext& ctx, Control&) override {
+      if (ctx.state.global_step >= 1) set_memory_limit(kCpu, memory_stats(kCpu).allocated + 1024);
+    }
+  };
+  const RunResult r = run("run", {"+plugins.oom_backoff.min_micro_batch=16"}, {std::make_shared<Always>()});
+  EXPECT_EQ(r.exit_code, kExitTrainingFailed);
+  EXPECT_EQ(r.status, "FAILED");
+  EXPECT_NE(r.message.find("out of memory in forward after 3 attempt(s) with micro-batches 64 -> 32 -> 16"),
+            std::string::npos) << r.message;
+  EXPECT_NE(r.message.find("What to change"), std::string::npos) << r.message;
+  EXPECT_NE(r.last_checkpoint.find("step_00000001.pt"), std::string::npos) << r.last_checkpoint;
+  EXPECT_NE(read_file(tmp_ / "run/status.json").find("\"status\":\"FAILED\""), std::string::npos);
+}
+
+/// Sets a budget nothing fits in before the forward of step 1, and nothing else.
+class TightAtStep1 final : public Plugin {
+ public:
+  std::string name() const override { return "tight_at_step_1"; }
+  std::vector<Event> events() const override { return {Event::BeforeForward}; }
+  void on_event(EventContext& ctx, Control&) override {
+    if (ctx.state.global_step == 1) set_memory_limit(kCpu, memory_stats(kCpu).allocated + 1024);
+  }
+};
+
+TEST_F(Oom, WithoutAPolicyTheRunFailsAndSaysWhatToLoad) {
+  const RunResult r = run("run", {"plugins.load=[\"recording\"]"}, {std::make_shared<TightAtStep1>()});
+  EXPECT_EQ(r.exit_code, kExitTrainingFailed);
+  EXPECT_NE(r.message.find("load oom_backoff"), std::string::npos) << r.message;
+}
+
+/// A test split whose second batch of the first evaluation runs out of memory for real.
+class FlakyEvalData final : public Dataset {
+ public:
+  explicit FlakyEvalData(std::shared_ptr<Dataset> base) : base_(std::move(base)) {}
+  std::int64_t size() const override { return base_->size(); }
+  DataSpec spec() const override { return base_->spec(); }
+  Batch get(const at::Tensor& idx) const override {
+    if (++calls_ == 2) {
+      set_memory_limit(kCpu, memory_stats(kCpu).allocated + 1024);
+      try {
+        auto big = at::empty({1 << 20}, at::kFloat);
+      } catch (...) {
+        set_memory_limit(kCpu, 0);
+        throw;
+      }
+    }
+    return base_->get(idx);
+  }
+
+ private:
+  std::shared_ptr<Dataset> base_;
+  mutable int calls_ = 0;
+};
+
+TEST_F(Oom, EvalOomRetriesWithoutDoubleCounting) {
+  auto synthetic = dataset_registry().get("synthetic");
+  dataset_registry().add(
+      "flaky_eval",
+      [synthetic](const Config& c, Split split) -> std::shared_ptr<Dataset> {
+        auto ds = synthetic.factory(c, split);
+        return split == Split::Test ? std::make_shared<FlakyEvalData>(ds) : ds;
+      },
+      synthetic.keys);
+  const std::vector<std::string> eval = {"eval.every_epochs=1", "eval.batch_size=24"};
+  ASSERT_EQ(run("clean", eval).exit_code, kExitOk);
+  const auto clean = read_file(tmp_ / "clean/events.jsonl");
+  auto with = eval;
+  with.push_back("dataset.name=flaky_eval");
+  const RunResult r = run("oom", with);
+  ASSERT_EQ(r.exit_code, kExitOk) << r.message;
+  const auto metric = [](const std::string& events, const std::string& key) {
+    for (const auto& line : testing::read_lines_of(events)) {
+      if (testing::json_str(line, "event") == "EvalEnd") return *testing::json_num(line, key);
+    }
+    return -1.0;
+  };
+  EXPECT_EQ(metric(read_file(tmp_ / "oom/events.jsonl"), "eval/accuracy"), metric(clean, "eval/accuracy"));
+  EXPECT_NEAR(metric(read_file(tmp_ / "oom/events.jsonl"), "eval/loss"), metric(clean, "eval/loss"), 1e-6);
+}
+
+}  // namespace
+}  // namespace trainer
