@@ -15,8 +15,7 @@ class MemoryLogPlugin final : public trainer::Plugin {
   std::string description() const override { return "Logs allocated/reserved/peak memory as log lines and metrics"; }
   std::vector<trainer::Event> events() const override {
     using E = trainer::Event;
-    return {E::Init,        E::ModelToDevice, E::OptimizerCreated, E::EpochStart,
-            E::OutOfMemory, E::BatchEnd,      E::FitEnd};
+    return {E::Init, E::ModelToDevice, E::OptimizerCreated, E::EpochStart, E::OutOfMemory, E::BatchEnd, E::FitEnd};
   }
   std::vector<trainer::KeySpec> config_keys() const override {
     using T = trainer::ValueType;
@@ -40,8 +39,8 @@ class MemoryLogPlugin final : public trainer::Plugin {
                     ctx.device.str(), trainer::format_bytes(max_peak_), trainer::format_bytes(s.allocated), s.num_ooms,
                     s.limit > 0 ? trainer::format_bytes(s.limit) : std::string("none"));
     } else if (e == trainer::Event::OutOfMemory && ctx.oom) {
-      logger_->warn("memory at OutOfMemory ({}, micro-batch {}): {} allocated, {} requested, budget {}",
-                    ctx.oom->phase, ctx.oom->micro_batch_size, trainer::format_bytes(s.allocated),
+      logger_->warn("memory at OutOfMemory ({}, micro-batch {}): {} allocated, {} requested, budget {}", ctx.oom->phase,
+                    ctx.oom->micro_batch_size, trainer::format_bytes(s.allocated),
                     trainer::format_bytes(ctx.oom->requested_bytes),
                     s.limit > 0 ? trainer::format_bytes(s.limit) : std::string("none"));
     } else {

@@ -24,7 +24,10 @@ class OomBackoffPlugin final : public trainer::Plugin {
   std::vector<trainer::KeySpec> config_keys() const override {
     using T = trainer::ValueType;
     return {
-        trainer::KeySpec("factor", T::Float, "Micro-batch multiplier after an OOM").def(0.5).min(0, false).max(1, false),
+        trainer::KeySpec("factor", T::Float, "Micro-batch multiplier after an OOM")
+            .def(0.5)
+            .min(0, false)
+            .max(1, false),
         trainer::KeySpec("min_micro_batch", T::Int, "Give up below this micro-batch").def(std::int64_t{1}).min(1),
         trainer::KeySpec("max_retries", T::Int, "Retries of one batch before giving up").def(std::int64_t{8}).min(0),
         trainer::KeySpec("grow_after", T::Int, "Clean steps before trying a micro-batch twice as large; 0 = never")

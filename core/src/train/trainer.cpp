@@ -509,8 +509,8 @@ struct Trainer::Impl {
     }
     std::string sizes;
     for (auto t : tried) sizes += (sizes.empty() ? "" : " -> ") + std::to_string(t);
-    std::string why = c.retry_with_micro_batch ? " (retry limit reached)" : " (no plugin asked to retry)";
-    if (bus->subscribers(Event::OutOfMemory) == 0) why = " (no plugin handles OutOfMemory: load oom_backoff)";
+    const std::string why = c.retry_with_micro_batch ? " (retry limit reached)"
+                                                     : " (no plugin asked to retry; the oom_backoff plugin does)";
     std::string msg = info.message;
     while (!msg.empty() && (msg.back() == '.' || msg.back() == '\n')) msg.pop_back();
     throw OomFailure(detail::str(
