@@ -7,6 +7,7 @@
 
 #include "trainer/error.h"
 #include "trainer/logging.h"
+#include "trainer/memory.h"
 #include "trainer/plugin_host.h"
 #include "trainer/recipe.h"
 #include "trainer/trainer.h"
@@ -19,6 +20,7 @@ const char* kUsage = R"(Usage:
   trainer --recipe FILE [OVERRIDE...]   train (see docs/recipes.md)
   trainer plugins [--recipe FILE] [--plugin-dir DIR]...
                                         list plugins found: version, events, config keys
+  trainer mem [--json]                  total / free / used memory per device, and this process's
 
 Overrides:
   a.b=value       change a key (value in TOML syntax; bare words are strings)
@@ -60,6 +62,25 @@ int list_plugins(const std::vector<std::string>& dirs) {
   return errors.empty() ? trainer::kExitOk : trainer::kExitUsage;
 }
 
+/// `trainer mem`: the host's memory and this process's; GPUs come with the device inventory.
+int show_memory(bool json) {
+  const trainer::HostMemory h = trainer::host_memory();
+  if (json) {
+    std::cout << "{\"devices\":[{\"device\":\"cpu\",\"total_bytes\":" << h.total << ",\"free_bytes\":" << h.available
+              << ",\"used_bytes\":" << (h.total - h.available) << ",\"process_rss_bytes\":" << h.process_rss
+              << ",\"process_peak_rss_bytes\":" << h.process_peak_rss << "}]}\n";
+    return trainer::kExitOk;
+  }
+  std::cout << "device  total       free        used        this process (rss / peak)\n";
+  auto col = [](std::int64_t b) {
+    std::string s = trainer::format_bytes(b);
+    return s + std::string(s.size() < 12 ? 12 - s.size() : 1, ' ');
+  };
+  std::cout << "cpu     " << col(h.total) << col(h.available) << col(h.total - h.available)
+            << trainer::format_bytes(h.process_rss) << " / " << trainer::format_bytes(h.process_peak_rss) << "\n";
+  return trainer::kExitOk;
+}
+
 int run(int argc, char** argv) {
   po::options_description opts("Options");
   opts.add_options()                                                                                          //
@@ -70,7 +91,8 @@ int run(int argc, char** argv) {
       ("run-dir", po::value<std::string>(), "run directory (default <run.dir>/<run.name>-<time>)")            //
       ("resume", po::value<std::string>(), "resume from a checkpoint file or run directory")                  //
       ("log-level", po::value<std::string>()->default_value("info"), "trace, debug, info, warn, error, off")  //
-      ("plugin-dir", po::value<std::vector<std::string>>(), "extra plugin directory (repeatable)");
+      ("plugin-dir", po::value<std::vector<std::string>>(), "extra plugin directory (repeatable)")            //
+      ("json", "trainer mem: print JSON");
   po::options_description hidden;
   hidden.add_options()("args", po::value<std::vector<std::string>>(), "");
   po::options_description all;
@@ -100,6 +122,13 @@ int run(int argc, char** argv) {
   std::vector<std::string> plugin_dirs =
       vm.count("plugin-dir") ? vm["plugin-dir"].as<std::vector<std::string>>() : std::vector<std::string>{};
 
+  if (!args.empty() && args.front() == "mem") {
+    if (args.size() > 1) {
+      std::cerr << "trainer mem: unexpected argument '" << args[1] << "'\n";
+      return trainer::kExitUsage;
+    }
+    return show_memory(vm.count("json") != 0);
+  }
   if (!args.empty() && args.front() == "plugins") {
     if (args.size() > 1) {
       std::cerr << "trainer plugins: unexpected argument '" << args[1] << "'\n";

@@ -53,9 +53,15 @@ class OomBackoffPlugin final : public trainer::Plugin {
         patience_ = grow_after_;
         break;
       }
-      case trainer::Event::AfterOptimizerStep:
+      case trainer::Event::AfterOptimizerStep: {
+        const std::int64_t cur = ctx.state.micro_batch_size;
+        good_ = std::max(good_, cur);
+        if (bad_ > 0 && cur >= bad_) bad_ = 0;  // the ceiling was stale: memory freed up
+        if (grew_) patience_ = grow_after_;     // a grow that worked resets the patience
+        grew_ = false;
         ++clean_steps_;
         break;
+      }
       case trainer::Event::BatchStart:
         maybe_grow(ctx, control);
         break;
@@ -85,28 +91,37 @@ class OomBackoffPlugin final : public trainer::Plugin {
                      oom.attempt);
       return;
     }
+    const std::int64_t cur = oom.micro_batch_size;
     const std::int64_t floor = eval ? 1 : min_micro_;
-    const auto next = std::max<std::int64_t>(floor, static_cast<std::int64_t>(double(oom.micro_batch_size) * factor_));
-    if (next >= oom.micro_batch_size) {
-      logger_->error("oom_backoff: already at the minimum micro-batch {} (plugins.oom_backoff.min_micro_batch)",
-                     oom.micro_batch_size);
-      return;
-    }
-    control.retry_with_micro_batch = next;
-    control.reason = "oom_backoff: " + std::to_string(oom.micro_batch_size) + " x " + std::to_string(factor_);
+    std::int64_t next = std::max<std::int64_t>(floor, static_cast<std::int64_t>(double(cur) * factor_));
     if (!eval) {
+      bad_ = bad_ > 0 ? std::min(bad_, cur) : cur;    // the smallest size known not to fit
+      if (cur <= good_) good_ = 0;                    // a size that fitted no longer does
+      if (good_ > next && good_ < cur) next = good_;  // back to the largest size known to fit
       // A failure right after growing means the larger size does not fit (yet): wait twice
       // as long before the next attempt instead of failing every few steps.
       if (grew_) patience_ = std::max<std::int64_t>(patience_ * 2, grow_after_);
       grew_ = false;
       clean_steps_ = 0;
     }
+    if (next >= cur) {
+      logger_->error("oom_backoff: already at the minimum micro-batch {} (plugins.oom_backoff.min_micro_batch)", cur);
+      return;
+    }
+    control.retry_with_micro_batch = next;
+    control.reason = "oom_backoff: " + std::to_string(cur) + " did not fit";
   }
 
+  /// After `patience_` clean steps: bisect toward the smallest size known not to fit (so the
+  /// micro-batch converges on the largest that fits), probe that size itself once the gap is
+  /// small (memory may have freed up), and double freely when no ceiling is known.
   void maybe_grow(trainer::EventContext& ctx, trainer::Control& control) {
-    const std::int64_t current = ctx.state.micro_batch_size;
-    if (grow_after_ == 0 || current >= configured_ || clean_steps_ < patience_) return;
-    const std::int64_t next = std::min(current * 2, configured_);
+    const std::int64_t cur = ctx.state.micro_batch_size;
+    if (grow_after_ == 0 || cur >= configured_ || clean_steps_ < patience_) return;
+    std::int64_t next = 2 * cur;
+    if (bad_ > cur) next = bad_ - cur <= std::max<std::int64_t>(1, cur / 16) ? bad_ : (cur + bad_) / 2;
+    next = std::min(next, configured_);
+    if (next <= cur) return;
     control.micro_batch_size = next;
     control.reason = "oom_backoff: " + std::to_string(clean_steps_) + " clean steps, growing back";
     grew_ = true;
@@ -117,6 +132,8 @@ class OomBackoffPlugin final : public trainer::Plugin {
   std::int64_t min_micro_ = 1, max_retries_ = 8, grow_after_ = 50;
   bool eval_ = true;
   std::int64_t configured_ = 0;
+  std::int64_t good_ = 0;  ///< largest micro-batch that completed a step since the last failure at it
+  std::int64_t bad_ = 0;   ///< smallest micro-batch that ran out of memory (0 = none known)
   std::int64_t clean_steps_ = 0, patience_ = 50, ooms_ = 0;
   bool grew_ = false;
 };

@@ -94,6 +94,21 @@ TEST(Cli, PluginsCommandListsEventsAndKeys) {
   EXPECT_NE(o.text.find("events: Init, SelectDevice"), std::string::npos) << o.text;
 }
 
+TEST(Cli, MemShowsHostMemoryAsTextAndJson) {
+  const auto text = run_cli("mem");
+  EXPECT_EQ(text.code, 0) << text.text;
+  EXPECT_NE(text.text.find("cpu "), std::string::npos) << text.text;
+  EXPECT_NE(text.text.find("GiB"), std::string::npos) << text.text;
+  const auto json = run_cli("mem --json");
+  EXPECT_EQ(json.code, 0);
+  const auto total = trainer::testing::json_num(json.text, "total_bytes");
+  const auto free = trainer::testing::json_num(json.text, "free_bytes");
+  ASSERT_TRUE(total && free) << json.text;
+  EXPECT_GT(*total, 0);
+  EXPECT_LE(*free, *total);
+  EXPECT_GT(*trainer::testing::json_num(json.text, "process_rss_bytes"), 0);
+}
+
 TEST(Cli, TrainsAndExitsZero) {
   TempDir tmp;
   const auto o = run_cli("--recipe " + kRecipe + " --run-dir " + (tmp / "run") +

@@ -272,9 +272,9 @@ class TightUntil final : public Plugin {
 
 TEST_F(Oom, GrowsBackToTheConfiguredMicroBatchOnceMemoryFreesUp) {
   auto tight = std::make_shared<TightUntil>(6);
-  const RunResult r = run("run", {"dataset.size=1024", "+plugins.oom_backoff.grow_after=2"}, {tight});
+  const RunResult r = run("run", {"dataset.size=2048", "+plugins.oom_backoff.grow_after=2"}, {tight});
   ASSERT_EQ(r.exit_code, kExitOk) << r.message;
-  ASSERT_EQ(tight->micro_at_start.size(), 16u);
+  ASSERT_EQ(tight->micro_at_start.size(), 32u);
   EXPECT_EQ(tight->micro_at_start[1], 16);      // backed off 64 -> 32 -> 16
   EXPECT_EQ(tight->micro_at_start.back(), 64);  // and grew back to the configured size
 }

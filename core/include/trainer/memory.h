@@ -48,6 +48,17 @@ TRAINER_API bool is_out_of_memory(const std::exception& e);
 /// Bytes in a human unit: "512 B", "3.0 KiB", "12.5 MiB", "1.25 GiB".
 TRAINER_API std::string format_bytes(std::int64_t bytes);
 
+/// Memory of the host and of this process, from /proc (bytes; 0 when unreadable).
+struct HostMemory {
+  std::int64_t total = 0;             ///< MemTotal
+  std::int64_t available = 0;         ///< MemAvailable
+  std::int64_t process_rss = 0;       ///< VmRSS of this process
+  std::int64_t process_peak_rss = 0;  ///< VmHWM of this process
+};
+
+/// Reads /proc/meminfo and /proc/self/status.
+TRAINER_API HostMemory host_memory();
+
 /// Reports the allocation delta and peak of a region of code on one device.
 class TRAINER_API MemoryMonitor {
  public:

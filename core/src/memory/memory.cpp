@@ -3,6 +3,8 @@
 #include <c10/util/Exception.h>
 
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 
 #include "trainer/error.h"
 
@@ -75,6 +77,31 @@ std::string format_bytes(std::int64_t bytes) {
                   v, units[u]);
   }
   return buf;
+}
+
+namespace {
+// "MemTotal:       24589384 kB" -> bytes.
+std::int64_t read_kb_field(const char* path, const std::string& key) {
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(key + ":", 0) != 0) continue;
+    std::istringstream fields(line.substr(key.size() + 1));
+    std::int64_t kb = 0;
+    fields >> kb;
+    return kb * 1024;
+  }
+  return 0;
+}
+}  // namespace
+
+HostMemory host_memory() {
+  HostMemory m;
+  m.total = read_kb_field("/proc/meminfo", "MemTotal");
+  m.available = read_kb_field("/proc/meminfo", "MemAvailable");
+  m.process_rss = read_kb_field("/proc/self/status", "VmRSS");
+  m.process_peak_rss = read_kb_field("/proc/self/status", "VmHWM");
+  return m;
 }
 
 MemoryMonitor::MemoryMonitor(const c10::Device& device) : device_(device) {
