@@ -20,6 +20,7 @@ struct MemoryStats {
   std::int64_t num_alloc_retries = 0;    ///< CUDA: cudaMalloc retries after freeing cache; CPU: 0
   std::int64_t limit = 0;                ///< the budget in bytes; 0 = none
   std::int64_t last_failed_request = 0;  ///< size of the last refused allocation
+  std::int64_t num_allocations = 0;      ///< allocations served since the process started
 };
 
 /// Installs the CPU tracking allocator (c10::SetCPUAllocator) once per process. Tensors

@@ -24,6 +24,7 @@ std::atomic<std::int64_t> g_peak{0};
 std::atomic<std::int64_t> g_limit{0};
 std::atomic<std::int64_t> g_ooms{0};
 std::atomic<std::int64_t> g_last_failed{0};
+std::atomic<std::int64_t> g_total_allocs{0};
 std::atomic<bool> g_installed{false};
 
 void bump_peak(std::int64_t now) {
@@ -67,6 +68,7 @@ class TrackingCpuAllocator final : public c10::Allocator {
     }
     *static_cast<std::int64_t*>(block) = size;
     g_blocks.fetch_add(1, std::memory_order_relaxed);
+    g_total_allocs.fetch_add(1, std::memory_order_relaxed);
     bump_peak(now);
     void* data = static_cast<char*>(block) + kHeader;
     return {data, data, &tracked_free, cpu};
@@ -97,6 +99,7 @@ MemoryStats cpu_memory_stats() {
   s.num_ooms = g_ooms.load();
   s.limit = g_limit.load();
   s.last_failed_request = g_last_failed.load();
+  s.num_allocations = g_total_allocs.load();
   return s;
 }
 
