@@ -26,10 +26,11 @@ trainer::Config make_config(std::int64_t steps, std::int64_t micro, bool backoff
       "[run]\nseed = 1\n[model]\nname = \"cnn\"\nbatch_norm = false\n[dataset]\nname = \"synthetic\"\nsize = " +
       std::to_string(steps * kBatch) + "\n[training]\nbatch_size = " + std::to_string(kBatch) +
       "\nmicro_batch_size = " + std::to_string(micro) +
-      "\nshuffle = false\n[optim]\nname = \"sgd\"\nlr = 0.01\n[eval]\nevery_epochs = 0\n[checkpoint]\nevery_epochs = 0\n"
+      "\nshuffle = false\n[optim]\nname = \"sgd\"\nlr = 0.01\n[eval]\nevery_epochs = 0\n[checkpoint]\nevery_epochs = "
+      "0\n"
       "at_end = false\n[metrics]\njsonl = false\nconsole = false\n[runtime]\nnum_threads = 2\n" +
-      (backoff ? "[plugins]\nload = [\"oom_backoff\"]\n[plugins.oom_backoff]\ngrow_after = " + std::to_string(grow_after) +
-                     "\n"
+      (backoff ? "[plugins]\nload = [\"oom_backoff\"]\n[plugins.oom_backoff]\ngrow_after = " +
+                     std::to_string(grow_after) + "\n"
                : ""));
   std::vector<std::shared_ptr<trainer::Plugin>> plugins;
   if (backoff) plugins.push_back(trainer::PluginHost().load("oom_backoff"));
@@ -45,8 +46,8 @@ class Harness final : public trainer::Plugin {
   std::string name() const override { return "harness"; }
   std::vector<trainer::Event> events() const override {
     using E = trainer::Event;
-    return {E::FitStart, E::FitEnd, E::BatchStart, E::BeforeForward, E::BeforeBackward, E::OutOfMemory,
-            E::AfterOptimizerStep};
+    return {E::FitStart,       E::FitEnd,      E::BatchStart,        E::BeforeForward,
+            E::BeforeBackward, E::OutOfMemory, E::AfterOptimizerStep};
   }
   int default_priority() const override { return -10; }
   void on_event(trainer::EventContext& ctx, trainer::Control& c) override {

@@ -279,6 +279,17 @@ TEST_F(Oom, GrowsBackToTheConfiguredMicroBatchOnceMemoryFreesUp) {
   EXPECT_EQ(tight->micro_at_start.back(), 64);  // and grew back to the configured size
 }
 
+TEST_F(Oom, AShortLastBatchDoesNotLookLikeAShrunkenMicroBatch) {
+  // 280 samples in batches of 64: the last batch of each epoch has 24. Without any OOM the
+  // micro-batch setting must stay 64, however eager the grow-back.
+  auto tight = std::make_shared<TightUntil>(0);  // never tight; records micro at BatchStart
+  const RunResult r =
+      run("run", {"dataset.size=280", "training.epochs=3", "+plugins.oom_backoff.grow_after=1"}, {tight});
+  ASSERT_EQ(r.exit_code, kExitOk) << r.message;
+  ASSERT_EQ(tight->micro_at_start.size(), 15u);
+  for (auto m : tight->micro_at_start) EXPECT_EQ(m, 64);
+}
+
 TEST_F(Oom, GivesUpCleanlyAtTheMinimumMicroBatch) {
   // Re-arms the budget before every forward from step 1 on, so that no micro-batch fits.
   class Always final : public Plugin {
@@ -313,7 +324,9 @@ class TightAtStep1 final : public Plugin {
 TEST_F(Oom, WithoutAPolicyTheRunFailsAndSaysWhatToLoad) {
   const RunResult r = run("run", {"plugins.load=[\"recording\"]"}, {std::make_shared<TightAtStep1>()});
   EXPECT_EQ(r.exit_code, kExitTrainingFailed);
-  EXPECT_NE(r.message.find("no plugin asked to retry; the oom_backoff plugin does"), std::string::npos) << r.message;
+  EXPECT_NE(r.message.find("no plugin asked for another retry; oom_backoff retries down to its min_micro_batch"),
+            std::string::npos)
+      << r.message;
 }
 
 /// A test split whose second batch of the first evaluation runs out of memory for real.

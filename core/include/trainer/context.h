@@ -39,7 +39,7 @@ struct RunState {
   std::int64_t samples_seen = 0;       ///< training samples processed this run
   double loss = 0.0;                   ///< last batch's mean training loss (BatchEnd)
   double lr = 0.0;                     ///< learning rate of the current step
-  std::int64_t oom_recoveries = 0;     ///< out-of-memory errors recovered from this run
+  std::int64_t oom_recoveries = 0;     ///< out-of-memory errors handled (OutOfMemory fired) this run
 };
 
 /// What failed, for the OutOfMemory event.

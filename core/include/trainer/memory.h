@@ -10,8 +10,8 @@
 namespace trainer {
 
 /// Memory counters of one device, in bytes. On CPU they come from trainer's tracking
-/// allocator (installed by install_cpu_tracking_allocator), on CUDA from the caching
-/// allocator.
+/// allocator (installed by install_cpu_tracking_allocator). CUDA devices need the CUDA
+/// memory backend, which this build does not have yet (the functions below refuse them).
 struct MemoryStats {
   std::int64_t allocated = 0;            ///< bytes held by live tensors
   std::int64_t reserved = 0;             ///< bytes obtained from the system (CPU: allocated + headers)
@@ -39,14 +39,15 @@ TRAINER_API void reset_peak_memory(const c10::Device& device);
 TRAINER_API void set_memory_limit(const c10::Device& device, std::int64_t bytes);
 
 /// Gives cached memory back: CPU returns freed heap pages to the OS (malloc_trim) when
-/// `force`; CUDA empties the caching allocator. Safe to call at any time.
+/// `force`. Safe to call at any time; a no-op on devices without a memory backend in this
+/// build (CUDA, until its backend lands).
 TRAINER_API void clear_memory(const c10::Device& device, bool force = false);
 
 /// True for c10::OutOfMemoryError, and — as a fallback for CUDA library errors that arrive
 /// as plain c10::Error — for messages that say "out of memory".
 TRAINER_API bool is_out_of_memory(const std::exception& e);
 
-/// Bytes in a human unit: "512 B", "3.0 KiB", "12.5 MiB", "1.25 GiB".
+/// Bytes in a human unit: "512 B", "3.00 KiB", "12.5 MiB", "125 MiB".
 TRAINER_API std::string format_bytes(std::int64_t bytes);
 
 /// Memory of the host and of this process, from /proc (bytes; 0 when unreadable).

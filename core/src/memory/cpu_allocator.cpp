@@ -55,8 +55,7 @@ class TrackingCpuAllocator final : public c10::Allocator {
       g_ooms.fetch_add(1, std::memory_order_relaxed);
       g_last_failed.store(size, std::memory_order_relaxed);
       TORCH_CHECK_WITH(OutOfMemoryError, false, "CPU out of memory: tried to allocate ", format_bytes(size), "; ",
-                       format_bytes(now - size), " in use; ", format_bytes(limit),
-                       " budget (memory.limit_mb). Reduce training.micro_batch_size or raise the budget.");
+                       format_bytes(now - size), " in use; ", format_bytes(limit), " budget (memory.limit_mb)");
     }
     void* block = nullptr;
     if (posix_memalign(&block, kHeader, n + kHeader) != 0 || block == nullptr) {

@@ -89,6 +89,12 @@ std::int64_t scalar(torch::serialize::InputArchive& ar, const std::string& key) 
   return t.item<std::int64_t>();
 }
 
+/// An exception's message without LibTorch's C++ backtrace.
+std::string error_text(const std::exception& e) {
+  if (const auto* c10e = dynamic_cast<const c10::Error*>(&e)) return c10e->what_without_backtrace();
+  return e.what();
+}
+
 /// Stops a run that a plugin, max_steps or a signal ended early (not a failure).
 struct StopRun {};
 
@@ -347,7 +353,7 @@ struct Trainer::Impl {
         ++st.oom_recoveries;
         OomInfo info;
         info.phase = "checkpoint";
-        info.message = e.what();
+        info.message = error_text(e);
         info.attempt = attempt;
         info.stats = device.is_cpu() ? memory_stats(device) : MemoryStats{};
         info.requested_bytes = info.stats.last_failed_request;
@@ -355,7 +361,7 @@ struct Trainer::Impl {
         fire(Event::OutOfMemory);
         ctx.oom = nullptr;
         if (attempt >= 1) {
-          log->error("checkpoint skipped: out of memory while writing it twice: {}", e.what());
+          log->error("checkpoint skipped: out of memory while writing it twice: {}", error_text(e));
           return last_checkpoint;
         }
         log->warn("out of memory while writing a checkpoint; retrying once after freeing memory");
@@ -483,8 +489,7 @@ struct Trainer::Impl {
     ++st.oom_recoveries;
     OomInfo info;
     info.phase = phase;
-    info.message = e.what();
-    if (const auto* c10e = dynamic_cast<const c10::Error*>(&e)) info.message = c10e->what_without_backtrace();
+    info.message = error_text(e);
     info.micro_batch_size = micro;
     info.batch_size = samples;
     info.attempt = attempt;
@@ -509,14 +514,19 @@ struct Trainer::Impl {
     }
     std::string sizes;
     for (auto t : tried) sizes += (sizes.empty() ? "" : " -> ") + std::to_string(t);
-    const std::string why = c.retry_with_micro_batch ? " (retry limit reached)"
-                                                     : " (no plugin asked to retry; the oom_backoff plugin does)";
+    const std::string why =
+        c.retry_with_micro_batch
+            ? " (retry limit reached)"
+            : " (no plugin asked for another retry; oom_backoff retries down to its min_micro_batch)";
     std::string msg = info.message;
     while (!msg.empty() && (msg.back() == '.' || msg.back() == '\n')) msg.pop_back();
     throw OomFailure(detail::str(
         "out of memory in ", phase, " after ", tried.size(), " attempt(s) with micro-batches ", sizes, why, ": ", msg,
-        ". What to change: a smaller training.micro_batch_size (gradient accumulation keeps the effective batch), "
-        "mixed precision, activation checkpointing, a smaller model, or a larger memory.limit_mb"));
+        ". What to change: ",
+        phase == "eval" ? "a smaller eval.batch_size"
+                        : "a smaller training.micro_batch_size (gradient accumulation keeps the effective batch)",
+        ", a smaller model, or a larger memory.limit_mb; mixed precision and activation checkpointing also cut "
+        "activation memory (not yet available as trainer plugins)"));
   }
 
   /// Forward and backward over the micro-batches of `full`; returns the summed (already
@@ -585,9 +595,10 @@ struct Trainer::Impl {
   /// when a plugin asks (OutOfMemory), re-runs the same samples in smaller micro-batches.
   bool train_batch(const at::Tensor& indices) {
     const std::int64_t n = indices.size(0);
-    const std::int64_t planned = std::min(micro_batch_size, n);
-    st.micro_batch_size = planned;
-    st.num_micro_batches = (n + planned - 1) / planned;
+    // BatchStart reports the micro-batch setting; attempts report the size they really use
+    // (capped at the batch, which is shorter at the end of an epoch).
+    st.micro_batch_size = micro_batch_size;
+    st.num_micro_batches = (n + micro_batch_size - 1) / micro_batch_size;
     st.micro_batch_index = 0;
     if (fire(Event::BatchStart).skip_step) {
       log->debug("batch {} skipped at BatchStart", st.batch_in_epoch);
@@ -632,7 +643,7 @@ struct Trainer::Impl {
                                   format_bytes(step_reserve_bytes()),
                                   "); parameters may be partly updated, so the run "
                                   "stops without a final checkpoint: ",
-                                  e.what()));
+                                  error_text(e)));
         }
         micro = recover_from_oom(e, phase_, micro, n, attempt, tried);
         micro_batch_size = micro;  // later batches keep the size that worked (oom_backoff grows it back)
