@@ -156,15 +156,7 @@ class Oom : public testing::TrainerTest {
   void TearDown() override { set_memory_limit(kCpu, 0); }
   RunResult run(const std::string& name, std::vector<std::string> overrides,
                 std::vector<std::shared_ptr<Plugin>> extra = {}) {
-    write_file(tmp_ / "recipe.toml", recipe_);
-    PreparedRun p = prepare_run(tmp_ / "recipe.toml", overrides, {TRAINER_TEST_PLUGIN_DIR});
-    TrainerOptions o;
-    o.config = p.config;
-    o.plugins = p.plugins;
-    for (auto& e : extra) o.plugins.push_back(e);
-    o.run_dir = tmp_ / name;
-    o.log_level = "error";
-    Trainer t(std::move(o));
+    Trainer t(options_for(recipe_, overrides, name, extra));
     RunResult r = t.fit();
     params_.clear();
     if (t.model()) {

@@ -50,16 +50,9 @@ class TrainerRun : public testing::TrainerTest {
  protected:
   RunResult run(const std::vector<std::string>& overrides, const std::string& name = "run",
                 const std::string& resume = "", std::vector<std::shared_ptr<Plugin>> extra = {}, bool signals = false) {
-    write_file(tmp_ / "recipe.toml", recipe_);
-    PreparedRun p = prepare_run(tmp_ / "recipe.toml", overrides, {TRAINER_TEST_PLUGIN_DIR});
-    TrainerOptions o;
-    o.config = p.config;
-    o.plugins = p.plugins;
-    for (auto& e : extra) o.plugins.push_back(e);
-    o.run_dir = tmp_ / name;
+    TrainerOptions o = options_for(recipe_, overrides, name, extra);
     o.resume = resume;
     o.handle_signals = signals;
-    o.log_level = "warn";
     Trainer t(std::move(o));
     RunResult r = t.fit();
     model_ = t.model();

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "trainer/trainer.h"
+
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -38,10 +40,29 @@ class TempDir {
   std::filesystem::path path_;
 };
 
+inline void write_file(const std::string& path, const std::string& text);
+
 /// Seeds LibTorch and gives each test its own temp dir.
 class TrainerTest : public ::testing::Test {
  protected:
   void SetUp() override { torch::manual_seed(0); }
+
+  /// Writes `recipe` to <tmp>/recipe.toml, resolves it with `overrides` (plugins searched in
+  /// the test plugin directory first) and returns the options of a run in <tmp>/<name>, with
+  /// the in-process plugins `extra` after the recipe's.
+  TrainerOptions options_for(const std::string& recipe, const std::vector<std::string>& overrides,
+                             const std::string& name, const std::vector<std::shared_ptr<Plugin>>& extra = {}) {
+    write_file(tmp_ / "recipe.toml", recipe);
+    PreparedRun p = prepare_run(tmp_ / "recipe.toml", overrides, {TRAINER_TEST_PLUGIN_DIR});
+    TrainerOptions o;
+    o.config = p.config;
+    o.plugins = p.plugins;
+    o.plugins.insert(o.plugins.end(), extra.begin(), extra.end());
+    o.run_dir = tmp_ / name;
+    o.log_level = "error";
+    return o;
+  }
+
   TempDir tmp_;
 };
 
@@ -57,15 +78,6 @@ inline std::string read_file(const std::string& path) {
   return ss.str();
 }
 
-inline std::vector<std::string> read_lines(const std::string& path) {
-  std::vector<std::string> out;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) {
-    if (!line.empty()) out.push_back(line);
-  }
-  return out;
-}
-
 /// The non-empty lines of a string.
 inline std::vector<std::string> read_lines_of(const std::string& text) {
   std::vector<std::string> out;
@@ -75,6 +87,9 @@ inline std::vector<std::string> read_lines_of(const std::string& text) {
   }
   return out;
 }
+
+/// The non-empty lines of a file.
+inline std::vector<std::string> read_lines(const std::string& path) { return read_lines_of(read_file(path)); }
 
 /// The string value of "key":"value" in a flat JSON object line.
 inline std::string json_str(const std::string& line, const std::string& key) {
