@@ -15,7 +15,8 @@ class MemoryLogPlugin final : public trainer::Plugin {
   std::string description() const override { return "Logs allocated/reserved/peak memory as log lines and metrics"; }
   std::vector<trainer::Event> events() const override {
     using E = trainer::Event;
-    return {E::Init, E::ModelToDevice, E::OptimizerCreated, E::EpochStart, E::OutOfMemory, E::BatchEnd, E::FitEnd};
+    return {E::Init,        E::ModelToDevice, E::OptimizerCreated, E::EpochStart,
+            E::OutOfMemory, E::BatchEnd,      E::FitEnd,           E::Exception};
   }
   std::vector<trainer::KeySpec> config_keys() const override {
     using T = trainer::ValueType;
@@ -34,7 +35,7 @@ class MemoryLogPlugin final : public trainer::Plugin {
     if (e == trainer::Event::BatchEnd && (every_ == 0 || ctx.state.global_step % every_ != 0)) return;
     const trainer::MemoryStats s = trainer::memory_stats(ctx.device);
     max_peak_ = std::max(max_peak_, s.peak_allocated);
-    if (e == trainer::Event::FitEnd) {
+    if (e == trainer::Event::FitEnd || e == trainer::Event::Exception) {  // the summary, also for a failed run
       logger_->info("memory summary ({}): peak {} allocated, {} now, {} out-of-memory errors, budget {}",
                     ctx.device.str(), trainer::format_bytes(max_peak_), trainer::format_bytes(s.allocated), s.num_ooms,
                     s.limit > 0 ? trainer::format_bytes(s.limit) : std::string("none"));

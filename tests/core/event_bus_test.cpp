@@ -21,9 +21,10 @@ class LogPlugin final : public Plugin {
     ++calls;
     if (throw_in && *throw_in == ctx.event) throw std::runtime_error("boom");
     if (oom_in && *oom_in == ctx.event) TORCH_CHECK_WITH(OutOfMemoryError, false, "fake OOM");
+    if (cuda_oom_in && *cuda_oom_in == ctx.event) throw c10::Error({"f", "file", 1}, "CUDA error: out of memory");
     if (stop_in && *stop_in == ctx.event) c.stop_training = true;
   }
-  std::optional<Event> throw_in, oom_in, stop_in;
+  std::optional<Event> throw_in, oom_in, cuda_oom_in, stop_in;
   int calls = 0;
 
  private:
@@ -122,6 +123,18 @@ TEST(EventBus, OutOfMemoryPassesThroughUnchanged) {
   auto c = ctx_for(Event::BeforeForward);
   Control control;
   EXPECT_THROW(bus.dispatch(c, control), c10::OutOfMemoryError);
+}
+
+TEST(EventBus, PlainC10OutOfMemoryErrorsPassThroughToo) {
+  std::vector<std::string> log;
+  EventBus bus;
+  auto p = std::make_shared<LogPlugin>("p", &log, std::vector<Event>{Event::AfterBackward});
+  p->cuda_oom_in = Event::AfterBackward;
+  bus.add(p);  // an observer: any other error would be swallowed
+  auto c = ctx_for(Event::AfterBackward);
+  Control control;
+  EXPECT_THROW(bus.dispatch(c, control), c10::Error);
+  EXPECT_EQ(bus.swallowed_errors(), 0u);
 }
 
 TEST(EventBus, ControlRequestsReachTheCaller) {

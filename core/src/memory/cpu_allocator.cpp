@@ -48,15 +48,19 @@ class TrackingCpuAllocator final : public c10::Allocator {
     const c10::Device cpu(c10::DeviceType::CPU);
     if (n == 0) return {nullptr, nullptr, &tracked_free, cpu};
     const auto size = static_cast<std::int64_t>(n);
-    const std::int64_t now = g_allocated.fetch_add(size, std::memory_order_relaxed) + size;
+    // Reserve the bytes against the budget atomically, so concurrent allocations near the
+    // limit are judged exactly.
     const std::int64_t limit = g_limit.load(std::memory_order_relaxed);
-    if (limit > 0 && now > limit) {
-      g_allocated.fetch_sub(size, std::memory_order_relaxed);
-      g_ooms.fetch_add(1, std::memory_order_relaxed);
-      g_last_failed.store(size, std::memory_order_relaxed);
-      TORCH_CHECK_WITH(OutOfMemoryError, false, "CPU out of memory: tried to allocate ", format_bytes(size), "; ",
-                       format_bytes(now - size), " in use; ", format_bytes(limit), " budget (memory.limit_mb)");
-    }
+    std::int64_t in_use = g_allocated.load(std::memory_order_relaxed);
+    do {
+      if (limit > 0 && in_use + size > limit) {
+        g_ooms.fetch_add(1, std::memory_order_relaxed);
+        g_last_failed.store(size, std::memory_order_relaxed);
+        TORCH_CHECK_WITH(OutOfMemoryError, false, "CPU out of memory: tried to allocate ", format_bytes(size), "; ",
+                         format_bytes(in_use), " in use; ", format_bytes(limit), " budget (memory.limit_mb)");
+      }
+    } while (!g_allocated.compare_exchange_weak(in_use, in_use + size, std::memory_order_relaxed));
+    const std::int64_t now = in_use + size;
     void* block = nullptr;
     if (posix_memalign(&block, kHeader, n + kHeader) != 0 || block == nullptr) {
       g_allocated.fetch_sub(size, std::memory_order_relaxed);

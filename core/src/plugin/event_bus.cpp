@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "trainer/logging.h"
+#include "trainer/memory.h"
 
 namespace trainer {
 
@@ -48,6 +49,7 @@ void EventBus::dispatch(EventContext& ctx, Control& control) {
     } catch (const c10::OutOfMemoryError&) {
       throw;  // the core's OOM handling decides
     } catch (const std::exception& ex) {
+      if (is_out_of_memory(ex)) throw;  // CUDA libraries' OOMs arrive as plain c10::Error
       const std::string msg = detail::str("plugin '", e->name, "' failed in ", event_name(ctx.event), ": ", ex.what());
       if (e->policy == FailurePolicy::Essential) throw PluginError(msg);
       ++swallowed_;
