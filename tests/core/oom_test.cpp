@@ -271,6 +271,13 @@ TEST_F(Oom, GrowsBackToTheConfiguredMicroBatchOnceMemoryFreesUp) {
   EXPECT_EQ(tight->micro_at_start.back(), 64);  // and grew back to the configured size
 }
 
+TEST_F(Oom, TheBudgetEndsWithTheRun) {
+  const RunResult r = run("run", {"+memory.limit_mb=64"});
+  ASSERT_EQ(r.exit_code, kExitOk) << r.message;
+  EXPECT_EQ(memory_stats(kCpu).limit, 0);
+  EXPECT_NO_THROW(torch::empty({32 << 20}, torch::kFloat));  // 128 MiB, past the run's budget
+}
+
 TEST_F(Oom, AShortLastBatchDoesNotLookLikeAShrunkenMicroBatch) {
   // 280 samples in batches of 64: the last batch of each epoch has 24. Without any OOM the
   // micro-batch setting must stay 64, however eager the grow-back.

@@ -283,6 +283,8 @@ struct Trainer::Impl {
     device = ctx.device;
     const double limit_mb = cfg.get<double>("memory.limit_mb");
     if (device.is_cpu()) {
+      previous_limit_ = memory_stats(device).limit;
+      budget_set_ = true;
       set_memory_limit(device, static_cast<std::int64_t>(limit_mb * 1024.0 * 1024.0));
       if (limit_mb > 0)
         log->info("memory budget: {} on {}", format_bytes(std::int64_t(limit_mb * 1048576.0)), device.str());
@@ -802,8 +804,10 @@ struct Trainer::Impl {
   std::string phase_ = "setup";                        ///< what the loop is doing, for OOM reports
   bool state_materialized_ = false;                    ///< optimizer state created before the first step
   bool in_step_ = false;                               ///< inside optim->step() (past the reserve)
-  bool params_consistent_ = true;                      ///< false after an OOM inside the step proper
-  bool fit_started = false;                            ///< model, optimizer and resume state are in place
+  std::int64_t previous_limit_ = 0;                    ///< the process's CPU budget before this run set its own
+  bool budget_set_ = false;
+  bool params_consistent_ = true;  ///< false after an OOM inside the step proper
+  bool fit_started = false;        ///< model, optimizer and resume state are in place
 
   RunResult fit() {
     RunResult r;
@@ -887,6 +891,8 @@ struct Trainer::Impl {
         log->error("Shutdown: {}", e.what());
       }
     }
+    // The budget is the run's: the process gets its previous limit back.
+    if (budget_set_) set_memory_limit(c10::Device(c10::kCPU), previous_limit_);
     if (metrics) metrics->close(r.status);
     write_status(r.status, r.exit_code, r.message);
     r.run_dir = run_dir;
