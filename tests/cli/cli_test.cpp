@@ -14,17 +14,20 @@ using trainer::testing::write_file;
 
 struct Output {
   int code = -1;
+  bool exited = false;  ///< false when a signal killed the process
   std::string text;
 };
 
-Output run_cli(const std::string& args) {
-  const std::string cmd = std::string(TRAINER_CLI) + " " + args + " 2>&1";
+/// Runs the trainer executable with `args` (behind `prefix`, e.g. a `timeout` command).
+Output run_cli(const std::string& args, const std::string& prefix = "") {
+  const std::string cmd = prefix + std::string(TRAINER_CLI) + " " + args + " 2>&1";
   Output out;
   FILE* p = popen(cmd.c_str(), "r");
   char buf[4096];
   while (std::size_t n = fread(buf, 1, sizeof buf, p)) out.text.append(buf, n);
   const int status = pclose(p);
-  out.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  out.exited = WIFEXITED(status);
+  out.code = out.exited ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return out;
 }
 
@@ -123,15 +126,11 @@ TEST(Cli, TrainsAndExitsZero) {
 TEST(Cli, SigintStopsWithACheckpointAndExitCode130) {
   TempDir tmp;
   // timeout sends a real SIGINT after 4 s, in the middle of the first epoch.
-  const std::string cmd = "timeout --preserve-status -s INT 4 " + std::string(TRAINER_CLI) + " --recipe " + kRecipe +
-                          " --run-dir " + (tmp / "run") + " plugins.console.mode=plain 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string text;
-  char buf[4096];
-  while (std::size_t n = fread(buf, 1, sizeof buf, p)) text.append(buf, n);
-  const int status = pclose(p);
-  ASSERT_TRUE(WIFEXITED(status)) << text;
-  EXPECT_EQ(WEXITSTATUS(status), 130) << text;
+  const auto o = run_cli("--recipe " + kRecipe + " --run-dir " + (tmp / "run") + " plugins.console.mode=plain",
+                         "timeout --preserve-status -s INT 4 ");
+  const std::string& text = o.text;
+  ASSERT_TRUE(o.exited) << text;  // handled the signal, was not killed by it
+  EXPECT_EQ(o.code, 130) << text;
   EXPECT_NE(text.find("interrupted by a signal"), std::string::npos) << text;
   EXPECT_NE(trainer::testing::read_file(tmp / "run/status.json").find("\"status\":\"KILLED\""), std::string::npos);
   EXPECT_FALSE(trainer::testing::read_file(tmp / "run/checkpoints/latest").empty());

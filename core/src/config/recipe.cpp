@@ -342,23 +342,17 @@ void validate_recipe(LoadedRecipe& recipe, const std::vector<SectionSpec>& extra
     }
   }
 
-  // A section whose `name` is unknown cannot say which keys it has: report the name only.
+  // A section whose `name` is not among its choices cannot say which keys it has: report
+  // the name only (the name's KeySpec lists the registry's names).
   std::vector<std::string> open;
-  for (const char* named : {"model", "dataset", "optim", "sched"}) {
-    const std::string key = std::string(named) + ".name";
-    if (!cfg.has(key) || cfg.is_table(key)) continue;
+  for (const auto& sec : sections) {
+    const std::string key = sec.path + ".name";
+    const auto spec = std::find_if(sec.keys.begin(), sec.keys.end(), [](const KeySpec& k) { return k.key == "name"; });
+    if (spec == sec.keys.end() || spec->allowed.empty() || !cfg.has(key) || cfg.is_table(key)) continue;
     const auto* v = std::get_if<std::string>(&cfg.value(key));
-    bool known_name = true;
-    if (v) {
-      if (std::string(named) == "model") known_name = model_registry().contains(*v);
-      if (std::string(named) == "dataset") known_name = dataset_registry().contains(*v);
-      if (std::string(named) == "optim") known_name = optimizer_registry().contains(*v);
-      if (std::string(named) == "sched") known_name = schedule_registry().contains(*v);
-    }
-    if (!known_name) {
-      for (const auto& k : cfg.keys(named)) {
-        if (k != "name") open.push_back(std::string(named) + "." + k);
-      }
+    if (!v || std::find(spec->allowed.begin(), spec->allowed.end(), *v) != spec->allowed.end()) continue;
+    for (const auto& k : cfg.keys(sec.path)) {
+      if (k != "name") open.push_back(sec.path + "." + k);
     }
   }
 

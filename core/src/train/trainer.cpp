@@ -16,6 +16,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <string_view>
 #include <thread>
 
 #include "trainer/event_bus.h"
@@ -154,6 +155,7 @@ struct Trainer::Impl {
         c.outputs = nullptr;
         c.loss = nullptr;
         c.eval_metrics = nullptr;
+        c.oom = nullptr;
       }
     } clear{ctx};
     if (bus->subscribers(e) != 0) {
@@ -326,6 +328,7 @@ struct Trainer::Impl {
     }
     optim = optimizer_registry().get(cfg.get<std::string>("optim.name")).factory(cfg.sub("optim"), params);
     ctx.optimizer = optim.get();
+    step_reserve_ = step_reserve_bytes();
     fire(Event::OptimizerCreated);
 
     st.batch_size = batch_size;
@@ -351,17 +354,7 @@ struct Trainer::Impl {
         return write_checkpoint(epoch, batch_in_epoch);
       } catch (const std::exception& e) {
         if (!is_out_of_memory(e)) throw;
-        clear_memory(device, /*force=*/true);
-        ++st.oom_recoveries;
-        OomInfo info;
-        info.phase = "checkpoint";
-        info.message = error_text(e);
-        info.attempt = attempt;
-        info.stats = device.is_cpu() ? memory_stats(device) : MemoryStats{};
-        info.requested_bytes = info.stats.last_failed_request;
-        ctx.oom = &info;
-        fire(Event::OutOfMemory);
-        ctx.oom = nullptr;
+        report_oom(e, "checkpoint", 0, 0, attempt, /*force_clear=*/true);
         if (attempt >= 1) {
           log->error("checkpoint skipped: out of memory while writing it twice: {}", error_text(e));
           return last_checkpoint;
@@ -482,32 +475,32 @@ struct Trainer::Impl {
     using Error::Error;
   };
 
-  /// Drops the failed attempt, fires OutOfMemory and returns the micro-batch size a plugin
-  /// asked to retry with; throws OomFailure when none did.
-  std::int64_t recover_from_oom(const std::exception& e, const std::string& phase, std::int64_t micro,
-                                std::int64_t samples, std::int64_t attempt, std::vector<std::int64_t>& tried) {
-    zero_grads();
-    clear_memory(device, /*force=*/false);
+  /// Counts the OOM, frees cached memory and fires OutOfMemory describing what failed.
+  Control report_oom(const std::exception& e, std::string_view phase, std::int64_t micro, std::int64_t samples,
+                     std::int64_t attempt, bool force_clear) {
+    clear_memory(device, force_clear);
     ++st.oom_recoveries;
     OomInfo info;
-    info.phase = phase;
+    info.phase = std::string(phase);
     info.message = error_text(e);
     info.micro_batch_size = micro;
     info.batch_size = samples;
     info.attempt = attempt;
     info.stats = device.is_cpu() ? memory_stats(device) : MemoryStats{};
     info.requested_bytes = info.stats.last_failed_request;
+    ctx.oom = &info;  // cleared by fire() whatever happens
+    return fire(Event::OutOfMemory);
+  }
+
+  /// Drops the failed attempt, fires OutOfMemory and returns the micro-batch size a plugin
+  /// asked to retry with; throws OomFailure when none did.
+  std::int64_t recover_from_oom(const std::exception& e, std::string_view phase, std::int64_t micro,
+                                std::int64_t samples, std::int64_t attempt, std::vector<std::int64_t>& tried) {
+    zero_grads();
     tried.push_back(micro);
-    log->warn("out of memory in {} (micro-batch {}, attempt {}): {}", phase, micro, attempt + 1, info.message);
-    ctx.oom = &info;
-    Control c;
-    try {
-      c = fire(Event::OutOfMemory);
-    } catch (...) {
-      ctx.oom = nullptr;
-      throw;
-    }
-    ctx.oom = nullptr;
+    const std::string message = error_text(e);
+    log->warn("out of memory in {} (micro-batch {}, attempt {}): {}", phase, micro, attempt + 1, message);
+    const Control c = report_oom(e, phase, micro, samples, attempt, /*force_clear=*/false);
     if (c.retry_with_micro_batch && attempt + 1 < kMaxOomAttempts) {
       const std::int64_t next = std::clamp<std::int64_t>(*c.retry_with_micro_batch, 1, samples);
       log->warn("retrying the same {} with micro-batches of {} ({}){}", phase == "eval" ? "evaluation" : "batch", next,
@@ -520,7 +513,7 @@ struct Trainer::Impl {
         c.retry_with_micro_batch
             ? " (retry limit reached)"
             : " (no plugin asked for another retry; oom_backoff retries down to its min_micro_batch)";
-    std::string msg = info.message;
+    std::string msg = message;
     while (!msg.empty() && (msg.back() == '.' || msg.back() == '\n')) msg.pop_back();
     throw OomFailure(detail::str(
         "out of memory in ", phase, " after ", tried.size(), " attempt(s) with micro-batches ", sizes, why, ": ", msg,
@@ -537,7 +530,7 @@ struct Trainer::Impl {
     const std::int64_t n = full.size();
     st.num_micro_batches = (n + micro - 1) / micro;
     bool skip = false;
-    at::Tensor loss_sum = at::zeros({}, at::TensorOptions(at::kDouble).device(device));
+    at::Tensor loss_sum;  // summed on the device, read once: no extra op for a single micro-batch
     for (std::int64_t i = 0; i < st.num_micro_batches; ++i) {
       const std::int64_t begin = i * micro, len = std::min(micro, n - begin);
       const bool whole = st.num_micro_batches == 1;
@@ -566,7 +559,7 @@ struct Trainer::Impl {
       ctx.indices = &idx;
       ctx.loss = &loss;
       skip |= fire(Event::AfterBackward).skip_step;
-      loss_sum += loss.detach().to(at::kDouble);
+      loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach();
     }
     return {loss_sum.item<double>(), skip};
   }
@@ -578,6 +571,7 @@ struct Trainer::Impl {
     for (const auto& p : model->parameters()) largest = std::max<std::int64_t>(largest, p.nbytes());
     return optimizer_step_temporaries(*optim) * largest + (64 << 10);
   }
+  std::int64_t step_reserve_ = 0;  ///< step_reserve_bytes(), computed once the optimizer exists
 
   /// The optimizer step, made atomic against OOM: state is materialised up front and the
   /// step's temporaries are reserved (allocated and freed) before anything is modified, so
@@ -585,7 +579,7 @@ struct Trainer::Impl {
   void atomic_step() {
     phase_ = "optimizer_step";
     if (!state_materialized_) state_materialized_ = materialize_optimizer_state(*optim);
-    { at::Tensor reserve = at::empty({step_reserve_bytes()}, at::TensorOptions(at::kByte).device(device)); }
+    { at::Tensor reserve = at::empty({step_reserve_}, at::TensorOptions(at::kByte).device(device)); }
     in_step_ = true;
     optim->step();
     in_step_ = false;
@@ -642,7 +636,7 @@ struct Trainer::Impl {
           in_step_ = false;
           params_consistent_ = false;
           throw Error(detail::str("out of memory inside the optimizer step after its reserve (",
-                                  format_bytes(step_reserve_bytes()),
+                                  format_bytes(step_reserve_),
                                   "); parameters may be partly updated, so the run "
                                   "stops without a final checkpoint: ",
                                   error_text(e)));
@@ -801,7 +795,7 @@ struct Trainer::Impl {
   }
   std::int64_t checkpoint_step_ = -1;
   static constexpr std::int64_t kMaxOomAttempts = 64;  ///< per batch, whatever plugins ask
-  std::string phase_ = "setup";                        ///< what the loop is doing, for OOM reports
+  const char* phase_ = "setup";                        ///< what the loop is doing, for OOM reports
   bool state_materialized_ = false;                    ///< optimizer state created before the first step
   bool in_step_ = false;                               ///< inside optim->step() (past the reserve)
   std::int64_t previous_limit_ = 0;                    ///< the process's CPU budget before this run set its own
