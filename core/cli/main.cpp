@@ -1,11 +1,13 @@
 // The `trainer` command: train from a recipe, list plugins, print the resolved config.
-// Exit codes: 0 ok, 2 usage/config error, 3 training failed, 130 interrupted.
+// Exit codes: 0 ok, 2 usage/config error, 3 training failed, 4 no device, 130 interrupted.
 #include <spdlog/spdlog.h>
 
 #include <boost/program_options.hpp>
 #include <iostream>
 
+#include "trainer/devices.h"
 #include "trainer/error.h"
+#include "trainer/json.h"
 #include "trainer/logging.h"
 #include "trainer/memory.h"
 #include "trainer/plugin_host.h"
@@ -28,7 +30,8 @@ Overrides:
   group=option    pick configs/<group>/<option>.toml (e.g. model=mlp)
   preset          merge configs/<preset>.toml after the recipe (e.g. smoke)
 
-Exit codes: 0 ok, 2 usage or config error, 3 training failed, 130 interrupted.
+Exit codes: 0 ok, 2 usage or config error, 3 training failed, 4 no device could be had
+(device_select), 130 interrupted.
 )";
 
 std::string join_events(const std::vector<trainer::Event>& events) {
@@ -62,22 +65,55 @@ int list_plugins(const std::vector<std::string>& dirs) {
   return errors.empty() ? trainer::kExitOk : trainer::kExitUsage;
 }
 
-/// `trainer mem`: the host's memory and this process's; GPUs come with the device inventory.
+/// `trainer mem`: every GPU the device inventory sees (NVML: per process too) and the host's
+/// memory with this process's.
 int show_memory(bool json) {
   const trainer::HostMemory h = trainer::host_memory();
+  const trainer::InventorySnapshot inv = trainer::device_inventory()->snapshot();
   if (json) {
-    std::cout << "{\"devices\":[{\"device\":\"cpu\",\"total_bytes\":" << h.total << ",\"free_bytes\":" << h.available
+    using trainer::json_quote;
+    std::cout << "{\"source\":" << json_quote(inv.source) << ",\"notes\":[";
+    for (std::size_t i = 0; i < inv.notes.size(); ++i) std::cout << (i ? "," : "") << json_quote(inv.notes[i]);
+    std::cout << "],\"devices\":[";
+    for (const auto& g : inv.gpus) {
+      std::cout << "{\"device\":" << json_quote(g.id) << ",\"name\":" << json_quote(g.name)
+                << ",\"uuid\":" << json_quote(g.uuid) << ",\"pci_bus_id\":" << json_quote(g.pci_bus_id)
+                << ",\"physical_index\":" << g.physical_index << ",\"total_bytes\":" << g.total
+                << ",\"free_bytes\":" << g.free << ",\"used_bytes\":" << g.used
+                << ",\"utilization_percent\":" << g.utilization << ",\"processes\":[";
+      for (std::size_t i = 0; i < g.processes.size(); ++i) {
+        std::cout << (i ? "," : "") << "{\"pid\":" << g.processes[i].pid
+                  << ",\"used_bytes\":" << g.processes[i].used_bytes << "}";
+      }
+      std::cout << "]},";
+    }
+    std::cout << "{\"device\":\"cpu\",\"total_bytes\":" << h.total << ",\"free_bytes\":" << h.available
               << ",\"used_bytes\":" << (h.total - h.available) << ",\"process_rss_bytes\":" << h.process_rss
               << ",\"process_peak_rss_bytes\":" << h.process_peak_rss << "}]}\n";
     return trainer::kExitOk;
   }
-  std::cout << "device  total       free        used        this process (rss / peak)\n";
   auto col = [](std::int64_t b) {
-    std::string s = trainer::format_bytes(b);
+    std::string s = b < 0 ? "unknown" : trainer::format_bytes(b);
     return s + std::string(s.size() < 12 ? 12 - s.size() : 1, ' ');
   };
+  std::cout << "device  total       free        used        details\n";
+  for (const auto& g : inv.gpus) {
+    std::string id = g.id;
+    id.resize(std::max<std::size_t>(id.size() + 1, 8), ' ');
+    std::cout << id << col(g.total) << col(g.free) << col(g.used) << g.name;
+    if (g.utilization >= 0) std::cout << ", utilisation " << g.utilization << " %";
+    std::cout << "\n";
+    for (const auto& p : g.processes) {
+      std::cout << "          pid " << p.pid << ": "
+                << (p.used_bytes < 0 ? "unknown" : trainer::format_bytes(p.used_bytes)) << "\n";
+    }
+  }
   std::cout << "cpu     " << col(h.total) << col(h.available) << col(h.total - h.available)
-            << trainer::format_bytes(h.process_rss) << " / " << trainer::format_bytes(h.process_peak_rss) << "\n";
+            << "this process: " << trainer::format_bytes(h.process_rss) << " rss, "
+            << trainer::format_bytes(h.process_peak_rss) << " peak\n";
+  std::cout << "GPUs via " << inv.source;
+  for (const auto& n : inv.notes) std::cout << "; " << n;
+  std::cout << "\n";
   return trainer::kExitOk;
 }
 
@@ -171,6 +207,9 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before anything can start CUDA: number GPUs in PCI-bus order, as NVML does.
+  const std::string order_warning = trainer::prefer_pci_bus_order();
+  if (!order_warning.empty()) std::cerr << "trainer: warning: " << order_warning << "\n";
   try {
     return run(argc, argv);
   } catch (const trainer::ConfigError& e) {

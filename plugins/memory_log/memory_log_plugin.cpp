@@ -30,7 +30,7 @@ class MemoryLogPlugin final : public trainer::Plugin {
   }
 
   void on_event(trainer::EventContext& ctx, trainer::Control&) override {
-    if (!ctx.device.is_cpu()) return;  // the CUDA memory backend is not in this build
+    if (!trainer::has_memory_backend(ctx.device)) return;  // e.g. CUDA in a CPU-only build
     const trainer::Event e = ctx.event;
     if (e == trainer::Event::BatchEnd && (every_ == 0 || ctx.state.global_step % every_ != 0)) return;
     const trainer::MemoryStats s = trainer::memory_stats(ctx.device);

@@ -145,3 +145,69 @@ TEST(Cli, MissingDatasetFailsWithTheFixInTheMessage) {
 }
 
 }  // namespace
+
+// --- devices ----------------------------------------------------------------------------
+/// Environment prefix that points the CLI at the fake NVML with `script` and its own lease dir.
+std::string fake_gpus(const TempDir& tmp, const std::string& script) {
+  write_file(tmp / "nvml.txt", script);
+  return "TRAINER_NVML_LIBRARY=" + std::string(FAKE_NVML_LIBRARY) + " FAKE_NVML_CONFIG=" + (tmp / "nvml.txt") +
+         " TRAINER_LEASE_DIR=" + (tmp / "leases") + " ";
+}
+
+TEST(Cli, MemListsGpusAndTheirProcessesFromNvml) {
+  TempDir tmp;
+  const std::string env =
+      fake_gpus(tmp, "gpu name=\"Fake H100\" total_mb=81920 used_mb=2048 util=12 procs=4242:2000\ngpu total_mb=1024\n");
+  const auto text = run_cli("mem", env);
+  EXPECT_EQ(text.code, 0) << text.text;
+  EXPECT_NE(text.text.find("cuda:0  80.0 GiB    78.0 GiB    2.00 GiB    Fake H100, utilisation 12 %"),
+            std::string::npos)
+      << text.text;
+  EXPECT_NE(text.text.find("pid 4242: 1.95 GiB"), std::string::npos) << text.text;
+  EXPECT_NE(text.text.find("GPUs via nvml"), std::string::npos) << text.text;
+  const auto json = run_cli("mem --json", env);
+  EXPECT_EQ(json.code, 0);
+  EXPECT_NE(json.text.find("\"source\":\"nvml\""), std::string::npos) << json.text;
+  EXPECT_NE(json.text.find("\"processes\":[{\"pid\":4242,\"used_bytes\":2097152000}]"), std::string::npos) << json.text;
+  EXPECT_NE(json.text.find("\"device\":\"cuda:1\""), std::string::npos) << json.text;
+  // Without a driver: the CPU only, and why.
+  const auto none = run_cli("mem", "TRAINER_NVML_LIBRARY=/nonexistent/libnvidia-ml.so.1 ");
+  EXPECT_EQ(none.code, 0);
+  EXPECT_NE(none.text.find("GPUs via none; NVML: cannot load /nonexistent/libnvidia-ml.so.1"), std::string::npos)
+      << none.text;
+}
+
+TEST(Cli, RobustPresetAddsItsPluginsToTheRecipes) {
+  const auto o = run_cli("--recipe " + kRecipe + " --print-config robust");
+  EXPECT_EQ(o.code, 0) << o.text;
+  EXPECT_NE(o.text.find("load = [\"console\", \"device_select\", \"oom_backoff\", \"memory_log\"]"), std::string::npos)
+      << o.text;
+  EXPECT_NE(o.text.find("wait_for_gpu = true"), std::string::npos) << o.text;
+}
+
+TEST(Cli, RobustPresetRunsOnTheCpuWhenTheHostHasNoGpu) {
+  TempDir tmp;
+  const auto o =
+      run_cli("--recipe " + kRecipe + " --run-dir " + (tmp / "run") +
+                  " robust dataset.limit=256 dataset.eval_limit=128 training.epochs=1",
+              "TRAINER_NVML_LIBRARY=/nonexistent/libnvidia-ml.so.1 TRAINER_LEASE_DIR=" + (tmp / "leases") + " ");
+  EXPECT_EQ(o.code, 0) << o.text;
+  EXPECT_NE(o.text.find("device_select: 0 GPU(s) via none"), std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("no GPU visible to this process"), std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("device: cpu"), std::string::npos) << o.text;
+}
+
+TEST(Cli, NoUsableGpuWithoutFallbackExitsWith4AndRecordsIt) {
+  TempDir tmp;
+  const auto o = run_cli("--recipe " + kRecipe + " --run-dir " + (tmp / "run") +
+                             " robust plugins.device_select.allow_cpu_fallback=false"
+                             " plugins.device_select.timeout_min=0.002 plugins.device_select.check_interval_s=0.05",
+                         fake_gpus(tmp, "gpu total_mb=16384 used_mb=16000\ngpu total_mb=16384 used_mb=15000\n"));
+  EXPECT_EQ(o.code, trainer::kExitNoDevice) << o.text;
+  EXPECT_NE(o.text.find("check 1: no usable GPU: cuda:0 has 384 MiB free, below min_free_mb (2.00 GiB)"),
+            std::string::npos)
+      << o.text;
+  const std::string status = trainer::testing::read_file(tmp / "run/status.json");
+  EXPECT_NE(status.find("\"status\":\"FAILED\",\"exit_code\":4"), std::string::npos) << status;
+  EXPECT_NE(status.find("no usable GPU after waiting"), std::string::npos) << status;
+}

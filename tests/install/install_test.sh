@@ -36,5 +36,8 @@ echo "$out"
 grep -q "hello: installed and loaded" <<<"$out"
 grep -q "hello: target accuracy reached" <<<"$out"
 grep -q "hello/best_accuracy" "$work/run/metrics.jsonl"
-"$work/prefix/bin/trainer" plugins --plugin-dir "$work/hello" | grep -q "^hello 1.0.0"
+# Captured first: `| grep -q` would close the pipe early and, under pipefail, fail on SIGPIPE.
+plugins=$("$work/prefix/bin/trainer" plugins --plugin-dir "$work/hello")
+grep -q "^hello 1.0.0" <<<"$plugins"
+grep -q "^device_select " <<<"$plugins"
 echo "install test: OK"

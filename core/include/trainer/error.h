@@ -13,6 +13,7 @@ enum ExitCode : int {
   kExitOk = 0,              ///< training finished
   kExitUsage = 2,           ///< bad command line, recipe or config
   kExitTrainingFailed = 3,  ///< training started but failed (run status FAILED)
+  kExitNoDevice = 4,        ///< no device could be had (device_select: no GPU, no CPU fallback)
   kExitInterrupted = 130,   ///< SIGINT/SIGTERM: stopped at a safe point (checkpoint if checkpoint.at_end)
 };
 
@@ -43,6 +44,21 @@ class TRAINER_API ConfigError : public UsageError {
 class TRAINER_API PluginError : public Error {
  public:
   using Error::Error;
+};
+
+/// Ends the run with a given exit code and status. The event bus passes it through
+/// unchanged whatever the plugin's policy, so a plugin can end the run the way it means:
+/// device_select throws it with kExitNoDevice when no device can be had.
+class TRAINER_API ExitRequest : public Error {
+ public:
+  ExitRequest(int exit_code, std::string status, const std::string& message)
+      : Error(message), exit_code_(exit_code), status_(std::move(status)) {}
+  int exit_code() const noexcept { return exit_code_; }
+  const std::string& status() const noexcept { return status_; }  ///< FAILED or KILLED
+
+ private:
+  int exit_code_;
+  std::string status_;
 };
 
 namespace detail {

@@ -10,8 +10,9 @@
 namespace trainer {
 
 /// Memory counters of one device, in bytes. On CPU they come from trainer's tracking
-/// allocator (installed by install_cpu_tracking_allocator). CUDA devices need the CUDA
-/// memory backend, which this build does not have yet (the functions below refuse them).
+/// allocator (installed by install_cpu_tracking_allocator); on CUDA from LibTorch's caching
+/// allocator, in builds against a LibTorch with CUDA (has_memory_backend). Functions below
+/// throw trainer::Error for a device without a backend in this build.
 struct MemoryStats {
   std::int64_t allocated = 0;            ///< bytes held by live tensors
   std::int64_t reserved = 0;             ///< bytes obtained from the system (CPU: allocated + headers)
@@ -38,9 +39,16 @@ TRAINER_API void reset_peak_memory(const c10::Device& device);
 /// allocate X; Y in use; Z budget"), a real OOM from a real allocation.
 TRAINER_API void set_memory_limit(const c10::Device& device, std::int64_t bytes);
 
+/// Caps usable memory of `device` at `fraction` of its total (CUDA: the caching allocator's
+/// per-process fraction; CPU: of the host's MemTotal). UsageError outside (0, 1].
+TRAINER_API void set_memory_fraction(const c10::Device& device, double fraction);
+
+/// True when this build can account for, cap and clear memory of `device`'s type.
+TRAINER_API bool has_memory_backend(const c10::Device& device);
+
 /// Gives cached memory back: CPU returns freed heap pages to the OS (malloc_trim) when
-/// `force`. Safe to call at any time; a no-op on devices without a memory backend in this
-/// build (CUDA, until its backend lands).
+/// `force`; CUDA empties the caching allocator's cache (emptyCache). Safe to call at any
+/// time; a no-op on devices without a memory backend in this build.
 TRAINER_API void clear_memory(const c10::Device& device, bool force = false);
 
 /// True for c10::OutOfMemoryError, and — as a fallback for CUDA library errors that arrive

@@ -31,7 +31,7 @@ struct TrainerOptions {
 
 /// How a run ended.
 struct RunResult {
-  int exit_code = kExitOk;  ///< kExitOk, kExitTrainingFailed, kExitInterrupted
+  int exit_code = kExitOk;  ///< kExitOk, kExitUsage, kExitTrainingFailed, kExitNoDevice, kExitInterrupted
   std::string status;       ///< FINISHED, FAILED, KILLED
   std::string run_dir;
   std::string message;  ///< why it failed, empty on success
@@ -66,6 +66,9 @@ class TRAINER_API Trainer {
 /// Asks every running Trainer in this process to stop at its next safe point as if
 /// SIGINT had arrived (what the signal handler calls).
 TRAINER_API void request_interrupt() noexcept;
+/// True once SIGINT/SIGTERM arrived (or request_interrupt was called) and not cleared:
+/// plugins that wait (device_select) poll it to stop waiting.
+TRAINER_API bool interrupt_requested() noexcept;
 /// Clears a pending interrupt request.
 TRAINER_API void clear_interrupt() noexcept;
 

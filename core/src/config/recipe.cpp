@@ -1,5 +1,6 @@
 #include "trainer/recipe.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <regex>
@@ -179,6 +180,30 @@ LoadedRecipe load_recipe(const std::string& recipe_path, const std::vector<std::
     }
   }
 
+  // Layers merge key by key, the later winning, except `plugins.load`: a group or preset that
+  // loads plugins adds them to the list (in order, without duplicates) instead of replacing
+  // the plugins of the layers before it. An override `plugins.load=[...]` still replaces it.
+  auto merge_layer = [](Config& into, const Config& layer) {
+    const char* key = "plugins.load";
+    std::vector<std::string> before;
+    try {
+      before = into.get_or<std::vector<std::string>>(key, {});
+    } catch (const ConfigError&) {
+      // A wrong type is reported by validation.
+    }
+    const std::string before_origin = into.has(key) ? into.origin(key) : "";
+    into.merge(layer);
+    if (before.empty() || !layer.has(key)) return;
+    try {
+      std::vector<std::string> list = before;
+      for (const auto& p : layer.get<std::vector<std::string>>(key)) {
+        if (std::find(list.begin(), list.end(), p) == list.end()) list.push_back(p);
+      }
+      into.set(key, list, before_origin + " + " + layer.origin(key));
+    } catch (const ConfigError&) {
+    }
+  };
+
   // Group files are merged under their package (configs/model/x.toml -> [model]); a
   // top-level preset merges at the root.
   auto merge_group = [&](Config& into, const std::string& group, const std::string& origin) {
@@ -197,12 +222,12 @@ LoadedRecipe load_recipe(const std::string& recipe_path, const std::vector<std::
     try {
       Config g = Config::parse_file(file);
       if (slash == std::string::npos) {
-        into.merge(g);
+        merge_layer(into, g);
       } else {
         Config wrapped;
         const std::string package = group.substr(0, slash);
         for (const auto& k : g.leaf_keys()) wrapped.set(package + "." + k, g.value(k), g.origin(k));
-        into.merge(wrapped);
+        merge_layer(into, wrapped);
       }
       out.sources.push_back(file);
     } catch (const ConfigError& e) {
@@ -213,7 +238,7 @@ LoadedRecipe load_recipe(const std::string& recipe_path, const std::vector<std::
   Config merged;
   for (const auto& g : groups) merge_group(merged, g.first, g.second);
   recipe.erase("defaults");
-  merged.merge(recipe);
+  merge_layer(merged, recipe);
   out.sources.push_back(recipe_path);
   // Presets named on the command line are the user's latest word: they win over the recipe.
   for (const auto& p : presets) merge_group(merged, p.first, p.second);
@@ -278,7 +303,13 @@ std::vector<SectionSpec> core_config_sections(const Config& cfg) {
                {KeySpec("limit_mb", T::Float,
                         "Memory budget of the run's device in MiB; past it allocations fail with a real OOM. 0 = none")
                     .def(0.0)
-                    .min(0)},
+                    .min(0),
+                KeySpec("fraction", T::Float,
+                        "Budget as a fraction of the device's total memory (CUDA: the caching allocator's "
+                        "per-process fraction). 0 = none; not together with limit_mb")
+                    .def(0.0)
+                    .min(0)
+                    .max(1)},
                "Memory"});
   s.push_back({"metrics",
                {KeySpec("jsonl", T::Bool, "Write <run_dir>/metrics.jsonl").def(true),

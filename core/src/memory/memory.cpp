@@ -6,44 +6,70 @@
 #include <fstream>
 #include <sstream>
 
+#include "memory/backend.h"
 #include "trainer/error.h"
 
 namespace trainer {
 
-namespace detail {
-MemoryStats cpu_memory_stats();
-void cpu_reset_peak();
-void cpu_set_limit(std::int64_t bytes);
-void cpu_clear(bool force);
-}  // namespace detail
-
 namespace {
-// NOTE: the CUDA backend (caching-allocator stats, memory fraction, emptyCache) is compiled
-// only against a LibTorch with CUDA; until it lands, CUDA devices are refused here loudly
-// rather than reported as zeros.
-void require_cpu(const c10::Device& d, const char* what) {
-  TRAINER_CHECK(d.is_cpu(), what, " on ", d.str(), ": this build has no CUDA memory backend");
+// CUDA devices go to the CUDA backend, compiled only against a LibTorch with CUDA; a build
+// without it refuses them loudly rather than reporting zeros.
+[[noreturn]] void no_backend(const c10::Device& d, const char* what) {
+  throw Error(detail::str(what, " on ", d.str(), ": this build has no memory backend for ",
+                          c10::DeviceTypeName(d.type(), true), " (CUDA needs a LibTorch with CUDA)"));
 }
 }  // namespace
 
 MemoryStats memory_stats(const c10::Device& device) {
-  require_cpu(device, "memory_stats");
-  return detail::cpu_memory_stats();
+  if (device.is_cpu()) return detail::cpu_memory_stats();
+#ifdef TRAINER_WITH_CUDA
+  if (device.is_cuda()) return detail::cuda_memory_stats(device.has_index() ? device.index() : 0);
+#endif
+  no_backend(device, "memory_stats");
 }
 
 void reset_peak_memory(const c10::Device& device) {
-  require_cpu(device, "reset_peak_memory");
-  detail::cpu_reset_peak();
+  if (device.is_cpu()) return detail::cpu_reset_peak();
+#ifdef TRAINER_WITH_CUDA
+  if (device.is_cuda()) return detail::cuda_reset_peak(device.has_index() ? device.index() : 0);
+#endif
+  no_backend(device, "reset_peak_memory");
 }
 
 void set_memory_limit(const c10::Device& device, std::int64_t bytes) {
-  require_cpu(device, "set_memory_limit");
-  if (bytes > 0) install_cpu_tracking_allocator();
-  detail::cpu_set_limit(bytes);
+  if (device.is_cpu()) {
+    if (bytes > 0) install_cpu_tracking_allocator();
+    return detail::cpu_set_limit(bytes);
+  }
+#ifdef TRAINER_WITH_CUDA
+  if (device.is_cuda()) return detail::cuda_set_limit(device.has_index() ? device.index() : 0, bytes);
+#endif
+  no_backend(device, "set_memory_limit");
+}
+
+void set_memory_fraction(const c10::Device& device, double fraction) {
+  TRAINER_CHECK_T(UsageError, fraction > 0.0 && fraction <= 1.0, "memory fraction ", fraction, " is outside (0, 1]");
+#ifdef TRAINER_WITH_CUDA
+  if (device.is_cuda()) return detail::cuda_set_fraction(device.has_index() ? device.index() : 0, fraction);
+#endif
+  if (device.is_cpu()) {
+    return set_memory_limit(device, static_cast<std::int64_t>(static_cast<double>(host_memory().total) * fraction));
+  }
+  no_backend(device, "set_memory_fraction");
+}
+
+bool has_memory_backend(const c10::Device& device) {
+#ifdef TRAINER_WITH_CUDA
+  if (device.is_cuda()) return true;
+#endif
+  return device.is_cpu();
 }
 
 void clear_memory(const c10::Device& device, bool force) {
   if (device.is_cpu()) detail::cpu_clear(force);
+#ifdef TRAINER_WITH_CUDA
+  if (device.is_cuda()) detail::cuda_clear(device.has_index() ? device.index() : 0, force);
+#endif
 }
 
 bool is_out_of_memory(const std::exception& e) {

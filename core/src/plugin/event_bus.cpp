@@ -48,10 +48,16 @@ void EventBus::dispatch(EventContext& ctx, Control& control) {
       e->plugin->on_event(ctx, control);
     } catch (const c10::OutOfMemoryError&) {
       throw;  // the core's OOM handling decides
+    } catch (const ExitRequest&) {
+      throw;  // the plugin ends the run with its own exit code
     } catch (const std::exception& ex) {
       if (is_out_of_memory(ex)) throw;  // CUDA libraries' OOMs arrive as plain c10::Error
       const std::string msg = detail::str("plugin '", e->name, "' failed in ", event_name(ctx.event), ": ", ex.what());
-      if (e->policy == FailurePolicy::Essential) throw PluginError(msg);
+      if (e->policy == FailurePolicy::Essential) {
+        // A usage error stays one (exit code 2): the plugin found its settings unusable.
+        if (dynamic_cast<const UsageError*>(&ex)) throw UsageError(msg);
+        throw PluginError(msg);
+      }
       ++swallowed_;
       logger_->error("{} (observer plugin: the run continues)", msg);
     } catch (...) {

@@ -102,6 +102,7 @@ struct StopRun {};
 }  // namespace
 
 void request_interrupt() noexcept { g_interrupt.store(true); }
+bool interrupt_requested() noexcept { return g_interrupt.load(); }
 void clear_interrupt() noexcept { g_interrupt.store(false); }
 
 struct Trainer::Impl {
@@ -283,20 +284,27 @@ struct Trainer::Impl {
     const Control c = fire(Event::SelectDevice);
     if (c.switch_device) ctx.device = c10::Device(*c.switch_device);
     device = ctx.device;
-    const double limit_mb = cfg.get<double>("memory.limit_mb");
-    if (device.is_cpu()) {
-      previous_limit_ = memory_stats(device).limit;
-      budget_set_ = true;
-      set_memory_limit(device, static_cast<std::int64_t>(limit_mb * 1024.0 * 1024.0));
-      if (limit_mb > 0)
-        log->info("memory budget: {} on {}", format_bytes(std::int64_t(limit_mb * 1048576.0)), device.str());
-    } else {
-      TRAINER_CHECK_T(UsageError, limit_mb == 0, "memory.limit_mb on ", device.str(),
-                      " needs the CUDA memory backend, which this build does not have");
-    }
     if (device.is_cuda()) {
       TRAINER_CHECK(torch::cuda::is_available(), "device ", device.str(),
                     " requested but this LibTorch has no CUDA or no GPU is visible");
+    }
+    const double limit_mb = cfg.get<double>("memory.limit_mb");
+    const double fraction = cfg.get<double>("memory.fraction");
+    TRAINER_CHECK_T(UsageError, limit_mb == 0 || fraction == 0,
+                    "memory.limit_mb and memory.fraction are both set; set one of them");
+    if (has_memory_backend(device)) {
+      previous_limit_ = memory_stats(device).limit;
+      budget_device_ = device;
+      if (fraction > 0) {
+        set_memory_fraction(device, fraction);
+      } else {
+        set_memory_limit(device, static_cast<std::int64_t>(limit_mb * 1024.0 * 1024.0));
+      }
+      if (const std::int64_t limit = memory_stats(device).limit; limit > 0)
+        log->info("memory budget: {} on {}", format_bytes(limit), device.str());
+    } else {
+      TRAINER_CHECK_T(UsageError, limit_mb == 0 && fraction == 0, "memory.limit_mb/memory.fraction on ", device.str(),
+                      " need its memory backend, which this build does not have");
     }
     log->info("device: {}", device.str());
   }
@@ -486,7 +494,7 @@ struct Trainer::Impl {
     info.micro_batch_size = micro;
     info.batch_size = samples;
     info.attempt = attempt;
-    info.stats = device.is_cpu() ? memory_stats(device) : MemoryStats{};
+    info.stats = has_memory_backend(device) ? memory_stats(device) : MemoryStats{};
     info.requested_bytes = info.stats.last_failed_request;
     ctx.oom = &info;  // cleared by fire() whatever happens
     return fire(Event::OutOfMemory);
@@ -798,10 +806,10 @@ struct Trainer::Impl {
   const char* phase_ = "setup";                        ///< what the loop is doing, for OOM reports
   bool state_materialized_ = false;                    ///< optimizer state created before the first step
   bool in_step_ = false;                               ///< inside optim->step() (past the reserve)
-  std::int64_t previous_limit_ = 0;                    ///< the process's CPU budget before this run set its own
-  bool budget_set_ = false;
-  bool params_consistent_ = true;  ///< false after an OOM inside the step proper
-  bool fit_started = false;        ///< model, optimizer and resume state are in place
+  std::int64_t previous_limit_ = 0;                    ///< the device budget before this run set its own
+  std::optional<c10::Device> budget_device_;           ///< where this run set a budget
+  bool params_consistent_ = true;                      ///< false after an OOM inside the step proper
+  bool fit_started = false;                            ///< model, optimizer and resume state are in place
 
   RunResult fit() {
     RunResult r;
@@ -855,6 +863,10 @@ struct Trainer::Impl {
       r.exit_code = kExitTrainingFailed;
       try {
         std::rethrow_exception(failure);
+      } catch (const ExitRequest& e) {
+        r.exit_code = e.exit_code();
+        r.status = e.status();
+        r.message = e.what();
       } catch (const UsageError& e) {
         r.exit_code = kExitUsage;
         r.message = e.what();
@@ -886,7 +898,7 @@ struct Trainer::Impl {
       }
     }
     // The budget is the run's: the process gets its previous limit back.
-    if (budget_set_) set_memory_limit(c10::Device(c10::kCPU), previous_limit_);
+    if (budget_device_) set_memory_limit(*budget_device_, previous_limit_);
     if (metrics) metrics->close(r.status);
     write_status(r.status, r.exit_code, r.message);
     r.run_dir = run_dir;

@@ -1,0 +1,286 @@
+// device_select: picks the run's device on a shared host (SelectDevice). "auto" takes the
+// visible GPU with the most free memory above min_free_mb that no other job holds a lease
+// on; when none qualifies it waits (wait_for_gpu), then falls back to the CPU or ends the
+// run with exit code 4. The lease (a flock'ed file per GPU) is held until the run ends.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <sstream>
+#include <thread>
+
+#include "trainer/devices.h"
+#include "trainer/lease.h"
+#include "trainer/memory.h"
+#include "trainer/plugin.h"
+#include "trainer/trainer.h"
+
+namespace {
+
+using trainer::DeviceInfo;
+using trainer::DeviceLease;
+using trainer::format_bytes;
+
+/// Free memory is compared in steps of this size: idle GPUs of one model differ by a few
+/// MiB of driver overhead, which should not outweigh utilisation.
+constexpr std::int64_t kFreeStep = 256LL << 20;
+
+std::string duration_text(double seconds) {
+  std::ostringstream os;
+  if (seconds < 60) {
+    os << std::round(seconds * 10) / 10 << " s";
+  } else {
+    const auto s = static_cast<std::int64_t>(seconds);
+    os << s / 60 << " min " << s % 60 << " s";
+  }
+  return os.str();
+}
+
+struct Candidate {
+  const DeviceInfo* gpu;
+  std::size_t holders = 0;
+};
+
+class DeviceSelectPlugin final : public trainer::Plugin {
+ public:
+  std::string name() const override { return "device_select"; }
+  std::string version() const override { return "0.1.0"; }
+  std::string description() const override {
+    return "Choose the device: the GPU with the most free memory, waiting for one, with a host-wide lease";
+  }
+  std::vector<trainer::Event> events() const override {
+    return {trainer::Event::SelectDevice, trainer::Event::Shutdown};
+  }
+  trainer::FailurePolicy default_policy() const override { return trainer::FailurePolicy::Essential; }
+  std::vector<trainer::KeySpec> config_keys() const override {
+    using T = trainer::ValueType;
+    using trainer::KeySpec;
+    return {
+        KeySpec("device", T::String, "auto (the best GPU, else per the fallback rules), cpu, cuda or cuda:N")
+            .def(std::string("auto")),
+        KeySpec("min_free_mb", T::Float, "A GPU needs at least this much free memory (MiB)").def(0.0).min(0),
+        KeySpec("wait_for_gpu", T::Bool, "When no GPU qualifies, poll until one does or timeout_min passes").def(false),
+        KeySpec("check_interval_s", T::Float, "Seconds between checks while waiting").def(30.0).min(0.01),
+        KeySpec("timeout_min", T::Float, "Minutes to wait for a GPU").def(60.0).min(0),
+        KeySpec("allow_cpu_fallback", T::Bool, "Run on the CPU when no GPU qualifies (else exit code 4)").def(true),
+        KeySpec("lease", T::Bool, "Take a host-wide lease on the chosen GPU so other jobs pick another").def(true),
+        KeySpec("share", T::Bool, "Accept a GPU other sharing jobs hold (not exclusive ones) when memory permits")
+            .def(false),
+        KeySpec("lease_dir", T::String,
+                "Directory of the lease files; empty: $TRAINER_LEASE_DIR or /tmp/trainer-leases")
+            .def(std::string(""))};
+  }
+
+  void configure(const trainer::Config& section, std::shared_ptr<spdlog::logger> logger) override {
+    Plugin::configure(section, std::move(logger));
+    device_ = section.get<std::string>("device");
+    min_free_ = static_cast<std::int64_t>(section.get<double>("min_free_mb") * 1048576.0);
+    wait_ = section.get<bool>("wait_for_gpu");
+    interval_s_ = section.get<double>("check_interval_s");
+    timeout_s_ = section.get<double>("timeout_min") * 60.0;
+    cpu_fallback_ = section.get<bool>("allow_cpu_fallback");
+    use_lease_ = section.get<bool>("lease");
+    share_ = section.get<bool>("share");
+    lease_dir_ = section.get<std::string>("lease_dir");
+    if (lease_dir_.empty()) lease_dir_ = DeviceLease::default_dir();
+    if (device_ != "auto" && device_ != "cpu" && device_ != "cuda" && device_.rfind("cuda:", 0) != 0) {
+      throw trainer::UsageError("plugins.device_select.device = \"" + device_ +
+                                "\": allowed are auto, cpu, cuda and cuda:N");
+    }
+    if (device_.rfind("cuda:", 0) == 0) {
+      const std::string n = device_.substr(5);
+      if (n.empty() || n.size() > 4 || !std::all_of(n.begin(), n.end(), ::isdigit)) {
+        throw trainer::UsageError("plugins.device_select.device = \"" + device_ +
+                                  "\": N in cuda:N must be a GPU index (0, 1, ...)");
+      }
+      wanted_index_ = std::stoi(n);
+    }
+    if (device_ == "cuda") wanted_index_ = 0;
+    // Before anything starts CUDA: CUDA must number GPUs as the driver does.
+    if (const std::string w = trainer::prefer_pci_bus_order(); !w.empty()) logger_->warn("device_select: {}", w);
+  }
+
+  void on_event(trainer::EventContext& ctx, trainer::Control& control) override {
+    if (ctx.event == trainer::Event::Shutdown) {
+      if (lease_) {
+        logger_->debug("device_select: releasing {}", lease_->lock_path());
+        lease_.reset();
+      }
+      return;
+    }
+    if (device_ == "cpu") {
+      choose_cpu(ctx, control, "device = cpu");
+      return;
+    }
+    const auto inventory = trainer::device_inventory();
+    const auto start = std::chrono::steady_clock::now();
+    const auto elapsed = [&] {
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    };
+    std::string reasons;
+    for (int check = 1;; ++check) {
+      const trainer::InventorySnapshot snap = inventory->snapshot();
+      if (check == 1) describe(snap);
+      if (wanted_index_ >= 0 && wanted_index_ >= static_cast<int>(snap.gpus.size())) {
+        throw trainer::UsageError("plugins.device_select.device = \"" + device_ + "\": this process sees " +
+                                  std::to_string(snap.gpus.size()) + " GPU(s)" + visible_text());
+      }
+      if (try_select(snap, ctx, control, reasons)) return;
+      if (snap.gpus.empty()) {
+        reasons = "no GPU visible to this process" + visible_text() + notes_text(snap);
+        break;  // waiting does not make a GPU appear
+      }
+      const double waited = elapsed();
+      if (!wait_ || waited + interval_s_ > timeout_s_) break;
+      logger_->info("device_select: check {}: no usable GPU: {}; next check in {} (waited {} of {})", check, reasons,
+                    duration_text(interval_s_), duration_text(waited), duration_text(timeout_s_));
+      sleep_interruptibly(interval_s_);
+    }
+    const std::string waited = wait_ ? " after waiting " + duration_text(elapsed()) : "";
+    if (cpu_fallback_) {
+      logger_->warn("device_select: no usable GPU{} ({}); falling back to the CPU", waited, reasons);
+      choose_cpu(ctx, control, "fallback: no usable GPU");
+      return;
+    }
+    throw trainer::ExitRequest(trainer::kExitNoDevice, "FAILED",
+                               "device_select: no usable GPU" + waited + " (" + reasons +
+                                   "); allow_cpu_fallback = false, so the run ends. Options: wait_for_gpu = true "
+                                   "or a longer timeout_min, a lower min_free_mb, share = true, or "
+                                   "allow_cpu_fallback = true");
+  }
+
+ private:
+  static std::string visible_text() {
+    const char* v = std::getenv("CUDA_VISIBLE_DEVICES");
+    return v ? std::string(" (CUDA_VISIBLE_DEVICES=") + v + ")" : "";
+  }
+  static std::string notes_text(const trainer::InventorySnapshot& snap) {
+    std::string s;
+    for (const auto& n : snap.notes) s += "; " + n;
+    return s;
+  }
+
+  void describe(const trainer::InventorySnapshot& snap) const {
+    logger_->info("device_select: {} GPU(s) via {}{}", snap.gpus.size(), snap.source, notes_text(snap));
+    for (const auto& g : snap.gpus) {
+      logger_->info("device_select:   {} {} [{}]: {} free of {}, utilisation {}, {} process(es)", g.id, g.name,
+                    g.uuid.empty() ? g.pci_bus_id : g.uuid, g.free < 0 ? "unknown" : format_bytes(g.free),
+                    g.total < 0 ? "unknown" : format_bytes(g.total),
+                    g.utilization < 0 ? std::string("unknown") : std::to_string(g.utilization) + " %",
+                    g.processes.size());
+    }
+  }
+
+  static std::string lease_key(const DeviceInfo& g) {
+    if (!g.uuid.empty()) return g.uuid;
+    if (!g.pci_bus_id.empty()) return "pci-" + g.pci_bus_id;
+    return "cuda-" + std::to_string(g.physical_index >= 0 ? g.physical_index : g.index);
+  }
+
+  /// One pass over the snapshot: filters, orders, takes the first lease it can. Fills
+  /// `reasons` with why each GPU was passed over.
+  bool try_select(const trainer::InventorySnapshot& snap, trainer::EventContext& ctx, trainer::Control& control,
+                  std::string& reasons) {
+    std::vector<std::string> rejected;
+    std::vector<Candidate> ok;
+    for (const auto& g : snap.gpus) {
+      if (wanted_index_ >= 0 && g.index != wanted_index_) continue;
+      if (g.total < 0 && g.free < 0 && g.name == "unavailable") {
+        rejected.push_back(g.id + " cannot be queried");
+        continue;
+      }
+      if (g.free >= 0 && g.free < min_free_) {
+        rejected.push_back(g.id + " has " + format_bytes(g.free) + " free, below min_free_mb (" + format_bytes(min_free_) + ")");
+        continue;
+      }
+      Candidate c{&g, 0};
+      if (use_lease_) {
+        const auto holders = DeviceLease::holders(lease_dir_, lease_key(g));
+        const bool conflict = !share_ || std::any_of(holders.begin(), holders.end(),
+                                                     [](const trainer::LeaseHolder& h) { return !h.shared; });
+        if (!holders.empty() && conflict) {
+          rejected.push_back(g.id + " is leased by " + holders.front().describe());
+          continue;
+        }
+        c.holders = holders.size();
+      }
+      ok.push_back(c);
+    }
+    std::sort(ok.begin(), ok.end(), [](const Candidate& a, const Candidate& b) {
+      if (a.holders != b.holders) return a.holders < b.holders;
+      const std::int64_t fa = a.gpu->free / kFreeStep, fb = b.gpu->free / kFreeStep;
+      if (fa != fb) return fa > fb;
+      const int ua = a.gpu->utilization < 0 ? 101 : a.gpu->utilization;
+      const int ub = b.gpu->utilization < 0 ? 101 : b.gpu->utilization;
+      if (ua != ub) return ua < ub;
+      return a.gpu->index < b.gpu->index;
+    });
+    for (const Candidate& c : ok) {
+      const DeviceInfo& g = *c.gpu;
+      if (use_lease_) {
+        std::vector<trainer::LeaseHolder> holders, reclaimed;
+        auto lease = DeviceLease::try_acquire(lease_dir_, lease_key(g), share_, ctx.run_dir, &holders, &reclaimed);
+        for (const auto& h : reclaimed) {
+          logger_->info("device_select: reclaimed the stale lease of {} on {} (the process is gone)", h.describe(),
+                        g.id);
+        }
+        if (!lease) {  // another job took it between our look and our lock
+          rejected.push_back(g.id + " was just leased by " +
+                             (holders.empty() ? std::string("another job") : holders.front().describe()));
+          continue;
+        }
+        lease_ = std::move(lease);
+      }
+      if (g.free < 0 && min_free_ > 0) {
+        logger_->warn("device_select: free memory of {} is unknown (no NVML); min_free_mb not checked", g.id);
+      }
+      logger_->info("device_select: chose {} ({}, {} free, utilisation {}){}{}", g.id, g.name,
+                    g.free < 0 ? "unknown" : format_bytes(g.free),
+                    g.utilization < 0 ? std::string("unknown") : std::to_string(g.utilization) + " %",
+                    lease_ ? std::string(", lease ") + lease_->lock_path() + (share_ ? " (shared)" : "") : "",
+                    rejected.empty() ? "" : "; passed over: " + join(rejected));
+      control.switch_device = g.id;
+      control.reason = "device_select";
+      ctx.device = c10::Device(g.id);
+      return true;
+    }
+    reasons = rejected.empty() ? "no GPU matches device = " + device_ : join(rejected);
+    return false;
+  }
+
+  static std::string join(const std::vector<std::string>& v) {
+    std::string s;
+    for (const auto& x : v) s += (s.empty() ? "" : "; ") + x;
+    return s;
+  }
+
+  void choose_cpu(trainer::EventContext& ctx, trainer::Control& control, const std::string& why) {
+    logger_->info("device_select: chose cpu ({})", why);
+    control.switch_device = "cpu";
+    control.reason = "device_select: " + why;
+    ctx.device = c10::Device(c10::kCPU);
+  }
+
+  /// Sleeps, waking every 50 ms to honour SIGINT/SIGTERM (the run ends with exit code 130).
+  static void sleep_interruptibly(double seconds) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    while (std::chrono::steady_clock::now() < until) {
+      if (trainer::interrupt_requested()) {
+        throw trainer::ExitRequest(trainer::kExitInterrupted, "KILLED", "interrupted while waiting for a GPU");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+
+  std::string device_, lease_dir_;
+  int wanted_index_ = -1;
+  std::int64_t min_free_ = 0;
+  bool wait_ = false, cpu_fallback_ = true, use_lease_ = true, share_ = false;
+  double interval_s_ = 30, timeout_s_ = 3600;
+  std::unique_ptr<DeviceLease> lease_;
+};
+
+}  // namespace
+
+TRAINER_PLUGIN(DeviceSelectPlugin)
