@@ -33,7 +33,11 @@ class OomBackoffPlugin final : public trainer::Plugin {
         trainer::KeySpec("grow_after", T::Int, "Clean steps before trying a micro-batch twice as large; 0 = never")
             .def(std::int64_t{50})
             .min(0),
-        trainer::KeySpec("eval", T::Bool, "Also retry evaluation with a smaller eval batch").def(true)};
+        trainer::KeySpec("eval", T::Bool, "Also retry evaluation with a smaller eval batch").def(true),
+        trainer::KeySpec("fallback_devices", T::StringList,
+                         "When backing off is exhausted, move the run to these devices in turn (e.g. [\"cuda:1\", "
+                         "\"cpu\"]) and retry there at the configured micro-batch")
+            .def(std::vector<std::string>{})};
   }
   void configure(const trainer::Config& section, std::shared_ptr<spdlog::logger> logger) override {
     Plugin::configure(section, std::move(logger));
@@ -42,6 +46,7 @@ class OomBackoffPlugin final : public trainer::Plugin {
     max_retries_ = section.get<std::int64_t>("max_retries");
     grow_after_ = section.get<std::int64_t>("grow_after");
     eval_ = section.get<bool>("eval");
+    fallback_ = section.get<std::vector<std::string>>("fallback_devices");
   }
 
   void on_event(trainer::EventContext& ctx, trainer::Control& control) override {
@@ -86,9 +91,11 @@ class OomBackoffPlugin final : public trainer::Plugin {
     if (oom.phase == "checkpoint") return;  // the core retries a checkpoint once by itself
     const bool eval = oom.phase == "eval";
     if (eval && !eval_) return;
-    if (oom.attempt >= max_retries_) {
+    if (oom.attempt == 0) retries_base_ = 0;  // a new batch (or evaluation)
+    if (oom.attempt - retries_base_ >= max_retries_) {
+      if (fall_back(ctx, control, oom, eval)) return;
       logger_->error("oom_backoff: giving up on this batch after {} retries (plugins.oom_backoff.max_retries)",
-                     oom.attempt);
+                     oom.attempt - retries_base_);
       return;
     }
     const std::int64_t cur = oom.micro_batch_size;
@@ -105,11 +112,33 @@ class OomBackoffPlugin final : public trainer::Plugin {
       clean_steps_ = 0;
     }
     if (next >= cur) {
+      if (fall_back(ctx, control, oom, eval)) return;
       logger_->error("oom_backoff: already at the minimum micro-batch {} (plugins.oom_backoff.min_micro_batch)", cur);
       return;
     }
     control.retry_with_micro_batch = next;
     control.reason = "oom_backoff: " + std::to_string(cur) + " did not fit";
+  }
+
+  /// Backing off is exhausted: move to the next device of fallback_devices that is not the
+  /// current one, starting over at the configured micro-batch (eval: the same eval batch).
+  bool fall_back(const trainer::EventContext& ctx, trainer::Control& control, const trainer::OomInfo& oom, bool eval) {
+    while (next_fallback_ < fallback_.size() && fallback_[next_fallback_] == ctx.device.str()) ++next_fallback_;
+    if (next_fallback_ >= fallback_.size()) return false;
+    const std::string to = fallback_[next_fallback_++];
+    control.switch_device = to;
+    control.retry_with_micro_batch = eval ? oom.micro_batch_size : configured_;
+    control.reason = "oom_backoff: " + ctx.device.str() + " exhausted at micro-batch " +
+                     std::to_string(oom.micro_batch_size) + ", falling back to " + to;
+    logger_->warn("{}", control.reason);
+    retries_base_ = oom.attempt + 1;
+    if (!eval) {  // what fitted or failed on the old device says nothing about the new one
+      good_ = bad_ = 0;
+      grew_ = false;
+      clean_steps_ = 0;
+      patience_ = grow_after_;
+    }
+    return true;
   }
 
   /// After `patience_` clean steps: bisect toward the smallest size known not to fit (so the
@@ -136,6 +165,9 @@ class OomBackoffPlugin final : public trainer::Plugin {
   std::int64_t bad_ = 0;   ///< smallest micro-batch that ran out of memory (0 = none known)
   std::int64_t clean_steps_ = 0, patience_ = 50, ooms_ = 0;
   bool grew_ = false;
+  std::vector<std::string> fallback_;
+  std::size_t next_fallback_ = 0;  ///< fallback_devices already used
+  std::int64_t retries_base_ = 0;  ///< attempt at which retries on the current device began
 };
 
 }  // namespace

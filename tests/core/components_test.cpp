@@ -67,6 +67,23 @@ TEST(Optimizers, SetAndGetLearningRate) {
   EXPECT_DOUBLE_EQ(get_learning_rate(*opt), 0.02);
 }
 
+TEST(Optimizers, MovingStateCountsBytesAndLeavesStateOnItsDeviceAlone) {
+  auto p = torch::ones({256}, torch::requires_grad());
+  auto opt = optimizer_registry().get("adamw").factory(
+      Config::parse("lr = 0.1\nweight_decay = 0.0\nbetas = [0.9, 0.999]\neps = 1e-8\namsgrad = true"), {p});
+  ASSERT_TRUE(materialize_optimizer_state(*opt));
+  const auto& st = static_cast<torch::optim::AdamWParamState&>(*opt->state().begin()->second);
+  const void* before = st.exp_avg().data_ptr();
+  // Already there: nothing copied, the very same tensors kept.
+  EXPECT_EQ(move_optimizer_state(*opt, c10::Device(c10::kCPU)), 0);
+  EXPECT_EQ(st.exp_avg().data_ptr(), before);
+  // An optimizer whose state trainer does not know is refused, not half-moved.
+  torch::optim::RMSprop rms({p}, torch::optim::RMSpropOptions(0.01));
+  p.mutable_grad() = torch::ones({256});
+  rms.step();
+  EXPECT_THROW(move_optimizer_state(rms, c10::Device(c10::kCPU)), Error);
+}
+
 TEST(Optimizers, NesterovWithoutMomentumIsAConfigError) {
   auto p = torch::zeros({2}, torch::requires_grad());
   EXPECT_THROW(optimizer_registry().get("sgd").factory(

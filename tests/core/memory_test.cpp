@@ -85,6 +85,32 @@ TEST_F(Memory, ModelsLoadOnceAndMoveOnce) {
   EXPECT_EQ(second.peak_delta(), 0);  // a second move allocates nothing
 }
 
+TEST_F(Memory, ModelsAreBuiltInTheirTargetDtype) {
+  const DataSpec spec{{1, 28, 28}, 10};
+  for (const auto& [name, dtype] : {std::pair{"float64", c10::kDouble}, std::pair{"bfloat16", c10::kBFloat16}}) {
+    SCOPED_TRACE(name);
+    MemoryMonitor build(kCpu);
+    auto model =
+        build_model(Config::parse(std::string("name = \"cnn\"\nchannels = [8, 16]\nhidden = 64\ndropout = 0.0\n"
+                                              "batch_norm = true\ndtype = \"") +
+                                  name + "\""),
+                    spec);
+    model->to(kCpu);
+    std::int64_t bytes = 0;
+    for (const auto& p : model->parameters()) {
+      EXPECT_EQ(p.scalar_type(), dtype);
+      bytes += p.nbytes();
+    }
+    for (const auto& b : model->named_buffers()) {
+      if (b.key().find("num_batches_tracked") == std::string::npos) EXPECT_EQ(b.value().scalar_type(), dtype);
+      bytes += b.value().nbytes();
+    }
+    // Built in place: no float32 copy existed on the way (that would be 2x or 3x the bytes).
+    EXPECT_LE(double(build.peak_delta()), 1.05 * double(bytes));
+    EXPECT_EQ(c10::get_default_dtype(), caffe2::TypeMeta::Make<float>());  // restored
+  }
+}
+
 TEST_F(Memory, MaterialisedOptimizerStateGivesTheSameFirstStep) {
   for (const char* opt : {"adamw", "sgd"}) {
     SCOPED_TRACE(opt);

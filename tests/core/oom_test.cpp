@@ -155,8 +155,10 @@ class Oom : public testing::TrainerTest {
  protected:
   void TearDown() override { set_memory_limit(kCpu, 0); }
   RunResult run(const std::string& name, std::vector<std::string> overrides,
-                std::vector<std::shared_ptr<Plugin>> extra = {}) {
-    Trainer t(options_for(recipe_, overrides, name, extra));
+                std::vector<std::shared_ptr<Plugin>> extra = {}, const std::string& log_level = "error") {
+    TrainerOptions o = options_for(recipe_, overrides, name, extra);
+    o.log_level = log_level;
+    Trainer t(std::move(o));
     RunResult r = t.fit();
     params_.clear();
     if (t.model()) {
@@ -302,12 +304,37 @@ TEST_F(Oom, GivesUpCleanlyAtTheMinimumMicroBatch) {
   const RunResult r = run("run", {"+plugins.oom_backoff.min_micro_batch=16"}, {std::make_shared<Always>()});
   EXPECT_EQ(r.exit_code, kExitTrainingFailed);
   EXPECT_EQ(r.status, "FAILED");
-  EXPECT_NE(r.message.find("out of memory in forward after 3 attempt(s) with micro-batches 64 -> 32 -> 16"),
+  EXPECT_NE(r.message.find("out of memory in forward on cpu after 3 attempt(s) with micro-batches 64 -> 32 -> 16"),
             std::string::npos)
       << r.message;
   EXPECT_NE(r.message.find("What to change"), std::string::npos) << r.message;
   EXPECT_NE(r.last_checkpoint.find("step_00000001.pt"), std::string::npos) << r.last_checkpoint;
   EXPECT_NE(read_file(tmp_ / "run/status.json").find("\"status\":\"FAILED\""), std::string::npos);
+}
+
+TEST_F(Oom, WhenBackingOffIsExhaustedTheRunFallsBackToTheNextDevice) {
+  if (torch::cuda::is_available()) GTEST_SKIP() << "this test covers a fallback device that is not there";
+  class Always final : public Plugin {
+   public:
+    std::string name() const override { return "always"; }
+    std::vector<Event> events() const override { return {Event::BeforeForward, Event::ModelToDevice}; }
+    void on_event(EventContext& ctx, Control&) override {
+      if (ctx.event == Event::ModelToDevice) ++moves;
+      if (ctx.state.global_step >= 1) set_memory_limit(kCpu, memory_stats(kCpu).allocated + 1024);
+    }
+    int moves = 0;
+  };
+  auto always = std::make_shared<Always>();
+  // "cpu" is skipped (the run is there already); cuda:0 is next, and this LibTorch has none.
+  const RunResult r = run(
+      "run", {"+plugins.oom_backoff.min_micro_batch=32", "+plugins.oom_backoff.fallback_devices=[\"cpu\", \"cuda:0\"]"},
+      {always}, "warn");
+  EXPECT_EQ(r.exit_code, kExitTrainingFailed);
+  EXPECT_NE(r.message.find("switch_device cuda:0: this LibTorch has no CUDA"), std::string::npos) << r.message;
+  const std::string log = read_file(tmp_ / "run/trainer.log");
+  EXPECT_NE(log.find("oom_backoff: cpu exhausted at micro-batch 32, falling back to cuda:0"), std::string::npos) << log;
+  EXPECT_EQ(always->moves, 1);  // the initial move only
+  EXPECT_NE(r.last_checkpoint.find("step_00000001.pt"), std::string::npos) << r.last_checkpoint;  // nothing lost
 }
 
 /// Sets a budget nothing fits in before the forward of step 1, and nothing else.

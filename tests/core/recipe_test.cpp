@@ -62,6 +62,18 @@ TEST_F(LoadRecipe, MergesGroupsUnderTheirPackageThenTheRecipe) {
   EXPECT_NE(r.config.origin("model.hidden").find("configs/model/mlp.toml:2"), std::string::npos);
 }
 
+TEST_F(LoadRecipe, PluginListsAccumulateAcrossGroupsRecipeAndPresets) {
+  write_file(tmp_ / "configs/robust.toml", "[plugins]\nload = [\"device_select\", \"oom_backoff\"]\n");
+  write_file(tmp_ / "configs/logs.toml", "[plugins]\nload = [\"memory_log\", \"oom_backoff\"]\n");
+  write_file(tmp_ / "recipes/p.toml", "defaults = [\"model/mlp\", \"robust\"]\n[plugins]\nload = [\"console\"]\n");
+  using List = std::vector<std::string>;
+  const auto r = load_recipe(tmp_ / "recipes/p.toml", {"logs"});
+  EXPECT_EQ(r.config.get<List>("plugins.load"), (List{"device_select", "oom_backoff", "console", "memory_log"}));
+  // An override replaces the list.
+  const auto o = load_recipe(tmp_ / "recipes/p.toml", {"logs", "plugins.load=[\"console\"]"});
+  EXPECT_EQ(o.config.get<List>("plugins.load"), (List{"console"}));
+}
+
 TEST_F(LoadRecipe, OverridesWinAndRecordTheirOrigin) {
   const auto r = load_recipe(recipe(), {"training.epochs=5", "run.name=baseline"});
   EXPECT_EQ(r.config.get<std::int64_t>("training.epochs"), 5);

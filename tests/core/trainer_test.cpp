@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <csignal>
 
 #include "support/test_util.h"
@@ -163,6 +164,22 @@ TEST_F(TrainerRun, ResumeReproducesTheLossesOfAnUninterruptedRun) {
   for (const auto& [step, loss] : resumed) {
     ASSERT_TRUE(straight.count(step)) << step;
     EXPECT_DOUBLE_EQ(loss, straight.at(step)) << "step " << step;
+  }
+}
+
+TEST_F(TrainerRun, TrainsInTheModelDtypeAndResumesInIt) {
+  for (const auto& [name, dtype] : {std::pair{"float64", c10::kDouble}, std::pair{"bfloat16", c10::kBFloat16}}) {
+    SCOPED_TRACE(name);
+    const std::string dir = std::string("run_") + name;
+    const RunResult r = run({std::string("+model.dtype=") + name}, dir);
+    ASSERT_EQ(r.exit_code, kExitOk) << r.message;
+    for (const auto& p : model_->parameters()) EXPECT_EQ(p.scalar_type(), dtype);
+    EXPECT_TRUE(std::isfinite(r.final_metrics.at("train/loss")));
+    EXPECT_GT(r.final_metrics.at("eval/accuracy"), 0.0);
+    const RunResult again =
+        run({std::string("+model.dtype=") + name, "training.epochs=3"}, dir + "_resumed", tmp_ / dir);
+    ASSERT_EQ(again.exit_code, kExitOk) << again.message;
+    EXPECT_EQ(again.global_step, 6);
   }
 }
 

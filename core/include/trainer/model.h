@@ -31,4 +31,14 @@ using ModelFactory = std::function<std::shared_ptr<Model>(const Config& section,
 /// The process-wide model registry (built-ins: "mlp", "cnn").
 TRAINER_API Registry<ModelFactory>& model_registry();
 
+/// The dtype named by `model.dtype`: "float32", "float64" or "bfloat16" (throws ConfigError
+/// for anything else).
+TRAINER_API c10::ScalarType model_dtype(const std::string& name);
+
+/// Builds the model `section.name` with its parameters and buffers created directly in
+/// `section.dtype` (default float32): LibTorch's default dtype is switched for the
+/// construction, so no float32 copy is made and converted. Peak memory of the build is the
+/// parameters themselves.
+TRAINER_API std::shared_ptr<Model> build_model(const Config& section, const DataSpec& data);
+
 }  // namespace trainer

@@ -42,6 +42,12 @@ TRAINER_API Registry<ScheduleFactory>& schedule_registry();
 /// without this. Returns false for optimizers it does not know (their state stays lazy).
 TRAINER_API bool materialize_optimizer_state(torch::optim::Optimizer& opt);
 
+/// Moves every state tensor of `opt` (AdamW moments, SGD momentum buffers) to `device`, one
+/// tensor at a time so that at most one tensor exists twice. Parameters are not touched (move
+/// the model with Module::to, which keeps each parameter's identity, so the state keys stay
+/// valid). Returns the bytes moved; throws trainer::Error for an optimizer it does not know.
+TRAINER_API std::int64_t move_optimizer_state(torch::optim::Optimizer& opt, const c10::Device& device);
+
 /// How many parameter-sized temporaries one step of `opt` holds at once (its peak extra
 /// memory is that times the largest parameter): AdamW 2, SGD 0 to 2 depending on weight
 /// decay and Nesterov; 2 for optimizers it does not know.

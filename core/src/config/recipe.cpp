@@ -333,6 +333,13 @@ std::vector<SectionSpec> core_config_sections(const Config& cfg) {
       name.def(fallback);
     }
     sec.keys.push_back(name);
+    if (path == "model") {
+      sec.keys.push_back(KeySpec("dtype", T::String,
+                                 "Dtype the parameters are created in (no float32 copy is made first); inputs "
+                                 "are cast to it")
+                             .def(std::string("float32"))
+                             .choices({"float32", "float64", "bfloat16"}));
+    }
     std::string chosen = fallback;
     if (cfg.has(path + ".name") && !cfg.is_table(path + ".name")) {
       if (const auto* v = std::get_if<std::string>(&cfg.value(path + ".name"))) chosen = *v;

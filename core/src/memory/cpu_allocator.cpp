@@ -6,9 +6,11 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 
 #include "trainer/memory.h"
+#include "util/torch_compat.h"
 
 namespace trainer {
 namespace {
@@ -44,7 +46,7 @@ void tracked_free(void* data) {
 
 class TrackingCpuAllocator final : public c10::Allocator {
  public:
-  c10::DataPtr allocate(std::size_t n) const override {
+  c10::DataPtr allocate(std::size_t n) TRAINER_ALLOCATOR_ALLOCATE_CONST override {
     const c10::Device cpu(c10::DeviceType::CPU);
     if (n == 0) return {nullptr, nullptr, &tracked_free, cpu};
     const auto size = static_cast<std::int64_t>(n);
@@ -77,6 +79,8 @@ class TrackingCpuAllocator final : public c10::Allocator {
     return {data, data, &tracked_free, cpu};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &tracked_free; }
+  // Pure virtual since LibTorch 2.3 (no `override`: 1.13 has no such function).
+  void copy_data(void* dest, const void* src, std::size_t count) const { std::memcpy(dest, src, count); }
 };
 
 }  // namespace

@@ -1,3 +1,4 @@
+#include <c10/core/DefaultDtype.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/container/sequential.h>
@@ -74,6 +75,25 @@ class Cnn final : public Model {
 };
 
 }  // namespace
+
+c10::ScalarType model_dtype(const std::string& name) {
+  if (name == "float32") return c10::kFloat;
+  if (name == "float64") return c10::kDouble;
+  if (name == "bfloat16") return c10::kBFloat16;
+  throw ConfigError({"model.dtype = \"" + name + "\": allowed are float32, float64, bfloat16"});
+}
+
+std::shared_ptr<Model> build_model(const Config& section, const DataSpec& data) {
+  const c10::ScalarType dtype = model_dtype(section.get_or<std::string>("dtype", "float32"));
+  const auto factory = model_registry().get(section.get<std::string>("name")).factory;
+  // Restores the previous default dtype however the factory exits.
+  struct DefaultDtype {
+    caffe2::TypeMeta previous = c10::get_default_dtype();
+    explicit DefaultDtype(c10::ScalarType t) { c10::set_default_dtype(caffe2::TypeMeta::fromScalarType(t)); }
+    ~DefaultDtype() { c10::set_default_dtype(previous); }
+  } guard(dtype);
+  return factory(section, data);
+}
 
 Registry<ModelFactory>& model_registry() {
   static Registry<ModelFactory>* reg = [] {

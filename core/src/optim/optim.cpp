@@ -5,6 +5,7 @@
 
 #include "trainer/error.h"
 #include "trainer/optim.h"
+#include "util/torch_compat.h"
 
 namespace trainer {
 
@@ -13,7 +14,7 @@ void set_learning_rate(torch::optim::Optimizer& opt, double lr) {
 }
 
 bool materialize_optimizer_state(torch::optim::Optimizer& opt) {
-  auto key = [](const at::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); };
+  auto key = [&opt](const at::Tensor& p) { return compat::optimizer_state_key(opt, p); };
   if (auto* adamw = dynamic_cast<torch::optim::AdamW*>(&opt)) {
     for (auto& group : adamw->param_groups()) {
       const bool amsgrad = static_cast<const torch::optim::AdamWOptions&>(group.options()).amsgrad();
@@ -45,6 +46,34 @@ bool materialize_optimizer_state(torch::optim::Optimizer& opt) {
     return true;
   }
   return false;
+}
+
+std::int64_t move_optimizer_state(torch::optim::Optimizer& opt, const c10::Device& device) {
+  std::int64_t moved = 0;
+  auto move = [&](const at::Tensor& t) {
+    if (!t.defined() || t.device() == device) return t;
+    moved += static_cast<std::int64_t>(t.nbytes());
+    return t.to(device);
+  };
+  if (auto* adamw = dynamic_cast<torch::optim::AdamW*>(&opt)) {
+    for (auto& [key, base] : adamw->state()) {
+      auto& st = static_cast<torch::optim::AdamWParamState&>(*base);
+      st.exp_avg(move(st.exp_avg()));
+      st.exp_avg_sq(move(st.exp_avg_sq()));
+      st.max_exp_avg_sq(move(st.max_exp_avg_sq()));
+    }
+    return moved;
+  }
+  if (auto* sgd = dynamic_cast<torch::optim::SGD*>(&opt)) {
+    for (auto& [key, base] : sgd->state()) {
+      auto& st = static_cast<torch::optim::SGDParamState&>(*base);
+      st.momentum_buffer(move(st.momentum_buffer()));
+    }
+    return moved;
+  }
+  TRAINER_CHECK(opt.state().empty(), "cannot move the state of this optimizer to ", device.str(),
+                ": trainer knows the state of AdamW and SGD only");
+  return moved;
 }
 
 int optimizer_step_temporaries(const torch::optim::Optimizer& opt) {

@@ -189,8 +189,8 @@ struct Trainer::Impl {
     if (c.retry_with_micro_batch && e != Event::OutOfMemory) {
       log->warn("retry_with_micro_batch is honoured in OutOfMemory only; ignored in {}", event_name(e));
     }
-    if (c.switch_device && e != Event::SelectDevice) {
-      log->warn("switch_device is honoured in SelectDevice only; ignored in {}", event_name(e));
+    if (c.switch_device && e != Event::SelectDevice && e != Event::OutOfMemory) {
+      log->warn("switch_device is honoured in SelectDevice and OutOfMemory only; ignored in {}", event_name(e));
     }
   }
 
@@ -318,7 +318,8 @@ struct Trainer::Impl {
     log->info("dataset {}: {} train, {} test samples", cfg.get<std::string>("dataset.name"), train_set->size(),
               test_set ? test_set->size() : 0);
 
-    model = model_registry().get(cfg.get<std::string>("model.name")).factory(cfg.sub("model"), spec);
+    model = build_model(cfg.sub("model"), spec);
+    input_dtype_ = model_dtype(cfg.get<std::string>("model.dtype"));
     ctx.model = model;
     fire(Event::ModelCreated);
     TRAINER_CHECK(ctx.model != nullptr, "a plugin cleared the model in ModelCreated");
@@ -509,6 +510,15 @@ struct Trainer::Impl {
     const std::string message = error_text(e);
     log->warn("out of memory in {} (micro-batch {}, attempt {}): {}", phase, micro, attempt + 1, message);
     const Control c = report_oom(e, phase, micro, samples, attempt, /*force_clear=*/false);
+    if (c.switch_device && attempt + 1 < kMaxOomAttempts) {
+      const c10::Device from = device;
+      move_run_to(c10::Device(*c.switch_device), c.reason);
+      devices_tried_.push_back(from.str() + " -> " + device.str());
+      const std::int64_t next = std::clamp<std::int64_t>(c.retry_with_micro_batch.value_or(micro), 1, samples);
+      log->warn("retrying the same {} on {} with micro-batches of {}", phase == "eval" ? "evaluation" : "batch",
+                device.str(), next);
+      return next;
+    }
     if (c.retry_with_micro_batch && attempt + 1 < kMaxOomAttempts) {
       const std::int64_t next = std::clamp<std::int64_t>(*c.retry_with_micro_batch, 1, samples);
       log->warn("retrying the same {} with micro-batches of {} ({}){}", phase == "eval" ? "evaluation" : "batch", next,
@@ -523,14 +533,48 @@ struct Trainer::Impl {
             : " (no plugin asked for another retry; oom_backoff retries down to its min_micro_batch)";
     std::string msg = message;
     while (!msg.empty() && (msg.back() == '.' || msg.back() == '\n')) msg.pop_back();
+    std::string moves;
+    for (const auto& m : devices_tried_) moves += (moves.empty() ? "" : ", ") + m;
     throw OomFailure(detail::str(
-        "out of memory in ", phase, " after ", tried.size(), " attempt(s) with micro-batches ", sizes, why, ": ", msg,
-        ". What to change: ",
+        "out of memory in ", phase, " on ", device.str(), " after ", tried.size(), " attempt(s) with micro-batches ",
+        sizes, moves.empty() ? "" : " (device fallback: " + moves + ")", why, ": ", msg, ". What to change: ",
         phase == "eval" ? "a smaller eval.batch_size"
                         : "a smaller training.micro_batch_size (gradient accumulation keeps the effective batch)",
         ", a smaller model, or a larger memory.limit_mb; mixed precision and activation checkpointing also cut "
         "activation memory (not yet available as trainer plugins)"));
   }
+
+  /// Moves the run to `to` after an out-of-memory error (Control.switch_device in
+  /// OutOfMemory): parameters and buffers in place (Module::to keeps each tensor's identity,
+  /// so the optimizer's references and state keys stay valid), then the optimizer state,
+  /// one tensor at a time, so nothing exists twice but the tensor being copied. Gradients
+  /// are undefined at this point (the failed attempt was dropped). Fires ModelToDevice.
+  void move_run_to(const c10::Device& to, const std::string& reason) {
+    if (to == device) {
+      log->warn("switch_device {}: the run is already there{}", to.str(), reason.empty() ? "" : " (" + reason + ")");
+      return;
+    }
+    if (to.is_cuda()) {
+      TRAINER_CHECK(torch::cuda::is_available(), "switch_device ", to.str(),
+                    ": this LibTorch has no CUDA or no GPU is visible");
+    }
+    const c10::Device from = device;
+    std::int64_t param_bytes = 0;
+    for (const auto& p : model->parameters()) param_bytes += static_cast<std::int64_t>(p.nbytes());
+    for (const auto& b : model->buffers()) param_bytes += static_cast<std::int64_t>(b.nbytes());
+    zero_grads();
+    model->to(to);
+    const std::int64_t state_bytes = move_optimizer_state(*optim, to);
+    device = to;
+    ctx.device = to;
+    clear_memory(from, /*force=*/true);
+    log->warn("moved the run from {} to {}: {} of parameters and buffers, {} of optimizer state{}", from.str(),
+              to.str(), format_bytes(param_bytes), format_bytes(state_bytes),
+              reason.empty() ? "" : " (" + reason + ")");
+    fire(Event::ModelToDevice);
+  }
+  c10::ScalarType input_dtype_ = c10::kFloat;  ///< model.dtype: inputs are cast to it
+  std::vector<std::string> devices_tried_;     ///< "cpu -> cuda:1" per device fallback
 
   /// Forward and backward over the micro-batches of `full`; returns the summed (already
   /// batch-normalised) loss and whether a plugin asked to skip the step.
@@ -616,7 +660,8 @@ struct Trainer::Impl {
       try {
         phase_ = "data";
         Batch full = train_set->get(indices);
-        if (device != full.inputs.device()) full = {full.inputs.to(device), full.targets.to(device)};
+        if (device != full.inputs.device() || full.inputs.scalar_type() != input_dtype_)
+          full = {full.inputs.to(device, input_dtype_), full.targets.to(device)};
         zero_grads();
         auto [batch_loss, skip] = accumulate(full, indices, micro);
         st.loss = batch_loss;
@@ -708,7 +753,7 @@ struct Trainer::Impl {
         for (std::int64_t begin = 0; begin < n; begin += batch) {
           const std::int64_t len = std::min(batch, n - begin);
           Batch b = test_set->get(at::arange(begin, begin + len, at::kLong));
-          at::Tensor x = b.inputs.to(device), y = b.targets.to(device);
+          at::Tensor x = b.inputs.to(device, input_dtype_), y = b.targets.to(device);
           at::Tensor out = model->forward(x);
           loss_sum += at::cross_entropy_loss(out, y, {}, at::Reduction::Sum).item<double>();
           correct += out.argmax(1).eq(y).sum().item<std::int64_t>();
