@@ -80,7 +80,8 @@ int show_memory(bool json) {
                 << ",\"uuid\":" << json_quote(g.uuid) << ",\"pci_bus_id\":" << json_quote(g.pci_bus_id)
                 << ",\"physical_index\":" << g.physical_index << ",\"total_bytes\":" << g.total
                 << ",\"free_bytes\":" << g.free << ",\"used_bytes\":" << g.used
-                << ",\"utilization_percent\":" << g.utilization << ",\"processes\":[";
+                << ",\"utilization_percent\":" << g.utilization << ",\"error\":" << json_quote(g.error)
+                << ",\"processes\":[";
       for (std::size_t i = 0; i < g.processes.size(); ++i) {
         std::cout << (i ? "," : "") << "{\"pid\":" << g.processes[i].pid
                   << ",\"used_bytes\":" << g.processes[i].used_bytes << "}";
@@ -102,6 +103,7 @@ int show_memory(bool json) {
     id.resize(std::max<std::size_t>(id.size() + 1, 8), ' ');
     std::cout << id << col(g.total) << col(g.free) << col(g.used) << g.name;
     if (g.utilization >= 0) std::cout << ", utilisation " << g.utilization << " %";
+    if (!g.error.empty()) std::cout << ", error: " << g.error;
     std::cout << "\n";
     for (const auto& p : g.processes) {
       std::cout << "          pid " << p.pid << ": "

@@ -186,12 +186,13 @@ class DeviceSelectPlugin final : public trainer::Plugin {
     std::vector<Candidate> ok;
     for (const auto& g : snap.gpus) {
       if (wanted_index_ >= 0 && g.index != wanted_index_) continue;
-      if (g.total < 0 && g.free < 0 && g.name == "unavailable") {
-        rejected.push_back(g.id + " cannot be queried");
+      if (!g.error.empty()) {
+        rejected.push_back(g.id + " cannot be queried (" + g.error + ")");
         continue;
       }
       if (g.free >= 0 && g.free < min_free_) {
-        rejected.push_back(g.id + " has " + format_bytes(g.free) + " free, below min_free_mb (" + format_bytes(min_free_) + ")");
+        rejected.push_back(g.id + " has " + format_bytes(g.free) + " free, below min_free_mb (" +
+                           format_bytes(min_free_) + ")");
         continue;
       }
       Candidate c{&g, 0};

@@ -138,7 +138,14 @@ TEST_F(FakeNvml, APerGpuQueryFailureIsANoteNotAFailure) {
   const InventorySnapshot s = system_inventory()->snapshot();
   ASSERT_EQ(s.gpus.size(), 2u);
   EXPECT_EQ(s.gpus[0].free, -1);
+  EXPECT_EQ(s.gpus[0].error, "memory: GPU is lost (15)");
   EXPECT_EQ(s.gpus[1].free, 1024LL << 20);
+  EXPECT_EQ(s.gpus[1].error, "");
+  // device_select passes the lost GPU over, although its free memory is "unknown", not low.
+  DeviceSelect sel(lease_setting() + "allow_cpu_fallback = false\ndevice = \"cuda:0\"");
+  const auto r = sel.select();
+  EXPECT_EQ(r.exit_code, kExitNoDevice);
+  EXPECT_NE(r.error.find("cuda:0 cannot be queried (memory: GPU is lost (15))"), std::string::npos) << r.error;
   ASSERT_EQ(s.notes.size(), 1u);
   EXPECT_NE(s.notes[0].find("GPU 0 memory: GPU is lost (15)"), std::string::npos) << s.notes[0];
 }
@@ -207,7 +214,8 @@ TEST_F(FakeNvml, WaitsUntilMemoryFreesThenTakesTheGpu) {
   const auto r = sel.select();
   freer.join();
   EXPECT_EQ(r.device, "cuda:0") << r.log;
-  EXPECT_NE(r.log.find("check 1: no usable GPU: cuda:0 has 384 MiB free, below min_free_mb (4.00 GiB)"), std::string::npos)
+  EXPECT_NE(r.log.find("check 1: no usable GPU: cuda:0 has 384 MiB free, below min_free_mb (4.00 GiB)"),
+            std::string::npos)
       << r.log;
 }
 

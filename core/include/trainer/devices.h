@@ -28,6 +28,7 @@ struct DeviceInfo {
   std::int64_t used = -1;
   int utilization = -1;  ///< GPU busy percent over the driver's last sample period; -1 unknown
   std::vector<GpuProcess> processes;
+  std::string error;  ///< why the driver could not report this GPU ("memory: GPU is lost (15)"); empty = fine
   bool is_gpu() const { return index >= 0; }
 };
 

@@ -122,8 +122,8 @@ bool nvml_gpus(std::vector<DeviceInfo>& out, std::vector<std::string>& notes, st
     r = nv.handle_by_index(i, &h);
     if (r != NVML_SUCCESS) {
       // Keep the slot (indices must stay aligned with the driver's) but mark it unusable.
-      notes.push_back("GPU " + std::to_string(i) + ": " + nv.error(r));
-      d.name = "unavailable";
+      d.error = nv.error(r);
+      notes.push_back("GPU " + std::to_string(i) + ": " + d.error);
       out.push_back(std::move(d));
       continue;
     }
@@ -140,7 +140,8 @@ bool nvml_gpus(std::vector<DeviceInfo>& out, std::vector<std::string>& notes, st
       d.free = static_cast<std::int64_t>(mem.free);
       d.used = static_cast<std::int64_t>(mem.used);
     } else {
-      notes.push_back("GPU " + std::to_string(i) + " memory: " + nv.error(r));
+      d.error = "memory: " + nv.error(r);
+      notes.push_back("GPU " + std::to_string(i) + " " + d.error);
     }
     nvmlUtilization_t util{};
     if (nv.utilization && nv.utilization(h, &util) == NVML_SUCCESS) d.utilization = static_cast<int>(util.gpu);

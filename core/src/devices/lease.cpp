@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "trainer/error.h"
+#include "util/local_time.h"
 
 namespace fs = std::filesystem;
 
@@ -34,15 +35,6 @@ std::string sanitize(const std::string& key) {
 bool alive(std::int64_t pid) {
   if (pid <= 0) return false;
   return ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM;
-}
-
-std::string now_text() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  localtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm);
-  return buf;
 }
 
 std::string hostname() {
@@ -155,8 +147,8 @@ std::unique_ptr<DeviceLease> DeviceLease::try_acquire(const std::string& dir, co
   {
     const std::string tmp = lease->holder_path_ + ".tmp";
     std::ofstream out(tmp, std::ios::trunc);
-    out << "pid=" << self << "\nhost=" << hostname() << "\nshared=" << (shared ? 1 : 0) << "\nsince=" << now_text()
-        << "\nnote=" << note << "\n";
+    out << "pid=" << self << "\nhost=" << hostname() << "\nshared=" << (shared ? 1 : 0)
+        << "\nsince=" << detail::local_time("%Y-%m-%d %H:%M:%S") << "\nnote=" << note << "\n";
     out.close();
     std::error_code ec;
     fs::rename(tmp, lease->holder_path_, ec);

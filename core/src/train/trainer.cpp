@@ -27,6 +27,7 @@
 #include "trainer/plugin_host.h"
 #include "trainer/recipe.h"
 #include "trainer/runtime.h"
+#include "util/local_time.h"
 
 namespace fs = std::filesystem;
 
@@ -75,13 +76,13 @@ void write_atomic(const fs::path& path, const std::string& text) {
   fs::rename(tmp, path);
 }
 
-std::string timestamp() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  localtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y%m%d-%H%M%S", &tm);
-  return buf;
+std::string timestamp() { return detail::local_time("%Y%m%d-%H%M%S"); }
+
+/// Throws unless this process can use CUDA device `d` (`what` names who asked).
+void check_cuda_device(const c10::Device& d, const std::string& what) {
+  const auto n = static_cast<int>(torch::cuda::device_count());
+  TRAINER_CHECK((d.has_index() ? d.index() : 0) < n, what, " ", d.str(), ": this process sees ", n, " CUDA device(s)",
+                n == 0 ? " (this LibTorch has no CUDA, or no GPU is visible)" : "");
 }
 
 std::int64_t scalar(torch::serialize::InputArchive& ar, const std::string& key) {
@@ -285,8 +286,7 @@ struct Trainer::Impl {
     if (c.switch_device) ctx.device = c10::Device(*c.switch_device);
     device = ctx.device;
     if (device.is_cuda()) {
-      TRAINER_CHECK(torch::cuda::is_available(), "device ", device.str(),
-                    " requested but this LibTorch has no CUDA or no GPU is visible");
+      check_cuda_device(device, "device");
     }
     const double limit_mb = cfg.get<double>("memory.limit_mb");
     const double fraction = cfg.get<double>("memory.fraction");
@@ -555,8 +555,7 @@ struct Trainer::Impl {
       return;
     }
     if (to.is_cuda()) {
-      TRAINER_CHECK(torch::cuda::is_available(), "switch_device ", to.str(),
-                    ": this LibTorch has no CUDA or no GPU is visible");
+      check_cuda_device(to, "switch_device");
     }
     const c10::Device from = device;
     std::int64_t param_bytes = 0;
