@@ -119,10 +119,13 @@ class DeviceSelectPlugin final : public trainer::Plugin {
       return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     };
     std::string reasons;
+    bool waited_any = false;
     for (int check = 1;; ++check) {
       const trainer::InventorySnapshot snap = inventory->snapshot();
       if (check == 1) describe(snap);
-      if (wanted_index_ >= 0 && wanted_index_ >= static_cast<int>(snap.gpus.size())) {
+      // A GPU index past the visible ones is a setting that cannot work (no GPU at all is the
+      // fallback's case).
+      if (wanted_index_ >= 0 && !snap.gpus.empty() && wanted_index_ >= static_cast<int>(snap.gpus.size())) {
         throw trainer::UsageError("plugins.device_select.device = \"" + device_ + "\": this process sees " +
                                   std::to_string(snap.gpus.size()) + " GPU(s)" + visible_text());
       }
@@ -136,8 +139,9 @@ class DeviceSelectPlugin final : public trainer::Plugin {
       logger_->info("device_select: check {}: no usable GPU: {}; next check in {} (waited {} of {})", check, reasons,
                     duration_text(interval_s_), duration_text(waited), duration_text(timeout_s_));
       sleep_interruptibly(interval_s_);
+      waited_any = true;
     }
-    const std::string waited = wait_ ? " after waiting " + duration_text(elapsed()) : "";
+    const std::string waited = waited_any ? " after waiting " + duration_text(elapsed()) : "";
     if (cpu_fallback_) {
       logger_->warn("device_select: no usable GPU{} ({}); falling back to the CPU", waited, reasons);
       choose_cpu(ctx, control, "fallback: no usable GPU");
@@ -162,7 +166,9 @@ class DeviceSelectPlugin final : public trainer::Plugin {
   }
 
   void describe(const trainer::InventorySnapshot& snap) const {
-    logger_->info("device_select: {} GPU(s) via {}{}", snap.gpus.size(), snap.source, notes_text(snap));
+    // With no GPU at all, the notes (why) come with the fallback line instead.
+    logger_->info("device_select: {} GPU(s) via {}{}", snap.gpus.size(), snap.source,
+                  snap.gpus.empty() ? "" : notes_text(snap));
     for (const auto& g : snap.gpus) {
       logger_->info("device_select:   {} {} [{}]: {} free of {}, utilisation {}, {} process(es)", g.id, g.name,
                     g.uuid.empty() ? g.pci_bus_id : g.uuid, g.free < 0 ? "unknown" : format_bytes(g.free),

@@ -201,6 +201,10 @@ TEST_F(FakeNvml, NoGpusAtAllFallsBackWithoutWaiting) {
   EXPECT_EQ(r.device, "cpu");
   EXPECT_NE(r.log.find("no GPU visible to this process"), std::string::npos) << r.log;
   EXPECT_NE(r.log.find("Driver Not Loaded"), std::string::npos) << r.log;
+  EXPECT_EQ(r.log.find("after waiting"), std::string::npos) << r.log;  // it did not wait
+  // An explicit GPU on a host without any follows the same fallback rule.
+  DeviceSelect explicit_gpu(lease_setting() + "device = \"cuda\"");
+  EXPECT_EQ(explicit_gpu.select().device, "cpu");
 }
 
 TEST_F(FakeNvml, WaitsUntilMemoryFreesThenTakesTheGpu) {
