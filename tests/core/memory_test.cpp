@@ -111,6 +111,31 @@ TEST_F(Memory, ModelsAreBuiltInTheirTargetDtype) {
   }
 }
 
+TEST_F(Memory, MovingOptimizerStateCopiesNothingTwiceAndLeavesNothingBehind) {
+  // The meta device (no storage) stands in for a second device on this CPU-only LibTorch:
+  // what the move takes off the CPU shows in the CPU counters, and a move that copied
+  // everything first and freed afterwards would show as a CPU peak. (Parameters cannot go to
+  // meta: Module::to's set_data refuses a CPU -> meta swap, which it allows for CPU <-> CUDA.)
+  const DataSpec spec{{1, 28, 28}, 10};
+  auto model = build_model(Config::parse("name = \"mlp\"\nhidden = [256]\ndropout = 0.0"), spec);
+  std::vector<at::Tensor> params = model->parameters();
+  auto opt = optimizer_registry().get("adamw").factory(
+      Config::parse("lr = 0.1\nweight_decay = 0.0\nbetas = [0.9, 0.999]\neps = 1e-8\namsgrad = false"), params);
+  ASSERT_TRUE(materialize_optimizer_state(*opt));
+  std::int64_t param_bytes = 0;
+  for (const auto& p : params) param_bytes += p.nbytes();
+  const c10::Device meta(c10::kMeta);
+  MemoryMonitor move(kCpu);
+  EXPECT_EQ(move_optimizer_state(*opt, meta), 2 * param_bytes);  // exp_avg and exp_avg_sq
+  EXPECT_EQ(move.peak_delta(), 0);                               // nothing allocated on the source
+  EXPECT_EQ(move.delta(), -2 * param_bytes);                     // both moments left it
+  EXPECT_EQ(move_optimizer_state(*opt, meta), 0);                // a second move moves nothing
+  EXPECT_EQ(opt->state().size(), model->parameters().size());  // every parameter keeps its state
+  for (const auto& [key, st] : opt->state()) {
+    EXPECT_TRUE(static_cast<torch::optim::AdamWParamState&>(*st).exp_avg().is_meta());
+  }
+}
+
 TEST_F(Memory, MaterialisedOptimizerStateGivesTheSameFirstStep) {
   for (const char* opt : {"adamw", "sgd"}) {
     SCOPED_TRACE(opt);
