@@ -77,10 +77,14 @@ void cuda_clear(int device, bool force) {
   empty_cache();
 }
 
-std::vector<DeviceInfo> cuda_gpus() {
+std::vector<DeviceInfo> cuda_gpus(std::string* why) {
   std::vector<DeviceInfo> out;
   int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) return out;
+  if (const cudaError_t e = cudaGetDeviceCount(&n); e != cudaSuccess) {
+    if (why) *why = cudaGetErrorString(e);
+    return out;
+  }
+  if (n == 0 && why) *why = "no GPU visible";
   for (int i = 0; i < n; ++i) {
     cudaDeviceProp p{};
     if (cudaGetDeviceProperties(&p, i) != cudaSuccess) continue;

@@ -188,8 +188,10 @@ class SystemInventory final : public DeviceInventory {
     } else {
       s.notes.push_back("NVML: " + why);
 #ifdef TRAINER_WITH_CUDA
-      all = detail::cuda_gpus();  // already in LibTorch's order and filtered by the runtime
+      std::string cuda_why;
+      all = detail::cuda_gpus(&cuda_why);  // already in LibTorch's order and filtered by the runtime
       s.source = all.empty() ? "none" : "cuda";
+      if (all.empty()) s.notes.push_back("CUDA runtime: " + cuda_why);
       for (auto& d : all) d.id = "cuda:" + std::to_string(d.index);
       s.gpus = std::move(all);
       return s;

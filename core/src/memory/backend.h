@@ -3,6 +3,7 @@
 // is always built; the CUDA backend (cuda/cuda_backend.cpp) only against a LibTorch with
 // CUDA, which defines TRAINER_WITH_CUDA for the core.
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "trainer/devices.h"
@@ -27,7 +28,8 @@ void cuda_set_fraction(int device, double fraction);
 void cuda_clear(int device, bool force);
 /// The GPUs the CUDA runtime exposes (already filtered by CUDA_VISIBLE_DEVICES), without
 /// creating a context on them: name, total memory, PCI bus id; free memory unknown (-1).
-std::vector<DeviceInfo> cuda_gpus();
+/// `why` receives the CUDA runtime's error when it reports no GPU.
+std::vector<DeviceInfo> cuda_gpus(std::string* why);
 #endif
 
 }  // namespace trainer::detail
