@@ -513,7 +513,7 @@ struct Trainer::Impl {
     if (c.switch_device && attempt + 1 < kMaxOomAttempts) {
       const c10::Device from = device;
       move_run_to(c10::Device(*c.switch_device), c.reason);
-      devices_tried_.push_back(from.str() + " -> " + device.str());
+      if (device != from) devices_tried_.push_back(from.str() + " -> " + device.str());
       const std::int64_t next = std::clamp<std::int64_t>(c.retry_with_micro_batch.value_or(micro), 1, samples);
       log->warn("retrying the same {} on {} with micro-batches of {}", phase == "eval" ? "evaluation" : "batch",
                 device.str(), next);
