@@ -149,9 +149,9 @@ class DeviceSelectPlugin final : public trainer::Plugin {
     }
     throw trainer::ExitRequest(trainer::kExitNoDevice, "FAILED",
                                "device_select: no usable GPU" + waited + " (" + reasons +
-                                   "); allow_cpu_fallback = false, so the run ends. Options: wait_for_gpu = true "
-                                   "or a longer timeout_min, a lower min_free_mb, share = true, or "
-                                   "allow_cpu_fallback = true");
+                                   "); allow_cpu_fallback = false, so the run ends. Options: " +
+                                   (wait_ ? "a longer timeout_min" : "wait_for_gpu = true") +
+                                   ", a lower min_free_mb, share = true, or allow_cpu_fallback = true");
   }
 
  private:
@@ -197,8 +197,9 @@ class DeviceSelectPlugin final : public trainer::Plugin {
         continue;
       }
       if (g.free >= 0 && g.free < min_free_) {
-        rejected.push_back(g.id + " has " + format_bytes(g.free) + " free, below min_free_mb (" +
-                           format_bytes(min_free_) + ")");
+        // In MiB, the unit of the setting (rounded GiB could read "38.8 GiB below 38.8 GiB").
+        rejected.push_back(g.id + " has " + std::to_string(g.free >> 20) +
+                           " MiB free, below min_free_mb = " + std::to_string(min_free_ >> 20));
         continue;
       }
       Candidate c{&g, 0};
