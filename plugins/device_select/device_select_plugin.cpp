@@ -247,20 +247,14 @@ class DeviceSelectPlugin final : public trainer::Plugin {
                     g.free < 0 ? "unknown" : format_bytes(g.free),
                     g.utilization < 0 ? std::string("unknown") : std::to_string(g.utilization) + " %",
                     lease_ ? std::string(", lease ") + lease_->lock_path() + (share_ ? " (shared)" : "") : "",
-                    rejected.empty() ? "" : "; passed over: " + join(rejected));
+                    rejected.empty() ? "" : "; passed over: " + trainer::detail::join(rejected, "; "));
       control.switch_device = g.id;
       control.reason = "device_select";
       ctx.device = c10::Device(g.id);
       return true;
     }
-    reasons = rejected.empty() ? "no GPU matches device = " + device_ : join(rejected);
+    reasons = rejected.empty() ? "no GPU matches device = " + device_ : trainer::detail::join(rejected, "; ");
     return false;
-  }
-
-  static std::string join(const std::vector<std::string>& v) {
-    std::string s;
-    for (const auto& x : v) s += (s.empty() ? "" : "; ") + x;
-    return s;
   }
 
   void choose_cpu(trainer::EventContext& ctx, trainer::Control& control, const std::string& why) {

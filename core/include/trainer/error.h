@@ -68,6 +68,12 @@ std::string str(const Args&... args) {
   (os << ... << args);
   return os.str();
 }
+/// `parts` separated by `sep`: "a, b, c".
+inline std::string join(const std::vector<std::string>& parts, const std::string& sep = ", ") {
+  std::string s;
+  for (std::size_t i = 0; i < parts.size(); ++i) s += (i ? sep : std::string()) + parts[i];
+  return s;
+}
 [[noreturn]] TRAINER_API void assert_fail(const char* cond, const char* file, int line, const std::string& msg);
 }  // namespace detail
 

@@ -8,6 +8,8 @@
 
 namespace trainer {
 
+using detail::join;
+
 std::string value_type_name(ValueType t) {
   switch (t) {
     case ValueType::Int:
@@ -58,11 +60,6 @@ std::string fmt_num(double v) {
   std::ostringstream os;
   os << v;
   return os.str();
-}
-std::string join(const std::vector<std::string>& xs, const char* sep = ", ") {
-  std::string s;
-  for (const auto& x : xs) s += (s.empty() ? "" : sep) + x;
-  return s;
 }
 }  // namespace
 

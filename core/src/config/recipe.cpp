@@ -15,6 +15,8 @@ namespace fs = std::filesystem;
 
 namespace trainer {
 
+using detail::join;
+
 namespace {
 
 bool valid_key(const std::string& key) {
@@ -78,12 +80,6 @@ bool is_group_dir(const std::string& name, const std::vector<std::string>& dirs)
     if (fs::is_directory(fs::path(d) / name)) return true;
   }
   return false;
-}
-
-std::string join(const std::vector<std::string>& xs) {
-  std::string s;
-  for (const auto& x : xs) s += (s.empty() ? "" : ", ") + x;
-  return s;
 }
 
 }  // namespace

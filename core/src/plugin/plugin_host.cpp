@@ -17,6 +17,8 @@ namespace fs = std::filesystem;
 
 namespace trainer {
 
+using detail::join;
+
 namespace {
 
 // NOTE: libraries are kept until process exit on purpose. Objects, modules, autograd nodes
@@ -29,12 +31,6 @@ struct LoadedLibraries {
 LoadedLibraries& loaded() {
   static auto* libs = new LoadedLibraries();
   return *libs;
-}
-
-std::string join(const std::vector<std::string>& xs, const char* sep) {
-  std::string s;
-  for (const auto& x : xs) s += (s.empty() ? "" : sep) + x;
-  return s;
 }
 
 bool looks_like_path(const std::string& s) {

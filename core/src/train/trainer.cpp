@@ -533,8 +533,7 @@ struct Trainer::Impl {
             : " (no plugin asked for another retry; oom_backoff retries down to its min_micro_batch)";
     std::string msg = message;
     while (!msg.empty() && (msg.back() == '.' || msg.back() == '\n')) msg.pop_back();
-    std::string moves;
-    for (const auto& m : devices_tried_) moves += (moves.empty() ? "" : ", ") + m;
+    const std::string moves = detail::join(devices_tried_);
     throw OomFailure(detail::str(
         "out of memory in ", phase, " on ", device.str(), " after ", tried.size(), " attempt(s) with micro-batches ",
         sizes, moves.empty() ? "" : " (device fallback: " + moves + ")", why, ": ", msg, ". What to change: ",
