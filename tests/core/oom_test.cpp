@@ -291,17 +291,21 @@ TEST_F(Oom, AShortLastBatchDoesNotLookLikeAShrunkenMicroBatch) {
   for (auto m : tight->micro_at_start) EXPECT_EQ(m, 64);
 }
 
+/// Re-arms the budget before every forward from step 1 on, so that no micro-batch fits;
+/// counts ModelToDevice (the initial move and any device fallback).
+class AlwaysTight final : public Plugin {
+ public:
+  std::string name() const override { return "always_tight"; }
+  std::vector<Event> events() const override { return {Event::BeforeForward, Event::ModelToDevice}; }
+  void on_event(EventContext& ctx, Control&) override {
+    if (ctx.event == Event::ModelToDevice) ++moves;
+    if (ctx.state.global_step >= 1) set_memory_limit(kCpu, memory_stats(kCpu).allocated + 1024);
+  }
+  int moves = 0;
+};
+
 TEST_F(Oom, GivesUpCleanlyAtTheMinimumMicroBatch) {
-  // Re-arms the budget before every forward from step 1 on, so that no micro-batch fits.
-  class Always final : public Plugin {
-   public:
-    std::string name() const override { return "always"; }
-    std::vector<Event> events() const override { return {Event::BeforeForward}; }
-    void on_event(EventContext& ctx, Control&) override {
-      if (ctx.state.global_step >= 1) set_memory_limit(kCpu, memory_stats(kCpu).allocated + 1024);
-    }
-  };
-  const RunResult r = run("run", {"+plugins.oom_backoff.min_micro_batch=16"}, {std::make_shared<Always>()});
+  const RunResult r = run("run", {"+plugins.oom_backoff.min_micro_batch=16"}, {std::make_shared<AlwaysTight>()});
   EXPECT_EQ(r.exit_code, kExitTrainingFailed);
   EXPECT_EQ(r.status, "FAILED");
   EXPECT_NE(r.message.find("out of memory in forward on cpu after 3 attempt(s) with micro-batches 64 -> 32 -> 16"),
@@ -313,17 +317,7 @@ TEST_F(Oom, GivesUpCleanlyAtTheMinimumMicroBatch) {
 }
 
 TEST_F(Oom, WhenBackingOffIsExhaustedTheRunFallsBackToTheNextDevice) {
-  class Always final : public Plugin {
-   public:
-    std::string name() const override { return "always"; }
-    std::vector<Event> events() const override { return {Event::BeforeForward, Event::ModelToDevice}; }
-    void on_event(EventContext& ctx, Control&) override {
-      if (ctx.event == Event::ModelToDevice) ++moves;
-      if (ctx.state.global_step >= 1) set_memory_limit(kCpu, memory_stats(kCpu).allocated + 1024);
-    }
-    int moves = 0;
-  };
-  auto always = std::make_shared<Always>();
+  auto always = std::make_shared<AlwaysTight>();
   // "cpu" is skipped (the run is there already); cuda:99 is next, and no host has it.
   const RunResult r =
       run("run",

@@ -14,6 +14,8 @@ namespace trainer {
 namespace {
 // CUDA devices go to the CUDA backend, compiled only against a LibTorch with CUDA; a build
 // without it refuses them loudly rather than reporting zeros.
+/// LibTorch's "cuda" without an index means the current device, 0 for trainer.
+[[maybe_unused]] int cuda_index(const c10::Device& d) { return d.has_index() ? d.index() : 0; }
 [[noreturn]] void no_backend(const c10::Device& d, const char* what) {
   throw Error(detail::str(what, " on ", d.str(), ": this build has no memory backend for ",
                           c10::DeviceTypeName(d.type(), true), " (CUDA needs a LibTorch with CUDA)"));
@@ -23,7 +25,7 @@ namespace {
 MemoryStats memory_stats(const c10::Device& device) {
   if (device.is_cpu()) return detail::cpu_memory_stats();
 #ifdef TRAINER_WITH_CUDA
-  if (device.is_cuda()) return detail::cuda_memory_stats(device.has_index() ? device.index() : 0);
+  if (device.is_cuda()) return detail::cuda_memory_stats(cuda_index(device));
 #endif
   no_backend(device, "memory_stats");
 }
@@ -31,7 +33,7 @@ MemoryStats memory_stats(const c10::Device& device) {
 void reset_peak_memory(const c10::Device& device) {
   if (device.is_cpu()) return detail::cpu_reset_peak();
 #ifdef TRAINER_WITH_CUDA
-  if (device.is_cuda()) return detail::cuda_reset_peak(device.has_index() ? device.index() : 0);
+  if (device.is_cuda()) return detail::cuda_reset_peak(cuda_index(device));
 #endif
   no_backend(device, "reset_peak_memory");
 }
@@ -42,7 +44,7 @@ void set_memory_limit(const c10::Device& device, std::int64_t bytes) {
     return detail::cpu_set_limit(bytes);
   }
 #ifdef TRAINER_WITH_CUDA
-  if (device.is_cuda()) return detail::cuda_set_limit(device.has_index() ? device.index() : 0, bytes);
+  if (device.is_cuda()) return detail::cuda_set_limit(cuda_index(device), bytes);
 #endif
   no_backend(device, "set_memory_limit");
 }
@@ -50,7 +52,7 @@ void set_memory_limit(const c10::Device& device, std::int64_t bytes) {
 void set_memory_fraction(const c10::Device& device, double fraction) {
   TRAINER_CHECK_T(UsageError, fraction > 0.0 && fraction <= 1.0, "memory fraction ", fraction, " is outside (0, 1]");
 #ifdef TRAINER_WITH_CUDA
-  if (device.is_cuda()) return detail::cuda_set_fraction(device.has_index() ? device.index() : 0, fraction);
+  if (device.is_cuda()) return detail::cuda_set_fraction(cuda_index(device), fraction);
 #endif
   if (device.is_cpu()) {
     return set_memory_limit(device, static_cast<std::int64_t>(static_cast<double>(host_memory().total) * fraction));
@@ -68,7 +70,7 @@ bool has_memory_backend(const c10::Device& device) {
 void clear_memory(const c10::Device& device, bool force) {
   if (device.is_cpu()) detail::cpu_clear(force);
 #ifdef TRAINER_WITH_CUDA
-  if (device.is_cuda()) detail::cuda_clear(device.has_index() ? device.index() : 0, force);
+  if (device.is_cuda()) detail::cuda_clear(cuda_index(device), force);
 #endif
 }
 

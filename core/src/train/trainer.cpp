@@ -510,19 +510,17 @@ struct Trainer::Impl {
     const std::string message = error_text(e);
     log->warn("out of memory in {} (micro-batch {}, attempt {}): {}", phase, micro, attempt + 1, message);
     const Control c = report_oom(e, phase, micro, samples, attempt, /*force_clear=*/false);
-    if (c.switch_device && attempt + 1 < kMaxOomAttempts) {
-      const c10::Device from = device;
-      move_run_to(c10::Device(*c.switch_device), c.reason);
-      if (device != from) devices_tried_.push_back(from.str() + " -> " + device.str());
+    if ((c.switch_device || c.retry_with_micro_batch) && attempt + 1 < kMaxOomAttempts) {
+      std::string where;
+      if (c.switch_device) {
+        const c10::Device from = device;
+        move_run_to(c10::Device(*c.switch_device), c.reason);
+        if (device != from) devices_tried_.push_back(from.str() + " -> " + device.str());
+        where = " on " + device.str();
+      }
       const std::int64_t next = std::clamp<std::int64_t>(c.retry_with_micro_batch.value_or(micro), 1, samples);
-      log->warn("retrying the same {} on {} with micro-batches of {}", phase == "eval" ? "evaluation" : "batch",
-                device.str(), next);
-      return next;
-    }
-    if (c.retry_with_micro_batch && attempt + 1 < kMaxOomAttempts) {
-      const std::int64_t next = std::clamp<std::int64_t>(*c.retry_with_micro_batch, 1, samples);
-      log->warn("retrying the same {} with micro-batches of {} ({}){}", phase == "eval" ? "evaluation" : "batch", next,
-                next < micro ? "smaller" : "same size or larger", c.reason.empty() ? "" : ": " + c.reason);
+      log->warn("retrying the same {}{} with micro-batches of {} ({}){}", phase == "eval" ? "evaluation" : "batch",
+                where, next, next < micro ? "smaller" : "same size or larger", c.reason.empty() ? "" : ": " + c.reason);
       return next;
     }
     std::string sizes;
