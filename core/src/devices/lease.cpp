@@ -150,6 +150,7 @@ std::unique_ptr<DeviceLease> DeviceLease::try_acquire(const std::string& dir, co
     out << "pid=" << self << "\nhost=" << hostname() << "\nshared=" << (shared ? 1 : 0)
         << "\nsince=" << detail::local_time("%Y-%m-%d %H:%M:%S") << "\nnote=" << note << "\n";
     out.close();
+    // Best effort: the flock is the lease; the holder file only describes it to others.
     std::error_code ec;
     fs::rename(tmp, lease->holder_path_, ec);
     ::chmod(lease->holder_path_.c_str(), 0644);
