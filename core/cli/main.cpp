@@ -35,9 +35,9 @@ Exit codes: 0 ok, 2 usage or config error, 3 training failed, 4 no device could 
 )";
 
 std::string join_events(const std::vector<trainer::Event>& events) {
-  std::string s;
-  for (auto e : events) s += (s.empty() ? "" : ", ") + std::string(trainer::event_name(e));
-  return s;
+  std::vector<std::string> names;
+  for (auto e : events) names.emplace_back(trainer::event_name(e));
+  return trainer::detail::join(names);
 }
 
 int list_plugins(const std::vector<std::string>& dirs) {

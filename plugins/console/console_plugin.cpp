@@ -22,7 +22,6 @@ std::string hms(double seconds) {
 class ConsolePlugin final : public trainer::Plugin {
  public:
   std::string name() const override { return "console"; }
-  std::string version() const override { return "0.1.0"; }
   std::string description() const override { return "Progress line: epoch, step/total, loss, samples/s, ETA"; }
   std::vector<trainer::Event> events() const override {
     using E = trainer::Event;

@@ -11,10 +11,11 @@
 #include <thread>
 
 #include "trainer/devices.h"
+#include "trainer/error.h"
+#include "trainer/interrupt.h"
 #include "trainer/lease.h"
 #include "trainer/memory.h"
 #include "trainer/plugin.h"
-#include "trainer/trainer.h"
 
 namespace {
 
@@ -45,7 +46,6 @@ struct Candidate {
 class DeviceSelectPlugin final : public trainer::Plugin {
  public:
   std::string name() const override { return "device_select"; }
-  std::string version() const override { return "0.1.0"; }
   std::string description() const override {
     return "Choose the device: the GPU with the most free memory, waiting for one, with a host-wide lease";
   }

@@ -11,7 +11,6 @@ namespace {
 class MemoryLogPlugin final : public trainer::Plugin {
  public:
   std::string name() const override { return "memory_log"; }
-  std::string version() const override { return "0.1.0"; }
   std::string description() const override { return "Logs allocated/reserved/peak memory as log lines and metrics"; }
   std::vector<trainer::Event> events() const override {
     using E = trainer::Event;

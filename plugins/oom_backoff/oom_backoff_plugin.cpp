@@ -13,7 +13,6 @@ namespace {
 class OomBackoffPlugin final : public trainer::Plugin {
  public:
   std::string name() const override { return "oom_backoff"; }
-  std::string version() const override { return "0.1.0"; }
   std::string description() const override {
     return "On out-of-memory, retry the same batch with a smaller micro-batch; grow back after clean steps";
   }

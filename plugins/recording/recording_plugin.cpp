@@ -17,7 +17,6 @@ class RecordingPlugin final : public trainer::Plugin {
     if (out_) std::fclose(out_);
   }
   std::string name() const override { return "recording"; }
-  std::string version() const override { return "0.1.0"; }
   std::string description() const override { return "Records every event and its context as JSON lines"; }
   std::vector<trainer::Event> events() const override { return trainer::all_events(); }
   std::vector<trainer::KeySpec> config_keys() const override {

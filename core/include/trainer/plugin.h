@@ -96,8 +96,8 @@ using PluginCreateFn = Plugin*();
 
 /// Exports `Class` (a trainer::Plugin with a default constructor) from a plugin library:
 /// the factory `trainer_plugin_create` and the descriptor `trainer_plugin_abi`.
-/// NOTE: the functions live in a namespace; a global function aliased under its own name
-/// makes the alias point at itself (PITFALLS.md).
+/// NOTE: the functions live in a namespace: BOOST_DLL_ALIAS of a global function with the
+/// alias's own name compiles, but the alias then points at itself and calling it crashes.
 #define TRAINER_PLUGIN(Class)                                                     \
   namespace trainer_plugin_export {                                               \
   ::trainer::AbiDescriptor trainer_plugin_abi() { return ::trainer::this_abi(); } \

@@ -1,4 +1,5 @@
 #pragma once
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -8,6 +9,8 @@
 #include "trainer/export.h"
 
 namespace trainer {
+
+class Plugin;
 
 /// One command-line override (docs/recipes.md, "Overrides").
 struct Override {
@@ -54,5 +57,22 @@ TRAINER_API std::vector<SectionSpec> core_config_sections(const Config& cfg);
 /// the override rules (`a.b=v` must name a known key, `+a.b=v` a new one), fills defaults.
 /// Throws ConfigError listing every problem.
 TRAINER_API void validate_recipe(LoadedRecipe& recipe, const std::vector<SectionSpec>& extra = {});
+
+/// A recipe resolved and validated, with its plugins loaded and ready for a Trainer.
+struct PreparedRun {
+  Config config;
+  std::vector<std::shared_ptr<Plugin>> plugins;
+  std::vector<std::string> sources;  ///< config files merged, in order
+};
+
+/// Loads `recipe` with `overrides`, loads the plugins it names (searching `plugin_dirs`,
+/// then the recipe's plugins.path, $TRAINER_PLUGIN_PATH and the default directories) and
+/// validates everything. Throws ConfigError or PluginError (exit code 2).
+TRAINER_API PreparedRun prepare_run(const std::string& recipe, const std::vector<std::string>& overrides,
+                                    const std::vector<std::string>& plugin_dirs = {});
+
+/// The config sections of `plugins`: `plugins.<name>` with each plugin's keys plus
+/// `priority` and `policy`.
+TRAINER_API std::vector<SectionSpec> plugin_config_sections(const std::vector<std::shared_ptr<Plugin>>& plugins);
 
 }  // namespace trainer

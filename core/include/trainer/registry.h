@@ -40,25 +40,23 @@ class Registry {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = entries_.find(name);
     if (it == entries_.end()) {
-      throw ConfigError({detail::str("unknown ", kind_, " '", name, "'; known: ", join_names())});
+      throw ConfigError({detail::str("unknown ", kind_, " '", name, "'; known: ", detail::join(names_locked()))});
     }
     return it->second;
   }
 
   std::vector<std::string> names() const {
     std::lock_guard<std::mutex> lock(mu_);
-    std::vector<std::string> out;
-    for (const auto& kv : entries_) out.push_back(kv.first);
-    return out;
+    return names_locked();
   }
 
   const std::string& kind() const { return kind_; }
 
  private:
-  std::string join_names() const {
-    std::string s;
-    for (const auto& kv : entries_) s += (s.empty() ? "" : ", ") + kv.first;
-    return s;
+  std::vector<std::string> names_locked() const {
+    std::vector<std::string> out;
+    for (const auto& kv : entries_) out.push_back(kv.first);
+    return out;
   }
   std::string kind_;
   mutable std::mutex mu_;

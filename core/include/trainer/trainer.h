@@ -8,8 +8,10 @@
 #include "trainer/config.h"
 #include "trainer/error.h"
 #include "trainer/export.h"
+#include "trainer/interrupt.h"
 #include "trainer/model.h"
 #include "trainer/plugin.h"
+#include "trainer/recipe.h"  // prepare_run: what a program that trains needs first
 
 namespace trainer {
 
@@ -62,35 +64,5 @@ class TRAINER_API Trainer {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
-
-/// Asks every running Trainer in this process to stop at its next safe point as if
-/// SIGINT had arrived (what the signal handler calls).
-TRAINER_API void request_interrupt() noexcept;
-/// True once SIGINT/SIGTERM arrived (or request_interrupt was called) and not cleared:
-/// plugins that wait (device_select) poll it to stop waiting.
-TRAINER_API bool interrupt_requested() noexcept;
-/// Clears a pending interrupt request.
-TRAINER_API void clear_interrupt() noexcept;
-
-}  // namespace trainer
-
-namespace trainer {
-
-/// A recipe resolved and validated, with its plugins loaded and ready for a Trainer.
-struct PreparedRun {
-  Config config;
-  std::vector<std::shared_ptr<Plugin>> plugins;
-  std::vector<std::string> sources;  ///< config files merged, in order
-};
-
-/// Loads `recipe` with `overrides`, loads the plugins it names (searching `plugin_dirs`,
-/// then the recipe's plugins.path, $TRAINER_PLUGIN_PATH and the default directories) and
-/// validates everything. Throws ConfigError or PluginError (exit code 2).
-TRAINER_API PreparedRun prepare_run(const std::string& recipe, const std::vector<std::string>& overrides,
-                                    const std::vector<std::string>& plugin_dirs = {});
-
-/// The config sections of `plugins`: `plugins.<name>` with each plugin's keys plus
-/// `priority` and `policy`.
-TRAINER_API std::vector<SectionSpec> plugin_config_sections(const std::vector<std::shared_ptr<Plugin>>& plugins);
 
 }  // namespace trainer

@@ -9,6 +9,8 @@
 #include "trainer/error.h"
 #include "trainer/model.h"
 #include "trainer/optim.h"
+#include "trainer/plugin.h"
+#include "trainer/plugin_host.h"
 #include "util/paths.h"
 
 namespace fs = std::filesystem;
@@ -403,6 +405,39 @@ void validate_recipe(LoadedRecipe& recipe, const std::vector<SectionSpec>& extra
     }
   }
   if (!problems.empty()) throw ConfigError(problems);
+}
+
+std::vector<SectionSpec> plugin_config_sections(const std::vector<std::shared_ptr<Plugin>>& plugins) {
+  std::vector<SectionSpec> out;
+  for (const auto& p : plugins) {
+    SectionSpec s{"plugins." + p->name(), p->config_keys(), p->description()};
+    s.keys.push_back(KeySpec("priority", ValueType::Int, "Dispatch order: lower runs first"));
+    s.keys.push_back(KeySpec("policy", ValueType::String,
+                             "When a handler throws: observer logs and continues, essential fails the run")
+                         .choices({"observer", "essential"}));
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+PreparedRun prepare_run(const std::string& recipe, const std::vector<std::string>& overrides,
+                        const std::vector<std::string>& plugin_dirs) {
+  LoadedRecipe loaded = load_recipe(recipe, overrides);
+  std::vector<std::string> dirs = plugin_dirs;
+  std::vector<std::string> names;
+  try {
+    for (auto& d : loaded.config.get_or<std::vector<std::string>>("plugins.path", {})) dirs.push_back(d);
+    names = loaded.config.get_or<std::vector<std::string>>("plugins.load", {});
+  } catch (const ConfigError&) {
+    // Wrong types here are reported by validate_recipe below.
+  }
+  PluginHost host(dirs);
+  PreparedRun out;
+  for (const auto& name : names) out.plugins.push_back(host.load(name));
+  validate_recipe(loaded, plugin_config_sections(out.plugins));
+  out.config = loaded.config;
+  out.sources = loaded.sources;
+  return out;
 }
 
 }  // namespace trainer

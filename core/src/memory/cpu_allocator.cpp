@@ -17,7 +17,7 @@ namespace {
 
 // NOTE: each block carries a 64-byte header holding its size, so the deleter finds the size
 // from the data pointer alone; the data stays 64-byte aligned like c10's own allocator.
-// oneDNN requires DataPtr context == data pointer (PITFALLS.md), hence no separate context.
+// oneDNN's convolution asserts DataPtr context == data pointer, hence no separate context.
 constexpr std::size_t kHeader = 64;
 
 std::atomic<std::int64_t> g_allocated{0};

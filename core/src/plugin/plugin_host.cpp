@@ -22,8 +22,10 @@ using detail::join;
 namespace {
 
 // NOTE: libraries are kept until process exit on purpose. Objects, modules, autograd nodes
-// and exceptions a plugin created can outlive every handle, and unmapping the code under
-// them crashes (PITFALLS.md). The list is leaked so no static destructor unloads it either.
+// and exceptions a plugin created can outlive every handle; once the last shared_library
+// handle goes, the .so is really unmapped, and calling a plugin object, destroying an
+// nn::Module subclass it defined or running backward() through its autograd Function then
+// crashes. The list is leaked so no static destructor unloads it either.
 struct LoadedLibraries {
   std::mutex mu;
   std::map<std::string, boost::dll::shared_library> by_path;

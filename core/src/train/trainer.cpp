@@ -26,6 +26,7 @@
 #include "trainer/optim.h"
 #include "trainer/plugin_host.h"
 #include "trainer/recipe.h"
+#include "train/signal_scope.h"
 #include "trainer/runtime.h"
 #include "util/local_time.h"
 
@@ -34,34 +35,6 @@ namespace fs = std::filesystem;
 namespace trainer {
 
 namespace {
-
-std::atomic<bool> g_interrupt{false};
-
-extern "C" void on_signal(int sig) {
-  g_interrupt.store(true);
-  // A second signal kills the process the ordinary way.
-  std::signal(sig, SIG_DFL);
-}
-
-/// Installs SIGINT/SIGTERM handlers for its lifetime.
-class SignalScope {
- public:
-  explicit SignalScope(bool enable) : enabled_(enable) {
-    if (!enabled_) return;
-    prev_int_ = std::signal(SIGINT, on_signal);
-    prev_term_ = std::signal(SIGTERM, on_signal);
-  }
-  ~SignalScope() {
-    if (!enabled_) return;
-    std::signal(SIGINT, prev_int_);
-    std::signal(SIGTERM, prev_term_);
-  }
-
- private:
-  bool enabled_;
-  void (*prev_int_)(int) = SIG_DFL;
-  void (*prev_term_)(int) = SIG_DFL;
-};
 
 /// Writes `text` to `path` through a temporary file and a rename: never half-written.
 void write_atomic(const fs::path& path, const std::string& text) {
@@ -101,10 +74,6 @@ std::string error_text(const std::exception& e) {
 struct StopRun {};
 
 }  // namespace
-
-void request_interrupt() noexcept { g_interrupt.store(true); }
-bool interrupt_requested() noexcept { return g_interrupt.load(); }
-void clear_interrupt() noexcept { g_interrupt.store(false); }
 
 struct Trainer::Impl {
   TrainerOptions opts;
@@ -779,7 +748,7 @@ struct Trainer::Impl {
   }
 
   void check_stop() {
-    if (g_interrupt.load()) throw StopRun{};
+    if (interrupt_requested()) throw StopRun{};
     if (want_stop) throw StopRun{};
     if (max_steps > 0 && st.global_step >= max_steps) {
       stop_reason = "training.max_steps reached";
@@ -788,7 +757,7 @@ struct Trainer::Impl {
   }
 
   bool stop_requested() const {
-    return g_interrupt.load() || want_stop || (max_steps > 0 && st.global_step >= max_steps);
+    return interrupt_requested() || want_stop || (max_steps > 0 && st.global_step >= max_steps);
   }
 
   void run_loop() {
@@ -854,7 +823,7 @@ struct Trainer::Impl {
 
   RunResult fit() {
     RunResult r;
-    SignalScope signals(opts.handle_signals);
+    detail::SignalScope signals(opts.handle_signals);
     log = default_logger();
     install_cpu_tracking_allocator();  // counts from the start; the budget comes with the device
     std::exception_ptr failure;
@@ -886,7 +855,7 @@ struct Trainer::Impl {
       try {
         run_loop();
       } catch (const StopRun&) {
-        interrupted = g_interrupt.load();
+        interrupted = interrupt_requested();
         if (interrupted) stop_reason = "interrupted by a signal";
         log->info("stopping: {}", stop_reason);
       }
@@ -957,38 +926,5 @@ Trainer::Trainer(TrainerOptions options) : impl_(std::make_unique<Impl>(std::mov
 Trainer::~Trainer() = default;
 RunResult Trainer::fit() { return impl_->fit(); }
 std::shared_ptr<Model> Trainer::model() const { return impl_->model; }
-
-std::vector<SectionSpec> plugin_config_sections(const std::vector<std::shared_ptr<Plugin>>& plugins) {
-  std::vector<SectionSpec> out;
-  for (const auto& p : plugins) {
-    SectionSpec s{"plugins." + p->name(), p->config_keys(), p->description()};
-    s.keys.push_back(KeySpec("priority", ValueType::Int, "Dispatch order: lower runs first"));
-    s.keys.push_back(KeySpec("policy", ValueType::String,
-                             "When a handler throws: observer logs and continues, essential fails the run")
-                         .choices({"observer", "essential"}));
-    out.push_back(std::move(s));
-  }
-  return out;
-}
-
-PreparedRun prepare_run(const std::string& recipe, const std::vector<std::string>& overrides,
-                        const std::vector<std::string>& plugin_dirs) {
-  LoadedRecipe loaded = load_recipe(recipe, overrides);
-  std::vector<std::string> dirs = plugin_dirs;
-  std::vector<std::string> names;
-  try {
-    for (auto& d : loaded.config.get_or<std::vector<std::string>>("plugins.path", {})) dirs.push_back(d);
-    names = loaded.config.get_or<std::vector<std::string>>("plugins.load", {});
-  } catch (const ConfigError&) {
-    // Wrong types here are reported by validate_recipe below.
-  }
-  PluginHost host(dirs);
-  PreparedRun out;
-  for (const auto& name : names) out.plugins.push_back(host.load(name));
-  validate_recipe(loaded, plugin_config_sections(out.plugins));
-  out.config = loaded.config;
-  out.sources = loaded.sources;
-  return out;
-}
 
 }  // namespace trainer

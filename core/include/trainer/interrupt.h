@@ -1,0 +1,19 @@
+#pragma once
+#include "trainer/export.h"
+
+namespace trainer {
+
+/// A process-wide "stop soon" flag. SIGINT/SIGTERM set it while a Trainer runs with
+/// `TrainerOptions::handle_signals`; the loop stops at its next safe point (checkpoint,
+/// exit code 130), and plugins that wait (device_select) poll it to stop waiting.
+/// All three are async-signal-safe and thread-safe.
+
+/// Asks every running Trainer in this process to stop at its next safe point, as if SIGINT
+/// had arrived (what the signal handler calls).
+TRAINER_API void request_interrupt() noexcept;
+/// True once SIGINT/SIGTERM arrived (or request_interrupt was called) and not cleared.
+TRAINER_API bool interrupt_requested() noexcept;
+/// Clears a pending interrupt request.
+TRAINER_API void clear_interrupt() noexcept;
+
+}  // namespace trainer
