@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "trainer/devices.h"
+#include "trainer/config_spec.h"
 #include "trainer/error.h"
 #include "trainer/json.h"
 #include "trainer/logging.h"
@@ -20,8 +21,10 @@ namespace {
 
 const char* kUsage = R"(Usage:
   trainer --recipe FILE [OVERRIDE...]   train (see docs/recipes.md)
-  trainer plugins [--recipe FILE] [--plugin-dir DIR]...
+  trainer plugins [--recipe FILE] [--plugin-dir DIR]... [--markdown]
                                         list plugins found: version, events, config keys
+                                        (--markdown: each plugin's config-key table, as in
+                                        its README)
   trainer mem [--json]                  total / free / used memory per device, and this process's
 
 Overrides:
@@ -40,10 +43,17 @@ std::string join_events(const std::vector<trainer::Event>& events) {
   return trainer::detail::join(names);
 }
 
-int list_plugins(const std::vector<std::string>& dirs) {
+int list_plugins(const std::vector<std::string>& dirs, bool markdown) {
   trainer::PluginHost host(dirs);
   std::vector<std::string> errors;
   const auto infos = host.discover(&errors);
+  if (markdown) {
+    for (const auto& p : infos) {
+      std::cout << "## " << p.name << "\n\n" << trainer::key_table_markdown(p.keys, "plugins." + p.name + ".") << "\n";
+    }
+    for (const auto& e : errors) std::cerr << "error: " << e << "\n";
+    return errors.empty() ? trainer::kExitOk : trainer::kExitUsage;
+  }
   std::cout << "Plugin search path:\n";
   for (const auto& d : host.search_path()) std::cout << "  " << d << "\n";
   std::cout << "\n";
@@ -130,7 +140,8 @@ int run(int argc, char** argv) {
       ("resume", po::value<std::string>(), "resume from a checkpoint file or run directory")                  //
       ("log-level", po::value<std::string>()->default_value("info"), "trace, debug, info, warn, error, off")  //
       ("plugin-dir", po::value<std::vector<std::string>>(), "extra plugin directory (repeatable)")            //
-      ("json", "trainer mem: print JSON");
+      ("json", "trainer mem: print JSON")                                                                    //
+      ("markdown", "trainer plugins: print each plugin's config-key table in Markdown");
   po::options_description hidden;
   hidden.add_options()("args", po::value<std::vector<std::string>>(), "");
   po::options_description all;
@@ -176,7 +187,7 @@ int run(int argc, char** argv) {
       const auto loaded = trainer::load_recipe(vm["recipe"].as<std::string>(), {});
       for (auto& d : loaded.config.get_or<std::vector<std::string>>("plugins.path", {})) plugin_dirs.push_back(d);
     }
-    return list_plugins(plugin_dirs);
+    return list_plugins(plugin_dirs, vm.count("markdown") != 0);
   }
   if (!vm.count("recipe")) {
     std::cerr << "trainer: --recipe is required\n\n" << kUsage;

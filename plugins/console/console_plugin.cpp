@@ -6,6 +6,7 @@
 #include <string>
 
 #include "trainer/plugin.h"
+#include "trainer/settings.h"
 
 namespace {
 
@@ -19,6 +20,16 @@ std::string hms(double seconds) {
   return buf;
 }
 
+struct ConsoleSettings : trainer::Settings<ConsoleSettings> {
+  std::int64_t every_steps = 100;
+  std::string mode = "auto";
+
+  static void declare(trainer::SettingsSchema<ConsoleSettings>& s) {
+    s.add(&ConsoleSettings::every_steps, "every_steps", "Plain mode: print every N optimizer steps").min(1);
+    s.add(&ConsoleSettings::mode, "mode", "auto picks tty when stdout is a terminal").choices({"auto", "tty", "plain"});
+  }
+};
+
 class ConsolePlugin final : public trainer::Plugin {
  public:
   std::string name() const override { return "console"; }
@@ -27,20 +38,12 @@ class ConsolePlugin final : public trainer::Plugin {
     using E = trainer::Event;
     return {E::FitStart, E::BatchEnd, E::EvalEnd, E::EpochEnd, E::FitEnd};
   }
-  std::vector<trainer::KeySpec> config_keys() const override {
-    using T = trainer::ValueType;
-    return {trainer::KeySpec("every_steps", T::Int, "Plain mode: print every N optimizer steps")
-                .def(std::int64_t{100})
-                .min(1),
-            trainer::KeySpec("mode", T::String, "auto picks tty when stdout is a terminal")
-                .def(std::string("auto"))
-                .choices({"auto", "tty", "plain"})};
-  }
+  std::vector<trainer::KeySpec> config_keys() const override { return ConsoleSettings::keys(); }
   void configure(const trainer::Config& section, std::shared_ptr<spdlog::logger> logger) override {
     Plugin::configure(section, std::move(logger));
-    every_ = section.get<std::int64_t>("every_steps");
-    const std::string mode = section.get<std::string>("mode");
-    tty_ = mode == "tty" || (mode == "auto" && isatty(STDOUT_FILENO));
+    const auto s = ConsoleSettings::from(section);
+    every_ = s.every_steps;
+    tty_ = s.mode == "tty" || (s.mode == "auto" && isatty(STDOUT_FILENO));
   }
 
   void on_event(trainer::EventContext& ctx, trainer::Control&) override {

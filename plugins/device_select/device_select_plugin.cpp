@@ -43,6 +43,32 @@ struct Candidate {
   std::size_t holders = 0;
 };
 
+struct DeviceSelectSettings : trainer::Settings<DeviceSelectSettings> {
+  std::string device = "auto";
+  double min_free_mb = 0.0;
+  bool wait_for_gpu = false;
+  double check_interval_s = 30.0;
+  double timeout_min = 60.0;
+  bool allow_cpu_fallback = true;
+  bool lease = true;
+  bool share = false;
+  std::string lease_dir;
+
+  static void declare(trainer::SettingsSchema<DeviceSelectSettings>& s) {
+    using S = DeviceSelectSettings;
+    s.add(&S::device, "device", "auto: the best GPU, else the fallback rules; cpu; cuda or cuda:N: that GPU")
+        .check(trainer::device_setting_check(/*allow_auto=*/true));
+    s.add(&S::min_free_mb, "min_free_mb", "A GPU needs at least this much free memory (MiB)").min(0);
+    s.add(&S::wait_for_gpu, "wait_for_gpu", "When no GPU qualifies, poll until one does or timeout_min passes");
+    s.add(&S::check_interval_s, "check_interval_s", "Seconds between checks while waiting").min(0.01);
+    s.add(&S::timeout_min, "timeout_min", "Minutes to wait for a GPU").min(0);
+    s.add(&S::allow_cpu_fallback, "allow_cpu_fallback", "Run on the CPU when no GPU qualifies (else exit code 4)");
+    s.add(&S::lease, "lease", "Take a host-wide lease on the chosen GPU so other jobs pick another");
+    s.add(&S::share, "share", "Accept a GPU other sharing jobs hold (not exclusive ones) when memory permits");
+    s.add(&S::lease_dir, "lease_dir", "Directory of the lease files; empty: $TRAINER_LEASE_DIR or /tmp/trainer-leases");
+  }
+};
+
 class DeviceSelectPlugin final : public trainer::Plugin {
  public:
   std::string name() const override { return "device_select"; }
@@ -53,50 +79,25 @@ class DeviceSelectPlugin final : public trainer::Plugin {
     return {trainer::Event::SelectDevice, trainer::Event::Shutdown};
   }
   trainer::FailurePolicy default_policy() const override { return trainer::FailurePolicy::Essential; }
-  std::vector<trainer::KeySpec> config_keys() const override {
-    using T = trainer::ValueType;
-    using trainer::KeySpec;
-    return {
-        KeySpec("device", T::String, "auto (the best GPU, else per the fallback rules), cpu, cuda or cuda:N")
-            .def(std::string("auto")),
-        KeySpec("min_free_mb", T::Float, "A GPU needs at least this much free memory (MiB)").def(0.0).min(0),
-        KeySpec("wait_for_gpu", T::Bool, "When no GPU qualifies, poll until one does or timeout_min passes").def(false),
-        KeySpec("check_interval_s", T::Float, "Seconds between checks while waiting").def(30.0).min(0.01),
-        KeySpec("timeout_min", T::Float, "Minutes to wait for a GPU").def(60.0).min(0),
-        KeySpec("allow_cpu_fallback", T::Bool, "Run on the CPU when no GPU qualifies (else exit code 4)").def(true),
-        KeySpec("lease", T::Bool, "Take a host-wide lease on the chosen GPU so other jobs pick another").def(true),
-        KeySpec("share", T::Bool, "Accept a GPU other sharing jobs hold (not exclusive ones) when memory permits")
-            .def(false),
-        KeySpec("lease_dir", T::String,
-                "Directory of the lease files; empty: $TRAINER_LEASE_DIR or /tmp/trainer-leases")
-            .def(std::string(""))};
-  }
+  std::vector<trainer::KeySpec> config_keys() const override { return DeviceSelectSettings::keys(); }
 
   void configure(const trainer::Config& section, std::shared_ptr<spdlog::logger> logger) override {
     Plugin::configure(section, std::move(logger));
-    device_ = section.get<std::string>("device");
-    min_free_ = static_cast<std::int64_t>(section.get<double>("min_free_mb") * 1048576.0);
-    wait_ = section.get<bool>("wait_for_gpu");
-    interval_s_ = section.get<double>("check_interval_s");
-    timeout_s_ = section.get<double>("timeout_min") * 60.0;
-    cpu_fallback_ = section.get<bool>("allow_cpu_fallback");
-    use_lease_ = section.get<bool>("lease");
-    share_ = section.get<bool>("share");
-    lease_dir_ = section.get<std::string>("lease_dir");
-    if (lease_dir_.empty()) lease_dir_ = DeviceLease::default_dir();
-    if (device_ != "auto" && device_ != "cpu" && device_ != "cuda" && device_.rfind("cuda:", 0) != 0) {
-      throw trainer::UsageError("plugins.device_select.device = \"" + device_ +
-                                "\": allowed are auto, cpu, cuda and cuda:N");
-    }
-    if (device_.rfind("cuda:", 0) == 0) {
-      const std::string n = device_.substr(5);
-      if (n.empty() || n.size() > 4 || !std::all_of(n.begin(), n.end(), ::isdigit)) {
-        throw trainer::UsageError("plugins.device_select.device = \"" + device_ +
-                                  "\": N in cuda:N must be a GPU index (0, 1, ...)");
-      }
-      wanted_index_ = std::stoi(n);
-    }
-    if (device_ == "cuda") wanted_index_ = 0;
+    const auto s = DeviceSelectSettings::from(section);
+    const auto device = trainer::parse_device_setting(s.device, /*allow_auto=*/true);
+    TRAINER_CHECK_T(trainer::UsageError, device, "plugins.device_select.device = \"", s.device, "\": must be ",
+                    trainer::device_setting_check(true).rule);
+    device_ = s.device;
+    wanted_index_ = device->index;
+    if (device->kind == trainer::DeviceSetting::Kind::Cpu) cpu_only_ = true;
+    min_free_ = static_cast<std::int64_t>(s.min_free_mb * 1048576.0);
+    wait_ = s.wait_for_gpu;
+    interval_s_ = s.check_interval_s;
+    timeout_s_ = s.timeout_min * 60.0;
+    cpu_fallback_ = s.allow_cpu_fallback;
+    use_lease_ = s.lease;
+    share_ = s.share;
+    lease_dir_ = s.lease_dir.empty() ? DeviceLease::default_dir() : s.lease_dir;
     // Before anything starts CUDA: CUDA must number GPUs as the driver does.
     if (const std::string w = trainer::prefer_pci_bus_order(); !w.empty()) logger_->warn("device_select: {}", w);
   }
@@ -109,7 +110,7 @@ class DeviceSelectPlugin final : public trainer::Plugin {
       }
       return;
     }
-    if (device_ == "cpu") {
+    if (cpu_only_) {
       choose_cpu(ctx, control, "device = cpu");
       return;
     }
@@ -276,7 +277,8 @@ class DeviceSelectPlugin final : public trainer::Plugin {
   }
 
   std::string device_, lease_dir_;
-  int wanted_index_ = -1;
+  int wanted_index_ = -1;  ///< cuda / cuda:N: that GPU only; -1: any (auto)
+  bool cpu_only_ = false;
   std::int64_t min_free_ = 0;
   bool wait_ = false, cpu_fallback_ = true, use_lease_ = true, share_ = false;
   double interval_s_ = 30, timeout_s_ = 3600;

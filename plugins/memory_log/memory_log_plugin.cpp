@@ -5,8 +5,18 @@
 
 #include "trainer/memory.h"
 #include "trainer/plugin.h"
+#include "trainer/settings.h"
 
 namespace {
+
+struct MemoryLogSettings : trainer::Settings<MemoryLogSettings> {
+  std::int64_t every_steps = 0;
+
+  static void declare(trainer::SettingsSchema<MemoryLogSettings>& s) {
+    s.add(&MemoryLogSettings::every_steps, "every_steps", "Also log every N optimizer steps; 0 = only at milestones")
+        .min(0);
+  }
+};
 
 class MemoryLogPlugin final : public trainer::Plugin {
  public:
@@ -17,15 +27,10 @@ class MemoryLogPlugin final : public trainer::Plugin {
     return {E::Init,        E::ModelToDevice, E::OptimizerCreated, E::EpochStart,
             E::OutOfMemory, E::BatchEnd,      E::FitEnd,           E::Exception};
   }
-  std::vector<trainer::KeySpec> config_keys() const override {
-    using T = trainer::ValueType;
-    return {trainer::KeySpec("every_steps", T::Int, "Also log every N optimizer steps; 0 = only at milestones")
-                .def(std::int64_t{0})
-                .min(0)};
-  }
+  std::vector<trainer::KeySpec> config_keys() const override { return MemoryLogSettings::keys(); }
   void configure(const trainer::Config& section, std::shared_ptr<spdlog::logger> logger) override {
     Plugin::configure(section, std::move(logger));
-    every_ = section.get<std::int64_t>("every_steps");
+    every_ = MemoryLogSettings::from(section).every_steps;
   }
 
   void on_event(trainer::EventContext& ctx, trainer::Control&) override {

@@ -6,9 +6,35 @@
 
 #include <algorithm>
 
+#include "trainer/core_settings.h"
+#include "trainer/devices.h"
 #include "trainer/plugin.h"
+#include "trainer/settings.h"
 
 namespace {
+
+struct OomBackoffSettings : trainer::Settings<OomBackoffSettings> {
+  double factor = 0.5;
+  std::int64_t min_micro_batch = 1;
+  std::int64_t max_retries = 8;
+  std::int64_t grow_after = 50;
+  bool eval = true;
+  std::vector<std::string> fallback_devices;
+
+  static void declare(trainer::SettingsSchema<OomBackoffSettings>& s) {
+    s.add(&OomBackoffSettings::factor, "factor", "Micro-batch multiplier after an OOM").min(0, false).max(1, false);
+    s.add(&OomBackoffSettings::min_micro_batch, "min_micro_batch", "Give up below this micro-batch").min(1);
+    s.add(&OomBackoffSettings::max_retries, "max_retries", "Retries of one batch before giving up").min(0);
+    s.add(&OomBackoffSettings::grow_after, "grow_after",
+          "Clean steps before trying a micro-batch twice as large; 0 = never")
+        .min(0);
+    s.add(&OomBackoffSettings::eval, "eval", "Also retry evaluation with a smaller eval batch");
+    s.add(&OomBackoffSettings::fallback_devices, "fallback_devices",
+          "When backing off is exhausted, move the run to these devices in turn (e.g. [\"cuda:1\", \"cpu\"]) and "
+          "retry there at the configured micro-batch")
+        .check(trainer::device_setting_check());
+  }
+};
 
 class OomBackoffPlugin final : public trainer::Plugin {
  public:
@@ -20,48 +46,24 @@ class OomBackoffPlugin final : public trainer::Plugin {
     using E = trainer::Event;
     return {E::FitStart, E::BatchStart, E::AfterOptimizerStep, E::OutOfMemory, E::FitEnd};
   }
-  std::vector<trainer::KeySpec> config_keys() const override {
-    using T = trainer::ValueType;
-    return {
-        trainer::KeySpec("factor", T::Float, "Micro-batch multiplier after an OOM")
-            .def(0.5)
-            .min(0, false)
-            .max(1, false),
-        trainer::KeySpec("min_micro_batch", T::Int, "Give up below this micro-batch").def(std::int64_t{1}).min(1),
-        trainer::KeySpec("max_retries", T::Int, "Retries of one batch before giving up").def(std::int64_t{8}).min(0),
-        trainer::KeySpec("grow_after", T::Int, "Clean steps before trying a micro-batch twice as large; 0 = never")
-            .def(std::int64_t{50})
-            .min(0),
-        trainer::KeySpec("eval", T::Bool, "Also retry evaluation with a smaller eval batch").def(true),
-        trainer::KeySpec("fallback_devices", T::StringList,
-                         "When backing off is exhausted, move the run to these devices in turn (e.g. [\"cuda:1\", "
-                         "\"cpu\"]) and retry there at the configured micro-batch")
-            .def(std::vector<std::string>{})};
-  }
+  std::vector<trainer::KeySpec> config_keys() const override { return OomBackoffSettings::keys(); }
   void configure(const trainer::Config& section, std::shared_ptr<spdlog::logger> logger) override {
     Plugin::configure(section, std::move(logger));
-    factor_ = section.get<double>("factor");
-    min_micro_ = section.get<std::int64_t>("min_micro_batch");
-    max_retries_ = section.get<std::int64_t>("max_retries");
-    grow_after_ = section.get<std::int64_t>("grow_after");
-    eval_ = section.get<bool>("eval");
-    fallback_ = section.get<std::vector<std::string>>("fallback_devices");
+    s_ = OomBackoffSettings::from(section);
   }
 
   void on_event(trainer::EventContext& ctx, trainer::Control& control) override {
     switch (ctx.event) {
       case trainer::Event::FitStart: {
-        const auto batch = ctx.config->get<std::int64_t>("training.batch_size");
-        const auto micro = ctx.config->get<std::int64_t>("training.micro_batch_size");
-        configured_ = micro > 0 ? std::min(micro, batch) : batch;
-        patience_ = grow_after_;
+        configured_ = trainer::TrainingSettings::from(ctx.config->sub("training")).micro_batch();
+        patience_ = s_.grow_after;
         break;
       }
       case trainer::Event::AfterOptimizerStep: {
         const std::int64_t cur = ctx.state.micro_batch_size;
         good_ = std::max(good_, cur);
         if (bad_ > 0 && cur >= bad_) bad_ = 0;  // the ceiling was stale: memory freed up
-        if (grew_) patience_ = grow_after_;     // a grow that worked resets the patience
+        if (grew_) patience_ = s_.grow_after;     // a grow that worked resets the patience
         grew_ = false;
         ++clean_steps_;
         break;
@@ -89,24 +91,24 @@ class OomBackoffPlugin final : public trainer::Plugin {
     ++ooms_;
     if (oom.phase == "checkpoint") return;  // the core retries a checkpoint once by itself
     const bool eval = oom.phase == "eval";
-    if (eval && !eval_) return;
+    if (eval && !s_.eval) return;
     if (oom.attempt == 0) retries_base_ = 0;  // a new batch (or evaluation)
-    if (oom.attempt - retries_base_ >= max_retries_) {
+    if (oom.attempt - retries_base_ >= s_.max_retries) {
       if (fall_back(ctx, control, oom, eval)) return;
       logger_->error("oom_backoff: giving up on this batch after {} retries (plugins.oom_backoff.max_retries)",
                      oom.attempt - retries_base_);
       return;
     }
     const std::int64_t cur = oom.micro_batch_size;
-    const std::int64_t floor = eval ? 1 : min_micro_;
-    std::int64_t next = std::max<std::int64_t>(floor, static_cast<std::int64_t>(double(cur) * factor_));
+    const std::int64_t floor = eval ? 1 : s_.min_micro_batch;
+    std::int64_t next = std::max<std::int64_t>(floor, static_cast<std::int64_t>(double(cur) * s_.factor));
     if (!eval) {
       bad_ = bad_ > 0 ? std::min(bad_, cur) : cur;    // the smallest size known not to fit
       if (cur <= good_) good_ = 0;                    // a size that fitted no longer does
       if (good_ > next && good_ < cur) next = good_;  // back to the largest size known to fit
       // A failure right after growing means the larger size does not fit (yet): wait twice
       // as long before the next attempt instead of failing every few steps.
-      if (grew_) patience_ = std::max<std::int64_t>(patience_ * 2, grow_after_);
+      if (grew_) patience_ = std::max<std::int64_t>(patience_ * 2, s_.grow_after);
       grew_ = false;
       clean_steps_ = 0;
     }
@@ -122,9 +124,9 @@ class OomBackoffPlugin final : public trainer::Plugin {
   /// Backing off is exhausted: move to the next device of fallback_devices that is not the
   /// current one, starting over at the configured micro-batch (eval: the same eval batch).
   bool fall_back(const trainer::EventContext& ctx, trainer::Control& control, const trainer::OomInfo& oom, bool eval) {
-    while (next_fallback_ < fallback_.size() && fallback_[next_fallback_] == ctx.device.str()) ++next_fallback_;
-    if (next_fallback_ >= fallback_.size()) return false;
-    const std::string to = fallback_[next_fallback_++];
+    while (next_fallback_ < s_.fallback_devices.size() && s_.fallback_devices[next_fallback_] == ctx.device.str()) ++next_fallback_;
+    if (next_fallback_ >= s_.fallback_devices.size()) return false;
+    const std::string to = s_.fallback_devices[next_fallback_++];
     control.switch_device = to;
     control.retry_with_micro_batch = eval ? oom.micro_batch_size : configured_;
     control.reason = "oom_backoff: " + ctx.device.str() + " exhausted at micro-batch " +
@@ -135,7 +137,7 @@ class OomBackoffPlugin final : public trainer::Plugin {
       good_ = bad_ = 0;
       grew_ = false;
       clean_steps_ = 0;
-      patience_ = grow_after_;
+      patience_ = s_.grow_after;
     }
     return true;
   }
@@ -145,7 +147,7 @@ class OomBackoffPlugin final : public trainer::Plugin {
   /// small (memory may have freed up), and double freely when no ceiling is known.
   void maybe_grow(trainer::EventContext& ctx, trainer::Control& control) {
     const std::int64_t cur = ctx.state.micro_batch_size;
-    if (grow_after_ == 0 || cur >= configured_ || clean_steps_ < patience_) return;
+    if (s_.grow_after == 0 || cur >= configured_ || clean_steps_ < patience_) return;
     std::int64_t next = 2 * cur;
     if (bad_ > cur) next = bad_ - cur <= std::max<std::int64_t>(1, cur / 16) ? bad_ : (cur + bad_) / 2;
     next = std::min(next, configured_);
@@ -156,15 +158,12 @@ class OomBackoffPlugin final : public trainer::Plugin {
     clean_steps_ = 0;
   }
 
-  double factor_ = 0.5;
-  std::int64_t min_micro_ = 1, max_retries_ = 8, grow_after_ = 50;
-  bool eval_ = true;
-  std::int64_t configured_ = 0;
+  OomBackoffSettings s_;
+  std::int64_t configured_ = 0;  ///< training.micro_batch_size as it resolves (0 = batch_size)
   std::int64_t good_ = 0;  ///< largest micro-batch that completed a step since the last failure at it
   std::int64_t bad_ = 0;   ///< smallest micro-batch that ran out of memory (0 = none known)
   std::int64_t clean_steps_ = 0, patience_ = 50, ooms_ = 0;
   bool grew_ = false;
-  std::vector<std::string> fallback_;
   std::size_t next_fallback_ = 0;  ///< fallback_devices already used
   std::int64_t retries_base_ = 0;  ///< attempt at which retries on the current device began
 };

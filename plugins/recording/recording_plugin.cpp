@@ -8,8 +8,21 @@
 
 #include "trainer/json.h"
 #include "trainer/plugin.h"
+#include "trainer/settings.h"
 
 namespace {
+
+struct RecordingSettings : trainer::Settings<RecordingSettings> {
+  std::string file;
+  std::vector<std::string> events;
+
+  static void declare(trainer::SettingsSchema<RecordingSettings>& s) {
+    s.add(&RecordingSettings::file, "file", "Output file; empty = <run_dir>/events.jsonl");
+    std::vector<std::string> names;
+    for (const auto e : trainer::all_events()) names.emplace_back(trainer::event_name(e));
+    s.add(&RecordingSettings::events, "events", "Record only these events; empty = all").choices(names);
+  }
+};
 
 class RecordingPlugin final : public trainer::Plugin {
  public:
@@ -19,16 +32,12 @@ class RecordingPlugin final : public trainer::Plugin {
   std::string name() const override { return "recording"; }
   std::string description() const override { return "Records every event and its context as JSON lines"; }
   std::vector<trainer::Event> events() const override { return trainer::all_events(); }
-  std::vector<trainer::KeySpec> config_keys() const override {
-    using T = trainer::ValueType;
-    return {trainer::KeySpec("file", T::String, "Output file; empty = <run_dir>/events.jsonl").def(std::string("")),
-            trainer::KeySpec("events", T::StringList, "Record only these events; empty = all")
-                .def(std::vector<std::string>{})};
-  }
+  std::vector<trainer::KeySpec> config_keys() const override { return RecordingSettings::keys(); }
   void configure(const trainer::Config& section, std::shared_ptr<spdlog::logger> logger) override {
     Plugin::configure(section, std::move(logger));
-    file_ = section.get<std::string>("file");
-    for (const auto& e : section.get<std::vector<std::string>>("events")) {
+    const auto s = RecordingSettings::from(section);
+    file_ = s.file;
+    for (const auto& e : s.events) {
       const auto ev = trainer::event_from_name(e);
       if (!ev) throw trainer::ConfigError({"plugins.recording.events: unknown event '" + e + "'"});
       only_.push_back(*ev);

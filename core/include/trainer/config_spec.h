@@ -1,4 +1,5 @@
 #pragma once
+#include <functional>
 #include <limits>
 #include <optional>
 #include <string>
@@ -15,6 +16,13 @@ enum class ValueType { Int, Float, Bool, String, IntList, FloatList, StringList 
 /// "integer", "float", ...
 TRAINER_API std::string value_type_name(ValueType t);
 
+/// A rule for string values (and the elements of string lists) beyond a list of choices,
+/// such as the device grammar `cpu | cuda | cuda:N` (device_setting_check in devices.h).
+struct KeyCheck {
+  std::string rule;                                 ///< what is allowed: "cpu, cuda or cuda:N"
+  std::function<bool(const std::string&)> accepts;  ///< true for a value that follows the rule
+};
+
 /// Declares one config key of a component: its type, default, allowed range or choices and
 /// a one-line doc. Built fluently:
 /// `KeySpec("lr", ValueType::Float, "Peak learning rate").def(1e-3).min(0, false)`.
@@ -22,10 +30,11 @@ struct TRAINER_API KeySpec {
   KeySpec(std::string key, ValueType type, std::string doc);
 
   KeySpec& def(ConfigValue v);                    ///< default filled into the resolved config
-  KeySpec& required();                            ///< must be present (no default)
+  KeySpec& required();                            ///< must be present (drops the default)
   KeySpec& min(double v, bool inclusive = true);  ///< numbers and numeric list elements
   KeySpec& max(double v, bool inclusive = true);
   KeySpec& choices(std::vector<std::string> c);  ///< strings and string list elements
+  KeySpec& check(KeyCheck c);                    ///< strings and string list elements
 
   std::string key;  ///< relative to the section, may be dotted ("betas")
   ValueType type;
@@ -35,10 +44,16 @@ struct TRAINER_API KeySpec {
   std::optional<double> min_value, max_value;
   bool min_inclusive = true, max_inclusive = true;
   std::vector<std::string> allowed;
+  KeyCheck rule;  ///< empty `accepts`: no rule
 
   /// "float >= 0", "one of: constant, step, cosine" — for messages and `trainer plugins`.
   std::string describe() const;
 };
+
+/// A Markdown table of `keys` (key, type, default, meaning), each key prefixed with
+/// `prefix` ("plugins.console."): the config-key tables of the plugin READMEs are this text
+/// (`trainer plugins --markdown` prints it; a test compares).
+TRAINER_API std::string key_table_markdown(const std::vector<KeySpec>& keys, const std::string& prefix);
 
 /// The keys of one config section (`training`, `model`, `plugins.console`).
 struct TRAINER_API SectionSpec {

@@ -5,9 +5,29 @@
 #include <string>
 #include <vector>
 
+#include "trainer/config_spec.h"
 #include "trainer/export.h"
 
 namespace trainer {
+
+/// A device as a setting names it (`runtime.device`, `plugins.device_select.device`,
+/// `plugins.oom_backoff.fallback_devices`): `cpu`, `cuda` (= `cuda:0`), `cuda:N` and, where
+/// the setting allows it, `auto` (device_select chooses).
+struct TRAINER_API DeviceSetting {
+  enum class Kind { Auto, Cpu, Cuda };
+  Kind kind = Kind::Cpu;
+  int index = -1;  ///< the CUDA index (`cuda` = 0); -1 for cpu and auto
+  /// LibTorch's name: "cpu", "cuda:N"; "auto" for Auto.
+  std::string str() const;
+};
+
+/// Parses the device grammar `cpu | cuda | cuda:N` (N: up to 4 digits), and `auto` when
+/// `allow_auto`. nullopt for anything else.
+TRAINER_API std::optional<DeviceSetting> parse_device_setting(const std::string& text, bool allow_auto = false);
+
+/// The check of a device key, for its KeySpec: `.check(device_setting_check(true))`; its rule
+/// reads "cpu, cuda or cuda:N" (with `auto, ` in front when `allow_auto`).
+TRAINER_API KeyCheck device_setting_check(bool allow_auto = false);
 
 /// A process using a GPU, as the driver reports it.
 struct GpuProcess {

@@ -8,6 +8,7 @@
 #include "trainer/config.h"
 #include "trainer/export.h"
 #include "trainer/registry.h"
+#include "trainer/settings.h"
 
 namespace trainer {
 
@@ -16,6 +17,18 @@ namespace trainer {
 struct DataSpec {
   std::vector<std::int64_t> sample_shape;
   std::int64_t num_classes = 0;
+};
+
+/// The [model] keys the core reads whatever the model; `name` picks the registry entry, whose
+/// keys join the section.
+struct ModelSettings : Settings<ModelSettings> {
+  std::string dtype = "float32";
+
+  static void declare(SettingsSchema<ModelSettings>& s) {
+    s.add(&ModelSettings::dtype, "dtype",
+          "Dtype the parameters are created in (no float32 copy is made first); inputs are cast to it")
+        .choices({"float32", "float64", "bfloat16"});
+  }
 };
 
 /// A trainable model: a torch Module with a single-tensor forward returning logits [N, classes].

@@ -6,6 +6,7 @@
 
 #include "trainer/config.h"
 #include "trainer/config_spec.h"
+#include "trainer/core_settings.h"  // core_config_sections
 #include "trainer/export.h"
 
 namespace trainer {
@@ -48,10 +49,6 @@ struct TRAINER_API LoadedRecipe {
 /// throws one ConfigError.
 TRAINER_API LoadedRecipe load_recipe(const std::string& recipe_path, const std::vector<std::string>& overrides,
                                      const std::vector<std::string>& config_dirs = {});
-
-/// The core's config schema for `cfg`: run, training, eval, checkpoint, runtime, metrics,
-/// plugins, and the model/dataset/optim/sched sections of the names `cfg` selects.
-TRAINER_API std::vector<SectionSpec> core_config_sections(const Config& cfg);
 
 /// Validates a loaded recipe against the core schema plus `extra` (plugin sections), checks
 /// the override rules (`a.b=v` must name a known key, `+a.b=v` a new one), fills defaults.

@@ -132,11 +132,13 @@ std::string format_double(double d) {
   std::ostringstream os;
   os << std::setprecision(17) << d;
   std::string s = os.str();
-  // Shortest representation that round-trips.
+  // Shortest representation that round-trips; plain digits rather than an exponent for
+  // magnitudes people write that way (30.0, not 3e+01).
+  const bool plain = d == 0 || (std::fabs(d) >= 1e-4 && std::fabs(d) < 1e15);
   for (int p = 1; p <= 17; ++p) {
     std::ostringstream t;
     t << std::setprecision(p) << d;
-    if (std::stod(t.str()) == d) {
+    if (std::stod(t.str()) == d && (!plain || t.str().find_first_of("eE") == std::string::npos)) {
       s = t.str();
       break;
     }

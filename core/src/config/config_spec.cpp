@@ -38,6 +38,7 @@ KeySpec& KeySpec::def(ConfigValue v) {
 }
 KeySpec& KeySpec::required() {
   is_required = true;
+  default_value.reset();  // a required key has no default
   return *this;
 }
 KeySpec& KeySpec::min(double v, bool inclusive) {
@@ -52,6 +53,10 @@ KeySpec& KeySpec::max(double v, bool inclusive) {
 }
 KeySpec& KeySpec::choices(std::vector<std::string> c) {
   allowed = std::move(c);
+  return *this;
+}
+KeySpec& KeySpec::check(KeyCheck c) {
+  rule = std::move(c);
   return *this;
 }
 
@@ -71,6 +76,21 @@ std::string KeySpec::describe() const {
   if (max_value) bounds.push_back((max_inclusive ? "<= " : "< ") + fmt_num(*max_value));
   if (!bounds.empty()) s += (list ? " with elements " : " ") + join(bounds, " and ");
   if (!allowed.empty()) s += (list ? " with elements in: " : ", one of: ") + join(allowed);
+  if (rule.accepts) s += (list ? " with elements: " : ": ") + rule.rule;
+  return s;
+}
+
+std::string key_table_markdown(const std::vector<KeySpec>& keys, const std::string& prefix) {
+  auto cell = [](std::string text) {
+    std::string out;
+    for (char c : text) out += c == '|' ? std::string("\\|") : std::string(1, c);
+    return out;
+  };
+  std::string s = "| key | type | default | meaning |\n|---|---|---|---|\n";
+  for (const auto& k : keys) {
+    const std::string def = k.default_value ? "`" + config_value_to_toml(*k.default_value) + "`" : "required";
+    s += "| `" + prefix + k.key + "` | " + cell(k.describe()) + " | " + cell(def) + " | " + cell(k.doc) + " |\n";
+  }
   return s;
 }
 
@@ -254,6 +274,14 @@ std::vector<std::string> validate_config(Config& cfg, const std::vector<SectionS
     if (!ok) {
       problems.push_back(detail::str(where, ": ", key, " = ", config_value_to_toml(v), ": must be ", spec->describe()));
       continue;
+    }
+    if (spec->rule.accepts) {
+      const auto values = strings_of(*coerced);
+      if (!std::all_of(values.begin(), values.end(), spec->rule.accepts)) {
+        problems.push_back(
+            detail::str(where, ": ", key, " = ", config_value_to_toml(v), ": must be ", spec->rule.rule));
+        continue;
+      }
     }
     if (coerced->index() != v.index()) cfg.set(key, *coerced, where);
   }

@@ -258,102 +258,6 @@ LoadedRecipe load_recipe(const std::string& recipe_path, const std::vector<std::
   return out;
 }
 
-std::vector<SectionSpec> core_config_sections(const Config& cfg) {
-  using T = ValueType;
-  std::vector<SectionSpec> s;
-  s.push_back(
-      {"run",
-       {KeySpec("name", T::String, "Run name; the run directory is <dir>/<name>-<timestamp>").def(std::string("run")),
-        KeySpec("seed", T::Int, "Seed of every random generator").def(std::int64_t{42}).min(0),
-        KeySpec("dir", T::String, "Parent directory of run directories").def(std::string("runs"))},
-       "Run identity"});
-  s.push_back(
-      {"training",
-       {KeySpec("epochs", T::Int, "Epochs to train").def(std::int64_t{1}).min(1),
-        KeySpec("batch_size", T::Int, "Effective batch: samples per optimizer step").def(std::int64_t{64}).min(1),
-        KeySpec("micro_batch_size", T::Int, "Samples per forward/backward; 0 = batch_size").def(std::int64_t{0}).min(0),
-        KeySpec("max_steps", T::Int, "Stop after this many optimizer steps; 0 = no limit").def(std::int64_t{0}).min(0),
-        KeySpec("log_every", T::Int, "Log training metrics every N optimizer steps").def(std::int64_t{50}).min(1),
-        KeySpec("grad_clip_norm", T::Float, "Clip the global gradient norm; 0 = off").def(0.0).min(0),
-        KeySpec("shuffle", T::Bool, "Shuffle the training set each epoch (from run.seed)").def(true),
-        KeySpec("drop_last", T::Bool, "Drop the last incomplete batch of an epoch").def(false)},
-       "The training loop"});
-  s.push_back({"eval",
-               {KeySpec("every_epochs", T::Int, "Evaluate every N epochs; 0 = never").def(std::int64_t{1}).min(0),
-                KeySpec("batch_size", T::Int, "Evaluation batch size").def(std::int64_t{1000}).min(1)},
-               "Evaluation on the test split"});
-  s.push_back(
-      {"checkpoint",
-       {KeySpec("every_epochs", T::Int, "Checkpoint every N epochs; 0 = never").def(std::int64_t{1}).min(0),
-        KeySpec("every_steps", T::Int, "Checkpoint every N optimizer steps; 0 = never").def(std::int64_t{0}).min(0),
-        KeySpec("keep_last", T::Int, "Checkpoints kept in <run_dir>/checkpoints").def(std::int64_t{2}).min(1),
-        KeySpec("at_end", T::Bool, "Write a checkpoint when the run ends (also on failure)").def(true)},
-       "Checkpoints"});
-  s.push_back({"runtime",
-               {KeySpec("num_threads", T::Int, "Intra-op threads; 0 = number of cores").def(std::int64_t{0}).min(0),
-                KeySpec("device", T::String, "Default device: cpu, cuda or cuda:N (plugins may choose in SelectDevice)")
-                    .def(std::string("cpu")),
-                KeySpec("tune_malloc", T::Bool,
-                        "Keep freed tensor memory in the heap instead of returning it to the OS each step")
-                    .def(true)},
-               "Process settings"});
-  s.push_back({"memory",
-               {KeySpec("limit_mb", T::Float,
-                        "Memory budget of the run's device in MiB; past it allocations fail with a real OOM. 0 = none")
-                    .def(0.0)
-                    .min(0),
-                KeySpec("fraction", T::Float,
-                        "Budget as a fraction of the device's total memory (CUDA: the caching allocator's "
-                        "per-process fraction). 0 = none; not together with limit_mb")
-                    .def(0.0)
-                    .min(0)
-                    .max(1)},
-               "Memory"});
-  s.push_back({"metrics",
-               {KeySpec("jsonl", T::Bool, "Write <run_dir>/metrics.jsonl").def(true),
-                KeySpec("console", T::Bool, "Log metric groups as info lines").def(true)},
-               "Metric sinks"});
-  s.push_back(
-      {"plugins",
-       {KeySpec("load", T::StringList, "Plugins to load, by name or .so path, in order")
-            .def(std::vector<std::string>{}),
-        KeySpec("path", T::StringList, "Directories searched first for plugins").def(std::vector<std::string>{})},
-       "Plugins"});
-
-  auto named_section = [&](const std::string& path, const auto& registry, const std::string& fallback,
-                           const std::string& doc) {
-    SectionSpec sec{path, {}, doc};
-    KeySpec name("name", T::String, "Which " + registry.kind() + " to use");
-    name.choices(registry.names());
-    if (fallback.empty()) {
-      name.required();
-    } else {
-      name.def(fallback);
-    }
-    sec.keys.push_back(name);
-    if (path == "model") {
-      sec.keys.push_back(KeySpec("dtype", T::String,
-                                 "Dtype the parameters are created in (no float32 copy is made first); inputs "
-                                 "are cast to it")
-                             .def(std::string("float32"))
-                             .choices({"float32", "float64", "bfloat16"}));
-    }
-    std::string chosen = fallback;
-    if (cfg.has(path + ".name") && !cfg.is_table(path + ".name")) {
-      if (const auto* v = std::get_if<std::string>(&cfg.value(path + ".name"))) chosen = *v;
-    }
-    if (!chosen.empty() && registry.contains(chosen)) {
-      for (const auto& k : registry.get(chosen).keys) sec.keys.push_back(k);
-    }
-    s.push_back(sec);
-  };
-  named_section("model", model_registry(), "", "The model");
-  named_section("dataset", dataset_registry(), "", "The dataset");
-  named_section("optim", optimizer_registry(), "adamw", "The optimizer");
-  named_section("sched", schedule_registry(), "constant", "The learning-rate schedule");
-  return s;
-}
-
 void validate_recipe(LoadedRecipe& recipe, const std::vector<SectionSpec>& extra) {
   Config& cfg = recipe.config;
   auto sections = core_config_sections(cfg);
@@ -395,15 +299,6 @@ void validate_recipe(LoadedRecipe& recipe, const std::vector<SectionSpec>& extra
   auto more = validate_config(cfg, sections, open);
   problems.insert(problems.end(), more.begin(), more.end());
 
-  if (cfg.has("runtime.device") && !cfg.is_table("runtime.device")) {
-    if (const auto* dev = std::get_if<std::string>(&cfg.value("runtime.device"))) {
-      static const std::regex re(R"(cpu|cuda|cuda:[0-9]+)");
-      if (!std::regex_match(*dev, re)) {
-        problems.push_back(detail::str(cfg.origin("runtime.device"), ": runtime.device = \"", *dev,
-                                       "\": must be cpu, cuda or cuda:N"));
-      }
-    }
-  }
   if (!problems.empty()) throw ConfigError(problems);
 }
 

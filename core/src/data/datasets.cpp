@@ -5,6 +5,7 @@
 
 #include "trainer/data.h"
 #include "trainer/error.h"
+#include "trainer/settings.h"
 
 namespace fs = std::filesystem;
 
@@ -121,40 +122,65 @@ std::shared_ptr<Dataset> limit_dataset(std::shared_ptr<Dataset> ds, std::int64_t
   return std::make_shared<LimitedDataset>(std::move(ds), limit);
 }
 
+namespace {
+
+/// [dataset] of "fashion_mnist".
+struct FashionMnistSettings : Settings<FashionMnistSettings> {
+  std::string root = "/usr/share/datasets/fashion-mnist";
+  std::int64_t limit = 0;
+  std::int64_t eval_limit = 0;
+
+  static void declare(SettingsSchema<FashionMnistSettings>& s) {
+    s.add(&FashionMnistSettings::root, "root", "Directory with the IDX files (.gz or plain)");
+    s.add(&FashionMnistSettings::limit, "limit", "Train on the first N samples; 0 = all").min(0);
+    s.add(&FashionMnistSettings::eval_limit, "eval_limit", "Evaluate on the first N test samples; 0 = all").min(0);
+  }
+};
+
+/// [dataset] of "synthetic".
+struct SyntheticSettings : Settings<SyntheticSettings> {
+  std::int64_t size = 1024;
+  std::int64_t eval_size = 256;
+  std::vector<std::int64_t> shape{1, 28, 28};
+  std::int64_t num_classes = 10;
+  std::int64_t seed = 0;
+
+  static void declare(SettingsSchema<SyntheticSettings>& s) {
+    s.add(&SyntheticSettings::size, "size", "Training samples").min(1);
+    s.add(&SyntheticSettings::eval_size, "eval_size", "Test samples").min(1);
+    s.add(&SyntheticSettings::shape, "shape", "Sample shape").min(1);
+    s.add(&SyntheticSettings::num_classes, "num_classes", "Classes").min(2);
+    s.add(&SyntheticSettings::seed, "seed", "Generator seed").min(0);
+  }
+};
+
+}  // namespace
+
 Registry<DatasetFactory>& dataset_registry() {
   static Registry<DatasetFactory>* reg = [] {
     auto* r = new Registry<DatasetFactory>("dataset");
-    using T = ValueType;
     r->add(
         "fashion_mnist",
         [](const Config& c, Split split) -> std::shared_ptr<Dataset> {
-          const std::string root = c.get<std::string>("root");
+          const auto s = FashionMnistSettings::from(c);
           const std::string prefix = split == Split::Train ? "train" : "t10k";
-          auto images = read_idx_file(find_idx(root, prefix + "-images-idx3-ubyte"));
-          auto labels = read_idx_file(find_idx(root, prefix + "-labels-idx1-ubyte"));
-          TRAINER_CHECK(images.dim() == 3 && labels.dim() == 1, root, ": unexpected IDX shapes");
+          auto images = read_idx_file(find_idx(s.root, prefix + "-images-idx3-ubyte"));
+          auto labels = read_idx_file(find_idx(s.root, prefix + "-labels-idx1-ubyte"));
+          TRAINER_CHECK(images.dim() == 3 && labels.dim() == 1, s.root, ": unexpected IDX shapes");
           auto ds = std::make_shared<IdxImageDataset>(images, labels, 0.2860, 0.3530);
-          return limit_dataset(ds, c.get<std::int64_t>(split == Split::Train ? "limit" : "eval_limit"));
+          return limit_dataset(ds, split == Split::Train ? s.limit : s.eval_limit);
         },
-        {KeySpec("root", T::String, "Directory with the IDX files (.gz or plain)")
-             .def(std::string("/usr/share/datasets/fashion-mnist")),
-         KeySpec("limit", T::Int, "Train on the first N samples; 0 = all").def(std::int64_t{0}).min(0),
-         KeySpec("eval_limit", T::Int, "Evaluate on the first N test samples; 0 = all").def(std::int64_t{0}).min(0)},
+        FashionMnistSettings::keys(),
         "Fashion-MNIST from Debian's dataset-fashion-mnist (60k train, 10k test, 28x28, 10 classes)");
     r->add(
         "synthetic",
         [](const Config& c, Split split) -> std::shared_ptr<Dataset> {
-          const auto seed = static_cast<std::uint64_t>(c.get<std::int64_t>("seed")) + (split == Split::Train ? 0 : 1);
-          return std::make_shared<SyntheticDataset>(c.get<std::int64_t>(split == Split::Train ? "size" : "eval_size"),
-                                                    c.get<std::vector<std::int64_t>>("shape"),
-                                                    c.get<std::int64_t>("num_classes"), seed);
+          const auto s = SyntheticSettings::from(c);
+          const auto seed = static_cast<std::uint64_t>(s.seed) + (split == Split::Train ? 0 : 1);
+          return std::make_shared<SyntheticDataset>(split == Split::Train ? s.size : s.eval_size, s.shape,
+                                                    s.num_classes, seed);
         },
-        {KeySpec("size", T::Int, "Training samples").def(std::int64_t{1024}).min(1),
-         KeySpec("eval_size", T::Int, "Test samples").def(std::int64_t{256}).min(1),
-         KeySpec("shape", T::IntList, "Sample shape").def(std::vector<std::int64_t>{1, 28, 28}).min(1),
-         KeySpec("num_classes", T::Int, "Classes").def(std::int64_t{10}).min(2),
-         KeySpec("seed", T::Int, "Generator seed").def(std::int64_t{0}).min(0)},
-        "Random Gaussian inputs with random labels (benchmarks, tests)");
+        SyntheticSettings::keys(), "Random Gaussian inputs with random labels (benchmarks, tests)");
     return r;
   }();
   return *reg;

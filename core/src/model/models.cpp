@@ -20,16 +20,27 @@ std::int64_t numel_of(const std::vector<std::int64_t>& shape) {
   return n;
 }
 
+/// [model] of "mlp".
+struct MlpSettings : Settings<MlpSettings> {
+  std::vector<std::int64_t> hidden{256, 128};
+  double dropout = 0.0;
+
+  static void declare(SettingsSchema<MlpSettings>& s) {
+    s.add(&MlpSettings::hidden, "hidden", "Hidden layer widths").min(1);
+    s.add(&MlpSettings::dropout, "dropout", "Dropout after each hidden layer").min(0).max(1, false);
+  }
+};
+
 /// Multi-layer perceptron on flattened inputs: [Linear → ReLU → Dropout] per hidden width,
 /// then a Linear head.
 class Mlp final : public Model {
  public:
-  Mlp(const std::vector<std::int64_t>& hidden, double dropout, const DataSpec& data) {
+  Mlp(const MlpSettings& o, const DataSpec& data) {
     std::int64_t in = numel_of(data.sample_shape);
-    for (auto h : hidden) {
+    for (auto h : o.hidden) {
       body_->push_back(torch::nn::Linear(in, h));
       body_->push_back(torch::nn::ReLU());
-      if (dropout > 0) body_->push_back(torch::nn::Dropout(dropout));
+      if (o.dropout > 0) body_->push_back(torch::nn::Dropout(o.dropout));
       in = h;
     }
     body_->push_back(torch::nn::Linear(in, data.num_classes));
@@ -41,30 +52,44 @@ class Mlp final : public Model {
   torch::nn::Sequential body_;
 };
 
+/// [model] of "cnn".
+struct CnnSettings : Settings<CnnSettings> {
+  std::vector<std::int64_t> channels{32, 64};
+  std::int64_t hidden = 128;
+  double dropout = 0.0;
+  bool batch_norm = true;
+
+  static void declare(SettingsSchema<CnnSettings>& s) {
+    s.add(&CnnSettings::channels, "channels", "Conv widths, one 3x3 conv + 2x2 pool stage each").min(1);
+    s.add(&CnnSettings::hidden, "hidden", "Width of the hidden fully-connected layer").min(1);
+    s.add(&CnnSettings::dropout, "dropout", "Dropout before the head").min(0).max(1, false);
+    s.add(&CnnSettings::batch_norm, "batch_norm", "BatchNorm after each conv");
+  }
+};
+
 /// Small CNN: per channel width [Conv3x3 → (BatchNorm) → ReLU → MaxPool2], then
 /// Linear(hidden) → ReLU → Dropout → Linear head.
 class Cnn final : public Model {
  public:
-  Cnn(const std::vector<std::int64_t>& channels, std::int64_t hidden, double dropout, bool batch_norm,
-      const DataSpec& data) {
+  Cnn(const CnnSettings& o, const DataSpec& data) {
     TRAINER_CHECK(data.sample_shape.size() == 3, "model 'cnn' needs image samples [C, H, W], got ",
                   data.sample_shape.size(), " dimensions");
     std::int64_t c = data.sample_shape[0], h = data.sample_shape[1], w = data.sample_shape[2];
-    for (auto out : channels) {
-      features_->push_back(torch::nn::Conv2d(torch::nn::Conv2dOptions(c, out, 3).padding(1).bias(!batch_norm)));
-      if (batch_norm) features_->push_back(torch::nn::BatchNorm2d(out));
+    for (auto out : o.channels) {
+      features_->push_back(torch::nn::Conv2d(torch::nn::Conv2dOptions(c, out, 3).padding(1).bias(!o.batch_norm)));
+      if (o.batch_norm) features_->push_back(torch::nn::BatchNorm2d(out));
       features_->push_back(torch::nn::ReLU());
       features_->push_back(torch::nn::MaxPool2d(2));
       c = out;
       h /= 2;
       w /= 2;
     }
-    TRAINER_CHECK(h > 0 && w > 0, "model 'cnn': ", channels.size(), " pooling stages shrink a ", data.sample_shape[1],
+    TRAINER_CHECK(h > 0 && w > 0, "model 'cnn': ", o.channels.size(), " pooling stages shrink a ", data.sample_shape[1],
                   "x", data.sample_shape[2], " image to nothing; use fewer model.channels");
-    head_->push_back(torch::nn::Linear(c * h * w, hidden));
+    head_->push_back(torch::nn::Linear(c * h * w, o.hidden));
     head_->push_back(torch::nn::ReLU());
-    if (dropout > 0) head_->push_back(torch::nn::Dropout(dropout));
-    head_->push_back(torch::nn::Linear(hidden, data.num_classes));
+    if (o.dropout > 0) head_->push_back(torch::nn::Dropout(o.dropout));
+    head_->push_back(torch::nn::Linear(o.hidden, data.num_classes));
     register_module("features", features_);
     register_module("head", head_);
   }
@@ -84,7 +109,7 @@ c10::ScalarType model_dtype(const std::string& name) {
 }
 
 std::shared_ptr<Model> build_model(const Config& section, const DataSpec& data) {
-  const c10::ScalarType dtype = model_dtype(section.get_or<std::string>("dtype", "float32"));
+  const c10::ScalarType dtype = model_dtype(ModelSettings::from(section).dtype);
   const auto factory = model_registry().get(section.get<std::string>("name")).factory;
   // Restores the previous default dtype however the factory exits.
   struct DefaultDtype {
@@ -98,28 +123,18 @@ std::shared_ptr<Model> build_model(const Config& section, const DataSpec& data) 
 Registry<ModelFactory>& model_registry() {
   static Registry<ModelFactory>* reg = [] {
     auto* r = new Registry<ModelFactory>("model");
-    using T = ValueType;
     r->add(
         "mlp",
         [](const Config& c, const DataSpec& d) -> std::shared_ptr<Model> {
-          return std::make_shared<Mlp>(c.get<std::vector<std::int64_t>>("hidden"), c.get<double>("dropout"), d);
+          return std::make_shared<Mlp>(MlpSettings::from(c), d);
         },
-        {KeySpec("hidden", T::IntList, "Hidden layer widths").def(std::vector<std::int64_t>{256, 128}).min(1),
-         KeySpec("dropout", T::Float, "Dropout after each hidden layer").def(0.0).min(0).max(1, false)},
-        "Multi-layer perceptron on flattened inputs");
+        MlpSettings::keys(), "Multi-layer perceptron on flattened inputs");
     r->add(
         "cnn",
         [](const Config& c, const DataSpec& d) -> std::shared_ptr<Model> {
-          return std::make_shared<Cnn>(c.get<std::vector<std::int64_t>>("channels"), c.get<std::int64_t>("hidden"),
-                                       c.get<double>("dropout"), c.get<bool>("batch_norm"), d);
+          return std::make_shared<Cnn>(CnnSettings::from(c), d);
         },
-        {KeySpec("channels", T::IntList, "Conv widths, one 3x3 conv + 2x2 pool stage each")
-             .def(std::vector<std::int64_t>{32, 64})
-             .min(1),
-         KeySpec("hidden", T::Int, "Width of the hidden fully-connected layer").def(std::int64_t{128}).min(1),
-         KeySpec("dropout", T::Float, "Dropout before the head").def(0.0).min(0).max(1, false),
-         KeySpec("batch_norm", T::Bool, "BatchNorm after each conv").def(true)},
-        "Small convolutional network for images");
+        CnnSettings::keys(), "Small convolutional network for images");
     return r;
   }();
   return *reg;

@@ -5,6 +5,7 @@
 
 #include "trainer/error.h"
 #include "trainer/optim.h"
+#include "trainer/settings.h"
 #include "util/torch_compat.h"
 
 namespace trainer {
@@ -95,43 +96,68 @@ double get_learning_rate(const torch::optim::Optimizer& opt) {
   return opt.param_groups().front().options().get_lr();
 }
 
+namespace {
+
+/// [optim] of "sgd".
+struct SgdSettings : Settings<SgdSettings> {
+  double lr = 0.01;
+  double momentum = 0.0;
+  bool nesterov = false;
+  double weight_decay = 0.0;
+
+  static void declare(SettingsSchema<SgdSettings>& s) {
+    s.add(&SgdSettings::lr, "lr", "Learning rate").min(0, false);
+    s.add(&SgdSettings::momentum, "momentum", "Momentum factor").min(0).max(1, false);
+    s.add(&SgdSettings::nesterov, "nesterov", "Nesterov momentum (needs momentum > 0)");
+    s.add(&SgdSettings::weight_decay, "weight_decay", "L2 penalty").min(0);
+  }
+};
+
+/// [optim] of "adamw".
+struct AdamWSettings : Settings<AdamWSettings> {
+  double lr = 1e-3;
+  std::vector<double> betas{0.9, 0.999};
+  double eps = 1e-8;
+  double weight_decay = 0.01;
+
+  static void declare(SettingsSchema<AdamWSettings>& s) {
+    s.add(&AdamWSettings::lr, "lr", "Learning rate").min(0, false);
+    s.add(&AdamWSettings::betas, "betas", "Adam beta1, beta2").min(0).max(1, false);
+    s.add(&AdamWSettings::eps, "eps", "Denominator epsilon").min(0, false);
+    s.add(&AdamWSettings::weight_decay, "weight_decay", "Decoupled weight decay").min(0);
+  }
+};
+
+}  // namespace
+
 Registry<OptimizerFactory>& optimizer_registry() {
   static Registry<OptimizerFactory>* reg = [] {
     auto* r = new Registry<OptimizerFactory>("optimizer");
-    using T = ValueType;
     r->add(
         "sgd",
         [](const Config& c, std::vector<at::Tensor> params) -> std::unique_ptr<torch::optim::Optimizer> {
-          torch::optim::SGDOptions o(c.get<double>("lr"));
-          o.momentum(c.get<double>("momentum"))
-              .nesterov(c.get<bool>("nesterov"))
-              .weight_decay(c.get<double>("weight_decay"));
-          if (o.nesterov() && o.momentum() <= 0) {
+          const auto s = SgdSettings::from(c);
+          if (s.nesterov && s.momentum <= 0) {
             throw ConfigError({detail::str(c.origin("nesterov"), ": optim.nesterov = true needs optim.momentum > 0")});
           }
+          torch::optim::SGDOptions o(s.lr);
+          o.momentum(s.momentum).nesterov(s.nesterov).weight_decay(s.weight_decay);
           return std::make_unique<torch::optim::SGD>(std::move(params), o);
         },
-        {KeySpec("lr", T::Float, "Learning rate").def(0.01).min(0, false),
-         KeySpec("momentum", T::Float, "Momentum factor").def(0.0).min(0).max(1, false),
-         KeySpec("nesterov", T::Bool, "Nesterov momentum (needs momentum > 0)").def(false),
-         KeySpec("weight_decay", T::Float, "L2 penalty").def(0.0).min(0)},
-        "Stochastic gradient descent");
+        SgdSettings::keys(), "Stochastic gradient descent");
     r->add(
         "adamw",
         [](const Config& c, std::vector<at::Tensor> params) -> std::unique_ptr<torch::optim::Optimizer> {
-          const auto betas = c.get<std::vector<double>>("betas");
-          if (betas.size() != 2) {
-            throw ConfigError({detail::str(c.origin("betas"), ": optim.betas must hold 2 values, got ", betas.size())});
+          const auto s = AdamWSettings::from(c);
+          if (s.betas.size() != 2) {
+            throw ConfigError(
+                {detail::str(c.origin("betas"), ": optim.betas must hold 2 values, got ", s.betas.size())});
           }
-          torch::optim::AdamWOptions o(c.get<double>("lr"));
-          o.betas({betas[0], betas[1]}).eps(c.get<double>("eps")).weight_decay(c.get<double>("weight_decay"));
+          torch::optim::AdamWOptions o(s.lr);
+          o.betas({s.betas[0], s.betas[1]}).eps(s.eps).weight_decay(s.weight_decay);
           return std::make_unique<torch::optim::AdamW>(std::move(params), o);
         },
-        {KeySpec("lr", T::Float, "Learning rate").def(1e-3).min(0, false),
-         KeySpec("betas", T::FloatList, "Adam beta1, beta2").def(std::vector<double>{0.9, 0.999}).min(0).max(1, false),
-         KeySpec("eps", T::Float, "Denominator epsilon").def(1e-8).min(0, false),
-         KeySpec("weight_decay", T::Float, "Decoupled weight decay").def(0.01).min(0)},
-        "Adam with decoupled weight decay");
+        AdamWSettings::keys(), "Adam with decoupled weight decay");
     return r;
   }();
   return *reg;
@@ -188,34 +214,66 @@ class CosineSchedule final : public LrSchedule {
 
 }  // namespace
 
+namespace {
+
+/// [sched] of "constant" (and the key every schedule has).
+struct WarmupSettings : Settings<WarmupSettings> {
+  std::int64_t warmup_steps = 0;
+
+  static void declare(SettingsSchema<WarmupSettings>& s) {
+    s.add(&WarmupSettings::warmup_steps, "warmup_steps", "Linear warm-up steps").min(0);
+  }
+};
+
+/// [sched] of "step".
+struct StepDecaySettings : Settings<StepDecaySettings> {
+  WarmupSettings warmup;
+  std::int64_t step_size = 1000;
+  double gamma = 0.1;
+
+  static void declare(SettingsSchema<StepDecaySettings>& s) {
+    s.include(&StepDecaySettings::warmup);
+    s.add(&StepDecaySettings::step_size, "step_size", "Multiply the LR by gamma every N steps").min(1);
+    s.add(&StepDecaySettings::gamma, "gamma", "Decay factor").min(0, false).max(1);
+  }
+};
+
+/// [sched] of "cosine".
+struct CosineSettings : Settings<CosineSettings> {
+  WarmupSettings warmup;
+  double min_lr_ratio = 0.0;
+
+  static void declare(SettingsSchema<CosineSettings>& s) {
+    s.include(&CosineSettings::warmup);
+    s.add(&CosineSettings::min_lr_ratio, "min_lr_ratio", "Final LR as a fraction of the peak").min(0).max(1);
+  }
+};
+
+}  // namespace
+
 Registry<ScheduleFactory>& schedule_registry() {
   static Registry<ScheduleFactory>* reg = [] {
     auto* r = new Registry<ScheduleFactory>("schedule");
-    using T = ValueType;
-    const KeySpec warmup = KeySpec("warmup_steps", T::Int, "Linear warm-up steps").def(std::int64_t{0}).min(0);
     r->add(
         "constant",
         [](const Config& c, double base, std::int64_t) -> std::unique_ptr<LrSchedule> {
-          return std::make_unique<ConstantSchedule>(base, c.get<std::int64_t>("warmup_steps"));
+          return std::make_unique<ConstantSchedule>(base, WarmupSettings::from(c).warmup_steps);
         },
-        {warmup}, "Constant learning rate after warm-up");
+        WarmupSettings::keys(), "Constant learning rate after warm-up");
     r->add(
         "step",
         [](const Config& c, double base, std::int64_t) -> std::unique_ptr<LrSchedule> {
-          return std::make_unique<StepSchedule>(base, c.get<std::int64_t>("warmup_steps"),
-                                                c.get<std::int64_t>("step_size"), c.get<double>("gamma"));
+          const auto s = StepDecaySettings::from(c);
+          return std::make_unique<StepSchedule>(base, s.warmup.warmup_steps, s.step_size, s.gamma);
         },
-        {warmup, KeySpec("step_size", T::Int, "Multiply the LR by gamma every N steps").def(std::int64_t{1000}).min(1),
-         KeySpec("gamma", T::Float, "Decay factor").def(0.1).min(0, false).max(1)},
-        "Step decay");
+        StepDecaySettings::keys(), "Step decay");
     r->add(
         "cosine",
         [](const Config& c, double base, std::int64_t total) -> std::unique_ptr<LrSchedule> {
-          return std::make_unique<CosineSchedule>(base, c.get<std::int64_t>("warmup_steps"), total,
-                                                  c.get<double>("min_lr_ratio"));
+          const auto s = CosineSettings::from(c);
+          return std::make_unique<CosineSchedule>(base, s.warmup.warmup_steps, total, s.min_lr_ratio);
         },
-        {warmup, KeySpec("min_lr_ratio", T::Float, "Final LR as a fraction of the peak").def(0.0).min(0).max(1)},
-        "Linear warm-up then cosine decay to min_lr_ratio x lr at the last step");
+        CosineSettings::keys(), "Linear warm-up then cosine decay to min_lr_ratio x lr at the last step");
     return r;
   }();
   return *reg;
