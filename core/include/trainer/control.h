@@ -5,11 +5,28 @@
 
 namespace trainer {
 
+/// The requests a Control can carry, one per field. Which event honours which is declared
+/// once, in events.h (kEventTable); the core acts on a field only where it is honoured.
+enum class ControlField : std::uint8_t {
+  StopTraining,
+  SkipStep,
+  RetryWithMicroBatch,
+  MicroBatchSize,
+  SwitchDevice,
+  RequestCheckpoint,
+  RequestEval,
+};
+inline constexpr std::size_t kNumControlFields = static_cast<std::size_t>(ControlField::RequestEval) + 1;
+
+/// A set of ControlFields (bit i = ControlField i).
+using ControlFields = std::uint8_t;
+constexpr ControlFields bit(ControlField f) { return static_cast<ControlFields>(1u << static_cast<unsigned>(f)); }
+
 /// What plugins may ask of the core. A fresh Control is handed to every dispatch and shared
 /// by all plugins of that dispatch (a later plugin sees, and may overwrite, what an earlier
-/// one set); after all ran, the core acts on it. docs/events.md says which fields each
-/// event honours; the others are ignored (switch_device and retry_with_micro_batch log a
-/// warning when ignored).
+/// one set); after all ran, the core acts on the fields the event honours (events.h,
+/// kEventTable) and ignores the others: silently (skip_step, stop_training, request_*), or
+/// with a warning in the log (retry_with_micro_batch, micro_batch_size, switch_device).
 struct Control {
   /// Finish at the next safe point (after the current optimizer step), as a success.
   bool stop_training = false;
@@ -20,7 +37,8 @@ struct Control {
   /// Use this micro-batch size from now on (BatchStart: already for this batch; BatchEnd:
   /// from the next one). Clamped to [1, batch_size]. How oom_backoff grows back.
   std::optional<std::int64_t> micro_batch_size;
-  /// Use this device for the run ("cpu", "cuda:1"); honoured in SelectDevice.
+  /// Use this device for the run ("cpu", "cuda:1"): SelectDevice chooses it; OutOfMemory
+  /// moves the run there and retries.
   std::optional<std::string> switch_device;
   /// Write a checkpoint after the current batch.
   bool request_checkpoint = false;
@@ -28,6 +46,53 @@ struct Control {
   bool request_eval = false;
   /// Free text the core logs with the action ("who asked and why").
   std::string reason;
+
+  /// True when field `f` is set.
+  bool has(ControlField f) const {
+    switch (f) {
+      case ControlField::StopTraining:
+        return stop_training;
+      case ControlField::SkipStep:
+        return skip_step;
+      case ControlField::RetryWithMicroBatch:
+        return retry_with_micro_batch.has_value();
+      case ControlField::MicroBatchSize:
+        return micro_batch_size.has_value();
+      case ControlField::SwitchDevice:
+        return switch_device.has_value();
+      case ControlField::RequestCheckpoint:
+        return request_checkpoint;
+      case ControlField::RequestEval:
+        return request_eval;
+    }
+    return false;
+  }
+  /// Unsets field `f`.
+  void clear(ControlField f) {
+    switch (f) {
+      case ControlField::StopTraining:
+        stop_training = false;
+        break;
+      case ControlField::SkipStep:
+        skip_step = false;
+        break;
+      case ControlField::RetryWithMicroBatch:
+        retry_with_micro_batch.reset();
+        break;
+      case ControlField::MicroBatchSize:
+        micro_batch_size.reset();
+        break;
+      case ControlField::SwitchDevice:
+        switch_device.reset();
+        break;
+      case ControlField::RequestCheckpoint:
+        request_checkpoint = false;
+        break;
+      case ControlField::RequestEval:
+        request_eval = false;
+        break;
+    }
+  }
 
   bool any() const {
     return stop_training || skip_step || retry_with_micro_batch || micro_batch_size || switch_device ||

@@ -1,0 +1,41 @@
+#pragma once
+// Private: evaluation on the test split (EvalStart … EvalEnd), retried from its first
+// sample with a smaller eval batch after an out-of-memory error.
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "trainer/context.h"
+#include "trainer/core_settings.h"
+#include "trainer/metrics.h"
+
+namespace trainer {
+
+class Hooks;
+class OomRecovery;
+class TrainMetrics;
+struct RunParts;
+
+class Evaluator {
+ public:
+  Evaluator(const EvalSettings& eval, RunParts& parts, const RunState& state, Hooks& hooks, OomRecovery& oom,
+            MetricsLogger& metrics, TrainMetrics& window)
+      : parts_(parts), state_(state), hooks_(hooks), oom_(oom), metrics_(metrics), window_(window), batch_(eval.batch_size) {}
+
+  /// Evaluates the model (eval mode, no grad) on the whole test split: mean cross-entropy and
+  /// accuracy, logged as eval/loss and eval/accuracy at the current step, then EvalEnd. The
+  /// model is back in training mode afterwards, however it ends. Nothing when the run has no
+  /// test split.
+  std::map<std::string, double> run();
+
+ private:
+  RunParts& parts_;
+  const RunState& state_;
+  Hooks& hooks_;
+  OomRecovery& oom_;
+  MetricsLogger& metrics_;
+  TrainMetrics& window_;
+  std::int64_t batch_;  ///< eval.batch_size, or the size an out-of-memory retry settled on
+};
+
+}  // namespace trainer

@@ -1,0 +1,93 @@
+#pragma once
+// Private: the loop's side of the event bus. Fires events with their arguments, keeps the
+// run-long part of the context, and applies what plugins ask through Control by the table in
+// events.h.
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "trainer/context.h"
+#include "trainer/control.h"
+#include "trainer/event_bus.h"
+#include "trainer/events.h"
+
+namespace trainer {
+
+/// What one event carries besides the run-long context. The context points at these only
+/// while the event is dispatched, and the pointers are null again afterwards.
+struct EventArgs {
+  const Batch* batch = nullptr;
+  const at::Tensor* indices = nullptr;
+  const at::Tensor* outputs = nullptr;
+  const at::Tensor* loss = nullptr;
+  const std::map<std::string, double>* eval_metrics = nullptr;
+  const OomInfo* oom = nullptr;
+
+  /// BeforeForward … AfterBackward: the micro-batch and its dataset indices; from AfterForward
+  /// on also its logits (AfterForward only) and its scaled loss.
+  static EventArgs micro_batch(const Batch& batch, const at::Tensor& indices, const at::Tensor* outputs = nullptr,
+                               const at::Tensor* loss = nullptr) {
+    EventArgs a;
+    a.batch = &batch;
+    a.indices = &indices;
+    a.outputs = outputs;
+    a.loss = loss;
+    return a;
+  }
+  /// EvalEnd: the evaluation's metrics.
+  static EventArgs evaluated(const std::map<std::string, double>& metrics) {
+    EventArgs a;
+    a.eval_metrics = &metrics;
+    return a;
+  }
+  /// OutOfMemory: what failed.
+  static EventArgs out_of_memory(const OomInfo& info) {
+    EventArgs a;
+    a.oom = &info;
+    return a;
+  }
+};
+
+/// Fires events to the plugins and keeps what they asked the loop to do at its next safe
+/// point (stop, evaluate, checkpoint).
+class Hooks {
+ public:
+  /// `state` is the run's counters, copied into the context at every event.
+  Hooks(const Config& cfg, std::shared_ptr<spdlog::logger> log, MetricsLogger& metrics, const std::string& run_dir,
+        const RunState& state);
+
+  /// Configures each plugin with its `plugins.<name>` section (in load order) and registers it
+  /// with its priority and failure policy.
+  void add_plugins(const std::vector<std::shared_ptr<Plugin>>& plugins);
+
+  /// Fires `e` with `args`. Returns the plugins' Control holding only the fields `e` honours
+  /// (kEventTable); the others are cleared, with a warning where kControlFieldTable says so.
+  /// stop_training, request_eval and request_checkpoint are recorded for the safe points.
+  Control fire(Event e, const EventArgs& args = {});
+
+  /// The run-long part of the context: device, model, optimizer, checkpoint_path, status,
+  /// exception. Whoever owns one of them keeps it current here.
+  EventContext& context() { return ctx_; }
+
+  /// A plugin asked to stop; why.
+  bool stop_requested() const { return stop_; }
+  const std::string& stop_reason() const { return stop_reason_; }
+  /// Whether a checkpoint (an evaluation) was requested since the last call; clears the request.
+  bool take_checkpoint_request() { return std::exchange(checkpoint_, false); }
+  bool take_eval_request() { return std::exchange(eval_, false); }
+
+ private:
+  void apply(Event e, Control& c);
+
+  const Config& cfg_;
+  std::shared_ptr<spdlog::logger> log_;
+  const RunState& state_;
+  EventBus bus_;
+  EventContext ctx_;
+  bool stop_ = false, checkpoint_ = false, eval_ = false;
+  std::string stop_reason_;
+};
+
+}  // namespace trainer

@@ -1,0 +1,83 @@
+#include "train/loop.h"
+
+#include <ATen/ATen.h>
+
+#include "train/checkpoint.h"
+#include "train/evaluate.h"
+#include "train/hooks.h"
+#include "train/setup.h"
+#include "train/train_metrics.h"
+#include "trainer/interrupt.h"
+
+namespace trainer {
+
+void EpochLoop::start_at(Position p) {
+  start_ = p;
+  epochs_completed_ = p.epoch;
+  step_.set_position(p);
+  state_.epoch = p.epoch;
+  state_.batch_in_epoch = p.batch;
+}
+
+std::optional<std::string> EpochLoop::run() {
+  window_.start();
+  std::int64_t first_batch = start_.batch;
+  for (std::int64_t epoch = start_.epoch; epoch < s_.training.epochs; ++epoch) {
+    state_.epoch = epoch;
+    state_.batch_in_epoch = first_batch;
+    hooks_.fire(Event::EpochStart);
+    const at::Tensor order = epoch_order(epoch);
+    const std::int64_t n = order.size(0), batch_size = s_.training.batch_size;
+    for (std::int64_t b = first_batch; b < state_.steps_per_epoch; ++b) {
+      state_.batch_in_epoch = b;
+      const std::int64_t begin = b * batch_size;
+      const bool stepped = step_.run(order.narrow(0, begin, std::min(batch_size, n - begin)));
+      step_.resize(hooks_.fire(Event::BatchEnd));
+      after_batch(stepped);
+      // A stop on the last batch of an epoch still finishes the epoch (eval, EpochEnd).
+      if (b + 1 < state_.steps_per_epoch) {
+        if (auto why = stop_reason()) return why;
+      }
+    }
+    first_batch = 0;
+    end_epoch(epoch);
+    if (auto why = stop_reason()) return why;
+  }
+  return std::nullopt;
+}
+
+void EpochLoop::after_batch(bool stepped) {
+  if (stepped && state_.global_step % s_.training.log_every == 0) window_.log(state_);
+  if (hooks_.take_eval_request()) evaluator_.run();
+  const bool requested = hooks_.take_checkpoint_request();
+  const std::int64_t every = s_.checkpoint.every_steps;
+  if (requested || (stepped && every > 0 && state_.global_step % every == 0)) checkpointer_.save(step_.position());
+}
+
+void EpochLoop::end_epoch(std::int64_t epoch) {
+  window_.log(state_);
+  if (s_.eval.every_epochs > 0 && (epoch + 1) % s_.eval.every_epochs == 0) evaluator_.run();
+  epochs_completed_ = epoch + 1;
+  hooks_.fire(Event::EpochEnd);
+  const std::int64_t every = s_.checkpoint.every_epochs;
+  if (every > 0 && (epoch + 1) % every == 0) checkpointer_.save({epoch + 1, 0});
+}
+
+std::optional<std::string> EpochLoop::stop_reason() const {
+  if (interrupt_requested()) return std::string("interrupted by a signal");
+  if (hooks_.stop_requested()) return hooks_.stop_reason();
+  if (s_.training.max_steps > 0 && state_.global_step >= s_.training.max_steps) {
+    return std::string("training.max_steps reached");
+  }
+  return std::nullopt;
+}
+
+at::Tensor EpochLoop::epoch_order(std::int64_t epoch) const {
+  const std::int64_t n = parts_.train_set->size();
+  if (!s_.training.shuffle) return at::arange(n, at::kLong);
+  auto gen = at::detail::createCPUGenerator(static_cast<std::uint64_t>(s_.seed) * 1000003ULL +
+                                            static_cast<std::uint64_t>(epoch));
+  return at::randperm(n, gen, at::TensorOptions(at::kLong));
+}
+
+}  // namespace trainer

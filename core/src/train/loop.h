@@ -1,0 +1,77 @@
+#pragma once
+// Private: the epochs and batches of a run, and the safe points after each batch and each
+// epoch where evaluation, checkpoints and stops take effect.
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "train/step.h"
+#include "trainer/context.h"
+#include "trainer/core_settings.h"
+
+namespace trainer {
+
+class Checkpointer;
+class Evaluator;
+class Hooks;
+class TrainMetrics;
+struct RunParts;
+
+/// The settings the loop follows.
+struct LoopSettings {
+  TrainingSettings training;
+  EvalSettings eval;
+  CheckpointSettings checkpoint;
+  std::int64_t seed = 0;  ///< run.seed: the shuffle order of each epoch
+};
+
+class EpochLoop {
+ public:
+  EpochLoop(const LoopSettings& settings, RunParts& parts, RunState& state, Hooks& hooks, TrainStep& step,
+            Evaluator& evaluator, Checkpointer& checkpointer, TrainMetrics& window)
+      : s_(settings),
+        parts_(parts),
+        state_(state),
+        hooks_(hooks),
+        step_(step),
+        evaluator_(evaluator),
+        checkpointer_(checkpointer),
+        window_(window) {}
+
+  /// Where training starts: the first batch of a fresh run, a checkpoint's position when
+  /// resuming.
+  void start_at(Position p);
+
+  /// Trains from the start position to the last epoch, or to a stop at a safe point (a
+  /// plugin's stop_training, training.max_steps, a signal). Returns why it stopped early,
+  /// nullopt when it ran to the end.
+  std::optional<std::string> run();
+
+  /// Epochs whose end was reached (including those before a resume).
+  std::int64_t epochs_completed() const { return epochs_completed_; }
+
+ private:
+  /// After a batch: training metrics, a requested evaluation and checkpoint.
+  void after_batch(bool stepped);
+  /// After an epoch's batches: metrics, the epoch's evaluation, EpochEnd, its checkpoint.
+  void end_epoch(std::int64_t epoch);
+  /// Why to stop now, if anything says so.
+  std::optional<std::string> stop_reason() const;
+  /// The epoch's sample order: a permutation seeded by run.seed and the epoch (or 0..n-1).
+  at::Tensor epoch_order(std::int64_t epoch) const;
+
+  const LoopSettings& s_;
+  RunParts& parts_;
+  RunState& state_;
+  Hooks& hooks_;
+  TrainStep& step_;
+  Evaluator& evaluator_;
+  Checkpointer& checkpointer_;
+  TrainMetrics& window_;
+  Position start_;
+  std::int64_t epochs_completed_ = 0;
+};
+
+}  // namespace trainer

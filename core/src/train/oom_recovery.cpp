@@ -1,0 +1,109 @@
+#include "train/oom_recovery.h"
+
+#include <spdlog/spdlog.h>
+#include <torch/optim/optimizer.h>
+
+#include <algorithm>
+
+#include "train/hooks.h"
+#include "trainer/optim.h"
+#include "util/error_text.h"
+
+namespace trainer {
+
+using detail::error_text;
+
+void drop_gradients(Model& model) {
+  for (auto& p : model.parameters()) {
+    if (p.grad().defined()) p.mutable_grad() = at::Tensor();
+  }
+}
+
+Control OomRecovery::report(const std::exception& e, std::int64_t size, std::int64_t samples, std::int64_t attempt,
+                            bool force_clear) {
+  clear_memory(parts_.device, force_clear);
+  ++state_.oom_recoveries;
+  OomInfo info;
+  info.phase = phase_;
+  info.message = error_text(e);
+  info.micro_batch_size = size;
+  info.batch_size = samples;
+  info.attempt = attempt;
+  info.stats = has_memory_backend(parts_.device) ? memory_stats(parts_.device) : MemoryStats{};
+  info.requested_bytes = info.stats.last_failed_request;
+  return hooks_.fire(Event::OutOfMemory, EventArgs::out_of_memory(info));
+}
+
+std::int64_t OomRecovery::recover(const std::exception& e, OomRetry rule, std::int64_t micro, std::int64_t samples,
+                                  std::int64_t attempt, std::vector<std::int64_t>& tried) {
+  if (rule == OomRetry::Once) {
+    // The plugins hear of it, but a checkpoint has no size to change: the core retries it once
+    // after freeing every cached block.
+    report(e, 0, 0, attempt, /*force_clear=*/true);
+    if (attempt >= 1) throw OomFailure("out of memory while writing it twice: " + error_text(e));
+    log_.warn("out of memory while writing a checkpoint; retrying once after freeing memory");
+    return micro;
+  }
+  drop_gradients(*parts_.model);
+  tried.push_back(micro);
+  const std::string phase = phase_;
+  const std::string message = error_text(e);
+  log_.warn("out of memory in {} (micro-batch {}, attempt {}): {}", phase, micro, attempt + 1, message);
+  const Control c = report(e, micro, samples, attempt, /*force_clear=*/false);
+  if ((c.switch_device || c.retry_with_micro_batch) && attempt + 1 < kMaxAttempts) {
+    std::string where;
+    if (c.switch_device) {
+      const c10::Device from = parts_.device;
+      move_run_to(c10::Device(*c.switch_device), c.reason);
+      if (parts_.device != from) moves_.push_back(from.str() + " -> " + parts_.device.str());
+      where = " on " + parts_.device.str();
+    }
+    const std::int64_t next = std::clamp<std::int64_t>(c.retry_with_micro_batch.value_or(micro), 1, samples);
+    log_.warn("retrying the same {}{} with micro-batches of {} ({}){}", phase == "eval" ? "evaluation" : "batch", where,
+              next, next < micro ? "smaller" : "same size or larger", c.reason.empty() ? "" : ": " + c.reason);
+    return next;
+  }
+  std::string sizes;
+  for (auto t : tried) sizes += (sizes.empty() ? "" : " -> ") + std::to_string(t);
+  const std::string why = c.retry_with_micro_batch
+                              ? " (retry limit reached)"
+                              : " (no plugin asked for another retry; oom_backoff retries down to its min_micro_batch)";
+  std::string msg = message;
+  while (!msg.empty() && (msg.back() == '.' || msg.back() == '\n')) msg.pop_back();
+  const std::string moves = detail::join(moves_);
+  throw OomFailure(detail::str(
+      "out of memory in ", phase, " on ", parts_.device.str(), " after ", tried.size(),
+      " attempt(s) with micro-batches ", sizes, moves.empty() ? "" : " (device fallback: " + moves + ")", why, ": ",
+      msg, ". What to change: ",
+      phase == "eval" ? "a smaller eval.batch_size"
+                      : "a smaller training.micro_batch_size (gradient accumulation keeps the effective batch)",
+      ", a smaller model, or a larger memory.limit_mb; mixed precision and activation checkpointing also cut "
+      "activation memory (not yet available as trainer plugins)"));
+}
+
+void OomRecovery::move_run_to(const c10::Device& to, const std::string& reason) {
+  // Parameters and buffers move in place (Module::to keeps each tensor's identity, so the
+  // optimizer's references and state keys stay valid), then the optimizer state one tensor at
+  // a time, so nothing exists twice but the tensor being copied. Gradients are undefined here:
+  // the failed attempt was dropped.
+  if (to == parts_.device) {
+    log_.warn("switch_device {}: the run is already there{}", to.str(), reason.empty() ? "" : " (" + reason + ")");
+    return;
+  }
+  if (to.is_cuda()) check_cuda_device(to, "switch_device");
+  const c10::Device from = parts_.device;
+  std::int64_t param_bytes = 0;
+  for (const auto& p : parts_.model->parameters()) param_bytes += static_cast<std::int64_t>(p.nbytes());
+  for (const auto& b : parts_.model->buffers()) param_bytes += static_cast<std::int64_t>(b.nbytes());
+  drop_gradients(*parts_.model);
+  parts_.model->to(to);
+  const std::int64_t state_bytes = move_optimizer_state(*parts_.optim, to);
+  parts_.device = to;
+  hooks_.context().device = to;
+  clear_memory(from, /*force=*/true);
+  log_.warn("moved the run from {} to {}: {} of parameters and buffers, {} of optimizer state{}", from.str(), to.str(),
+            format_bytes(param_bytes), format_bytes(state_bytes), reason.empty() ? "" : " (" + reason + ")");
+  hooks_.fire(Event::ModelToDevice);
+}
+
+}  // namespace trainer

@@ -1,0 +1,95 @@
+#pragma once
+// Private: recovering from out-of-memory errors inside the loop. One retry helper serves the
+// training step, evaluation and checkpoints: it drops the failed attempt, reports it to the
+// plugins (OutOfMemory) and runs the attempt again as they ask, on another device if they
+// ask, or gives up with a summary of what was tried and what to change.
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <exception>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "train/setup.h"
+#include "trainer/context.h"
+#include "trainer/control.h"
+#include "trainer/error.h"
+#include "trainer/memory.h"
+
+namespace spdlog {
+class logger;
+}
+
+namespace trainer {
+
+class Hooks;
+
+/// How an attempt is retried after an out-of-memory error.
+enum class OomRetry {
+  AskPlugins,  ///< a training batch or an evaluation: retry at the size a plugin asks in OutOfMemory, else give up
+  Once,        ///< a checkpoint: free cached memory and retry once by itself, then give up
+};
+
+/// An out-of-memory error that was not recovered from; the message says what was tried.
+struct OomFailure : Error {
+  using Error::Error;
+};
+
+/// Sets every parameter's gradient to undefined (a failed attempt's partial gradients go).
+void drop_gradients(Model& model);
+
+class OomRecovery {
+ public:
+  /// At most this many attempts per batch (evaluation), whatever plugins ask.
+  static constexpr std::int64_t kMaxAttempts = 64;
+
+  OomRecovery(RunParts& parts, RunState& state, Hooks& hooks, spdlog::logger& log)
+      : parts_(parts), state_(state), hooks_(hooks), log_(log) {}
+
+  /// Names what the loop is doing ("data", "forward", "backward", "optimizer_step", "eval",
+  /// "checkpoint"): the phase an out-of-memory error is reported in.
+  void enter(const char* phase) { phase_ = phase; }
+
+  /// Runs `attempt(size)` until one returns. After an out-of-memory error the attempt is
+  /// dropped and reported, then run again as `rule` says: `size` is the micro-batch (eval
+  /// batch) and `samples` how many samples the attempt covers. Other exceptions pass through;
+  /// OomFailure when it gives up. Returns the size a retry settled on, or nullopt when the
+  /// first attempt succeeded.
+  template <typename Attempt>
+  std::optional<std::int64_t> retry(OomRetry rule, std::int64_t size, std::int64_t samples, Attempt&& attempt) {
+    std::vector<std::int64_t> tried;
+    std::optional<std::int64_t> settled;
+    for (std::int64_t n = 0;; ++n) {
+      try {
+        attempt(size);
+        return settled;
+      } catch (const std::exception& e) {
+        if (!is_out_of_memory(e)) throw;
+        size = recover(e, rule, size, samples, n, tried);
+        settled = size;
+      }
+    }
+  }
+
+ private:
+  /// Drops the failed attempt, fires OutOfMemory and returns the size to retry with; throws
+  /// OomFailure when there is no retry.
+  std::int64_t recover(const std::exception& e, OomRetry rule, std::int64_t size, std::int64_t samples,
+                       std::int64_t attempt, std::vector<std::int64_t>& tried);
+  /// Counts the OOM, frees cached memory and fires OutOfMemory describing what failed.
+  Control report(const std::exception& e, std::int64_t size, std::int64_t samples, std::int64_t attempt,
+                 bool force_clear);
+  /// Moves model, buffers and optimizer state to `to` (Control.switch_device in OutOfMemory)
+  /// and fires ModelToDevice.
+  void move_run_to(const c10::Device& to, const std::string& reason);
+
+  RunParts& parts_;
+  RunState& state_;
+  Hooks& hooks_;
+  spdlog::logger& log_;
+  const char* phase_ = "setup";
+  std::vector<std::string> moves_;  ///< "cuda:0 -> cpu" per device fallback, for the give-up summary
+};
+
+}  // namespace trainer

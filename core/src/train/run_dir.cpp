@@ -1,0 +1,56 @@
+#include "train/run_dir.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include "trainer/error.h"
+#include "trainer/json.h"
+#include "trainer/metrics.h"
+#include "util/local_time.h"
+
+namespace fs = std::filesystem;
+
+namespace trainer {
+
+void write_atomic(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    TRAINER_CHECK(out.good(), "cannot write ", tmp);
+    out << text;
+    out.flush();
+    TRAINER_CHECK(out.good(), "short write to ", tmp);
+  }
+  fs::rename(tmp, path);
+}
+
+RunDir::RunDir(const RunSettings& run, const std::string& explicit_dir) {
+  if (!explicit_dir.empty()) {
+    path_ = explicit_dir;
+  } else {
+    const fs::path base = fs::path(run.dir) / (run.name + "-" + detail::local_time("%Y%m%d-%H%M%S"));
+    fs::path p = base;
+    for (int i = 1; fs::exists(p); ++i) p = base.string() + "-" + std::to_string(i);
+    path_ = p.string();
+  }
+  std::error_code ec;
+  fs::create_directories(fs::path(path_) / "checkpoints", ec);
+  TRAINER_CHECK_T(UsageError, !ec, "cannot create run directory ", path_, ": ", ec.message());
+}
+
+std::string RunDir::write_status(const RunStatus& s) const {
+  try {
+    const std::string text =
+        "{\"status\":" + json_quote(s.status) +
+        ",\"exit_code\":" + (s.status == "RUNNING" ? std::string("null") : std::to_string(s.exit_code)) +
+        ",\"global_step\":" + std::to_string(s.global_step) + ",\"epoch\":" + std::to_string(s.epoch) +
+        ",\"message\":" + json_quote(s.message) + ",\"last_checkpoint\":" + json_quote(s.last_checkpoint) +
+        ",\"time\":" + json_number(wall_time_s()) + "}\n";
+    write_atomic(path_ + "/status.json", text);
+    return {};
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
+}  // namespace trainer

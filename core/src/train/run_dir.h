@@ -1,0 +1,42 @@
+#pragma once
+// Private: the run directory and the files the core writes there besides checkpoints and
+// metrics: config.toml and status.json, each written atomically.
+#include <cstdint>
+#include <string>
+
+#include "trainer/core_settings.h"
+
+namespace trainer {
+
+/// Writes `text` to `path` through a temporary file and a rename: never half-written.
+void write_atomic(const std::string& path, const std::string& text);
+
+/// What status.json says: the run's outcome so far.
+struct RunStatus {
+  std::string status;  ///< RUNNING, FINISHED, FAILED, KILLED
+  int exit_code = 0;   ///< written as null while RUNNING
+  std::int64_t global_step = 0;
+  std::int64_t epoch = 0;
+  std::string message;
+  std::string last_checkpoint;
+};
+
+/// `<run.dir>/<run.name>-<YYYYmmdd-HHMMSS>[-N]` (or the directory asked for) with its
+/// `checkpoints/` subdirectory.
+class RunDir {
+ public:
+  /// Creates the directory: `explicit_dir` when not empty, else a new name under run.dir.
+  /// Throws UsageError when it cannot be created.
+  RunDir(const RunSettings& run, const std::string& explicit_dir);
+
+  const std::string& path() const { return path_; }
+  std::string checkpoints() const { return path_ + "/checkpoints"; }
+
+  /// Writes status.json; an I/O error is returned as text (a run never fails over it).
+  std::string write_status(const RunStatus& s) const;
+
+ private:
+  std::string path_;
+};
+
+}  // namespace trainer

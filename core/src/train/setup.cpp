@@ -1,0 +1,144 @@
+#include "train/setup.h"
+
+#include <ATen/Parallel.h>
+#include <spdlog/spdlog.h>
+#include <torch/cuda.h>
+#include <torch/optim/optimizer.h>
+#include <torch/utils.h>
+#include <torch/version.h>
+
+#include <algorithm>
+#include <thread>
+
+#include "train/hooks.h"
+#include "trainer/devices.h"
+#include "trainer/error.h"
+#include "trainer/memory.h"
+#include "trainer/runtime.h"
+
+namespace trainer {
+
+std::unique_ptr<MetricsLogger> make_metrics(const MetricsSettings& s, const std::string& run_dir,
+                                            std::shared_ptr<spdlog::logger> log) {
+  auto metrics = std::make_unique<MetricsLogger>(log);
+  if (s.jsonl) metrics->add_sink(std::make_shared<JsonlSink>(run_dir + "/metrics.jsonl"));
+  if (s.console) metrics->add_sink(std::make_shared<ConsoleSink>(log));
+  return metrics;
+}
+
+void setup_runtime(const RuntimeSettings& s, std::int64_t seed, spdlog::logger& log) {
+  const int n = s.num_threads > 0 ? static_cast<int>(s.num_threads)
+                                  : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  at::set_num_threads(n);
+  if (s.tune_malloc && !tune_cpu_allocator()) {
+    log.warn("runtime.tune_malloc: the C library refused the malloc settings; running untuned");
+  }
+  torch::manual_seed(static_cast<std::uint64_t>(seed));
+  log.info("threads: {}, seed: {}, LibTorch {}", n, seed, TORCH_VERSION);
+  check_blas(log);
+}
+
+void check_cuda_device(const c10::Device& d, const std::string& what) {
+  const auto n = static_cast<int>(torch::cuda::device_count());
+  TRAINER_CHECK((d.has_index() ? d.index() : 0) < n, what, " ", d.str(), ": this process sees ", n, " CUDA device(s)",
+                n == 0 ? " (this LibTorch has no CUDA, or no GPU is visible)" : "");
+}
+
+c10::Device select_device(Hooks& hooks, const RuntimeSettings& s) {
+  const auto requested = parse_device_setting(s.device);
+  TRAINER_CHECK_T(UsageError, requested, "runtime.device = \"", s.device, "\": must be ", device_setting_check().rule);
+  EventContext& ctx = hooks.context();
+  ctx.device = c10::Device(requested->str());
+  const Control c = hooks.fire(Event::SelectDevice);
+  if (c.switch_device) ctx.device = c10::Device(*c.switch_device);
+  if (ctx.device.is_cuda()) check_cuda_device(ctx.device, "device");
+  return ctx.device;
+}
+
+MemoryBudget::MemoryBudget(const c10::Device& device, const MemorySettings& s, spdlog::logger& log) {
+  TRAINER_CHECK_T(UsageError, s.limit_mb == 0 || s.fraction == 0,
+                  "memory.limit_mb and memory.fraction are both set; set one of them");
+  if (!has_memory_backend(device)) {
+    TRAINER_CHECK_T(UsageError, s.limit_mb == 0 && s.fraction == 0, "memory.limit_mb/memory.fraction on ", device.str(),
+                    " need its memory backend, which this build does not have");
+    return;
+  }
+  previous_ = memory_stats(device).limit;
+  device_ = device;
+  try {
+    if (s.fraction > 0) {
+      set_memory_fraction(device, s.fraction);
+    } else {
+      set_memory_limit(device, static_cast<std::int64_t>(s.limit_mb * 1024.0 * 1024.0));
+    }
+  } catch (...) {
+    set_memory_limit(device, previous_);
+    throw;
+  }
+  if (const std::int64_t limit = memory_stats(device).limit; limit > 0) {
+    log.info("memory budget: {} on {}", format_bytes(limit), device.str());
+  }
+}
+
+MemoryBudget::~MemoryBudget() {
+  if (!device_) return;
+  try {
+    set_memory_limit(*device_, previous_);
+  } catch (...) {
+    // Nothing to do at the end of a run: the next run sets its own budget.
+  }
+}
+
+void setup_data(RunParts& parts, const Config& cfg, bool with_test_split, spdlog::logger& log) {
+  const Config section = cfg.sub("dataset");
+  const std::string name = cfg.get<std::string>("dataset.name");
+  auto factory = dataset_registry().get(name).factory;
+  parts.train_set = factory(section, Split::Train);
+  if (with_test_split) parts.test_set = factory(section, Split::Test);
+  log.info("dataset {}: {} train, {} test samples", name, parts.train_set->size(),
+           parts.test_set ? parts.test_set->size() : 0);
+}
+
+void setup_model(RunParts& parts, Hooks& hooks, const Config& cfg, spdlog::logger& log) {
+  const Config section = cfg.sub("model");
+  parts.model = build_model(section, parts.train_set->spec());
+  parts.input_dtype = model_dtype(ModelSettings::from(section).dtype);
+  EventContext& ctx = hooks.context();
+  ctx.model = parts.model;
+  hooks.fire(Event::ModelCreated);
+  TRAINER_CHECK(ctx.model != nullptr, "a plugin cleared the model in ModelCreated");
+  parts.model = ctx.model;
+  parts.model->to(parts.device);
+  parts.model->train();
+  hooks.fire(Event::ModelToDevice);
+  std::int64_t nparams = 0;
+  for (const auto& p : parts.model->parameters()) nparams += p.numel();
+  log.info("model {}: {} parameters", cfg.get<std::string>("model.name"), nparams);
+}
+
+void setup_optimizer(RunParts& parts, Hooks& hooks, const Config& cfg) {
+  std::vector<at::Tensor> params;
+  for (const auto& p : parts.model->parameters()) {
+    if (p.requires_grad()) params.push_back(p);
+  }
+  parts.optim = optimizer_registry().get(cfg.get<std::string>("optim.name")).factory(cfg.sub("optim"), params);
+  hooks.context().optimizer = parts.optim.get();
+  hooks.fire(Event::OptimizerCreated);
+}
+
+void plan_steps(RunParts& parts, RunState& state, const TrainingSettings& training, const Config& cfg) {
+  state.batch_size = training.batch_size;
+  state.micro_batch_size = training.micro_batch();
+  state.num_epochs = training.epochs;
+  const std::int64_t n = parts.train_set->size();
+  state.steps_per_epoch = training.drop_last ? n / training.batch_size : (n + training.batch_size - 1) / training.batch_size;
+  TRAINER_CHECK_T(UsageError, state.steps_per_epoch > 0, "training.batch_size = ", training.batch_size,
+                  " with drop_last leaves no batch of ", n, " samples");
+  state.total_steps = state.steps_per_epoch * training.epochs;
+  if (training.max_steps > 0) state.total_steps = std::min(state.total_steps, training.max_steps);
+  parts.schedule = schedule_registry()
+                       .get(cfg.get<std::string>("sched.name"))
+                       .factory(cfg.sub("sched"), get_learning_rate(*parts.optim), state.total_steps);
+}
+
+}  // namespace trainer

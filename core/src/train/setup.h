@@ -1,0 +1,82 @@
+#pragma once
+// Private: building a run, in the order fit() does it: the runtime, the device (with its
+// memory budget), the data, the model and the optimizer, and the plan of steps.
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "trainer/config.h"
+#include "trainer/context.h"
+#include "trainer/core_settings.h"
+#include "trainer/data.h"
+#include "trainer/metrics.h"
+#include "trainer/model.h"
+#include "trainer/optim.h"
+
+namespace spdlog {
+class logger;
+}
+
+namespace trainer {
+
+class Hooks;
+
+/// What set-up builds; the rooms of the loop act on it.
+struct RunParts {
+  std::shared_ptr<Dataset> train_set;
+  std::shared_ptr<Dataset> test_set;  ///< null when the run never evaluates (eval.every_epochs = 0)
+  std::shared_ptr<Model> model;
+  std::unique_ptr<torch::optim::Optimizer> optim;
+  std::unique_ptr<LrSchedule> schedule;
+  c10::Device device{c10::kCPU};              ///< where the run is (an OOM device fallback moves it)
+  c10::ScalarType input_dtype = c10::kFloat;  ///< model.dtype: inputs are cast to it
+};
+
+/// The metric sinks [metrics] asks for: `<run_dir>/metrics.jsonl`, the console.
+std::unique_ptr<MetricsLogger> make_metrics(const MetricsSettings& s, const std::string& run_dir,
+                                            std::shared_ptr<spdlog::logger> log);
+
+/// Threads, malloc tuning, the global seed; warns about a slow BLAS.
+void setup_runtime(const RuntimeSettings& s, std::int64_t seed, spdlog::logger& log);
+
+/// Fires SelectDevice with runtime.device proposed (`cuda` = `cuda:0`) and returns the device
+/// plugins chose; throws when this process cannot use that CUDA device.
+c10::Device select_device(Hooks& hooks, const RuntimeSettings& s);
+
+/// Throws unless this process can use CUDA device `d` (`what` names who asked).
+void check_cuda_device(const c10::Device& d, const std::string& what);
+
+/// The run's memory budget on its device (memory.limit_mb or memory.fraction), logged. The
+/// device gets its previous limit back when the budget dies: the budget is the run's.
+class MemoryBudget {
+ public:
+  MemoryBudget(const c10::Device& device, const MemorySettings& s, spdlog::logger& log);
+  ~MemoryBudget();
+  MemoryBudget(const MemoryBudget&) = delete;
+  MemoryBudget& operator=(const MemoryBudget&) = delete;
+
+ private:
+  std::optional<c10::Device> device_;  ///< where a budget was set
+  std::int64_t previous_ = 0;          ///< the limit before
+};
+
+/// Loads the training split and, when `with_test_split`, the test split ([dataset]).
+void setup_data(RunParts& parts, const Config& cfg, bool with_test_split, spdlog::logger& log);
+
+/// Builds the model in its dtype ([model]), fires ModelCreated (plugins may replace it), moves
+/// it to parts.device once, puts it in training mode and fires ModelToDevice.
+void setup_model(RunParts& parts, Hooks& hooks, const Config& cfg, spdlog::logger& log);
+
+/// Builds the optimizer ([optim]) over the parameters that require grad and fires
+/// OptimizerCreated.
+void setup_optimizer(RunParts& parts, Hooks& hooks, const Config& cfg);
+
+/// Fills the plan into `state` (batch sizes, steps per epoch, total steps) and builds the LR
+/// schedule ([sched]) over it. Throws UsageError when drop_last leaves no batch.
+void plan_steps(RunParts& parts, RunState& state, const TrainingSettings& training, const Config& cfg);
+
+}  // namespace trainer

@@ -1,0 +1,148 @@
+#include "train/step.h"
+
+#include <ATen/ATen.h>
+#include <spdlog/spdlog.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/optimizer.h>
+
+#include <algorithm>
+
+#include "train/hooks.h"
+#include "train/oom_recovery.h"
+#include "train/setup.h"
+#include "train/train_metrics.h"
+#include "trainer/optim.h"
+#include "util/error_text.h"
+
+namespace trainer {
+
+TrainStep::TrainStep(const TrainingSettings& training, RunParts& parts, RunState& state, Hooks& hooks,
+                     OomRecovery& oom, TrainMetrics& metrics, spdlog::logger& log)
+    : training_(training),
+      parts_(parts),
+      state_(state),
+      hooks_(hooks),
+      oom_(oom),
+      metrics_(metrics),
+      log_(log),
+      micro_batch_(training.micro_batch()) {
+  // The step's temporaries: its parameter-sized temporaries times the largest parameter, plus
+  // 64 KiB for scalars.
+  std::int64_t largest = 0;
+  for (const auto& p : parts_.model->parameters()) largest = std::max<std::int64_t>(largest, p.nbytes());
+  reserve_ = optimizer_step_temporaries(*parts_.optim) * largest + (64 << 10);
+}
+
+bool TrainStep::run(const at::Tensor& indices) {
+  const std::int64_t n = indices.size(0);
+  // BatchStart reports the micro-batch setting; attempts report the size they really use
+  // (capped at the batch, which is shorter at the end of an epoch).
+  state_.micro_batch_size = micro_batch_;
+  state_.num_micro_batches = (n + micro_batch_ - 1) / micro_batch_;
+  state_.micro_batch_index = 0;
+  const Control start = hooks_.fire(Event::BatchStart);
+  resize(start);
+  if (start.skip_step) {
+    log_.debug("batch {} skipped at BatchStart", state_.batch_in_epoch);
+    advance();
+    return false;
+  }
+  bool skipped = false;
+  double batch_loss = 0.0;
+  const auto settled = oom_.retry(OomRetry::AskPlugins, std::min(micro_batch_, n), n, [&](std::int64_t micro) {
+    state_.micro_batch_size = micro;
+    oom_.enter("data");
+    Batch full = parts_.train_set->get(indices);
+    if (parts_.device != full.inputs.device() || full.inputs.scalar_type() != parts_.input_dtype) {
+      full = {full.inputs.to(parts_.device, parts_.input_dtype), full.targets.to(parts_.device)};
+    }
+    drop_gradients(*parts_.model);
+    auto [loss, skip] = accumulate(full, indices, micro);
+    state_.loss = loss;
+    state_.lr = parts_.schedule->lr_at(state_.global_step);
+    if (!skip) {
+      oom_.enter("optimizer_step");
+      if (training_.grad_clip_norm > 0) {
+        torch::nn::utils::clip_grad_norm_(parts_.model->parameters(), training_.grad_clip_norm);
+      }
+      set_learning_rate(*parts_.optim, state_.lr);
+      skip = hooks_.fire(Event::BeforeOptimizerStep).skip_step;
+    }
+    skipped = skip;
+    if (skip) return;
+    atomic_step();
+    batch_loss = loss;
+  });
+  if (settled) micro_batch_ = *settled;  // later batches keep the size that worked (oom_backoff grows it back)
+  if (skipped) {
+    drop_gradients(*parts_.model);
+    log_.debug("optimizer step skipped at batch {}", state_.batch_in_epoch);
+    advance();
+    return false;
+  }
+  ++state_.global_step;
+  state_.samples_seen += n;
+  advance();
+  hooks_.fire(Event::AfterOptimizerStep);
+  metrics_.add_step(batch_loss, n);
+  return true;
+}
+
+std::pair<double, bool> TrainStep::accumulate(const Batch& full, const at::Tensor& indices, std::int64_t micro) {
+  const std::int64_t n = full.size();
+  state_.num_micro_batches = (n + micro - 1) / micro;
+  bool skip = false;
+  at::Tensor loss_sum;  // summed on the device, read once: no extra op for a single micro-batch
+  for (std::int64_t i = 0; i < state_.num_micro_batches; ++i) {
+    const std::int64_t begin = i * micro, len = std::min(micro, n - begin);
+    const bool whole = state_.num_micro_batches == 1;
+    const Batch mb = whole ? full : Batch{full.inputs.narrow(0, begin, len), full.targets.narrow(0, begin, len)};
+    const at::Tensor idx = whole ? indices : indices.narrow(0, begin, len);
+    state_.micro_batch_index = i;
+    skip |= hooks_.fire(Event::BeforeForward, EventArgs::micro_batch(mb, idx)).skip_step;
+    oom_.enter("forward");
+    const at::Tensor out = parts_.model->forward(mb.inputs);
+    at::Tensor loss = at::cross_entropy_loss(out, mb.targets);
+    if (len != n) loss = loss * (static_cast<double>(len) / static_cast<double>(n));
+    skip |= hooks_.fire(Event::AfterForward, EventArgs::micro_batch(mb, idx, &out, &loss)).skip_step;
+    const EventArgs with_loss = EventArgs::micro_batch(mb, idx, nullptr, &loss);
+    skip |= hooks_.fire(Event::BeforeBackward, with_loss).skip_step;
+    oom_.enter("backward");
+    loss.backward();
+    skip |= hooks_.fire(Event::AfterBackward, with_loss).skip_step;
+    loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach();
+  }
+  return {loss_sum.item<double>(), skip};
+}
+
+void TrainStep::atomic_step() {
+  oom_.enter("optimizer_step");
+  if (!state_materialized_) state_materialized_ = materialize_optimizer_state(*parts_.optim);
+  { at::Tensor reserve = at::empty({reserve_}, at::TensorOptions(at::kByte).device(parts_.device)); }
+  try {
+    parts_.optim->step();
+  } catch (const std::exception& e) {
+    if (!is_out_of_memory(e)) throw;
+    // The reserve was not enough: the step ran out of memory half-way. Parameters may be
+    // partly updated, so neither a retry nor a checkpoint of them is safe.
+    params_consistent_ = false;
+    throw Error(detail::str("out of memory inside the optimizer step after its reserve (", format_bytes(reserve_),
+                            "); parameters may be partly updated, so the run stops without a final checkpoint: ",
+                            detail::error_text(e)));
+  }
+}
+
+void TrainStep::resize(const Control& c) {
+  if (!c.micro_batch_size) return;
+  const std::int64_t next = std::clamp<std::int64_t>(*c.micro_batch_size, 1, training_.batch_size);
+  if (next == micro_batch_) return;
+  log_.info("micro-batch {} -> {}{}", micro_batch_, next, c.reason.empty() ? "" : " (" + c.reason + ")");
+  micro_batch_ = next;
+}
+
+void TrainStep::advance() {
+  const bool last = state_.batch_in_epoch + 1 >= state_.steps_per_epoch;
+  position_ = last ? Position{state_.epoch + 1, 0} : Position{state_.epoch, state_.batch_in_epoch + 1};
+}
+
+}  // namespace trainer

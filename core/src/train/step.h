@@ -1,0 +1,79 @@
+#pragma once
+// Private: one training batch. It is split into micro-batches whose gradients accumulate to
+// the gradient of the batch's mean loss; the optimizer step is atomic against out-of-memory
+// errors; after the batch, the position says where a resume continues.
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <utility>
+
+#include "trainer/context.h"
+#include "trainer/control.h"
+#include "trainer/core_settings.h"
+#include "trainer/data.h"
+
+namespace spdlog {
+class logger;
+}
+
+namespace trainer {
+
+class Hooks;
+class OomRecovery;
+class TrainMetrics;
+struct RunParts;
+
+/// Where a resume continues: the next batch to train.
+struct Position {
+  std::int64_t epoch = 0;
+  std::int64_t batch = 0;
+};
+
+class TrainStep {
+ public:
+  /// Needs the model and the optimizer built (it sizes the optimizer step's reserve).
+  TrainStep(const TrainingSettings& training, RunParts& parts, RunState& state, Hooks& hooks, OomRecovery& oom,
+            TrainMetrics& metrics, spdlog::logger& log);
+
+  /// Trains one batch, the samples `indices` (BatchStart … AfterOptimizerStep). An
+  /// out-of-memory error drops the attempt and, as the plugins ask, re-runs the same samples
+  /// in other micro-batches. Returns whether an optimizer step was taken.
+  bool run(const at::Tensor& indices);
+
+  /// Control.micro_batch_size (BatchStart, BatchEnd): the micro-batch from now on, clamped to
+  /// [1, batch_size].
+  void resize(const Control& c);
+
+  /// The batch after the last one consumed (trained or skipped).
+  Position position() const { return position_; }
+  void set_position(Position p) { position_ = p; }
+
+  /// False after an out-of-memory error inside optimizer.step() itself: the parameters may be
+  /// partly updated, and must not be checkpointed.
+  bool params_consistent() const { return params_consistent_; }
+
+ private:
+  /// Forward and backward over the micro-batches of `full`: the summed (batch-normalised) loss
+  /// and whether a plugin asked to skip the step.
+  std::pair<double, bool> accumulate(const Batch& full, const at::Tensor& indices, std::int64_t micro);
+  /// optimizer.step() with its state created and its temporaries reserved first, so that an
+  /// out-of-memory error leaves parameters and optimizer state as they were.
+  void atomic_step();
+  /// The current batch is consumed: a resume continues with the next one.
+  void advance();
+
+  const TrainingSettings& training_;
+  RunParts& parts_;
+  RunState& state_;
+  Hooks& hooks_;
+  OomRecovery& oom_;
+  TrainMetrics& metrics_;
+  spdlog::logger& log_;
+  std::int64_t micro_batch_;           ///< the current micro-batch size
+  std::int64_t reserve_ = 0;           ///< bytes the optimizer step may allocate for temporaries
+  bool state_materialized_ = false;    ///< optimizer state created before the first step
+  bool params_consistent_ = true;
+  Position position_;
+};
+
+}  // namespace trainer

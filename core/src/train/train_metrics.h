@@ -1,0 +1,52 @@
+#pragma once
+// Private: the training metrics of a window of optimizer steps (train/loss, train/lr,
+// train/epoch, train/samples_per_s), logged every training.log_every steps and at epoch ends.
+#include <chrono>
+#include <cstdint>
+
+#include "trainer/context.h"
+#include "trainer/metrics.h"
+
+namespace trainer {
+
+class TrainMetrics {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  explicit TrainMetrics(MetricsLogger& metrics) : metrics_(metrics) {}
+
+  /// Starts the first window (when training starts).
+  void start() { start_ = Clock::now(); }
+  /// One optimizer step of `samples` samples with mean loss `loss`.
+  void add_step(double loss, std::int64_t samples) {
+    loss_ += loss;
+    ++steps_;
+    samples_ += samples;
+  }
+  /// Logs the window's metrics at `state.global_step` and starts a new window; nothing when
+  /// the window has no step.
+  void log(const RunState& state);
+
+  /// Keeps the time until it dies out of samples/s: throughput is training only, without
+  /// evaluations and checkpoints.
+  class Pause {
+   public:
+    explicit Pause(TrainMetrics& m) : m_(m) {}
+    ~Pause() { m_.excluded_s_ += std::chrono::duration<double>(Clock::now() - t0_).count(); }
+    Pause(const Pause&) = delete;
+    Pause& operator=(const Pause&) = delete;
+
+   private:
+    TrainMetrics& m_;
+    Clock::time_point t0_ = Clock::now();
+  };
+
+ private:
+  MetricsLogger& metrics_;
+  double loss_ = 0.0;
+  std::int64_t steps_ = 0, samples_ = 0;
+  Clock::time_point start_ = Clock::now();
+  double excluded_s_ = 0.0;  ///< paused time inside the window
+};
+
+}  // namespace trainer
