@@ -19,7 +19,7 @@ class logger;
 }
 
 /// Bumped whenever a public header changes a layout or a virtual table plugins rely on.
-#define TRAINER_ABI_VERSION 3
+#define TRAINER_ABI_VERSION 4
 
 namespace trainer {
 

@@ -8,6 +8,7 @@
 #include <limits>
 #include <map>
 #include <sstream>
+#include <type_traits>
 
 #include "trainer/error.h"
 #include "trainer/json.h"
@@ -205,41 +206,22 @@ void collect_leaves(const ConfigNode& node, const std::string& prefix, std::vect
   }
 }
 
+/// "integer", "float", ... for messages.
 template <typename T>
-struct TypeName;
-template <>
-struct TypeName<std::int64_t> {
-  static constexpr const char* value = "integer";
-};
-template <>
-struct TypeName<double> {
-  static constexpr const char* value = "float";
-};
-template <>
-struct TypeName<bool> {
-  static constexpr const char* value = "bool";
-};
-template <>
-struct TypeName<std::string> {
-  static constexpr const char* value = "string";
-};
-template <>
-struct TypeName<std::vector<std::int64_t>> {
-  static constexpr const char* value = "integer list";
-};
-template <>
-struct TypeName<std::vector<double>> {
-  static constexpr const char* value = "float list";
-};
-template <>
-struct TypeName<std::vector<std::string>> {
-  static constexpr const char* value = "string list";
-};
+constexpr const char* type_name() {
+  if constexpr (std::is_same_v<T, std::int64_t>) return "integer";
+  if constexpr (std::is_same_v<T, double>) return "float";
+  if constexpr (std::is_same_v<T, bool>) return "bool";
+  if constexpr (std::is_same_v<T, std::string>) return "string";
+  if constexpr (std::is_same_v<T, std::vector<std::int64_t>>) return "integer list";
+  if constexpr (std::is_same_v<T, std::vector<double>>) return "float list";
+  if constexpr (std::is_same_v<T, std::vector<std::string>>) return "string list";
+}
 
 }  // namespace
 
 std::string config_value_type_name(const ConfigValue& v) {
-  return std::visit([](const auto& x) { return std::string(TypeName<std::decay_t<decltype(x)>>::value); }, v);
+  return std::visit([](const auto& x) { return std::string(type_name<std::decay_t<decltype(x)>>()); }, v);
 }
 
 namespace {
@@ -327,7 +309,7 @@ T Config::get(const std::string& key) const {
                 std::is_same_v<T, std::vector<std::string>>) {
     if (const auto* s = std::get_if<std::vector<std::string>>(&v); s && s->empty()) return T{};
   }
-  throw ConfigError({detail::str(origin(key), ": key '", key, "': expected ", TypeName<T>::value, ", got ",
+  throw ConfigError({detail::str(origin(key), ": key '", key, "': expected ", type_name<T>(), ", got ",
                                  config_value_type_name(v), " ", config_value_to_toml(v))});
 }
 

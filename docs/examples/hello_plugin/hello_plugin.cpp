@@ -3,8 +3,22 @@
 #include <spdlog/spdlog.h>
 
 #include <trainer/plugin.h>
+#include <trainer/settings.h>
 
 namespace {
+
+/// [plugins.hello]: each key named once, its default in the member.
+struct HelloSettings : trainer::Settings<HelloSettings> {
+  std::string greeting = "hello from a plugin";
+  double stop_at_accuracy = 0.0;
+
+  static void declare(trainer::SettingsSchema<HelloSettings>& s) {
+    s.add(&HelloSettings::greeting, "greeting", "Printed at FitStart");
+    s.add(&HelloSettings::stop_at_accuracy, "stop_at_accuracy", "Stop when eval/accuracy reaches this; 0 = never")
+        .min(0)
+        .max(1);
+  }
+};
 
 class HelloPlugin final : public trainer::Plugin {
  public:
@@ -17,25 +31,17 @@ class HelloPlugin final : public trainer::Plugin {
     return {E::FitStart, E::AfterOptimizerStep, E::EvalEnd, E::FitEnd};
   }
 
-  std::vector<trainer::KeySpec> config_keys() const override {
-    using T = trainer::ValueType;
-    return {trainer::KeySpec("greeting", T::String, "Printed at FitStart").def(std::string("hello from a plugin")),
-            trainer::KeySpec("stop_at_accuracy", T::Float, "Stop when eval/accuracy reaches this; 0 = never")
-                .def(0.0)
-                .min(0)
-                .max(1)};
-  }
+  std::vector<trainer::KeySpec> config_keys() const override { return HelloSettings::keys(); }
 
   void configure(const trainer::Config& section, std::shared_ptr<spdlog::logger> logger) override {
     Plugin::configure(section, std::move(logger));
-    greeting_ = section.get<std::string>("greeting");
-    target_ = section.get<double>("stop_at_accuracy");
+    settings_ = HelloSettings::from(section);
   }
 
   void on_event(trainer::EventContext& ctx, trainer::Control& control) override {
     switch (ctx.event) {
       case trainer::Event::FitStart:
-        logger_->info("hello: {} ({} steps planned)", greeting_, ctx.state.total_steps);
+        logger_->info("hello: {} ({} steps planned)", settings_.greeting, ctx.state.total_steps);
         break;
       case trainer::Event::AfterOptimizerStep:
         ++steps_;
@@ -44,7 +50,7 @@ class HelloPlugin final : public trainer::Plugin {
         const double acc = ctx.eval_metrics->at("eval/accuracy");
         best_ = std::max(best_, acc);
         ctx.metrics->log(ctx.state.global_step, {{"hello/best_accuracy", best_}});
-        if (target_ > 0 && acc >= target_) {
+        if (settings_.stop_at_accuracy > 0 && acc >= settings_.stop_at_accuracy) {
           control.stop_training = true;
           control.reason = "hello: target accuracy reached";
         }
@@ -59,8 +65,7 @@ class HelloPlugin final : public trainer::Plugin {
   }
 
  private:
-  std::string greeting_;
-  double target_ = 0.0;
+  HelloSettings settings_;
   double best_ = 0.0;
   long steps_ = 0;
 };
