@@ -80,6 +80,22 @@ TEST(Settings, AWrongTypeNamesTheKeyAndItsOrigin) {
   }
 }
 
+struct WithOptional : Settings<WithOptional> {
+  std::optional<std::int64_t> priority;
+  static void declare(SettingsSchema<WithOptional>& s) { s.add(&WithOptional::priority, "priority", "Order"); }
+};
+
+TEST(Settings, AnOptionalMemberIsAKeyWithoutDefault) {
+  ASSERT_EQ(WithOptional::keys().size(), 1u);
+  EXPECT_FALSE(WithOptional::keys()[0].default_value.has_value());
+  EXPECT_EQ(WithOptional::keys()[0].type, ValueType::Int);
+  Config empty;
+  ASSERT_TRUE(validate_config(empty, {{"", WithOptional::keys(), ""}}).empty());
+  EXPECT_FALSE(empty.has("priority"));  // no default filled in
+  EXPECT_FALSE(WithOptional::from(empty).priority.has_value());
+  EXPECT_EQ(WithOptional::from(Config::parse("priority = -3\n")).priority, -3);
+}
+
 TEST(TrainingSettings, MicroBatchZeroMeansTheBatchAndLargerIsClamped) {
   TrainingSettings t;
   t.batch_size = 64;

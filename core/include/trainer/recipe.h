@@ -1,5 +1,6 @@
 #pragma once
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -8,6 +9,7 @@
 #include "trainer/config_spec.h"
 #include "trainer/core_settings.h"  // core_config_sections
 #include "trainer/export.h"
+#include "trainer/settings.h"
 
 namespace trainer {
 
@@ -68,8 +70,22 @@ struct PreparedRun {
 TRAINER_API PreparedRun prepare_run(const std::string& recipe, const std::vector<std::string>& overrides,
                                     const std::vector<std::string>& plugin_dirs = {});
 
+/// The keys every `plugins.<name>` section has besides the plugin's own. Unset: the plugin's
+/// default_priority() and default_policy().
+struct PluginDispatch : Settings<PluginDispatch> {
+  std::optional<std::int64_t> priority;
+  std::optional<std::string> policy;
+
+  static void declare(SettingsSchema<PluginDispatch>& s) {
+    s.add(&PluginDispatch::priority, "priority", "Dispatch order: lower runs first");
+    s.add(&PluginDispatch::policy, "policy",
+          "When a handler throws: observer logs and continues, essential fails the run")
+        .choices({"observer", "essential"});
+  }
+};
+
 /// The config sections of `plugins`: `plugins.<name>` with each plugin's keys plus
-/// `priority` and `policy`.
+/// PluginDispatch's.
 TRAINER_API std::vector<SectionSpec> plugin_config_sections(const std::vector<std::shared_ptr<Plugin>>& plugins);
 
 }  // namespace trainer

@@ -1,6 +1,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -9,6 +10,19 @@
 #include "trainer/config_spec.h"
 
 namespace trainer {
+
+namespace detail {
+template <typename T>
+struct Optional {
+  using type = T;
+  static constexpr bool value = false;
+};
+template <typename T>
+struct Optional<std::optional<T>> {
+  using type = T;
+  static constexpr bool value = true;
+};
+}  // namespace detail
 
 /// The config value kind of a settings member's C++ type.
 template <typename T>
@@ -25,21 +39,26 @@ constexpr ValueType setting_type() {
 /// Binds the members of a settings struct `S` to their config keys. One `add()` per key
 /// names it once: the key, its doc and its rules (the KeySpec the validator, `trainer
 /// plugins` and the README tables use) and the member it is read into. The default is the
-/// member's own initialiser, so it is written once too.
+/// member's own initialiser, so it is written once too; a `std::optional` member is a key
+/// without a default (nullopt when absent).
 template <typename S>
 class SettingsSchema {
  public:
   /// Declares `key` for `member`; returns its KeySpec to add rules:
   /// `s.add(&S::lr, "lr", "Learning rate").min(0, false);`
-  template <typename T>
-  KeySpec& add(T S::*member, std::string key, std::string doc) {
+  template <typename M>
+  KeySpec& add(M S::*member, std::string key, std::string doc) {
+    using T = typename detail::Optional<M>::type;  // a std::optional member: a key without default
     static_assert(std::is_same_v<T, std::int64_t> || std::is_same_v<T, double> || std::is_same_v<T, bool> ||
                       std::is_same_v<T, std::string> || std::is_same_v<T, std::vector<std::int64_t>> ||
                       std::is_same_v<T, std::vector<double>> || std::is_same_v<T, std::vector<std::string>>,
-                  "settings members are std::int64_t, double, bool, std::string or std::vectors of them");
-    const S defaults{};
+                  "settings members are std::int64_t, double, bool, std::string, std::vectors of them, or "
+                  "std::optionals of those");
     KeySpec spec(key, setting_type<T>(), std::move(doc));
-    spec.def(ConfigValue(defaults.*member));
+    if constexpr (!detail::Optional<M>::value) {
+      const S defaults{};
+      spec.def(ConfigValue(defaults.*member));
+    }
     readers_.push_back([member, key](S& s, const Config& section) {
       if (section.has(key)) s.*member = section.get<T>(key);
     });

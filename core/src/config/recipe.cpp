@@ -306,10 +306,7 @@ std::vector<SectionSpec> plugin_config_sections(const std::vector<std::shared_pt
   std::vector<SectionSpec> out;
   for (const auto& p : plugins) {
     SectionSpec s{"plugins." + p->name(), p->config_keys(), p->description()};
-    s.keys.push_back(KeySpec("priority", ValueType::Int, "Dispatch order: lower runs first"));
-    s.keys.push_back(KeySpec("policy", ValueType::String,
-                             "When a handler throws: observer logs and continues, essential fails the run")
-                         .choices({"observer", "essential"}));
+    for (const auto& k : PluginDispatch::keys()) s.keys.push_back(k);
     out.push_back(std::move(s));
   }
   return out;

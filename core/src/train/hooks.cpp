@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "trainer/error.h"
+#include "trainer/recipe.h"
 
 namespace trainer {
 
@@ -35,14 +36,13 @@ Hooks::Hooks(const Config& cfg, std::shared_ptr<spdlog::logger> log, MetricsLogg
 
 void Hooks::add_plugins(const std::vector<std::shared_ptr<Plugin>>& plugins) {
   for (const auto& p : plugins) {
-    const std::string sec = "plugins." + p->name();
+    const Config section = cfg_.sub("plugins." + p->name());
+    const auto dispatch = PluginDispatch::from(section);
     std::optional<int> priority;
     std::optional<FailurePolicy> policy;
-    if (cfg_.has(sec + ".priority")) priority = static_cast<int>(cfg_.get<std::int64_t>(sec + ".priority"));
-    if (cfg_.has(sec + ".policy")) {
-      policy = cfg_.get<std::string>(sec + ".policy") == "essential" ? FailurePolicy::Essential : FailurePolicy::Observer;
-    }
-    p->configure(cfg_.sub(sec), log_);
+    if (dispatch.priority) priority = static_cast<int>(*dispatch.priority);
+    if (dispatch.policy) policy = *dispatch.policy == "essential" ? FailurePolicy::Essential : FailurePolicy::Observer;
+    p->configure(section, log_);
     bus_.add(p, priority, policy);
   }
 }
