@@ -58,10 +58,10 @@ struct DeviceSelectSettings : trainer::Settings<DeviceSelectSettings> {
     using S = DeviceSelectSettings;
     s.add(&S::device, "device", "auto: the best GPU, else the fallback rules; cpu; cuda or cuda:N: that GPU")
         .check(trainer::device_setting_check(/*allow_auto=*/true));
-    s.add(&S::min_free_mb, "min_free_mb", "A GPU needs at least this much free memory (MiB)").min(0);
+    s.add(&S::min_free_mb, "min_free_mb", "A GPU needs at least this much free memory (MiB)").min(0).max(1e9);
     s.add(&S::wait_for_gpu, "wait_for_gpu", "When no GPU qualifies, poll until one does or timeout_min passes");
-    s.add(&S::check_interval_s, "check_interval_s", "Seconds between checks while waiting").min(0.01);
-    s.add(&S::timeout_min, "timeout_min", "Minutes to wait for a GPU").min(0);
+    s.add(&S::check_interval_s, "check_interval_s", "Seconds between checks while waiting").min(0.01).max(86400);
+    s.add(&S::timeout_min, "timeout_min", "Minutes to wait for a GPU").min(0).max(1e6);
     s.add(&S::allow_cpu_fallback, "allow_cpu_fallback", "Run on the CPU when no GPU qualifies (else exit code 4)");
     s.add(&S::lease, "lease", "Take a host-wide lease on the chosen GPU so other jobs pick another");
     s.add(&S::share, "share", "Accept a GPU other sharing jobs hold (not exclusive ones) when memory permits");

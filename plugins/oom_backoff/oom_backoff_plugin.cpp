@@ -1,7 +1,9 @@
 // oom_backoff: the policy half of OOM recovery. The core drops a failed attempt and fires
 // OutOfMemory; this plugin answers with a smaller micro-batch (the core re-runs the same
 // samples as more micro-batches), and after enough clean steps grows the micro-batch back
-// toward the configured size, remembering where it failed so it does not thrash.
+// toward the configured size, remembering where it failed so it does not thrash. Where the
+// micro-batch does not change the memory needed (reading the batch, the optimizer step) it
+// retries once at the same size, then falls back to another device or gives up.
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -93,6 +95,20 @@ class OomBackoffPlugin final : public trainer::Plugin {
     const bool eval = oom.phase == "eval";
     if (eval && !s_.eval) return;
     if (oom.attempt == 0) retries_base_ = 0;  // a new batch (or evaluation)
+    if (!oom.micro_batch_helps) {
+      // Reading the batch, the optimizer step: the memory does not depend on the micro-batch.
+      // Retry once at the same size (the core freed its cached memory), then move elsewhere;
+      // no ceiling is learnt from it.
+      if (oom.attempt - retries_base_ == 0) {
+        control.retry_with_micro_batch = oom.micro_batch_size;
+        control.reason = "oom_backoff: out of memory in " + oom.phase + ", which the micro-batch does not change; " +
+                         "retrying once after freeing cached memory";
+        return;
+      }
+      if (fall_back(ctx, control, oom, eval)) return;
+      logger_->error("oom_backoff: out of memory in {} again; a smaller micro-batch cannot help there", oom.phase);
+      return;
+    }
     if (oom.attempt - retries_base_ >= s_.max_retries) {
       if (fall_back(ctx, control, oom, eval)) return;
       logger_->error("oom_backoff: giving up on this batch after {} retries (plugins.oom_backoff.max_retries)",

@@ -50,14 +50,16 @@ load = ["oom_backoff", "recording"]
 )";
 
 /// Makes the next allocation after `event` fail: sets the budget to what is in use plus
-/// 1 KiB, for the steps in `steps` (first attempt only), and lifts it when OutOfMemory fires.
+/// 1 KiB, for the steps in `steps` (first attempt only; for per-micro-batch events at
+/// micro-batch `at_micro`, after the earlier ones accumulated their gradients), and lifts it
+/// when OutOfMemory fires.
 /// Optionally acts as the policy itself: retry with half the micro-batch (restoring the
 /// configured size at the next batch), or with the same size.
 class Squeeze final : public Plugin {
  public:
   enum class Policy { None, Half, Same };
-  Squeeze(Event at, std::set<std::int64_t> steps, Policy policy = Policy::None)
-      : at_(at), steps_(std::move(steps)), policy_(policy) {}
+  Squeeze(Event at, std::set<std::int64_t> steps, Policy policy = Policy::None, std::int64_t at_micro = 0)
+      : at_(at), steps_(std::move(steps)), policy_(policy), at_micro_(at_micro) {}
   std::string name() const override { return "squeeze"; }
   std::vector<Event> events() const override {
     return {at_, Event::OutOfMemory, Event::BatchStart, Event::BatchEnd, Event::EvalEnd, Event::FitEnd};
@@ -79,7 +81,7 @@ class Squeeze final : public Plugin {
     if (ctx.event == Event::BatchEnd) allocated_at_batch_end.push_back(memory_stats(kCpu).allocated);
     const bool per_micro = at_ == Event::BeforeForward || at_ == Event::BeforeBackward;
     if (ctx.event == at_ && !attempted_this_batch_ && steps_.count(ctx.state.global_step) &&
-        (!per_micro || ctx.state.micro_batch_index == 0)) {
+        (!per_micro || ctx.state.micro_batch_index == at_micro_)) {
       attempted_this_batch_ = true;
       set_memory_limit(kCpu, memory_stats(kCpu).allocated + 1024);
     }
@@ -91,6 +93,7 @@ class Squeeze final : public Plugin {
   Event at_;
   std::set<std::int64_t> steps_;
   Policy policy_;
+  std::int64_t at_micro_ = 0;
   bool attempted_this_batch_ = false;
   std::int64_t configured_ = 0;
 };
@@ -196,15 +199,39 @@ TEST_F(Oom, RecoversInEveryTrainingPhaseWithTheSameResult) {
 }
 
 TEST_F(Oom, EverySampleContributesExactlyOncePerEpoch) {
+  ASSERT_EQ(run("clean", {"training.epochs=2"}).exit_code, kExitOk);
+  const auto reference = params_;
   auto ledger = std::make_shared<SampleLedger>();
   auto squeeze = std::make_shared<Squeeze>(Event::BeforeBackward, std::set<std::int64_t>{0, 1, 2, 3});
-  ASSERT_EQ(run("run", {"training.epochs=2"}, {squeeze, ledger}).exit_code, kExitOk);
+  const RunResult r = run("run", {"training.epochs=2"}, {squeeze, ledger});
+  ASSERT_EQ(r.exit_code, kExitOk) << r.message;
+  EXPECT_EQ(squeeze->phases.size(), 4u);
+  EXPECT_EQ(r.global_step, 8);  // no step lost or doubled
   ASSERT_EQ(ledger->committed.size(), 512u);
   for (int epoch = 0; epoch < 2; ++epoch) {
     std::vector<std::int64_t> seen(ledger->committed.begin() + epoch * 256,
                                    ledger->committed.begin() + (epoch + 1) * 256);
     std::sort(seen.begin(), seen.end());
     for (std::int64_t i = 0; i < 256; ++i) ASSERT_EQ(seen[i], i) << "epoch " << epoch;
+  }
+  // No gradient of a failed attempt reached a step: the parameters are those of the run
+  // without out-of-memory errors.
+  expect_params_close(params_, reference);
+}
+
+TEST_F(Oom, AnOomAfterMicroBatchesAccumulatedDropsTheirGradients) {
+  // Four micro-batches of 16; the OOM hits the backward of the third, when two have already
+  // added their gradients. The retry starts from zero gradients, in micro-batches of 8.
+  ASSERT_EQ(run("clean", {"training.micro_batch_size=16"}).exit_code, kExitOk);
+  const auto reference = params_;
+  for (const Event at : {Event::BeforeBackward, Event::BeforeForward}) {
+    SCOPED_TRACE(event_name(at));
+    auto squeeze = std::make_shared<Squeeze>(at, std::set<std::int64_t>{0, 2}, Squeeze::Policy::Half, 2);
+    const RunResult r = run(std::string(event_name(at)), {"training.micro_batch_size=16"}, {squeeze});
+    ASSERT_EQ(r.exit_code, kExitOk) << r.message;
+    EXPECT_EQ(squeeze->phases.size(), 2u);
+    EXPECT_EQ(r.global_step, 4);
+    expect_params_close(params_, reference);
   }
 }
 
@@ -273,9 +300,20 @@ TEST_F(Oom, GrowsBackToTheConfiguredMicroBatchOnceMemoryFreesUp) {
   EXPECT_EQ(tight->micro_at_start.back(), 64);  // and grew back to the configured size
 }
 
+/// The CPU memory limit in force at each BatchEnd.
+class LimitProbe final : public Plugin {
+ public:
+  std::string name() const override { return "limit_probe"; }
+  std::vector<Event> events() const override { return {Event::BatchEnd}; }
+  void on_event(EventContext&, Control&) override { limits.push_back(memory_stats(kCpu).limit); }
+  std::vector<std::int64_t> limits;
+};
+
 TEST_F(Oom, TheBudgetEndsWithTheRun) {
-  const RunResult r = run("run", {"+memory.limit_mb=64"});
+  auto probe = std::make_shared<LimitProbe>();
+  const RunResult r = run("run", {"+memory.limit_mb=64"}, {probe});
   ASSERT_EQ(r.exit_code, kExitOk) << r.message;
+  EXPECT_EQ(probe->limits, std::vector<std::int64_t>(4, std::int64_t{64} << 20));  // in force during the run
   EXPECT_EQ(memory_stats(kCpu).limit, 0);
   EXPECT_NO_THROW(torch::empty({32 << 20}, torch::kFloat));  // 128 MiB, past the run's budget
 }

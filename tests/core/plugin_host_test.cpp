@@ -61,6 +61,35 @@ TEST(PluginHost, RefusesAnAbiMismatchNamingLibraryAndVersions) {
   }
 }
 
+TEST(PluginHost, RefusesAStructLayoutMismatchUnderTheSameAbiVersion) {
+  PluginHost host({TRAINER_TEST_PLUGIN_DIR});
+  try {
+    host.load("bad_layout");
+    FAIL();
+  } catch (const PluginError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("libtrainer_plugin_bad_layout.so"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("sizeof(EventContext) " + std::to_string(sizeof(EventContext) + 8) + " (plugin) vs " +
+                       std::to_string(sizeof(EventContext)) + " (host)"),
+              std::string::npos)
+        << msg;
+  }
+}
+
+TEST(PluginHost, AFactoryThrowingANonStandardExceptionIsAPluginError) {
+  PluginHost host({TRAINER_TEST_PLUGIN_DIR});
+  try {
+    host.load("throwing_factory");
+    FAIL();
+  } catch (const PluginError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("libtrainer_plugin_throwing_factory.so: trainer_plugin_create threw an exception that is not "
+                       "a std::exception"),
+              std::string::npos)
+        << msg;
+  }
+}
+
 TEST(PluginHost, RefusesALibraryWithoutEntryPoints) {
   PluginHost host({TRAINER_TEST_PLUGIN_DIR});
   try {
@@ -78,7 +107,7 @@ TEST(PluginHost, DiscoverDescribesPluginsAndReportsBadOnes) {
   bool found = false;
   for (const auto& i : infos) found |= i.name == "throwing" && !i.keys.empty();
   EXPECT_TRUE(found);
-  EXPECT_EQ(errors.size(), 2u);  // bad_abi and not_a_plugin
+  EXPECT_EQ(errors.size(), 4u);  // bad_abi, bad_layout, not_a_plugin and throwing_factory
 }
 
 }  // namespace

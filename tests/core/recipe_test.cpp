@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "support/test_util.h"
 #include "trainer/error.h"
 
@@ -176,6 +178,86 @@ TEST_F(LoadRecipe, MicroBatchLargerThanBatchIsAccepted) {
 TEST_F(LoadRecipe, BadDeviceIsRejected) {
   auto r = load_recipe(recipe(), {"runtime.device=gpu0"});
   EXPECT_THROW(validate_recipe(r), ConfigError);
+}
+
+TEST_F(LoadRecipe, APluginThatIsNotFoundNamesTheRecipeLineThatListsIt) {
+  write_file(tmp_ / "recipes/p.toml", "defaults = [\"model/mlp\"]\n[plugins]\nload = [\"recording\", \"nowhere\"]\n");
+  try {
+    prepare_run(tmp_ / "recipes/p.toml", {}, {TRAINER_TEST_PLUGIN_DIR});
+    FAIL();
+  } catch (const PluginError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(tmp_ / "recipes/p.toml:3: plugins.load entry 'nowhere': "), std::string::npos) << msg;
+  }
+}
+
+TEST_F(LoadRecipe, APluginListedTwiceIsAnErrorNamingBothEntries) {
+  const std::string by_path = std::string(TRAINER_TEST_PLUGIN_DIR) + "/libtrainer_plugin_recording.so";
+  for (const std::string& second : {std::string("recording"), by_path}) {
+    SCOPED_TRACE(second);
+    try {
+      prepare_run(recipe(), {"plugins.load=[\"recording\", \"" + second + "\"]"}, {TRAINER_TEST_PLUGIN_DIR});
+      FAIL();
+    } catch (const UsageError& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("override 'plugins.load="), std::string::npos) << msg;
+      EXPECT_NE(msg.find("lists plugin 'recording' twice, as 'recording' and as '" + second + "'"), std::string::npos)
+          << msg;
+    }
+  }
+}
+
+/// The problems validation (or loading) reports for `overrides` on the test recipe.
+std::string problems_of(const std::string& recipe, const std::vector<std::string>& overrides) {
+  try {
+    auto r = load_recipe(recipe, overrides);
+    validate_recipe(r);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST_F(LoadRecipe, NumbersOutsideTheirTypeAreErrorsNamingTheSourceAndTheRange) {
+  const std::string max = std::to_string(std::numeric_limits<std::int64_t>::max());
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"training.epochs=99999999999999999999", "override 'training.epochs=99999999999999999999': "
+                                               "99999999999999999999 is outside the integer range"},
+      {"training.epochs=-99999999999999999999", "is outside the integer range [-9223372036854775808, " + max + "]"},
+      {"optim.lr=nan", "override 'optim.lr=nan': optim.lr = nan: not a finite number"},
+      {"optim.lr=-inf", "optim.lr = -inf: not a finite number"},
+      {"optim.lr=1e-320", "optim.lr = 1e-320: too close to zero to be a normal double"},
+      {"optim.lr=1e999", "override 'optim.lr=1e999': 1e999 is outside the range of a float"},
+      {"optim.lr=1e-999", "override 'optim.lr=1e-999': 1e-999 is outside the range of a float"},
+      {"memory.limit_mb=1e300", "memory.limit_mb = 1e+300: must be float >= 0 and <= 1e+09"},
+  };
+  for (const auto& [override_text, expected] : cases) {
+    const std::string msg = problems_of(recipe(), {override_text});
+    EXPECT_NE(msg.find(expected), std::string::npos) << override_text << " -> " << msg;
+  }
+}
+
+TEST_F(LoadRecipe, AnEmptyRecipeAndItsMissingKeysNameTheFile) {
+  write_file(tmp_ / "recipes/empty.toml", "");
+  const std::string msg = problems_of(tmp_ / "recipes/empty.toml", {});
+  EXPECT_NE(msg.find(tmp_ / "recipes/empty.toml: the recipe is empty"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(tmp_ / "recipes/empty.toml: missing required key 'model.name'"), std::string::npos) << msg;
+}
+
+TEST_F(LoadRecipe, NumbersOutsideTheirTypeInARecipeFileNameItsLine) {
+  write_file(tmp_ / "recipes/nan.toml", "defaults = [\"model/mlp\", \"dataset/synthetic\"]\n[optim]\nlr = nan\n");
+  std::string msg = problems_of(tmp_ / "recipes/nan.toml", {});
+  EXPECT_NE(msg.find("recipes/nan.toml:3: optim.lr = nan: not a finite number"), std::string::npos) << msg;
+  write_file(tmp_ / "recipes/big.toml",
+             "defaults = [\"model/mlp\", \"dataset/synthetic\"]\n[training]\nepochs = 99999999999999999999\n");
+  msg = problems_of(tmp_ / "recipes/big.toml", {});
+  EXPECT_NE(msg.find("recipes/big.toml:3: key 'training.epochs': integer outside the range"), std::string::npos) << msg;
+  write_file(tmp_ / "recipes/huge.toml",
+             "defaults = [\"model/mlp\", \"dataset/synthetic\"]\n[optim]\nbetas = [0.9, 1e400]\n");
+  msg = problems_of(tmp_ / "recipes/huge.toml", {});
+  EXPECT_NE(msg.find("recipes/huge.toml:3: key 'optim.betas': element 1: 1e400 is outside the range of a float"),
+            std::string::npos)
+      << msg;
 }
 
 }  // namespace

@@ -21,37 +21,13 @@ using testing::read_lines;
 using testing::recorded_events;
 using testing::write_file;
 
-constexpr const char* kBaseRecipe = R"(
-[run]
-name = "t"
-seed = 7
-[model]
-name = "mlp"
-hidden = [32]
-[dataset]
-name = "synthetic"
-size = 64
-eval_size = 32
-shape = [1, 8, 8]
-[training]
-epochs = 2
-batch_size = 32
-micro_batch_size = 16
-log_every = 1
-[optim]
-name = "sgd"
-lr = 0.1
-[metrics]
-console = false
-[plugins]
-load = ["recording"]
-)";
-
 class TrainerRun : public testing::TrainerTest {
  protected:
   RunResult run(const std::vector<std::string>& overrides, const std::string& name = "run",
                 const std::string& resume = "", std::vector<std::shared_ptr<Plugin>> extra = {}, bool signals = false) {
-    TrainerOptions o = options_for(recipe_, overrides, name, extra);
+    std::vector<std::string> all = base_;
+    all.insert(all.end(), overrides.begin(), overrides.end());
+    TrainerOptions o = options_for(recipe_, all, name, extra);
     o.resume = resume;
     o.handle_signals = signals;
     Trainer t(std::move(o));
@@ -63,7 +39,9 @@ class TrainerRun : public testing::TrainerTest {
     return recorded_events(tmp_ / (name + "/events.jsonl"));
   }
   std::shared_ptr<Model> model_;
-  std::string recipe_ = kBaseRecipe;
+  std::string recipe_ = testing::kSmallRun;
+  /// Applied before each test's overrides: micro-batches of 16, the recording plugin.
+  std::vector<std::string> base_ = {"training.micro_batch_size=16", "plugins.load=[\"recording\"]"};
 };
 
 TEST_F(TrainerRun, FiresEveryEventInOrderWithAccumulation) {
@@ -194,6 +172,14 @@ TEST_F(TrainerRun, ObserverPluginFailureDoesNotStopTheRun) {
   const RunResult r = run({"plugins.load=[\"recording\", \"throwing\"]", "plugins.throwing.event=\"BatchEnd\""});
   EXPECT_EQ(r.exit_code, kExitOk) << r.message;
   EXPECT_EQ(r.global_step, 4);
+  // It really threw, at every BatchEnd, and each failure was reported.
+  const std::string log = read_file(tmp_ / "run/trainer.log");
+  std::size_t failures = 0;
+  for (std::size_t at = 0; (at = log.find("plugin 'throwing' failed in BatchEnd: injected failure", at)) !=
+                           std::string::npos;
+       ++at)
+    ++failures;
+  EXPECT_EQ(failures, 4u) << log;
 }
 
 TEST_F(TrainerRun, EssentialPluginFailureFailsTheRunCleanly) {
@@ -261,11 +247,15 @@ TEST_F(TrainerRun, WritesTheRunDirectory) {
 }
 
 TEST_F(TrainerRun, KeepLastPrunesOldCheckpoints) {
-  ASSERT_EQ(run({"checkpoint.every_steps=1", "checkpoint.keep_last=1"}).exit_code, kExitOk);
-  int n = 0;
+  ASSERT_EQ(run({"checkpoint.every_steps=1", "checkpoint.keep_last=2"}).exit_code, kExitOk);
+  std::vector<std::string> files;
   for (const auto& e : std::filesystem::directory_iterator(tmp_ / "run/checkpoints"))
-    n += e.path().extension() == ".pt";
-  EXPECT_EQ(n, 1);
+    files.push_back(e.path().filename().string());
+  std::sort(files.begin(), files.end());
+  // Steps 1 to 4 were written; the newest two remain with their digests, latest names the newest.
+  EXPECT_EQ(files, (std::vector<std::string>{"latest", "step_00000003.pt", "step_00000003.pt.sum", "step_00000004.pt",
+                                             "step_00000004.pt.sum"}));
+  EXPECT_EQ(read_file(tmp_ / "run/checkpoints/latest"), "step_00000004.pt\n");
 }
 
 TEST_F(TrainerRun, ResumeFromAMissingCheckpointIsAUsageError) {
@@ -297,6 +287,7 @@ console = false
 load = ["recording"]
 )";
   recipe_ = text;
+  base_.clear();
   const RunResult r = run({});
   ASSERT_EQ(r.exit_code, kExitOk) << r.message;
   EXPECT_GT(r.final_metrics.at("eval/accuracy"), 0.65);  // chance is 0.10

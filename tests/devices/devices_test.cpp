@@ -373,22 +373,18 @@ TEST_F(FakeNvml, ConcurrentJobsSpreadOverTheGpus) {
 TEST_F(FakeNvml, AStaleLeaseOfAKilledJobIsReclaimed) {
   script("gpu uuid=GPU-only total_mb=16384\n");
   const std::string out = tmp_ / "probe.out";
-  FILE* sh =
-      popen((probe_command("--hold 60 'lease_dir = \"" + leases() + "\"' >" + out + " 2>&1 & echo $!")).c_str(), "r");
-  char buf[64] = {};
-  ASSERT_TRUE(std::fgets(buf, sizeof buf, sh));
-  pclose(sh);
-  const pid_t pid = static_cast<pid_t>(std::atoi(buf));
-  for (int i = 0; i < 300 && read_file(out).find("selected") == std::string::npos; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  Child holder(probe_command("--hold 60 'lease_dir = \"" + leases() + "\"' >" + out + " 2>&1"));
+  ASSERT_TRUE(holder.started());
+  const pid_t pid = holder.pid();
+  ASSERT_TRUE(wait_for_text(out, "selected", std::chrono::seconds(60))) << read_file(out);
   ASSERT_NE(read_file(out).find("selected cuda:0"), std::string::npos) << read_file(out);
   {
     DeviceSelect blocked(lease_setting() + "allow_cpu_fallback = false");
     EXPECT_EQ(blocked.select().exit_code, kExitNoDevice);  // the live job holds it
   }
-  ASSERT_EQ(::kill(pid, SIGKILL), 0);
-  for (int i = 0; i < 100 && ::kill(pid, 0) == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_TRUE(holder.signal(SIGKILL));
+  holder.wait();  // reaped: no zombie keeps the pid alive
+  ASSERT_NE(::kill(pid, 0), 0);
   DeviceSelect sel(lease_setting() + "allow_cpu_fallback = false");
   const auto r = sel.select();
   EXPECT_EQ(r.device, "cuda:0") << r.log << r.error;

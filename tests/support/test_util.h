@@ -5,6 +5,12 @@
 
 #include "trainer/trainer.h"
 
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -12,6 +18,7 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace trainer::testing {
@@ -41,6 +48,32 @@ class TempDir {
 };
 
 inline void write_file(const std::string& path, const std::string& text);
+
+/// A small run that takes a fraction of a second: an MLP on 64 synthetic 8x8 samples, two
+/// epochs of two SGD steps, evaluation and a checkpoint per epoch. Tests change it with
+/// overrides.
+constexpr const char* kSmallRun = R"(
+[run]
+name = "t"
+seed = 7
+[model]
+name = "mlp"
+hidden = [32]
+[dataset]
+name = "synthetic"
+size = 64
+eval_size = 32
+shape = [1, 8, 8]
+[training]
+epochs = 2
+batch_size = 32
+log_every = 1
+[optim]
+name = "sgd"
+lr = 0.1
+[metrics]
+console = false
+)";
 
 /// Seeds LibTorch and gives each test its own temp dir.
 class TrainerTest : public ::testing::Test {
@@ -120,6 +153,54 @@ inline std::map<long, double> metric_by_step(const std::string& metrics_file, co
     if (json_str(l, "name") == name) out[static_cast<long>(*json_num(l, "step"))] = *json_num(l, "value");
   }
   return out;
+}
+
+/// A child process running `command` through /bin/sh (which execs it: the pid is the
+/// command's). The test is its parent, so it can signal it and must reap it (wait()).
+class Child {
+ public:
+  explicit Child(const std::string& command) {
+    const std::string line = "exec " + command;
+    const char* argv[] = {"/bin/sh", "-c", line.c_str(), nullptr};
+    if (::posix_spawn(&pid_, "/bin/sh", nullptr, nullptr, const_cast<char* const*>(argv), environ) != 0) pid_ = -1;
+  }
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+  /// A child still running when the test ends is killed and reaped.
+  ~Child() {
+    if (pid_ > 0 && !reaped_) {
+      ::kill(pid_, SIGKILL);
+      wait();
+    }
+  }
+  pid_t pid() const { return pid_; }
+  bool started() const { return pid_ > 0; }
+  /// Sends `sig`; false when it could not be sent.
+  bool signal(int sig) const { return pid_ > 0 && ::kill(pid_, sig) == 0; }
+  /// Waits for the child to end and reaps it: its wait status.
+  int wait() {
+    int status = 0;
+    while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+    }
+    reaped_ = true;
+    return status;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+};
+
+/// Polls `path` until it contains `text`: true once it does, false after `limit` (a bound
+/// so that a broken run fails the test instead of hanging it, not a timing assumption).
+inline bool wait_for_text(const std::string& path, const std::string& text,
+                          std::chrono::seconds limit = std::chrono::seconds(300)) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (read_file(path).find(text) != std::string::npos) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
 }
 
 }  // namespace trainer::testing

@@ -35,6 +35,8 @@ struct TRAINER_API KeySpec {
   KeySpec& max(double v, bool inclusive = true);
   KeySpec& choices(std::vector<std::string> c);  ///< strings and string list elements
   KeySpec& check(KeyCheck c);                    ///< strings and string list elements
+  /// Accepts NaN and ±inf (floats). Without it a float must be finite, and not subnormal.
+  KeySpec& non_finite();
 
   std::string key;  ///< relative to the section, may be dotted ("betas")
   ValueType type;
@@ -45,6 +47,7 @@ struct TRAINER_API KeySpec {
   bool min_inclusive = true, max_inclusive = true;
   std::vector<std::string> allowed;
   KeyCheck rule;  ///< empty `accepts`: no rule
+  bool accepts_non_finite = false;
 
   /// "float >= 0", "one of: constant, step, cosine" — for messages and `trainer plugins`.
   std::string describe() const;

@@ -108,7 +108,8 @@ struct MemorySettings : Settings<MemorySettings> {
   static void declare(SettingsSchema<MemorySettings>& s) {
     s.add(&MemorySettings::limit_mb, "limit_mb",
           "Memory budget of the run's device in MiB; past it allocations fail with a real OOM. 0 = none")
-        .min(0);
+        .min(0)
+        .max(1e9);
     s.add(&MemorySettings::fraction, "fraction",
           "Budget as a fraction of the device's total memory (CUDA: the caching allocator's per-process "
           "fraction). 0 = none; not together with limit_mb")

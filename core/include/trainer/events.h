@@ -125,7 +125,8 @@ inline constexpr std::array<EventSpec, kNumEvents> kEventTable = {{
 struct ControlFieldSpec {
   ControlField field;
   std::string_view name;   ///< the Control member
-  bool warn_when_ignored;  ///< set where no event honours it: a warning in the log (else silent)
+  /// Set by an event that does not honour it: a warning in the log (else cleared silently).
+  bool warn_when_ignored;
 };
 
 /// Every Control field, in enum order.

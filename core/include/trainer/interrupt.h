@@ -6,7 +6,9 @@ namespace trainer {
 /// A process-wide "stop soon" flag. SIGINT/SIGTERM set it while a Trainer runs with
 /// `TrainerOptions::handle_signals`; the loop stops at its next safe point (checkpoint,
 /// exit code 130), and plugins that wait (device_select) poll it to stop waiting.
-/// All three are async-signal-safe and thread-safe.
+/// Trainer::fit() clears the flag when a run starts, so a request left by an earlier run in
+/// the same process does not stop the next one. All three are async-signal-safe and
+/// thread-safe.
 
 /// Asks every running Trainer in this process to stop at its next safe point, as if SIGINT
 /// had arrived (what the signal handler calls).

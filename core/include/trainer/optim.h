@@ -48,6 +48,11 @@ TRAINER_API bool materialize_optimizer_state(torch::optim::Optimizer& opt);
 /// valid). Returns the bytes moved; throws trainer::Error for an optimizer it does not know.
 TRAINER_API std::int64_t move_optimizer_state(torch::optim::Optimizer& opt, const c10::Device& device);
 
+/// The state tensors `opt` holds for the parameter `param` (AdamW: exp_avg, exp_avg_sq and
+/// max_exp_avg_sq when defined; SGD: momentum_buffer), each shaped like the parameter. Empty
+/// when it holds none yet or for optimizers it does not know.
+TRAINER_API std::vector<at::Tensor> optimizer_state_of(const torch::optim::Optimizer& opt, const at::Tensor& param);
+
 /// How many parameter-sized temporaries one step of `opt` holds at once (its peak extra
 /// memory is that times the largest parameter): AdamW 2, SGD 0 to 2 depending on weight
 /// decay and Nesterov; 2 for optimizers it does not know.

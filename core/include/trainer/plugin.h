@@ -19,7 +19,7 @@ class logger;
 }
 
 /// Bumped whenever a public header changes a layout or a virtual table plugins rely on.
-#define TRAINER_ABI_VERSION 4
+#define TRAINER_ABI_VERSION 5
 
 namespace trainer {
 
@@ -58,13 +58,20 @@ class TRAINER_API Plugin {
   std::shared_ptr<spdlog::logger> logger_;
 };
 
+/// The structs that cross the plugin boundary, in the order of AbiDescriptor::struct_sizes.
+inline constexpr const char* kAbiStructNames[] = {"EventContext", "Control", "RunState", "OomInfo",
+                                                  "MemoryStats",  "Batch",   "KeySpec",  "Plugin"};
+inline constexpr std::size_t kAbiStructCount = sizeof kAbiStructNames / sizeof kAbiStructNames[0];
+
 /// Plain-C description of how a plugin was built, read before any C++ object crosses the
-/// boundary. The host refuses a plugin whose ABI, LibTorch version or C++ ABI differs.
+/// boundary. The host refuses a plugin whose ABI, LibTorch version, C++ ABI or shared struct
+/// sizes differ (the sizes catch a layout change whose TRAINER_ABI_VERSION bump was forgotten).
 struct AbiDescriptor {
   std::uint32_t trainer_abi;
   char torch_version[32];
   std::int32_t cxx11_abi;  ///< _GLIBCXX_USE_CXX11_ABI
   char compiler[96];
+  std::uint32_t struct_sizes[kAbiStructCount];  ///< sizeof of each of kAbiStructNames
 };
 
 /// The descriptor of the code that includes this header (the plugin's or the host's).
@@ -84,6 +91,10 @@ inline AbiDescriptor this_abi() {
 #else
   std::snprintf(d.compiler, sizeof d.compiler, "unknown");
 #endif
+  const std::size_t sizes[] = {sizeof(EventContext), sizeof(Control),     sizeof(RunState), sizeof(OomInfo),
+                               sizeof(MemoryStats),  sizeof(Batch),       sizeof(KeySpec),  sizeof(Plugin)};
+  static_assert(sizeof sizes / sizeof sizes[0] == kAbiStructCount, "one size per name in kAbiStructNames");
+  for (std::size_t i = 0; i < kAbiStructCount; ++i) d.struct_sizes[i] = static_cast<std::uint32_t>(sizes[i]);
   return d;
 }
 

@@ -42,6 +42,7 @@ struct TRAINER_API LoadedRecipe {
   std::vector<Override> overrides;
   std::set<std::string> file_keys;   ///< leaf keys defined by the recipe and its groups
   std::vector<std::string> sources;  ///< files merged, in order
+  std::string path;                  ///< the recipe file itself (errors without a key's origin name it)
 };
 
 /// Loads `recipe_path`: its `defaults = [...]` groups (with `group=option` overrides applied),
@@ -77,7 +78,9 @@ struct PluginDispatch : Settings<PluginDispatch> {
   std::optional<std::string> policy;
 
   static void declare(SettingsSchema<PluginDispatch>& s) {
-    s.add(&PluginDispatch::priority, "priority", "Dispatch order: lower runs first");
+    s.add(&PluginDispatch::priority, "priority", "Dispatch order: lower runs first")
+        .min(-1000000)
+        .max(1000000);  // an int, with room for arithmetic on it
     s.add(&PluginDispatch::policy, "policy",
           "When a handler throws: observer logs and continues, essential fails the run")
         .choices({"observer", "essential"});

@@ -2,6 +2,7 @@
 
 #include <toml.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <iomanip>
@@ -10,6 +11,7 @@
 #include <sstream>
 #include <type_traits>
 
+#include "config/config_numbers.h"
 #include "trainer/error.h"
 #include "trainer/json.h"
 
@@ -55,6 +57,22 @@ std::string location_of(const TomlValue& v) {
   return loc.file_name() + ":" + std::to_string(loc.line());
 }
 
+/// toml11 reads a number literal past its type's range as the range's limit (a float that
+/// underflows as 0) without an error; only then is the literal's text read. "" when fine.
+std::string number_problem(const TomlValue& v) {
+  using I = std::numeric_limits<std::int64_t>;
+  const auto loc = v.location();
+  if (loc.column() < 1 || !(v.is_integer() || v.is_floating())) return {};
+  if (v.is_integer()) {
+    if (v.as_integer() != I::max() && v.as_integer() != I::min()) return {};
+    return detail::integer_literal_overflows(loc.line_str(), loc.column() - 1)
+               ? detail::str("integer outside the range [", I::min(), ", ", I::max(), "]")
+               : std::string();
+  }
+  if (std::fabs(v.as_floating()) != std::numeric_limits<double>::max() && v.as_floating() != 0.0) return {};
+  return detail::float_literal_out_of_range(loc.line_str(), loc.column() - 1);
+}
+
 std::shared_ptr<ConfigNode> leaf(ConfigValue v, std::string origin) {
   auto n = std::make_shared<ConfigNode>();
   n->is_table = false;
@@ -81,10 +99,15 @@ void convert(const TomlValue& v, const std::string& key, std::shared_ptr<ConfigN
       return;
     }
     case toml::value_t::integer:
-      out = leaf(static_cast<std::int64_t>(v.as_integer()), where);
-      return;
     case toml::value_t::floating:
-      out = leaf(static_cast<double>(v.as_floating()), where);
+      if (const std::string bad = number_problem(v); !bad.empty()) {
+        errors.push_back(detail::str(where, ": key '", key, "': ", bad));
+        out = nullptr;
+      } else if (v.is_integer()) {
+        out = leaf(static_cast<std::int64_t>(v.as_integer()), where);
+      } else {
+        out = leaf(static_cast<double>(v.as_floating()), where);
+      }
       return;
     case toml::value_t::boolean:
       out = leaf(static_cast<bool>(v.as_boolean()), where);
@@ -102,6 +125,10 @@ void convert(const TomlValue& v, const std::string& key, std::shared_ptr<ConfigN
       }
       if (arr.empty()) {
         out = leaf(std::vector<std::string>{}, where);
+      } else if (const auto bad = std::find_if(arr.begin(), arr.end(), [](const TomlValue& e) { return !number_problem(e).empty(); });
+                 bad != arr.end()) {
+        errors.push_back(detail::str(where, ": key '", key, "': element ", bad - arr.begin(), ": ", number_problem(*bad)));
+        out = nullptr;
       } else if (all_int) {
         std::vector<std::int64_t> xs;
         for (const auto& e : arr) xs.push_back(e.as_integer());
@@ -125,27 +152,6 @@ void convert(const TomlValue& v, const std::string& key, std::shared_ptr<ConfigN
                                    "); use integers, floats, bools, strings or arrays of them"));
       out = nullptr;
   }
-}
-
-std::string format_double(double d) {
-  if (std::isnan(d)) return "nan";
-  if (std::isinf(d)) return d > 0 ? "inf" : "-inf";
-  std::ostringstream os;
-  os << std::setprecision(17) << d;
-  std::string s = os.str();
-  // Shortest representation that round-trips; plain digits rather than an exponent for
-  // magnitudes people write that way (30.0, not 3e+01).
-  const bool plain = d == 0 || (std::fabs(d) >= 1e-4 && std::fabs(d) < 1e15);
-  for (int p = 1; p <= 17; ++p) {
-    std::ostringstream t;
-    t << std::setprecision(p) << d;
-    if (std::stod(t.str()) == d && (!plain || t.str().find_first_of("eE") == std::string::npos)) {
-      s = t.str();
-      break;
-    }
-  }
-  if (s.find_first_of(".eE") == std::string::npos) s += ".0";
-  return s;
 }
 
 // JSON string escapes are valid TOML basic-string escapes.
@@ -227,7 +233,7 @@ std::string config_value_type_name(const ConfigValue& v) {
 namespace {
 struct TomlVisitor {
   std::string operator()(std::int64_t x) const { return std::to_string(x); }
-  std::string operator()(double x) const { return format_double(x); }
+  std::string operator()(double x) const { return detail::format_double(x); }
   std::string operator()(bool x) const { return x ? "true" : "false"; }
   std::string operator()(const std::string& x) const { return quote(x); }
   template <typename T>

@@ -1,6 +1,7 @@
 #include "trainer/config_spec.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <sstream>
 
@@ -60,6 +61,11 @@ KeySpec& KeySpec::check(KeyCheck c) {
   return *this;
 }
 
+KeySpec& KeySpec::non_finite() {
+  accepts_non_finite = true;
+  return *this;
+}
+
 namespace {
 std::string fmt_num(double v) {
   std::ostringstream os;
@@ -88,7 +94,9 @@ std::string key_table_markdown(const std::vector<KeySpec>& keys, const std::stri
   };
   std::string s = "| key | type | default | meaning |\n|---|---|---|---|\n";
   for (const auto& k : keys) {
-    const std::string def = k.default_value ? "`" + config_value_to_toml(*k.default_value) + "`" : "required";
+    const std::string def = k.default_value ? "`" + config_value_to_toml(*k.default_value) + "`"
+                            : k.is_required ? "required"
+                                            : "not set";
     s += "| `" + prefix + k.key + "` | " + cell(k.describe()) + " | " + cell(def) + " | " + cell(k.doc) + " |\n";
   }
   return s;
@@ -190,6 +198,19 @@ std::vector<double> numbers_of(const ConfigValue& v) {
   return {};
 }
 
+/// Why a float of `v` is not a usable number for `spec` (NaN, ±inf where the key does not
+/// accept them, subnormals), or "".
+std::string abnormal_number(const ConfigValue& v, const KeySpec& spec) {
+  if (!std::holds_alternative<double>(v) && !std::holds_alternative<std::vector<double>>(v)) return {};
+  for (double x : numbers_of(v)) {
+    if (!std::isfinite(x) && !spec.accepts_non_finite) return "not a finite number (this key does not accept nan or inf)";
+    if (std::fpclassify(x) == FP_SUBNORMAL) {
+      return "too close to zero to be a normal double (|x| < 2.2e-308, precision lost); use 0 or a larger value";
+    }
+  }
+  return {};
+}
+
 std::vector<std::string> strings_of(const ConfigValue& v) {
   if (const auto* s = std::get_if<std::string>(&v)) return {*s};
   if (const auto* ss = std::get_if<std::vector<std::string>>(&v)) return *ss;
@@ -250,6 +271,11 @@ std::vector<std::string> validate_config(Config& cfg, const std::vector<SectionS
     if (!coerced) {
       problems.push_back(detail::str(where, ": ", key, " = ", config_value_to_toml(v), ": expected ", spec->describe(),
                                      ", got ", config_value_type_name(v)));
+      continue;
+    }
+    if (const std::string bad = abnormal_number(*coerced, *spec); !bad.empty()) {
+      problems.push_back(detail::str(where, ": ", key, " = ", config_value_to_toml(v), ": ", bad, "; allowed: ",
+                                     spec->describe()));
       continue;
     }
     bool ok = true;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <regex>
 
 #include "trainer/data.h"
@@ -91,7 +92,17 @@ ConfigValue parse_override_value(const std::string& text) {
     Config c = Config::parse("v = " + text, "override");
     if (c.has("v") && !c.is_table("v")) return c.value("v");
   } catch (const ConfigError&) {
-    // Not TOML: a bare string such as `run.name=baseline` or `dataset.root=/data/x`.
+    // Not TOML: a bare string such as `run.name=baseline` or `dataset.root=/data/x`, unless
+    // it is written as a number that TOML cannot hold.
+    static const std::regex integer(R"([+-]?[0-9][0-9_]*)");
+    static const std::regex floating(R"([+-]?[0-9][0-9_]*(\.[0-9_]+)?([eE][+-]?[0-9]+)?)");
+    if (std::regex_match(text, integer)) {
+      throw ConfigError({detail::str(text, " is outside the integer range [", std::numeric_limits<std::int64_t>::min(),
+                                     ", ", std::numeric_limits<std::int64_t>::max(), "]")});
+    }
+    if (std::regex_match(text, floating)) {
+      throw ConfigError({detail::str(text, " is outside the range of a float (a double: |x| <= 1.8e308)")});
+    }
   }
   return text;
 }
@@ -238,6 +249,7 @@ LoadedRecipe load_recipe(const std::string& recipe_path, const std::vector<std::
   recipe.erase("defaults");
   merge_layer(merged, recipe);
   out.sources.push_back(recipe_path);
+  out.path = recipe_path;
   // Presets named on the command line are the user's latest word: they win over the recipe.
   for (const auto& p : presets) merge_group(merged, p.first, p.second);
   for (const auto& k : merged.leaf_keys()) out.file_keys.insert(k);
@@ -250,7 +262,11 @@ LoadedRecipe load_recipe(const std::string& recipe_path, const std::vector<std::
           detail::str(origin, ": '", o.key, "' is a table; set one of its keys (", join(merged.keys(o.key)), ")"));
       continue;
     }
-    merged.set(o.key, parse_override_value(o.value), origin);
+    try {
+      merged.set(o.key, parse_override_value(o.value), origin);
+    } catch (const ConfigError& e) {
+      for (const auto& p : e.problems()) problems.push_back(detail::str(origin, ": ", p));
+    }
   }
   out.overrides = std::move(parsed);
   out.config = merged;
@@ -297,7 +313,15 @@ void validate_recipe(LoadedRecipe& recipe, const std::vector<SectionSpec>& extra
   }
 
   auto more = validate_config(cfg, sections, open);
-  problems.insert(problems.end(), more.begin(), more.end());
+  if (!more.empty() && recipe.file_keys.empty() && !recipe.path.empty()) {
+    problems.push_back(detail::str(recipe.path, ": the recipe is empty; it needs at least model.name and dataset.name ",
+                                   "(recipes/fashion_mnist.toml is a complete example)"));
+  }
+  // A missing key has no origin of its own: the recipe is where it is missing.
+  for (auto& p : more) {
+    problems.push_back(p.rfind("missing required key", 0) == 0 && !recipe.path.empty() ? recipe.path + ": " + p
+                                                                                       : std::move(p));
+  }
 
   if (!problems.empty()) throw ConfigError(problems);
 }
@@ -325,7 +349,23 @@ PreparedRun prepare_run(const std::string& recipe, const std::vector<std::string
   }
   PluginHost host(dirs);
   PreparedRun out;
-  for (const auto& name : names) out.plugins.push_back(host.load(name));
+  const std::string listed_in = loaded.config.has("plugins.load") ? loaded.config.origin("plugins.load") : recipe;
+  std::vector<std::string> entries;  // the entry of plugins.load each plugin came from
+  for (const auto& name : names) {
+    std::shared_ptr<Plugin> plugin;
+    try {
+      plugin = host.load(name);
+    } catch (const PluginError& e) {
+      throw PluginError(detail::str(listed_in, ": plugins.load entry '", name, "': ", e.what()));
+    }
+    for (std::size_t i = 0; i < out.plugins.size(); ++i) {
+      TRAINER_CHECK_T(UsageError, out.plugins[i]->name() != plugin->name(), listed_in, ": plugins.load lists plugin '",
+                      plugin->name(), "' twice, as '", entries[i], "' and as '", name,
+                      "'; list it once (two instances would each act on every event)");
+    }
+    out.plugins.push_back(std::move(plugin));
+    entries.push_back(name);
+  }
   validate_recipe(loaded, plugin_config_sections(out.plugins));
   out.config = loaded.config;
   out.sources = loaded.sources;

@@ -108,6 +108,8 @@ void MetricsLogger::close(const std::string& status) {
       sinks_[i]->close(status);
     } catch (const std::exception& e) {
       logger_->error("metric sink #{} failed to close: {}", i, e.what());
+    } catch (...) {
+      logger_->error("metric sink #{} failed to close: an exception that is not a std::exception", i);
     }
   }
 }

@@ -77,6 +77,25 @@ std::int64_t move_optimizer_state(torch::optim::Optimizer& opt, const c10::Devic
   return moved;
 }
 
+std::vector<at::Tensor> optimizer_state_of(const torch::optim::Optimizer& opt, const at::Tensor& param) {
+  std::vector<at::Tensor> out;
+  auto& o = const_cast<torch::optim::Optimizer&>(opt);  // state() has no const overload
+  const auto it = o.state().find(compat::optimizer_state_key(o, param));
+  if (it == o.state().end()) return out;
+  auto add = [&out](const at::Tensor& t) {
+    if (t.defined()) out.push_back(t);
+  };
+  if (dynamic_cast<const torch::optim::AdamW*>(&opt)) {
+    const auto& st = static_cast<const torch::optim::AdamWParamState&>(*it->second);
+    add(st.exp_avg());
+    add(st.exp_avg_sq());
+    add(st.max_exp_avg_sq());
+  } else if (dynamic_cast<const torch::optim::SGD*>(&opt)) {
+    add(static_cast<const torch::optim::SGDParamState&>(*it->second).momentum_buffer());
+  }
+  return out;
+}
+
 int optimizer_step_temporaries(const torch::optim::Optimizer& opt) {
   if (const auto* sgd = dynamic_cast<const torch::optim::SGD*>(&opt)) {
     int most = 0;

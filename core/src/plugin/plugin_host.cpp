@@ -124,6 +124,13 @@ std::shared_ptr<Plugin> PluginHost::load(const std::string& name_or_path) {
       mismatches.push_back(
           detail::str("_GLIBCXX_USE_CXX11_ABI ", theirs.cxx11_abi, " (plugin) vs ", ours.cxx11_abi, " (host)"));
     }
+    // Only comparable when the versions agree (an older descriptor has no sizes).
+    for (std::size_t i = 0; mismatches.empty() && i < kAbiStructCount; ++i) {
+      if (theirs.struct_sizes[i] != ours.struct_sizes[i]) {
+        mismatches.push_back(detail::str("sizeof(", kAbiStructNames[i], ") ", theirs.struct_sizes[i], " (plugin) vs ",
+                                         ours.struct_sizes[i], " (host); was TRAINER_ABI_VERSION not bumped?"));
+      }
+    }
     if (!mismatches.empty()) {
       throw PluginError(detail::str("refusing plugin ", path, ": built for a different host: ", join(mismatches, "; "),
                                     ". Rebuild the plugin against this trainer."));
@@ -140,6 +147,9 @@ std::shared_ptr<Plugin> PluginHost::load(const std::string& name_or_path) {
     raw = it->second.get_alias<PluginCreateFn>("trainer_plugin_create")();
   } catch (const std::exception& e) {
     throw PluginError(detail::str("plugin ", path, ": trainer_plugin_create threw: ", e.what()));
+  } catch (...) {
+    throw PluginError(detail::str("plugin ", path, ": trainer_plugin_create threw an exception that is not a "
+                                  "std::exception"));
   }
   if (!raw) throw PluginError(detail::str("plugin ", path, ": trainer_plugin_create returned null"));
   return std::shared_ptr<Plugin>(raw);

@@ -1,19 +1,24 @@
 #include "train/checkpoint.h"
 
+#include <ATen/Context.h>
 #include <spdlog/spdlog.h>
 #include <torch/optim/optimizer.h>
 #include <torch/serialize.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <filesystem>
-#include <fstream>
+#include <map>
+#include <sstream>
 
+#include "train/checkpoint_files.h"
 #include "train/hooks.h"
 #include "train/oom_recovery.h"
-#include "train/run_dir.h"
 #include "train/setup.h"
 #include "train/train_metrics.h"
+#include "trainer/config.h"
+#include "trainer/memory.h"
+#include "trainer/optim.h"
+#include "util/error_text.h"
 
 namespace fs = std::filesystem;
 
@@ -21,33 +26,81 @@ namespace trainer {
 
 namespace {
 
+/// 2: the position counts samples of the epoch; the data order and the device generator are
+/// recorded. 1 (no "format" key): the position counted batches.
+constexpr std::int64_t kFormat = 2;
+
 std::int64_t scalar(torch::serialize::InputArchive& ar, const std::string& key) {
   at::Tensor t;
   ar.read(key, t);
   return t.item<std::int64_t>();
 }
 
-/// A checkpoint file, or the file `checkpoints/latest` names in a run directory.
-std::string resolve(const std::string& path) {
-  fs::path p(path);
-  if (fs::is_directory(p)) {
-    const fs::path dir = fs::exists(p / "checkpoints" / "latest") ? p / "checkpoints" : p;
-    std::ifstream in(dir / "latest");
-    std::string name;
-    TRAINER_CHECK_T(UsageError, in && std::getline(in, name) && !name.empty(), "--resume ", path,
-                    ": no checkpoints/latest in that directory");
-    p = dir / name;
+bool try_scalar(torch::serialize::InputArchive& ar, const std::string& key, std::int64_t& out) {
+  at::Tensor t;
+  if (!ar.try_read(key, t)) return false;
+  out = t.item<std::int64_t>();
+  return true;
+}
+
+std::string shape_text(at::IntArrayRef sizes) {
+  std::ostringstream os;
+  os << '[';
+  for (std::size_t i = 0; i < sizes.size(); ++i) os << (i ? ", " : "") << sizes[i];
+  os << ']';
+  return os.str();
+}
+
+std::string order_text(const DataOrder& order) {
+  std::string out;
+  for (const auto& [key, value] : order) out += key + "\t" + value + "\n";
+  return out;
+}
+
+std::map<std::string, std::string> parse_order(const std::string& text) {
+  std::map<std::string, std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    const auto tab = line.find('\t');
+    if (tab != std::string::npos) out[line.substr(0, tab)] = line.substr(tab + 1);
   }
-  TRAINER_CHECK_T(UsageError, fs::is_regular_file(p), "--resume: checkpoint ", p.string(), " not found");
-  return p.string();
+  return out;
+}
+
+/// Every parameter and buffer of `model` by name, with its shape.
+std::map<std::string, std::vector<std::int64_t>> shapes_of(Model& model) {
+  std::map<std::string, std::vector<std::int64_t>> out;
+  for (const auto& p : model.named_parameters()) out[p.key()] = p.value().sizes().vec();
+  for (const auto& b : model.named_buffers()) out[b.key()] = b.value().sizes().vec();
+  return out;
+}
+
+/// An out-of-memory error while loading is what it is (exit code 3), not a format error.
+[[noreturn]] void throw_load_failure(const c10::Error& e, const std::string& file, const c10::Device& device,
+                                     const std::string& what) {
+  if (is_out_of_memory(e)) {
+    throw Error(detail::str("out of memory while loading checkpoint ", file, " onto ", device.str(), ": ",
+                            detail::error_text(e)));
+  }
+  throw UsageError(detail::str("cannot resume from ", file, ": ", what, ": ", detail::error_text(e)));
 }
 
 }  // namespace
 
-Checkpointer::Checkpointer(const CheckpointSettings& settings, std::string dir, RunParts& parts, RunState& state,
-                           Hooks& hooks, OomRecovery& oom, TrainMetrics& window, spdlog::logger& log)
+DataOrder data_order_of(const Config& cfg, std::int64_t train_samples) {
+  DataOrder order;
+  for (const char* key : {"run.seed", "training.shuffle", "training.drop_last", "dataset.name", "dataset.limit"}) {
+    if (cfg.has(key)) order.emplace_back(key, config_value_to_toml(cfg.value(key)));
+  }
+  order.emplace_back("training samples", std::to_string(train_samples));
+  return order;
+}
+
+Checkpointer::Checkpointer(const CheckpointSettings& settings, std::string dir, DataOrder order, RunParts& parts,
+                           RunState& state, Hooks& hooks, OomRecovery& oom, TrainMetrics& window, spdlog::logger& log)
     : settings_(settings),
       dir_(std::move(dir)),
+      order_(std::move(order)),
       parts_(parts),
       state_(state),
       hooks_(hooks),
@@ -72,21 +125,24 @@ void Checkpointer::write(Position next) {
   parts_.optim->save(o);
   ar.write("model", m);
   ar.write("optimizer", o);
+  ar.write("format", at::tensor(kFormat));
   ar.write("epoch", at::tensor(next.epoch));
-  ar.write("batch_in_epoch", at::tensor(next.batch));
+  ar.write("sample_in_epoch", at::tensor(next.sample));
   ar.write("global_step", at::tensor(state_.global_step));
   ar.write("samples_seen", at::tensor(state_.samples_seen));
+  ar.write("data_order", c10::IValue(order_text(order_)));
   ar.write("rng_cpu", at::detail::getDefaultCPUGenerator().get_state());
-  char name[64];
-  std::snprintf(name, sizeof name, "step_%08lld.pt", static_cast<long long>(state_.global_step));
+  if (parts_.device.type() != c10::kCPU) {
+    ar.write("rng_device", at::globalContext().defaultGenerator(parts_.device).get_state());
+  }
+  const std::string name = checkpoint_name(state_.global_step);
   const std::string file = (fs::path(dir_) / name).string();
-  ar.save_to(file + ".tmp");
-  fs::rename(file + ".tmp", file);
-  write_atomic(dir_ + "/latest", std::string(name) + "\n");
+  write_checkpoint_file(file, [&](const std::string& tmp) { ar.save_to(tmp); });
+  point_latest(dir_, name);
+  // Older checkpoints go only once the new one and `latest` are on the disk.
   if (std::find(files_.begin(), files_.end(), file) == files_.end()) files_.push_back(file);
   while (static_cast<std::int64_t>(files_.size()) > settings_.keep_last) {
-    std::error_code ec;
-    fs::remove(files_.front(), ec);
+    remove_checkpoint(files_.front());
     files_.erase(files_.begin());
   }
   last_ = file;
@@ -99,7 +155,7 @@ void Checkpointer::write(Position next) {
 void Checkpointer::save_final(Position next, bool params_consistent) {
   if (!settings_.at_end) return;
   if (!params_consistent) {
-    log_.error("no final checkpoint: parameters may be inconsistent after an OOM inside the optimizer step");
+    log_.error("no final checkpoint: parameters may be partly updated after a failure inside the optimizer step");
     return;
   }
   if (!last_.empty() && last_step_ == state_.global_step) return;
@@ -107,34 +163,125 @@ void Checkpointer::save_final(Position next, bool params_consistent) {
     save(next);
   } catch (const std::exception& e) {
     log_.error("final checkpoint failed: {}", e.what());
+  } catch (...) {
+    log_.error("final checkpoint failed: an exception that is not a std::exception");
   }
 }
 
 Position Checkpointer::load(const std::string& path) {
-  const std::string file = resolve(path);
-  torch::serialize::InputArchive ar, m, o;
-  Position at;
-  try {
-    ar.load_from(file, parts_.device);
-    ar.read("model", m);
-    ar.read("optimizer", o);
-    parts_.model->load(m);
-    parts_.optim->load(o);
-    at.epoch = scalar(ar, "epoch");
-    at.batch = scalar(ar, "batch_in_epoch");
-    state_.global_step = scalar(ar, "global_step");
-    state_.samples_seen = scalar(ar, "samples_seen");
-    at::Tensor rng;
-    ar.read("rng_cpu", rng);
-    at::Generator gen = at::detail::getDefaultCPUGenerator();  // shares the default generator
-    gen.set_state(rng);
-  } catch (const c10::Error& e) {
-    throw UsageError(detail::str("cannot resume from ", file, ": ", e.what_without_backtrace(),
-                                 " (was it written by this model and optimizer?)"));
+  const ResumeCandidates candidates = resume_candidates(path);
+  std::vector<std::string> passed;  // "file: why"
+  for (const std::string& file : candidates.files) {
+    std::optional<std::string> problem = checkpoint_problem(file);
+    torch::serialize::InputArchive ar;
+    if (!problem) {
+      try {
+        ar.load_from(file, parts_.device);
+      } catch (const c10::Error& e) {
+        if (is_out_of_memory(e)) throw_load_failure(e, file, parts_.device, "");
+        problem = "it cannot be read as a checkpoint: " + detail::error_text(e);
+      }
+    }
+    if (problem) {
+      TRAINER_CHECK_T(UsageError, !candidates.explicit_file, "--resume: checkpoint ", file,
+                      " is truncated or damaged: ", *problem);
+      log_.warn("checkpoint {} is truncated or damaged: {}", file, *problem);
+      passed.push_back(file + ": " + *problem);
+      continue;
+    }
+    if (!passed.empty()) log_.warn("resuming from {}, the newest complete checkpoint in {}", file, path);
+    return restore(ar, file);
   }
-  if (at.batch >= state_.steps_per_epoch) at = {at.epoch + 1, 0};
-  log_.info("resumed from {}: epoch {}, batch {}, step {}", file, at.epoch, at.batch, state_.global_step);
+  throw UsageError(detail::str("--resume ", path, ": no complete checkpoint there (", detail::join(passed, "; "), ")"));
+}
+
+Position Checkpointer::restore(torch::serialize::InputArchive& ar, const std::string& file) {
+  std::int64_t format = 1;
+  try_scalar(ar, "format", format);
+  TRAINER_CHECK_T(UsageError, format <= kFormat, "cannot resume from ", file, ": written in checkpoint format ", format,
+                  " by a newer trainer; this one reads formats up to ", kFormat);
+  c10::IValue order;
+  if (ar.try_read("data_order", order) && order.isString()) {
+    check_data_order(order.toStringRef(), file);
+  } else {
+    log_.warn("{} does not record its data order (an older checkpoint): resuming assumes run.seed, "
+              "training.shuffle, training.drop_last and the dataset are those it was written with",
+              file);
+  }
+
+  const auto shapes = shapes_of(*parts_.model);
+  try {
+    torch::serialize::InputArchive m;
+    ar.read("model", m);
+    parts_.model->load(m);
+  } catch (const c10::Error& e) {
+    throw_load_failure(e, file, parts_.device, "it does not fit this model (was it written with other model.* settings?)");
+  }
+  for (const auto& [name, shape] : shapes_of(*parts_.model)) {
+    const auto& expected = shapes.at(name);
+    TRAINER_CHECK_T(UsageError, shape == expected, "cannot resume from ", file, ": model parameter '", name,
+                    "' has shape ", shape_text(shape), " there, ", shape_text(expected),
+                    " in this model (was it written with other model.* settings?)");
+  }
+  try {
+    torch::serialize::InputArchive o;
+    ar.read("optimizer", o);
+    parts_.optim->load(o);
+  } catch (const c10::Error& e) {
+    throw_load_failure(e, file, parts_.device,
+                       "its optimizer state does not fit this optimizer (was it written with another optim.name?)");
+  }
+  for (const auto& p : parts_.model->named_parameters()) {
+    for (const at::Tensor& t : optimizer_state_of(*parts_.optim, p.value())) {
+      TRAINER_CHECK_T(UsageError, t.sizes() == p.value().sizes(), "cannot resume from ", file,
+                      ": the optimizer state of parameter '", p.key(), "' has shape ", shape_text(t.sizes()),
+                      ", the parameter ", shape_text(p.value().sizes()));
+    }
+  }
+
+  Position at;
+  at.epoch = scalar(ar, "epoch");
+  if (!try_scalar(ar, "sample_in_epoch", at.sample)) {
+    at.sample = scalar(ar, "batch_in_epoch") * state_.batch_size;
+    log_.warn("{} records its position in batches (an older checkpoint): resuming assumes training.batch_size = {} "
+              "is the one it was written with",
+              file, state_.batch_size);
+  }
+  state_.global_step = scalar(ar, "global_step");
+  state_.samples_seen = scalar(ar, "samples_seen");
+  at::Tensor rng;
+  ar.read("rng_cpu", rng);
+  at::Generator cpu = at::detail::getDefaultCPUGenerator();  // a handle sharing the default generator
+  cpu.set_state(rng.cpu());
+  if (parts_.device.type() != c10::kCPU && ar.try_read("rng_device", rng)) {
+    at::Generator device = at::globalContext().defaultGenerator(parts_.device);
+    device.set_state(rng.cpu());
+  }
+  log_.info("resumed from {}: epoch {}, sample {} of the epoch, step {}", file, at.epoch, at.sample,
+            state_.global_step);
   return at;
+}
+
+void Checkpointer::check_data_order(const std::string& saved, const std::string& file) const {
+  const auto then = parse_order(saved);
+  std::map<std::string, std::string> now(order_.begin(), order_.end());
+  auto value = [](const std::map<std::string, std::string>& m, const std::string& key) {
+    const auto it = m.find(key);
+    return it == m.end() ? std::string("(not set)") : it->second;
+  };
+  const bool shuffled = value(then, "training.shuffle") == "true" && value(now, "training.shuffle") == "true";
+  std::vector<std::string> changed;
+  for (const auto& [key, v] : now) {
+    if (key == "run.seed" && !shuffled) continue;  // the seed orders the data only when it is shuffled
+    if (value(then, key) != v) changed.push_back(detail::str(key, " = ", value(then, key), " there, ", v, " now"));
+  }
+  for (const auto& [key, v] : then) {
+    if (!now.count(key)) changed.push_back(detail::str(key, " = ", v, " there, (not set) now"));
+  }
+  TRAINER_CHECK_T(UsageError, changed.empty(), "cannot resume from ", file,
+                  ": the order of the training samples would change: ", detail::join(changed, "; "),
+                  ". Resume with the values it was written with (the config.toml of its run holds them), "
+                  "or start a new run");
 }
 
 }  // namespace trainer

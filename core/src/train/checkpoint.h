@@ -1,14 +1,20 @@
 #pragma once
-// Private: checkpoints. Writing one (atomically, retried once after an out-of-memory error),
+// Private: checkpoints. Writing one (durably, retried once after an out-of-memory error),
 // keeping the newest checkpoint.keep_last, the final checkpoint of a run, and resuming:
-// finding the file and loading model, optimizer, position, counters and RNG.
+// finding a complete file, checking that it fits this run, and loading model, optimizer,
+// position, counters and random generators.
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "train/step.h"
 #include "trainer/context.h"
 #include "trainer/core_settings.h"
+
+namespace torch::serialize {
+class InputArchive;
+}
 
 namespace spdlog {
 class logger;
@@ -16,16 +22,24 @@ class logger;
 
 namespace trainer {
 
+class Config;
 class Hooks;
 class OomRecovery;
 class TrainMetrics;
 struct RunParts;
 
+/// What decides the order in which a run visits its training samples, as `key`, value text:
+/// run.seed, training.shuffle, training.drop_last, dataset.name, dataset.limit (when the
+/// dataset has it) and the number of training samples. A resume that changed any of them
+/// would skip or repeat samples.
+using DataOrder = std::vector<std::pair<std::string, std::string>>;
+DataOrder data_order_of(const Config& cfg, std::int64_t train_samples);
+
 class Checkpointer {
  public:
   /// Writes into `dir` (the run's checkpoints/ directory).
-  Checkpointer(const CheckpointSettings& settings, std::string dir, RunParts& parts, RunState& state, Hooks& hooks,
-               OomRecovery& oom, TrainMetrics& window, spdlog::logger& log);
+  Checkpointer(const CheckpointSettings& settings, std::string dir, DataOrder order, RunParts& parts,
+               RunState& state, Hooks& hooks, OomRecovery& oom, TrainMetrics& window, spdlog::logger& log);
 
   /// Writes `checkpoints/step_<global_step>.pt` recording that training continues at `next`,
   /// points `checkpoints/latest` at it, prunes old ones and fires Checkpoint. Out of memory
@@ -37,9 +51,12 @@ class Checkpointer {
   /// or the parameters are not consistent. Never throws: a failure is logged.
   void save_final(Position next, bool params_consistent);
 
-  /// Loads a checkpoint file or the latest one of a run directory into model and optimizer,
-  /// restores global_step, samples_seen and the CPU RNG, and returns where to continue.
-  /// Throws UsageError when it cannot be found or does not fit this model and optimizer.
+  /// Loads a checkpoint file, or the newest complete one of a run directory (saying so when
+  /// it passes over newer ones that are truncated or damaged), into model and optimizer;
+  /// restores global_step, samples_seen and the random generators, and returns where to
+  /// continue. Throws UsageError when none can be found, the file asked for is not complete,
+  /// the data order would change, or it does not fit this model and optimizer (naming the
+  /// parameter); trainer::Error when memory runs out while loading it.
   Position load(const std::string& path);
 
   /// The newest checkpoint written by this run ("" before the first).
@@ -47,9 +64,14 @@ class Checkpointer {
 
  private:
   void write(Position next);
+  /// Model, optimizer, position, counters and generators from a readable archive.
+  Position restore(torch::serialize::InputArchive& ar, const std::string& file);
+  /// Throws UsageError naming every key of the data order that differs from `saved`.
+  void check_data_order(const std::string& saved, const std::string& file) const;
 
   const CheckpointSettings& settings_;
   std::string dir_;
+  DataOrder order_;
   RunParts& parts_;
   RunState& state_;
   Hooks& hooks_;

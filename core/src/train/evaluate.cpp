@@ -36,8 +36,8 @@ std::map<std::string, double> Evaluator::run() {
       correct = 0;
       oom_.enter("eval");
       at::NoGradGuard no_grad;
-      for (std::int64_t begin = 0; begin < n; begin += batch) {
-        const std::int64_t len = std::min(batch, n - begin);
+      for (std::int64_t begin = 0, len = 0; begin < n; begin += len) {  // += len: no begin + batch to overflow
+        len = std::min(batch, n - begin);
         const Batch b = parts_.test_set->get(at::arange(begin, begin + len, at::kLong));
         const at::Tensor x = b.inputs.to(parts_.device, parts_.input_dtype), y = b.targets.to(parts_.device);
         const at::Tensor out = parts_.model->forward(x);

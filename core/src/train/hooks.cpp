@@ -35,6 +35,12 @@ Hooks::Hooks(const Config& cfg, std::shared_ptr<spdlog::logger> log, MetricsLogg
 }
 
 void Hooks::add_plugins(const std::vector<std::shared_ptr<Plugin>>& plugins) {
+  for (std::size_t i = 0; i < plugins.size(); ++i) {
+    for (std::size_t j = 0; j < i; ++j) {
+      TRAINER_CHECK_T(UsageError, plugins[j]->name() != plugins[i]->name(), "plugin '", plugins[i]->name(),
+                      "' is given twice (plugins ", j + 1, " and ", i + 1, " of the run); give it once");
+    }
+  }
   for (const auto& p : plugins) {
     const Config section = cfg_.sub("plugins." + p->name());
     const auto dispatch = PluginDispatch::from(section);
@@ -42,7 +48,16 @@ void Hooks::add_plugins(const std::vector<std::shared_ptr<Plugin>>& plugins) {
     std::optional<FailurePolicy> policy;
     if (dispatch.priority) priority = static_cast<int>(*dispatch.priority);
     if (dispatch.policy) policy = *dispatch.policy == "essential" ? FailurePolicy::Essential : FailurePolicy::Observer;
-    p->configure(section, log_);
+    try {
+      p->configure(section, log_);
+    } catch (const Error&) {
+      throw;  // trainer's own errors keep their meaning (a config error stays exit code 2)
+    } catch (const std::exception& e) {
+      throw PluginError(detail::str("plugin '", p->name(), "' failed in configure: ", e.what()));
+    } catch (...) {
+      throw PluginError(detail::str("plugin '", p->name(), "' failed in configure: an exception that is not a ",
+                                    "std::exception"));
+    }
     bus_.add(p, priority, policy);
   }
 }

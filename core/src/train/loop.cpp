@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
 #include "train/hooks.h"
@@ -16,34 +18,47 @@ void EpochLoop::start_at(Position p) {
   epochs_completed_ = p.epoch;
   step_.set_position(p);
   state_.epoch = p.epoch;
-  state_.batch_in_epoch = p.batch;
+  state_.batch_in_epoch = batch_index(parts_.train_set->size(), p.sample);
 }
 
 std::optional<std::string> EpochLoop::run() {
   window_.start();
-  std::int64_t first_batch = start_.batch;
+  // A resumed run may already be done (max_steps reached, e.g. by an automatic requeue).
+  if (auto why = stop_reason()) return why;
+  std::int64_t first_sample = start_.sample;
   for (std::int64_t epoch = start_.epoch; epoch < s_.training.epochs; ++epoch) {
-    state_.epoch = epoch;
-    state_.batch_in_epoch = first_batch;
-    hooks_.fire(Event::EpochStart);
     const at::Tensor order = epoch_order(epoch);
-    const std::int64_t n = order.size(0), batch_size = s_.training.batch_size;
-    for (std::int64_t b = first_batch; b < state_.steps_per_epoch; ++b) {
-      state_.batch_in_epoch = b;
-      const std::int64_t begin = b * batch_size;
-      const bool stepped = step_.run(order.narrow(0, begin, std::min(batch_size, n - begin)));
+    const std::int64_t n = order.size(0);
+    state_.epoch = epoch;
+    state_.batch_in_epoch = batch_index(n, first_sample);
+    hooks_.fire(Event::EpochStart);
+    for (std::int64_t begin = first_sample; batches_left(n, begin) > 0;) {
+      const std::int64_t end = begin + std::min(s_.training.batch_size, n - begin);
+      const bool last = batches_left(n, end) == 0;
+      state_.batch_in_epoch = batch_index(n, begin);
+      const bool stepped = step_.run(order.slice(0, begin, end), last ? Position{epoch + 1, 0} : Position{epoch, end});
       step_.resize(hooks_.fire(Event::BatchEnd));
       after_batch(stepped);
       // A stop on the last batch of an epoch still finishes the epoch (eval, EpochEnd).
-      if (b + 1 < state_.steps_per_epoch) {
+      if (!last) {
         if (auto why = stop_reason()) return why;
       }
+      begin = end;
     }
-    first_batch = 0;
+    first_sample = 0;
     end_epoch(epoch);
     if (auto why = stop_reason()) return why;
   }
   return std::nullopt;
+}
+
+std::int64_t EpochLoop::batches_left(std::int64_t n, std::int64_t begin) const {
+  const std::int64_t left = std::max<std::int64_t>(0, n - begin), bs = s_.training.batch_size;
+  return left / bs + (!s_.training.drop_last && left % bs != 0 ? 1 : 0);
+}
+
+std::int64_t EpochLoop::batch_index(std::int64_t n, std::int64_t begin) const {
+  return std::max<std::int64_t>(0, state_.steps_per_epoch - batches_left(n, begin));
 }
 
 void EpochLoop::after_batch(bool stepped) {

@@ -40,7 +40,7 @@ class EpochLoop {
         checkpointer_(checkpointer),
         window_(window) {}
 
-  /// Where training starts: the first batch of a fresh run, a checkpoint's position when
+  /// Where training starts: the first sample of a fresh run, a checkpoint's position when
   /// resuming.
   void start_at(Position p);
 
@@ -57,6 +57,13 @@ class EpochLoop {
   void after_batch(bool stepped);
   /// After an epoch's batches: metrics, the epoch's evaluation, EpochEnd, its checkpoint.
   void end_epoch(std::int64_t epoch);
+  /// Batches of an epoch of `n` samples still to train from sample `begin` of its order
+  /// (training.drop_last drops a short last one).
+  std::int64_t batches_left(std::int64_t n, std::int64_t begin) const;
+  /// The index in its epoch of the batch starting at sample `begin`: counted back from the
+  /// epoch's end, so that the last batch is steps_per_epoch - 1 even after a resume with
+  /// another batch size.
+  std::int64_t batch_index(std::int64_t n, std::int64_t begin) const;
   /// Why to stop now, if anything says so.
   std::optional<std::string> stop_reason() const;
   /// The epoch's sample order: a permutation seeded by run.seed and the epoch (or 0..n-1).

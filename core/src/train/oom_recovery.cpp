@@ -13,6 +13,32 @@ namespace trainer {
 
 using detail::error_text;
 
+namespace {
+
+/// What to change when out-of-memory recovery gave up in `phase`.
+std::string advice_for(const std::string& phase) {
+  if (phase == "data") {
+    return "the batch is read whole before it is split into micro-batches, so only a smaller "
+           "training.batch_size (or more host memory) helps here";
+  }
+  if (phase == "optimizer_step") {
+    return "parameters, gradients, optimizer state and the step's temporaries do not depend on the micro-batch: "
+           "a smaller model, an optimizer with less state (sgd keeps none without momentum, adamw two tensors "
+           "per parameter), a larger memory.limit_mb, or another device (plugins.oom_backoff.fallback_devices)";
+  }
+  return std::string(phase == "eval" ? "a smaller eval.batch_size"
+                                     : "a smaller training.micro_batch_size (gradient accumulation keeps the "
+                                       "effective batch)") +
+         ", a smaller model, or a larger memory.limit_mb; mixed precision and activation checkpointing also cut "
+         "activation memory (not yet available as trainer plugins)";
+}
+
+}  // namespace
+
+bool micro_batch_helps(const std::string& phase) {
+  return phase != "data" && phase != "optimizer_step" && phase != "checkpoint";
+}
+
 void drop_gradients(Model& model) {
   for (auto& p : model.parameters()) {
     if (p.grad().defined()) p.mutable_grad() = at::Tensor();
@@ -29,6 +55,7 @@ Control OomRecovery::report(const std::exception& e, std::int64_t size, std::int
   info.micro_batch_size = size;
   info.batch_size = samples;
   info.attempt = attempt;
+  info.micro_batch_helps = micro_batch_helps(phase_);
   info.stats = has_memory_backend(parts_.device) ? memory_stats(parts_.device) : MemoryStats{};
   info.requested_bytes = info.stats.last_failed_request;
   return hooks_.fire(Event::OutOfMemory, EventArgs::out_of_memory(info));
@@ -65,20 +92,19 @@ std::int64_t OomRecovery::recover(const std::exception& e, OomRetry rule, std::i
   }
   std::string sizes;
   for (auto t : tried) sizes += (sizes.empty() ? "" : " -> ") + std::to_string(t);
-  const std::string why = c.retry_with_micro_batch
-                              ? " (retry limit reached)"
-                              : " (no plugin asked for another retry; oom_backoff retries down to its min_micro_batch)";
+  const std::string why =
+      c.retry_with_micro_batch ? " (retry limit reached)"
+      : micro_batch_helps(phase)
+          ? " (no plugin asked for another retry; oom_backoff retries down to its min_micro_batch)"
+          : " (a smaller micro-batch cannot help in this phase; oom_backoff retries once at the same size, then moves "
+            "to its fallback_devices)";
   std::string msg = message;
   while (!msg.empty() && (msg.back() == '.' || msg.back() == '\n')) msg.pop_back();
   const std::string moves = detail::join(moves_);
   throw OomFailure(detail::str(
       "out of memory in ", phase, " on ", parts_.device.str(), " after ", tried.size(),
       " attempt(s) with micro-batches ", sizes, moves.empty() ? "" : " (device fallback: " + moves + ")", why, ": ",
-      msg, ". What to change: ",
-      phase == "eval" ? "a smaller eval.batch_size"
-                      : "a smaller training.micro_batch_size (gradient accumulation keeps the effective batch)",
-      ", a smaller model, or a larger memory.limit_mb; mixed precision and activation checkpointing also cut "
-      "activation memory (not yet available as trainer plugins)"));
+      msg, ". What to change: ", advice_for(phase)));
 }
 
 void OomRecovery::move_run_to(const c10::Device& to, const std::string& reason) {

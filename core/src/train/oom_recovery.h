@@ -39,6 +39,9 @@ struct OomFailure : Error {
 /// Sets every parameter's gradient to undefined (a failed attempt's partial gradients go).
 void drop_gradients(Model& model);
 
+/// Whether a smaller micro-batch can need less memory in `phase` (OomInfo::micro_batch_helps).
+bool micro_batch_helps(const std::string& phase);
+
 class OomRecovery {
  public:
   /// At most this many attempts per batch (evaluation), whatever plugins ask.

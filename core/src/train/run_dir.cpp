@@ -1,7 +1,6 @@
 #include "train/run_dir.h"
 
 #include <filesystem>
-#include <fstream>
 
 #include "trainer/error.h"
 #include "trainer/json.h"
@@ -12,27 +11,19 @@ namespace fs = std::filesystem;
 
 namespace trainer {
 
-void write_atomic(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    TRAINER_CHECK(out.good(), "cannot write ", tmp);
-    out << text;
-    out.flush();
-    TRAINER_CHECK(out.good(), "short write to ", tmp);
+std::string RunDir::path_for(const RunSettings& run, const std::string& explicit_dir) {
+  if (!explicit_dir.empty()) {
+    std::string p = explicit_dir;
+    while (p.size() > 1 && p.back() == '/') p.pop_back();  // `out/` names `out`: no `out//checkpoints`
+    return p;
   }
-  fs::rename(tmp, path);
+  const fs::path base = fs::path(run.dir) / (run.name + "-" + detail::local_time("%Y%m%d-%H%M%S"));
+  fs::path p = base;
+  for (int i = 1; fs::exists(p); ++i) p = base.string() + "-" + std::to_string(i);
+  return p.string();
 }
 
-RunDir::RunDir(const RunSettings& run, const std::string& explicit_dir) {
-  if (!explicit_dir.empty()) {
-    path_ = explicit_dir;
-  } else {
-    const fs::path base = fs::path(run.dir) / (run.name + "-" + detail::local_time("%Y%m%d-%H%M%S"));
-    fs::path p = base;
-    for (int i = 1; fs::exists(p); ++i) p = base.string() + "-" + std::to_string(i);
-    path_ = p.string();
-  }
+RunDir::RunDir(std::string path) : path_(std::move(path)) {
   std::error_code ec;
   fs::create_directories(fs::path(path_) / "checkpoints", ec);
   TRAINER_CHECK_T(UsageError, !ec, "cannot create run directory ", path_, ": ", ec.message());
@@ -50,6 +41,8 @@ std::string RunDir::write_status(const RunStatus& s) const {
     return {};
   } catch (const std::exception& e) {
     return e.what();
+  } catch (...) {
+    return "an exception that is not a std::exception";
   }
 }
 

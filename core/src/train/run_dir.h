@@ -1,15 +1,15 @@
 #pragma once
 // Private: the run directory and the files the core writes there besides checkpoints and
-// metrics: config.toml and status.json, each written atomically.
+// metrics: config.toml and status.json, each written atomically and durably.
 #include <cstdint>
 #include <string>
 
 #include "trainer/core_settings.h"
+#include "util/durable_file.h"
 
 namespace trainer {
 
-/// Writes `text` to `path` through a temporary file and a rename: never half-written.
-void write_atomic(const std::string& path, const std::string& text);
+using detail::write_atomic;
 
 /// What status.json says: the run's outcome so far.
 struct RunStatus {
@@ -25,9 +25,12 @@ struct RunStatus {
 /// `checkpoints/` subdirectory.
 class RunDir {
  public:
-  /// Creates the directory: `explicit_dir` when not empty, else a new name under run.dir.
-  /// Throws UsageError when it cannot be created.
-  RunDir(const RunSettings& run, const std::string& explicit_dir);
+  /// The run's directory: `explicit_dir` when not empty (without trailing slashes), else a new
+  /// name under run.dir.
+  static std::string path_for(const RunSettings& run, const std::string& explicit_dir);
+
+  /// Creates `path` and its checkpoints/ directory. Throws UsageError when it cannot.
+  explicit RunDir(std::string path);
 
   const std::string& path() const { return path_; }
   std::string checkpoints() const { return path_ + "/checkpoints"; }

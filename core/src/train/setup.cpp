@@ -131,10 +131,13 @@ void plan_steps(RunParts& parts, RunState& state, const TrainingSettings& traini
   state.micro_batch_size = training.micro_batch();
   state.num_epochs = training.epochs;
   const std::int64_t n = parts.train_set->size();
-  state.steps_per_epoch = training.drop_last ? n / training.batch_size : (n + training.batch_size - 1) / training.batch_size;
+  const std::int64_t bs = training.batch_size;
+  state.steps_per_epoch = n / bs + (!training.drop_last && n % bs != 0 ? 1 : 0);  // no n + bs - 1 to overflow
   TRAINER_CHECK_T(UsageError, state.steps_per_epoch > 0, "training.batch_size = ", training.batch_size,
                   " with drop_last leaves no batch of ", n, " samples");
-  state.total_steps = state.steps_per_epoch * training.epochs;
+  TRAINER_CHECK_T(UsageError, !__builtin_mul_overflow(state.steps_per_epoch, training.epochs, &state.total_steps),
+                  "training.epochs = ", training.epochs, " times ", state.steps_per_epoch,
+                  " steps per epoch is more optimizer steps than a 64-bit counter holds; use fewer epochs");
   if (training.max_steps > 0) state.total_steps = std::min(state.total_steps, training.max_steps);
   parts.schedule = schedule_registry()
                        .get(cfg.get<std::string>("sched.name"))

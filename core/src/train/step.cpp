@@ -33,12 +33,13 @@ TrainStep::TrainStep(const TrainingSettings& training, RunParts& parts, RunState
   reserve_ = optimizer_step_temporaries(*parts_.optim) * largest + (64 << 10);
 }
 
-bool TrainStep::run(const at::Tensor& indices) {
+bool TrainStep::run(const at::Tensor& indices, Position next) {
   const std::int64_t n = indices.size(0);
+  next_ = next;
   // BatchStart reports the micro-batch setting; attempts report the size they really use
   // (capped at the batch, which is shorter at the end of an epoch).
   state_.micro_batch_size = micro_batch_;
-  state_.num_micro_batches = (n + micro_batch_ - 1) / micro_batch_;
+  state_.num_micro_batches = n / micro_batch_ + (n % micro_batch_ != 0);  // no n + micro - 1 to overflow
   state_.micro_batch_index = 0;
   const Control start = hooks_.fire(Event::BatchStart);
   resize(start);
@@ -52,10 +53,7 @@ bool TrainStep::run(const at::Tensor& indices) {
   const auto settled = oom_.retry(OomRetry::AskPlugins, std::min(micro_batch_, n), n, [&](std::int64_t micro) {
     state_.micro_batch_size = micro;
     oom_.enter("data");
-    Batch full = parts_.train_set->get(indices);
-    if (parts_.device != full.inputs.device() || full.inputs.scalar_type() != parts_.input_dtype) {
-      full = {full.inputs.to(parts_.device, parts_.input_dtype), full.targets.to(parts_.device)};
-    }
+    const Batch full = parts_.train_set->get(indices);  // on the host; micro-batches move one at a time
     drop_gradients(*parts_.model);
     auto [loss, skip] = accumulate(full, indices, micro);
     state_.loss = loss;
@@ -90,17 +88,18 @@ bool TrainStep::run(const at::Tensor& indices) {
 
 std::pair<double, bool> TrainStep::accumulate(const Batch& full, const at::Tensor& indices, std::int64_t micro) {
   const std::int64_t n = full.size();
-  state_.num_micro_batches = (n + micro - 1) / micro;
+  state_.num_micro_batches = n / micro + (n % micro != 0);
   bool skip = false;
   at::Tensor loss_sum;  // summed on the device, read once: no extra op for a single micro-batch
   for (std::int64_t i = 0; i < state_.num_micro_batches; ++i) {
     const std::int64_t begin = i * micro, len = std::min(micro, n - begin);
     const bool whole = state_.num_micro_batches == 1;
-    const Batch mb = whole ? full : Batch{full.inputs.narrow(0, begin, len), full.targets.narrow(0, begin, len)};
     const at::Tensor idx = whole ? indices : indices.narrow(0, begin, len);
     state_.micro_batch_index = i;
-    skip |= hooks_.fire(Event::BeforeForward, EventArgs::micro_batch(mb, idx)).skip_step;
+    // Only the micro-batch being computed is on the device: its memory shrinks with it.
     oom_.enter("forward");
+    const Batch mb = on_device(whole ? full : Batch{full.inputs.narrow(0, begin, len), full.targets.narrow(0, begin, len)});
+    skip |= hooks_.fire(Event::BeforeForward, EventArgs::micro_batch(mb, idx)).skip_step;
     const at::Tensor out = parts_.model->forward(mb.inputs);
     at::Tensor loss = at::cross_entropy_loss(out, mb.targets);
     if (len != n) loss = loss * (static_cast<double>(len) / static_cast<double>(n));
@@ -115,6 +114,14 @@ std::pair<double, bool> TrainStep::accumulate(const Batch& full, const at::Tenso
   return {loss_sum.item<double>(), skip};
 }
 
+Batch TrainStep::on_device(Batch b) const {
+  if (b.inputs.device() == parts_.device && b.inputs.scalar_type() == parts_.input_dtype &&
+      b.targets.device() == parts_.device) {
+    return b;
+  }
+  return {b.inputs.to(parts_.device, parts_.input_dtype), b.targets.to(parts_.device)};
+}
+
 void TrainStep::atomic_step() {
   oom_.enter("optimizer_step");
   if (!state_materialized_) state_materialized_ = materialize_optimizer_state(*parts_.optim);
@@ -122,13 +129,17 @@ void TrainStep::atomic_step() {
   try {
     parts_.optim->step();
   } catch (const std::exception& e) {
-    if (!is_out_of_memory(e)) throw;
-    // The reserve was not enough: the step ran out of memory half-way. Parameters may be
-    // partly updated, so neither a retry nor a checkpoint of them is safe.
+    // Whatever failed inside the step (the reserve was not enough, an optimizer's own error,
+    // std::bad_alloc, a device error), some parameters may already be updated: neither a
+    // retry nor a checkpoint of them is safe.
     params_consistent_ = false;
+    if (!is_out_of_memory(e)) throw;
     throw Error(detail::str("out of memory inside the optimizer step after its reserve (", format_bytes(reserve_),
                             "); parameters may be partly updated, so the run stops without a final checkpoint: ",
                             detail::error_text(e)));
+  } catch (...) {
+    params_consistent_ = false;
+    throw;
   }
 }
 
@@ -138,11 +149,6 @@ void TrainStep::resize(const Control& c) {
   if (next == micro_batch_) return;
   log_.info("micro-batch {} -> {}{}", micro_batch_, next, c.reason.empty() ? "" : " (" + c.reason + ")");
   micro_batch_ = next;
-}
-
-void TrainStep::advance() {
-  const bool last = state_.batch_in_epoch + 1 >= state_.steps_per_epoch;
-  position_ = last ? Position{state_.epoch + 1, 0} : Position{state_.epoch, state_.batch_in_epoch + 1};
 }
 
 }  // namespace trainer

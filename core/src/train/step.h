@@ -23,10 +23,12 @@ class OomRecovery;
 class TrainMetrics;
 struct RunParts;
 
-/// Where a resume continues: the next batch to train.
+/// Where a resume continues: the epoch, and how many samples of that epoch's order are
+/// consumed (trained or skipped). Counting samples, not batches, lets a resume with another
+/// training.batch_size continue at exactly the next sample.
 struct Position {
   std::int64_t epoch = 0;
-  std::int64_t batch = 0;
+  std::int64_t sample = 0;
 };
 
 class TrainStep {
@@ -37,8 +39,9 @@ class TrainStep {
 
   /// Trains one batch, the samples `indices` (BatchStart … AfterOptimizerStep). An
   /// out-of-memory error drops the attempt and, as the plugins ask, re-runs the same samples
-  /// in other micro-batches. Returns whether an optimizer step was taken.
-  bool run(const at::Tensor& indices);
+  /// in other micro-batches. `next` is the position once this batch is consumed. Returns
+  /// whether an optimizer step was taken.
+  bool run(const at::Tensor& indices, Position next);
 
   /// Control.micro_batch_size (BatchStart, BatchEnd): the micro-batch from now on, clamped to
   /// [1, batch_size].
@@ -48,19 +51,22 @@ class TrainStep {
   Position position() const { return position_; }
   void set_position(Position p) { position_ = p; }
 
-  /// False after an out-of-memory error inside optimizer.step() itself: the parameters may be
-  /// partly updated, and must not be checkpointed.
+  /// False after any failure inside optimizer.step() itself (out of memory past the reserve,
+  /// an optimizer's error, a device error): the parameters may be partly updated, and must
+  /// not be checkpointed.
   bool params_consistent() const { return params_consistent_; }
 
  private:
   /// Forward and backward over the micro-batches of `full`: the summed (batch-normalised) loss
   /// and whether a plugin asked to skip the step.
   std::pair<double, bool> accumulate(const Batch& full, const at::Tensor& indices, std::int64_t micro);
+  /// `b` on the run's device, inputs in the model's input dtype.
+  Batch on_device(Batch b) const;
   /// optimizer.step() with its state created and its temporaries reserved first, so that an
   /// out-of-memory error leaves parameters and optimizer state as they were.
   void atomic_step();
-  /// The current batch is consumed: a resume continues with the next one.
-  void advance();
+  /// The current batch is consumed: a resume continues after it.
+  void advance() { position_ = next_; }
 
   const TrainingSettings& training_;
   RunParts& parts_;
@@ -74,6 +80,7 @@ class TrainStep {
   bool state_materialized_ = false;    ///< optimizer state created before the first step
   bool params_consistent_ = true;
   Position position_;
+  Position next_;  ///< position_ once the current batch is consumed
 };
 
 }  // namespace trainer

@@ -6,8 +6,8 @@
 //   step         one batch: micro-batches, gradient accumulation, the atomic optimizer step
 //   oom_recovery out-of-memory errors: report, ask the plugins, back off, device fallback
 //   evaluate     evaluation on the test split
-//   checkpoint   save, prune, the final checkpoint, resume
-//   run_dir      the run directory, config.toml, status.json (atomic writes)
+//   checkpoint   save, prune, the final checkpoint, resume (checkpoint_files: the files on disk)
+//   run_dir      the run directory, config.toml, status.json (durable writes: util/durable_file)
 #include "trainer/trainer.h"
 
 #include <c10/util/Exception.h>
@@ -26,6 +26,7 @@
 #include "train/signal_scope.h"
 #include "train/step.h"
 #include "train/train_metrics.h"
+#include "trainer/interrupt.h"
 #include "trainer/logging.h"
 #include "trainer/memory.h"
 
@@ -35,13 +36,13 @@ namespace {
 
 /// The loop's rooms, built once set-up is done (they act on the model and the optimizer).
 struct Rooms {
-  Rooms(const LoopSettings& s, const std::string& checkpoint_dir, RunParts& parts, RunState& state, Hooks& hooks,
-        MetricsLogger& metrics, spdlog::logger& log)
+  Rooms(const LoopSettings& s, const std::string& checkpoint_dir, DataOrder order, RunParts& parts, RunState& state,
+        Hooks& hooks, MetricsLogger& metrics, spdlog::logger& log)
       : window(metrics),
         oom(parts, state, hooks, log),
         step(s.training, parts, state, hooks, oom, window, log),
         evaluator(s.eval, parts, state, hooks, oom, metrics, window),
-        checkpointer(s.checkpoint, checkpoint_dir, parts, state, hooks, oom, window, log),
+        checkpointer(s.checkpoint, checkpoint_dir, std::move(order), parts, state, hooks, oom, window, log),
         loop(s, parts, state, hooks, step, evaluator, checkpointer, window) {}
 
   TrainMetrics window;
@@ -62,6 +63,7 @@ struct Trainer::Impl {
   std::shared_ptr<spdlog::logger> log;
   LoopSettings settings;
   RunState state;
+  std::string attempted_dir;  ///< the run directory, also when it could not be created
   std::optional<RunDir> dir;
   std::unique_ptr<MetricsLogger> metrics;
   std::unique_ptr<Hooks> hooks;
@@ -69,8 +71,18 @@ struct Trainer::Impl {
   std::optional<MemoryBudget> budget;
   std::unique_ptr<Rooms> rooms;
   bool fit_started = false;  ///< model, optimizer and resume state are in place
+  bool fitted = false;       ///< fit() was called: a Trainer runs once
 
   RunResult fit() {
+    if (fitted) {
+      RunResult r;
+      r.status = "FAILED";
+      r.exit_code = kExitUsage;
+      r.message = "Trainer::fit() was already called; a Trainer runs once (construct another for the next run)";
+      return r;
+    }
+    fitted = true;
+    clear_interrupt();  // a request left by an earlier run in this process is not this run's
     detail::SignalScope signals(opts.handle_signals);
     log = default_logger();
     install_cpu_tracking_allocator();  // counts from the start; the budget comes with the device
@@ -92,7 +104,8 @@ struct Trainer::Impl {
   void start_run() {
     settings = {TrainingSettings::from(cfg.sub("training")), EvalSettings::from(cfg.sub("eval")),
                 CheckpointSettings::from(cfg.sub("checkpoint")), RunSettings::from(cfg.sub("run")).seed};
-    dir.emplace(RunSettings::from(cfg.sub("run")), opts.run_dir);
+    attempted_dir = RunDir::path_for(RunSettings::from(cfg.sub("run")), opts.run_dir);
+    dir.emplace(attempted_dir);
     log = configure_logging(dir->path(), opts.log_level);
     write_atomic(dir->path() + "/config.toml", cfg.to_toml());
     write_status("RUNNING", 0, "");
@@ -115,7 +128,8 @@ struct Trainer::Impl {
     setup_model(parts, *hooks, cfg, *log);
     setup_optimizer(parts, *hooks, cfg);
     plan_steps(parts, state, settings.training, cfg);
-    rooms = std::make_unique<Rooms>(settings, dir->checkpoints(), parts, state, *hooks, *metrics, *log);
+    rooms = std::make_unique<Rooms>(settings, dir->checkpoints(), data_order_of(cfg, parts.train_set->size()), parts,
+                                    state, *hooks, *metrics, *log);
   }
 
   /// --resume: model, optimizer, counters and RNG from the checkpoint; the loop starts at its
@@ -170,11 +184,7 @@ struct Trainer::Impl {
     if (hooks) {
       hooks->context().exception = failure;
       hooks->context().status = r.status;
-      try {
-        hooks->fire(Event::Exception);
-      } catch (const std::exception& e) {
-        log->error("while handling the failure: {}", e.what());
-      }
+      guarded("while handling the failure", [&] { hooks->fire(Event::Exception); });
     }
     return r;
   }
@@ -184,22 +194,31 @@ struct Trainer::Impl {
   void shut_down(RunResult& r) {
     if (hooks) {
       hooks->context().status = r.status;
-      try {
-        hooks->fire(Event::Shutdown);
-      } catch (const std::exception& e) {
-        log->error("Shutdown: {}", e.what());
-      }
+      guarded("Shutdown", [&] { hooks->fire(Event::Shutdown); });
     }
     budget.reset();  // the budget is the run's: the process gets its previous limit back
-    if (metrics) metrics->close(r.status);
+    if (metrics) guarded("closing the metric sinks", [&] { metrics->close(r.status); });
     write_status(r.status, r.exit_code, r.message);
-    r.run_dir = dir ? dir->path() : "";
+    r.run_dir = dir ? dir->path() : attempted_dir;
     r.global_step = state.global_step;
     r.epochs_completed = rooms ? rooms->loop.epochs_completed() : 0;
     r.final_metrics = metrics ? metrics->latest() : std::map<std::string, double>{};
     r.last_checkpoint = last_checkpoint();
     log->info("run {}: {} steps, status {}", r.run_dir, state.global_step, r.status);
     log->flush();
+  }
+
+  /// Runs `f` where the run is already ending: whatever it throws is logged, never thrown
+  /// (fit() returns a result, it does not throw).
+  template <typename F>
+  void guarded(const char* what, F&& f) {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      log->error("{}: {}", what, e.what());
+    } catch (...) {
+      log->error("{}: an exception that is not a std::exception", what);
+    }
   }
 
   void final_checkpoint() {

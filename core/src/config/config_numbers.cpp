@@ -1,0 +1,75 @@
+#include "config/config_numbers.h"
+
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <iomanip>
+#include <sstream>
+
+namespace trainer::detail {
+
+bool integer_literal_overflows(const std::string& line, std::size_t column) {
+  std::string token;
+  for (std::size_t i = column; i < line.size(); ++i) {
+    const char c = line[i];
+    const bool part = std::isalnum(static_cast<unsigned char>(c)) || c == '_' || ((c == '+' || c == '-') && i == column);
+    if (!part) break;
+    if (c != '_') token += c;
+  }
+  std::size_t at = 0;
+  if (!token.empty() && (token[0] == '+' || token[0] == '-')) at = 1;
+  int base = 10;
+  if (token.size() > at + 1 && token[at] == '0' && std::isalpha(static_cast<unsigned char>(token[at + 1]))) {
+    const char b = static_cast<char>(std::tolower(static_cast<unsigned char>(token[at + 1])));
+    base = b == 'x' ? 16 : b == 'o' ? 8 : b == 'b' ? 2 : 10;
+    token.erase(at, 2);
+  }
+  if (token.size() <= at) return false;
+  errno = 0;
+  (void)std::strtoll(token.c_str(), nullptr, base);
+  return errno == ERANGE;
+}
+
+std::string float_literal_out_of_range(const std::string& line, std::size_t column) {
+  std::string token;
+  for (std::size_t i = column; i < line.size(); ++i) {
+    const char c = line[i];
+    if (!(std::isdigit(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == 'e' || c == 'E' || c == '+' ||
+          c == '-')) {
+      break;
+    }
+    if (c != '_') token += c;
+  }
+  if (token.empty()) return {};
+  errno = 0;
+  const double x = std::strtod(token.c_str(), nullptr);
+  if (errno != ERANGE) return {};
+  if (std::fabs(x) >= 1.0) return token + " is outside the range of a float (a double: |x| <= 1.8e308)";
+  if (x == 0.0) return token + " is too close to zero for a float (it reads as 0; |x| >= 2.2e-308 or exactly 0)";
+  return {};  // a subnormal: validation says what is wrong with it
+}
+
+std::string format_double(double d) {
+  if (std::isnan(d)) return "nan";
+  if (std::isinf(d)) return d > 0 ? "inf" : "-inf";
+  std::ostringstream os;
+  os << std::setprecision(17) << d;
+  std::string s = os.str();
+  // Shortest representation that round-trips; plain digits rather than an exponent for
+  // magnitudes people write that way (30.0, not 3e+01). strtod, not stod: a subnormal reads
+  // back with ERANGE, which stod would throw for.
+  const bool plain = d == 0 || (std::fabs(d) >= 1e-4 && std::fabs(d) < 1e15);
+  for (int p = 1; p <= 17; ++p) {
+    std::ostringstream t;
+    t << std::setprecision(p) << d;
+    if (std::strtod(t.str().c_str(), nullptr) == d && (!plain || t.str().find_first_of("eE") == std::string::npos)) {
+      s = t.str();
+      break;
+    }
+  }
+  if (s.find_first_of(".eE") == std::string::npos) s += ".0";
+  return s;
+}
+
+}  // namespace trainer::detail

@@ -1,0 +1,125 @@
+#include "train/checkpoint_files.h"
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "trainer/error.h"
+#include "util/durable_file.h"
+
+namespace fs = std::filesystem;
+
+namespace trainer {
+
+namespace {
+
+std::string digest_text(const detail::FileDigest& d) {
+  char text[64];
+  std::snprintf(text, sizeof text, "size %" PRId64 " crc32 %08" PRIx32 "\n", d.size, d.crc32);
+  return text;
+}
+
+std::optional<detail::FileDigest> read_digest(const std::string& sum_file) {
+  std::ifstream in(sum_file);
+  std::string line;
+  if (!in || !std::getline(in, line)) return std::nullopt;
+  detail::FileDigest d;
+  std::int64_t size = -1;
+  std::uint32_t crc = 0;
+  if (std::sscanf(line.c_str(), "size %" SCNd64 " crc32 %" SCNx32, &size, &crc) != 2 || size < 0) return std::nullopt;
+  d.size = size;
+  d.crc32 = crc;
+  return d;
+}
+
+/// The step of `step_<N>.pt`, or -1 for other names.
+std::int64_t step_of(const std::string& name) {
+  long long step = -1;
+  int used = 0;
+  if (std::sscanf(name.c_str(), "step_%lld.pt%n", &step, &used) != 1) return -1;
+  return static_cast<std::size_t>(used) == name.size() ? step : -1;
+}
+
+}  // namespace
+
+std::string checkpoint_name(std::int64_t global_step) {
+  char name[64];
+  std::snprintf(name, sizeof name, "step_%08lld.pt", static_cast<long long>(global_step));
+  return name;
+}
+
+void write_checkpoint_file(const std::string& file, const std::function<void(const std::string& tmp)>& save) {
+  const std::string tmp = file + ".tmp";
+  try {
+    save(tmp);
+    detail::write_atomic(file + ".sum", digest_text(detail::digest_of(tmp)));
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove(tmp, ignored);
+    throw;
+  }
+  try {
+    detail::publish(tmp, file);  // removes tmp when it fails
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove(file + ".sum", ignored);  // it describes the file that did not arrive
+    throw;
+  }
+}
+
+void point_latest(const std::string& dir, const std::string& name) {
+  detail::write_atomic((fs::path(dir) / "latest").string(), name + "\n");
+}
+
+void remove_checkpoint(const std::string& file) {
+  std::error_code ec;
+  fs::remove(file, ec);
+  fs::remove(file + ".sum", ec);
+}
+
+std::optional<std::string> checkpoint_problem(const std::string& file) {
+  std::error_code ec;
+  if (!fs::is_regular_file(file, ec)) return std::string("the file does not exist");
+  const auto size = fs::file_size(file, ec);
+  if (ec || size == 0) return std::string("the file is empty");
+  if (!fs::exists(file + ".sum")) return std::nullopt;
+  const auto expected = read_digest(file + ".sum");
+  if (!expected) return "its digest " + file + ".sum cannot be read";
+  const detail::FileDigest actual = detail::digest_of(file);
+  if (actual.size != expected->size) {
+    return detail::str("it has ", actual.size, " bytes, its digest says ", expected->size, " (truncated?)");
+  }
+  if (actual.crc32 != expected->crc32) return std::string("its CRC-32 differs from its digest (damaged)");
+  return std::nullopt;
+}
+
+ResumeCandidates resume_candidates(const std::string& path) {
+  ResumeCandidates out;
+  const fs::path p(path);
+  std::error_code ec;
+  if (!fs::is_directory(p, ec)) {
+    TRAINER_CHECK_T(UsageError, fs::exists(p, ec), "--resume: checkpoint ", path, " not found");
+    out.files.push_back(path);
+    out.explicit_file = true;
+    return out;
+  }
+  const fs::path dir = fs::is_directory(p / "checkpoints") ? p / "checkpoints" : p;
+  std::ifstream in(dir / "latest");
+  std::string latest;
+  if (in && std::getline(in, latest) && !latest.empty()) out.files.push_back((dir / latest).string());
+  std::vector<std::pair<std::int64_t, std::string>> steps;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (step_of(name) >= 0 && name != latest) steps.emplace_back(step_of(name), e.path().string());
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  for (const auto& s : steps) out.files.push_back(s.second);
+  TRAINER_CHECK_T(UsageError, !out.files.empty(), "--resume ", path, ": no checkpoints/latest and no step_<N>.pt in ",
+                  dir.string());
+  return out;
+}
+
+}  // namespace trainer

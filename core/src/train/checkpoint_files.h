@@ -1,0 +1,43 @@
+#pragma once
+// Private: checkpoint files on disk. Each `step_<N>.pt` is published durably (see
+// util/durable_file.h) after its digest `step_<N>.pt.sum` (size and CRC-32), so a file that
+// a crash or a full disk cut short, or that was damaged later, is recognised before it is
+// loaded. `latest` names the newest complete one.
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace trainer {
+
+/// `step_00000042.pt`.
+std::string checkpoint_name(std::int64_t global_step);
+
+/// Writes the checkpoint `file` durably: `save` writes `<file>.tmp`, then its digest goes to
+/// `<file>.sum`, then the file is published. A failure removes the temporary file and the
+/// digest; `file` stays what it was (a file of that name is then judged by loading it).
+void write_checkpoint_file(const std::string& file, const std::function<void(const std::string& tmp)>& save);
+
+/// Points `<dir>/latest` at `name` (durably).
+void point_latest(const std::string& dir, const std::string& name);
+
+/// Removes a checkpoint and its digest.
+void remove_checkpoint(const std::string& file);
+
+/// Why `file` cannot be a complete checkpoint (missing, empty, or its contents differ from
+/// its digest), or nullopt when nothing says so (a file without a digest is judged by
+/// loading it).
+std::optional<std::string> checkpoint_problem(const std::string& file);
+
+/// What `--resume PATH` may load, most wanted first. A file: that file only (`explicit_file`).
+/// A run directory (or its checkpoints/ directory): the one `latest` names, then every other
+/// `step_<N>.pt` there, newest first, to fall back on when the newer ones are not complete.
+struct ResumeCandidates {
+  std::vector<std::string> files;
+  bool explicit_file = false;
+};
+/// Throws UsageError when the path does not exist or holds no checkpoint.
+ResumeCandidates resume_candidates(const std::string& path);
+
+}  // namespace trainer

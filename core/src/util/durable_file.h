@@ -1,0 +1,32 @@
+#pragma once
+// Private: files that survive a crash or a power loss whole or not at all. A file is written
+// to `<path>.tmp`, flushed to the disk (fsync), renamed over `<path>`, and the directory is
+// flushed too, so that after `publish` returns the new name is on the disk and names
+// complete contents. A failure removes the temporary file.
+#include <cstdint>
+#include <string>
+
+namespace trainer::detail {
+
+/// fsync of a file's contents; throws trainer::Error naming the file.
+void sync_file(const std::string& path);
+/// fsync of a directory, so that names created, renamed or removed in it are on the disk.
+void sync_dir(const std::string& dir);
+
+/// Makes the finished temporary file `tmp` durable and renames it to `path` (same
+/// directory): fsync(tmp), rename, fsync(directory). Removes `tmp` when any of it fails.
+void publish(const std::string& tmp, const std::string& path);
+
+/// Writes `text` to `path` durably through `<path>.tmp` and publish(): never half-written,
+/// never lost once this returns.
+void write_atomic(const std::string& path, const std::string& text);
+
+/// Size and CRC-32 (zlib's) of a file's contents.
+struct FileDigest {
+  std::int64_t size = 0;
+  std::uint32_t crc32 = 0;
+  bool operator==(const FileDigest& o) const { return size == o.size && crc32 == o.crc32; }
+};
+FileDigest digest_of(const std::string& path);
+
+}  // namespace trainer::detail
