@@ -76,7 +76,7 @@ class DeviceSelectPlugin final : public trainer::Plugin {
     return "Choose the device: the GPU with the most free memory, waiting for one, with a host-wide lease";
   }
   std::vector<trainer::Event> events() const override {
-    return {trainer::Event::SelectDevice, trainer::Event::Shutdown};
+    return {trainer::Event::SelectDevice, trainer::Event::ModelToDevice, trainer::Event::Shutdown};
   }
   trainer::FailurePolicy default_policy() const override { return trainer::FailurePolicy::Essential; }
   std::vector<trainer::KeySpec> config_keys() const override { return DeviceSelectSettings::keys(); }
@@ -110,9 +110,19 @@ class DeviceSelectPlugin final : public trainer::Plugin {
       }
       return;
     }
+    if (ctx.event == trainer::Event::ModelToDevice) {
+      follow(ctx);
+      return;
+    }
     if (cpu_only_) {
       choose_cpu(ctx, control, "device = cpu");
       return;
+    }
+    if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES"); v && std::string(v).find("MIG-") != std::string::npos) {
+      throw trainer::UsageError(std::string("CUDA_VISIBLE_DEVICES=") + v +
+                                " names MIG instances, which device_select cannot query or lease (NVML reports whole "
+                                "GPUs); list GPU indices or UUIDs instead, or run without device_select "
+                                "(runtime.device = \"cuda\": LibTorch sees the first MIG instance as cuda:0)");
     }
     const auto inventory = trainer::device_inventory();
     const auto start = std::chrono::steady_clock::now();
@@ -205,14 +215,18 @@ class DeviceSelectPlugin final : public trainer::Plugin {
       }
       Candidate c{&g, 0};
       if (use_lease_) {
-        const auto holders = DeviceLease::holders(lease_dir_, lease_key(g));
-        const bool conflict = !share_ || std::any_of(holders.begin(), holders.end(),
-                                                     [](const trainer::LeaseHolder& h) { return !h.shared; });
-        if (!holders.empty() && conflict) {
-          rejected.push_back(g.id + " is leased by " + holders.front().describe());
+        // The lock decides: a stale holder file (or a reused pid) does not block a GPU.
+        const trainer::LeaseState st = DeviceLease::probe(lease_dir_, lease_key(g));
+        if (st.held && (!share_ || st.exclusive)) {
+          const auto who = std::find_if(st.holders.begin(), st.holders.end(),
+                                        [&](const trainer::LeaseHolder& h) { return h.shared != st.exclusive; });
+          rejected.push_back(g.id + " is leased by " +
+                             (who != st.holders.end()       ? who->describe()
+                              : st.holders.empty()          ? std::string("another job")
+                                                            : st.holders.front().describe()));
           continue;
         }
-        c.holders = holders.size();
+        c.holders = st.held ? std::max<std::size_t>(1, st.holders.size()) : 0;
       }
       ok.push_back(c);
     }
@@ -240,6 +254,7 @@ class DeviceSelectPlugin final : public trainer::Plugin {
           continue;
         }
         lease_ = std::move(lease);
+        leased_device_ = g.id;
       }
       if (g.free < 0 && min_free_ > 0) {
         logger_->warn("device_select: free memory of {} is unknown (no NVML); min_free_mb not checked", g.id);
@@ -258,7 +273,36 @@ class DeviceSelectPlugin final : public trainer::Plugin {
     return false;
   }
 
+  /// ModelToDevice: after an out-of-memory device fallback the lease moves with the run:
+  /// taken on the new GPU (if it can be), released on the old one.
+  void follow(const trainer::EventContext& ctx) {
+    const std::string now = ctx.device.str();
+    if (!use_lease_ || now == leased_device_ || (!lease_ && !ctx.device.is_cuda())) return;
+    std::unique_ptr<DeviceLease> next;
+    std::string why;
+    if (ctx.device.is_cuda()) {
+      const trainer::InventorySnapshot snap = trainer::device_inventory()->snapshot();
+      const auto g = std::find_if(snap.gpus.begin(), snap.gpus.end(), [&](const DeviceInfo& d) { return d.id == now; });
+      if (g == snap.gpus.end()) {
+        why = "the inventory does not list it";
+      } else {
+        std::vector<trainer::LeaseHolder> holders;
+        next = DeviceLease::try_acquire(lease_dir_, lease_key(*g), share_, ctx.run_dir, &holders);
+        if (!next) why = "it is leased by " + (holders.empty() ? std::string("another job") : holders.front().describe());
+      }
+    }
+    if (lease_) logger_->info("device_select: the run left {}; released its lease {}", leased_device_, lease_->lock_path());
+    lease_ = std::move(next);
+    leased_device_ = now;
+    if (lease_) {
+      logger_->info("device_select: the run moved to {}; lease {}", now, lease_->lock_path());
+    } else if (ctx.device.is_cuda()) {
+      logger_->warn("device_select: the run moved to {} without a lease: {}", now, why);
+    }
+  }
+
   void choose_cpu(trainer::EventContext& ctx, trainer::Control& control, const std::string& why) {
+    leased_device_ = "cpu";
     logger_->info("device_select: chose cpu ({})", why);
     control.switch_device = "cpu";
     control.reason = "device_select: " + why;
@@ -283,6 +327,7 @@ class DeviceSelectPlugin final : public trainer::Plugin {
   bool wait_ = false, cpu_fallback_ = true, use_lease_ = true, share_ = false;
   double interval_s_ = 30, timeout_s_ = 3600;
   std::unique_ptr<DeviceLease> lease_;
+  std::string leased_device_;  ///< the device the run is on as this plugin last saw it ("cuda:0", "cpu")
 };
 
 }  // namespace

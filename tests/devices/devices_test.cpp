@@ -340,6 +340,68 @@ TEST_F(InjectedInventory, SharingJobsCoLocateButNotWithAnExclusiveOne) {
   EXPECT_NE(r.error.find("(shared"), std::string::npos) << r.error;
 }
 
+TEST_F(InjectedInventory, AStaleHolderFileWithALivePidDoesNotBlockAGpu) {
+  // pid 1 is alive but holds no lock: a holder file left behind, its pid reused since.
+  set_device_inventory(std::make_shared<ScriptedInventory>(1, 0));
+  write_file(leases() + "/GPU-scripted-0.1.holder", "pid=1\nhost=x\nshared=0\nsince=2026-01-01 00:00:00\nnote=old\n");
+  write_file(leases() + "/GPU-scripted-0.lock", "");
+  DeviceSelect sel(lease_setting() + "allow_cpu_fallback = false");
+  const auto r = sel.select();
+  EXPECT_EQ(r.device, "cuda:0") << r.log << r.error;
+  EXPECT_NE(r.log.find("reclaimed the stale lease of pid 1 "), std::string::npos) << r.log;
+  EXPECT_FALSE(std::filesystem::exists(leases() + "/GPU-scripted-0.1.holder"));
+}
+
+TEST_F(InjectedInventory, TheLeaseFollowsTheRunAfterADeviceFallback) {
+  set_device_inventory(std::make_shared<ScriptedInventory>(2, 0));
+  DeviceSelect first(lease_setting(), "runs/first");
+  ASSERT_EQ(first.select().device, "cuda:0");
+  const std::string log = first.moved_to("cuda:1");  // its oom_backoff fell back to cuda:1
+  EXPECT_NE(log.find("the run moved to cuda:1; lease "), std::string::npos) << log;
+  DeviceSelect second(lease_setting() + "allow_cpu_fallback = false", "runs/second");
+  const auto r = second.select();
+  EXPECT_EQ(r.device, "cuda:0") << r.log << r.error;  // released by the first run
+  EXPECT_NE(r.log.find("cuda:1 is leased by pid " + std::to_string(::getpid())), std::string::npos) << r.log;
+  // A move to the CPU gives the GPU lease back.
+  first.moved_to("cpu");
+  DeviceSelect third(lease_setting() + "allow_cpu_fallback = false");
+  EXPECT_EQ(third.select().device, "cuda:1");
+}
+
+TEST_F(InjectedInventory, MigInstancesInVisibleDevicesAreAClearErrorNotACpuFallback) {
+  set_device_inventory(std::make_shared<ScriptedInventory>(1, 0));
+  setenv("CUDA_VISIBLE_DEVICES", "MIG-GPU-aaaa/1/0", 1);
+  DeviceSelect sel(lease_setting());
+  const auto r = sel.select();
+  EXPECT_EQ(r.exit_code, kExitUsage);
+  EXPECT_EQ(r.device, "");
+  EXPECT_NE(r.error.find("CUDA_VISIBLE_DEVICES=MIG-GPU-aaaa/1/0 names MIG instances"), std::string::npos) << r.error;
+}
+
+TEST_F(FakeNvml, TheLeaseDirectoryAndItsFilesAreCheckedBeforeUse) {
+  namespace fs = std::filesystem;
+  auto refused = [](const std::string& dir) {
+    try {
+      DeviceLease::try_acquire(dir, "GPU-x", false, "test");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  fs::create_directories(tmp_ / "real");
+  fs::create_symlink(tmp_ / "real", tmp_ / "link");
+  EXPECT_NE(refused(tmp_ / "link").find("is a symbolic link; refusing it"), std::string::npos);
+  fs::create_directories(tmp_ / "open");
+  fs::permissions(tmp_ / "open", fs::perms::all);  // 0777, no sticky bit
+  EXPECT_NE(refused(tmp_ / "open").find("world-writable without the sticky bit"), std::string::npos);
+  fs::permissions(tmp_ / "open", fs::perms::all | fs::perms::sticky_bit);  // like /tmp
+  EXPECT_EQ(refused(tmp_ / "open"), "accepted");
+  fs::create_directories(tmp_ / "trap");
+  write_file(tmp_ / "victim", "");
+  fs::create_symlink(tmp_ / "victim", tmp_ / "trap/GPU-x.lock");
+  EXPECT_NE(refused(tmp_ / "trap").find("GPU-x.lock is a symbolic link; refusing it"), std::string::npos);
+}
+
 TEST_F(InjectedInventory, LeasesCanBeTurnedOff) {
   set_device_inventory(std::make_shared<ScriptedInventory>(1, 0));
   DeviceSelect a(lease_setting()), b(lease_setting() + "lease = false");

@@ -73,6 +73,17 @@ class DeviceSelect {
     return out;
   }
 
+  /// ModelToDevice after the run moved to `device` (as an out-of-memory device fallback
+  /// does); returns everything logged so far.
+  std::string moved_to(const std::string& device) {
+    ctx_.event = Event::ModelToDevice;
+    ctx_.device = c10::Device(device);
+    Control c;
+    bus_->dispatch(ctx_, c);
+    logger_->flush();
+    return log_.str();
+  }
+
  private:
   std::ostringstream log_;
   std::shared_ptr<spdlog::sinks::ostream_sink_mt> sink_;

@@ -19,6 +19,13 @@ struct TRAINER_API LeaseHolder {
   std::string describe() const;
 };
 
+/// What the lock of a device's lease says now (DeviceLease::probe).
+struct TRAINER_API LeaseState {
+  bool held = false;       ///< some process holds the lock
+  bool exclusive = false;  ///< ... exclusively (else every holder shares it)
+  std::vector<LeaseHolder> holders;  ///< who, from the holder files (may be empty or stale)
+};
+
 /// A host-wide lease on one device, so that jobs started together do not pick the same GPU.
 ///
 /// One lock file per device in a directory every job on the host shares
@@ -26,6 +33,11 @@ struct TRAINER_API LeaseHolder {
 /// co-location. The kernel drops the lock when the holder exits, however it exits, so a
 /// dead job's lease is free at once; its holder file (`<dir>/<key>.<pid>.holder`, which
 /// says who holds it) is removed by the next job that takes the lease ("reclaimed").
+///
+/// The directory is shared by every user's jobs, so it is checked before use: not a
+/// symbolic link, a directory, and if others may write to it, with the sticky bit (as /tmp),
+/// so nobody can replace another's files. Files in it are opened without following
+/// symbolic links.
 class TRAINER_API DeviceLease {
  public:
   /// Takes the lease of `key` (a GPU UUID or bus id; any string, sanitised for a file
@@ -37,6 +49,10 @@ class TRAINER_API DeviceLease {
                                                   std::vector<LeaseHolder>* reclaimed = nullptr);
   /// The live holders of `key` (stale holder files are skipped, not removed).
   static std::vector<LeaseHolder> holders(const std::string& dir, const std::string& key);
+  /// Whether `key` is leased now, by trying its lock without keeping it: the lock decides, so
+  /// a stale holder file, or one whose pid was reused by another process, cannot make a free
+  /// device look leased. Throws trainer::Error where try_acquire would.
+  static LeaseState probe(const std::string& dir, const std::string& key);
   /// `$TRAINER_LEASE_DIR`, else `/tmp/trainer-leases`.
   static std::string default_dir();
 

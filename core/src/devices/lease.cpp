@@ -43,9 +43,19 @@ std::string hostname() {
   return buf;
 }
 
+/// Up to 4 KiB of `path`, not following a symbolic link ("" when it cannot be read).
+std::string read_small_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return {};
+  char buf[4096];
+  const ssize_t n = ::read(fd, buf, sizeof buf);
+  ::close(fd);
+  return n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : std::string();
+}
+
 LeaseHolder read_holder(const fs::path& file) {
   LeaseHolder h;
-  std::ifstream in(file);
+  std::istringstream in(read_small_file(file.string()));
   std::string line;
   while (std::getline(in, line)) {
     const auto eq = line.find('=');
@@ -78,13 +88,37 @@ std::vector<std::pair<fs::path, LeaseHolder>> holder_files(const std::string& di
   return out;
 }
 
+/// Creates the lease directory (sticky and world-writable, like /tmp: every user's jobs take
+/// leases there) or checks the one that exists.
 void ensure_dir(const std::string& dir) {
-  std::error_code ec;
-  if (fs::is_directory(dir, ec)) return;
-  fs::create_directories(dir, ec);
-  TRAINER_CHECK(!ec || fs::is_directory(dir), "cannot create the device lease directory ", dir, ": ", ec.message());
-  // Host-wide: every user's jobs take leases here (sticky, like /tmp).
-  ::chmod(dir.c_str(), 01777);
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    TRAINER_CHECK(!ec || fs::is_directory(dir), "cannot create the device lease directory ", dir, ": ", ec.message());
+    if (::lstat(dir.c_str(), &st) == 0 && st.st_uid == ::geteuid()) ::chmod(dir.c_str(), 01777);
+    TRAINER_CHECK(::lstat(dir.c_str(), &st) == 0, "cannot read the device lease directory ", dir, ": ",
+                  std::strerror(errno));
+  }
+  const std::string fix = " (set plugins.device_select.lease_dir or TRAINER_LEASE_DIR to a directory of your own)";
+  TRAINER_CHECK(!S_ISLNK(st.st_mode), "the device lease directory ", dir,
+                " is a symbolic link; refusing it, another user could point it anywhere", fix);
+  TRAINER_CHECK(S_ISDIR(st.st_mode), "the device lease directory ", dir, " is not a directory", fix);
+  const bool others_write = (st.st_mode & (S_IWGRP | S_IWOTH)) != 0;
+  TRAINER_CHECK(!others_write || (st.st_mode & S_ISVTX) != 0 || st.st_uid == ::geteuid(), "the device lease directory ",
+                dir, " is writable by others without the sticky bit, so they could replace the lease files", fix);
+  TRAINER_CHECK(!(st.st_mode & S_IWOTH) || (st.st_mode & S_ISVTX) != 0, "the device lease directory ", dir,
+                " is world-writable without the sticky bit (chmod +t it), so anyone could replace the lease files",
+                fix);
+}
+
+/// Opens the lock file of a lease, never through a symbolic link.
+int open_lock(const std::string& path, int flags) {
+  const int fd = ::open(path.c_str(), flags | O_NOFOLLOW | O_CLOEXEC, 0666);
+  if (fd < 0 && errno == ELOOP) {
+    throw Error(detail::str("the device lease ", path, " is a symbolic link; refusing it"));
+  }
+  return fd;
 }
 
 }  // namespace
@@ -111,13 +145,32 @@ std::vector<LeaseHolder> DeviceLease::holders(const std::string& dir, const std:
   return out;
 }
 
+LeaseState DeviceLease::probe(const std::string& dir, const std::string& key) {
+  LeaseState st;
+  ensure_dir(dir);
+  const std::string k = sanitize(key);
+  const std::string lock_path = (fs::path(dir) / (k + ".lock")).string();
+  const int fd = open_lock(lock_path, O_RDONLY);
+  if (fd < 0) return st;  // no lock file: nobody ever took this lease
+  if (::flock(fd, LOCK_EX | LOCK_NB) == 0) {
+    ::flock(fd, LOCK_UN);
+  } else {
+    st.held = true;
+    st.exclusive = ::flock(fd, LOCK_SH | LOCK_NB) != 0;
+    ::flock(fd, LOCK_UN);
+    st.holders = holders(dir, k);
+  }
+  ::close(fd);
+  return st;
+}
+
 std::unique_ptr<DeviceLease> DeviceLease::try_acquire(const std::string& dir, const std::string& key, bool shared,
                                                       const std::string& note, std::vector<LeaseHolder>* holders,
                                                       std::vector<LeaseHolder>* reclaimed) {
   ensure_dir(dir);
   const std::string k = sanitize(key);
   const std::string lock_path = (fs::path(dir) / (k + ".lock")).string();
-  const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  const int fd = open_lock(lock_path, O_RDWR | O_CREAT);
   TRAINER_CHECK(fd >= 0, "cannot open the device lease ", lock_path, ": ", std::strerror(errno));
   ::fchmod(fd, 0666);  // other users' jobs lock it too (ignored when not ours)
   if (::flock(fd, (shared ? LOCK_SH : LOCK_EX) | LOCK_NB) != 0) {
@@ -145,15 +198,21 @@ std::unique_ptr<DeviceLease> DeviceLease::try_acquire(const std::string& dir, co
   lease->lock_path_ = lock_path;
   lease->holder_path_ = (fs::path(dir) / (k + "." + std::to_string(self) + ".holder")).string();
   {
-    const std::string tmp = lease->holder_path_ + ".tmp";
-    std::ofstream out(tmp, std::ios::trunc);
-    out << "pid=" << self << "\nhost=" << hostname() << "\nshared=" << (shared ? 1 : 0)
-        << "\nsince=" << detail::local_time("%Y-%m-%d %H:%M:%S") << "\nnote=" << note << "\n";
-    out.close();
     // Best effort: the flock is the lease; the holder file only describes it to others.
+    const std::string tmp = lease->holder_path_ + ".tmp";
     std::error_code ec;
-    fs::rename(tmp, lease->holder_path_, ec);
-    ::chmod(lease->holder_path_.c_str(), 0644);
+    fs::remove(tmp, ec);  // a leftover of an earlier process with our pid (a link is removed, not followed)
+    const int out = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (out >= 0) {
+      std::ostringstream text;
+      text << "pid=" << self << "\nhost=" << hostname() << "\nshared=" << (shared ? 1 : 0)
+           << "\nsince=" << detail::local_time("%Y-%m-%d %H:%M:%S") << "\nnote=" << note << "\n";
+      const std::string t = text.str();
+      const bool written = ::write(out, t.data(), t.size()) == static_cast<ssize_t>(t.size());
+      ::close(out);
+      if (written) fs::rename(tmp, lease->holder_path_, ec);
+      if (!written || ec) fs::remove(tmp, ec);
+    }
   }
   return lease;
 }
