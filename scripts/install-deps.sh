@@ -11,6 +11,7 @@ packages=(
   libtoml11-dev libspdlog-dev libfmt-dev
   googletest libgtest-dev libgmock-dev libbenchmark-dev
   zlib1g-dev
+  clang libclang-rt-14-dev
   dataset-fashion-mnist
 )
 

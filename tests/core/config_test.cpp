@@ -102,4 +102,15 @@ TEST(Config, SubIsAViewAndSetCreatesTables) {
 }
 
 }  // namespace
+TEST(Config, TextThatIsNotUtf8IsAnErrorNamingLineAndColumn) {
+  // Inside a literal string this once made toml11 read out of bounds (found by the fuzzer).
+  try {
+    Config::parse("a = 1\nkey = 'x\xe4rz'\n", "r.toml");
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("r.toml:2: invalid UTF-8 at column 9"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(Config::parse("name = '\xc3\xa9t\xc3\xa9'\n", "ok.toml"));  // valid UTF-8: été
+}
+
 }  // namespace trainer

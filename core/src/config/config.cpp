@@ -251,6 +251,9 @@ Config::Config() : root_(std::make_shared<ConfigNode>()) {}
 Config::Config(std::shared_ptr<ConfigNode> root) : root_(std::move(root)) {}
 
 Config Config::parse(const std::string& toml_text, const std::string& source) {
+  // TOML is UTF-8. Checked here because toml11 3.7 reads out of bounds when it reports invalid
+  // UTF-8 inside a literal string (found by tests/fuzz/recipe_fuzz).
+  if (const std::string bad = detail::utf8_problem(toml_text, source); !bad.empty()) throw ConfigError({bad});
   std::istringstream is(toml_text);
   TomlValue parsed;
   try {
