@@ -107,6 +107,7 @@ TEST_F(Resume, AFailedCheckpointWriteLeavesNoTemporaryFileAndLatestAsItWas) {
   EXPECT_EQ(r.exit_code, kExitTrainingFailed);
   EXPECT_NE(r.message.find("step_00000002.pt"), std::string::npos) << r.message;
   for (const auto& f : files_in(tmp_ / "run/checkpoints")) EXPECT_EQ(f.find(".tmp"), std::string::npos) << f;
+  EXPECT_FALSE(fs::exists(tmp_ / "run/checkpoints/step_00000002.pt.sum"));  // no digest of what did not arrive
   EXPECT_EQ(read_file(tmp_ / "run/checkpoints/latest"), "step_00000001.pt\n");
   // That run resumes from its last complete checkpoint.
   const RunResult resumed = run({}, "resumed", tmp_ / "run");

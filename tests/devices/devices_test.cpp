@@ -393,7 +393,7 @@ TEST_F(FakeNvml, TheLeaseDirectoryAndItsFilesAreCheckedBeforeUse) {
   EXPECT_NE(refused(tmp_ / "link").find("is a symbolic link; refusing it"), std::string::npos);
   fs::create_directories(tmp_ / "open");
   fs::permissions(tmp_ / "open", fs::perms::all);  // 0777, no sticky bit
-  EXPECT_NE(refused(tmp_ / "open").find("world-writable without the sticky bit"), std::string::npos);
+  EXPECT_NE(refused(tmp_ / "open").find("writable by others without the sticky bit"), std::string::npos);
   fs::permissions(tmp_ / "open", fs::perms::all | fs::perms::sticky_bit);  // like /tmp
   EXPECT_EQ(refused(tmp_ / "open"), "accepted");
   fs::create_directories(tmp_ / "trap");

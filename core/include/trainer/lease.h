@@ -36,8 +36,8 @@ struct TRAINER_API LeaseState {
 ///
 /// The directory is shared by every user's jobs, so it is checked before use: not a
 /// symbolic link, a directory, and if others may write to it, with the sticky bit (as /tmp),
-/// so nobody can replace another's files. Files in it are opened without following
-/// symbolic links.
+/// so nobody but the directory's owner can replace another's files. Files in it are opened
+/// without following symbolic links.
 class TRAINER_API DeviceLease {
  public:
   /// Takes the lease of `key` (a GPU UUID or bus id; any string, sanitised for a file

@@ -6,6 +6,7 @@
 #include <limits>
 #include <regex>
 
+#include "config/config_numbers.h"
 #include "trainer/data.h"
 #include "trainer/error.h"
 #include "trainer/model.h"
@@ -94,14 +95,15 @@ ConfigValue parse_override_value(const std::string& text) {
   } catch (const ConfigError&) {
     // Not TOML: a bare string such as `run.name=baseline` or `dataset.root=/data/x`, unless
     // it is written as a number that TOML cannot hold.
+    // (`007` is not a TOML number either, and stays the string "007".)
     static const std::regex integer(R"([+-]?[0-9][0-9_]*)");
     static const std::regex floating(R"([+-]?[0-9][0-9_]*(\.[0-9_]+)?([eE][+-]?[0-9]+)?)");
-    if (std::regex_match(text, integer)) {
+    if (std::regex_match(text, integer) && detail::integer_literal_overflows(text, 0)) {
       throw ConfigError({detail::str(text, " is outside the integer range [", std::numeric_limits<std::int64_t>::min(),
                                      ", ", std::numeric_limits<std::int64_t>::max(), "]")});
     }
     if (std::regex_match(text, floating)) {
-      throw ConfigError({detail::str(text, " is outside the range of a float (a double: |x| <= 1.8e308)")});
+      if (const std::string bad = detail::float_literal_out_of_range(text, 0); !bad.empty()) throw ConfigError({bad});
     }
   }
   return text;

@@ -104,11 +104,8 @@ void ensure_dir(const std::string& dir) {
   TRAINER_CHECK(!S_ISLNK(st.st_mode), "the device lease directory ", dir,
                 " is a symbolic link; refusing it, another user could point it anywhere", fix);
   TRAINER_CHECK(S_ISDIR(st.st_mode), "the device lease directory ", dir, " is not a directory", fix);
-  const bool others_write = (st.st_mode & (S_IWGRP | S_IWOTH)) != 0;
-  TRAINER_CHECK(!others_write || (st.st_mode & S_ISVTX) != 0 || st.st_uid == ::geteuid(), "the device lease directory ",
-                dir, " is writable by others without the sticky bit, so they could replace the lease files", fix);
-  TRAINER_CHECK(!(st.st_mode & S_IWOTH) || (st.st_mode & S_ISVTX) != 0, "the device lease directory ", dir,
-                " is world-writable without the sticky bit (chmod +t it), so anyone could replace the lease files",
+  TRAINER_CHECK(!(st.st_mode & (S_IWGRP | S_IWOTH)) || (st.st_mode & S_ISVTX) != 0, "the device lease directory ",
+                dir, " is writable by others without the sticky bit (chmod +t it), so they could replace the lease files",
                 fix);
 }
 
@@ -173,7 +170,14 @@ std::unique_ptr<DeviceLease> DeviceLease::try_acquire(const std::string& dir, co
   const int fd = open_lock(lock_path, O_RDWR | O_CREAT);
   TRAINER_CHECK(fd >= 0, "cannot open the device lease ", lock_path, ": ", std::strerror(errno));
   ::fchmod(fd, 0666);  // other users' jobs lock it too (ignored when not ours)
-  if (::flock(fd, (shared ? LOCK_SH : LOCK_EX) | LOCK_NB) != 0) {
+  // A few tries: another job's probe() holds a free lock for a moment.
+  int locked = -1;
+  for (int attempt = 0; attempt < 3 && locked != 0; ++attempt) {
+    if (attempt > 0) ::usleep(5000);
+    locked = ::flock(fd, (shared ? LOCK_SH : LOCK_EX) | LOCK_NB);
+    if (locked != 0 && errno != EWOULDBLOCK) break;
+  }
+  if (locked != 0) {
     const int err = errno;
     ::close(fd);
     TRAINER_CHECK(err == EWOULDBLOCK, "cannot lock the device lease ", lock_path, ": ", std::strerror(err));

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <mutex>
 #include <sstream>
 
 #include "train/checkpoint_files.h"
@@ -109,6 +110,12 @@ Checkpointer::Checkpointer(const CheckpointSettings& settings, std::string dir, 
       log_(log) {}
 
 std::string Checkpointer::save(Position next) {
+  // Saved already at this step and position (every_steps on an epoch's last batch, then the
+  // epoch's checkpoint): the same file again would only reopen the window of a rewrite.
+  if (!last_.empty() && last_step_ == state_.global_step && last_position_.epoch == next.epoch &&
+      last_position_.sample == next.sample) {
+    return last_;
+  }
   TrainMetrics::Pause pause(window_);
   try {
     oom_.retry(OomRetry::Once, 0, 0, [&](std::int64_t) { write(next); });
@@ -147,6 +154,7 @@ void Checkpointer::write(Position next) {
   }
   last_ = file;
   last_step_ = state_.global_step;
+  last_position_ = next;
   log_.info("checkpoint written: {}", last_);
   hooks_.context().checkpoint_path = last_;
   hooks_.fire(Event::Checkpoint);
@@ -252,10 +260,20 @@ Position Checkpointer::restore(torch::serialize::InputArchive& ar, const std::st
   at::Tensor rng;
   ar.read("rng_cpu", rng);
   at::Generator cpu = at::detail::getDefaultCPUGenerator();  // a handle sharing the default generator
-  cpu.set_state(rng.cpu());
-  if (parts_.device.type() != c10::kCPU && ar.try_read("rng_device", rng)) {
-    at::Generator device = at::globalContext().defaultGenerator(parts_.device);
-    device.set_state(rng.cpu());
+  {
+    std::lock_guard<std::mutex> lock(cpu.mutex());
+    cpu.set_state(rng.cpu());
+  }
+  if (parts_.device.type() != c10::kCPU) {
+    at::Tensor device_rng;  // a fresh tensor: try_read into a defined one would alias it
+    if (ar.try_read("rng_device", device_rng)) {
+      at::Generator device = at::globalContext().defaultGenerator(parts_.device);
+      std::lock_guard<std::mutex> lock(device.mutex());
+      device.set_state(device_rng.cpu());
+    } else {
+      log_.warn("{} holds no generator state for {} (written on the CPU): its random stream starts afresh", file,
+                parts_.device.str());
+    }
   }
   log_.info("resumed from {}: epoch {}, sample {} of the epoch, step {}", file, at.epoch, at.sample,
             state_.global_step);

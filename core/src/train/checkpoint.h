@@ -44,7 +44,8 @@ class Checkpointer {
   /// Writes `checkpoints/step_<global_step>.pt` recording that training continues at `next`,
   /// points `checkpoints/latest` at it, prunes old ones and fires Checkpoint. Out of memory
   /// while writing: retried once after freeing memory, then skipped (logged; the run goes
-  /// on). Returns the newest checkpoint.
+  /// on). A second save at the same step and position writes nothing and fires nothing.
+  /// Returns the newest checkpoint.
   std::string save(Position next);
 
   /// The checkpoint at the end of a run (checkpoint.at_end), unless one exists for this step
@@ -81,6 +82,7 @@ class Checkpointer {
   std::vector<std::string> files_;  ///< written by this run and kept, oldest first
   std::string last_;
   std::int64_t last_step_ = -1;  ///< global_step of last_
+  Position last_position_;       ///< where last_ continues
 };
 
 }  // namespace trainer

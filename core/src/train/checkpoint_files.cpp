@@ -37,6 +37,7 @@ std::optional<detail::FileDigest> read_digest(const std::string& sum_file) {
 
 /// The step of `step_<N>.pt`, or -1 for other names.
 std::int64_t step_of(const std::string& name) {
+  if (name.size() > 24) return -1;  // step_ + at most 16 digits + .pt: sscanf stays in range
   long long step = -1;
   int used = 0;
   if (std::sscanf(name.c_str(), "step_%lld.pt%n", &step, &used) != 1) return -1;
@@ -53,21 +54,22 @@ std::string checkpoint_name(std::int64_t global_step) {
 
 void write_checkpoint_file(const std::string& file, const std::function<void(const std::string& tmp)>& save) {
   const std::string tmp = file + ".tmp";
+  detail::FileDigest digest;
   try {
     save(tmp);
-    detail::write_atomic(file + ".sum", digest_text(detail::digest_of(tmp)));
+    digest = detail::digest_of(tmp);
   } catch (...) {
     std::error_code ignored;
     fs::remove(tmp, ignored);
     throw;
   }
-  try {
-    detail::publish(tmp, file);  // removes tmp when it fails
-  } catch (...) {
-    std::error_code ignored;
-    fs::remove(file + ".sum", ignored);  // it describes the file that did not arrive
-    throw;
-  }
+  // A digest never sits beside a file it does not describe: an older one of this name goes
+  // first, the new one comes once the file is in place. After a crash in between, the file
+  // has no digest and is judged by loading it.
+  std::error_code ec;
+  fs::remove(file + ".sum", ec);
+  detail::publish(tmp, file);  // removes tmp when it fails
+  detail::write_atomic(file + ".sum", digest_text(digest));
 }
 
 void point_latest(const std::string& dir, const std::string& name) {

@@ -1,8 +1,8 @@
 #pragma once
 // Private: checkpoint files on disk. Each `step_<N>.pt` is published durably (see
-// util/durable_file.h) after its digest `step_<N>.pt.sum` (size and CRC-32), so a file that
-// a crash or a full disk cut short, or that was damaged later, is recognised before it is
-// loaded. `latest` names the newest complete one.
+// util/durable_file.h) and then described by its digest `step_<N>.pt.sum` (size and CRC-32),
+// so a file damaged or cut short later is recognised before it is loaded. `latest` names the
+// newest complete one.
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -14,9 +14,10 @@ namespace trainer {
 /// `step_00000042.pt`.
 std::string checkpoint_name(std::int64_t global_step);
 
-/// Writes the checkpoint `file` durably: `save` writes `<file>.tmp`, then its digest goes to
-/// `<file>.sum`, then the file is published. A failure removes the temporary file and the
-/// digest; `file` stays what it was (a file of that name is then judged by loading it).
+/// Writes the checkpoint `file` durably: `save` writes `<file>.tmp`, the file is published,
+/// then its digest goes to `<file>.sum` (an older digest of that name is removed first). A
+/// failure removes the temporary file; a file of that name that was there stays, without a
+/// digest (it is then judged by loading it).
 void write_checkpoint_file(const std::string& file, const std::function<void(const std::string& tmp)>& save);
 
 /// Points `<dir>/latest` at `name` (durably).
