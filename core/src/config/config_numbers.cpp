@@ -11,14 +11,25 @@
 
 namespace trainer::detail {
 
-bool integer_literal_overflows(const std::string& line, std::size_t column) {
+namespace {
+
+/// The literal starting at `column` of `line`: the characters `part` accepts, without the `_`
+/// digit separators.
+template <typename Part>
+std::string literal_at(const std::string& line, std::size_t column, Part part) {
   std::string token;
-  for (std::size_t i = column; i < line.size(); ++i) {
-    const char c = line[i];
-    const bool part = std::isalnum(static_cast<unsigned char>(c)) || c == '_' || ((c == '+' || c == '-') && i == column);
-    if (!part) break;
-    if (c != '_') token += c;
+  for (std::size_t i = column; i < line.size() && (line[i] == '_' || part(line[i], i == column)); ++i) {
+    if (line[i] != '_') token += line[i];
   }
+  return token;
+}
+
+}  // namespace
+
+bool integer_literal_overflows(const std::string& line, std::size_t column) {
+  std::string token = literal_at(line, column, [](char c, bool first) {
+    return std::isalnum(static_cast<unsigned char>(c)) || (first && (c == '+' || c == '-'));
+  });
   std::size_t at = 0;
   if (!token.empty() && (token[0] == '+' || token[0] == '-')) at = 1;
   int base = 10;
@@ -34,15 +45,9 @@ bool integer_literal_overflows(const std::string& line, std::size_t column) {
 }
 
 std::string float_literal_out_of_range(const std::string& line, std::size_t column) {
-  std::string token;
-  for (std::size_t i = column; i < line.size(); ++i) {
-    const char c = line[i];
-    if (!(std::isdigit(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == 'e' || c == 'E' || c == '+' ||
-          c == '-')) {
-      break;
-    }
-    if (c != '_') token += c;
-  }
+  const std::string token = literal_at(line, column, [](char c, bool) {
+    return std::isdigit(static_cast<unsigned char>(c)) || c == '.' || c == 'e' || c == 'E' || c == '+' || c == '-';
+  });
   if (token.empty()) return {};
   errno = 0;
   const double x = std::strtod(token.c_str(), nullptr);

@@ -25,7 +25,6 @@ void write_atomic(const std::string& path, const std::string& text);
 struct FileDigest {
   std::int64_t size = 0;
   std::uint32_t crc32 = 0;
-  bool operator==(const FileDigest& o) const { return size == o.size && crc32 == o.crc32; }
 };
 FileDigest digest_of(const std::string& path);
 
