@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "trainer/error.h"
 
 namespace trainer {
@@ -33,6 +35,27 @@ TEST(PluginHost, NotFoundListsEveryDirectorySearched) {
     for (const auto& d : host.search_path()) EXPECT_NE(msg.find(d), std::string::npos) << d;
     EXPECT_NE(msg.find("/nonexistent/a, /nonexistent/b"), std::string::npos) << msg;
   }
+}
+
+TEST(PluginHost, NotFoundSuggestsTheClosestLibraryPresent) {
+  PluginHost host({TRAINER_TEST_PLUGIN_DIR});
+  try {
+    host.load("recordin");
+    FAIL();
+  } catch (const PluginError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("plugin 'recordin' not found"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("did you mean 'recording'?"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("plugins there: "), std::string::npos) << msg;
+  }
+  const auto names = host.available();
+  EXPECT_NE(std::find(names.begin(), names.end(), "oom_backoff"), names.end());
+}
+
+TEST(PluginHost, ABuildTreeLibrarySearchesThatTreesPluginsOnly) {
+  // libtrainer_core of this build tree: its plugin directory, nothing installed; an installed
+  // library never searches a build directory (tests/install checks that side).
+  EXPECT_EQ(default_plugin_dirs(), (std::vector<std::string>{TRAINER_BUILD_PLUGIN_DIR}));
 }
 
 TEST(PluginHost, EnvironmentPathComesAfterExplicitDirs) {

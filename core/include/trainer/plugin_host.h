@@ -21,8 +21,7 @@ struct PluginInfo {
 /// Finds and loads plugin libraries (`libtrainer_plugin_<name>.so`) with Boost.DLL.
 ///
 /// Search order: the directories given to the constructor (the recipe's `plugins.path`),
-/// then `$TRAINER_PLUGIN_PATH` (colon-separated), then the build and install plugin
-/// directories. Before creating anything the host reads the library's AbiDescriptor and
+/// then `$TRAINER_PLUGIN_PATH` (colon-separated), then default_plugin_dirs(). Before creating anything the host reads the library's AbiDescriptor and
 /// refuses a mismatch with a message naming the library and both versions.
 ///
 /// Lifetime: a loaded library is never unloaded before process exit (objects, modules and
@@ -38,8 +37,12 @@ class TRAINER_API PluginHost {
   /// "not found" lists every directory searched; an ABI mismatch names both versions.
   std::shared_ptr<Plugin> load(const std::string& name_or_path);
 
-  /// Resolves `name_or_path` to a library file; throws PluginError when not found.
+  /// Resolves `name_or_path` to a library file; throws PluginError when not found (with the
+  /// closest name among the libraries present as a did-you-mean).
   std::string find(const std::string& name_or_path) const;
+
+  /// The names of the plugin libraries present in the searched directories, sorted.
+  std::vector<std::string> available() const;
 
   /// Every plugin library found on the search path (first hit per name), loaded and
   /// described. Libraries that fail to load are returned in `errors`.
@@ -52,7 +55,9 @@ class TRAINER_API PluginHost {
   std::vector<std::string> dirs_;
 };
 
-/// The build-tree and install plugin directories compiled into libtrainer_core.
+/// Where plugins are searched by default. libtrainer_core in its build tree: that tree's
+/// plugin directory only. Installed: `<libdir>/trainer/plugins` beside the library, then the
+/// configured install prefix's.
 TRAINER_API std::vector<std::string> default_plugin_dirs();
 
 }  // namespace trainer

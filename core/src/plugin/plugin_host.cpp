@@ -6,9 +6,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <algorithm>
 #include <map>
 #include <mutex>
 
+#include "trainer/config_spec.h"
 #include "trainer/error.h"
 #include "trainer/logging.h"
 #include "util/paths.h"
@@ -35,6 +37,17 @@ LoadedLibraries& loaded() {
   return *libs;
 }
 
+const std::string kLibraryPrefix = "libtrainer_plugin_";
+
+/// The plugin name of a library file name ("libtrainer_plugin_console.so" -> "console"), or "".
+std::string plugin_name_of(const std::string& file_name) {
+  if (file_name.rfind(kLibraryPrefix, 0) != 0 || file_name.size() <= kLibraryPrefix.size() + 3 ||
+      file_name.compare(file_name.size() - 3, 3, ".so") != 0) {
+    return {};
+  }
+  return file_name.substr(kLibraryPrefix.size(), file_name.size() - kLibraryPrefix.size() - 3);
+}
+
 bool looks_like_path(const std::string& s) {
   return s.find('/') != std::string::npos || (s.size() > 3 && s.compare(s.size() - 3, 3, ".so") == 0);
 }
@@ -44,12 +57,20 @@ bool looks_like_path(const std::string& s) {
 std::vector<std::string> default_plugin_dirs() {
   std::vector<std::string> dirs;
   const std::string core_dir = detail::core_library_dir();
-  if (!core_dir.empty()) dirs.push_back(core_dir + "/trainer/plugins");
-#ifdef TRAINER_BUILD_PLUGIN_DIR
-  dirs.push_back(TRAINER_BUILD_PLUGIN_DIR);
+#ifdef TRAINER_BUILD_CORE_DIR
+  // The library of a build tree searches that tree's plugins only; an installed one searches
+  // where it is installed, never a build directory that happens to be left over.
+  std::error_code ec;
+  if (!core_dir.empty() && fs::equivalent(core_dir, TRAINER_BUILD_CORE_DIR, ec)) {
+    dirs.push_back(TRAINER_BUILD_PLUGIN_DIR);
+    return dirs;
+  }
 #endif
+  if (!core_dir.empty()) dirs.push_back(core_dir + "/trainer/plugins");
 #ifdef TRAINER_INSTALL_PLUGIN_DIR
-  dirs.push_back(TRAINER_INSTALL_PLUGIN_DIR);
+  if (std::find(dirs.begin(), dirs.end(), TRAINER_INSTALL_PLUGIN_DIR) == dirs.end()) {
+    dirs.push_back(TRAINER_INSTALL_PLUGIN_DIR);
+  }
 #endif
   return dirs;
 }
@@ -86,9 +107,26 @@ std::string PluginHost::find(const std::string& name_or_path) const {
     std::error_code ec;
     if (fs::is_regular_file(p, ec)) return fs::absolute(p).string();
   }
+  const std::vector<std::string> present = available();
+  const std::string close = closest_match(name_or_path, present);
   throw PluginError(detail::str("plugin '", name_or_path, "' not found: looked for ", file, " in ",
                                 dirs_.empty() ? std::string("(no directories)") : join(dirs_, ", "),
+                                close.empty() ? std::string() : "; did you mean '" + close + "'?",
+                                present.empty() ? std::string() : " (plugins there: " + join(present) + ")",
                                 " (add a directory with plugins.path or $TRAINER_PLUGIN_PATH)"));
+}
+
+std::vector<std::string> PluginHost::available() const {
+  std::vector<std::string> names;
+  for (const auto& d : dirs_) {
+    std::error_code ec;
+    for (fs::directory_iterator it(d, ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string name = plugin_name_of(it->path().filename().string());
+      if (!name.empty() && std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+    }
+  }
+  std::sort(names.begin(), names.end());
+  return names;
 }
 
 std::shared_ptr<Plugin> PluginHost::load(const std::string& name_or_path) {
@@ -165,10 +203,8 @@ std::vector<PluginInfo> PluginHost::discover(std::vector<std::string>* errors) {
     for (const auto& e : fs::directory_iterator(d, ec)) files.push_back(e.path());
     std::sort(files.begin(), files.end());
     for (const auto& p : files) {
-      const std::string fname = p.filename().string();
-      const std::string prefix = "libtrainer_plugin_";
-      if (fname.rfind(prefix, 0) != 0 || p.extension() != ".so") continue;
-      const std::string name = fname.substr(prefix.size(), fname.size() - prefix.size() - 3);
+      const std::string name = plugin_name_of(p.filename().string());
+      if (name.empty()) continue;
       if (std::find(seen.begin(), seen.end(), name) != seen.end()) continue;
       seen.push_back(name);
       try {
