@@ -198,12 +198,15 @@ int run(int argc, char** argv) {
   if (vm.count("print-config")) {
     std::cout << "# resolved from: ";
     for (std::size_t i = 0; i < prepared.sources.size(); ++i) std::cout << (i ? ", " : "") << prepared.sources[i];
-    std::cout << "\n" << prepared.config.to_toml();
+    std::cout << "\n";
+    for (const auto& note : prepared.notes) std::cout << "# " << note << "\n";
+    std::cout << prepared.config.to_toml();
     return trainer::kExitOk;
   }
   trainer::TrainerOptions options;
   options.config = prepared.config;
   options.plugins = prepared.plugins;
+  options.notes = prepared.notes;
   options.handle_signals = true;
   options.log_level = vm["log-level"].as<std::string>();
   if (vm.count("run-dir")) options.run_dir = vm["run-dir"].as<std::string>();

@@ -23,17 +23,20 @@ std::string hms(double seconds) {
 struct ConsoleSettings : trainer::Settings<ConsoleSettings> {
   std::int64_t every_steps = 100;
   std::string mode = "auto";
+  bool metrics = true;
 
   static void declare(trainer::SettingsSchema<ConsoleSettings>& s) {
     s.add(&ConsoleSettings::every_steps, "every_steps", "Plain mode: print every N optimizer steps").min(1);
     s.add(&ConsoleSettings::mode, "mode", "auto picks tty when stdout is a terminal").choices({"auto", "tty", "plain"});
+    s.add(&ConsoleSettings::metrics, "metrics",
+          "Add the latest value of every other training metric (train/grad_norm, plugins' metrics) to the line");
   }
 };
 
 class ConsolePlugin final : public trainer::Plugin {
  public:
   std::string name() const override { return "console"; }
-  std::string description() const override { return "Progress line: epoch, step/total, loss, samples/s, ETA"; }
+  std::string description() const override { return "Progress line: epoch, step/total, loss, samples/s, ETA, other metrics"; }
   std::vector<trainer::Event> events() const override {
     using E = trainer::Event;
     return {E::FitStart, E::BatchEnd, E::EvalEnd, E::EpochEnd, E::FitEnd};
@@ -43,11 +46,13 @@ class ConsolePlugin final : public trainer::Plugin {
     Plugin::configure(section, std::move(logger));
     const auto s = ConsoleSettings::from(section);
     every_ = s.every_steps;
+    metrics_ = s.metrics;
     tty_ = s.mode == "tty" || (s.mode == "auto" && isatty(STDOUT_FILENO));
   }
 
   void on_event(trainer::EventContext& ctx, trainer::Control&) override {
     const auto& s = ctx.state;
+    metrics_log_ = ctx.metrics;
     switch (ctx.event) {
       case trainer::Event::FitStart:
         start_ = last_draw_ = Clock::now();
@@ -112,7 +117,21 @@ class ConsolePlugin final : public trainer::Plugin {
                   static_cast<long long>(s.epoch + 1), static_cast<long long>(s.num_epochs),
                   static_cast<long long>(s.global_step), static_cast<long long>(s.total_steps), s.loss, rate,
                   hms(eta).c_str());
-    return buf;
+    std::string out = buf;
+    if (metrics_ && metrics_log_) {
+      for (const auto& [name, value] : metrics_log_->latest()) {
+        if (on_line(name)) continue;
+        char v[96];
+        std::snprintf(v, sizeof v, " | %s %.4g", name.c_str(), value);
+        out += v;
+      }
+    }
+    return out;
+  }
+  /// Shown by the line already (loss, throughput, epoch), or on the eval line.
+  static bool on_line(const std::string& name) {
+    return name == "train/loss" || name == "train/lr" || name == "train/epoch" || name == "train/samples_per_s" ||
+           name.rfind("eval/", 0) == 0;
   }
   void end_line() {
     if (tty_ && drawn_) {
@@ -122,7 +141,8 @@ class ConsolePlugin final : public trainer::Plugin {
   }
 
   std::int64_t every_ = 100;
-  bool tty_ = false, drawn_ = false;
+  bool tty_ = false, drawn_ = false, metrics_ = true;
+  trainer::MetricsLogger* metrics_log_ = nullptr;
   Clock::time_point start_, last_draw_;
   std::int64_t start_step_ = 0, start_samples_ = 0;
 };

@@ -3,7 +3,9 @@
 // samples as more micro-batches), and after enough clean steps grows the micro-batch back
 // toward the configured size, remembering where it failed so it does not thrash. Where the
 // micro-batch does not change the memory needed (reading the batch, the optimizer step) it
-// retries once at the same size, then falls back to another device or gives up.
+// retries once at the same size, then falls back to another device or gives up. What it
+// learnt (the micro-batch, the ceiling, the patience) is saved in each checkpoint: a resumed
+// run starts at the micro-batch that worked instead of running out of memory again.
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -46,7 +48,7 @@ class OomBackoffPlugin final : public trainer::Plugin {
   }
   std::vector<trainer::Event> events() const override {
     using E = trainer::Event;
-    return {E::FitStart, E::BatchStart, E::AfterOptimizerStep, E::OutOfMemory, E::FitEnd};
+    return {E::Resume, E::FitStart, E::BatchStart, E::AfterOptimizerStep, E::OutOfMemory, E::FitEnd};
   }
   std::vector<trainer::KeySpec> config_keys() const override { return OomBackoffSettings::keys(); }
   void configure(const trainer::Config& section, std::shared_ptr<spdlog::logger> logger) override {
@@ -54,11 +56,44 @@ class OomBackoffPlugin final : public trainer::Plugin {
     s_ = OomBackoffSettings::from(section);
   }
 
+  void save_state(trainer::PluginState& state) override {
+    state.set_int("micro_batch", current_);
+    state.set_int("configured", configured_);
+    state.set_int("good", good_);
+    state.set_int("bad", bad_);
+    state.set_int("patience", patience_);
+    state.set_int("clean_steps", clean_steps_);
+    state.set_int("ooms", ooms_);
+  }
+  void load_state(const trainer::PluginState& state) override {
+    restored_micro_ = state.get_int("micro_batch");
+    restored_configured_ = state.get_int("configured");
+    good_ = state.get_int("good");
+    bad_ = state.get_int("bad");
+    patience_ = state.get_int("patience", s_.grow_after);
+    clean_steps_ = state.get_int("clean_steps");
+    ooms_ = state.get_int("ooms");
+    restored_ = true;
+  }
+
   void on_event(trainer::EventContext& ctx, trainer::Control& control) override {
     switch (ctx.event) {
+      case trainer::Event::Resume:
+        if (restored_ && restored_micro_ > 0) {
+          logger_->info("oom_backoff: restored micro-batch {} (ceiling {}, {} clean steps of {} before growing)",
+                        restored_micro_, bad_ > 0 ? std::to_string(bad_) : std::string("none"), clean_steps_,
+                        patience_);
+        }
+        break;
       case trainer::Event::FitStart: {
         configured_ = trainer::TrainingSettings::from(ctx.config->sub("training")).micro_batch();
-        patience_ = s_.grow_after;
+        current_ = configured_;
+        if (!restored_) patience_ = s_.grow_after;
+        if (restored_configured_ != 0 && restored_configured_ != configured_) {
+          // What was learnt for another configured size still says what fits; sizes above the
+          // new configured one are not used.
+          restored_micro_ = std::min(restored_micro_, configured_);
+        }
         break;
       }
       case trainer::Event::AfterOptimizerStep: {
@@ -71,7 +106,20 @@ class OomBackoffPlugin final : public trainer::Plugin {
         break;
       }
       case trainer::Event::BatchStart:
+        current_ = ctx.state.micro_batch_size;
+        if (restored_micro_ > 0) {
+          // The first batch after a resume: the micro-batch that worked before the checkpoint.
+          if (restored_micro_ < current_) {
+            control.micro_batch_size = restored_micro_;
+            control.reason = "resuming at micro-batch " + std::to_string(restored_micro_) +
+                             ", learnt before the checkpoint";
+            current_ = restored_micro_;
+          }
+          restored_micro_ = 0;
+          break;
+        }
         maybe_grow(ctx, control);
+        if (control.micro_batch_size) current_ = *control.micro_batch_size;
         break;
       case trainer::Event::OutOfMemory:
         on_oom(ctx, control);
@@ -101,7 +149,7 @@ class OomBackoffPlugin final : public trainer::Plugin {
       // no ceiling is learnt from it.
       if (oom.attempt - retries_base_ == 0) {
         control.retry_with_micro_batch = oom.micro_batch_size;
-        control.reason = "oom_backoff: out of memory in " + oom.phase + ", which the micro-batch does not change; " +
+        control.reason = "out of memory in " + oom.phase + ", which the micro-batch does not change; " +
                          "retrying once after freeing cached memory";
         return;
       }
@@ -134,7 +182,8 @@ class OomBackoffPlugin final : public trainer::Plugin {
       return;
     }
     control.retry_with_micro_batch = next;
-    control.reason = "oom_backoff: " + std::to_string(cur) + " did not fit";
+    control.reason = std::to_string(cur) + " did not fit";
+    if (!eval) current_ = next;
   }
 
   /// Backing off is exhausted: move to the next device of fallback_devices that is not the
@@ -145,9 +194,10 @@ class OomBackoffPlugin final : public trainer::Plugin {
     const std::string to = s_.fallback_devices[next_fallback_++];
     control.switch_device = to;
     control.retry_with_micro_batch = eval ? oom.micro_batch_size : configured_;
-    control.reason = "oom_backoff: " + ctx.device.str() + " exhausted at micro-batch " +
-                     std::to_string(oom.micro_batch_size) + ", falling back to " + to;
-    logger_->warn("{}", control.reason);
+    control.reason = ctx.device.str() + " exhausted at micro-batch " + std::to_string(oom.micro_batch_size) +
+                     ", falling back to " + to;
+    logger_->warn("oom_backoff: {}", control.reason);
+    if (!eval) current_ = configured_;
     retries_base_ = oom.attempt + 1;
     if (!eval) {  // what fitted or failed on the old device says nothing about the new one
       good_ = bad_ = 0;
@@ -169,7 +219,7 @@ class OomBackoffPlugin final : public trainer::Plugin {
     next = std::min(next, configured_);
     if (next <= cur) return;
     control.micro_batch_size = next;
-    control.reason = "oom_backoff: " + std::to_string(clean_steps_) + " clean steps, growing back";
+    control.reason = std::to_string(clean_steps_) + " clean steps, growing back";
     grew_ = true;
     clean_steps_ = 0;
   }
@@ -182,6 +232,10 @@ class OomBackoffPlugin final : public trainer::Plugin {
   bool grew_ = false;
   std::size_t next_fallback_ = 0;  ///< fallback_devices already used
   std::int64_t retries_base_ = 0;  ///< attempt at which retries on the current device began
+  std::int64_t current_ = 0;       ///< the micro-batch in use (the one a checkpoint records)
+  bool restored_ = false;          ///< load_state() ran: a resumed run
+  std::int64_t restored_micro_ = 0;       ///< the micro-batch to resume at (0 once applied)
+  std::int64_t restored_configured_ = 0;  ///< training.micro_batch_size when it was saved
 };
 
 }  // namespace

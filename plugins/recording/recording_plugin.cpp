@@ -74,6 +74,12 @@ class RecordingPlugin final : public trainer::Plugin {
     if (!ctx.checkpoint_path.empty() && ctx.event == trainer::Event::Checkpoint) {
       line += ",\"checkpoint\":" + trainer::json_quote(ctx.checkpoint_path);
     }
+    if (ctx.event == trainer::Event::BeforeOptimizerStep) line += ",\"grad_norm\":" + trainer::json_number(s.grad_norm);
+    if (ctx.resume) {
+      std::string names;
+      for (const auto& n : ctx.resume->restored_plugins) names += (names.empty() ? "" : ",") + trainer::json_quote(n);
+      line += ",\"checkpoint\":" + trainer::json_quote(ctx.resume->checkpoint) + ",\"restored\":[" + names + "]";
+    }
     if (!ctx.status.empty()) line += ",\"status\":" + trainer::json_quote(ctx.status);
     line += "}\n";
     std::fwrite(line.data(), 1, line.size(), out_);

@@ -3,6 +3,10 @@
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+
+#include <sstream>
 #include <stdexcept>
 
 namespace trainer {
@@ -23,8 +27,10 @@ class LogPlugin final : public Plugin {
     if (oom_in && *oom_in == ctx.event) TORCH_CHECK_WITH(OutOfMemoryError, false, "fake OOM");
     if (cuda_oom_in && *cuda_oom_in == ctx.event) throw c10::Error({"f", "file", 1}, "CUDA error: out of memory");
     if (stop_in && *stop_in == ctx.event) c.stop_training = true;
+    if (!reason.empty()) c.reason = reason;
   }
   std::optional<Event> throw_in, oom_in, cuda_oom_in, stop_in;
+  std::string reason;
   int calls = 0;
 
  private:
@@ -156,6 +162,61 @@ TEST(Events, NamesRoundTrip) {
     EXPECT_EQ(event_from_name(event_name(e)), e);
   }
   EXPECT_FALSE(event_from_name("NoSuchEvent").has_value());
+}
+
+TEST(EventBus, EveryPluginsReasonIsKeptWithItsName) {
+  std::vector<std::string> log;
+  EventBus bus;
+  auto a = std::make_shared<LogPlugin>("shrinker", &log, std::vector<Event>{Event::BatchEnd}, 0);
+  a->reason = "8 fits better";
+  auto b = std::make_shared<LogPlugin>("stopper", &log, std::vector<Event>{Event::BatchEnd}, 1);
+  b->stop_in = Event::BatchEnd;
+  b->reason = "target reached";
+  auto c2 = std::make_shared<LogPlugin>("late_stopper", &log, std::vector<Event>{Event::BatchEnd}, 2);
+  c2->stop_in = Event::BatchEnd;  // stop_training is already set: not the one that stopped
+  bus.add(a);
+  bus.add(b);
+  bus.add(c2);
+  auto c = ctx_for(Event::BatchEnd);  // closing: late_stopper, stopper, shrinker
+  Control control;
+  bus.dispatch(c, control);
+  ASSERT_EQ(control.reasons.size(), 2u);
+  EXPECT_EQ(control.reasons[0].plugin, "stopper");
+  EXPECT_EQ(control.reasons[1].plugin, "shrinker");
+  EXPECT_EQ(control.stopped_by, "late_stopper");
+  EXPECT_EQ(control.reason_of("stopper"), "target reached");
+  EXPECT_EQ(control.reason, "stopper: target reached; shrinker: 8 fits better");
+}
+
+TEST(EventBus, RepeatedObserverFailuresAreCountedNotSpammed) {
+  std::ostringstream out;
+  auto logger = std::make_shared<spdlog::logger>("bus_test", std::make_shared<spdlog::sinks::ostream_sink_mt>(out));
+  std::vector<std::string> log;
+  EventBus bus(logger);
+  auto bad = std::make_shared<LogPlugin>("flaky", &log, std::vector<Event>{Event::BatchEnd, Event::EpochEnd});
+  bad->throw_in = Event::BatchEnd;
+  bus.add(bad);
+  for (int i = 0; i < 57; ++i) {
+    auto c = ctx_for(Event::BatchEnd);
+    Control control;
+    bus.dispatch(c, control);
+  }
+  EXPECT_EQ(bad->calls, 57);  // it still gets every event
+  ASSERT_EQ(bus.observer_failures().size(), 1u);
+  EXPECT_EQ(bus.observer_failures()[0].plugin, "flaky");
+  EXPECT_EQ(bus.observer_failures()[0].where, "BatchEnd");
+  EXPECT_EQ(bus.observer_failures()[0].count, 57);
+  EXPECT_EQ(bus.observer_failures()[0].first_message, "boom");
+  EXPECT_EQ(bus.swallowed_errors(), 57u);
+  // Logged: the first failure, the second (saying the rest are counted), the tenth.
+  std::vector<std::string> lines;
+  std::istringstream in(out.str());
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  ASSERT_EQ(lines.size(), 3u) << out.str();
+  EXPECT_NE(lines[0].find("plugin 'flaky' failed in BatchEnd: boom (observer plugin: the run continues)"),
+            std::string::npos);
+  EXPECT_NE(lines[1].find("further failures there are counted, not logged"), std::string::npos);
+  EXPECT_NE(lines[2].find("plugin 'flaky' has failed 10 times in BatchEnd"), std::string::npos);
 }
 
 }  // namespace

@@ -67,9 +67,13 @@ TEST(EventTable, RowsFollowTheEnumAndNamesRoundTrip) {
 TEST(EventTable, RequestsAreHonouredUntilTheLoopEnds) {
   for (const auto& e : kEventTable) {
     const bool over = e.event == Event::FitEnd || e.event == Event::Exception || e.event == Event::Shutdown;
-    for (auto f : {ControlField::StopTraining, ControlField::RequestEval, ControlField::RequestCheckpoint}) {
+    // Inside an evaluation a request for another one would only repeat it.
+    const bool in_eval =
+        e.event == Event::EvalBatchStart || e.event == Event::EvalBatchEnd || e.event == Event::EvalMetrics;
+    for (auto f : {ControlField::StopTraining, ControlField::RequestCheckpoint}) {
       EXPECT_EQ(honours(e.event, f), !over) << e.name << " " << control_field_name(f);
     }
+    EXPECT_EQ(honours(e.event, ControlField::RequestEval), !over && !in_eval) << e.name;
   }
   EXPECT_TRUE(honours(Event::OutOfMemory, ControlField::RetryWithMicroBatch));
   EXPECT_FALSE(honours(Event::BatchStart, ControlField::RetryWithMicroBatch));

@@ -14,6 +14,7 @@
 #include "trainer/memory.h"
 #include "trainer/metrics.h"
 #include "trainer/model.h"
+#include "trainer/plugin_state.h"
 
 namespace spdlog {
 class logger;
@@ -39,6 +40,9 @@ struct RunState {
   std::int64_t samples_seen = 0;       ///< training samples processed this run
   double loss = 0.0;                   ///< last batch's mean training loss (BatchEnd)
   double lr = 0.0;                     ///< learning rate of the current step
+  /// Total L2 norm of the batch's gradient before clipping (BeforeOptimizerStep on); computed
+  /// only when training.grad_clip_norm > 0, else 0.
+  double grad_norm = 0.0;
   std::int64_t oom_recoveries = 0;     ///< out-of-memory errors handled (OutOfMemory fired) this run
 };
 
@@ -74,10 +78,14 @@ struct TRAINER_API EventContext {
   const Batch* batch = nullptr;                  ///< current micro-batch (Before/AfterForward/Backward)
   const at::Tensor* indices = nullptr;           ///< dataset indices of `batch` (int64; same events as `batch`)
   const at::Tensor* outputs = nullptr;           ///< logits (AfterForward)
-  const at::Tensor* loss = nullptr;              ///< scaled micro-batch loss (AfterForward, Before/AfterBackward)
-  const std::map<std::string, double>* eval_metrics = nullptr;  ///< EvalEnd
-  const OomInfo* oom = nullptr;                                 ///< OutOfMemory
-  std::string checkpoint_path;                                  ///< Checkpoint: the file just written
+  const at::Tensor* loss = nullptr;              ///< scaled micro-batch loss (AfterForward, Before/AfterBackward);
+                                                 ///< EvalBatchEnd: the eval batch's mean loss
+  /// EvalMetrics: the evaluation's metrics, writable: add your own ("eval/f1"), logged with
+  /// the core's right after. EvalEnd: all of them, already logged (changes are not logged).
+  std::map<std::string, double>* eval_metrics = nullptr;
+  const OomInfo* oom = nullptr;        ///< OutOfMemory
+  const ResumeInfo* resume = nullptr;  ///< Resume: what was restored
+  std::string checkpoint_path;         ///< Checkpoint: the file just written; Resume: the file loaded
   std::exception_ptr exception;                                 ///< Exception: what failed
   std::string status;  ///< FitEnd: FINISHED or KILLED; Exception: FAILED; Shutdown: any
 };

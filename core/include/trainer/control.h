@@ -2,6 +2,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace trainer {
 
@@ -21,6 +22,12 @@ inline constexpr std::size_t kNumControlFields = static_cast<std::size_t>(Contro
 /// A set of ControlFields (bit i = ControlField i).
 using ControlFields = std::uint8_t;
 constexpr ControlFields bit(ControlField f) { return static_cast<ControlFields>(1u << static_cast<unsigned>(f)); }
+
+/// One plugin's reason within a dispatch (Control::reasons).
+struct ControlReason {
+  std::string plugin;  ///< the plugin that wrote it
+  std::string text;    ///< what it wrote into Control::reason
+};
 
 /// What plugins may ask of the core. A fresh Control is handed to every dispatch and shared
 /// by all plugins of that dispatch (a later plugin sees, and may overwrite, what an earlier
@@ -44,8 +51,28 @@ struct Control {
   bool request_checkpoint = false;
   /// Run evaluation after the current batch.
   bool request_eval = false;
-  /// Free text the core logs with the action ("who asked and why").
+  /// Free text the core logs with the action: why this plugin asks. The core adds the
+  /// plugin's name; a later plugin writing its own reason does not erase an earlier one's.
   std::string reason;
+  /// Filled by the core after each plugin of the dispatch: every plugin that wrote `reason`,
+  /// in the order they ran (read it, do not write it).
+  std::vector<ControlReason> reasons;
+  /// Filled by the core: the first plugin of this dispatch that set stop_training.
+  std::string stopped_by;
+
+  /// "oom_backoff: 8 did not fit; early_stopping: ..." (every plugin's reason), or "".
+  std::string reasons_text() const {
+    std::string out;
+    for (const auto& r : reasons) out += (out.empty() ? "" : "; ") + r.plugin + ": " + r.text;
+    return out;
+  }
+  /// The reason written by `plugin` in this dispatch ("" when none).
+  std::string reason_of(const std::string& plugin) const {
+    for (const auto& r : reasons) {
+      if (r.plugin == plugin) return r.text;
+    }
+    return {};
+  }
 
   /// True when field `f` is set.
   bool has(ControlField f) const {

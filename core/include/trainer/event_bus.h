@@ -1,5 +1,7 @@
 #pragma once
 #include <array>
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -19,6 +21,13 @@ namespace trainer {
 /// handled by the plugin's FailurePolicy: an Observer's error is logged and the dispatch
 /// goes on; an Essential's becomes a PluginError. c10::OutOfMemoryError passes through
 /// unchanged so the core's OOM handling sees it.
+///
+/// An Observer failing again in the same place is not logged each time: the first failure
+/// is logged in full, the second says that later ones are only counted, and then only every
+/// tenfold count is logged; observer_failures() has the totals for the run's summary.
+///
+/// After each plugin, what it wrote into Control::reason is recorded in Control::reasons
+/// under its name, and the first plugin that set stop_training in Control::stopped_by.
 class TRAINER_API EventBus {
  public:
   explicit EventBus(std::shared_ptr<spdlog::logger> logger = nullptr);
@@ -37,6 +46,19 @@ class TRAINER_API EventBus {
   /// Errors an Observer plugin threw and the bus swallowed (for tests and the summary).
   std::size_t swallowed_errors() const { return swallowed_; }
 
+  /// Calls `f` on every plugin in dispatch order, outside any event (`where` names the call in
+  /// messages, e.g. "save_state"), with the same failure policies as dispatch().
+  void for_each(const std::string& where, const std::function<void(Plugin&)>& f);
+
+  /// The failures of Observer plugins, one per plugin and place, in order of first failure.
+  struct ObserverFailure {
+    std::string plugin;
+    std::string where;  ///< the event's name, or the call's (save_state, load_state)
+    std::int64_t count = 0;
+    std::string first_message;  ///< what the first failure threw
+  };
+  const std::vector<ObserverFailure>& observer_failures() const { return failures_; }
+
  private:
   struct Entry {
     std::shared_ptr<Plugin> plugin;
@@ -46,11 +68,16 @@ class TRAINER_API EventBus {
     std::size_t order;
   };
   void rebuild();
+  /// Runs `f` for one plugin, applying its failure policy to what it throws.
+  void guarded(const Entry& e, const std::string& where, const std::function<void()>& f);
+  /// An Observer's failure: counted, logged the first times only.
+  void observer_failed(const Entry& e, const std::string& where, const std::string& msg, const std::string& what);
 
   std::shared_ptr<spdlog::logger> logger_;
   std::vector<Entry> entries_;
   std::array<std::vector<const Entry*>, kNumEvents> by_event_{};
   std::size_t swallowed_ = 0;
+  std::vector<ObserverFailure> failures_;
 };
 
 }  // namespace trainer

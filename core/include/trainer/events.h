@@ -19,7 +19,7 @@ namespace trainer {
 ///     ModelCreated                      data loaded, model built (on the CPU); replaceable
 ///     ModelToDevice                     the one move of the model to the device
 ///     OptimizerCreated
-///     (--resume: the checkpoint is loaded here)
+///     Resume                            (--resume only: the checkpoint and plugin states are loaded)
 ///     FitStart
 ///     for each epoch:
 ///         EpochStart
@@ -28,14 +28,18 @@ namespace trainer {
 ///             attempt:                  (again after each OutOfMemory a plugin retries)
 ///                 for each micro-batch:
 ///                     BeforeForward, AfterForward, BeforeBackward, AfterBackward
+///                 GradientsAccumulated  the batch's whole gradient, before clipping
 ///                 BeforeOptimizerStep   (not when the step is skipped)
 ///                 OutOfMemory           (only when the attempt ran out of memory: it
 ///                                        replaces the rest of the attempt)
 ///             AfterOptimizerStep        (not when the step is skipped)
 ///             BatchEnd
-///             safe point: metrics; EvalStart/EvalEnd and Checkpoint if requested (or
+///             safe point: metrics; an evaluation and Checkpoint if requested (or
 ///                         checkpoint.every_steps); stop check (not after the epoch's last batch)
-///         EvalStart, EvalEnd            (eval.every_epochs)
+///         EvalStart                     (eval.every_epochs; again when an OOM retry restarts it)
+///             EvalBatchStart, EvalBatchEnd   per evaluation batch
+///         EvalMetrics                   plugins add their metrics; then all are logged together
+///         EvalEnd
 ///         EpochEnd
 ///         Checkpoint                    (checkpoint.every_epochs)
 ///         stop check
@@ -52,6 +56,7 @@ enum class Event : std::uint8_t {
   ModelCreated,         ///< model built on the CPU, not moved yet; plugins may replace ctx.model
   ModelToDevice,        ///< model on ctx.device, in training mode (again after an OOM device fallback)
   OptimizerCreated,     ///< ctx.optimizer set; the LR schedule is built right after
+  Resume,               ///< --resume: checkpoint loaded, plugin states handed back; ctx.resume says what
   FitStart,             ///< once, before the first epoch, after a --resume checkpoint was loaded
   EpochStart,           ///< state.epoch is the epoch starting (a resumed run's first may be partial)
   BatchStart,           ///< before the batch is read; once per batch whatever the retries
@@ -59,11 +64,15 @@ enum class Event : std::uint8_t {
   AfterForward,         ///< per micro-batch: also ctx.outputs and the scaled ctx.loss
   BeforeBackward,       ///< per micro-batch: just before loss.backward()
   AfterBackward,        ///< per micro-batch: its gradient is accumulated
+  GradientsAccumulated,  ///< once per attempt: the batch's full gradient, before clipping
   BeforeOptimizerStep,  ///< gradient complete and clipped, LR set; may fire again after an OOM retry
   AfterOptimizerStep,   ///< the step was taken; global_step and samples_seen advanced
   BatchEnd,             ///< once per batch, skipped or not
-  EvalStart,            ///< an evaluation on the test split begins
-  EvalEnd,              ///< ctx.eval_metrics holds its results (already logged)
+  EvalStart,            ///< an evaluation on the test split begins (again after an OOM retry)
+  EvalBatchStart,       ///< per evaluation batch: ctx.batch (on the device), ctx.indices
+  EvalBatchEnd,         ///< per evaluation batch: also ctx.outputs and ctx.loss (the batch's mean loss)
+  EvalMetrics,          ///< ctx.eval_metrics holds the core's results; plugins add theirs
+  EvalEnd,              ///< ctx.eval_metrics holds all results (already logged)
   EpochEnd,             ///< after the epoch's batches and its evaluation, before its checkpoint
   Checkpoint,           ///< ctx.checkpoint_path was just written
   OutOfMemory,          ///< the failed attempt was dropped; ctx.oom says what failed
@@ -86,6 +95,8 @@ namespace detail {
 inline constexpr ControlFields kRequests =
     bit(ControlField::StopTraining) | bit(ControlField::RequestCheckpoint) | bit(ControlField::RequestEval);
 inline constexpr ControlFields kSkip = bit(ControlField::SkipStep);
+/// Inside an evaluation a new evaluation request would only repeat it.
+inline constexpr ControlFields kStopOrCheckpoint = bit(ControlField::StopTraining) | bit(ControlField::RequestCheckpoint);
 }  // namespace detail
 
 /// Every event, in enum order, with whether it is a closing event and which Control fields
@@ -100,6 +111,7 @@ inline constexpr std::array<EventSpec, kNumEvents> kEventTable = {{
     {Event::ModelCreated,        "ModelCreated",        false, detail::kRequests},
     {Event::ModelToDevice,       "ModelToDevice",       false, detail::kRequests},
     {Event::OptimizerCreated,    "OptimizerCreated",    false, detail::kRequests},
+    {Event::Resume,              "Resume",              false, detail::kRequests},
     {Event::FitStart,            "FitStart",            false, detail::kRequests},
     {Event::EpochStart,          "EpochStart",          false, detail::kRequests},
     {Event::BatchStart,          "BatchStart",          false, detail::kRequests | detail::kSkip | bit(ControlField::MicroBatchSize)},
@@ -107,10 +119,14 @@ inline constexpr std::array<EventSpec, kNumEvents> kEventTable = {{
     {Event::AfterForward,        "AfterForward",        true,  detail::kRequests | detail::kSkip},
     {Event::BeforeBackward,      "BeforeBackward",      false, detail::kRequests | detail::kSkip},
     {Event::AfterBackward,       "AfterBackward",       true,  detail::kRequests | detail::kSkip},
+    {Event::GradientsAccumulated, "GradientsAccumulated", false, detail::kRequests | detail::kSkip},
     {Event::BeforeOptimizerStep, "BeforeOptimizerStep", false, detail::kRequests | detail::kSkip},
     {Event::AfterOptimizerStep,  "AfterOptimizerStep",  true,  detail::kRequests},
     {Event::BatchEnd,            "BatchEnd",            true,  detail::kRequests | bit(ControlField::MicroBatchSize)},
     {Event::EvalStart,           "EvalStart",           false, detail::kRequests},
+    {Event::EvalBatchStart,      "EvalBatchStart",      false, detail::kStopOrCheckpoint},
+    {Event::EvalBatchEnd,        "EvalBatchEnd",        true,  detail::kStopOrCheckpoint},
+    {Event::EvalMetrics,         "EvalMetrics",         false, detail::kStopOrCheckpoint},
     {Event::EvalEnd,             "EvalEnd",             true,  detail::kRequests},
     {Event::EpochEnd,            "EpochEnd",            true,  detail::kRequests},
     {Event::Checkpoint,          "Checkpoint",          false, detail::kRequests},

@@ -62,12 +62,20 @@ class TRAINER_API ConsoleSink final : public MetricSink {
 
 /// Fans metric points out to every sink. Thread-safe. A sink that throws is logged once and
 /// disabled; training goes on.
+///
+/// Points of the same step are grouped: whoever logs them (the core, any plugin), sinks get
+/// them in one write, so the console prints one line per step. A group goes to the sinks when
+/// the core ends the step (commit()), when a point of another step is logged, and at
+/// flush() and close().
 class TRAINER_API MetricsLogger {
  public:
   explicit MetricsLogger(std::shared_ptr<spdlog::logger> logger = nullptr);
   void add_sink(std::shared_ptr<MetricSink> sink);
-  /// Logs `values` at `step` with the current wall-clock time.
+  /// Logs `values` at `step` with the current wall-clock time (a name logged twice at one
+  /// step keeps the later value).
   void log(std::int64_t step, const std::map<std::string, double>& values);
+  /// Writes the group of the current step to the sinks.
+  void commit();
   void flush();
   void close(const std::string& status);
   /// The last value logged for each name.
@@ -79,6 +87,9 @@ class TRAINER_API MetricsLogger {
   std::vector<std::shared_ptr<MetricSink>> sinks_;
   std::vector<bool> disabled_;
   std::map<std::string, double> latest_;
+  std::vector<MetricPoint> pending_;  ///< the current step's group, not written yet
+
+  void commit_locked();
 };
 
 /// Seconds since the Unix epoch.

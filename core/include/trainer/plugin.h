@@ -13,13 +13,14 @@
 #include "trainer/control.h"
 #include "trainer/events.h"
 #include "trainer/export.h"
+#include "trainer/plugin_state.h"
 
 namespace spdlog {
 class logger;
 }
 
 /// Bumped whenever a public header changes a layout or a virtual table plugins rely on.
-#define TRAINER_ABI_VERSION 5
+#define TRAINER_ABI_VERSION 6
 
 namespace trainer {
 
@@ -53,14 +54,22 @@ class TRAINER_API Plugin {
   }
   /// Handles one event. May throw: the bus reports it with the plugin and event names.
   virtual void on_event(EventContext& ctx, Control& control) = 0;
+  /// What this plugin must remember across a resume (Lightning's state_dict). Called each
+  /// time the run writes a checkpoint; the values are stored in it under the plugin's name.
+  /// Leave `state` empty to store nothing.
+  virtual void save_state(PluginState& state) { (void)state; }
+  /// Gets back what save_state() stored, when `--resume` loads a checkpoint holding state for
+  /// this plugin: after configure(), before the Resume event (which lists the plugins restored).
+  virtual void load_state(const PluginState& state) { (void)state; }
 
  protected:
   std::shared_ptr<spdlog::logger> logger_;
 };
 
 /// The structs that cross the plugin boundary, in the order of AbiDescriptor::struct_sizes.
-inline constexpr const char* kAbiStructNames[] = {"EventContext", "Control", "RunState", "OomInfo",
-                                                  "MemoryStats",  "Batch",   "KeySpec",  "Plugin"};
+inline constexpr const char* kAbiStructNames[] = {"EventContext", "Control",    "RunState",    "OomInfo",
+                                                  "MemoryStats",  "Batch",      "KeySpec",     "Plugin",
+                                                  "PluginState",  "ResumeInfo", "ControlReason"};
 inline constexpr std::size_t kAbiStructCount = sizeof kAbiStructNames / sizeof kAbiStructNames[0];
 
 /// Plain-C description of how a plugin was built, read before any C++ object crosses the
@@ -91,8 +100,9 @@ inline AbiDescriptor this_abi() {
 #else
   std::snprintf(d.compiler, sizeof d.compiler, "unknown");
 #endif
-  const std::size_t sizes[] = {sizeof(EventContext), sizeof(Control),     sizeof(RunState), sizeof(OomInfo),
-                               sizeof(MemoryStats),  sizeof(Batch),       sizeof(KeySpec),  sizeof(Plugin)};
+  const std::size_t sizes[] = {sizeof(EventContext), sizeof(Control),    sizeof(RunState), sizeof(OomInfo),
+                               sizeof(MemoryStats),  sizeof(Batch),      sizeof(KeySpec),  sizeof(Plugin),
+                               sizeof(PluginState),  sizeof(ResumeInfo), sizeof(ControlReason)};
   static_assert(sizeof sizes / sizeof sizes[0] == kAbiStructCount, "one size per name in kAbiStructNames");
   for (std::size_t i = 0; i < kAbiStructCount; ++i) d.struct_sizes[i] = static_cast<std::uint32_t>(sizes[i]);
   return d;

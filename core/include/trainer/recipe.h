@@ -43,6 +43,8 @@ struct TRAINER_API LoadedRecipe {
   std::set<std::string> file_keys;   ///< leaf keys defined by the recipe and its groups
   std::vector<std::string> sources;  ///< files merged, in order
   std::string path;                  ///< the recipe file itself (errors without a key's origin name it)
+  /// Filled by validate_recipe: `plugins.<name>` sections of plugins not loaded (kept, not checked).
+  std::vector<std::string> inert_sections;
 };
 
 /// Loads `recipe_path`: its `defaults = [...]` groups (with `group=option` overrides applied),
@@ -63,6 +65,9 @@ struct PreparedRun {
   Config config;
   std::vector<std::shared_ptr<Plugin>> plugins;
   std::vector<std::string> sources;  ///< config files merged, in order
+  /// What the user should know but is not an error: "[plugins.console] is inert: plugin
+  /// 'console' is not in plugins.load". `--print-config` prints them as comments; a run logs them.
+  std::vector<std::string> notes;
 };
 
 /// Loads `recipe` with `overrides`, loads the plugins it names (searching `plugin_dirs`,

@@ -29,6 +29,8 @@ struct TrainerOptions {
   bool handle_signals = false;
   /// spdlog level name.
   std::string log_level = "info";
+  /// Logged as warnings when the run starts (PreparedRun::notes).
+  std::vector<std::string> notes;
 };
 
 /// How a run ended.
@@ -41,6 +43,10 @@ struct RunResult {
   std::int64_t epochs_completed = 0;
   std::map<std::string, double> final_metrics;  ///< last value of every metric
   std::string last_checkpoint;
+  /// A run that stopped before its last epoch: who asked (a plugin's name,
+  /// "training.max_steps", "signal") and why; empty when it ran to the end or failed.
+  std::string stopped_by;
+  std::string stop_reason;
 };
 
 /// The training loop: builds data, model and optimizer from the config, fires the events of

@@ -300,9 +300,19 @@ void validate_recipe(LoadedRecipe& recipe, const std::vector<SectionSpec>& extra
     }
   }
 
+  // A `plugins.<name>` section of a plugin this run does not load is inert: kept, not checked
+  // (leaving a plugin out of plugins.load switches it off without editing the recipe).
+  std::vector<std::string> open;
+  recipe.inert_sections.clear();
+  for (const auto& k : cfg.is_table("plugins") ? cfg.keys("plugins") : std::vector<std::string>{}) {
+    const std::string path = "plugins." + k;
+    const bool loaded = std::any_of(sections.begin(), sections.end(), [&](const SectionSpec& s) { return s.path == path; });
+    if (!cfg.is_table(path) || loaded) continue;
+    recipe.inert_sections.push_back(path);
+    open.push_back(path);
+  }
   // A section whose `name` is not among its choices cannot say which keys it has: report
   // the name only (the name's KeySpec lists the registry's names).
-  std::vector<std::string> open;
   for (const auto& sec : sections) {
     const std::string key = sec.path + ".name";
     const auto spec = std::find_if(sec.keys.begin(), sec.keys.end(), [](const KeySpec& k) { return k.key == "name"; });
@@ -371,6 +381,13 @@ PreparedRun prepare_run(const std::string& recipe, const std::vector<std::string
   validate_recipe(loaded, plugin_config_sections(out.plugins));
   out.config = loaded.config;
   out.sources = loaded.sources;
+  for (const auto& path : loaded.inert_sections) {
+    std::vector<std::string> names;
+    for (const auto& p : out.plugins) names.push_back(p->name());
+    const std::string close = closest_match(path.substr(8), names);
+    out.notes.push_back(detail::str("[", path, "] is inert: plugin '", path.substr(8), "' is not in plugins.load",
+                                    close.empty() ? "" : " (did you mean [plugins." + close + "]?)"));
+  }
   return out;
 }
 

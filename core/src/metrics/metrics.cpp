@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 
@@ -72,11 +73,30 @@ void MetricsLogger::add_sink(std::shared_ptr<MetricSink> sink) {
 }
 
 void MetricsLogger::log(std::int64_t step, const std::map<std::string, double>& values) {
-  std::vector<MetricPoint> points;
   const double t = wall_time_s();
-  for (const auto& kv : values) points.push_back({step, kv.first, kv.second, t});
   std::lock_guard<std::mutex> lock(mu_);
-  for (const auto& kv : values) latest_[kv.first] = kv.second;
+  if (!pending_.empty() && pending_.front().step != step) commit_locked();
+  for (const auto& kv : values) {
+    latest_[kv.first] = kv.second;
+    auto it = std::find_if(pending_.begin(), pending_.end(), [&](const MetricPoint& p) { return p.name == kv.first; });
+    if (it != pending_.end()) {
+      it->value = kv.second;
+      it->time = t;
+    } else {
+      pending_.push_back({step, kv.first, kv.second, t});
+    }
+  }
+}
+
+void MetricsLogger::commit() {
+  std::lock_guard<std::mutex> lock(mu_);
+  commit_locked();
+}
+
+void MetricsLogger::commit_locked() {
+  if (pending_.empty()) return;
+  std::vector<MetricPoint> points;
+  points.swap(pending_);
   for (std::size_t i = 0; i < sinks_.size(); ++i) {
     if (disabled_[i]) continue;
     try {
@@ -84,12 +104,16 @@ void MetricsLogger::log(std::int64_t step, const std::map<std::string, double>& 
     } catch (const std::exception& e) {
       disabled_[i] = true;
       logger_->error("metric sink #{} failed and is disabled: {}", i, e.what());
+    } catch (...) {
+      disabled_[i] = true;
+      logger_->error("metric sink #{} failed and is disabled: an exception that is not a std::exception", i);
     }
   }
 }
 
 void MetricsLogger::flush() {
   std::lock_guard<std::mutex> lock(mu_);
+  commit_locked();
   for (std::size_t i = 0; i < sinks_.size(); ++i) {
     if (disabled_[i]) continue;
     try {
@@ -102,6 +126,7 @@ void MetricsLogger::flush() {
 
 void MetricsLogger::close(const std::string& status) {
   std::lock_guard<std::mutex> lock(mu_);
+  commit_locked();
   for (std::size_t i = 0; i < sinks_.size(); ++i) {
     try {
       sinks_[i]->flush();

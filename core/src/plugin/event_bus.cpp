@@ -43,31 +43,65 @@ std::vector<std::shared_ptr<Plugin>> EventBus::plugins() const {
 
 void EventBus::dispatch(EventContext& ctx, Control& control) {
   const auto& list = by_event_[static_cast<std::size_t>(ctx.event)];
+  const std::string where(event_name(ctx.event));
   for (const Entry* e : list) {
-    try {
-      e->plugin->on_event(ctx, control);
-    } catch (const c10::OutOfMemoryError&) {
-      throw;  // the core's OOM handling decides
-    } catch (const ExitRequest&) {
-      throw;  // the plugin ends the run with its own exit code
-    } catch (const std::exception& ex) {
-      if (is_out_of_memory(ex)) throw;  // CUDA libraries' OOMs arrive as plain c10::Error
-      const std::string msg = detail::str("plugin '", e->name, "' failed in ", event_name(ctx.event), ": ", ex.what());
-      if (e->policy == FailurePolicy::Essential) {
-        // A usage error stays one (exit code 2): the plugin found its settings unusable.
-        if (dynamic_cast<const UsageError*>(&ex)) throw UsageError(msg);
-        throw PluginError(msg);
-      }
-      ++swallowed_;
-      logger_->error("{} (observer plugin: the run continues)", msg);
-    } catch (...) {
-      const std::string msg =
-          detail::str("plugin '", e->name, "' failed in ", event_name(ctx.event), ": unknown exception");
-      if (e->policy == FailurePolicy::Essential) throw PluginError(msg);
-      ++swallowed_;
-      logger_->error("{} (observer plugin: the run continues)", msg);
-    }
+    // Each plugin writes its own reason; the earlier ones' are kept in control.reasons.
+    const bool stopping = control.stop_training;
+    control.reason.clear();
+    guarded(*e, where, [&] { e->plugin->on_event(ctx, control); });
+    if (!control.reason.empty()) control.reasons.push_back({e->name, control.reason});
+    if (!stopping && control.stop_training && control.stopped_by.empty()) control.stopped_by = e->name;
   }
+  control.reason = control.reasons_text();
+}
+
+void EventBus::for_each(const std::string& where, const std::function<void(Plugin&)>& f) {
+  for (const auto& e : entries_) guarded(e, where, [&] { f(*e.plugin); });
+}
+
+void EventBus::guarded(const Entry& e, const std::string& where, const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const c10::OutOfMemoryError&) {
+    throw;  // the core's OOM handling decides
+  } catch (const ExitRequest&) {
+    throw;  // the plugin ends the run with its own exit code
+  } catch (const std::exception& ex) {
+    if (is_out_of_memory(ex)) throw;  // CUDA libraries' OOMs arrive as plain c10::Error
+    const std::string msg = detail::str("plugin '", e.name, "' failed in ", where, ": ", ex.what());
+    if (e.policy == FailurePolicy::Essential) {
+      // A usage error stays one (exit code 2): the plugin found its settings unusable.
+      if (dynamic_cast<const UsageError*>(&ex)) throw UsageError(msg);
+      throw PluginError(msg);
+    }
+    observer_failed(e, where, msg, ex.what());
+  } catch (...) {
+    const std::string msg = detail::str("plugin '", e.name, "' failed in ", where, ": unknown exception");
+    if (e.policy == FailurePolicy::Essential) throw PluginError(msg);
+    observer_failed(e, where, msg, "unknown exception");
+  }
+}
+
+void EventBus::observer_failed(const Entry& e, const std::string& where, const std::string& msg,
+                               const std::string& what) {
+  ++swallowed_;
+  auto it = std::find_if(failures_.begin(), failures_.end(),
+                         [&](const ObserverFailure& f) { return f.plugin == e.name && f.where == where; });
+  if (it == failures_.end()) {
+    failures_.push_back({e.name, where, 1, what});
+    logger_->error("{} (observer plugin: the run continues)", msg);
+    return;
+  }
+  const std::int64_t n = ++it->count;
+  if (n == 2) {
+    logger_->error("{} (observer plugin: the run continues; failed twice in {}: further failures there are counted, "
+                   "not logged, and summarised at the end of the run)",
+                   msg, where);
+    return;
+  }
+  bool tenfold = n >= 10;
+  for (std::int64_t k = n; tenfold && k > 1; k /= 10) tenfold = k % 10 == 0;
+  if (tenfold) logger_->warn("plugin '{}' has failed {} times in {} (last: {})", e.name, n, where, msg);
 }
 
 }  // namespace trainer

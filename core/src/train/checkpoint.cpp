@@ -86,6 +86,74 @@ std::map<std::string, std::vector<std::int64_t>> shapes_of(Model& model) {
   throw UsageError(detail::str("cannot resume from ", file, ": ", what, ": ", detail::error_text(e)));
 }
 
+/// Plugin states as archive "plugin_state": an index of plugin names ("__plugins__"), one
+/// sub-archive per plugin ("p0", "p1", ...) holding an index of its keys ("__keys__") and one
+/// value per key ("v0", "v1", ...). Indices, not the names, are the archive's keys: a
+/// plugin's keys are free text.
+void write_plugin_states(torch::serialize::OutputArchive& ar, const std::map<std::string, PluginState>& states) {
+  if (states.empty()) return;
+  torch::serialize::OutputArchive all;
+  std::string names;
+  std::size_t i = 0;
+  for (const auto& [name, state] : states) {
+    torch::serialize::OutputArchive one;
+    std::string keys;
+    std::size_t j = 0;
+    for (const auto& [key, value] : state.values()) {
+      c10::IValue v = std::visit([](const auto& x) { return c10::IValue(x); }, value);
+      one.write("v" + std::to_string(j++), v);
+      keys += key + "\n";
+    }
+    one.write("__keys__", c10::IValue(keys));
+    all.write("p" + std::to_string(i++), one);
+    names += name + "\n";
+  }
+  all.write("__plugins__", c10::IValue(names));
+  ar.write("plugin_state", all);
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+std::string index_of(torch::serialize::InputArchive& ar, const std::string& key) {
+  c10::IValue v;
+  TRAINER_CHECK(ar.try_read(key, v) && v.isString(), "no index '", key, "'");
+  return v.toStringRef();
+}
+
+PluginState::Value value_of(const c10::IValue& v, const std::string& key) {
+  if (v.isInt()) return v.toInt();
+  if (v.isDouble()) return v.toDouble();
+  if (v.isBool()) return v.toBool();
+  if (v.isString()) return v.toStringRef();
+  if (v.isTensor()) return v.toTensor();
+  throw Error(detail::str("value of '", key, "' has an unsupported type ", v.tagKind()));
+}
+
+/// What write_plugin_states wrote (nothing in a checkpoint without plugin state).
+std::map<std::string, PluginState> read_plugin_states(torch::serialize::InputArchive& ar) {
+  std::map<std::string, PluginState> out;
+  torch::serialize::InputArchive all;
+  if (!ar.try_read("plugin_state", all)) return out;
+  const auto names = lines_of(index_of(all, "__plugins__"));
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    torch::serialize::InputArchive one;
+    TRAINER_CHECK(all.try_read("p" + std::to_string(i), one), "no state for plugin '", names[i], "'");
+    const auto keys = lines_of(index_of(one, "__keys__"));
+    PluginState& state = out[names[i]];
+    for (std::size_t j = 0; j < keys.size(); ++j) {
+      c10::IValue v;
+      TRAINER_CHECK(one.try_read("v" + std::to_string(j), v), "plugin '", names[i], "': no value for '", keys[j], "'");
+      state.set(keys[j], value_of(v, keys[j]));
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 DataOrder data_order_of(const Config& cfg, std::int64_t train_samples) {
@@ -138,6 +206,7 @@ void Checkpointer::write(Position next) {
   ar.write("global_step", at::tensor(state_.global_step));
   ar.write("samples_seen", at::tensor(state_.samples_seen));
   ar.write("data_order", c10::IValue(order_text(order_)));
+  write_plugin_states(ar, hooks_.save_states());
   ar.write("rng_cpu", at::detail::getDefaultCPUGenerator().get_state());
   if (parts_.device.type() != c10::kCPU) {
     ar.write("rng_device", at::globalContext().defaultGenerator(parts_.device).get_state());
@@ -176,7 +245,7 @@ void Checkpointer::save_final(Position next, bool params_consistent) {
   }
 }
 
-Position Checkpointer::load(const std::string& path) {
+Position Checkpointer::load(const std::string& path, ResumeInfo& info) {
   const ResumeCandidates candidates = resume_candidates(path);
   std::vector<std::string> passed;  // "file: why"
   for (const std::string& file : candidates.files) {
@@ -198,12 +267,12 @@ Position Checkpointer::load(const std::string& path) {
       continue;
     }
     if (!passed.empty()) log_.warn("resuming from {}, the newest complete checkpoint in {}", file, path);
-    return restore(ar, file);
+    return restore(ar, file, info);
   }
   throw UsageError(detail::str("--resume ", path, ": no complete checkpoint there (", detail::join(passed, "; "), ")"));
 }
 
-Position Checkpointer::restore(torch::serialize::InputArchive& ar, const std::string& file) {
+Position Checkpointer::restore(torch::serialize::InputArchive& ar, const std::string& file, ResumeInfo& info) {
   std::int64_t format = 1;
   try_scalar(ar, "format", format);
   TRAINER_CHECK_T(UsageError, format <= kFormat, "cannot resume from ", file, ": written in checkpoint format ", format,
@@ -275,8 +344,21 @@ Position Checkpointer::restore(torch::serialize::InputArchive& ar, const std::st
                 parts_.device.str());
     }
   }
+  std::map<std::string, PluginState> plugin_states;
+  try {
+    plugin_states = read_plugin_states(ar);
+  } catch (const c10::Error& e) {
+    throw_load_failure(e, file, parts_.device, "its plugin state cannot be read");
+  } catch (const Error& e) {
+    throw UsageError(detail::str("cannot resume from ", file, ": its plugin state cannot be read: ", e.what()));
+  }
+  info.checkpoint = file;
+  info.epoch = at.epoch;
+  info.sample_in_epoch = at.sample;
+  info.global_step = state_.global_step;
   log_.info("resumed from {}: epoch {}, sample {} of the epoch, step {}", file, at.epoch, at.sample,
             state_.global_step);
+  hooks_.load_states(plugin_states, info);
   return at;
 }
 

@@ -54,11 +54,11 @@ class Checkpointer {
 
   /// Loads a checkpoint file, or the newest complete one of a run directory (saying so when
   /// it passes over newer ones that are truncated or damaged), into model and optimizer;
-  /// restores global_step, samples_seen and the random generators, and returns where to
-  /// continue. Throws UsageError when none can be found, the file asked for is not complete,
+  /// restores global_step, samples_seen and the random generators, hands the plugins their
+  /// saved state (`info` says what was restored), and returns where to continue. Throws UsageError when none can be found, the file asked for is not complete,
   /// the data order would change, or it does not fit this model and optimizer (naming the
   /// parameter); trainer::Error when memory runs out while loading it.
-  Position load(const std::string& path);
+  Position load(const std::string& path, ResumeInfo& info);
 
   /// The newest checkpoint written by this run ("" before the first).
   const std::string& last() const { return last_; }
@@ -66,7 +66,7 @@ class Checkpointer {
  private:
   void write(Position next);
   /// Model, optimizer, position, counters and generators from a readable archive.
-  Position restore(torch::serialize::InputArchive& ar, const std::string& file);
+  Position restore(torch::serialize::InputArchive& ar, const std::string& file, ResumeInfo& info);
   /// Throws UsageError naming every key of the data order that differs from `saved`.
   void check_data_order(const std::string& saved, const std::string& file) const;
 

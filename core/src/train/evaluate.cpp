@@ -24,31 +24,42 @@ std::map<std::string, double> Evaluator::run() {
   std::map<std::string, double> m;
   if (!parts_.test_set) return m;
   TrainMetrics::Pause pause(window_);
-  hooks_.fire(Event::EvalStart);
   const std::int64_t n = parts_.test_set->size();
   double loss_sum = 0.0;
   std::int64_t correct = 0;
   {
     EvalMode eval_mode(*parts_.model);
+    const bool per_batch = hooks_.wants(Event::EvalBatchStart) || hooks_.wants(Event::EvalBatchEnd);
     const auto settled = oom_.retry(OomRetry::AskPlugins, batch_, n, [&](std::int64_t batch) {
-      // Every attempt starts from zero: a retried evaluation counts each sample once.
+      // Every attempt starts from zero, and tells the plugins so: a retried evaluation counts
+      // each sample once.
       loss_sum = 0.0;
       correct = 0;
       oom_.enter("eval");
+      hooks_.fire(Event::EvalStart);
       at::NoGradGuard no_grad;
       for (std::int64_t begin = 0, len = 0; begin < n; begin += len) {  // += len: no begin + batch to overflow
         len = std::min(batch, n - begin);
-        const Batch b = parts_.test_set->get(at::arange(begin, begin + len, at::kLong));
-        const at::Tensor x = b.inputs.to(parts_.device, parts_.input_dtype), y = b.targets.to(parts_.device);
-        const at::Tensor out = parts_.model->forward(x);
-        loss_sum += at::cross_entropy_loss(out, y, {}, at::Reduction::Sum).item<double>();
-        correct += out.argmax(1).eq(y).sum().item<std::int64_t>();
+        const at::Tensor idx = at::arange(begin, begin + len, at::kLong);
+        const Batch host = parts_.test_set->get(idx);
+        const Batch b{host.inputs.to(parts_.device, parts_.input_dtype), host.targets.to(parts_.device)};
+        if (per_batch) hooks_.fire(Event::EvalBatchStart, EventArgs::micro_batch(b, idx));
+        const at::Tensor out = parts_.model->forward(b.inputs);
+        const at::Tensor loss = at::cross_entropy_loss(out, b.targets, {}, at::Reduction::Sum);
+        loss_sum += loss.item<double>();
+        correct += out.argmax(1).eq(b.targets).sum().item<std::int64_t>();
+        if (per_batch) {
+          const at::Tensor mean = loss / static_cast<double>(len);
+          hooks_.fire(Event::EvalBatchEnd, EventArgs::micro_batch(b, idx, &out, &mean));
+        }
       }
     });
     if (settled) batch_ = *settled;  // later evaluations keep the size that worked
   }
   m["eval/loss"] = loss_sum / double(n);
   m["eval/accuracy"] = double(correct) / double(n);
+  // Plugins add their metrics (computed from the batches they saw); all are logged together.
+  hooks_.fire(Event::EvalMetrics, EventArgs::evaluated(m));
   metrics_.log(state_.global_step, m);
   hooks_.fire(Event::EvalEnd, EventArgs::evaluated(m));
   return m;

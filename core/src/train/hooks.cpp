@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "trainer/error.h"
@@ -73,6 +74,7 @@ Control Hooks::fire(Event e, const EventArgs& args) {
   ctx_.loss = args.loss;
   ctx_.eval_metrics = args.eval_metrics;
   ctx_.oom = args.oom;
+  ctx_.resume = args.resume;
   // The arguments live only during the event: no pointer to them survives it, whatever happens.
   struct ClearArgs {
     EventContext& c;
@@ -83,6 +85,7 @@ Control Hooks::fire(Event e, const EventArgs& args) {
       c.loss = nullptr;
       c.eval_metrics = nullptr;
       c.oom = nullptr;
+      c.resume = nullptr;
     }
   } clear{ctx_};
   bus_.dispatch(ctx_, control);
@@ -98,14 +101,58 @@ void Hooks::apply(Event e, Control& c) {
     }
     c.clear(field.field);
   }
-  const std::string why = c.reason.empty() ? "" : " (" + c.reason + ")";
   if (c.stop_training && !stop_) {
     stop_ = true;
-    stop_reason_ = "a plugin asked to stop in " + std::string(event_name(e)) + why;
-    log_->info("{}; stopping at the next safe point", stop_reason_);
+    stopped_by_ = c.stopped_by.empty() ? "a plugin" : c.stopped_by;
+    const std::string why = c.reason_of(c.stopped_by);
+    stop_reason_ = why.empty() ? "asked to stop in " + std::string(event_name(e)) : why;
+    log_->info("plugin '{}' asked to stop in {}: {}; stopping at the next safe point", stopped_by_, event_name(e),
+               stop_reason_);
   }
   if (c.request_checkpoint) checkpoint_ = true;
   if (c.request_eval) eval_ = true;
+}
+
+std::map<std::string, PluginState> Hooks::save_states() {
+  std::map<std::string, PluginState> out;
+  bus_.for_each("save_state", [&](Plugin& p) {
+    PluginState state;
+    p.save_state(state);
+    if (!state.empty()) out[p.name()] = std::move(state);
+  });
+  return out;
+}
+
+void Hooks::load_states(const std::map<std::string, PluginState>& states, ResumeInfo& info) {
+  std::vector<std::string> loaded;
+  bus_.for_each("load_state", [&](Plugin& p) {
+    const std::string name = p.name();
+    loaded.push_back(name);
+    const auto it = states.find(name);
+    if (it == states.end()) {
+      info.plugins_without_state.push_back(name);
+      return;
+    }
+    p.load_state(it->second);
+    info.restored_plugins.push_back(name);
+  });
+  for (const auto& kv : states) {
+    if (std::find(loaded.begin(), loaded.end(), kv.first) == loaded.end()) {
+      log_->warn("{} holds state of plugin '{}', which this run does not load: ignored", info.checkpoint, kv.first);
+    }
+  }
+  if (!info.restored_plugins.empty()) {
+    log_->info("plugin state restored: {}", detail::join(info.restored_plugins));
+  }
+}
+
+std::vector<std::string> Hooks::observer_failure_summary() const {
+  std::vector<std::string> out;
+  for (const auto& f : bus_.observer_failures()) {
+    out.push_back(detail::str("plugin '", f.plugin, "' failed ", f.count, f.count == 1 ? " time" : " times", " in ",
+                              f.where, " (first error: ", f.first_message, ")"));
+  }
+  return out;
 }
 
 }  // namespace trainer

@@ -22,8 +22,9 @@ struct EventArgs {
   const at::Tensor* indices = nullptr;
   const at::Tensor* outputs = nullptr;
   const at::Tensor* loss = nullptr;
-  const std::map<std::string, double>* eval_metrics = nullptr;
+  std::map<std::string, double>* eval_metrics = nullptr;
   const OomInfo* oom = nullptr;
+  const ResumeInfo* resume = nullptr;
 
   /// BeforeForward … AfterBackward: the micro-batch and its dataset indices; from AfterForward
   /// on also its logits (AfterForward only) and its scaled loss.
@@ -36,10 +37,16 @@ struct EventArgs {
     a.loss = loss;
     return a;
   }
-  /// EvalEnd: the evaluation's metrics.
-  static EventArgs evaluated(const std::map<std::string, double>& metrics) {
+  /// EvalMetrics (writable by plugins), EvalEnd: the evaluation's metrics.
+  static EventArgs evaluated(std::map<std::string, double>& metrics) {
     EventArgs a;
     a.eval_metrics = &metrics;
+    return a;
+  }
+  /// Resume: what was restored.
+  static EventArgs resumed(const ResumeInfo& info) {
+    EventArgs a;
+    a.resume = &info;
     return a;
   }
   /// OutOfMemory: what failed.
@@ -67,13 +74,27 @@ class Hooks {
   /// stop_training, request_eval and request_checkpoint are recorded for the safe points.
   Control fire(Event e, const EventArgs& args = {});
 
+  /// Whether any plugin subscribed to `e` (to skip work only its arguments need).
+  bool wants(Event e) const { return bus_.subscribers(e) > 0; }
+
   /// The run-long part of the context: device, model, optimizer, checkpoint_path, status,
   /// exception. Whoever owns one of them keeps it current here.
   EventContext& context() { return ctx_; }
 
-  /// A plugin asked to stop; why.
+  /// A plugin asked to stop: which one (the first), and why.
   bool stop_requested() const { return stop_; }
+  const std::string& stopped_by() const { return stopped_by_; }
   const std::string& stop_reason() const { return stop_reason_; }
+
+  /// Every plugin's save_state(), by plugin name; plugins that store nothing are left out.
+  /// An Observer that throws is logged and left out; an Essential's error is thrown.
+  std::map<std::string, PluginState> save_states();
+  /// Hands each plugin of the run its entry of `states` (load_state()); fills the plugin lists
+  /// of `info` and warns about states of plugins this run does not load.
+  void load_states(const std::map<std::string, PluginState>& states, ResumeInfo& info);
+
+  /// "plugin 'x' failed 12 times in BatchEnd (first: ...)" per failing Observer; empty when none.
+  std::vector<std::string> observer_failure_summary() const;
   /// Whether a checkpoint (an evaluation) was requested since the last call; clears the request.
   bool take_checkpoint_request() { return std::exchange(checkpoint_, false); }
   bool take_eval_request() { return std::exchange(eval_, false); }
@@ -87,7 +108,7 @@ class Hooks {
   EventBus bus_;
   EventContext ctx_;
   bool stop_ = false, checkpoint_ = false, eval_ = false;
-  std::string stop_reason_;
+  std::string stopped_by_, stop_reason_;
 };
 
 }  // namespace trainer

@@ -21,7 +21,7 @@ void EpochLoop::start_at(Position p) {
   state_.batch_in_epoch = batch_index(parts_.train_set->size(), p.sample);
 }
 
-std::optional<std::string> EpochLoop::run() {
+std::optional<StopCause> EpochLoop::run() {
   window_.start();
   // A resumed run may already be done (max_steps reached, e.g. by an automatic requeue).
   if (auto why = stop_reason()) return why;
@@ -39,6 +39,7 @@ std::optional<std::string> EpochLoop::run() {
       const bool stepped = step_.run(order.slice(0, begin, end), last ? Position{epoch + 1, 0} : Position{epoch, end});
       step_.resize(hooks_.fire(Event::BatchEnd));
       after_batch(stepped);
+      if (!last) window_.commit();  // the epoch's last step is committed after its end (eval, EpochEnd)
       // A stop on the last batch of an epoch still finishes the epoch (eval, EpochEnd).
       if (!last) {
         if (auto why = stop_reason()) return why;
@@ -47,6 +48,7 @@ std::optional<std::string> EpochLoop::run() {
     }
     first_sample = 0;
     end_epoch(epoch);
+    window_.commit();
     if (auto why = stop_reason()) return why;
   }
   return std::nullopt;
@@ -74,15 +76,17 @@ void EpochLoop::end_epoch(std::int64_t epoch) {
   if (s_.eval.every_epochs > 0 && (epoch + 1) % s_.eval.every_epochs == 0) evaluator_.run();
   epochs_completed_ = epoch + 1;
   hooks_.fire(Event::EpochEnd);
+  // Requested during the epoch's evaluation or EpochEnd, or due every_epochs.
+  const bool requested = hooks_.take_checkpoint_request();
   const std::int64_t every = s_.checkpoint.every_epochs;
-  if (every > 0 && (epoch + 1) % every == 0) checkpointer_.save({epoch + 1, 0});
+  if (requested || (every > 0 && (epoch + 1) % every == 0)) checkpointer_.save({epoch + 1, 0});
 }
 
-std::optional<std::string> EpochLoop::stop_reason() const {
-  if (interrupt_requested()) return std::string("interrupted by a signal");
-  if (hooks_.stop_requested()) return hooks_.stop_reason();
+std::optional<StopCause> EpochLoop::stop_reason() const {
+  if (interrupt_requested()) return StopCause{"signal", "interrupted by a signal"};
+  if (hooks_.stop_requested()) return StopCause{hooks_.stopped_by(), hooks_.stop_reason()};
   if (s_.training.max_steps > 0 && state_.global_step >= s_.training.max_steps) {
-    return std::string("training.max_steps reached");
+    return StopCause{"training.max_steps", "training.max_steps = " + std::to_string(s_.training.max_steps) + " reached"};
   }
   return std::nullopt;
 }

@@ -27,6 +27,12 @@ struct LoopSettings {
   std::int64_t seed = 0;  ///< run.seed: the shuffle order of each epoch
 };
 
+/// Why a run stopped before its last epoch.
+struct StopCause {
+  std::string by;      ///< a plugin's name, "training.max_steps" or "signal"
+  std::string reason;  ///< what it said
+};
+
 class EpochLoop {
  public:
   EpochLoop(const LoopSettings& settings, RunParts& parts, RunState& state, Hooks& hooks, TrainStep& step,
@@ -47,7 +53,7 @@ class EpochLoop {
   /// Trains from the start position to the last epoch, or to a stop at a safe point (a
   /// plugin's stop_training, training.max_steps, a signal). Returns why it stopped early,
   /// nullopt when it ran to the end.
-  std::optional<std::string> run();
+  std::optional<StopCause> run();
 
   /// Epochs whose end was reached (including those before a resume).
   std::int64_t epochs_completed() const { return epochs_completed_; }
@@ -65,7 +71,7 @@ class EpochLoop {
   /// another batch size.
   std::int64_t batch_index(std::int64_t n, std::int64_t begin) const;
   /// Why to stop now, if anything says so.
-  std::optional<std::string> stop_reason() const;
+  std::optional<StopCause> stop_reason() const;
   /// The epoch's sample order: a permutation seeded by run.seed and the epoch (or 0..n-1).
   at::Tensor epoch_order(std::int64_t epoch) const;
 

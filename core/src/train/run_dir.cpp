@@ -36,6 +36,8 @@ std::string RunDir::write_status(const RunStatus& s) const {
         ",\"exit_code\":" + (s.status == "RUNNING" ? std::string("null") : std::to_string(s.exit_code)) +
         ",\"global_step\":" + std::to_string(s.global_step) + ",\"epoch\":" + std::to_string(s.epoch) +
         ",\"message\":" + json_quote(s.message) + ",\"last_checkpoint\":" + json_quote(s.last_checkpoint) +
+        (s.stopped_by.empty() ? std::string()
+                              : ",\"stopped_by\":" + json_quote(s.stopped_by) + ",\"reason\":" + json_quote(s.reason)) +
         ",\"time\":" + json_number(wall_time_s()) + "}\n";
     write_atomic(path_ + "/status.json", text);
     return {};

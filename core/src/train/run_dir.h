@@ -19,6 +19,10 @@ struct RunStatus {
   std::int64_t epoch = 0;
   std::string message;
   std::string last_checkpoint;
+  /// A run that stopped before its last epoch: who asked ("early_stopping", "training.max_steps",
+  /// "signal") and why. Both are left out of status.json when empty.
+  std::string stopped_by;
+  std::string reason;
 };
 
 /// `<run.dir>/<run.name>-<YYYYmmdd-HHMMSS>[-N]` (or the directory asked for) with its

@@ -58,10 +58,13 @@ bool TrainStep::run(const at::Tensor& indices, Position next) {
     auto [loss, skip] = accumulate(full, indices, micro);
     state_.loss = loss;
     state_.lr = parts_.schedule->lr_at(state_.global_step);
+    state_.grad_norm = 0.0;
+    // From here on the memory needed does not depend on the micro-batch.
+    oom_.enter("optimizer_step");
+    if (!skip) skip = hooks_.fire(Event::GradientsAccumulated).skip_step;
     if (!skip) {
-      oom_.enter("optimizer_step");
       if (training_.grad_clip_norm > 0) {
-        torch::nn::utils::clip_grad_norm_(parts_.model->parameters(), training_.grad_clip_norm);
+        state_.grad_norm = torch::nn::utils::clip_grad_norm_(parts_.model->parameters(), training_.grad_clip_norm);
       }
       set_learning_rate(*parts_.optim, state_.lr);
       skip = hooks_.fire(Event::BeforeOptimizerStep).skip_step;
@@ -82,7 +85,7 @@ bool TrainStep::run(const at::Tensor& indices, Position next) {
   state_.samples_seen += n;
   advance();
   hooks_.fire(Event::AfterOptimizerStep);
-  metrics_.add_step(batch_loss, n);
+  metrics_.add_step(batch_loss, n, training_.grad_clip_norm > 0 ? std::optional<double>(state_.grad_norm) : std::nullopt);
   return true;
 }
 

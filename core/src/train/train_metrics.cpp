@@ -1,15 +1,23 @@
 #include "train/train_metrics.h"
 
+#include <map>
+#include <string>
+
 namespace trainer {
 
 void TrainMetrics::log(const RunState& st) {
   if (steps_ == 0) return;
   const double secs = std::chrono::duration<double>(Clock::now() - start_).count() - excluded_s_;
-  metrics_.log(st.global_step,
-               {{"train/loss", loss_ / double(steps_)},
-                {"train/lr", st.lr},
-                {"train/epoch", double(st.epoch) + double(st.batch_in_epoch + 1) / double(st.steps_per_epoch)},
-                {"train/samples_per_s", secs > 0 ? double(samples_) / secs : 0.0}});
+  std::map<std::string, double> m{
+      {"train/loss", loss_ / double(steps_)},
+      {"train/lr", st.lr},
+      {"train/epoch", double(st.epoch) + double(st.batch_in_epoch + 1) / double(st.steps_per_epoch)},
+      {"train/samples_per_s", secs > 0 ? double(samples_) / secs : 0.0}};
+  // The window's mean, like train/loss: the total L2 norm of each step's gradient before clipping.
+  if (norms_ > 0) m["train/grad_norm"] = grad_norm_ / double(norms_);
+  metrics_.log(st.global_step, m);
+  grad_norm_ = 0;
+  norms_ = 0;
   loss_ = 0;
   steps_ = 0;
   samples_ = 0;

@@ -1,8 +1,10 @@
 #pragma once
 // Private: the training metrics of a window of optimizer steps (train/loss, train/lr,
-// train/epoch, train/samples_per_s), logged every training.log_every steps and at epoch ends.
+// train/epoch, train/samples_per_s, and train/grad_norm when gradients are clipped), logged
+// every training.log_every steps and at epoch ends.
 #include <chrono>
 #include <cstdint>
+#include <optional>
 
 #include "trainer/context.h"
 #include "trainer/metrics.h"
@@ -17,15 +19,24 @@ class TrainMetrics {
 
   /// Starts the first window (when training starts).
   void start() { start_ = Clock::now(); }
-  /// One optimizer step of `samples` samples with mean loss `loss`.
-  void add_step(double loss, std::int64_t samples) {
+  /// One optimizer step of `samples` samples with mean loss `loss` and, when the core clipped
+  /// it, the gradient's norm before clipping.
+  void add_step(double loss, std::int64_t samples, std::optional<double> grad_norm = std::nullopt) {
     loss_ += loss;
     ++steps_;
     samples_ += samples;
+    if (grad_norm) {
+      grad_norm_ += *grad_norm;
+      ++norms_;
+    }
   }
   /// Logs the window's metrics at `state.global_step` and starts a new window; nothing when
   /// the window has no step.
   void log(const RunState& state);
+
+  /// The step is over: what was logged at it (by the core and by plugins) goes to the sinks
+  /// as one group.
+  void commit() { metrics_.commit(); }
 
   /// Keeps the time until it dies out of samples/s: throughput is training only, without
   /// evaluations and checkpoints.
@@ -45,6 +56,8 @@ class TrainMetrics {
   MetricsLogger& metrics_;
   double loss_ = 0.0;
   std::int64_t steps_ = 0, samples_ = 0;
+  double grad_norm_ = 0.0;  ///< summed over the window's clipped steps
+  std::int64_t norms_ = 0;
   Clock::time_point start_ = Clock::now();
   double excluded_s_ = 0.0;  ///< paused time inside the window
 };

@@ -108,11 +108,14 @@ struct Trainer::Impl {
     dir.emplace(attempted_dir);
     log = configure_logging(dir->path(), opts.log_level);
     write_atomic(dir->path() + "/config.toml", cfg.to_toml());
-    write_status("RUNNING", 0, "");
+    RunResult running;
+    running.status = "RUNNING";
+    write_status(running);
     metrics = make_metrics(MetricsSettings::from(cfg.sub("metrics")), dir->path(), log);
     hooks = std::make_unique<Hooks>(cfg, log, *metrics, dir->path(), state);
     hooks->add_plugins(opts.plugins);
     log->info("run directory: {}", dir->path());
+    for (const auto& note : opts.notes) log->warn("{}", note);
     hooks->fire(Event::Init);
   }
 
@@ -132,24 +135,33 @@ struct Trainer::Impl {
                                     state, *hooks, *metrics, *log);
   }
 
-  /// --resume: model, optimizer, counters and RNG from the checkpoint; the loop starts at its
-  /// position.
+  /// --resume: model, optimizer, counters, RNG and plugin states from the checkpoint; the loop
+  /// starts at its position; Resume.
   void resume() {
-    rooms->loop.start_at(opts.resume.empty() ? Position{} : rooms->checkpointer.load(opts.resume));
+    if (opts.resume.empty()) {
+      rooms->loop.start_at(Position{});
+      return;
+    }
+    ResumeInfo info;
+    rooms->loop.start_at(rooms->checkpointer.load(opts.resume, info));
+    hooks->context().checkpoint_path = info.checkpoint;
+    hooks->fire(Event::Resume, EventArgs::resumed(info));
   }
 
   /// FitStart, the epochs, the final checkpoint, FitEnd.
   RunResult train() {
     fit_started = true;
     hooks->fire(Event::FitStart);
-    const std::optional<std::string> stopped = rooms->loop.run();
+    const std::optional<StopCause> stopped = rooms->loop.run();
     const bool interrupted = stopped && interrupt_requested();
     RunResult r;
     r.status = interrupted ? "KILLED" : "FINISHED";
     r.exit_code = interrupted ? kExitInterrupted : kExitOk;
     if (stopped) {
       r.message = interrupted ? "interrupted by a signal" : "";
-      log->info("stopping: {}", interrupted ? r.message : *stopped);
+      r.stopped_by = stopped->by;
+      r.stop_reason = stopped->reason;
+      log->info("stopping: {}", stopped->by == "signal" ? stopped->reason : stopped->by + ": " + stopped->reason);
     }
     final_checkpoint();
     hooks->context().status = r.status;
@@ -195,16 +207,26 @@ struct Trainer::Impl {
     if (hooks) {
       hooks->context().status = r.status;
       guarded("Shutdown", [&] { hooks->fire(Event::Shutdown); });
+      // Observer failures do not change the outcome; they are summarised once, here.
+      const auto failures = hooks->observer_failure_summary();
+      if (!failures.empty()) {
+        for (const auto& f : failures) log->warn("observer plugin failure: {}", f);
+        r.message += (r.message.empty() ? "" : "; ") + std::string("observer plugin failures: ") +
+                     detail::join(failures, "; ");
+      }
     }
     budget.reset();  // the budget is the run's: the process gets its previous limit back
     if (metrics) guarded("closing the metric sinks", [&] { metrics->close(r.status); });
-    write_status(r.status, r.exit_code, r.message);
+    write_status(r);
     r.run_dir = dir ? dir->path() : attempted_dir;
     r.global_step = state.global_step;
     r.epochs_completed = rooms ? rooms->loop.epochs_completed() : 0;
     r.final_metrics = metrics ? metrics->latest() : std::map<std::string, double>{};
     r.last_checkpoint = last_checkpoint();
-    log->info("run {}: {} steps, status {}", r.run_dir, state.global_step, r.status);
+    const std::string stop = r.stopped_by.empty() || r.stopped_by == "signal"
+                                 ? std::string()
+                                 : " (stopped by " + r.stopped_by + ": " + r.stop_reason + ")";
+    log->info("run {}: {} steps, status {}{}", r.run_dir, state.global_step, r.status, stop);
     log->flush();
   }
 
@@ -227,10 +249,10 @@ struct Trainer::Impl {
 
   std::string last_checkpoint() const { return rooms ? rooms->checkpointer.last() : std::string(); }
 
-  void write_status(const std::string& status, int exit_code, const std::string& message) {
+  void write_status(const RunResult& r) {
     if (!dir) return;
-    const std::string error =
-        dir->write_status({status, exit_code, state.global_step, state.epoch, message, last_checkpoint()});
+    const std::string error = dir->write_status({r.status, r.exit_code, state.global_step, state.epoch, r.message,
+                                                 last_checkpoint(), r.stopped_by, r.stop_reason});
     if (!error.empty()) log->error("cannot write run status: {}", error);
   }
 };
