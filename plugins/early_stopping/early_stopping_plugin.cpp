@@ -1,0 +1,188 @@
+// early_stopping: stops the run when an evaluation metric has stopped improving (Lightning's
+// EarlyStopping), and optionally keeps the checkpoint of the best evaluation as
+// checkpoints/best.pt. Its state (best value, evaluations without improvement) is saved in
+// every checkpoint, so a resumed run goes on counting instead of starting over.
+#include <spdlog/spdlog.h>
+
+#include <cmath>
+#include <filesystem>
+#include <system_error>
+
+#include "trainer/core_settings.h"
+#include "trainer/error.h"
+#include "trainer/plugin.h"
+#include "trainer/settings.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct EarlyStoppingSettings : trainer::Settings<EarlyStoppingSettings> {
+  std::string monitor = "eval/loss";
+  std::string mode = "min";
+  std::int64_t patience = 3;
+  double min_delta = 0.0;
+  bool save_best = false;
+
+  static void declare(trainer::SettingsSchema<EarlyStoppingSettings>& s) {
+    s.add(&EarlyStoppingSettings::monitor, "monitor",
+          "Evaluation metric to watch (eval/loss, eval/accuracy, or one a plugin adds in EvalMetrics)");
+    s.add(&EarlyStoppingSettings::mode, "mode", "min: lower is better; max: higher is better").choices({"min", "max"});
+    s.add(&EarlyStoppingSettings::patience, "patience", "Evaluations without improvement before stopping").min(0);
+    s.add(&EarlyStoppingSettings::min_delta, "min_delta", "Smallest change that counts as an improvement").min(0);
+    s.add(&EarlyStoppingSettings::save_best, "save_best",
+          "Checkpoint each new best evaluation and keep it as checkpoints/best.pt");
+  }
+};
+
+/// `to` becomes `from`'s contents atomically: a hard link (a copy where links fail) under a
+/// temporary name, renamed over `to`.
+void replace_with(const fs::path& from, const fs::path& to) {
+  const fs::path tmp = to.string() + ".tmp";
+  std::error_code ec;
+  fs::remove(tmp, ec);
+  fs::create_hard_link(from, tmp, ec);
+  if (ec) fs::copy_file(from, tmp, fs::copy_options::overwrite_existing);
+  fs::rename(tmp, to);
+}
+
+class EarlyStoppingPlugin final : public trainer::Plugin {
+ public:
+  std::string name() const override { return "early_stopping"; }
+  std::string description() const override {
+    return "Stop when an evaluation metric stops improving; optionally keep the best checkpoint";
+  }
+  std::vector<trainer::Event> events() const override {
+    using E = trainer::Event;
+    return {E::Resume, E::FitStart, E::EvalEnd, E::Checkpoint};
+  }
+  std::vector<trainer::KeySpec> config_keys() const override { return EarlyStoppingSettings::keys(); }
+  // A monitor that names no metric is a usage error (exit code 2), not something to log and
+  // train on with.
+  trainer::FailurePolicy default_policy() const override { return trainer::FailurePolicy::Essential; }
+  void configure(const trainer::Config& section, std::shared_ptr<spdlog::logger> logger) override {
+    Plugin::configure(section, std::move(logger));
+    s_ = EarlyStoppingSettings::from(section);
+  }
+
+  void save_state(trainer::PluginState& state) override {
+    state.set_string("monitor", s_.monitor);
+    state.set_bool("has_best", has_best_);
+    state.set_double("best", best_);
+    state.set_int("best_step", best_step_);
+    state.set_int("wait", wait_);
+    state.set_bool("stopped", stopped_);
+    state.set_string("best_checkpoint", best_checkpoint_);
+  }
+  void load_state(const trainer::PluginState& state) override {
+    const std::string monitored = state.get_string("monitor");
+    if (monitored != s_.monitor) {
+      logger_->warn("early_stopping: the checkpoint watched {}, this run watches {}: starting afresh", monitored,
+                    s_.monitor);
+      return;
+    }
+    has_best_ = state.get_bool("has_best");
+    best_ = state.get_double("best");
+    best_step_ = state.get_int("best_step");
+    wait_ = state.get_int("wait");
+    stopped_ = state.get_bool("stopped");
+    best_checkpoint_ = state.get_string("best_checkpoint");
+  }
+
+  void on_event(trainer::EventContext& ctx, trainer::Control& control) override {
+    switch (ctx.event) {
+      case trainer::Event::Resume:
+        if (has_best_) {
+          logger_->info("early_stopping: restored best {} = {:.6g} at step {}, {} evaluation(s) without improvement",
+                        s_.monitor, best_, best_step_, wait_);
+        }
+        break;
+      case trainer::Event::FitStart: {
+        const auto eval = trainer::EvalSettings::from(ctx.config->sub("eval"));
+        TRAINER_CHECK_T(trainer::UsageError, eval.every_epochs > 0,
+                        "plugins.early_stopping watches evaluation metrics, but eval.every_epochs = 0 never "
+                        "evaluates; set eval.every_epochs (e.g. 1)");
+        // Stopped before the checkpoint it resumes from, and still out of patience.
+        if (stopped_ && wait_ >= s_.patience) {
+          control.stop_training = true;
+          control.reason = "already stopped before the resume: " + why();
+        }
+        break;
+      }
+      case trainer::Event::EvalEnd:
+        check(ctx, control);
+        break;
+      case trainer::Event::Checkpoint:
+        if (best_pending_ && s_.save_best) {
+          const fs::path file = ctx.checkpoint_path, best = file.parent_path() / "best.pt";
+          replace_with(file, best);
+          std::error_code ec;
+          fs::remove(best.string() + ".sum", ec);  // a digest goes only with the file it describes
+          if (fs::exists(file.string() + ".sum")) replace_with(file.string() + ".sum", best.string() + ".sum");
+          best_checkpoint_ = best.string();
+          logger_->info("early_stopping: best {} = {:.6g} kept as {}", s_.monitor, best_, best_checkpoint_);
+        }
+        best_pending_ = false;
+        break;
+      default:
+        break;
+    }
+  }
+
+ private:
+  void check(const trainer::EventContext& ctx, trainer::Control& control) {
+    const auto& m = *ctx.eval_metrics;
+    const auto it = m.find(s_.monitor);
+    if (it == m.end()) {
+      std::vector<std::string> names;
+      for (const auto& kv : m) names.push_back(kv.first);
+      throw trainer::UsageError("plugins.early_stopping.monitor = '" + s_.monitor +
+                                "' is not among the evaluation's metrics (" + trainer::detail::join(names) + ")");
+    }
+    const double v = it->second;
+    if (!std::isfinite(v)) {
+      stopped_ = true;
+      control.stop_training = true;
+      control.reason = s_.monitor + " is " + std::to_string(v) + " at step " + std::to_string(ctx.state.global_step);
+      return;
+    }
+    const bool better = !has_best_ || (s_.mode == "min" ? v < best_ - s_.min_delta : v > best_ + s_.min_delta);
+    if (better) {
+      has_best_ = true;
+      best_ = v;
+      best_step_ = ctx.state.global_step;
+      wait_ = 0;
+      if (s_.save_best) {
+        best_pending_ = true;
+        control.request_checkpoint = true;
+        control.reason = "new best " + s_.monitor;
+      }
+      return;
+    }
+    ++wait_;
+    logger_->info("early_stopping: {} = {:.6g}, no improvement on {:.6g} (step {}) for {} of {} evaluation(s)",
+                  s_.monitor, v, best_, best_step_, wait_, s_.patience);
+    if (wait_ >= s_.patience) {
+      stopped_ = true;
+      control.stop_training = true;
+      control.reason = why();
+    }
+  }
+
+  std::string why() const {
+    char best[32];
+    std::snprintf(best, sizeof best, "%.6g", best_);
+    return "no improvement of " + s_.monitor + " (" + s_.mode + ") for " + std::to_string(wait_) +
+           " evaluation(s); best " + best + " at step " + std::to_string(best_step_);
+  }
+
+  EarlyStoppingSettings s_;
+  bool has_best_ = false, stopped_ = false, best_pending_ = false;
+  double best_ = 0.0;
+  std::int64_t best_step_ = 0, wait_ = 0;
+  std::string best_checkpoint_;
+};
+
+}  // namespace
+
+TRAINER_PLUGIN(EarlyStoppingPlugin)
