@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Installs trainer into a temporary prefix, builds docs/examples/hello_plugin out of tree
-# with find_package(trainer), and runs the installed trainer with that plugin loaded.
+# Installs trainer into a temporary prefix, builds the two example plugins of
+# docs/examples (hello: stops on an eval metric; grad_norm: logs the unclipped gradient norm
+# and keeps state across a resume) out of tree with find_package(trainer), and runs the
+# installed trainer with them loaded; the installed trainer searches installed paths only.
 # Usage: install_test.sh <source dir> <build dir>
 set -euo pipefail
 src=$1
@@ -13,6 +15,10 @@ cmake -S "$src/docs/examples/hello_plugin" -B "$work/hello" -DCMAKE_PREFIX_PATH=
   -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build "$work/hello" -j2 >/dev/null
 test -f "$work/hello/libtrainer_plugin_hello.so"
+cmake -S "$src/docs/examples/grad_norm_plugin" -B "$work/grad_norm" -DCMAKE_PREFIX_PATH="$work/prefix" \
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build "$work/grad_norm" -j2 >/dev/null
+test -f "$work/grad_norm/libtrainer_plugin_grad_norm.so"
 
 cat >"$work/recipe.toml" <<TOML
 # Install test.
@@ -40,4 +46,31 @@ grep -q "hello/best_accuracy" "$work/run/metrics.jsonl"
 plugins=$("$work/prefix/bin/trainer" plugins --plugin-dir "$work/hello")
 grep -q "^hello 1.0.0" <<<"$plugins"
 grep -q "^device_select " <<<"$plugins"
+# An installed trainer searches installed paths only, never the build tree it came from.
+if grep -q "$build/plugins" <<<"$plugins"; then
+  echo "installed trainer lists the build tree's plugins:"; echo "$plugins"; exit 1
+fi
+grep -q "$work/prefix/lib/trainer/plugins" <<<"$plugins"
+
+# The stateful plugin: stop after 3 steps, resume, and its state comes back.
+cat >"$work/grad.toml" <<TOML
+# Install test: grad_norm across a resume.
+# Run: trainer --recipe grad.toml
+defaults = ["model/mlp", "dataset/synthetic", "optim/sgd"]
+[training]
+epochs = 2
+batch_size = 64
+grad_clip_norm = 1.0
+[metrics]
+console = false
+[plugins]
+load = ["grad_norm"]
+path = ["$work/grad_norm"]
+TOML
+"$work/prefix/bin/trainer" --recipe "$work/grad.toml" --run-dir "$work/grad1" training.max_steps=3 >/dev/null 2>&1
+grep -q '"stopped_by":"training.max_steps"' "$work/grad1/status.json"
+grep -q "grad_norm/unclipped" "$work/grad1/metrics.jsonl"
+out=$("$work/prefix/bin/trainer" --recipe "$work/grad.toml" --run-dir "$work/grad2" --resume "$work/grad1" 2>&1)
+grep -q "grad_norm: restored mean [0-9.e+-]* over 3 steps" <<<"$out" || { echo "$out"; exit 1; }
+grep -q '"status":"FINISHED"' "$work/grad2/status.json"
 echo "install test: OK"
