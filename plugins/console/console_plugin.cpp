@@ -130,7 +130,7 @@ class ConsolePlugin final : public trainer::Plugin {
   }
   /// Shown by the line already (loss, throughput, epoch), or on the eval line.
   static bool on_line(const std::string& name) {
-    return name == "train/loss" || name == "train/lr" || name == "train/epoch" || name == "train/samples_per_s" ||
+    return name == "train/loss" || name == "train/epoch" || name == "train/samples_per_s" ||
            name.rfind("eval/", 0) == 0;
   }
   void end_line() {

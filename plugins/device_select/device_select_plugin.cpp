@@ -265,7 +265,7 @@ class DeviceSelectPlugin final : public trainer::Plugin {
                     lease_ ? std::string(", lease ") + lease_->lock_path() + (share_ ? " (shared)" : "") : "",
                     rejected.empty() ? "" : "; passed over: " + trainer::detail::join(rejected, "; "));
       control.switch_device = g.id;
-      control.reason = "device_select";
+      control.reason = "most free memory of the GPUs that qualify";
       ctx.device = c10::Device(g.id);
       return true;
     }
@@ -305,7 +305,7 @@ class DeviceSelectPlugin final : public trainer::Plugin {
     leased_device_ = "cpu";
     logger_->info("device_select: chose cpu ({})", why);
     control.switch_device = "cpu";
-    control.reason = "device_select: " + why;
+    control.reason = why;
     ctx.device = c10::Device(c10::kCPU);
   }
 

@@ -67,6 +67,7 @@ class EarlyStoppingPlugin final : public trainer::Plugin {
 
   void save_state(trainer::PluginState& state) override {
     state.set_string("monitor", s_.monitor);
+    state.set_string("mode", s_.mode);
     state.set_bool("has_best", has_best_);
     state.set_double("best", best_);
     state.set_int("best_step", best_step_);
@@ -75,10 +76,10 @@ class EarlyStoppingPlugin final : public trainer::Plugin {
     state.set_string("best_checkpoint", best_checkpoint_);
   }
   void load_state(const trainer::PluginState& state) override {
-    const std::string monitored = state.get_string("monitor");
-    if (monitored != s_.monitor) {
-      logger_->warn("early_stopping: the checkpoint watched {}, this run watches {}: starting afresh", monitored,
-                    s_.monitor);
+    const std::string monitored = state.get_string("monitor"), mode = state.get_string("mode", s_.mode);
+    if (monitored != s_.monitor || mode != s_.mode) {
+      logger_->warn("early_stopping: the checkpoint watched {} ({}), this run watches {} ({}): starting afresh",
+                    monitored, mode, s_.monitor, s_.mode);
       return;
     }
     has_best_ = state.get_bool("has_best");
@@ -113,16 +114,8 @@ class EarlyStoppingPlugin final : public trainer::Plugin {
         check(ctx, control);
         break;
       case trainer::Event::Checkpoint:
-        if (best_pending_ && s_.save_best) {
-          const fs::path file = ctx.checkpoint_path, best = file.parent_path() / "best.pt";
-          replace_with(file, best);
-          std::error_code ec;
-          fs::remove(best.string() + ".sum", ec);  // a digest goes only with the file it describes
-          if (fs::exists(file.string() + ".sum")) replace_with(file.string() + ".sum", best.string() + ".sum");
-          best_checkpoint_ = best.string();
-          logger_->info("early_stopping: best {} = {:.6g} kept as {}", s_.monitor, best_, best_checkpoint_);
-        }
-        best_pending_ = false;
+        if (best_pending_ && ctx.state.global_step == best_step_) keep_best(ctx.checkpoint_path);
+        best_pending_ = false;  // a checkpoint of another step is not the best model's
         break;
       default:
         break;
@@ -166,6 +159,21 @@ class EarlyStoppingPlugin final : public trainer::Plugin {
       stopped_ = true;
       control.stop_training = true;
       control.reason = why();
+    }
+  }
+
+  /// checkpoints/best.pt becomes `file` (with its digest). A failure is logged: the run goes on.
+  void keep_best(const std::string& file) {
+    const fs::path best = fs::path(file).parent_path() / "best.pt";
+    try {
+      std::error_code ec;
+      fs::remove(best.string() + ".sum", ec);  // a digest goes only with the file it describes
+      replace_with(file, best);
+      if (fs::exists(file + ".sum")) replace_with(file + ".sum", best.string() + ".sum");
+      best_checkpoint_ = best.string();
+      logger_->info("early_stopping: best {} = {:.6g} kept as {}", s_.monitor, best_, best_checkpoint_);
+    } catch (const std::exception& e) {
+      logger_->error("early_stopping: cannot keep {} as {}: {}", file, best.string(), e.what());
     }
   }
 

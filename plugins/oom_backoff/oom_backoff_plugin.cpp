@@ -57,8 +57,10 @@ class OomBackoffPlugin final : public trainer::Plugin {
   }
 
   void save_state(trainer::PluginState& state) override {
-    state.set_int("micro_batch", current_);
+    // Not applied yet (a resumed run that checkpoints before its first batch): what was restored.
+    state.set_int("micro_batch", restored_micro_ > 0 ? restored_micro_ : current_);
     state.set_int("configured", configured_);
+    state.set_int("grow_after", s_.grow_after);
     state.set_int("good", good_);
     state.set_int("bad", bad_);
     state.set_int("patience", patience_);
@@ -70,7 +72,9 @@ class OomBackoffPlugin final : public trainer::Plugin {
     restored_configured_ = state.get_int("configured");
     good_ = state.get_int("good");
     bad_ = state.get_int("bad");
-    patience_ = state.get_int("patience", s_.grow_after);
+    // The patience grows after failed grows; a changed grow_after setting starts it afresh.
+    patience_ = state.get_int("grow_after", s_.grow_after) == s_.grow_after ? state.get_int("patience", s_.grow_after)
+                                                                            : s_.grow_after;
     clean_steps_ = state.get_int("clean_steps");
     ooms_ = state.get_int("ooms");
     restored_ = true;

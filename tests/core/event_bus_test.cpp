@@ -173,11 +173,11 @@ TEST(EventBus, EveryPluginsReasonIsKeptWithItsName) {
   b->stop_in = Event::BatchEnd;
   b->reason = "target reached";
   auto c2 = std::make_shared<LogPlugin>("late_stopper", &log, std::vector<Event>{Event::BatchEnd}, 2);
-  c2->stop_in = Event::BatchEnd;  // stop_training is already set: not the one that stopped
+  c2->stop_in = Event::BatchEnd;  // BatchEnd is closing: late_stopper runs first and is the one that stopped
   bus.add(a);
   bus.add(b);
   bus.add(c2);
-  auto c = ctx_for(Event::BatchEnd);  // closing: late_stopper, stopper, shrinker
+  auto c = ctx_for(Event::BatchEnd);  // closing: late_stopper, stopper (stop already set), shrinker
   Control control;
   bus.dispatch(c, control);
   ASSERT_EQ(control.reasons.size(), 2u);

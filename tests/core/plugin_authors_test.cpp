@@ -65,38 +65,48 @@ class PluginAuthors : public testing::TrainerTest {
   }
 };
 
-TEST_F(PluginAuthors, OomBackoffResumesAtTheMicroBatchItLearnt) {
+TEST_F(PluginAuthors, OomBackoffResumesWithWhatItLearnt) {
+  // Micro-batches above 16 never fit. oom_backoff backs off 64 -> 32 -> 16 (ceiling 32), grows
+  // after 3 clean steps to 24 (halfway to the ceiling), fails there (ceiling 24, patience
+  // doubled to 6), and has 3 clean steps at 16 when max_steps stops the run.
   const std::vector<std::string> common = {"dataset.size=512",
                                            "training.batch_size=64",
                                            "+training.micro_batch_size=64",
                                            "model.hidden=[256]",
                                            "+plugins.load=[\"oom_backoff\", \"recording\"]",
-                                           "+plugins.oom_backoff.grow_after=1000"};
+                                           "+plugins.oom_backoff.grow_after=3"};
   auto first = std::make_shared<Tight>();
   auto o1 = common;
-  o1.push_back("+training.max_steps=3");
+  o1.push_back("+training.max_steps=6");
   const RunResult a = run(o1, "a", {first});
   ASSERT_EQ(a.exit_code, kExitOk) << a.message;
   EXPECT_EQ(a.stopped_by, "training.max_steps");
-  EXPECT_EQ(first->ooms, 2);  // 64 -> 32 -> 16, learnt in the first batch
+  EXPECT_EQ(first->ooms, 3);
   EXPECT_EQ(first->micro.back(), 16);
 
+  // Resumed: micro-batch 16 from the first batch, the ceiling 24 and the patience 6 with 3
+  // clean steps already counted: after 3 batches (4 micro-batches each) it tries 20, halfway
+  // to the ceiling. A fresh oom_backoff would start at 64 and run out of memory twice first.
   auto second = std::make_shared<Tight>();
   const RunResult b = run(common, "b", {second}, tmp_ / "a");
   ASSERT_EQ(b.exit_code, kExitOk) << b.message;
-  EXPECT_EQ(second->ooms, 0);  // it knew better: no out-of-memory error where it had one
-  ASSERT_FALSE(second->micro.empty());
-  for (const auto m : second->micro) EXPECT_EQ(m, 16);
+  ASSERT_GT(second->micro.size(), 12u);
+  for (std::size_t i = 0; i < 12; ++i) EXPECT_EQ(second->micro[i], 16) << i;
+  EXPECT_EQ(second->micro[12], 20);
+  EXPECT_EQ(second->ooms, 1);  // only the grow it tried on purpose
   const std::string resumed = resume_event("b");
   EXPECT_NE(resumed.find("\"restored\":[\"oom_backoff\"]"), std::string::npos) << resumed;
-  EXPECT_NE(read_file(tmp_ / "b/trainer.log").find("oom_backoff: restored micro-batch 16"), std::string::npos);
+  EXPECT_NE(read_file(tmp_ / "b/trainer.log")
+                .find("oom_backoff: restored micro-batch 16 (ceiling 24, 3 clean steps of 6 before growing)"),
+            std::string::npos);
 
-  // Without the state (a plain resume of the same run with a fresh plugin state) it would
-  // have run out of memory again: the state is what made the difference.
+  // The same 10 steps without the state: it runs out of memory where the resumed run knew better.
   auto third = std::make_shared<Tight>();
-  const RunResult c = run(common, "c", {third});
+  auto o3 = common;
+  o3.push_back("+training.max_steps=10");
+  const RunResult c = run(o3, "c", {third});
   ASSERT_EQ(c.exit_code, kExitOk) << c.message;
-  EXPECT_EQ(third->ooms, 2);
+  EXPECT_GE(third->ooms, 3);
 }
 
 constexpr const char* kStopOnPlateau[] = {"training.epochs=20", "+plugins.load=[\"early_stopping\", \"recording\"]",
@@ -134,7 +144,9 @@ TEST_F(PluginAuthors, EarlyStoppingStateSurvivesAResume) {
   ASSERT_EQ(a.exit_code, kExitOk) << a.message;
   EXPECT_EQ(a.stopped_by, "training.max_steps");
   // Resumed, it counts on from 1: stops after epoch 4 (a fresh count would go to epoch 5).
-  const RunResult b = run(plateau(3), "b", {}, tmp_ / "a");
+  // checkpoint.every_steps falls on each epoch's last step: the checkpoint is still written
+  // after the epoch's evaluation, with the state it left.
+  const RunResult b = run(plateau(3, {"+checkpoint.every_steps=2"}), "b", {}, tmp_ / "a");
   ASSERT_EQ(b.exit_code, kExitOk) << b.message;
   EXPECT_EQ(b.stopped_by, "early_stopping");
   EXPECT_EQ(b.epochs_completed, 4);
@@ -144,7 +156,7 @@ TEST_F(PluginAuthors, EarlyStoppingStateSurvivesAResume) {
   EXPECT_NE(read_file(tmp_ / "b/trainer.log").find("early_stopping: restored best eval/loss"), std::string::npos);
 
   // Resuming the early-stopped run does not train on.
-  const RunResult c = run(plateau(3), "c", {}, tmp_ / "b");
+  const RunResult c = run(plateau(3, {"+checkpoint.every_steps=2"}), "c", {}, tmp_ / "b");
   ASSERT_EQ(c.exit_code, kExitOk) << c.message;
   EXPECT_EQ(c.global_step, b.global_step);
   EXPECT_EQ(c.stopped_by, "early_stopping");
@@ -234,6 +246,7 @@ class EvalAccuracy final : public Plugin {
       case Event::EvalBatchEnd:
         correct_ += ctx.outputs->argmax(1).eq(ctx.batch->targets).sum().item<std::int64_t>();
         seen_ += ctx.batch->size();
+        batch_sizes.push_back(ctx.batch->size());
         EXPECT_TRUE(ctx.loss && ctx.loss->defined());
         break;
       case Event::EvalMetrics:
@@ -249,6 +262,7 @@ class EvalAccuracy final : public Plugin {
   }
   bool squeeze = true;
   int starts = 0;
+  std::vector<std::int64_t> batch_sizes;
   std::vector<std::int64_t> samples;
 
  private:
@@ -257,16 +271,25 @@ class EvalAccuracy final : public Plugin {
 
 TEST_F(PluginAuthors, PluginsComputeEvalMetricsFromTheBatchesAndTheyAreLoggedWithTheCores) {
   auto acc = std::make_shared<EvalAccuracy>();
-  const RunResult r = run({"+eval.batch_size=8", "+plugins.load=[\"oom_backoff\"]"}, "run", {acc});
+  const RunResult r = run({"+eval.batch_size=8", "+plugins.load=[\"oom_backoff\"]", "training.epochs=3"}, "run", {acc});
   ASSERT_EQ(r.exit_code, kExitOk) << r.message;
-  EXPECT_EQ(acc->starts, 3);  // two evaluations, the first restarted once after its OOM
-  EXPECT_EQ(acc->samples, (std::vector<std::int64_t>{32, 32}));  // each sample counted once
+  EXPECT_EQ(acc->starts, 4);  // three evaluations, the first restarted once after its OOM
+  EXPECT_EQ(acc->samples, (std::vector<std::int64_t>{32, 32, 32}));  // each sample counted once
   const std::string metrics = tmp_ / "run/metrics.jsonl";
   const auto core = testing::metric_by_step(metrics, "eval/accuracy");
   const auto mine = testing::metric_by_step(metrics, "eval/plugin_accuracy");
-  ASSERT_EQ(core.size(), 2u);
+  ASSERT_EQ(core.size(), 3u);
   EXPECT_EQ(mine, core);
   EXPECT_EQ(r.final_metrics.at("eval/plugin_accuracy"), r.final_metrics.at("eval/accuracy"));
+  // The evaluation batch the retry settled on (4) is in the checkpoints: a resumed run
+  // evaluates at 4 from the start.
+  auto resumed = std::make_shared<EvalAccuracy>();
+  resumed->squeeze = false;
+  const RunResult b = run({"+eval.batch_size=8", "+plugins.load=[\"oom_backoff\"]", "training.epochs=4"}, "b",
+                          {resumed}, tmp_ / "run");
+  ASSERT_EQ(b.exit_code, kExitOk) << b.message;
+  EXPECT_NE(read_file(tmp_ / "b/trainer.log").find("evaluation batch 4 (eval.batch_size 8)"), std::string::npos);
+  EXPECT_EQ(resumed->batch_sizes, (std::vector<std::int64_t>(8, 4)));  // 32 samples in batches of 4
 }
 
 /// Logs its own metric at every optimizer step; throws at every BatchEnd (an observer).

@@ -42,8 +42,9 @@ echo "$out"
 grep -q "hello: installed and loaded" <<<"$out"
 grep -q "hello: target accuracy reached" <<<"$out"
 grep -q "hello/best_accuracy" "$work/run/metrics.jsonl"
+grep -q '"stopped_by":"hello","reason":"target accuracy reached"' "$work/run/status.json"
 # Captured first: `| grep -q` would close the pipe early and, under pipefail, fail on SIGPIPE.
-plugins=$("$work/prefix/bin/trainer" plugins --plugin-dir "$work/hello")
+plugins=$(env -u TRAINER_PLUGIN_PATH "$work/prefix/bin/trainer" plugins --plugin-dir "$work/hello")
 grep -q "^hello 1.0.0" <<<"$plugins"
 grep -q "^device_select " <<<"$plugins"
 # An installed trainer searches installed paths only, never the build tree it came from.

@@ -50,7 +50,8 @@ class TRAINER_API JsonlSink final : public MetricSink {
   std::unique_ptr<Impl> impl_;
 };
 
-/// Logs each group as one info line: "step 120 | eval/loss 0.3121 | eval/accuracy 0.8875".
+/// Logs each group as one info line: "step 120 | eval/loss 0.3121 | eval/accuracy 0.8875"
+/// (a name that appears twice in the group, once, with its last value).
 class TRAINER_API ConsoleSink final : public MetricSink {
  public:
   explicit ConsoleSink(std::shared_ptr<spdlog::logger> logger);
@@ -65,14 +66,15 @@ class TRAINER_API ConsoleSink final : public MetricSink {
 ///
 /// Points of the same step are grouped: whoever logs them (the core, any plugin), sinks get
 /// them in one write, so the console prints one line per step. A group goes to the sinks when
-/// the core ends the step (commit()), when a point of another step is logged, and at
+/// the core ends the step (commit()), when a point of another step is logged (which ends the
+/// open group early: a plugin logging at another step gets a line of its own), and at
 /// flush() and close().
 class TRAINER_API MetricsLogger {
  public:
   explicit MetricsLogger(std::shared_ptr<spdlog::logger> logger = nullptr);
   void add_sink(std::shared_ptr<MetricSink> sink);
-  /// Logs `values` at `step` with the current wall-clock time (a name logged twice at one
-  /// step keeps the later value).
+  /// Logs `values` at `step` with the current wall-clock time. A name logged twice at one
+  /// step gives two points (the console shows the later value).
   void log(std::int64_t step, const std::map<std::string, double>& values);
   /// Writes the group of the current step to the sinks.
   void commit();

@@ -43,6 +43,10 @@ struct TRAINER_API LoadedRecipe {
   std::set<std::string> file_keys;   ///< leaf keys defined by the recipe and its groups
   std::vector<std::string> sources;  ///< files merged, in order
   std::string path;                  ///< the recipe file itself (errors without a key's origin name it)
+  /// The plugin libraries found on the search path (prepare_run sets it): a `plugins.<name>`
+  /// section of a plugin not loaded is inert when <name> is one of them, an error (a typo)
+  /// when not. Unset: every such section is inert.
+  std::optional<std::vector<std::string>> plugin_libraries;
   /// Filled by validate_recipe: `plugins.<name>` sections of plugins not loaded (kept, not checked).
   std::vector<std::string> inert_sections;
 };

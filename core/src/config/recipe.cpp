@@ -282,11 +282,37 @@ void validate_recipe(LoadedRecipe& recipe, const std::vector<SectionSpec>& extra
   sections.insert(sections.end(), extra.begin(), extra.end());
 
   std::vector<std::string> problems;
-  std::vector<std::string> known;
+  std::vector<std::string> known, loaded;
   for (const auto& s : sections) {
     for (const auto& k : s.keys) known.push_back(s.path + "." + k.key);
+    if (s.path.rfind("plugins.", 0) == 0) loaded.push_back(s.path.substr(8));
+  }
+  // A `plugins.<name>` section of a plugin this run does not load is inert: kept, not checked
+  // (leaving a plugin out of plugins.load switches it off without editing the recipe). One
+  // that names no plugin library found is a typo, and an error.
+  std::vector<std::string> open;
+  recipe.inert_sections.clear();
+  for (const auto& k : cfg.is_table("plugins") ? cfg.keys("plugins") : std::vector<std::string>{}) {
+    const std::string path = "plugins." + k;
+    if (!cfg.is_table(path) || std::find(loaded.begin(), loaded.end(), k) != loaded.end()) continue;
+    open.push_back(path);
+    const auto& libs = recipe.plugin_libraries;
+    if (!libs || std::find(libs->begin(), libs->end(), k) != libs->end()) {
+      recipe.inert_sections.push_back(path);
+      continue;
+    }
+    std::vector<std::string> names = loaded;
+    names.insert(names.end(), libs->begin(), libs->end());
+    const std::string close = closest_match(k, names);
+    const auto leaves = cfg.leaf_keys(path);
+    problems.push_back(detail::str(leaves.empty() ? path : cfg.origin(leaves.front()), ": [", path,
+                                   "] configures plugin '", k, "', which is neither loaded nor found",
+                                   close.empty() ? "" : "; did you mean [plugins." + close + "]?"));
   }
   for (const auto& o : recipe.overrides) {
+    if (std::any_of(open.begin(), open.end(), [&](const std::string& s) { return o.key.rfind(s + ".", 0) == 0; })) {
+      continue;  // a key of a section that is not checked
+    }
     const bool in_files = recipe.file_keys.count(o.key) != 0;
     const bool in_schema = std::find(known.begin(), known.end(), o.key) != known.end();
     if (o.kind == Override::Kind::Set && !in_files && !in_schema) {
@@ -300,17 +326,6 @@ void validate_recipe(LoadedRecipe& recipe, const std::vector<SectionSpec>& extra
     }
   }
 
-  // A `plugins.<name>` section of a plugin this run does not load is inert: kept, not checked
-  // (leaving a plugin out of plugins.load switches it off without editing the recipe).
-  std::vector<std::string> open;
-  recipe.inert_sections.clear();
-  for (const auto& k : cfg.is_table("plugins") ? cfg.keys("plugins") : std::vector<std::string>{}) {
-    const std::string path = "plugins." + k;
-    const bool loaded = std::any_of(sections.begin(), sections.end(), [&](const SectionSpec& s) { return s.path == path; });
-    if (!cfg.is_table(path) || loaded) continue;
-    recipe.inert_sections.push_back(path);
-    open.push_back(path);
-  }
   // A section whose `name` is not among its choices cannot say which keys it has: report
   // the name only (the name's KeySpec lists the registry's names).
   for (const auto& sec : sections) {
@@ -378,15 +393,12 @@ PreparedRun prepare_run(const std::string& recipe, const std::vector<std::string
     out.plugins.push_back(std::move(plugin));
     entries.push_back(name);
   }
+  loaded.plugin_libraries = host.available();
   validate_recipe(loaded, plugin_config_sections(out.plugins));
   out.config = loaded.config;
   out.sources = loaded.sources;
   for (const auto& path : loaded.inert_sections) {
-    std::vector<std::string> names;
-    for (const auto& p : out.plugins) names.push_back(p->name());
-    const std::string close = closest_match(path.substr(8), names);
-    out.notes.push_back(detail::str("[", path, "] is inert: plugin '", path.substr(8), "' is not in plugins.load",
-                                    close.empty() ? "" : " (did you mean [plugins." + close + "]?)"));
+    out.notes.push_back(detail::str("[", path, "] is inert: plugin '", path.substr(8), "' is not in plugins.load"));
   }
   return out;
 }

@@ -59,7 +59,12 @@ ConsoleSink::ConsoleSink(std::shared_ptr<spdlog::logger> logger) : logger_(std::
 void ConsoleSink::write(const std::vector<MetricPoint>& points) {
   if (points.empty()) return;
   std::string line = "step " + std::to_string(points.front().step);
-  for (const auto& p : points) line += fmt::format(" | {} {:.4g}", p.name, p.value);
+  // A name logged twice at the step (at two events, by two evaluations) shows its last value.
+  for (std::size_t i = 0; i < points.size(); ++i) {
+    const auto later = std::find_if(points.begin() + static_cast<std::ptrdiff_t>(i) + 1, points.end(),
+                                    [&](const MetricPoint& p) { return p.name == points[i].name; });
+    if (later == points.end()) line += fmt::format(" | {} {:.4g}", points[i].name, points[i].value);
+  }
   logger_->info("{}", line);
 }
 
@@ -78,13 +83,7 @@ void MetricsLogger::log(std::int64_t step, const std::map<std::string, double>& 
   if (!pending_.empty() && pending_.front().step != step) commit_locked();
   for (const auto& kv : values) {
     latest_[kv.first] = kv.second;
-    auto it = std::find_if(pending_.begin(), pending_.end(), [&](const MetricPoint& p) { return p.name == kv.first; });
-    if (it != pending_.end()) {
-      it->value = kv.second;
-      it->time = t;
-    } else {
-      pending_.push_back({step, kv.first, kv.second, t});
-    }
+    pending_.push_back({step, kv.first, kv.second, t});
   }
 }
 

@@ -205,6 +205,7 @@ void Checkpointer::write(Position next) {
   ar.write("sample_in_epoch", at::tensor(next.sample));
   ar.write("global_step", at::tensor(state_.global_step));
   ar.write("samples_seen", at::tensor(state_.samples_seen));
+  ar.write("eval_batch", at::tensor(parts_.eval_batch));
   ar.write("data_order", c10::IValue(order_text(order_)));
   write_plugin_states(ar, hooks_.save_states());
   ar.write("rng_cpu", at::detail::getDefaultCPUGenerator().get_state());
@@ -326,6 +327,12 @@ Position Checkpointer::restore(torch::serialize::InputArchive& ar, const std::st
   }
   state_.global_step = scalar(ar, "global_step");
   state_.samples_seen = scalar(ar, "samples_seen");
+  std::int64_t eval_batch = 0;
+  if (try_scalar(ar, "eval_batch", eval_batch) && eval_batch > 0 && eval_batch < parts_.eval_batch) {
+    log_.info("evaluation batch {} (eval.batch_size {}): the size an out-of-memory retry settled on before the "
+              "checkpoint", eval_batch, parts_.eval_batch);
+    parts_.eval_batch = eval_batch;
+  }
   at::Tensor rng;
   ar.read("rng_cpu", rng);
   at::Generator cpu = at::detail::getDefaultCPUGenerator();  // a handle sharing the default generator

@@ -20,6 +20,12 @@ struct EvalMode {
 
 }  // namespace
 
+Evaluator::Evaluator(const EvalSettings& eval, RunParts& parts, const RunState& state, Hooks& hooks, OomRecovery& oom,
+                     MetricsLogger& metrics, TrainMetrics& window)
+    : parts_(parts), state_(state), hooks_(hooks), oom_(oom), metrics_(metrics), window_(window) {
+  parts_.eval_batch = eval.batch_size;
+}
+
 std::map<std::string, double> Evaluator::run() {
   std::map<std::string, double> m;
   if (!parts_.test_set) return m;
@@ -30,7 +36,7 @@ std::map<std::string, double> Evaluator::run() {
   {
     EvalMode eval_mode(*parts_.model);
     const bool per_batch = hooks_.wants(Event::EvalBatchStart) || hooks_.wants(Event::EvalBatchEnd);
-    const auto settled = oom_.retry(OomRetry::AskPlugins, batch_, n, [&](std::int64_t batch) {
+    const auto settled = oom_.retry(OomRetry::AskPlugins, parts_.eval_batch, n, [&](std::int64_t batch) {
       // Every attempt starts from zero, and tells the plugins so: a retried evaluation counts
       // each sample once.
       loss_sum = 0.0;
@@ -54,7 +60,7 @@ std::map<std::string, double> Evaluator::run() {
         }
       }
     });
-    if (settled) batch_ = *settled;  // later evaluations keep the size that worked
+    if (settled) parts_.eval_batch = *settled;  // later evaluations keep the size that worked
   }
   m["eval/loss"] = loss_sum / double(n);
   m["eval/accuracy"] = double(correct) / double(n);

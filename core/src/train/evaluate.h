@@ -19,8 +19,7 @@ struct RunParts;
 class Evaluator {
  public:
   Evaluator(const EvalSettings& eval, RunParts& parts, const RunState& state, Hooks& hooks, OomRecovery& oom,
-            MetricsLogger& metrics, TrainMetrics& window)
-      : parts_(parts), state_(state), hooks_(hooks), oom_(oom), metrics_(metrics), window_(window), batch_(eval.batch_size) {}
+            MetricsLogger& metrics, TrainMetrics& window);
 
   /// Evaluates the model (eval mode, no grad) on the whole test split: mean cross-entropy and
   /// accuracy, logged as eval/loss and eval/accuracy at the current step, then EvalEnd. The
@@ -35,7 +34,6 @@ class Evaluator {
   OomRecovery& oom_;
   MetricsLogger& metrics_;
   TrainMetrics& window_;
-  std::int64_t batch_;  ///< eval.batch_size, or the size an out-of-memory retry settled on
 };
 
 }  // namespace trainer

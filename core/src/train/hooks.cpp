@@ -104,7 +104,8 @@ void Hooks::apply(Event e, Control& c) {
   if (c.stop_training && !stop_) {
     stop_ = true;
     stopped_by_ = c.stopped_by.empty() ? "a plugin" : c.stopped_by;
-    const std::string why = c.reason_of(c.stopped_by);
+    std::string why = c.reason_of(c.stopped_by);
+    if (why.empty()) why = c.reasons_text();  // the plugin that stopped said nothing; others may have
     stop_reason_ = why.empty() ? "asked to stop in " + std::string(event_name(e)) : why;
     log_->info("plugin '{}' asked to stop in {}: {}; stopping at the next safe point", stopped_by_, event_name(e),
                stop_reason_);
@@ -118,6 +119,10 @@ std::map<std::string, PluginState> Hooks::save_states() {
   bus_.for_each("save_state", [&](Plugin& p) {
     PluginState state;
     p.save_state(state);
+    for (const auto& key : state.keys()) {
+      TRAINER_CHECK(!key.empty() && key.find('\n') == std::string::npos, "plugin state key '", key,
+                    "' is empty or holds a line break");
+    }
     if (!state.empty()) out[p.name()] = std::move(state);
   });
   return out;

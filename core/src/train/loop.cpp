@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
@@ -38,7 +39,7 @@ std::optional<StopCause> EpochLoop::run() {
       state_.batch_in_epoch = batch_index(n, begin);
       const bool stepped = step_.run(order.slice(0, begin, end), last ? Position{epoch + 1, 0} : Position{epoch, end});
       step_.resize(hooks_.fire(Event::BatchEnd));
-      after_batch(stepped);
+      after_batch(stepped, last);
       if (!last) window_.commit();  // the epoch's last step is committed after its end (eval, EpochEnd)
       // A stop on the last batch of an epoch still finishes the epoch (eval, EpochEnd).
       if (!last) {
@@ -49,7 +50,10 @@ std::optional<StopCause> EpochLoop::run() {
     first_sample = 0;
     end_epoch(epoch);
     window_.commit();
-    if (auto why = stop_reason()) return why;
+    // After the last epoch the run is complete: a stop asked for now stops nothing.
+    if (epoch + 1 < s_.training.epochs) {
+      if (auto why = stop_reason()) return why;
+    }
   }
   return std::nullopt;
 }
@@ -63,12 +67,17 @@ std::int64_t EpochLoop::batch_index(std::int64_t n, std::int64_t begin) const {
   return std::max<std::int64_t>(0, state_.steps_per_epoch - batches_left(n, begin));
 }
 
-void EpochLoop::after_batch(bool stepped) {
+void EpochLoop::after_batch(bool stepped, bool last) {
   if (stepped && state_.global_step % s_.training.log_every == 0) window_.log(state_);
   if (hooks_.take_eval_request()) evaluator_.run();
-  const bool requested = hooks_.take_checkpoint_request();
   const std::int64_t every = s_.checkpoint.every_steps;
-  if (requested || (stepped && every > 0 && state_.global_step % every == 0)) checkpointer_.save(step_.position());
+  const bool due = stepped && every > 0 && state_.global_step % every == 0;
+  if (last) {
+    // The epoch's end (its evaluation, EpochEnd) writes it, once, with what plugins know then.
+    checkpoint_due_ = due;
+    return;
+  }
+  if (hooks_.take_checkpoint_request() || due) checkpointer_.save(step_.position());
 }
 
 void EpochLoop::end_epoch(std::int64_t epoch) {
@@ -76,8 +85,9 @@ void EpochLoop::end_epoch(std::int64_t epoch) {
   if (s_.eval.every_epochs > 0 && (epoch + 1) % s_.eval.every_epochs == 0) evaluator_.run();
   epochs_completed_ = epoch + 1;
   hooks_.fire(Event::EpochEnd);
-  // Requested during the epoch's evaluation or EpochEnd, or due every_epochs.
-  const bool requested = hooks_.take_checkpoint_request();
+  // Requested during the epoch's last batch, its evaluation or EpochEnd, due by every_steps at
+  // its last step, or due every_epochs.
+  const bool requested = hooks_.take_checkpoint_request() || std::exchange(checkpoint_due_, false);
   const std::int64_t every = s_.checkpoint.every_epochs;
   if (requested || (every > 0 && (epoch + 1) % every == 0)) checkpointer_.save({epoch + 1, 0});
 }

@@ -59,8 +59,9 @@ class EpochLoop {
   std::int64_t epochs_completed() const { return epochs_completed_; }
 
  private:
-  /// After a batch: training metrics, a requested evaluation and checkpoint.
-  void after_batch(bool stepped);
+  /// After a batch: training metrics, a requested evaluation and checkpoint (after the epoch's
+  /// last batch the checkpoint is left to end_epoch, so it holds what the epoch's end changed).
+  void after_batch(bool stepped, bool last);
   /// After an epoch's batches: metrics, the epoch's evaluation, EpochEnd, its checkpoint.
   void end_epoch(std::int64_t epoch);
   /// Batches of an epoch of `n` samples still to train from sample `begin` of its order
@@ -85,6 +86,7 @@ class EpochLoop {
   TrainMetrics& window_;
   Position start_;
   std::int64_t epochs_completed_ = 0;
+  bool checkpoint_due_ = false;  ///< checkpoint.every_steps fell on the epoch's last step
 };
 
 }  // namespace trainer

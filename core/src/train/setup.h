@@ -34,6 +34,9 @@ struct RunParts {
   std::unique_ptr<LrSchedule> schedule;
   c10::Device device{c10::kCPU};              ///< where the run is (an OOM device fallback moves it)
   c10::ScalarType input_dtype = c10::kFloat;  ///< model.dtype: inputs are cast to it
+  /// The evaluation batch: eval.batch_size, or the size an out-of-memory retry settled on (kept
+  /// in checkpoints, so a resumed run does not run out of memory where this one learnt better).
+  std::int64_t eval_batch = 0;
 };
 
 /// The metric sinks [metrics] asks for: `<run_dir>/metrics.jsonl`, the console.

@@ -29,7 +29,8 @@ class GradNormPlugin final : public trainer::Plugin {
   std::string version() const override { return "1.0.0"; }
   std::string description() const override { return "Logs the unclipped gradient norm, its mean and spikes"; }
   std::vector<trainer::Event> events() const override {
-    return {trainer::Event::Resume, trainer::Event::GradientsAccumulated, trainer::Event::AfterOptimizerStep};
+    using E = trainer::Event;
+    return {E::Resume, E::GradientsAccumulated, E::AfterOptimizerStep, E::BatchEnd};
   }
   std::vector<trainer::KeySpec> config_keys() const override { return GradNormSettings::keys(); }
   void configure(const trainer::Config& section, std::shared_ptr<spdlog::logger> logger) override {
@@ -60,9 +61,10 @@ class GradNormPlugin final : public trainer::Plugin {
         for (const auto& p : ctx.model->parameters()) {
           if (p.grad().defined()) sq += p.grad().pow(2).sum().item<double>();
         }
+        // Set, not added to: this event fires again when an out-of-memory retry re-runs the batch.
         norm_ = std::sqrt(sq);
-        if (steps_ > 0 && norm_ > s_.spike_factor * mean_) {
-          ++spikes_;
+        spike_ = steps_ > 0 && norm_ > s_.spike_factor * mean_;
+        if (spike_) {
           if (s_.skip_spikes) {
             control.skip_step = true;
             control.reason = "gradient norm " + std::to_string(norm_) + " is a spike";
@@ -70,11 +72,16 @@ class GradNormPlugin final : public trainer::Plugin {
         }
         break;
       }
+      case trainer::Event::BatchEnd:  // once per batch, its step taken or skipped
+        spikes_ += spike_ ? 1 : 0;
+        spike_ = false;
+        break;
       case trainer::Event::AfterOptimizerStep:
         mean_ = steps_ == 0 ? norm_ : s_.decay * mean_ + (1 - s_.decay) * norm_;
         ++steps_;
-        ctx.metrics->log(ctx.state.global_step,
-                         {{"grad_norm/unclipped", norm_}, {"grad_norm/mean", mean_}, {"grad_norm/spikes", double(spikes_)}});
+        ctx.metrics->log(ctx.state.global_step, {{"grad_norm/unclipped", norm_},
+                                                 {"grad_norm/mean", mean_},
+                                                 {"grad_norm/spikes", double(spikes_ + (spike_ ? 1 : 0))}});
         break;
       default:
         break;
@@ -84,6 +91,7 @@ class GradNormPlugin final : public trainer::Plugin {
  private:
   GradNormSettings s_;
   double norm_ = 0.0, mean_ = 0.0;
+  bool spike_ = false;  ///< this batch's gradient spiked
   std::int64_t steps_ = 0, spikes_ = 0;
 };
 

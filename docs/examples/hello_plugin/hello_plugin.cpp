@@ -52,7 +52,7 @@ class HelloPlugin final : public trainer::Plugin {
         ctx.metrics->log(ctx.state.global_step, {{"hello/best_accuracy", best_}});
         if (settings_.stop_at_accuracy > 0 && acc >= settings_.stop_at_accuracy) {
           control.stop_training = true;
-          control.reason = "hello: target accuracy reached";
+          control.reason = "target accuracy reached";  // the core adds the plugin's name
         }
         break;
       }
