@@ -36,7 +36,7 @@ struct ConsoleSettings : trainer::Settings<ConsoleSettings> {
 class ConsolePlugin final : public trainer::Plugin {
  public:
   std::string name() const override { return "console"; }
-  std::string description() const override { return "Progress line: epoch, step/total, loss, samples/s, ETA, other metrics"; }
+  std::string description() const override { return "Progress line: epoch, step/total, loss, LR, samples/s, ETA, other metrics"; }
   std::vector<trainer::Event> events() const override {
     using E = trainer::Event;
     return {E::FitStart, E::BatchEnd, E::EvalEnd, E::EpochEnd, E::FitEnd};
@@ -113,9 +113,9 @@ class ConsolePlugin final : public trainer::Plugin {
     const double rate = secs > 0 ? double(s.samples_seen - start_samples_) / secs : 0.0;
     const double eta = steps_done > 0 ? secs / steps_done * double(s.total_steps - s.global_step) : -1.0;
     char buf[256];
-    std::snprintf(buf, sizeof buf, "epoch %lld/%lld | step %lld/%lld | loss %.4f | %.0f samples/s | ETA %s",
+    std::snprintf(buf, sizeof buf, "epoch %lld/%lld | step %lld/%lld | loss %.4f | lr %.4g | %.0f samples/s | ETA %s",
                   static_cast<long long>(s.epoch + 1), static_cast<long long>(s.num_epochs),
-                  static_cast<long long>(s.global_step), static_cast<long long>(s.total_steps), s.loss, rate,
+                  static_cast<long long>(s.global_step), static_cast<long long>(s.total_steps), s.loss, s.lr, rate,
                   hms(eta).c_str());
     std::string out = buf;
     if (metrics_ && metrics_log_) {
@@ -128,9 +128,9 @@ class ConsolePlugin final : public trainer::Plugin {
     }
     return out;
   }
-  /// Shown by the line already (loss, throughput, epoch), or on the eval line.
+  /// Shown by the line already (loss, learning rate, throughput, epoch), or on the eval line.
   static bool on_line(const std::string& name) {
-    return name == "train/loss" || name == "train/epoch" || name == "train/samples_per_s" ||
+    return name == "train/loss" || name == "train/lr" || name == "train/epoch" || name == "train/samples_per_s" ||
            name.rfind("eval/", 0) == 0;
   }
   void end_line() {
