@@ -5,6 +5,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "trainer/context.h"
@@ -68,10 +69,12 @@ class TRAINER_API EventBus {
     std::size_t order;
   };
   void rebuild();
-  /// Runs `f` for one plugin, applying its failure policy to what it throws.
-  void guarded(const Entry& e, const std::string& where, const std::function<void()>& f);
+  /// Runs `f` for one plugin, applying its failure policy to what it throws. (A template, not
+  /// a std::function: dispatch is on the training step's path and must not allocate.)
+  template <typename F>
+  void guarded(const Entry& e, std::string_view where, F&& f);
   /// An Observer's failure: counted, logged the first times only.
-  void observer_failed(const Entry& e, const std::string& where, const std::string& msg, const std::string& what);
+  void observer_failed(const Entry& e, std::string_view where, const std::string& msg, const std::string& what);
 
   std::shared_ptr<spdlog::logger> logger_;
   std::vector<Entry> entries_;

@@ -41,25 +41,8 @@ std::vector<std::shared_ptr<Plugin>> EventBus::plugins() const {
   return out;
 }
 
-void EventBus::dispatch(EventContext& ctx, Control& control) {
-  const auto& list = by_event_[static_cast<std::size_t>(ctx.event)];
-  const std::string where(event_name(ctx.event));
-  for (const Entry* e : list) {
-    // Each plugin writes its own reason; the earlier ones' are kept in control.reasons.
-    const bool stopping = control.stop_training;
-    control.reason.clear();
-    guarded(*e, where, [&] { e->plugin->on_event(ctx, control); });
-    if (!control.reason.empty()) control.reasons.push_back({e->name, control.reason});
-    if (!stopping && control.stop_training && control.stopped_by.empty()) control.stopped_by = e->name;
-  }
-  control.reason = control.reasons_text();
-}
-
-void EventBus::for_each(const std::string& where, const std::function<void(Plugin&)>& f) {
-  for (const auto& e : entries_) guarded(e, where, [&] { f(*e.plugin); });
-}
-
-void EventBus::guarded(const Entry& e, const std::string& where, const std::function<void()>& f) {
+template <typename F>
+void EventBus::guarded(const Entry& e, std::string_view where, F&& f) {
   try {
     f();
   } catch (const c10::OutOfMemoryError&) {
@@ -82,13 +65,31 @@ void EventBus::guarded(const Entry& e, const std::string& where, const std::func
   }
 }
 
-void EventBus::observer_failed(const Entry& e, const std::string& where, const std::string& msg,
+void EventBus::dispatch(EventContext& ctx, Control& control) {
+  const auto& list = by_event_[static_cast<std::size_t>(ctx.event)];
+  const std::string_view where = event_name(ctx.event);
+  for (const Entry* e : list) {
+    // Each plugin writes its own reason; the earlier ones' are kept in control.reasons.
+    const bool stopping = control.stop_training;
+    control.reason.clear();
+    guarded(*e, where, [&] { e->plugin->on_event(ctx, control); });
+    if (!control.reason.empty()) control.reasons.push_back({e->name, control.reason});
+    if (!stopping && control.stop_training && control.stopped_by.empty()) control.stopped_by = e->name;
+  }
+  if (!control.reasons.empty()) control.reason = control.reasons_text();
+}
+
+void EventBus::for_each(const std::string& where, const std::function<void(Plugin&)>& f) {
+  for (const auto& e : entries_) guarded(e, where, [&] { f(*e.plugin); });
+}
+
+void EventBus::observer_failed(const Entry& e, std::string_view where, const std::string& msg,
                                const std::string& what) {
   ++swallowed_;
   auto it = std::find_if(failures_.begin(), failures_.end(),
                          [&](const ObserverFailure& f) { return f.plugin == e.name && f.where == where; });
   if (it == failures_.end()) {
-    failures_.push_back({e.name, where, 1, what});
+    failures_.push_back({e.name, std::string(where), 1, what});
     logger_->error("{} (observer plugin: the run continues)", msg);
     return;
   }
