@@ -58,10 +58,17 @@ std::string order_text(const DataOrder& order) {
   return out;
 }
 
+/// The lines of a text index stored in a checkpoint (the data order, plugin names and keys).
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
 std::map<std::string, std::string> parse_order(const std::string& text) {
   std::map<std::string, std::string> out;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) {
+  for (const std::string& line : lines_of(text)) {
     const auto tab = line.find('\t');
     if (tab != std::string::npos) out[line.substr(0, tab)] = line.substr(tab + 1);
   }
@@ -110,13 +117,6 @@ void write_plugin_states(torch::serialize::OutputArchive& ar, const std::map<std
   }
   all.write("__plugins__", c10::IValue(names));
   ar.write("plugin_state", all);
-}
-
-std::vector<std::string> lines_of(const std::string& text) {
-  std::vector<std::string> out;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) out.push_back(line);
-  return out;
 }
 
 std::string index_of(torch::serialize::InputArchive& ar, const std::string& key) {
