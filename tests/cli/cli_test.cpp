@@ -187,7 +187,8 @@ TEST(Cli, MemListsGpusAndTheirProcessesFromNvml) {
 TEST(Cli, RobustPresetAddsItsPluginsToTheRecipes) {
   const auto o = run_cli("--recipe " + kRecipe + " --print-config robust");
   EXPECT_EQ(o.code, 0) << o.text;
-  EXPECT_NE(o.text.find("load = [\"console\", \"device_select\", \"oom_backoff\", \"memory_log\"]"), std::string::npos)
+  EXPECT_NE(o.text.find("load = [\"console\", \"mixed_precision\", \"device_select\", \"oom_backoff\", \"memory_log\"]"),
+            std::string::npos)
       << o.text;
   EXPECT_NE(o.text.find("wait_for_gpu = true"), std::string::npos) << o.text;
 }

@@ -80,6 +80,10 @@ struct TRAINER_API EventContext {
   const at::Tensor* outputs = nullptr;           ///< logits (AfterForward)
   const at::Tensor* loss = nullptr;              ///< scaled micro-batch loss (AfterForward, Before/AfterBackward);
                                                  ///< EvalBatchEnd: the eval batch's mean loss
+  /// BeforeBackward: the tensor backward() runs on, *loss to begin with. A plugin may replace
+  /// it (a GradScaler multiplies it by the loss scale; an auxiliary term may be added); the
+  /// training loss logged stays *loss.
+  at::Tensor* backward_loss = nullptr;
   /// EvalMetrics: the evaluation's metrics, writable: add your own ("eval/f1"), logged with
   /// the core's right after. EvalEnd: all of them, already logged (changes are not logged).
   std::map<std::string, double>* eval_metrics = nullptr;

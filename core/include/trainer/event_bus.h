@@ -40,6 +40,25 @@ class TRAINER_API EventBus {
   /// Fires `ctx.event` to its subscribers in order; all of them share `control`.
   void dispatch(EventContext& ctx, Control& control);
 
+  /// The plugins' forward scopes (Plugin::forward_scope), alive as long as this object;
+  /// closed in reverse order of opening.
+  class TRAINER_API ForwardScopes {
+   public:
+    ForwardScopes() = default;
+    ForwardScopes(ForwardScopes&&) = default;
+    ForwardScopes& operator=(ForwardScopes&&) = delete;
+    ~ForwardScopes();
+    std::size_t size() const { return scopes_.size(); }
+
+   private:
+    friend class EventBus;
+    std::vector<std::unique_ptr<ForwardScope>> scopes_;
+  };
+  /// Opens every plugin's forward scope for `ctx` (ctx.event is BeforeForward or
+  /// EvalBatchStart), in dispatch order, under the plugins' failure policies (scopes already
+  /// opened are closed when one throws). Allocates nothing when no plugin returns a scope.
+  ForwardScopes open_forward_scopes(const EventContext& ctx);
+
   /// Plugins in dispatch order for opening events.
   std::vector<std::shared_ptr<Plugin>> plugins() const;
   /// Number of plugins subscribed to `e`.

@@ -2,6 +2,7 @@
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -31,17 +32,42 @@ struct ModelSettings : Settings<ModelSettings> {
   }
 };
 
+/// One repeated unit of a model (a transformer encoder layer, a residual block): one tensor in,
+/// one tensor out. Models call their blocks through run(), never forward() directly, so that
+/// a plugin can wrap every call (activation checkpointing does, in ModelCreated).
+class TRAINER_API Block : public torch::nn::Module {
+ public:
+  using torch::nn::Module::Module;
+  virtual at::Tensor forward(const at::Tensor& x) = 0;
+
+  /// How forward() is called when a wrapper is set: the wrapper gets the block and the input
+  /// and must call block.forward(x) (or compute the same) itself.
+  using Wrapper = std::function<at::Tensor(Block& block, const at::Tensor& x)>;
+  /// forward(x), or the wrapper's call when one is set.
+  at::Tensor run(const at::Tensor& x) { return wrapper_ ? wrapper_(*this, x) : forward(x); }
+  /// Replaces how run() calls forward(); an empty Wrapper restores the plain call.
+  void set_wrapper(Wrapper w) { wrapper_ = std::move(w); }
+  bool wrapped() const { return static_cast<bool>(wrapper_); }
+
+ private:
+  Wrapper wrapper_;
+};
+
 /// A trainable model: a torch Module with a single-tensor forward returning logits [N, classes].
 class TRAINER_API Model : public torch::nn::Module {
  public:
   using torch::nn::Module::Module;
   virtual at::Tensor forward(const at::Tensor& input) = 0;
+  /// The model's repeated units in forward order, for plugins that act per block (the
+  /// grad_checkpoint plugin). Empty (the default) for models without such units. The model
+  /// must call each through Block::run().
+  virtual std::vector<std::shared_ptr<Block>> blocks() { return {}; }
 };
 
 /// Builds a model from its config section (`model.*`) and the data spec.
 using ModelFactory = std::function<std::shared_ptr<Model>(const Config& section, const DataSpec& data)>;
 
-/// The process-wide model registry (built-ins: "mlp", "cnn").
+/// The process-wide model registry (built-ins: "mlp", "cnn", "vit").
 TRAINER_API Registry<ModelFactory>& model_registry();
 
 /// The dtype named by `model.dtype`: "float32", "float64" or "bfloat16" (throws ConfigError

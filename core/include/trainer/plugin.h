@@ -20,7 +20,7 @@ class logger;
 }
 
 /// Bumped whenever a public header changes a layout or a virtual table plugins rely on.
-#define TRAINER_ABI_VERSION 6
+#define TRAINER_ABI_VERSION 7
 
 namespace trainer {
 
@@ -28,6 +28,13 @@ namespace trainer {
 enum class FailurePolicy {
   Observer,   ///< log the error with plugin and event names, then continue the run
   Essential,  ///< fail the run cleanly (Exception and Shutdown fire, exit code 3)
+};
+
+/// What Plugin::forward_scope() returns: an object alive around one forward pass and its loss.
+/// Its destructor undoes what its constructor did, and must not throw.
+class TRAINER_API ForwardScope {
+ public:
+  virtual ~ForwardScope();
 };
 
 /// A plugin: reacts to lifecycle events and may steer the run through Control.
@@ -61,6 +68,18 @@ class TRAINER_API Plugin {
   /// Gets back what save_state() stored, when `--resume` loads a checkpoint holding state for
   /// this plugin: after configure(), before the Resume event (which lists the plugins restored).
   virtual void load_state(const PluginState& state) { (void)state; }
+  /// Wraps each forward the core runs, like PyTorch's `with torch.autocast(...)` around the
+  /// model call (Lightning's precision plugin forward_context): called after BeforeForward
+  /// for a training micro-batch (ctx.event == BeforeForward) and after EvalBatchStart for an
+  /// evaluation batch (ctx.event == EvalBatchStart; fired then even when no plugin subscribes),
+  /// with ctx.batch set. The scope returned lives until the loss is computed and is destroyed
+  /// on every exit path, an out-of-memory error or any exception in the forward included.
+  /// Scopes of several plugins nest: opened in priority order, closed in reverse. Return null
+  /// (the default) for nothing. May throw, handled by the plugin's failure policy.
+  virtual std::unique_ptr<ForwardScope> forward_scope(const EventContext& ctx) {
+    (void)ctx;
+    return nullptr;
+  }
 
  protected:
   std::shared_ptr<spdlog::logger> logger_;

@@ -101,3 +101,15 @@ std::vector<DeviceInfo> cuda_gpus(std::string* why) {
 }
 
 }  // namespace trainer::detail
+
+namespace trainer::detail {
+
+int cuda_compute_capability(int device) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || device < 0 || device >= n) return 0;
+  cudaDeviceProp p{};
+  if (cudaGetDeviceProperties(&p, device) != cudaSuccess) return 0;
+  return p.major * 10 + p.minor;
+}
+
+}  // namespace trainer::detail

@@ -30,6 +30,8 @@ void cuda_clear(int device, bool force);
 /// creating a context on them: name, total memory, PCI bus id; free memory unknown (-1).
 /// `why` receives the CUDA runtime's error when it reports no GPU.
 std::vector<DeviceInfo> cuda_gpus(std::string* why);
+/// Compute capability of GPU `device` as major*10+minor; 0 when it is not there.
+int cuda_compute_capability(int device);
 #endif
 
 }  // namespace trainer::detail

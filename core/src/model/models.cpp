@@ -7,6 +7,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/pooling.h>
 
+#include "model/vit.h"
 #include "trainer/error.h"
 #include "trainer/model.h"
 
@@ -135,6 +136,10 @@ Registry<ModelFactory>& model_registry() {
           return std::make_shared<Cnn>(CnnSettings::from(c), d);
         },
         CnnSettings::keys(), "Small convolutional network for images");
+    r->add(
+        "vit",
+        [](const Config& c, const DataSpec& d) -> std::shared_ptr<Model> { return make_vit(VitSettings::from(c), d); },
+        VitSettings::keys(), "Vision Transformer (torchvision's layout and parameter names; blocks exposed)");
     return r;
   }();
   return *reg;

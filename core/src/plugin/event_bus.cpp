@@ -11,6 +11,11 @@
 namespace trainer {
 
 Plugin::~Plugin() = default;
+ForwardScope::~ForwardScope() = default;
+
+EventBus::ForwardScopes::~ForwardScopes() {
+  while (!scopes_.empty()) scopes_.pop_back();  // the last opened closes first
+}
 
 EventBus::EventBus(std::shared_ptr<spdlog::logger> logger) : logger_(logger ? std::move(logger) : default_logger()) {}
 
@@ -77,6 +82,17 @@ void EventBus::dispatch(EventContext& ctx, Control& control) {
     if (!stopping && control.stop_training && control.stopped_by.empty()) control.stopped_by = e->name;
   }
   if (!control.reasons.empty()) control.reason = control.reasons_text();
+}
+
+EventBus::ForwardScopes EventBus::open_forward_scopes(const EventContext& ctx) {
+  ForwardScopes out;
+  const std::string_view where = "forward_scope";
+  for (const auto& e : entries_) {
+    guarded(e, where, [&] {
+      if (auto scope = e.plugin->forward_scope(ctx)) out.scopes_.push_back(std::move(scope));
+    });
+  }
+  return out;
 }
 
 void EventBus::for_each(const std::string& where, const std::function<void(Plugin&)>& f) {

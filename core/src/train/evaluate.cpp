@@ -50,8 +50,13 @@ std::map<std::string, double> Evaluator::run() {
         const Batch host = parts_.test_set->get(idx);
         const Batch b{host.inputs.to(parts_.device, parts_.input_dtype), host.targets.to(parts_.device)};
         if (per_batch) hooks_.fire(Event::EvalBatchStart, EventArgs::micro_batch(b, idx));
-        const at::Tensor out = parts_.model->forward(b.inputs);
-        const at::Tensor loss = at::cross_entropy_loss(out, b.targets, {}, at::Reduction::Sum);
+        at::Tensor out, loss;
+        {
+          // The same forward scopes as in training (autocast): evaluation runs at the training precision.
+          const auto scopes = hooks_.forward_scopes(Event::EvalBatchStart, EventArgs::micro_batch(b, idx));
+          out = parts_.model->forward(b.inputs);
+          loss = at::cross_entropy_loss(out, b.targets, {}, at::Reduction::Sum);
+        }
         loss_sum += loss.item<double>();
         correct += out.argmax(1).eq(b.targets).sum().item<std::int64_t>();
         if (per_batch) {

@@ -63,34 +63,52 @@ void Hooks::add_plugins(const std::vector<std::shared_ptr<Plugin>>& plugins) {
   }
 }
 
+namespace {
+
+/// Points the context at one event's arguments for the guard's lifetime: no pointer to them
+/// survives the event, whatever happens.
+struct ScopedArgs {
+  ScopedArgs(EventContext& ctx, Event e, const RunState& state, const EventArgs& args) : c(ctx) {
+    c.event = e;
+    c.state = state;
+    c.batch = args.batch;
+    c.indices = args.indices;
+    c.outputs = args.outputs;
+    c.loss = args.loss;
+    c.backward_loss = args.backward_loss;
+    c.eval_metrics = args.eval_metrics;
+    c.oom = args.oom;
+    c.resume = args.resume;
+  }
+  ~ScopedArgs() {
+    c.batch = nullptr;
+    c.indices = nullptr;
+    c.outputs = nullptr;
+    c.loss = nullptr;
+    c.backward_loss = nullptr;
+    c.eval_metrics = nullptr;
+    c.oom = nullptr;
+    c.resume = nullptr;
+  }
+  ScopedArgs(const ScopedArgs&) = delete;
+  ScopedArgs& operator=(const ScopedArgs&) = delete;
+  EventContext& c;
+};
+
+}  // namespace
+
 Control Hooks::fire(Event e, const EventArgs& args) {
   Control control;
   if (bus_.subscribers(e) == 0) return control;
-  ctx_.event = e;
-  ctx_.state = state_;
-  ctx_.batch = args.batch;
-  ctx_.indices = args.indices;
-  ctx_.outputs = args.outputs;
-  ctx_.loss = args.loss;
-  ctx_.eval_metrics = args.eval_metrics;
-  ctx_.oom = args.oom;
-  ctx_.resume = args.resume;
-  // The arguments live only during the event: no pointer to them survives it, whatever happens.
-  struct ClearArgs {
-    EventContext& c;
-    ~ClearArgs() {
-      c.batch = nullptr;
-      c.indices = nullptr;
-      c.outputs = nullptr;
-      c.loss = nullptr;
-      c.eval_metrics = nullptr;
-      c.oom = nullptr;
-      c.resume = nullptr;
-    }
-  } clear{ctx_};
+  const ScopedArgs scoped(ctx_, e, state_, args);
   bus_.dispatch(ctx_, control);
   if (control.any()) apply(e, control);
   return control;
+}
+
+EventBus::ForwardScopes Hooks::forward_scopes(Event e, const EventArgs& args) {
+  const ScopedArgs scoped(ctx_, e, state_, args);
+  return bus_.open_forward_scopes(ctx_);
 }
 
 void Hooks::apply(Event e, Control& c) {

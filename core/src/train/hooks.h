@@ -22,6 +22,7 @@ struct EventArgs {
   const at::Tensor* indices = nullptr;
   const at::Tensor* outputs = nullptr;
   const at::Tensor* loss = nullptr;
+  at::Tensor* backward_loss = nullptr;  ///< BeforeBackward only
   std::map<std::string, double>* eval_metrics = nullptr;
   const OomInfo* oom = nullptr;
   const ResumeInfo* resume = nullptr;
@@ -73,6 +74,10 @@ class Hooks {
   /// (kEventTable); the others are cleared, with a warning where kControlFieldTable says so.
   /// stop_training, request_eval and request_checkpoint are recorded for the safe points.
   Control fire(Event e, const EventArgs& args = {});
+
+  /// The plugins' forward scopes around one forward and its loss (Plugin::forward_scope), for
+  /// `e` = BeforeForward (training) or EvalBatchStart (evaluation) with the batch in `args`.
+  EventBus::ForwardScopes forward_scopes(Event e, const EventArgs& args);
 
   /// Whether any plugin subscribed to `e` (to skip work only its arguments need).
   bool wants(Event e) const { return bus_.subscribers(e) > 0; }

@@ -103,15 +103,26 @@ std::pair<double, bool> TrainStep::accumulate(const Batch& full, const at::Tenso
     oom_.enter("forward");
     const Batch mb = on_device(whole ? full : Batch{full.inputs.narrow(0, begin, len), full.targets.narrow(0, begin, len)});
     skip |= hooks_.fire(Event::BeforeForward, EventArgs::micro_batch(mb, idx)).skip_step;
-    const at::Tensor out = parts_.model->forward(mb.inputs);
-    at::Tensor loss = at::cross_entropy_loss(out, mb.targets);
-    if (len != n) loss = loss * (static_cast<double>(len) / static_cast<double>(n));
+    at::Tensor out, loss;
+    {
+      // Plugins' scopes (autocast) cover the forward and the loss, and close on every exit path.
+      const auto scopes = hooks_.forward_scopes(Event::BeforeForward, EventArgs::micro_batch(mb, idx));
+      out = parts_.model->forward(mb.inputs);
+      loss = at::cross_entropy_loss(out, mb.targets);
+      if (len != n) loss = loss * (static_cast<double>(len) / static_cast<double>(n));
+    }
     skip |= hooks_.fire(Event::AfterForward, EventArgs::micro_batch(mb, idx, &out, &loss)).skip_step;
-    const EventArgs with_loss = EventArgs::micro_batch(mb, idx, nullptr, &loss);
-    skip |= hooks_.fire(Event::BeforeBackward, with_loss).skip_step;
+    at::Tensor backward_loss = loss;  // plugins may replace it in BeforeBackward (loss scaling)
+    EventArgs before_backward = EventArgs::micro_batch(mb, idx, nullptr, &loss);
+    before_backward.backward_loss = &backward_loss;
+    skip |= hooks_.fire(Event::BeforeBackward, before_backward).skip_step;
+    TRAINER_CHECK(backward_loss.defined() && backward_loss.numel() == 1, "a plugin left ctx.backward_loss ",
+                  backward_loss.defined() ? "with " + std::to_string(backward_loss.numel()) + " elements" : std::string("undefined"),
+                  " in BeforeBackward; it must stay a one-element tensor");
     oom_.enter("backward");
-    loss.backward();
-    skip |= hooks_.fire(Event::AfterBackward, with_loss).skip_step;
+    backward_loss.backward();
+    backward_loss = at::Tensor();
+    skip |= hooks_.fire(Event::AfterBackward, EventArgs::micro_batch(mb, idx, nullptr, &loss)).skip_step;
     loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach();
   }
   return {loss_sum.item<double>(), skip};

@@ -10,6 +10,7 @@
 #define TRAINER_ALLOCATOR_ALLOCATE_CONST const
 #endif
 
+#include <ATen/autocast_mode.h>
 #include <ATen/core/Tensor.h>
 
 #include <sstream>
@@ -30,6 +31,51 @@ auto optimizer_state_key(const Optimizer& opt, const at::Tensor& p) {
   } else {
     return static_cast<Key>(p.unsafeGetTensorImpl());
   }
+}
+
+// Autocast got per-device-type functions in LibTorch 2.4 (set_autocast_enabled(type, on) ...);
+// the per-device ones of 1.13 (set_cpu_enabled, set_autocast_cpu_dtype ...) are deprecated there.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+#define TRAINER_AUTOCAST_PER_DEVICE_TYPE 1
+#endif
+
+/// Whether autocast is on for `type` (kCPU or kCUDA) on this thread.
+inline bool autocast_enabled(c10::DeviceType type) {
+#ifdef TRAINER_AUTOCAST_PER_DEVICE_TYPE
+  return at::autocast::is_autocast_enabled(type);
+#else
+  return type == c10::kCPU ? at::autocast::is_cpu_enabled() : at::autocast::is_enabled();
+#endif
+}
+inline void set_autocast_enabled(c10::DeviceType type, bool on) {
+#ifdef TRAINER_AUTOCAST_PER_DEVICE_TYPE
+  at::autocast::set_autocast_enabled(type, on);
+#else
+  if (type == c10::kCPU) {
+    at::autocast::set_cpu_enabled(on);
+  } else {
+    at::autocast::set_enabled(on);
+  }
+#endif
+}
+/// The dtype autocast casts to on `type`.
+inline c10::ScalarType autocast_dtype(c10::DeviceType type) {
+#ifdef TRAINER_AUTOCAST_PER_DEVICE_TYPE
+  return at::autocast::get_autocast_dtype(type);
+#else
+  return type == c10::kCPU ? at::autocast::get_autocast_cpu_dtype() : at::autocast::get_autocast_gpu_dtype();
+#endif
+}
+inline void set_autocast_dtype(c10::DeviceType type, c10::ScalarType dtype) {
+#ifdef TRAINER_AUTOCAST_PER_DEVICE_TYPE
+  at::autocast::set_autocast_dtype(type, dtype);
+#else
+  if (type == c10::kCPU) {
+    at::autocast::set_autocast_cpu_dtype(dtype);
+  } else {
+    at::autocast::set_autocast_gpu_dtype(dtype);
+  }
+#endif
 }
 
 }  // namespace trainer::compat
