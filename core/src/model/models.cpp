@@ -59,12 +59,17 @@ struct CnnSettings : Settings<CnnSettings> {
   std::int64_t hidden = 128;
   double dropout = 0.0;
   bool batch_norm = true;
+  std::string memory_format = "contiguous";
 
   static void declare(SettingsSchema<CnnSettings>& s) {
     s.add(&CnnSettings::channels, "channels", "Conv widths, one 3x3 conv + 2x2 pool stage each").min(1);
     s.add(&CnnSettings::hidden, "hidden", "Width of the hidden fully-connected layer").min(1);
     s.add(&CnnSettings::dropout, "dropout", "Dropout before the head").min(0).max(1, false);
     s.add(&CnnSettings::batch_norm, "batch_norm", "BatchNorm after each conv");
+    s.add(&CnnSettings::memory_format, "memory_format",
+          "Conv weights and inputs as NCHW (contiguous) or NHWC (channels_last); auto: whichever a probe of a few "
+          "forward+backward passes at the start of the run measures faster on this machine")
+        .choices({"auto", "contiguous", "channels_last"});
   }
 };
 

@@ -48,7 +48,7 @@ std::map<std::string, double> Evaluator::run() {
         len = std::min(batch, n - begin);
         const at::Tensor idx = at::arange(begin, begin + len, at::kLong);
         const Batch host = parts_.test_set->get(idx);
-        const Batch b{host.inputs.to(parts_.device, parts_.input_dtype), host.targets.to(parts_.device)};
+        const Batch b = to_device(parts_, host);
         if (per_batch) hooks_.fire(Event::EvalBatchStart, EventArgs::micro_batch(b, idx));
         at::Tensor out, loss;
         {

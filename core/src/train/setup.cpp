@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "train/hooks.h"
+#include "train/memory_format.h"
 #include "trainer/devices.h"
 #include "trainer/error.h"
 #include "trainer/memory.h"
@@ -109,11 +110,26 @@ void setup_model(RunParts& parts, Hooks& hooks, const Config& cfg, spdlog::logge
   TRAINER_CHECK(ctx.model != nullptr, "a plugin cleared the model in ModelCreated");
   parts.model = ctx.model;
   parts.model->to(parts.device);
+  if (section.has("memory_format")) {
+    choose_memory_format(parts, section.get<std::string>("memory_format"),
+                         TrainingSettings::from(cfg.sub("training")).micro_batch(), log);
+  }
   parts.model->train();
   hooks.fire(Event::ModelToDevice);
   std::int64_t nparams = 0;
   for (const auto& p : parts.model->parameters()) nparams += p.numel();
   log.info("model {}: {} parameters", cfg.get<std::string>("model.name"), nparams);
+}
+
+Batch to_device(const RunParts& parts, const Batch& b) {
+  const bool nhwc = parts.memory_format == c10::MemoryFormat::ChannelsLast && b.inputs.dim() == 4;
+  if (b.inputs.device() == parts.device && b.inputs.scalar_type() == parts.input_dtype &&
+      b.targets.device() == parts.device && (!nhwc || b.inputs.is_contiguous(c10::MemoryFormat::ChannelsLast))) {
+    return b;
+  }
+  at::Tensor inputs = b.inputs.to(parts.device, parts.input_dtype);
+  if (nhwc) inputs = inputs.contiguous(c10::MemoryFormat::ChannelsLast);
+  return {inputs, b.targets.to(parts.device)};
 }
 
 void setup_optimizer(RunParts& parts, Hooks& hooks, const Config& cfg) {

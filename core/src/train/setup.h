@@ -2,6 +2,7 @@
 // Private: building a run, in the order fit() does it: the runtime, the device (with its
 // memory budget), the data, the model and the optimizer, and the plan of steps.
 #include <c10/core/Device.h>
+#include <c10/core/MemoryFormat.h>
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
@@ -34,6 +35,8 @@ struct RunParts {
   std::unique_ptr<LrSchedule> schedule;
   c10::Device device{c10::kCPU};              ///< where the run is (an OOM device fallback moves it)
   c10::ScalarType input_dtype = c10::kFloat;  ///< model.dtype: inputs are cast to it
+  /// model.memory_format as chosen (train/memory_format.h): 4-D inputs are converted to it.
+  c10::MemoryFormat memory_format = c10::MemoryFormat::Contiguous;
   /// The evaluation batch: eval.batch_size, or the size an out-of-memory retry settled on (kept
   /// in checkpoints, so a resumed run does not run out of memory where this one learnt better).
   std::int64_t eval_batch = 0;
@@ -71,8 +74,12 @@ class MemoryBudget {
 void setup_data(RunParts& parts, const Config& cfg, bool with_test_split, spdlog::logger& log);
 
 /// Builds the model in its dtype ([model]), fires ModelCreated (plugins may replace it), moves
-/// it to parts.device once, puts it in training mode and fires ModelToDevice.
+/// it to parts.device once, applies model.memory_format where the model has the key (a probe
+/// for "auto"), puts it in training mode and fires ModelToDevice.
 void setup_model(RunParts& parts, Hooks& hooks, const Config& cfg, spdlog::logger& log);
+
+/// `b` on the run's device, inputs in the model's input dtype and memory format.
+Batch to_device(const RunParts& parts, const Batch& b);
 
 /// Builds the optimizer ([optim]) over the parameters that require grad and fires
 /// OptimizerCreated.

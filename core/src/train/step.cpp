@@ -128,13 +128,7 @@ std::pair<double, bool> TrainStep::accumulate(const Batch& full, const at::Tenso
   return {loss_sum.item<double>(), skip};
 }
 
-Batch TrainStep::on_device(Batch b) const {
-  if (b.inputs.device() == parts_.device && b.inputs.scalar_type() == parts_.input_dtype &&
-      b.targets.device() == parts_.device) {
-    return b;
-  }
-  return {b.inputs.to(parts_.device, parts_.input_dtype), b.targets.to(parts_.device)};
-}
+Batch TrainStep::on_device(Batch b) const { return to_device(parts_, b); }
 
 void TrainStep::atomic_step() {
   oom_.enter("optimizer_step");
