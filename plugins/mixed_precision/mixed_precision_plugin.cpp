@@ -6,6 +6,7 @@
 // updated once per batch in BatchEnd, so an out-of-memory retry of a batch counts once.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 
@@ -98,7 +99,7 @@ class MixedPrecisionPlugin final : public trainer::Plugin {
         resolve(ctx);
         break;
       case E::Resume:
-        if (scaler_ && restored_) {
+        if (scaler_ && std::count(ctx.resume->restored_plugins.begin(), ctx.resume->restored_plugins.end(), name())) {
           logger_->info("mixed_precision: loss scale {} restored ({} clean steps of {} before growing)",
                         scaler_->get_scale(), scaler_->growth_tracker(), s_.growth_interval);
         }
@@ -157,7 +158,6 @@ class MixedPrecisionPlugin final : public trainer::Plugin {
     saved_scale_ = state.get_double("loss_scale", s_.init_scale);
     saved_tracker_ = state.get_int("growth_tracker", 0);
     skipped_ = state.get_int("skipped_steps", 0);
-    restored_ = true;
     if (scaler_) apply_saved();
   }
 
@@ -242,7 +242,6 @@ class MixedPrecisionPlugin final : public trainer::Plugin {
   std::int64_t saved_tracker_ = 0;
   std::int64_t skipped_ = 0;       ///< steps skipped for inf/NaN gradients this run (and before a resume)
   bool inf_this_attempt_ = false;  ///< the current attempt's gradients were not finite
-  bool restored_ = false;
   std::int64_t logged_step_ = -1;
 };
 

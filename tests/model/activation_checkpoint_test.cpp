@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "support/test_util.h"
 #include "trainer/activation_checkpoint.h"
 #include "trainer/memory.h"
 #include "trainer/model.h"
@@ -11,6 +12,8 @@
 
 namespace trainer {
 namespace {
+
+using testing::max_abs_diff;
 
 const c10::Device kCpu(c10::kCPU);
 
@@ -55,16 +58,6 @@ void expect_block_gradients(Model& m) {
     ASSERT_TRUE(p.value().grad().defined()) << p.key();
     EXPECT_GT(p.value().grad().abs().max().item<double>(), 0.0) << p.key();
   }
-}
-
-double max_abs_diff(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double worst = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    EXPECT_TRUE(a[i].defined() && b[i].defined()) << "parameter " << i << " has no gradient";
-    worst = std::max(worst, (a[i] - b[i]).abs().max().item<double>());
-  }
-  return worst;
 }
 
 TEST(ActivationCheckpoint, GradientsEqualThePlainModelsInFloat32) {

@@ -18,6 +18,7 @@
 namespace trainer {
 namespace {
 
+using testing::max_abs_diff;
 using testing::metric_by_step;
 
 const c10::Device kCpu(c10::kCPU);
@@ -176,14 +177,6 @@ class PrecisionPlugins : public testing::TrainerTest {
     }
     return r;
   }
-  static double max_abs_diff(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
-    EXPECT_EQ(a.size(), b.size());
-    double worst = 0;
-    for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) {
-      worst = std::max(worst, (a[i] - b[i]).abs().max().item<double>());
-    }
-    return worst;
-  }
   std::vector<at::Tensor> params_;
 };
 
@@ -204,7 +197,7 @@ TEST_F(PrecisionPlugins, Bf16AutocastCoversEveryForwardTrainingAndEvaluationAndN
   EXPECT_EQ(autocast_state(), AutocastState{});
 }
 
-TEST_F(PrecisionPlugins, Fp32AndAutoOnAMachineWithoutNativeBf16LeaveAutocastOff) {
+TEST_F(PrecisionPlugins, AutoRunsBf16ExactlyWhereTheCpuHasNativeBf16) {
   auto probe = std::make_shared<AutocastProbe>();
   const bool native = native_bf16(kCpu);
   const RunResult r = run("auto", {}, {probe});  // precision = "auto" by default

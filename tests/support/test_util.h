@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -147,6 +148,21 @@ inline std::vector<std::string> recorded_events(const std::string& events_file) 
 }
 
 /// metrics.jsonl values of `name`, keyed by step.
+/// The largest absolute difference between corresponding tensors of `a` and `b` (parameters,
+/// gradients); a size mismatch or an undefined tensor is a test failure.
+inline double max_abs_diff(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    if (!a[i].defined() || !b[i].defined()) {
+      ADD_FAILURE() << "tensor " << i << " is undefined";
+      continue;
+    }
+    worst = std::max(worst, (a[i] - b[i]).abs().max().item<double>());
+  }
+  return worst;
+}
+
 inline std::map<long, double> metric_by_step(const std::string& metrics_file, const std::string& name) {
   std::map<long, double> out;
   for (const auto& l : read_lines(metrics_file)) {

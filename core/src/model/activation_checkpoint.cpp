@@ -31,19 +31,14 @@ struct Replay : torch::CustomClassHolder {
   bool input_requires_grad = false;
 };
 
-/// The default generator of `device` (CPU, or the GPU's own), whose state dropout draws from.
-at::Generator generator_of(const c10::Device& device) {
-  return device.is_cuda() ? at::globalContext().defaultGenerator(device) : at::detail::getDefaultCPUGenerator();
-}
-
 at::Tensor get_rng_state(const c10::Device& device) {
-  at::Generator gen = generator_of(device);
+  at::Generator gen = at::globalContext().defaultGenerator(device);  // CPU or the GPU's own
   std::lock_guard<std::mutex> lock(gen.mutex());
   return gen.get_state();
 }
 
 void set_rng_state(const c10::Device& device, const at::Tensor& state) {
-  at::Generator gen = generator_of(device);
+  at::Generator gen = at::globalContext().defaultGenerator(device);  // CPU or the GPU's own
   std::lock_guard<std::mutex> lock(gen.mutex());
   gen.set_state(state);
 }

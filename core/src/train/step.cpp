@@ -101,7 +101,7 @@ std::pair<double, bool> TrainStep::accumulate(const Batch& full, const at::Tenso
     state_.micro_batch_index = i;
     // Only the micro-batch being computed is on the device: its memory shrinks with it.
     oom_.enter("forward");
-    const Batch mb = on_device(whole ? full : Batch{full.inputs.narrow(0, begin, len), full.targets.narrow(0, begin, len)});
+    const Batch mb = to_device(parts_, whole ? full : Batch{full.inputs.narrow(0, begin, len), full.targets.narrow(0, begin, len)});
     skip |= hooks_.fire(Event::BeforeForward, EventArgs::micro_batch(mb, idx)).skip_step;
     at::Tensor out, loss;
     {
@@ -121,14 +121,11 @@ std::pair<double, bool> TrainStep::accumulate(const Batch& full, const at::Tenso
                   " in BeforeBackward; it must stay a one-element tensor");
     oom_.enter("backward");
     backward_loss.backward();
-    backward_loss = at::Tensor();
     skip |= hooks_.fire(Event::AfterBackward, EventArgs::micro_batch(mb, idx, nullptr, &loss)).skip_step;
     loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach();
   }
   return {loss_sum.item<double>(), skip};
 }
-
-Batch TrainStep::on_device(Batch b) const { return to_device(parts_, b); }
 
 void TrainStep::atomic_step() {
   oom_.enter("optimizer_step");

@@ -60,8 +60,6 @@ class TrainStep {
   /// Forward and backward over the micro-batches of `full`: the summed (batch-normalised) loss
   /// and whether a plugin asked to skip the step.
   std::pair<double, bool> accumulate(const Batch& full, const at::Tensor& indices, std::int64_t micro);
-  /// `b` on the run's device, inputs in the model's input dtype and memory format.
-  Batch on_device(Batch b) const;
   /// optimizer.step() with its state created and its temporaries reserved first, so that an
   /// out-of-memory error leaves parameters and optimizer state as they were.
   void atomic_step();
