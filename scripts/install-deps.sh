@@ -13,6 +13,7 @@ packages=(
   zlib1g-dev
   clang libclang-rt-14-dev
   dataset-fashion-mnist
+  python3-torch python3-torchvision  # the tests write torchvision state_dicts with them
 )
 
 missing=()

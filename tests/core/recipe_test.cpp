@@ -158,13 +158,13 @@ TEST_F(LoadRecipe, AddRequiresANewKeyAndSetAKnownOne) {
 }
 
 TEST_F(LoadRecipe, UnknownModelNameListsTheKnownOnes) {
-  auto r = load_recipe(recipe(), {"model.name=resnet"});
+  auto r = load_recipe(recipe(), {"model.name=densenet"});
   try {
     validate_recipe(r);
     FAIL();
   } catch (const ConfigError& e) {
     ASSERT_EQ(e.problems().size(), 1u) << e.what();  // hidden=[8] is not reported on top
-    EXPECT_NE(e.problems()[0].find("one of: cnn, mlp"), std::string::npos) << e.what();
+    EXPECT_NE(e.problems()[0].find("one of: cnn, mlp, resnet, vit"), std::string::npos) << e.what();
   }
 }
 

@@ -19,8 +19,9 @@ namespace trainer {
 /// When grad mode is off, or neither `x` nor any parameter of the block requires grad, it is
 /// just block.forward(x). Gradients go to `x` and to the block's own parameters (those that
 /// required grad at the forward); a tensor the block captures from outside (a weight tied to
-/// another module) gets none through the block. A block that changes its own state in forward
-/// (BatchNorm's running statistics) updates it twice per step; the built-in models' blocks do not.
+/// another module) gets none through the block. The block's buffers (BatchNorm's running
+/// statistics and num_batches_tracked) are put back after the recomputation, so they move once
+/// per forward, as without checkpointing.
 TRAINER_API at::Tensor checkpoint_block(Block& block, const at::Tensor& x);
 
 }  // namespace trainer

@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "trainer/config.h"
@@ -24,11 +25,18 @@ struct DataSpec {
 /// keys join the section.
 struct ModelSettings : Settings<ModelSettings> {
   std::string dtype = "float32";
+  std::string weights;
+  std::vector<std::string> weights_exclude;
 
   static void declare(SettingsSchema<ModelSettings>& s) {
     s.add(&ModelSettings::dtype, "dtype",
           "Dtype the parameters are created in (no float32 copy is made first); inputs are cast to it")
         .choices({"float32", "float64", "bfloat16"});
+    s.add(&ModelSettings::weights, "weights",
+          "Initial weights: a state_dict saved with torch.save (torchvision's names) or a trainer checkpoint; "
+          "empty = the model's own initialisation");
+    s.add(&ModelSettings::weights_exclude, "weights_exclude",
+          "Name patterns (* wildcards) of tensors not taken from model.weights, e.g. [\"fc.*\"] for a new head");
   }
 };
 
@@ -64,10 +72,27 @@ class TRAINER_API Model : public torch::nn::Module {
   virtual std::vector<std::shared_ptr<Block>> blocks() { return {}; }
 };
 
+/// What load_weights() did.
+struct WeightsReport {
+  std::string format;                 ///< "torch.save state_dict" or "trainer checkpoint"
+  std::int64_t loaded = 0;            ///< parameters and buffers taken from the file
+  std::vector<std::string> excluded;  ///< the model's tensors left at their initial values
+};
+
+/// Loads the tensors of `file` into `model` by name: a state_dict saved in Python with
+/// torch.save (the dict itself, or its "state_dict" or "model" entry; a "module." prefix on
+/// every name is dropped), or a checkpoint trainer wrote (its model). Every parameter and
+/// buffer whose name matches none of `exclude` (fnmatch patterns) must be in the file with the
+/// same shape, and the file may hold nothing else outside `exclude`; otherwise throws
+/// UsageError naming the file, the first mis-shaped, missing and unexpected names and their
+/// counts, and changes nothing. Values are converted to each tensor's dtype and device.
+TRAINER_API WeightsReport load_weights(Model& model, const std::string& file,
+                                       const std::vector<std::string>& exclude = {});
+
 /// Builds a model from its config section (`model.*`) and the data spec.
 using ModelFactory = std::function<std::shared_ptr<Model>(const Config& section, const DataSpec& data)>;
 
-/// The process-wide model registry (built-ins: "mlp", "cnn", "vit").
+/// The process-wide model registry (built-ins: "mlp", "cnn", "vit", "resnet").
 TRAINER_API Registry<ModelFactory>& model_registry();
 
 /// The dtype named by `model.dtype`: "float32", "float64" or "bfloat16" (throws ConfigError

@@ -85,6 +85,29 @@ class NoAutocastCache {
   bool previous_;
 };
 
+/// A module's buffers put back, at the guard's end, as they were at its start. Put back only
+/// after the recomputed graph has been differentiated: BatchNorm's backward checks that the
+/// running statistics it saved were not modified in place since.
+class KeepBuffers {
+ public:
+  explicit KeepBuffers(torch::nn::Module& m) {
+    for (const auto& b : m.buffers()) saved_.emplace_back(b, b.clone());
+  }
+  ~KeepBuffers() {
+    at::NoGradGuard no_grad;
+    try {
+      for (auto& [buffer, before] : saved_) buffer.copy_(before);
+    } catch (...) {
+      // Copying a clone back into its own buffer does not fail; a destructor must not throw.
+    }
+  }
+  KeepBuffers(const KeepBuffers&) = delete;
+  KeepBuffers& operator=(const KeepBuffers&) = delete;
+
+ private:
+  std::vector<std::pair<at::Tensor, at::Tensor>> saved_;
+};
+
 struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
   // NOTE: the parameters come as an at::TensorList: LibTorch 1.13 registers a TensorList
   // argument's tensors as inputs of the node, but silently not a std::vector<Tensor>'s (the
@@ -112,6 +135,9 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     const std::vector<at::Tensor>& params = replay->params;
     at::Tensor input = x.detach();
     input.requires_grad_(replay->input_requires_grad);
+    // The recomputation must not count as a second forward: BatchNorm in training mode would
+    // update its running statistics (and num_batches_tracked) again.
+    const KeepBuffers keep(*replay->block);
     at::Tensor out;
     {
       // The same dropout masks as the forward: the device's generator (and the CPU's) as they were.

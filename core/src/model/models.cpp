@@ -7,6 +7,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/pooling.h>
 
+#include "model/resnet.h"
 #include "model/vit.h"
 #include "trainer/error.h"
 #include "trainer/model.h"
@@ -145,6 +146,12 @@ Registry<ModelFactory>& model_registry() {
         "vit",
         [](const Config& c, const DataSpec& d) -> std::shared_ptr<Model> { return make_vit(VitSettings::from(c), d); },
         VitSettings::keys(), "Vision Transformer (torchvision's layout and parameter names; blocks exposed)");
+    r->add(
+        "resnet",
+        [](const Config& c, const DataSpec& d) -> std::shared_ptr<Model> {
+          return make_resnet(ResnetSettings::from(c), d);
+        },
+        ResnetSettings::keys(), "ResNet-18/34/50/101/152 (torchvision's layout and parameter names; blocks exposed)");
     return r;
   }();
   return *reg;

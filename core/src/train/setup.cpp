@@ -100,10 +100,19 @@ void setup_data(RunParts& parts, const Config& cfg, bool with_test_split, spdlog
            parts.test_set ? parts.test_set->size() : 0);
 }
 
-void setup_model(RunParts& parts, Hooks& hooks, const Config& cfg, spdlog::logger& log) {
+void setup_model(RunParts& parts, Hooks& hooks, const Config& cfg, bool resuming, spdlog::logger& log) {
   const Config section = cfg.sub("model");
   parts.model = build_model(section, parts.train_set->spec());
-  parts.input_dtype = model_dtype(ModelSettings::from(section).dtype);
+  const ModelSettings settings = ModelSettings::from(section);
+  parts.input_dtype = model_dtype(settings.dtype);
+  if (!settings.weights.empty() && resuming) {
+    log.info("model weights: {} not loaded, the checkpoint resumed from holds the model", settings.weights);
+  } else if (!settings.weights.empty()) {
+    const WeightsReport r = load_weights(*parts.model, settings.weights, settings.weights_exclude);
+    log.info("model weights: {} tensors from {} ({}){}", r.loaded, settings.weights, r.format,
+             r.excluded.empty() ? std::string()
+                                : ", " + std::to_string(r.excluded.size()) + " kept at their initial values (model.weights_exclude)");
+  }
   EventContext& ctx = hooks.context();
   ctx.model = parts.model;
   hooks.fire(Event::ModelCreated);

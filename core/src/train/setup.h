@@ -73,10 +73,12 @@ class MemoryBudget {
 /// Loads the training split and, when `with_test_split`, the test split ([dataset]).
 void setup_data(RunParts& parts, const Config& cfg, bool with_test_split, spdlog::logger& log);
 
-/// Builds the model in its dtype ([model]), fires ModelCreated (plugins may replace it), moves
-/// it to parts.device once, applies model.memory_format where the model has the key (a probe
-/// for "auto"), puts it in training mode and fires ModelToDevice.
-void setup_model(RunParts& parts, Hooks& hooks, const Config& cfg, spdlog::logger& log);
+/// Builds the model in its dtype ([model]), loads model.weights unless `resuming` (the
+/// checkpoint holds the model then, and the weights file need not exist any more), fires
+/// ModelCreated (plugins may replace it), moves it to parts.device once, applies
+/// model.memory_format where the model has the key (a probe for "auto"), puts it in training
+/// mode and fires ModelToDevice.
+void setup_model(RunParts& parts, Hooks& hooks, const Config& cfg, bool resuming, spdlog::logger& log);
 
 /// `b` on the run's device, inputs in the model's input dtype and memory format.
 Batch to_device(const RunParts& parts, const Batch& b);

@@ -128,7 +128,7 @@ struct Trainer::Impl {
     budget.emplace(parts.device, MemorySettings::from(cfg.sub("memory")), *log);
     log->info("device: {}", parts.device.str());
     setup_data(parts, cfg, settings.eval.every_epochs > 0, *log);
-    setup_model(parts, *hooks, cfg, *log);
+    setup_model(parts, *hooks, cfg, /*resuming=*/!opts.resume.empty(), *log);
     setup_optimizer(parts, *hooks, cfg);
     plan_steps(parts, state, settings.training, cfg);
     rooms = std::make_unique<Rooms>(settings, dir->checkpoints(), data_order_of(cfg, parts.train_set->size()), parts,
