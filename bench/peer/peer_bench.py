@@ -58,8 +58,8 @@ def trainer_cli(args):
 
 def ensure_ready(args, which):
     if "python" in which and run([PY, "-c", "import torch, numpy"], capture_output=True).returncode != 0:
-        if run(["bash", "bench/peer/setup.sh"]).returncode != 0:
-            fail("bench/peer/setup.sh could not install python3-torch (run it as root or with sudo)")
+        if run(["bash", "scripts/install-deps.sh"]).returncode != 0:
+            fail("scripts/install-deps.sh could not install python3-torch (run it as root or with sudo)")
     if not args.no_build:
         if not os.path.exists(os.path.join(args.build_dir, "CMakeCache.txt")):
             if run(["cmake", "--preset", "default", "-B", args.build_dir]).returncode != 0:

@@ -6,7 +6,7 @@ The default recipe's job (recipes/fashion_mnist.toml) in plain PyTorch: the same
 order, AdamW settings, LR warm-up + cosine, batch sizes, evaluation and checkpoint every
 epoch; with --precision bf16, bf16 autocast around each forward and loss (as trainer's
 mixed_precision plugin). Runs on Debian's python3-torch (LibTorch 1.13, the library trainer links);
-bench/peer/setup.sh installs it. bench/peer/peer_bench.py runs it beside trainer and the
+scripts/install-deps.sh installs it. bench/peer/peer_bench.py runs it beside trainer and the
 hand-written C++ loop.
 
 Prints one JSON object per line on stdout:
