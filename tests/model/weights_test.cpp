@@ -148,7 +148,7 @@ TEST(Weights, WhatDoesNotFitIsRefusedNamingTheFirstOffenderAndNothingChanges) {
   EXPECT_NE(msg.find("conv1.weight (file [64, 3, 7, 7], model [64, 3, 3, 3])"), std::string::npos) << msg;
 }
 
-TEST(Weights, UnreadableFilesAreRefusedWithWhatToDo) {
+TEST(Weights, UnreadableFilesAreRefusedSayingHowToResave) {
   testing::TempDir tmp;
   auto m = model("name = \"resnet\"\ndepth = 18\n", DataSpec{{3, 64, 64}, 10});
   std::string msg = refusal(*m, tmp / "absent.pt");
