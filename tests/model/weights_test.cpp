@@ -33,17 +33,22 @@ std::pair<at::Tensor, at::Tensor> io(const std::string& name) {
   return {dict.at("input").toTensor(), dict.at("logits").toTensor()};
 }
 
-/// Loads <name>.pt and compares the eval-mode logits with torchvision's on the same input.
-double logits_diff(Model& m, const std::string& name) {
-  const WeightsReport r = load_weights(m, kDir + "/" + name + ".pt");
-  EXPECT_EQ(r.format, "torch.save state_dict");
-  EXPECT_TRUE(r.excluded.empty());
+/// The largest difference between `m`'s eval-mode logits and torchvision's in <name>_io.pt.
+double diff_to_torchvision(Model& m, const std::string& name) {
   const auto [x, expected] = io(name);
   m.eval();
   torch::NoGradGuard no_grad;
   const at::Tensor out = m.forward(x);
   EXPECT_EQ(out.sizes(), expected.sizes());
   return (out - expected).abs().max().item<double>();
+}
+
+/// Loads <name>.pt and compares the eval-mode logits with torchvision's on the same input.
+double logits_diff(Model& m, const std::string& name) {
+  const WeightsReport r = load_weights(m, kDir + "/" + name + ".pt");
+  EXPECT_EQ(r.format, "torch.save state_dict");
+  EXPECT_TRUE(r.excluded.empty());
+  return diff_to_torchvision(m, name);
 }
 
 // Tolerance: float32 with the same LibTorch kernels; the differences are summation order
@@ -84,19 +89,13 @@ TEST(Weights, WrappedStateDictWithModulePrefixLoads) {
   auto m = model("name = \"resnet\"\ndepth = 18\n", DataSpec{{3, 64, 64}, 10});
   const WeightsReport r = load_weights(*m, kDir + "/resnet18_wrapped.pt");
   EXPECT_EQ(r.loaded, 122);  // 62 parameters and 60 buffers (3 per BatchNorm)
-  const auto [x, expected] = io("resnet18");
-  m->eval();
-  torch::NoGradGuard no_grad;
-  EXPECT_LE((m->forward(x) - expected).abs().max().item<double>(), 1e-4);
+  EXPECT_LE(diff_to_torchvision(*m, "resnet18"), 1e-4);
 }
 
 TEST(Weights, OlderFilesWithoutNumBatchesTrackedLoad) {
   auto m = model("name = \"resnet\"\ndepth = 18\n", DataSpec{{3, 64, 64}, 10});
   EXPECT_EQ(load_weights(*m, kDir + "/resnet18_no_nbt.pt").loaded, 102);  // 122 less 20 counters
-  const auto [x, expected] = io("resnet18");
-  m->eval();
-  torch::NoGradGuard no_grad;
-  EXPECT_LE((m->forward(x) - expected).abs().max().item<double>(), 1e-4);
+  EXPECT_LE(diff_to_torchvision(*m, "resnet18"), 1e-4);
 }
 
 TEST(Weights, AnExcludePatternThatMatchesNothingIsRefused) {

@@ -4,7 +4,6 @@
 #include "model/torch_save.h"
 
 #include <ATen/ATen.h>
-#include <caffe2/serialize/inline_container.h>
 
 #include <cstring>
 #include <tuple>
@@ -363,29 +362,23 @@ class Unpickler {
 
 }  // namespace
 
-PyRef read_torch_save(const std::string& file) {
-  std::unique_ptr<caffe2::serialize::PyTorchStreamReader> zip;
-  try {
-    zip = std::make_unique<caffe2::serialize::PyTorchStreamReader>(file);
-  } catch (const c10::Error&) {
-    throw TorchSaveError("not a zip archive");
-  }
-  if (!zip->hasRecord("data.pkl")) throw TorchSaveError("a zip archive without data.pkl: not written by torch.save");
+PyRef read_torch_save(caffe2::serialize::PyTorchStreamReader& zip) {
+  if (!zip.hasRecord("data.pkl")) throw TorchSaveError("a zip archive without data.pkl: not written by torch.save");
   std::string pickle;
   try {
-    if (zip->hasRecord("byteorder")) {  // written since PyTorch 2.1
-      auto [order, n] = zip->getRecord("byteorder");
+    if (zip.hasRecord("byteorder")) {  // written since PyTorch 2.1
+      auto [order, n] = zip.getRecord("byteorder");
       if (std::string(static_cast<const char*>(order.get()), n) != "little") {
         throw TorchSaveError("tensors stored big-endian; re-save the file on a little-endian machine");
       }
     }
-    auto [ptr, bytes] = zip->getRecord("data.pkl");
+    auto [ptr, bytes] = zip.getRecord("data.pkl");
     pickle.assign(static_cast<const char*>(ptr.get()), bytes);
   } catch (const c10::Error& e) {
     throw TorchSaveError(std::string("a damaged archive (") + e.what_without_backtrace() + ")");
   }
   try {
-    return Unpickler(*zip, std::move(pickle)).run();
+    return Unpickler(zip, std::move(pickle)).run();
   } catch (const c10::Error& e) {
     throw TorchSaveError(std::string("data LibTorch refuses (") + e.what_without_backtrace() + ")");
   } catch (const std::bad_alloc&) {

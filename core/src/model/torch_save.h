@@ -6,6 +6,7 @@
 // cannot read a state_dict saved with torch.save(model.state_dict(), path); this reader can,
 // and reads only data: dicts, lists, tuples, numbers, strings and tensors.
 #include <ATen/core/Tensor.h>
+#include <caffe2/serialize/inline_container.h>
 
 #include <cstdint>
 #include <memory>
@@ -48,9 +49,9 @@ class TorchSaveError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-/// The object torch.save wrote to `file`. Throws TorchSaveError (the file cannot be opened, is
-/// not a zip archive, has no data.pkl, uses a pickle opcode outside the data subset, a tensor
-/// outside its storage, a storage type that is not a tensor dtype).
-PyRef read_torch_save(const std::string& file);
+/// The object torch.save wrote into the opened archive `zip`. Throws TorchSaveError (no
+/// data.pkl, a damaged record, a pickle opcode outside the data subset, a tensor outside its
+/// storage, a storage type that is not a tensor dtype).
+PyRef read_torch_save(caffe2::serialize::PyTorchStreamReader& zip);
 
 }  // namespace trainer::detail

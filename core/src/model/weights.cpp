@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <sstream>
 
 #include "model/torch_save.h"
@@ -67,10 +68,10 @@ Tensors read_trainer_checkpoint(const std::string& file) {
 
 /// The dict of name -> tensor in what torch.save wrote: the object itself, or its "state_dict"
 /// or "model" entry when it is a training checkpoint that wraps one.
-Tensors read_state_dict(const std::string& file) {
+Tensors read_state_dict(const std::string& file, caffe2::serialize::PyTorchStreamReader& zip) {
   detail::PyRef v;
   try {
-    v = detail::read_torch_save(file);
+    v = detail::read_torch_save(zip);
   } catch (const detail::TorchSaveError& e) {
     throw UsageError(detail::str("model.weights = \"", file, "\": ", e.what(),
                                  "; save the state_dict alone: torch.save(model.state_dict(), path)"));
@@ -103,22 +104,21 @@ WeightsReport load_weights(Model& model, const std::string& file, const std::vec
   TRAINER_CHECK_T(UsageError, std::filesystem::is_regular_file(file), "model.weights = \"", file,
                   "\": no such file");
   WeightsReport report;
-  Tensors from;
-  {
-    std::unique_ptr<caffe2::serialize::PyTorchStreamReader> reader;
-    try {
-      reader = std::make_unique<caffe2::serialize::PyTorchStreamReader>(file);
-    } catch (const c10::Error&) {
-      throw UsageError(detail::str(
-          "model.weights = \"", file,
-          "\" is not a zip archive: neither torch.save's format (PyTorch >= 1.6) nor a trainer checkpoint; "
-          "re-save it in Python with torch.save(model.state_dict(), path)"));
-    }
-    // A trainer checkpoint is a TorchScript archive (torch::serialize): it has constants.pkl,
-    // torch.save's archives do not.
-    report.format = reader->hasRecord("constants.pkl") ? "trainer checkpoint" : "torch.save state_dict";
+  std::unique_ptr<caffe2::serialize::PyTorchStreamReader> reader;
+  try {
+    reader = std::make_unique<caffe2::serialize::PyTorchStreamReader>(file);
+  } catch (const c10::Error&) {
+    throw UsageError(detail::str(
+        "model.weights = \"", file,
+        "\" is not a zip archive: neither torch.save's format (PyTorch >= 1.6) nor a trainer checkpoint; "
+        "re-save it in Python with torch.save(model.state_dict(), path)"));
   }
-  from = report.format == "trainer checkpoint" ? read_trainer_checkpoint(file) : read_state_dict(file);
+  // A trainer checkpoint is a TorchScript archive (torch::serialize): it has constants.pkl,
+  // torch.save's archives do not.
+  const bool checkpoint = reader->hasRecord("constants.pkl");
+  report.format = checkpoint ? "trainer checkpoint" : "torch.save state_dict";
+  Tensors from = checkpoint ? read_trainer_checkpoint(file) : read_state_dict(file, *reader);
+  reader.reset();
 
   Tensors into;
   for (const auto& p : model.named_parameters(/*recurse=*/true)) into[p.key()] = p.value();
