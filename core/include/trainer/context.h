@@ -74,6 +74,10 @@ struct TRAINER_API EventContext {
   RunState state;
   c10::Device device = c10::Device(c10::kCPU);   ///< the run's device (SelectDevice proposes runtime.device)
   std::shared_ptr<Model> model;                  ///< from ModelCreated on
+  /// The training and test datasets, from ModelCreated on (test_set null when the run never
+  /// evaluates). Replaceable in ModelCreated, with the model: a linear probe that caches its
+  /// backbone's features trains a head on a dataset of features.
+  std::shared_ptr<Dataset> train_set, test_set;
   torch::optim::Optimizer* optimizer = nullptr;  ///< from OptimizerCreated on
   const Batch* batch = nullptr;                  ///< current micro-batch (Before/AfterForward/Backward)
   const at::Tensor* indices = nullptr;           ///< dataset indices of `batch` (int64; same events as `batch`)

@@ -100,6 +100,23 @@ struct RuntimeSettings : Settings<RuntimeSettings> {
   }
 };
 
+/// [loader]: how training batches are read ahead of the step.
+struct LoaderSettings : Settings<LoaderSettings> {
+  std::int64_t workers = 0;
+  std::int64_t prefetch = 4;
+
+  static void declare(SettingsSchema<LoaderSettings>& s) {
+    s.add(&LoaderSettings::workers, "workers",
+          "Threads that read (decode, augment) training batches ahead of the step; 0 = read each batch in the "
+          "step, on the training thread (datasets held in memory gain nothing from workers). The batches are the "
+          "same whatever the number")
+        .min(0);
+    s.add(&LoaderSettings::prefetch, "prefetch",
+          "Batches read ahead at most (the bounded queue); raised to workers when smaller")
+        .min(1);
+  }
+};
+
 /// [memory]
 struct MemorySettings : Settings<MemorySettings> {
   double limit_mb = 0.0;

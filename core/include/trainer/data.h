@@ -20,14 +20,24 @@ struct Batch {
 
 enum class Split { Train, Test };
 
-/// An in-memory, random-access dataset.
+/// A random-access dataset. get() and get_in_epoch() are called from the loader's worker
+/// threads, several at once: they must not change shared state (read-only members, or their
+/// own locking).
 class TRAINER_API Dataset {
  public:
   virtual ~Dataset() = default;
   /// Number of samples.
   virtual std::int64_t size() const = 0;
-  /// Samples at `indices` (1-D int64) in that order.
+  /// Samples at `indices` (1-D int64) in that order, as evaluated: no random augmentation, the
+  /// same every call.
   virtual Batch get(const at::Tensor& indices) const = 0;
+  /// Samples at `indices` as trained on in epoch `epoch`: a dataset that augments at random
+  /// draws each sample's augmentation from (its seed, `epoch`, the sample's index) alone, so a
+  /// batch is the same whichever thread reads it and whenever. The default is get(indices).
+  virtual Batch get_in_epoch(const at::Tensor& indices, std::int64_t epoch) const {
+    (void)epoch;
+    return get(indices);
+  }
   /// Sample shape and class count.
   virtual DataSpec spec() const = 0;
 };

@@ -70,6 +70,24 @@ class TRAINER_API Model : public torch::nn::Module {
   /// grad_checkpoint plugin). Empty (the default) for models without such units. The model
   /// must call each through Block::run().
   virtual std::vector<std::shared_ptr<Block>> blocks() { return {}; }
+
+  /// Name of the classification head (as in named_modules(): "heads.head" for the ViT, "fc"
+  /// for the ResNet): the last layer, whose input is features(). Empty (the default) for
+  /// models without that split; linear probes need it.
+  virtual std::string head_name() const { return {}; }
+  /// The head's input for `input` (the backbone's output). Models with a head_name() override
+  /// it so that forward(x) computes head(features(x)); the default throws.
+  virtual at::Tensor features(const at::Tensor& input);
+
+  /// Module::train(on), after which the modules passed to keep_in_eval() are put back in eval
+  /// mode when `on`: a frozen backbone keeps its BatchNorm statistics and skips its dropout
+  /// while the rest trains.
+  void train(bool on = true) override;
+  /// Keeps `module` (a part of this model) in eval mode from now on whatever train() is told.
+  void keep_in_eval(std::shared_ptr<torch::nn::Module> module);
+
+ private:
+  std::vector<std::shared_ptr<torch::nn::Module>> kept_in_eval_;
 };
 
 /// What load_weights() did.

@@ -13,6 +13,7 @@ std::vector<SectionSpec> core_config_sections(const Config& cfg) {
       {"eval", EvalSettings::keys(), "Evaluation on the test split"},
       {"checkpoint", CheckpointSettings::keys(), "Checkpoints"},
       {"runtime", RuntimeSettings::keys(), "Process settings"},
+      {"loader", LoaderSettings::keys(), "Reading training batches ahead of the step"},
       {"memory", MemorySettings::keys(), "Memory"},
       {"metrics", MetricsSettings::keys(), "Metric sinks"},
       {"plugins", PluginsSettings::keys(), "Plugins"},

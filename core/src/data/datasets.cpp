@@ -108,6 +108,7 @@ class LimitedDataset final : public Dataset {
   LimitedDataset(std::shared_ptr<Dataset> base, std::int64_t n) : base_(std::move(base)), n_(n) {}
   std::int64_t size() const override { return n_; }
   Batch get(const at::Tensor& idx) const override { return base_->get(idx); }
+  Batch get_in_epoch(const at::Tensor& idx, std::int64_t epoch) const override { return base_->get_in_epoch(idx, epoch); }
   DataSpec spec() const override { return base_->spec(); }
 
  private:

@@ -108,6 +108,25 @@ class Cnn final : public Model {
 
 }  // namespace
 
+at::Tensor Model::features(const at::Tensor&) {
+  throw UsageError(
+      "this model has no classification head to split off (Model::head_name() is empty); a linear probe needs a "
+      "model with one (vit, resnet)");
+}
+
+void Model::train(bool on) {
+  torch::nn::Module::train(on);
+  if (on) {
+    for (auto& m : kept_in_eval_) m->eval();
+  }
+}
+
+void Model::keep_in_eval(std::shared_ptr<torch::nn::Module> module) {
+  TRAINER_CHECK(module != nullptr, "Model::keep_in_eval: null module");
+  if (is_training()) module->eval();
+  kept_in_eval_.push_back(std::move(module));
+}
+
 c10::ScalarType model_dtype(const std::string& name) {
   if (name == "float32") return c10::kFloat;
   if (name == "float64") return c10::kDouble;

@@ -6,20 +6,19 @@
 #include <torch/nn/init.h>
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/container/sequential.h>
-#include <torch/nn/modules/conv.h>
-#include <torch/nn/modules/linear.h>
 
 #include <array>
 #include <string>
 
 #include "trainer/error.h"
+#include "trainer/layers.h"
 
 namespace trainer {
 
 namespace {
 
-torch::nn::Conv2d conv(std::int64_t in, std::int64_t out, std::int64_t kernel, std::int64_t stride) {
-  return torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, kernel).stride(stride).padding(kernel / 2).bias(false));
+std::shared_ptr<Conv2d> conv(std::int64_t in, std::int64_t out, std::int64_t kernel, std::int64_t stride) {
+  return std::make_shared<Conv2d>(in, out, kernel, stride, kernel / 2, /*bias=*/false);
 }
 
 /// torchvision's downsample: a 1x1 conv of the block's stride and a BatchNorm, at Sequential
@@ -51,7 +50,7 @@ class BasicBlock final : public Block {
   torch::nn::BatchNorm2d last_bn() const { return bn2_; }
 
  private:
-  torch::nn::Conv2d conv1_{nullptr}, conv2_{nullptr};
+  std::shared_ptr<Conv2d> conv1_, conv2_;
   torch::nn::BatchNorm2d bn1_{nullptr}, bn2_{nullptr};
   torch::nn::Sequential downsample_{nullptr};
 };
@@ -80,7 +79,7 @@ class Bottleneck final : public Block {
   torch::nn::BatchNorm2d last_bn() const { return bn3_; }
 
  private:
-  torch::nn::Conv2d conv1_{nullptr}, conv2_{nullptr}, conv3_{nullptr};
+  std::shared_ptr<Conv2d> conv1_, conv2_, conv3_;
   torch::nn::BatchNorm2d bn1_{nullptr}, bn2_{nullptr}, bn3_{nullptr};
   torch::nn::Sequential downsample_{nullptr};
 };
@@ -127,14 +126,14 @@ class Resnet final : public Model {
         last_bns_.push_back(last);
       }
     }
-    fc_ = register_module("fc", torch::nn::Linear(in, data.num_classes));
+    fc_ = register_module("fc", std::make_shared<Linear>(in, data.num_classes));
 
     // As torchvision: Kaiming normal (fan_out, ReLU) for every conv; BatchNorm at (1, 0); the
     // fc keeps nn.Linear's default initialisation.
     at::NoGradGuard no_grad;
     for (const auto& m : modules(/*include_self=*/false)) {
-      if (auto* c = m->as<torch::nn::Conv2d>()) {
-        torch::nn::init::kaiming_normal_(c->weight, 0.0, torch::kFanOut, torch::kReLU);
+      if (auto* c = m->as<Conv2d>()) {
+        torch::nn::init::kaiming_normal_(c->weight(), 0.0, torch::kFanOut, torch::kReLU);
       }
     }
     if (o.zero_init_residual) {
@@ -142,22 +141,26 @@ class Resnet final : public Model {
     }
   }
 
-  at::Tensor forward(const at::Tensor& input) override {
+  at::Tensor forward(const at::Tensor& input) override { return fc_->forward(features(input)); }
+
+  std::string head_name() const override { return "fc"; }
+  /// The last stage's output averaged over space: [N, 512 x expansion].
+  at::Tensor features(const at::Tensor& input) override {
     at::Tensor x = at::relu(bn1_->forward(conv1_->forward(input)));
     if (imagenet_stem_) x = at::max_pool2d(x, {3, 3}, {2, 2}, {1, 1});
     for (const auto& b : blocks_) x = b->run(x);
-    return fc_->forward(at::adaptive_avg_pool2d(x, {1, 1}).flatten(1));
+    return at::adaptive_avg_pool2d(x, {1, 1}).flatten(1);
   }
 
   std::vector<std::shared_ptr<Block>> blocks() override { return blocks_; }
 
  private:
   bool imagenet_stem_;
-  torch::nn::Conv2d conv1_{nullptr};
+  std::shared_ptr<Conv2d> conv1_;
   torch::nn::BatchNorm2d bn1_{nullptr};
   std::vector<std::shared_ptr<Block>> blocks_;
   std::vector<torch::nn::BatchNorm2d> last_bns_;
-  torch::nn::Linear fc_{nullptr};
+  std::shared_ptr<Linear> fc_;
 };
 
 }  // namespace

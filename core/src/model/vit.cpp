@@ -6,12 +6,13 @@
 #include <ATen/ATen.h>
 #include <torch/nn/init.h>
 #include <torch/nn/modules/conv.h>
-#include <torch/nn/modules/linear.h>
+#include <torch/serialize/input-archive.h>
 
 #include <cmath>
 #include <string>
 
 #include "trainer/error.h"
+#include "trainer/layers.h"
 
 namespace trainer {
 
@@ -51,15 +52,21 @@ class LayerNorm final : public torch::nn::Module {
 };
 
 /// torch.nn.MultiheadAttention's parameters (in_proj_weight [3D, D] holding q, k, v;
-/// in_proj_bias; out_proj) and its computation, self-attention only, batch first.
+/// in_proj_bias; out_proj) and its computation, self-attention only, batch first. The q, k
+/// and v rows of the fused projection are also the parts q_proj, k_proj, v_proj (no
+/// parameters of their own), so that an adapter can target each.
 class SelfAttention final : public torch::nn::Module {
  public:
   SelfAttention(std::int64_t dim, std::int64_t heads, double dropout) : heads_(heads), dropout_(dropout) {
     in_proj_weight_ = register_parameter("in_proj_weight", at::empty({3 * dim, dim}));
     in_proj_bias_ = register_parameter("in_proj_bias", at::zeros({3 * dim}));
-    out_proj_ = register_module("out_proj", torch::nn::Linear(dim, dim));
+    out_proj_ = register_module("out_proj", std::make_shared<Linear>(dim, dim));
+    const char* names[] = {"q_proj", "k_proj", "v_proj"};
+    for (std::int64_t i = 0; i < 3; ++i) {
+      parts_[i] = register_module(names[i], Linear::part_of(in_proj_weight_, in_proj_bias_, i * dim, dim));
+    }
     torch::nn::init::xavier_uniform_(in_proj_weight_);
-    torch::nn::init::zeros_(out_proj_->bias);
+    torch::nn::init::zeros_(out_proj_->bias());
   }
 
   /// x: [N, S, D] -> [N, S, D].
@@ -67,8 +74,8 @@ class SelfAttention final : public torch::nn::Module {
     const std::int64_t n = x.size(0), s = x.size(1), d = x.size(2), head_dim = d / heads_;
     const auto qkv = at::linear(x, in_proj_weight_, in_proj_bias_).chunk(3, -1);
     const auto split = [&](const at::Tensor& t) { return t.reshape({n, s, heads_, head_dim}).transpose(1, 2); };
-    const at::Tensor q = split(qkv[0]) / std::sqrt(static_cast<double>(head_dim));
-    const at::Tensor k = split(qkv[1]), v = split(qkv[2]);
+    const at::Tensor q = split(parts_[0]->adapt(qkv[0], x)) / std::sqrt(static_cast<double>(head_dim));
+    const at::Tensor k = split(parts_[1]->adapt(qkv[1], x)), v = split(parts_[2]->adapt(qkv[2], x));
     const at::Tensor scores = at::matmul(q, k.transpose(-2, -1));  // [N, H, S, S]
     // The softmax accumulates in float32 when the scores are bfloat16/float16 (autocast).
     const bool reduced = scores.scalar_type() == at::kBFloat16 || scores.scalar_type() == at::kHalf;
@@ -78,11 +85,26 @@ class SelfAttention final : public torch::nn::Module {
     return out_proj_->forward(out);
   }
 
+  /// Module::load, except that a part without an adapter may be absent: it holds nothing, and
+  /// checkpoints written before the parts existed lack it.
+  void load(torch::serialize::InputArchive& archive) override {
+    for (auto& p : named_parameters(/*recurse=*/false)) archive.read(p.key(), p.value());
+    for (auto& b : named_buffers(/*recurse=*/false)) archive.read(b.key(), b.value(), /*is_buffer=*/true);
+    for (const auto& child : named_children()) {
+      torch::serialize::InputArchive sub;
+      const bool empty = child.value()->parameters().empty() && child.value()->buffers().empty();
+      if (empty && !archive.try_read(child.key(), sub)) continue;
+      if (!empty) archive.read(child.key(), sub);
+      child.value()->load(sub);
+    }
+  }
+
  private:
   std::int64_t heads_;
   double dropout_;
   at::Tensor in_proj_weight_, in_proj_bias_;
-  torch::nn::Linear out_proj_{nullptr};
+  std::shared_ptr<Linear> out_proj_;
+  std::shared_ptr<Linear> parts_[3];
 };
 
 /// torchvision's MLPBlock: Linear -> GELU -> Dropout -> Linear -> Dropout, the Linears at the
@@ -90,11 +112,11 @@ class SelfAttention final : public torch::nn::Module {
 class Mlp final : public torch::nn::Module {
  public:
   Mlp(std::int64_t dim, std::int64_t hidden, double dropout) : dropout_(dropout) {
-    fc1_ = register_module("0", torch::nn::Linear(dim, hidden));
-    fc2_ = register_module("3", torch::nn::Linear(hidden, dim));
-    for (auto* l : {&fc1_, &fc2_}) {
-      torch::nn::init::xavier_uniform_((*l)->weight);
-      torch::nn::init::normal_((*l)->bias, 0.0, 1e-6);
+    fc1_ = register_module("0", std::make_shared<Linear>(dim, hidden));
+    fc2_ = register_module("3", std::make_shared<Linear>(hidden, dim));
+    for (const auto& l : {fc1_, fc2_}) {
+      torch::nn::init::xavier_uniform_(l->weight());
+      torch::nn::init::normal_(l->bias(), 0.0, 1e-6);
     }
   }
   at::Tensor forward(const at::Tensor& x) {
@@ -104,7 +126,7 @@ class Mlp final : public torch::nn::Module {
 
  private:
   double dropout_;
-  torch::nn::Linear fc1_{nullptr}, fc2_{nullptr};
+  std::shared_ptr<Linear> fc1_, fc2_;
 };
 
 /// One pre-norm encoder layer: x + attention(ln_1(x)), then + mlp(ln_2(.)).
@@ -176,17 +198,21 @@ class Vit final : public Model {
     class_token_ = register_parameter("class_token", at::zeros({1, 1, o.hidden_dim}));
     encoder_ = register_module("encoder", std::make_shared<Encoder>(o, patches + 1));
     auto heads = register_module("heads", std::make_shared<torch::nn::Module>());
-    head_ = heads->register_module("head", torch::nn::Linear(o.hidden_dim, data.num_classes));
-    torch::nn::init::zeros_(head_->weight);
-    torch::nn::init::zeros_(head_->bias);
+    head_ = heads->register_module("head", std::make_shared<Linear>(o.hidden_dim, data.num_classes));
+    torch::nn::init::zeros_(head_->weight());
+    torch::nn::init::zeros_(head_->bias());
   }
 
-  at::Tensor forward(const at::Tensor& input) override {
+  at::Tensor forward(const at::Tensor& input) override { return head_->forward(features(input)); }
+
+  std::string head_name() const override { return "heads.head"; }
+  /// The class token's output after the final LayerNorm: [N, hidden_dim].
+  at::Tensor features(const at::Tensor& input) override {
     const std::int64_t n = input.size(0);
     // [N, C, H, W] -> [N, D, H/p, W/p] -> [N, patches, D]
     const at::Tensor x = conv_proj_->forward(input).flatten(2).transpose(1, 2);
     const at::Tensor tokens = at::cat({class_token_.expand({n, -1, -1}), x}, 1);
-    return head_->forward(encoder_->forward(tokens).select(1, 0));  // the class token's output
+    return encoder_->forward(tokens).select(1, 0);
   }
 
   std::vector<std::shared_ptr<Block>> blocks() override { return encoder_->blocks(); }
@@ -195,7 +221,7 @@ class Vit final : public Model {
   torch::nn::Conv2d conv_proj_{nullptr};
   at::Tensor class_token_;
   std::shared_ptr<Encoder> encoder_;
-  torch::nn::Linear head_{nullptr};
+  std::shared_ptr<Linear> head_;
 };
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <memory>
 #include <sstream>
 
+#include "model/tensor_archive.h"
 #include "model/torch_save.h"
 #include "trainer/error.h"
 #include "trainer/model.h"
@@ -36,20 +37,6 @@ bool excluded(const std::string& name, const std::vector<std::string>& patterns)
   return false;
 }
 
-/// Every tensor of a trainer checkpoint's model archive, by dotted name (the archive nests one
-/// sub-archive per submodule).
-void flatten(torch::serialize::InputArchive& ar, const std::string& prefix, Tensors& out) {
-  for (const auto& key : ar.keys()) {
-    at::Tensor t;
-    if (ar.try_read(key, t)) {
-      out[prefix + key] = t;
-      continue;
-    }
-    torch::serialize::InputArchive sub;
-    if (ar.try_read(key, sub)) flatten(sub, prefix + key + ".", out);
-  }
-}
-
 Tensors read_trainer_checkpoint(const std::string& file) {
   torch::serialize::InputArchive ar, model;
   try {
@@ -62,7 +49,7 @@ Tensors read_trainer_checkpoint(const std::string& file) {
                   "\": a TorchScript archive without a 'model' entry: not a trainer checkpoint (a Python "
                   "state_dict must be saved with torch.save(model.state_dict(), path))");
   Tensors out;
-  flatten(model, "", out);
+  detail::read_nested(model, "", out);
   return out;
 }
 

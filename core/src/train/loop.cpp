@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "trainer/loader.h"
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
 #include "train/hooks.h"
@@ -32,6 +33,15 @@ std::optional<StopCause> EpochLoop::run() {
     const std::int64_t n = order.size(0);
     state_.epoch = epoch;
     state_.batch_in_epoch = batch_index(n, first_sample);
+    if (parts_.loader) {
+      std::vector<at::Tensor> batches;
+      for (std::int64_t begin = first_sample; batches_left(n, begin) > 0;) {
+        const std::int64_t end = begin + std::min(s_.training.batch_size, n - begin);
+        batches.push_back(order.slice(0, begin, end));
+        begin = end;
+      }
+      parts_.loader->plan(epoch, std::move(batches));
+    }
     hooks_.fire(Event::EpochStart);
     for (std::int64_t begin = first_sample; batches_left(n, begin) > 0;) {
       const std::int64_t end = begin + std::min(s_.training.batch_size, n - begin);

@@ -115,9 +115,16 @@ void setup_model(RunParts& parts, Hooks& hooks, const Config& cfg, bool resuming
   }
   EventContext& ctx = hooks.context();
   ctx.model = parts.model;
+  ctx.train_set = parts.train_set;
+  ctx.test_set = parts.test_set;
   hooks.fire(Event::ModelCreated);
   TRAINER_CHECK(ctx.model != nullptr, "a plugin cleared the model in ModelCreated");
+  TRAINER_CHECK(ctx.train_set != nullptr, "a plugin cleared the training set in ModelCreated");
+  TRAINER_CHECK((ctx.test_set != nullptr) == (parts.test_set != nullptr),
+                "a plugin in ModelCreated ", parts.test_set ? "cleared the test set" : "added a test set to a run without evaluation");
   parts.model = ctx.model;
+  parts.train_set = ctx.train_set;
+  parts.test_set = ctx.test_set;
   parts.model->to(parts.device);
   if (section.has("memory_format")) {
     choose_memory_format(parts, section.get<std::string>("memory_format"),

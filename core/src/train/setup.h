@@ -25,11 +25,14 @@ class logger;
 namespace trainer {
 
 class Hooks;
+class BatchLoader;
 
 /// What set-up builds; the rooms of the loop act on it.
 struct RunParts {
   std::shared_ptr<Dataset> train_set;
   std::shared_ptr<Dataset> test_set;  ///< null when the run never evaluates (eval.every_epochs = 0)
+  /// Reads train_set's batches ahead of the step ([loader]); made once the datasets are final.
+  std::shared_ptr<BatchLoader> loader;
   std::shared_ptr<Model> model;
   std::unique_ptr<torch::optim::Optimizer> optim;
   std::unique_ptr<LrSchedule> schedule;

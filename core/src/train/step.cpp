@@ -7,6 +7,7 @@
 
 #include <algorithm>
 
+#include "trainer/loader.h"
 #include "train/hooks.h"
 #include "train/oom_recovery.h"
 #include "train/setup.h"
@@ -48,12 +49,20 @@ bool TrainStep::run(const at::Tensor& indices, Position next) {
     advance();
     return false;
   }
+  // The loader keeps the batch for a retry of this step; its memory goes when the step does.
+  struct ReleaseBatch {
+    BatchLoader* loader;
+    ~ReleaseBatch() {
+      if (loader) loader->release();
+    }
+  } release{parts_.loader.get()};
   bool skipped = false;
   double batch_loss = 0.0;
   const auto settled = oom_.retry(OomRetry::AskPlugins, std::min(micro_batch_, n), n, [&](std::int64_t micro) {
     state_.micro_batch_size = micro;
     oom_.enter("data");
-    const Batch full = parts_.train_set->get(indices);  // on the host; micro-batches move one at a time
+    // On the host, read ahead by the loader's workers; micro-batches move one at a time.
+    const Batch full = parts_.loader ? parts_.loader->next(indices) : parts_.train_set->get_in_epoch(indices, state_.epoch);
     drop_gradients(*parts_.model);
     auto [loss, skip] = accumulate(full, indices, micro);
     state_.loss = loss;

@@ -22,6 +22,7 @@
 #include "train/loop.h"
 #include "train/oom_recovery.h"
 #include "train/run_dir.h"
+#include "trainer/loader.h"
 #include "train/setup.h"
 #include "train/signal_scope.h"
 #include "train/step.h"
@@ -131,6 +132,8 @@ struct Trainer::Impl {
     setup_model(parts, *hooks, cfg, /*resuming=*/!opts.resume.empty(), *log);
     setup_optimizer(parts, *hooks, cfg);
     plan_steps(parts, state, settings.training, cfg);
+    const auto loader = LoaderSettings::from(cfg.sub("loader"));
+    parts.loader = std::make_shared<BatchLoader>(parts.train_set, loader.workers, loader.prefetch);
     rooms = std::make_unique<Rooms>(settings, dir->checkpoints(), data_order_of(cfg, parts.train_set->size()), parts,
                                     state, *hooks, *metrics, *log);
   }

@@ -1,0 +1,69 @@
+#pragma once
+// LoRA (Hu et al., 2021): low-rank adapters on a frozen model's linear and convolution
+// layers, their merge into the weights, and the small files that hold them.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "trainer/export.h"
+#include "trainer/model.h"
+
+namespace trainer {
+
+/// How apply_lora() adapts a model (the `lora` plugin's keys).
+struct LoraOptions {
+  std::int64_t rank = 8;
+  double alpha = 16.0;   ///< the adapter's term is scaled by alpha / rank
+  double dropout = 0.0;  ///< dropout on the adapter's input, in training mode
+  /// fnmatch patterns of layer names (as in named_modules()) to adapt: Linear and Conv2d
+  /// layers of trainer/layers.h, e.g. "*.self_attention.q_proj". Every pattern must match.
+  std::vector<std::string> targets;
+  /// fnmatch patterns of parameter names that keep training besides the adapters (a new
+  /// head: "heads.*", "fc.*"). Every pattern must match.
+  std::vector<std::string> trainable;
+};
+
+/// What apply_lora() did.
+struct LoraReport {
+  std::vector<std::string> adapted;       ///< layer names, in the model's order
+  std::int64_t adapter_parameters = 0;    ///< elements of the adapters' A and B
+  std::int64_t trainable_parameters = 0;  ///< adapters plus the `trainable` parameters
+  std::int64_t frozen_parameters = 0;     ///< everything else (requires_grad now false)
+};
+
+/// Attaches a LoRA adapter to every layer whose name matches a target: the child module
+/// "lora" with A [rank, in] (Kaiming uniform, as nn.Linear) and B [out, rank] (zeros), the
+/// layer's output becoming base(x) + (alpha / rank) * B A dropout(x); on a Conv2d, A is a conv
+/// of the layer's kernel, stride and padding to `rank` channels and B a 1x1 conv. Since B is
+/// zero the model computes what it did. Then freezes (requires_grad = false) every parameter
+/// that is neither an adapter's nor matched by `trainable`. Throws UsageError for rank < 1,
+/// alpha <= 0, dropout outside [0, 1), no target, a pattern matching nothing (naming the
+/// adaptable layers there are), or a layer adapted already.
+TRAINER_API LoraReport apply_lora(Model& model, const LoraOptions& options);
+
+/// Merges every adapter into its layer's weight (W += (alpha / rank) B A): the same outputs
+/// without the adapters' matmuls. Returns the layers merged.
+TRAINER_API std::int64_t merge_adapters(Model& model);
+/// Undoes merge_adapters() (up to rounding in the weights' dtype). Returns the layers unmerged.
+TRAINER_API std::int64_t unmerge_adapters(Model& model);
+
+/// Writes what a LoRA run trained: every adapter's A and B and every other parameter that
+/// requires grad (the new head), by name, with the adapters' rank and alpha. A TorchScript
+/// archive (torch.jit.load(file).tensors.state_dict() in Python), written durably. Returns the
+/// number of tensors written.
+TRAINER_API std::int64_t save_adapters(Model& model, const std::string& file);
+
+/// Loads a file of save_adapters() into a model adapted the same way (apply_lora with the
+/// same targets, rank and alpha): every tensor of the file must name one of the model's
+/// adapter or trainable parameters with the same shape, and every adapter must be in the
+/// file. Throws UsageError naming the file and the first mismatch, changing nothing.
+/// Returns the number of tensors loaded.
+TRAINER_API std::int64_t load_adapters(Model& model, const std::string& file);
+
+/// Writes the model's parameters and buffers with every adapter merged in and no adapter
+/// tensor: a file that model.weights loads into the plain model (a trainer checkpoint's
+/// "model" entry) and Python reads with torch.jit.load(file).model.state_dict(). The model is
+/// left as it was. Written durably. Returns the number of tensors written.
+TRAINER_API std::int64_t save_merged_model(Model& model, const std::string& file);
+
+}  // namespace trainer

@@ -1,0 +1,332 @@
+// LoRA on the registry's ViT and ResNet (trainer/lora.h) and the layers it adapts
+// (trainer/layers.h): the initialisation of the layers, the adapted model's output at the
+// start, merge and unmerge, which parameters get gradients, the adapter and merged-model files,
+// the q/k/v parts of the fused attention projection, and Model::keep_in_eval.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+
+#include "support/test_util.h"
+#include "trainer/error.h"
+#include "trainer/layers.h"
+#include "trainer/lora.h"
+#include "trainer/model.h"
+
+namespace trainer {
+namespace {
+
+using testing::TempDir;
+
+const DataSpec kImages{{1, 28, 28}, 5};
+
+std::shared_ptr<Model> tiny_vit() {
+  return build_model(Config::parse("name = \"vit\"\npatch_size = 7\nhidden_dim = 32\nnum_layers = 2\n"
+                                   "num_heads = 2\nmlp_dim = 64\n"),
+                     kImages);
+}
+
+std::shared_ptr<Model> small_resnet() {
+  return build_model(Config::parse("name = \"resnet\"\ndepth = 18\nstem = \"small\"\n"), DataSpec{{1, 16, 16}, 5});
+}
+
+LoraOptions vit_options() {
+  LoraOptions o;
+  o.rank = 4;
+  o.alpha = 8;
+  o.targets = {"*.q_proj", "*.v_proj", "*.out_proj", "*.mlp.0", "*.mlp.3"};
+  o.trainable = {"heads.*"};
+  return o;
+}
+
+/// Gives every adapter's B random values (it starts at zero), so that the adapters matter.
+void perturb_adapters(Model& m, double std = 0.05) {
+  torch::NoGradGuard no_grad;
+  for (auto& p : m.named_parameters()) {
+    if (p.key().find(".lora.B") != std::string::npos) p.value().normal_(0.0, std);
+  }
+}
+
+std::map<std::string, at::Tensor> snapshot(Model& m) {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& p : m.named_parameters()) out[p.key()] = p.value().detach().clone();
+  for (const auto& b : m.named_buffers()) out[b.key()] = b.value().detach().clone();
+  return out;
+}
+
+TEST(Layers, InitialiseAsTorchNn) {
+  torch::manual_seed(3);
+  torch::nn::Linear ref(5, 7);
+  torch::nn::Conv2d ref_conv(torch::nn::Conv2dOptions(3, 4, 3).stride(2).padding(1));
+  torch::manual_seed(3);
+  Linear lin(5, 7);
+  Conv2d conv(3, 4, 3, 2, 1);
+  EXPECT_TRUE(torch::equal(lin.weight(), ref->weight));
+  EXPECT_TRUE(torch::equal(lin.bias(), ref->bias));
+  EXPECT_TRUE(torch::equal(conv.weight(), ref_conv->weight));
+  EXPECT_TRUE(torch::equal(conv.bias(), ref_conv->bias));
+  const at::Tensor x = torch::randn({2, 3, 9, 9});
+  EXPECT_TRUE(torch::allclose(conv.forward(x), ref_conv->forward(x)));
+  std::vector<std::string> names;
+  for (const auto& p : lin.named_parameters()) names.push_back(p.key());
+  EXPECT_EQ(names, (std::vector<std::string>{"weight", "bias"}));
+}
+
+TEST(Layers, APartIsRowsOfTheFusedWeightAndFollowsItsMoves) {
+  auto w = torch::randn({6, 4});
+  auto b = torch::randn({6});
+  auto part = Linear::part_of(w, b, 2, 2);
+  EXPECT_TRUE(part->parameters().empty());
+  const at::Tensor x = torch::randn({3, 4});
+  EXPECT_TRUE(torch::allclose(part->forward(x), at::linear(x, w, b).narrow(1, 2, 2)));
+  // Converting the owner in place (as Module::to does, with set_data) is seen by the part.
+  w.set_data(w.to(torch::kDouble));
+  b.set_data(b.to(torch::kDouble));
+  EXPECT_EQ(part->weight().scalar_type(), torch::kDouble);
+  EXPECT_THROW(Linear::part_of(w, b, 5, 2), Error);
+}
+
+TEST(Lora, OutputEqualsTheBaseModelAtInitialisation) {
+  auto vit = tiny_vit();
+  vit->eval();
+  const at::Tensor x = torch::randn({3, 1, 28, 28});
+  const at::Tensor before = vit->forward(x);
+  const LoraReport r = apply_lora(*vit, vit_options());
+  EXPECT_EQ(r.adapted.size(), 2u * 5u);
+  EXPECT_EQ(r.adapted.front(), "encoder.layers.encoder_layer_0.self_attention.out_proj");
+  EXPECT_TRUE(torch::equal(vit->forward(x), before));
+
+  auto res = small_resnet();
+  res->eval();
+  const at::Tensor xr = torch::randn({2, 1, 16, 16});
+  const at::Tensor before_r = res->forward(xr);
+  LoraOptions o;
+  o.targets = {"layer4.*.conv2", "layer3.0.downsample.0"};
+  const LoraReport rr = apply_lora(*res, o);
+  EXPECT_EQ(rr.adapted.size(), 3u);
+  EXPECT_TRUE(torch::equal(res->forward(xr), before_r));
+}
+
+TEST(Lora, CountsAndFreezesWhatItShould) {
+  auto vit = tiny_vit();
+  std::int64_t total = 0;
+  for (const auto& p : vit->parameters()) total += p.numel();
+  const LoraReport r = apply_lora(*vit, vit_options());
+  // Per layer: q, v, out_proj (32 -> 32) 4 * (32 + 32) each; mlp.0 32 -> 64 and mlp.3 64 -> 32,
+  // 4 * 96 each. Two layers.
+  EXPECT_EQ(r.adapter_parameters, 2 * (3 * 4 * 64 + 2 * 4 * 96));
+  EXPECT_EQ(r.trainable_parameters, r.adapter_parameters + 32 * 5 + 5);
+  EXPECT_EQ(r.frozen_parameters, total - (32 * 5 + 5));  // every original parameter but the head's
+  EXPECT_EQ(r.frozen_parameters + r.trainable_parameters, total + r.adapter_parameters);
+  for (const auto& p : vit->named_parameters()) {
+    const bool should = p.key().find(".lora.") != std::string::npos || p.key().rfind("heads.", 0) == 0;
+    EXPECT_EQ(p.value().requires_grad(), should) << p.key();
+  }
+}
+
+TEST(Lora, OnlyAdaptersAndHeadReceiveGradients) {
+  auto vit = tiny_vit();
+  apply_lora(*vit, vit_options());
+  perturb_adapters(*vit);
+  torch::nn::init::normal_(vit->named_parameters()["heads.head.weight"], 0.0, 0.1);
+  const at::Tensor loss = vit->forward(torch::randn({4, 1, 28, 28})).logsumexp(1).mean();
+  loss.backward();
+  std::int64_t with_grad = 0;
+  for (const auto& p : vit->named_parameters()) {
+    const bool adapter_or_head = p.key().find(".lora.") != std::string::npos || p.key().rfind("heads.", 0) == 0;
+    if (adapter_or_head) {
+      ASSERT_TRUE(p.value().grad().defined()) << p.key();
+      EXPECT_GT(p.value().grad().abs().sum().item<double>(), 0.0) << p.key();
+      ++with_grad;
+    } else {
+      EXPECT_FALSE(p.value().grad().defined()) << p.key();
+    }
+  }
+  EXPECT_EQ(with_grad, 2 * 5 * 2 + 2);
+}
+
+TEST(Lora, MergedForwardEqualsUnmergedAndUnmergeRestores) {
+  auto vit = tiny_vit();
+  apply_lora(*vit, vit_options());
+  perturb_adapters(*vit);
+  vit->eval();
+  const auto weights = snapshot(*vit);
+  const at::Tensor x = torch::randn({3, 1, 28, 28});
+  const at::Tensor unmerged = vit->forward(x);
+  EXPECT_EQ(merge_adapters(*vit), 10);
+  EXPECT_EQ(merge_adapters(*vit), 0);  // merged already
+  const at::Tensor merged = vit->forward(x);
+  EXPECT_LT((merged - unmerged).abs().max().item<double>(), 1e-5);
+  EXPECT_GT((vit->named_parameters()["encoder.layers.encoder_layer_0.mlp.0.weight"] -
+             weights.at("encoder.layers.encoder_layer_0.mlp.0.weight"))
+                .abs()
+                .max()
+                .item<double>(),
+            1e-4);  // the merge did change the weight
+  EXPECT_EQ(unmerge_adapters(*vit), 10);
+  for (const auto& [name, t] : snapshot(*vit)) {
+    EXPECT_LT((t - weights.at(name)).abs().max().item<double>(), 1e-6) << name;
+  }
+  EXPECT_LT((vit->forward(x) - unmerged).abs().max().item<double>(), 1e-5);
+
+  // The convolution adapters of the ResNet merge too.
+  auto res = small_resnet();
+  LoraOptions o;
+  o.targets = {"layer1.0.conv1", "layer2.0.conv1", "layer2.0.downsample.0"};
+  apply_lora(*res, o);
+  perturb_adapters(*res);
+  res->eval();
+  const at::Tensor xr = torch::randn({2, 1, 16, 16});
+  const at::Tensor r_unmerged = res->forward(xr);
+  merge_adapters(*res);
+  EXPECT_LT((res->forward(xr) - r_unmerged).abs().max().item<double>(), 1e-4);
+}
+
+TEST(Lora, TheQPartOfTheFusedProjectionChangesOnlyItsRows) {
+  auto vit = tiny_vit();
+  LoraOptions o;
+  o.targets = {"encoder.layers.encoder_layer_1.self_attention.q_proj"};
+  apply_lora(*vit, o);
+  perturb_adapters(*vit);
+  const std::string w = "encoder.layers.encoder_layer_1.self_attention.in_proj_weight";
+  const at::Tensor before = vit->named_parameters()[w].detach().clone();
+  merge_adapters(*vit);
+  const at::Tensor after = vit->named_parameters()[w];
+  EXPECT_GT((after.narrow(0, 0, 32) - before.narrow(0, 0, 32)).abs().max().item<double>(), 1e-4);
+  EXPECT_TRUE(torch::equal(after.narrow(0, 32, 64), before.narrow(0, 32, 64)));  // k and v untouched
+}
+
+TEST(Lora, AdapterFilesRoundTripAndAreSmall) {
+  TempDir tmp;
+  auto vit = tiny_vit();
+  apply_lora(*vit, vit_options());
+  perturb_adapters(*vit);
+  {
+    torch::NoGradGuard no_grad;
+    vit->named_parameters()["heads.head.weight"].normal_(0.0, 0.1);
+  }
+  vit->eval();
+  const at::Tensor x = torch::randn({2, 1, 28, 28});
+  const at::Tensor expected = vit->forward(x);
+  const std::string file = tmp / "adapters.pt";
+  EXPECT_EQ(save_adapters(*vit, file), 2 * 5 * 2 + 2);
+  torch::save(vit, tmp / "whole.pt");
+  EXPECT_LT(std::filesystem::file_size(file) * 2, std::filesystem::file_size(tmp / "whole.pt"));
+
+  torch::manual_seed(99);  // other random adapters and base
+  auto other = tiny_vit();
+  {
+    // The same base weights (adapters are for a given base), other adapters.
+    torch::NoGradGuard no_grad;
+    auto src = vit->named_parameters();
+    for (auto& p : other->named_parameters()) p.value().copy_(src[p.key()]);
+  }
+  apply_lora(*other, vit_options());
+  other->eval();
+  EXPECT_FALSE(torch::allclose(other->forward(x), expected));
+  EXPECT_EQ(load_adapters(*other, file), 2 * 5 * 2 + 2);
+  EXPECT_TRUE(torch::equal(other->forward(x), expected));
+
+  // Other targets, rank or a model without adapters: refused, naming the file.
+  auto fewer = tiny_vit();
+  LoraOptions o = vit_options();
+  o.targets = {"*.q_proj"};
+  apply_lora(*fewer, o);
+  try {
+    load_adapters(*fewer, file);
+    FAIL() << "adapters for other targets were loaded";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("is not an adapter or trainable parameter"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(file), std::string::npos);
+  }
+  auto ranked = tiny_vit();
+  o = vit_options();
+  o.rank = 2;
+  apply_lora(*ranked, o);
+  EXPECT_THROW(load_adapters(*ranked, file), UsageError);
+  EXPECT_THROW(load_adapters(*tiny_vit(), file), UsageError);
+  EXPECT_THROW(load_adapters(*other, tmp / "missing.pt"), UsageError);
+}
+
+TEST(Lora, TheMergedModelLoadsIntoAPlainModelAsWeights) {
+  TempDir tmp;
+  auto vit = tiny_vit();
+  apply_lora(*vit, vit_options());
+  perturb_adapters(*vit);
+  vit->eval();
+  const auto before = snapshot(*vit);
+  const at::Tensor x = torch::randn({2, 1, 28, 28});
+  const at::Tensor expected = vit->forward(x);
+  const std::string file = tmp / "merged.pt";
+  save_merged_model(*vit, file);
+  for (const auto& [name, t] : snapshot(*vit)) EXPECT_TRUE(torch::equal(t, before.at(name))) << name;  // untouched
+  EXPECT_FALSE(vit->named_modules()["encoder.layers.encoder_layer_0.mlp.0"]->as<Linear>()->merged());
+
+  auto plain = tiny_vit();
+  const WeightsReport r = load_weights(*plain, file);
+  EXPECT_EQ(r.format, "trainer checkpoint");
+  plain->eval();
+  EXPECT_LT((plain->forward(x) - expected).abs().max().item<double>(), 1e-5);
+}
+
+TEST(Lora, BadOptionsNameWhatIsWrong) {
+  auto vit = tiny_vit();
+  LoraOptions o = vit_options();
+  o.targets = {"*.query"};
+  try {
+    apply_lora(*vit, o);
+    FAIL();
+  } catch (const UsageError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("'*.query' matches no Linear or Conv2d layer"), std::string::npos) << what;
+    EXPECT_NE(what.find("encoder.layers.encoder_layer_0.self_attention.out_proj"), std::string::npos) << what;
+  }
+  o = vit_options();
+  o.trainable = {"head.*"};
+  EXPECT_THROW(apply_lora(*tiny_vit(), o), UsageError);
+  o = vit_options();
+  o.rank = 0;
+  EXPECT_THROW(apply_lora(*tiny_vit(), o), UsageError);
+  o = vit_options();
+  o.targets.clear();
+  EXPECT_THROW(apply_lora(*tiny_vit(), o), UsageError);
+  apply_lora(*vit, vit_options());
+  EXPECT_THROW(apply_lora(*vit, vit_options()), UsageError);  // adapted already
+  // The MLP has no adaptable layer.
+  auto mlp = build_model(Config::parse("name = \"mlp\"\n"), kImages);
+  EXPECT_THROW(apply_lora(*mlp, vit_options()), UsageError);
+}
+
+TEST(ModelModes, KeepInEvalSurvivesTrain) {
+  auto res = small_resnet();
+  auto layer1 = res->named_modules()["layer1"];
+  res->keep_in_eval(layer1);
+  res->train();
+  EXPECT_TRUE(res->is_training());
+  EXPECT_FALSE(layer1->is_training());
+  EXPECT_FALSE(res->named_modules()["layer1.0.bn1"]->is_training());
+  EXPECT_TRUE(res->named_modules()["layer2.0.bn1"]->is_training());
+  res->eval();
+  EXPECT_FALSE(res->named_modules()["layer2.0.bn1"]->is_training());
+}
+
+TEST(ModelModes, FeaturesFeedTheHead) {
+  auto vit = tiny_vit();
+  vit->eval();
+  torch::nn::init::normal_(vit->named_parameters()["heads.head.weight"], 0.0, 0.1);
+  const at::Tensor x = torch::randn({2, 1, 28, 28});
+  const at::Tensor f = vit->features(x);
+  EXPECT_EQ(f.sizes().vec(), (std::vector<std::int64_t>{2, 32}));
+  auto head = vit->named_modules()[vit->head_name()]->as<Linear>();
+  ASSERT_NE(head, nullptr);
+  EXPECT_TRUE(torch::allclose(head->forward(f), vit->forward(x)));
+  auto res = small_resnet();
+  EXPECT_EQ(res->head_name(), "fc");
+  EXPECT_EQ(res->features(torch::randn({2, 1, 16, 16})).size(1), 512);
+  auto mlp = build_model(Config::parse("name = \"mlp\"\n"), kImages);
+  EXPECT_EQ(mlp->head_name(), "");
+  EXPECT_THROW(mlp->features(x), UsageError);
+}
+
+}  // namespace
+}  // namespace trainer
