@@ -11,6 +11,7 @@ packages=(
   libtoml11-dev libspdlog-dev libfmt-dev
   googletest libgtest-dev libgmock-dev libbenchmark-dev
   zlib1g-dev
+  libturbojpeg0-dev libpng-dev libmatio-dev  # image datasets: JPEG, PNG, Flowers102's .mat files
   clang libclang-rt-14-dev
   dataset-fashion-mnist
   python3-torch python3-torchvision  # the tests write torchvision state_dicts with them

@@ -3,6 +3,7 @@
 
 #include <filesystem>
 
+#include "data/image_datasets.h"
 #include "trainer/data.h"
 #include "trainer/error.h"
 #include "trainer/settings.h"
@@ -182,6 +183,7 @@ Registry<DatasetFactory>& dataset_registry() {
                                                     s.num_classes, seed);
         },
         SyntheticSettings::keys(), "Random Gaussian inputs with random labels (benchmarks, tests)");
+    add_image_datasets(*r);
     return r;
   }();
   return *reg;

@@ -89,7 +89,9 @@ Tensors read_state_dict(const std::string& file, caffe2::serialize::PyTorchStrea
 
 WeightsReport load_weights(Model& model, const std::string& file, const std::vector<std::string>& exclude) {
   TRAINER_CHECK_T(UsageError, std::filesystem::is_regular_file(file), "model.weights = \"", file,
-                  "\": no such file");
+                  "\": no such file; torchvision's pretrained weights are saved as a state_dict once, where there is "
+                  "internet: python3 -c 'import torch, torchvision; torch.save(torchvision.models.resnet50(weights=\"DEFAULT\")"
+                  ".state_dict(), \"resnet50.pt\")' (vit_b_16, resnet18 alike; docs/transfer-learning.md)");
   WeightsReport report;
   std::unique_ptr<caffe2::serialize::PyTorchStreamReader> reader;
   try {

@@ -1,0 +1,417 @@
+// Image datasets in their published layouts: ImageFolder (one sub-folder per class),
+// Flowers102 (jpg/, imagelabels.mat, setid.mat, read with matio) and CUB-200-2011 (images.txt,
+// image_class_labels.txt, train_test_split.txt, images/, bounding_boxes.txt). Samples are
+// decoded when read (trainer/image.h), normally by the loader's workers.
+#include "data/image_datasets.h"
+
+#include <ATen/ATen.h>
+#include <matio.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <set>
+#include <sstream>
+
+#include "trainer/error.h"
+#include "trainer/image.h"
+#include "trainer/settings.h"
+
+namespace trainer {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+/// The [dataset] keys of the image datasets (each declares the ones it reads).
+struct ImageFields {
+  std::string root;
+  std::int64_t image_size = 224;
+  std::int64_t resize = 256;
+  bool augment = true;
+  double min_scale = 0.08;
+  std::vector<double> mean{0.485, 0.456, 0.406};
+  std::vector<double> std{0.229, 0.224, 0.225};
+  std::string on_corrupt = "fail";
+  std::int64_t seed = 0;
+  std::int64_t limit = 0;
+  std::int64_t eval_limit = 0;
+  std::string train_dir = "train", test_dir = "val";  // image_folder
+  std::string test_split = "test";                    // flowers102
+  bool train_with_val = false;                        // flowers102
+  bool crop_to_box = false;                           // cub200
+};
+
+/// &ImageFields::x as a member pointer of the settings struct S deriving from it.
+template <class S, class M>
+M S::*field(M ImageFields::*m) {
+  return m;
+}
+
+template <class S>
+void declare_common(SettingsSchema<S>& s) {
+  s.add(field<S>(&ImageFields::root), "root", "Directory of the dataset in its published layout");
+  s.add(field<S>(&ImageFields::image_size), "image_size", "Side of the square images the model gets").min(1);
+  s.add(field<S>(&ImageFields::resize), "resize",
+        "Evaluation: the shorter side is resized to this, then the centre image_size crop is taken")
+      .min(1);
+  s.add(field<S>(&ImageFields::augment), "augment",
+        "Training: random-resized crop (min_scale to 1 of the area, ratio 3/4 to 4/3) and horizontal flip; "
+        "false = the evaluation transform");
+  s.add(field<S>(&ImageFields::min_scale), "min_scale", "Smallest area fraction of the random-resized crop")
+      .min(0, false)
+      .max(1);
+  s.add(field<S>(&ImageFields::mean), "mean", "Per-channel mean subtracted (the backbone's: ImageNet's by default)");
+  s.add(field<S>(&ImageFields::std), "std", "Per-channel standard deviation divided by").min(0, false);
+  s.add(field<S>(&ImageFields::on_corrupt), "on_corrupt",
+        "An image that cannot be read or decoded: fail = stop the run (exit code 2) naming it; skip = train "
+        "without it (its place in the batch goes to the next readable sample), counted and logged")
+      .choices({"fail", "skip"});
+  s.add(field<S>(&ImageFields::seed), "seed", "Seed of the augmentations (with the epoch and the sample's index)")
+      .min(0);
+  s.add(field<S>(&ImageFields::limit), "limit", "Train on the first N samples; 0 = all").min(0);
+  s.add(field<S>(&ImageFields::eval_limit), "eval_limit", "Evaluate on the first N test samples; 0 = all").min(0);
+}
+
+struct ImageFolderSettings : ImageFields, Settings<ImageFolderSettings> {
+  static void declare(SettingsSchema<ImageFolderSettings>& s) {
+    declare_common(s);
+    s.add(field<ImageFolderSettings>(&ImageFields::train_dir), "train_dir",
+          "Sub-directory of root with the training split's class folders");
+    s.add(field<ImageFolderSettings>(&ImageFields::test_dir), "test_dir",
+          "Sub-directory of root with the test split's class folders");
+  }
+};
+
+struct FlowersSettings : ImageFields, Settings<FlowersSettings> {
+  static void declare(SettingsSchema<FlowersSettings>& s) {
+    declare_common(s);
+    s.add(field<FlowersSettings>(&ImageFields::test_split), "test_split",
+          "The official split evaluated on: test (6149 images) or val (1020)")
+        .choices({"test", "val"});
+    s.add(field<FlowersSettings>(&ImageFields::train_with_val), "train_with_val",
+          "Train on the official train and val splits (2040 images) instead of train alone (1020)");
+  }
+};
+
+struct CubSettings : ImageFields, Settings<CubSettings> {
+  static void declare(SettingsSchema<CubSettings>& s) {
+    declare_common(s);
+    s.add(field<CubSettings>(&ImageFields::crop_to_box), "crop_to_box",
+          "Crop each image to its bounding box (bounding_boxes.txt) first");
+  }
+};
+
+struct Sample {
+  std::string path;
+  std::int64_t label = 0;
+  std::array<double, 4> box{0, 0, 0, 0};  ///< x, y, width, height; width 0 = the whole image
+};
+
+class ImageDataset final : public Dataset {
+ public:
+  ImageDataset(std::string name, std::vector<Sample> samples, std::int64_t classes, const ImageFields& s, bool train)
+      : name_(std::move(name)), samples_(std::move(samples)), classes_(classes), train_(train && s.augment),
+        skip_(s.on_corrupt == "skip"), seed_(static_cast<std::uint64_t>(s.seed)) {
+    t_.size = s.image_size;
+    t_.resize = s.resize;
+    t_.min_scale = s.min_scale;
+    t_.mean = s.mean;
+    t_.std = s.std;
+    TRAINER_CHECK_T(UsageError, s.mean.size() == 3 && s.std.size() == 3, "dataset.mean and dataset.std need 3 values "
+                    "each (R, G, B), got ", s.mean.size(), " and ", s.std.size());
+  }
+
+  std::int64_t size() const override { return static_cast<std::int64_t>(samples_.size()); }
+  Batch get(const at::Tensor& indices) const override { return read(indices, -1); }
+  Batch get_in_epoch(const at::Tensor& indices, std::int64_t epoch) const override {
+    return read(indices, train_ ? epoch : -1);
+  }
+  DataSpec spec() const override { return {{3, t_.size, t_.size}, classes_}; }
+
+ private:
+  /// epoch < 0: the evaluation transform.
+  Batch read(const at::Tensor& indices, std::int64_t epoch) const {
+    const at::Tensor idx = indices.to(at::kLong).contiguous();
+    const std::int64_t n = idx.size(0), count = size();
+    at::Tensor inputs = at::empty({n, 3, t_.size, t_.size}, at::kFloat);
+    at::Tensor targets = at::empty({n}, at::kLong);
+    const auto* ids = idx.data_ptr<std::int64_t>();
+    for (std::int64_t k = 0; k < n; ++k) {
+      TRAINER_CHECK(ids[k] >= 0 && ids[k] < count, name_, ": sample index ", ids[k], " outside [0, ", count, ")");
+      // An unreadable sample under `skip` gives its place to the next readable one.
+      for (std::int64_t tries = 0, i = ids[k];; ++tries, i = (i + 1) % count) {
+        TRAINER_CHECK_T(UsageError, tries < count, name_, ": no image of ", dataset_root(), " can be read");
+        const Sample& s = samples_[static_cast<std::size_t>(i)];
+        at::Tensor image;
+        try {
+          image = decode_image_file(s.path, s.box[2] > 0 ? 0 : t_.size);
+        } catch (const ImageError& e) {
+          if (!skip_) {
+            throw UsageError(detail::str(e.what(), " (dataset.on_corrupt = \"fail\"; \"skip\" trains without it)"));
+          }
+          report_skipped(s.path, e.what());
+          continue;
+        }
+        if (s.box[2] > 0) image = crop(image, s.box);
+        std::mt19937_64 rng(mix(seed_, static_cast<std::uint64_t>(epoch), static_cast<std::uint64_t>(i)));
+        inputs[k].copy_(transform_image(image, t_, epoch >= 0 ? &rng : nullptr));
+        targets[k] = s.label;
+        break;
+      }
+    }
+    return {inputs, targets};
+  }
+
+  static at::Tensor crop(const at::Tensor& image, const std::array<double, 4>& box) {
+    const std::int64_t H = image.size(1), W = image.size(2);
+    const std::int64_t x = std::clamp<std::int64_t>(static_cast<std::int64_t>(box[0]), 0, W - 1);
+    const std::int64_t y = std::clamp<std::int64_t>(static_cast<std::int64_t>(box[1]), 0, H - 1);
+    const std::int64_t w = std::clamp<std::int64_t>(static_cast<std::int64_t>(std::lround(box[2])), 1, W - x);
+    const std::int64_t h = std::clamp<std::int64_t>(static_cast<std::int64_t>(std::lround(box[3])), 1, H - y);
+    return image.narrow(1, y, h).narrow(2, x, w).contiguous();
+  }
+
+  static std::uint64_t mix(std::uint64_t seed, std::uint64_t epoch, std::uint64_t index) {
+    // splitmix64 over the three, so neighbouring indices and epochs get unrelated streams.
+    std::uint64_t z = seed * 0x9E3779B97F4A7C15ULL ^ (epoch + 0x632BE59BD9B4E019ULL) * 0xBF58476D1CE4E5B9ULL ^
+                      (index + 1) * 0x94D049BB133111EBULL;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+  }
+
+  std::string dataset_root() const { return samples_.empty() ? name_ : fs::path(samples_.front().path).parent_path().string(); }
+
+  void report_skipped(const std::string& path, const std::string& why) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!skipped_.insert(path).second) return;  // each file is reported once
+    spdlog::warn("{}: skipped (dataset.on_corrupt = \"skip\"; {} unreadable image{} so far): {}", name_, skipped_.size(),
+                 skipped_.size() == 1 ? "" : "s", why);
+  }
+
+  std::string name_;
+  std::vector<Sample> samples_;
+  std::int64_t classes_;
+  bool train_, skip_;
+  std::uint64_t seed_;
+  ImageTransform t_;
+  mutable std::mutex mutex_;
+  mutable std::set<std::string> skipped_;
+};
+
+bool is_image_file(const fs::path& p) {
+  std::string ext = p.extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
+  return ext == ".jpg" || ext == ".jpeg" || ext == ".png";
+}
+
+/// What `dir` holds, for error messages: its first few entries, or that it does not exist.
+std::string found_in(const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) return dir.string() + " does not exist";
+  if (!fs::is_directory(dir, ec)) return dir.string() + " is not a directory";
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir, ec)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  if (names.empty()) return dir.string() + " is empty";
+  std::ostringstream os;
+  os << dir.string() << " holds ";
+  for (std::size_t i = 0; i < std::min<std::size_t>(names.size(), 6); ++i) os << (i ? ", " : "") << names[i];
+  if (names.size() > 6) os << ", ... (" << names.size() << " entries)";
+  return os.str();
+}
+
+std::shared_ptr<Dataset> make(std::string name, std::vector<Sample> samples, std::int64_t classes,
+                              const ImageFields& s, Split split) {
+  auto ds = std::make_shared<ImageDataset>(std::move(name), std::move(samples), classes, s, split == Split::Train);
+  return limit_dataset(ds, split == Split::Train ? s.limit : s.eval_limit);
+}
+
+std::shared_ptr<Dataset> image_folder(const Config& c, Split split) {
+  const ImageFolderSettings s = ImageFolderSettings::from(c);
+  const fs::path dir = fs::path(s.root) / (split == Split::Train ? s.train_dir : s.test_dir);
+  const auto layout = [&](const std::string& what) {
+    return UsageError(detail::str(
+        "dataset.root = \"", s.root, "\": ", what, "; an ImageFolder is <root>/", s.train_dir, "/<class>/<image> and <root>/",
+        s.test_dir, "/<class>/<image> (JPEG or PNG; the class folders, sorted by name, are the labels; "
+        "dataset.train_dir and dataset.test_dir name the two)"));
+  };
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) throw layout(found_in(dir.parent_path()) + ", no " + dir.filename().string() + "/");
+  std::vector<std::string> classes;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (e.is_directory()) classes.push_back(e.path().filename().string());
+  }
+  std::sort(classes.begin(), classes.end());
+  if (classes.empty()) throw layout(found_in(dir) + ": no class folders");
+  std::vector<Sample> samples;
+  for (std::size_t label = 0; label < classes.size(); ++label) {
+    std::vector<std::string> files;
+    for (const auto& e : fs::directory_iterator(dir / classes[label], ec)) {
+      if (e.is_regular_file() && is_image_file(e.path())) files.push_back(e.path().string());
+    }
+    std::sort(files.begin(), files.end());
+    for (auto& f : files) samples.push_back({std::move(f), static_cast<std::int64_t>(label), {}});
+  }
+  if (samples.empty()) throw layout(found_in(dir / classes.front()) + ": no .jpg, .jpeg or .png in the class folders");
+  return make("image_folder " + dir.string(), std::move(samples), static_cast<std::int64_t>(classes.size()), s, split);
+}
+
+/// A numeric variable of a .mat file as int64 values (any numeric class), row-major flattening
+/// of a vector.
+std::vector<std::int64_t> mat_vector(const fs::path& file, const char* var) {
+  mat_t* mat = Mat_Open(file.string().c_str(), MAT_ACC_RDONLY);
+  TRAINER_CHECK_T(UsageError, mat != nullptr, file.string(), ": not a readable .mat file (matio)");
+  std::unique_ptr<mat_t, int (*)(mat_t*)> closer(mat, Mat_Close);
+  matvar_t* v = Mat_VarRead(mat, var);
+  TRAINER_CHECK_T(UsageError, v != nullptr, file.string(), ": no variable '", var, "'");
+  std::unique_ptr<matvar_t, void (*)(matvar_t*)> freer(v, Mat_VarFree);
+  TRAINER_CHECK_T(UsageError, v->rank == 2 && (v->dims[0] == 1 || v->dims[1] == 1) && v->data != nullptr &&
+                      !v->isComplex,
+                  file.string(), ": '", var, "' is not a real vector");
+  const std::size_t n = v->dims[0] * v->dims[1];
+  std::vector<std::int64_t> out(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    double x = 0;
+    switch (v->class_type) {
+      case MAT_C_DOUBLE: x = static_cast<const double*>(v->data)[i]; break;
+      case MAT_C_SINGLE: x = static_cast<const float*>(v->data)[i]; break;
+      case MAT_C_UINT8: x = static_cast<const std::uint8_t*>(v->data)[i]; break;
+      case MAT_C_INT16: x = static_cast<const std::int16_t*>(v->data)[i]; break;
+      case MAT_C_UINT16: x = static_cast<const std::uint16_t*>(v->data)[i]; break;
+      case MAT_C_INT32: x = static_cast<const std::int32_t*>(v->data)[i]; break;
+      case MAT_C_UINT32: x = static_cast<const std::uint32_t*>(v->data)[i]; break;
+      case MAT_C_INT64: x = static_cast<double>(static_cast<const std::int64_t*>(v->data)[i]); break;
+      default: throw UsageError(detail::str(file.string(), ": '", var, "' is not numeric"));
+    }
+    out[i] = static_cast<std::int64_t>(x);
+  }
+  return out;
+}
+
+std::shared_ptr<Dataset> flowers102(const Config& c, Split split) {
+  const FlowersSettings s = FlowersSettings::from(c);
+  const fs::path root(s.root);
+  const fs::path labels_file = root / "imagelabels.mat", setid_file = root / "setid.mat", jpg = root / "jpg";
+  std::error_code ec;
+  if (!fs::is_regular_file(labels_file, ec) || !fs::is_regular_file(setid_file, ec) || !fs::is_directory(jpg, ec)) {
+    throw UsageError(detail::str(
+        "dataset.root = \"", s.root, "\": not Flowers102's layout (", found_in(root),
+        "); expected jpg/image_00001.jpg ... jpg/image_08189.jpg, imagelabels.mat and setid.mat, as published at "
+        "https://www.robots.ox.ac.uk/~vgg/data/flowers/102/ (102flowers.tgz unpacked there, and the two .mat files)"));
+  }
+  const std::vector<std::int64_t> labels = mat_vector(labels_file, "labels");
+  std::vector<std::int64_t> ids;
+  if (split == Split::Train) {
+    ids = mat_vector(setid_file, "trnid");
+    if (s.train_with_val) {
+      const auto val = mat_vector(setid_file, "valid");
+      ids.insert(ids.end(), val.begin(), val.end());
+    }
+  } else {
+    ids = mat_vector(setid_file, s.test_split == "val" ? "valid" : "tstid");
+  }
+  std::sort(ids.begin(), ids.end());
+  std::vector<Sample> samples;
+  for (const std::int64_t id : ids) {
+    TRAINER_CHECK_T(UsageError, id >= 1 && id <= static_cast<std::int64_t>(labels.size()), setid_file.string(),
+                    ": image id ", id, " outside imagelabels.mat's 1..", labels.size());
+    const std::int64_t label = labels[static_cast<std::size_t>(id - 1)];
+    TRAINER_CHECK_T(UsageError, label >= 1 && label <= 102, labels_file.string(), ": label ", label,
+                    " of image ", id, " outside 1..102");
+    char name[32];
+    std::snprintf(name, sizeof name, "image_%05lld.jpg", static_cast<long long>(id));
+    samples.push_back({(jpg / name).string(), label - 1, {}});
+  }
+  TRAINER_CHECK_T(UsageError, !samples.empty(), setid_file.string(), ": the split is empty");
+  return make("flowers102", std::move(samples), 102, s, split);
+}
+
+/// "<id> <rest>" lines of a CUB-200 index file, by id.
+std::map<std::int64_t, std::string> cub_lines(const fs::path& file) {
+  std::ifstream in(file);
+  TRAINER_CHECK_T(UsageError, in.good(), file.string(), ": cannot be read");
+  std::map<std::int64_t, std::string> out;
+  std::string line;
+  for (std::int64_t n = 1; std::getline(in, line); ++n) {
+    if (line.empty() || line == "\r") continue;
+    std::istringstream ls(line);
+    std::int64_t id = 0;
+    std::string rest;
+    ls >> id;
+    std::getline(ls >> std::ws, rest);
+    if (!rest.empty() && rest.back() == '\r') rest.pop_back();
+    TRAINER_CHECK_T(UsageError, !ls.fail() && id > 0 && !rest.empty(), file.string(), ":", n,
+                    ": expected \"<image id> <value>\", got \"", line, "\"");
+    out[id] = rest;
+  }
+  return out;
+}
+
+std::shared_ptr<Dataset> cub200(const Config& c, Split split) {
+  const CubSettings s = CubSettings::from(c);
+  const fs::path root(s.root);
+  std::error_code ec;
+  for (const char* f : {"images.txt", "image_class_labels.txt", "train_test_split.txt"}) {
+    if (!fs::is_regular_file(root / f, ec) || !fs::is_directory(root / "images", ec)) {
+      throw UsageError(detail::str(
+          "dataset.root = \"", s.root, "\": not CUB-200-2011's layout (", found_in(root),
+          "); expected images.txt, image_class_labels.txt, train_test_split.txt, images/<class>/<image>.jpg "
+          "(and bounding_boxes.txt for dataset.crop_to_box), as in CUB_200_2011.tgz from "
+          "https://www.vision.caltech.edu/datasets/cub_200_2011/ unpacked (root is its CUB_200_2011 directory)"));
+    }
+  }
+  const auto images = cub_lines(root / "images.txt");
+  const auto labels = cub_lines(root / "image_class_labels.txt");
+  const auto is_train = cub_lines(root / "train_test_split.txt");
+  std::map<std::int64_t, std::string> boxes;
+  if (s.crop_to_box) {
+    TRAINER_CHECK_T(UsageError, fs::is_regular_file(root / "bounding_boxes.txt", ec), "dataset.crop_to_box = true: ",
+                    (root / "bounding_boxes.txt").string(), " does not exist");
+    boxes = cub_lines(root / "bounding_boxes.txt");
+  }
+  std::vector<Sample> samples;
+  for (const auto& [id, path] : images) {
+    const auto t = is_train.find(id);
+    const auto l = labels.find(id);
+    TRAINER_CHECK_T(UsageError, t != is_train.end() && l != labels.end(), root.string(), ": image ", id,
+                    " of images.txt has no line in ", t == is_train.end() ? "train_test_split.txt" : "image_class_labels.txt");
+    if ((t->second == "1") != (split == Split::Train)) continue;
+    std::int64_t label = 0;
+    std::istringstream ls(l->second);
+    if (!(ls >> label) || !(ls >> std::ws).eof()) label = 0;  // not a whole number: refused below
+    TRAINER_CHECK_T(UsageError, label >= 1 && label <= 200, (root / "image_class_labels.txt").string(), ": label \"",
+                    l->second, "\" of image ", id, " outside 1..200");
+    Sample smp{(root / "images" / path).string(), label - 1, {}};
+    if (s.crop_to_box) {
+      const auto b = boxes.find(id);
+      TRAINER_CHECK_T(UsageError, b != boxes.end(), (root / "bounding_boxes.txt").string(), ": no box for image ", id);
+      std::istringstream bs(b->second);
+      bs >> smp.box[0] >> smp.box[1] >> smp.box[2] >> smp.box[3];
+      TRAINER_CHECK_T(UsageError, !bs.fail() && smp.box[2] > 0 && smp.box[3] > 0,
+                      (root / "bounding_boxes.txt").string(), ": box \"", b->second, "\" of image ", id,
+                      " is not x y width height");
+    }
+    samples.push_back(std::move(smp));
+  }
+  TRAINER_CHECK_T(UsageError, !samples.empty(), root.string(), ": no ", split == Split::Train ? "training" : "test",
+                  " image in train_test_split.txt");
+  return make("cub200", std::move(samples), 200, s, split);
+}
+
+}  // namespace
+
+void add_image_datasets(Registry<DatasetFactory>& r) {
+  r.add("image_folder", image_folder, ImageFolderSettings::keys(),
+        "JPEG/PNG images in class folders: <root>/<train_dir>/<class>/*, <root>/<test_dir>/<class>/*");
+  r.add("flowers102", flowers102, FlowersSettings::keys(),
+        "Oxford Flowers102 (jpg/, imagelabels.mat, setid.mat): 102 classes, the official train/val/test split");
+  r.add("cub200", cub200, CubSettings::keys(),
+        "CUB-200-2011 (images.txt, image_class_labels.txt, train_test_split.txt, images/): 200 bird species");
+}
+
+}  // namespace trainer
