@@ -268,6 +268,22 @@ TEST(ImageDatasets, ACorruptImageFailsNamingItOrIsSkippedAndCounted) {
   EXPECT_TRUE(torch::equal(b.inputs[1], b.inputs[2]));
 }
 
+TEST(FashionMnist, ClassesKeepsThoseSamplesRelabelledInTheOrderListed) {
+  const auto all = dataset("name = \"fashion_mnist\"\n", Split::Test);
+  const auto some = dataset("name = \"fashion_mnist\"\nclasses = [7, 2]\n", Split::Test);
+  EXPECT_EQ(some->spec().num_classes, 2);
+  EXPECT_EQ(some->size(), 2000);  // 1000 test images per class
+  const Batch every = all->get(torch::arange(all->size()));
+  const at::Tensor sevens = (every.targets == 7).nonzero().squeeze(1), twos = (every.targets == 2).nonzero().squeeze(1);
+  const Batch b = some->get(torch::arange(some->size()));
+  EXPECT_EQ((b.targets == 0).sum().item<std::int64_t>(), 1000);  // 7 -> 0
+  // The first kept sample is the first 2 or 7 of the file, with its new label.
+  const std::int64_t first = std::min(sevens[0].item<std::int64_t>(), twos[0].item<std::int64_t>());
+  EXPECT_TRUE(torch::equal(b.inputs[0], every.inputs[first]));
+  EXPECT_EQ(b.targets[0].item<std::int64_t>(), every.targets[first].item<std::int64_t>() == 7 ? 0 : 1);
+  EXPECT_THROW(dataset("name = \"fashion_mnist\"\nclasses = [3, 3]\n", Split::Test), UsageError);
+}
+
 TEST(ImageDatasets, TheLoaderGivesTheSameBatchesWithOneAndTwoWorkers) {
   TempDir tmp;
   for (int i = 0; i < 24; ++i) write_jpeg(tmp / ("train/c" + std::to_string(i % 3) + "/" + std::to_string(i) + ".jpg"), 40 + i, 36, i * 10);

@@ -2,6 +2,7 @@
 #include <zlib.h>
 
 #include <filesystem>
+#include <set>
 
 #include "data/image_datasets.h"
 #include "trainer/data.h"
@@ -54,8 +55,9 @@ namespace {
 /// Fashion-MNIST (or MNIST) in IDX files: 28x28 grey images, 10 classes.
 class IdxImageDataset final : public Dataset {
  public:
-  IdxImageDataset(at::Tensor images, at::Tensor labels, double mean, double std)
-      : images_(images.unsqueeze(1).contiguous()), labels_(labels.to(at::kLong)), mean_(mean), std_(std) {
+  IdxImageDataset(at::Tensor images, at::Tensor labels, double mean, double std, std::int64_t classes)
+      : images_(images.unsqueeze(1).contiguous()), labels_(labels.to(at::kLong)), mean_(mean), std_(std),
+        classes_(classes) {
     TRAINER_CHECK(images_.size(0) == labels_.size(0), "image and label counts differ: ", images_.size(0), " vs ",
                   labels_.size(0));
   }
@@ -64,11 +66,12 @@ class IdxImageDataset final : public Dataset {
     at::Tensor x = images_.index_select(0, idx).to(at::kFloat).div_(255.0).sub_(mean_).div_(std_);
     return {x, labels_.index_select(0, idx)};
   }
-  DataSpec spec() const override { return {{1, images_.size(2), images_.size(3)}, 10}; }
+  DataSpec spec() const override { return {{1, images_.size(2), images_.size(3)}, classes_}; }
 
  private:
   at::Tensor images_, labels_;
   double mean_, std_;
+  std::int64_t classes_;
 };
 
 std::string find_idx(const std::string& root, const std::string& stem) {
@@ -131,9 +134,14 @@ struct FashionMnistSettings : Settings<FashionMnistSettings> {
   std::string root = "/usr/share/datasets/fashion-mnist";
   std::int64_t limit = 0;
   std::int64_t eval_limit = 0;
+  std::vector<std::int64_t> classes;
 
   static void declare(SettingsSchema<FashionMnistSettings>& s) {
     s.add(&FashionMnistSettings::root, "root", "Directory with the IDX files (.gz or plain)");
+    s.add(&FashionMnistSettings::classes, "classes",
+          "Keep only these classes (0-9), relabelled 0, 1, ... in the order given; empty = all 10")
+        .min(0)
+        .max(9);
     s.add(&FashionMnistSettings::limit, "limit", "Train on the first N samples; 0 = all").min(0);
     s.add(&FashionMnistSettings::eval_limit, "eval_limit", "Evaluate on the first N test samples; 0 = all").min(0);
   }
@@ -169,7 +177,20 @@ Registry<DatasetFactory>& dataset_registry() {
           auto images = read_idx_file(find_idx(s.root, prefix + "-images-idx3-ubyte"));
           auto labels = read_idx_file(find_idx(s.root, prefix + "-labels-idx1-ubyte"));
           TRAINER_CHECK(images.dim() == 3 && labels.dim() == 1, s.root, ": unexpected IDX shapes");
-          auto ds = std::make_shared<IdxImageDataset>(images, labels, 0.2860, 0.3530);
+          std::int64_t classes = 10;
+          if (!s.classes.empty()) {
+            // The samples of the chosen classes, in file order, relabelled by position in the list.
+            const std::set<std::int64_t> unique(s.classes.begin(), s.classes.end());
+            TRAINER_CHECK_T(UsageError, unique.size() == s.classes.size(), "dataset.classes lists a class twice");
+            at::Tensor relabel = at::full({10}, -1, at::kLong);
+            for (std::size_t i = 0; i < s.classes.size(); ++i) relabel[s.classes[i]] = static_cast<std::int64_t>(i);
+            const at::Tensor mapped = relabel.index_select(0, labels.to(at::kLong));
+            const at::Tensor keep = mapped.ge(0).nonzero().squeeze(1);
+            images = images.index_select(0, keep);
+            labels = mapped.index_select(0, keep);
+            classes = static_cast<std::int64_t>(s.classes.size());
+          }
+          auto ds = std::make_shared<IdxImageDataset>(images, labels, 0.2860, 0.3530, classes);
           return limit_dataset(ds, split == Split::Train ? s.limit : s.eval_limit);
         },
         FashionMnistSettings::keys(),
