@@ -18,6 +18,7 @@
 
 #include "trainer/error.h"
 #include "trainer/image.h"
+#include "trainer/logging.h"
 #include "trainer/settings.h"
 
 namespace trainer {
@@ -189,7 +190,7 @@ class ImageDataset final : public Dataset {
   void report_skipped(const std::string& path, const std::string& why) const {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!skipped_.insert(path).second) return;  // each file is reported once
-    spdlog::warn("{}: skipped (dataset.on_corrupt = \"skip\"; {} unreadable image{} so far): {}", name_, skipped_.size(),
+    default_logger()->warn("{}: skipped (dataset.on_corrupt = \"skip\"; {} unreadable image{} so far): {}", name_, skipped_.size(),
                  skipped_.size() == 1 ? "" : "s", why);
   }
 
