@@ -223,6 +223,44 @@ TEST_F(WeightsRun, TrainerCheckpointLoadsAsInitialWeights) {
             std::string::npos);
 }
 
+TEST_F(WeightsRun, ARunDirectoryGivesItsNewestCompleteCheckpoint) {
+  Trainer first(options_for(kResnetRun, {"training.epochs=2", "checkpoint.every_epochs=1", "checkpoint.keep_last=2"},
+                            "first"));
+  ASSERT_EQ(first.fit().exit_code, 0);
+  const std::filesystem::path ckpts(tmp_ / "first/checkpoints");
+  const std::string run_dir = tmp_ / "first";
+  ASSERT_TRUE(std::filesystem::exists(ckpts / "step_00000002.pt"));
+  ASSERT_TRUE(std::filesystem::exists(ckpts / "step_00000004.pt"));
+  const auto run_from = [&](const std::string& weights, const std::string& name) {
+    auto o = options_for(kResnetRun, {"model.weights=\"" + weights + "\"", "training.max_steps=1"}, name);
+    o.log_level = "info";
+    Trainer t(std::move(o));
+    return t.fit();
+  };
+  // The run directory and its checkpoints/ directory: the checkpoint `latest` names.
+  ASSERT_EQ(run_from(run_dir, "a").exit_code, 0);
+  EXPECT_NE(read_file(tmp_ / "a/trainer.log").find("model weights: 122 tensors from " + (ckpts / "step_00000004.pt").string()),
+            std::string::npos);
+  ASSERT_EQ(run_from(ckpts.string(), "b").exit_code, 0);
+  EXPECT_NE(read_file(tmp_ / "b/trainer.log").find("from " + (ckpts / "step_00000004.pt").string()), std::string::npos);
+  // The newest one cut short: its digest says so, and the one before it is taken.
+  std::filesystem::resize_file(ckpts / "step_00000004.pt", 100);
+  ASSERT_EQ(run_from(run_dir, "c").exit_code, 0);
+  EXPECT_NE(read_file(tmp_ / "c/trainer.log").find("from " + (ckpts / "step_00000002.pt").string()), std::string::npos);
+  // None complete: exit code 2, naming the setting and the directory.
+  std::filesystem::resize_file(ckpts / "step_00000002.pt", 100);
+  auto r = run_from(run_dir, "d");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.message.find("model.weights = \"" + run_dir + "\": no complete checkpoint"),
+            std::string::npos) << r.message;
+  // A directory without checkpoints.
+  std::filesystem::create_directories(tmp_ / "empty");
+  r = run_from(std::string(tmp_ / "empty"), "e");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.message.find("model.weights " + std::string(tmp_ / "empty") + ": no checkpoints/latest and no step_<N>.pt"),
+            std::string::npos) << r.message;
+}
+
 TEST_F(WeightsRun, ResumingDoesNotNeedTheWeightsFileAnyMore) {
   Trainer first(options_for(kResnetRun, {}, "first"));
   ASSERT_EQ(first.fit().exit_code, 0);

@@ -97,12 +97,12 @@ std::optional<std::string> checkpoint_problem(const std::string& file) {
   return std::nullopt;
 }
 
-ResumeCandidates resume_candidates(const std::string& path) {
+ResumeCandidates resume_candidates(const std::string& path, const std::string& setting) {
   ResumeCandidates out;
   const fs::path p(path);
   std::error_code ec;
   if (!fs::is_directory(p, ec)) {
-    TRAINER_CHECK_T(UsageError, fs::exists(p, ec), "--resume: checkpoint ", path, " not found");
+    TRAINER_CHECK_T(UsageError, fs::exists(p, ec), setting, ": checkpoint ", path, " not found");
     out.files.push_back(path);
     out.explicit_file = true;
     return out;
@@ -118,7 +118,7 @@ ResumeCandidates resume_candidates(const std::string& path) {
   }
   std::sort(steps.rbegin(), steps.rend());
   for (const auto& s : steps) out.files.push_back(s.second);
-  TRAINER_CHECK_T(UsageError, !out.files.empty(), "--resume ", path, ": no checkpoints/latest and no step_<N>.pt in ",
+  TRAINER_CHECK_T(UsageError, !out.files.empty(), setting, " ", path, ": no checkpoints/latest and no step_<N>.pt in ",
                   dir.string());
   return out;
 }

@@ -38,7 +38,8 @@ struct ResumeCandidates {
   std::vector<std::string> files;
   bool explicit_file = false;
 };
-/// Throws UsageError when the path does not exist or holds no checkpoint.
-ResumeCandidates resume_candidates(const std::string& path);
+/// Throws UsageError when the path does not exist or holds no checkpoint; `setting` (the
+/// option or key the path came from) starts the message.
+ResumeCandidates resume_candidates(const std::string& path, const std::string& setting = "--resume");
 
 }  // namespace trainer

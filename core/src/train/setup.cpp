@@ -8,8 +8,11 @@
 #include <torch/version.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <optional>
 #include <thread>
 
+#include "train/checkpoint_files.h"
 #include "train/hooks.h"
 #include "train/memory_format.h"
 #include "trainer/devices.h"
@@ -100,6 +103,21 @@ void setup_data(RunParts& parts, const Config& cfg, bool with_test_split, spdlog
            parts.test_set ? parts.test_set->size() : 0);
 }
 
+/// `model.weights` as a file: itself. As a run directory (or its checkpoints/ directory): the
+/// checkpoint `latest` names, or the newest complete `step_<N>.pt` when that one is not complete.
+std::string weights_file(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(path, ec)) return path;
+  const ResumeCandidates candidates = resume_candidates(path, "model.weights");
+  std::string problems;
+  for (const auto& file : candidates.files) {
+    const std::optional<std::string> problem = checkpoint_problem(file);
+    if (!problem) return file;
+    problems += "; " + *problem;
+  }
+  throw UsageError(detail::str("model.weights = \"", path, "\": no complete checkpoint in this run directory", problems));
+}
+
 void setup_model(RunParts& parts, Hooks& hooks, const Config& cfg, bool resuming, spdlog::logger& log) {
   const Config section = cfg.sub("model");
   parts.model = build_model(section, parts.train_set->spec());
@@ -108,8 +126,9 @@ void setup_model(RunParts& parts, Hooks& hooks, const Config& cfg, bool resuming
   if (!settings.weights.empty() && resuming) {
     log.info("model weights: {} not loaded, the checkpoint resumed from holds the model", settings.weights);
   } else if (!settings.weights.empty()) {
-    const WeightsReport r = load_weights(*parts.model, settings.weights, settings.weights_exclude);
-    log.info("model weights: {} tensors from {} ({}){}", r.loaded, settings.weights, r.format,
+    const std::string file = weights_file(settings.weights);
+    const WeightsReport r = load_weights(*parts.model, file, settings.weights_exclude);
+    log.info("model weights: {} tensors from {} ({}){}", r.loaded, file, r.format,
              r.excluded.empty() ? std::string()
                                 : ", " + std::to_string(r.excluded.size()) + " kept at their initial values (model.weights_exclude)");
   }
@@ -132,9 +151,12 @@ void setup_model(RunParts& parts, Hooks& hooks, const Config& cfg, bool resuming
   }
   parts.model->train();
   hooks.fire(Event::ModelToDevice);
-  std::int64_t nparams = 0;
-  for (const auto& p : parts.model->parameters()) nparams += p.numel();
-  log.info("model {}: {} parameters", cfg.get<std::string>("model.name"), nparams);
+  std::int64_t nparams = 0, trainable = 0;
+  for (const auto& p : parts.model->parameters()) {
+    nparams += p.numel();
+    if (p.requires_grad()) trainable += p.numel();
+  }
+  log.info("model {}: {} parameters, {} trainable", cfg.get<std::string>("model.name"), nparams, trainable);
 }
 
 Batch to_device(const RunParts& parts, const Batch& b) {
