@@ -1,6 +1,7 @@
 // memory_log: where the memory went. Logs allocated / reserved / peak at the milestones of a
 // run (and every N steps if asked) as log lines and as memory/* metrics, and prints a
-// summary at FitEnd.
+// summary at FitEnd. The peak window restarts at FitStart, so that what training itself
+// needs is told apart from what building the model and loading its weights needed.
 #include <spdlog/spdlog.h>
 
 #include "trainer/memory.h"
@@ -24,8 +25,8 @@ class MemoryLogPlugin final : public trainer::Plugin {
   std::string description() const override { return "Logs allocated/reserved/peak memory as log lines and metrics"; }
   std::vector<trainer::Event> events() const override {
     using E = trainer::Event;
-    return {E::Init,        E::ModelToDevice, E::OptimizerCreated, E::EpochStart,
-            E::OutOfMemory, E::BatchEnd,      E::FitEnd,           E::Exception};
+    return {E::Init,     E::ModelToDevice, E::OptimizerCreated, E::FitStart, E::EpochStart,
+            E::OutOfMemory, E::BatchEnd,   E::FitEnd,           E::Exception};
   }
   std::vector<trainer::KeySpec> config_keys() const override { return MemoryLogSettings::keys(); }
   void configure(const trainer::Config& section, std::shared_ptr<spdlog::logger> logger) override {
@@ -39,10 +40,15 @@ class MemoryLogPlugin final : public trainer::Plugin {
     if (e == trainer::Event::BatchEnd && (every_ == 0 || ctx.state.global_step % every_ != 0)) return;
     const trainer::MemoryStats s = trainer::memory_stats(ctx.device);
     max_peak_ = std::max(max_peak_, s.peak_allocated);
+    if (fit_started_) fit_peak_ = std::max(fit_peak_, s.peak_allocated);
     if (e == trainer::Event::FitEnd || e == trainer::Event::Exception) {  // the summary, also for a failed run
-      logger_->info("memory summary ({}): peak {} allocated, {} now, {} out-of-memory errors, budget {}",
-                    ctx.device.str(), trainer::format_bytes(max_peak_), trainer::format_bytes(s.allocated), s.num_ooms,
-                    s.limit > 0 ? trainer::format_bytes(s.limit) : std::string("none"));
+      const std::string training =
+          fit_started_ ? trainer::format_bytes(fit_peak_) + " while training (" +
+                             trainer::format_bytes(fit_peak_ - fit_base_) + " above its start), "
+                       : std::string();
+      logger_->info("memory summary ({}): peak {} allocated, {}{} now, {} out-of-memory errors, budget {}",
+                    ctx.device.str(), trainer::format_bytes(max_peak_), training, trainer::format_bytes(s.allocated),
+                    s.num_ooms, s.limit > 0 ? trainer::format_bytes(s.limit) : std::string("none"));
     } else if (e == trainer::Event::OutOfMemory && ctx.oom) {
       logger_->warn("memory at OutOfMemory ({}, micro-batch {}): {} allocated, {} requested, budget {}", ctx.oom->phase,
                     ctx.oom->micro_batch_size, trainer::format_bytes(s.allocated),
@@ -58,11 +64,19 @@ class MemoryLogPlugin final : public trainer::Plugin {
                                              {"memory/reserved_mb", double(s.reserved) / kMiB},
                                              {"memory/peak_mb", double(s.peak_allocated) / kMiB},
                                              {"memory/num_ooms", double(s.num_ooms)}});
+    if (e == trainer::Event::FitStart) {  // from here on, the peaks are training's
+      trainer::reset_peak_memory(ctx.device);
+      fit_started_ = true;
+      fit_base_ = fit_peak_ = s.allocated;
+    }
   }
 
  private:
   std::int64_t every_ = 0;
   std::int64_t max_peak_ = 0;
+  bool fit_started_ = false;
+  std::int64_t fit_base_ = 0;  ///< allocated at FitStart
+  std::int64_t fit_peak_ = 0;  ///< highest peak seen since FitStart
 };
 
 }  // namespace
