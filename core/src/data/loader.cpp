@@ -82,8 +82,12 @@ Batch BatchLoader::next(const at::Tensor& indices) {
     }
   }
   const bool planned = found < jobs_.size();
-  if (planned) {
+  if (planned && found > take_) {
     for (; take_ < found; ++take_) jobs_[take_] = Job{};  // a worker still reading one drops it (its slot is reset)
+    // The window moved past what may not have been handed out yet: nothing before the batch
+    // asked for is read any more, and the workers, idle when the window was full, wake up.
+    issue_ = std::max(issue_, take_);
+    changed_.notify_all();
   }
   Batch batch;
   if (planned) {
