@@ -236,7 +236,7 @@ TEST(Lora, AdapterFilesRoundTripAndAreSmall) {
     load_adapters(*fewer, file);
     FAIL() << "adapters for other targets were loaded";
   } catch (const UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find("is not an adapter or trainable parameter"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("is not an adapter, trainable parameter or buffer"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find(file), std::string::npos);
   }
   auto ranked = tiny_vit();
@@ -246,6 +246,104 @@ TEST(Lora, AdapterFilesRoundTripAndAreSmall) {
   EXPECT_THROW(load_adapters(*ranked, file), UsageError);
   EXPECT_THROW(load_adapters(*tiny_vit(), file), UsageError);
   EXPECT_THROW(load_adapters(*other, tmp / "missing.pt"), UsageError);
+}
+
+TEST(Lora, TheAdapterTermIsAlphaOverRankTimesBAOfTheDroppedOutInput) {
+  auto vit = tiny_vit();
+  LoraOptions o = vit_options();
+  o.dropout = 0.5;
+  apply_lora(*vit, o);
+  perturb_adapters(*vit, 0.5);
+  const std::string name = "encoder.layers.encoder_layer_0.mlp.0";
+  auto layer = vit->named_modules()[name]->as<Linear>();
+  ASSERT_NE(layer, nullptr);
+  auto params = vit->named_parameters();
+  const at::Tensor W = params[name + ".weight"], b = params[name + ".bias"];
+  const at::Tensor A = params[name + ".lora.A"], B = params[name + ".lora.B"];
+  ASSERT_EQ(A.sizes(), (at::IntArrayRef{4, 32}));
+  ASSERT_EQ(B.sizes(), (at::IntArrayRef{64, 4}));
+  torch::NoGradGuard no_grad;
+  const at::Tensor x = torch::randn({6, 32});
+  const at::Tensor base = at::linear(x, W, b);
+  const at::Tensor expected = base + (8.0 / 4.0) * x.matmul(A.t()).matmul(B.t());
+  vit->eval();  // no dropout
+  EXPECT_LT((layer->forward(x) - expected).abs().max().item<double>(), 1e-5);
+  vit->train();  // dropout on the adapter's input only: the base term stays whole
+  const at::Tensor t1 = layer->forward(x), t2 = layer->forward(x);
+  EXPECT_FALSE(torch::allclose(t1, t2));
+  EXPECT_FALSE(torch::allclose(t1, expected));
+  // Over many samples: not the undropped term, but the same on average (inverted dropout).
+  const at::Tensor ones = torch::ones({200, 32});
+  const at::Tensor delta = layer->forward(ones) - at::linear(ones, W, b);
+  const at::Tensor full = (8.0 / 4.0) * ones.matmul(A.t()).matmul(B.t());
+  EXPECT_FALSE(torch::allclose(delta, full, 1e-4, 1e-5));  // dropout is on
+  EXPECT_LT((delta.mean() - full.mean()).abs().item<double>(), 0.5 * full.abs().mean().item<double>());  // and rescaled
+}
+
+TEST(Lora, ResNetAdapterFilesCarryTheBatchNormStatistics) {
+  TempDir tmp;
+  torch::manual_seed(3);
+  auto res = small_resnet();
+  auto fresh = small_resnet();
+  {
+    torch::NoGradGuard no_grad;  // the same base weights (and buffers) in both
+    auto src = res->named_parameters();
+    for (auto& p : fresh->named_parameters()) p.value().copy_(src[p.key()]);
+  }
+  LoraOptions o;
+  o.targets = {"layer4.*.conv2"};
+  o.trainable = {"fc.*"};
+  apply_lora(*res, o);
+  perturb_adapters(*res);
+  res->train();
+  {
+    torch::NoGradGuard no_grad;  // training moves the running statistics of every BatchNorm
+    for (int i = 0; i < 3; ++i) res->forward(torch::randn({8, 1, 16, 16}) * 2.0 + 1.0);
+  }
+  res->eval();
+  const at::Tensor x = torch::randn({2, 1, 16, 16});
+  const at::Tensor expected = res->forward(x);
+  const std::string file = tmp / "adapters.pt";
+  save_adapters(*res, file);
+  apply_lora(*fresh, o);
+  fresh->eval();
+  EXPECT_FALSE(torch::allclose(fresh->forward(x), expected));
+  load_adapters(*fresh, file);
+  EXPECT_TRUE(torch::equal(fresh->forward(x), expected));
+  EXPECT_TRUE(torch::equal(fresh->named_buffers()["layer1.0.bn1.running_mean"], res->named_buffers()["layer1.0.bn1.running_mean"]));
+
+  // Adapters merged into their weights take no other adapters (the merged product would stay).
+  merge_adapters(*fresh);
+  try {
+    load_adapters(*fresh, file);
+    FAIL() << "adapters were loaded into merged layers";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("has its adapter merged into its weight"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Lora, ALayerAdaptedAlreadyChangesNothing) {
+  auto vit = tiny_vit();
+  LoraOptions first = vit_options();
+  first.targets = {"encoder.layers.encoder_layer_1.*.q_proj"};
+  first.trainable = {};
+  apply_lora(*vit, first);
+  const auto count = [&] {
+    std::size_t n = 0;
+    for (const auto& p : vit->named_parameters()) n += p.key().find(".lora.") != std::string::npos;
+    return n;
+  };
+  const auto grads = [&] {
+    std::size_t n = 0;
+    for (const auto& p : vit->named_parameters()) n += p.value().requires_grad();
+    return n;
+  };
+  const std::size_t adapters = count(), training = grads();
+  EXPECT_EQ(adapters, 2u);
+  // Layer 0's targets come first in the model's order, layer 1's q_proj has one already.
+  EXPECT_THROW(apply_lora(*vit, vit_options()), UsageError);
+  EXPECT_EQ(count(), adapters);
+  EXPECT_EQ(grads(), training);
 }
 
 TEST(Lora, TheMergedModelLoadsIntoAPlainModelAsWeights) {

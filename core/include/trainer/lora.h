@@ -47,16 +47,18 @@ TRAINER_API std::int64_t merge_adapters(Model& model);
 /// Undoes merge_adapters() (up to rounding in the weights' dtype). Returns the layers unmerged.
 TRAINER_API std::int64_t unmerge_adapters(Model& model);
 
-/// Writes what a LoRA run trained: every adapter's A and B and every other parameter that
-/// requires grad (the new head), by name, with the adapters' rank and alpha. A TorchScript
+/// Writes what a LoRA run trained: every adapter's A and B, every other parameter that
+/// requires grad (the new head) and every buffer of the model (BatchNorm's running statistics,
+/// which move while the adapters train in train mode), by name, with the adapters' rank and alpha. A TorchScript
 /// archive (torch.jit.load(file).tensors.state_dict() in Python), written durably. Returns the
 /// number of tensors written.
 TRAINER_API std::int64_t save_adapters(Model& model, const std::string& file);
 
 /// Loads a file of save_adapters() into a model adapted the same way (apply_lora with the
-/// same targets, rank and alpha): every tensor of the file must name one of the model's
-/// adapter or trainable parameters with the same shape, and every adapter must be in the
-/// file. Throws UsageError naming the file and the first mismatch, changing nothing.
+/// same targets, rank and alpha, adapters not merged): every tensor of the file must name one
+/// of the model's adapter or trainable parameters or buffers with the same shape, and each of
+/// them must be in the file. Throws UsageError naming the file and the first mismatch,
+/// changing nothing.
 /// Returns the number of tensors loaded.
 TRAINER_API std::int64_t load_adapters(Model& model, const std::string& file);
 

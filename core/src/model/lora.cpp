@@ -147,9 +147,11 @@ LoraReport apply_lora(Model& model, const LoraOptions& o) {
   }
   std::sort(chosen.begin(), chosen.end());  // the model's order: `layers` is in it
 
+  for (const Layer* l : chosen) {  // all checked before any is changed
+    TRAINER_CHECK_T(UsageError, !l->layer->adapter(), "LoRA: layer '", l->name, "' has an adapter already");
+  }
   LoraReport report;
   for (const Layer* l : chosen) {
-    TRAINER_CHECK_T(UsageError, !l->layer->adapter(), "LoRA: layer '", l->name, "' has an adapter already");
     std::shared_ptr<Adapter> adapter;
     if (const auto* lin = dynamic_cast<const Linear*>(l->layer.get())) {
       adapter = std::make_shared<LoraAdapter>(*lin, o);
@@ -185,6 +187,23 @@ LoraReport apply_lora(Model& model, const LoraOptions& o) {
   return report;
 }
 
+namespace {
+
+/// What an adapters file holds: the adapters, the other parameters that train (the head), and
+/// every buffer of the model (BatchNorm's running statistics move while the adapters train,
+/// so the frozen weights alone would not give back the trained model; the ViT has none).
+detail::NamedTensors adapter_file_tensors(Model& model) {
+  detail::NamedTensors out;
+  const std::set<const void*> adapters = adapter_tensors(model);
+  for (const auto& p : model.named_parameters()) {
+    if (adapters.count(p.value().unsafeGetTensorImpl()) || p.value().requires_grad()) out[p.key()] = p.value();
+  }
+  for (const auto& b : model.named_buffers()) out[b.key()] = b.value();
+  return out;
+}
+
+}  // namespace
+
 std::int64_t merge_adapters(Model& model) {
   std::int64_t n = 0;
   for (const auto& l : adapted_layers(model)) {
@@ -215,11 +234,7 @@ std::int64_t save_adapters(Model& model, const std::string& file) {
     TRAINER_CHECK(lora_of(l).rank() == first.rank() && lora_of(l).alpha() == first.alpha(),
                   "LoRA adapters of different rank or alpha in one model ('", l.name, "')");
   }
-  detail::NamedTensors tensors;
-  const std::set<const void*> adapters = adapter_tensors(model);
-  for (const auto& p : model.named_parameters()) {
-    if (adapters.count(p.value().unsafeGetTensorImpl()) || p.value().requires_grad()) tensors[p.key()] = p.value();
-  }
+  const detail::NamedTensors tensors = adapter_file_tensors(model);
   torch::serialize::OutputArchive ar;
   torch::serialize::OutputArchive inner(ar.compilation_unit());
   detail::write_nested(inner, tensors);
@@ -235,6 +250,10 @@ std::int64_t load_adapters(Model& model, const std::string& file) {
   const auto layers = adapted_layers(model);
   TRAINER_CHECK_T(UsageError, !layers.empty(), "LoRA adapters \"", file,
                   "\": the model has no adapter to load them into (apply LoRA first)");
+  for (const auto& l : layers) {  // its weight holds the current adapter's product: new factors would not undo it
+    TRAINER_CHECK_T(UsageError, !l.layer->merged(), "LoRA adapters \"", file, "\": layer '", l.name,
+                    "' has its adapter merged into its weight; unmerge the adapters before loading others");
+  }
   torch::serialize::InputArchive ar, inner;
   at::Tensor rank, alpha;
   try {
@@ -251,15 +270,11 @@ std::int64_t load_adapters(Model& model, const std::string& file) {
   detail::NamedTensors from;
   detail::read_nested(inner, "", from);
 
-  detail::NamedTensors into;
-  const std::set<const void*> adapters = adapter_tensors(model);
-  for (const auto& p : model.named_parameters()) {
-    if (adapters.count(p.value().unsafeGetTensorImpl()) || p.value().requires_grad()) into[p.key()] = p.value();
-  }
+  detail::NamedTensors into = adapter_file_tensors(model);
   for (const auto& [name, t] : from) {
     const auto it = into.find(name);
     TRAINER_CHECK_T(UsageError, it != into.end(), "LoRA adapters \"", file, "\": '", name,
-                    "' is not an adapter or trainable parameter of this model (other LoRA targets or trainable?)");
+                    "' is not an adapter, trainable parameter or buffer of this model (other LoRA targets or trainable?)");
     TRAINER_CHECK_T(UsageError, it->second.sizes() == t.sizes(), "LoRA adapters \"", file, "\": '", name,
                     "' has shape ", shape_of(t), ", the model's ", shape_of(it->second));
   }
