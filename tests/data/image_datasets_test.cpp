@@ -39,12 +39,18 @@ std::vector<unsigned char> picture(int w, int h, int tint) {
   return px;
 }
 
-void write_jpeg(const std::string& path, int w, int h, int tint) {
-  const auto px = picture(w, h, tint);
+void write_jpeg(const std::string& path, int w, int h, int tint, bool cmyk = false) {
+  auto px = picture(w, h, tint);
+  if (cmyk) {  // 4 bytes a pixel: the RGB values and a K of 0
+    std::vector<unsigned char> four;
+    for (std::size_t i = 0; i < px.size(); i += 3) four.insert(four.end(), {px[i], px[i + 1], px[i + 2], 0});
+    px = four;
+  }
   tjhandle tj = tjInitCompress();
   unsigned char* out = nullptr;
   unsigned long size = 0;
-  ASSERT_EQ(tjCompress2(tj, px.data(), w, 0, h, TJPF_RGB, &out, &size, TJSAMP_444, 95, 0), 0) << tjGetErrorStr2(tj);
+  ASSERT_EQ(tjCompress2(tj, px.data(), w, 0, h, cmyk ? TJPF_CMYK : TJPF_RGB, &out, &size, TJSAMP_444, 95, 0), 0)
+      << tjGetErrorStr2(tj);
   fs::create_directories(fs::path(path).parent_path());
   std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(out), static_cast<std::streamsize>(size));
   tjFree(out);
@@ -132,14 +138,48 @@ TEST(Images, FilesThatAreNotImagesAreNamedInTheError) {
   write_jpeg(tmp / "ok.jpg", 16, 16, 0);
   std::string bytes = testing::read_file(tmp / "ok.jpg");
   write_file(tmp / "broken.jpg", bytes.substr(0, 3) + std::string(200, '\x11'));
-  for (const std::string f : {"text.jpg", "empty.png", "broken.jpg", "missing.jpg"}) {
+  write_jpeg(tmp / "cmyk.jpg", 16, 16, 0, /*cmyk=*/true);
+  for (const std::string f : {"text.jpg", "empty.png", "broken.jpg", "missing.jpg", "cmyk.jpg"}) {
     try {
       decode_image_file(tmp / f);
       ADD_FAILURE() << f << " decoded";
     } catch (const ImageError& e) {
       EXPECT_NE(std::string(e.what()).find(tmp / f), std::string::npos) << e.what();
+      if (f == "cmyk.jpg") EXPECT_NE(std::string(e.what()).find("a CMYK JPEG"), std::string::npos) << e.what();
     }
   }
+}
+
+TEST(ImageDatasets, EvaluationDecodesJpegsAtTheScaleItsResizeNeeds) {
+  TempDir tmp;
+  write_jpeg(tmp / "train/a/big.jpg", 400, 300, 10);
+  write_jpeg(tmp / "val/a/big.jpg", 400, 300, 10);
+  const auto test = dataset("name = \"image_folder\"\nroot = \"" + tmp.str() + "\"\nimage_size = 16\nresize = 80\n", Split::Test);
+  ImageTransform t;
+  t.size = 16;
+  t.resize = 80;
+  // Both sides >= 80: 3/8 (150x113), not 1/8 (50x38, enough for the 16-pixel crop alone).
+  const at::Tensor scaled = decode_image_file(tmp / "val/a/big.jpg", 80);
+  ASSERT_EQ(scaled.sizes().vec(), (std::vector<std::int64_t>{3, 113, 150}));
+  const at::Tensor got = test->get(torch::tensor({0})).inputs[0];
+  EXPECT_TRUE(torch::equal(got, transform_image(scaled, t, nullptr)));
+  EXPECT_FALSE(torch::equal(got, transform_image(decode_image_file(tmp / "val/a/big.jpg", 16), t, nullptr)));
+}
+
+TEST(ImageDatasets, LimitsSpreadOverTheClasses) {
+  TempDir tmp;
+  for (int c = 0; c < 3; ++c) {
+    for (int i = 0; i < 4; ++i) write_png(tmp / ("train/c" + std::to_string(c) + "/" + std::to_string(i) + ".png"), 8, 8, c);
+    write_png(tmp / ("val/c" + std::to_string(c) + "/x.png"), 8, 8, c);
+  }
+  const std::string toml = "name = \"image_folder\"\nroot = \"" + tmp.str() + "\"\nimage_size = 8\nresize = 8\n";
+  const auto train = dataset(toml + "limit = 3\n", Split::Train);
+  ASSERT_EQ(train->size(), 3);
+  EXPECT_EQ(labels(train->get(torch::arange(3)).targets), (std::vector<std::int64_t>{0, 1, 2}));
+  const auto six = dataset(toml + "limit = 6\n", Split::Train);
+  EXPECT_EQ(labels(six->get(torch::arange(6)).targets), (std::vector<std::int64_t>{0, 0, 1, 1, 2, 2}));
+  const auto test = dataset(toml + "eval_limit = 2\n", Split::Test);
+  EXPECT_EQ(labels(test->get(torch::arange(2)).targets), (std::vector<std::int64_t>{0, 1}));
 }
 
 TEST(Images, TransformsAreTorchvisionsImageNetRecipe) {
@@ -193,6 +233,15 @@ TEST(ImageDatasets, ImageFolderLabelsAreTheSortedClassFolders) {
   const std::string err = expect_usage_error([&] { dataset("name = \"image_folder\"\nroot = \"" + (tmp / "nope") + "\"\n", Split::Train); });
   EXPECT_NE(err.find("does not exist"), std::string::npos) << err;
   EXPECT_NE(err.find("<root>/train/<class>/<image>"), std::string::npos) << err;
+
+  // The labels are the training folder's: a test split without daisies keeps tulip = 1, and a
+  // class training has not seen is refused, naming its folder.
+  fs::remove_all(tmp / "val/daisy");
+  EXPECT_EQ(labels(dataset(toml, Split::Test)->get(torch::arange(1)).targets), (std::vector<std::int64_t>{1}));
+  write_png(tmp / "val/rose/6.png", 40, 40, 60);
+  const std::string unseen = expect_usage_error([&] { dataset(toml, Split::Test); });
+  EXPECT_NE(unseen.find(tmp / "val/rose"), std::string::npos) << unseen;
+  EXPECT_NE(unseen.find("is a class the training folder"), std::string::npos) << unseen;
 }
 
 TEST(ImageDatasets, Flowers102ReadsTheOfficialSplitsFromTheMatFiles) {
@@ -214,6 +263,8 @@ TEST(ImageDatasets, Flowers102ReadsTheOfficialSplitsFromTheMatFiles) {
   const auto val = dataset(toml + "test_split = \"val\"\n", Split::Test);
   EXPECT_EQ(labels(val->get(torch::arange(1)).targets), (std::vector<std::int64_t>{0}));
   EXPECT_EQ(dataset(toml + "train_with_val = true\n", Split::Train)->size(), 3);
+  const std::string same = expect_usage_error([&] { dataset(toml + "train_with_val = true\ntest_split = \"val\"\n", Split::Test); });
+  EXPECT_NE(same.find("would evaluate on images it trained on"), std::string::npos) << same;
 
   fs::remove(tmp / "setid.mat");
   const std::string err = expect_usage_error([&] { dataset(toml, Split::Train); });

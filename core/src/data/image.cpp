@@ -28,6 +28,10 @@ at::Tensor decode_jpeg(const std::vector<unsigned char>& bytes, const std::strin
     throw ImageError(what + ": a JPEG of " + std::to_string(width) + "x" + std::to_string(height) +
                      " pixels (more than 2^28 is refused)");
   }
+  if (colorspace == TJCS_CMYK || colorspace == TJCS_YCCK) {
+    throw ImageError(what + ": a CMYK JPEG (print colours); trainer reads RGB and grayscale JPEGs: convert it to RGB "
+                            "(e.g. convert IN -colorspace sRGB OUT, or PIL's Image.open(IN).convert(\"RGB\").save(OUT))");
+  }
   // The smallest scale that keeps both sides >= min_side (the factors come largest first).
   int w = width, h = height;
   if (min_side > 0) {
@@ -44,7 +48,7 @@ at::Tensor decode_jpeg(const std::vector<unsigned char>& bytes, const std::strin
   }
   at::Tensor out = at::empty({h, w, 3}, at::kByte);
   if (tjDecompress2(tj.get(), bytes.data(), static_cast<unsigned long>(bytes.size()), out.data_ptr<std::uint8_t>(), w,
-                    0, h, TJPF_RGB, TJFLAG_FASTDCT) != 0) {
+                    0, h, TJPF_RGB, TJFLAG_ACCURATEDCT) != 0) {  // the integer DCT that libjpeg (PIL) uses by default
     // A warning (e.g. a few bytes missing at the end) still yields the image; an error does not.
     if (tjGetErrorCode(tj.get()) == TJERR_FATAL) {
       throw ImageError(what + ": a damaged JPEG (" + tjGetErrorStr2(tj.get()) + ")");

@@ -149,7 +149,11 @@ class ImageDataset final : public Dataset {
         const Sample& s = samples_[static_cast<std::size_t>(i)];
         at::Tensor image;
         try {
-          image = decode_image_file(s.path, s.box[2] > 0 ? 0 : t_.size);
+          // Training crops come from the whole image, as torchvision's RandomResizedCrop takes
+          // them: decoded at full size. Evaluation resizes the shorter side to `resize`: a JPEG
+          // is decoded at the smallest DCT scale that keeps both sides at least that (and the
+          // crop size). A box crops the full image first.
+          image = decode_image_file(s.path, s.box[2] > 0 || epoch >= 0 ? 0 : std::max(t_.size, t_.resize));
         } catch (const ImageError& e) {
           if (!skip_) {
             throw UsageError(detail::str(e.what(), " (dataset.on_corrupt = \"fail\"; \"skip\" trains without it)"));
@@ -226,10 +230,19 @@ std::string found_in(const fs::path& dir) {
   return os.str();
 }
 
+/// `limit` samples spread evenly over the list (sorted by class), so that every class keeps
+/// its share: samples floor(i * n / limit) for i = 0 .. limit-1.
 std::shared_ptr<Dataset> make(std::string name, std::vector<Sample> samples, std::int64_t classes,
                               const ImageFields& s, Split split) {
-  auto ds = std::make_shared<ImageDataset>(std::move(name), std::move(samples), classes, s, split == Split::Train);
-  return limit_dataset(ds, split == Split::Train ? s.limit : s.eval_limit);
+  const std::int64_t limit = split == Split::Train ? s.limit : s.eval_limit;
+  const auto n = static_cast<std::int64_t>(samples.size());
+  if (limit > 0 && limit < n) {
+    std::vector<Sample> kept;
+    kept.reserve(static_cast<std::size_t>(limit));
+    for (std::int64_t i = 0; i < limit; ++i) kept.push_back(std::move(samples[static_cast<std::size_t>(i * n / limit)]));
+    samples = std::move(kept);
+  }
+  return std::make_shared<ImageDataset>(std::move(name), std::move(samples), classes, s, split == Split::Train);
 }
 
 std::shared_ptr<Dataset> image_folder(const Config& c, Split split) {
@@ -241,24 +254,38 @@ std::shared_ptr<Dataset> image_folder(const Config& c, Split split) {
         s.test_dir, "/<class>/<image> (JPEG or PNG; the class folders, sorted by name, are the labels; "
         "dataset.train_dir and dataset.test_dir name the two)"));
   };
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) throw layout(found_in(dir.parent_path()) + ", no " + dir.filename().string() + "/");
-  std::vector<std::string> classes;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    if (e.is_directory()) classes.push_back(e.path().filename().string());
-  }
-  std::sort(classes.begin(), classes.end());
-  if (classes.empty()) throw layout(found_in(dir) + ": no class folders");
+  // The labels are the training folder's classes, sorted by name, for both splits: a test
+  // split that lacks a class keeps the others' labels, and one with a class training has not
+  // seen is refused.
+  const auto class_folders = [&](const fs::path& d) {
+    std::error_code ec;
+    if (!fs::is_directory(d, ec)) throw layout(found_in(d.parent_path()) + ", no " + d.filename().string() + "/");
+    std::vector<std::string> out;
+    for (const auto& e : fs::directory_iterator(d, ec)) {
+      if (e.is_directory()) out.push_back(e.path().filename().string());
+    }
+    std::sort(out.begin(), out.end());
+    if (out.empty()) throw layout(found_in(d) + ": no class folders");
+    return out;
+  };
+  const std::vector<std::string> classes = class_folders(fs::path(s.root) / s.train_dir);
+  const std::vector<std::string> here = split == Split::Train ? classes : class_folders(dir);
   std::vector<Sample> samples;
-  for (std::size_t label = 0; label < classes.size(); ++label) {
+  std::error_code ec;
+  for (const auto& name : here) {
+    const auto it = std::lower_bound(classes.begin(), classes.end(), name);
+    if (it == classes.end() || *it != name) {
+      throw layout(detail::str((dir / name).string(), " is a class the training folder ",
+                               (fs::path(s.root) / s.train_dir).string(), " does not have"));
+    }
     std::vector<std::string> files;
-    for (const auto& e : fs::directory_iterator(dir / classes[label], ec)) {
+    for (const auto& e : fs::directory_iterator(dir / name, ec)) {
       if (e.is_regular_file() && is_image_file(e.path())) files.push_back(e.path().string());
     }
     std::sort(files.begin(), files.end());
-    for (auto& f : files) samples.push_back({std::move(f), static_cast<std::int64_t>(label), {}});
+    for (auto& f : files) samples.push_back({std::move(f), static_cast<std::int64_t>(it - classes.begin()), {}});
   }
-  if (samples.empty()) throw layout(found_in(dir / classes.front()) + ": no .jpg, .jpeg or .png in the class folders");
+  if (samples.empty()) throw layout(found_in(dir / here.front()) + ": no .jpg, .jpeg or .png in the class folders");
   return make("image_folder " + dir.string(), std::move(samples), static_cast<std::int64_t>(classes.size()), s, split);
 }
 
@@ -305,6 +332,9 @@ std::shared_ptr<Dataset> flowers102(const Config& c, Split split) {
         "); expected jpg/image_00001.jpg ... jpg/image_08189.jpg, imagelabels.mat and setid.mat, as published at "
         "https://www.robots.ox.ac.uk/~vgg/data/flowers/102/ (102flowers.tgz unpacked there, and the two .mat files)"));
   }
+  TRAINER_CHECK_T(UsageError, !(s.train_with_val && s.test_split == "val"),
+                  "dataset.train_with_val = true with dataset.test_split = \"val\" would evaluate on images it trained "
+                  "on; evaluate on \"test\", or train without val");
   const std::vector<std::int64_t> labels = mat_vector(labels_file, "labels");
   std::vector<std::int64_t> ids;
   if (split == Split::Train) {
