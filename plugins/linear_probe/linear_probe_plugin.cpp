@@ -15,6 +15,7 @@
 #include "trainer/error.h"
 #include "trainer/layers.h"
 #include "trainer/lora.h"
+#include "trainer/loader.h"
 #include "trainer/plugin.h"
 #include "trainer/settings.h"
 
@@ -32,6 +33,20 @@ struct ProbeSettings : trainer::Settings<ProbeSettings> {
   }
 };
 
+/// A dataset's samples as evaluated (`get`, no augmentation) in every epoch: what the loader
+/// reads for the features.
+class AsEvaluated final : public trainer::Dataset {
+ public:
+  explicit AsEvaluated(std::shared_ptr<trainer::Dataset> source) : source_(std::move(source)) {}
+  std::int64_t size() const override { return source_->size(); }
+  trainer::Batch get(const at::Tensor& indices) const override { return source_->get(indices); }
+  trainer::Batch get_in_epoch(const at::Tensor& indices, std::int64_t) const override { return source_->get(indices); }
+  trainer::DataSpec spec() const override { return source_->spec(); }
+
+ private:
+  std::shared_ptr<trainer::Dataset> source_;
+};
+
 /// Features of a dataset's samples, filled once by the backbone; the targets are the dataset's.
 class FeatureDataset final : public trainer::Dataset {
  public:
@@ -44,15 +59,21 @@ class FeatureDataset final : public trainer::Dataset {
   }
   trainer::DataSpec spec() const override { return {{width_}, source_->spec().num_classes}; }
 
-  /// Runs `backbone.features()` over every sample, `batch` at a time, on `device` in `dtype`.
-  void fill(trainer::Model& backbone, c10::Device device, c10::ScalarType dtype, std::int64_t batch) {
+  /// Runs `backbone.features()` over every sample, `batch` at a time, on `device` in `dtype`;
+  /// the samples (as `get` gives them) are read ahead by the run's loader workers.
+  void fill(trainer::Model& backbone, c10::Device device, c10::ScalarType dtype, std::int64_t batch,
+            std::int64_t workers, std::int64_t prefetch) {
     const std::int64_t n = size();
     features_ = at::empty({n, width_}, at::kFloat);
     targets_ = at::empty({n}, at::kLong);
+    std::vector<at::Tensor> plan;
+    for (std::int64_t start = 0; start < n; start += batch) plan.push_back(at::arange(start, std::min(n, start + batch), at::kLong));
+    trainer::BatchLoader loader(std::make_shared<AsEvaluated>(source_), workers, prefetch);
+    loader.plan(0, plan);
     at::NoGradGuard no_grad;
-    for (std::int64_t start = 0; start < n; start += batch) {
-      const at::Tensor idx = at::arange(start, std::min(n, start + batch), at::kLong);
-      const trainer::Batch b = source_->get(idx);
+    for (const at::Tensor& idx : plan) {
+      const std::int64_t start = idx[0].item<std::int64_t>();
+      const trainer::Batch b = loader.next(idx);
       const at::Tensor f = backbone.features(b.inputs.to(device, dtype));
       TRAINER_CHECK(f.dim() == 2 && f.size(1) == width_, "linear_probe: the backbone's features have shape ",
                     f.sizes(), ", expected [", idx.size(0), ", ", width_, "]");
@@ -170,7 +191,8 @@ class LinearProbePlugin final : public trainer::Plugin {
     std::int64_t n = 0;
     for (const auto& ds : {train_, test_}) {
       if (!ds) continue;
-      ds->fill(*full_, ctx.device, dtype_, s_.batch_size);
+      ds->fill(*full_, ctx.device, dtype_, s_.batch_size, ctx.config->get<std::int64_t>("loader.workers"),
+               ctx.config->get<std::int64_t>("loader.prefetch"));
       n += ds->size();
     }
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
