@@ -105,7 +105,7 @@ void setup_data(RunParts& parts, const Config& cfg, bool with_test_split, spdlog
 
 /// `model.weights` as a file: itself. As a run directory (or its checkpoints/ directory): the
 /// checkpoint `latest` names, or the newest complete `step_<N>.pt` when that one is not complete.
-std::string weights_file(const std::string& path) {
+static std::string weights_file(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::is_directory(path, ec)) return path;
   const ResumeCandidates candidates = resume_candidates(path, "model.weights");
