@@ -278,9 +278,13 @@ std::int64_t load_adapters(Model& model, const std::string& file) {
     TRAINER_CHECK_T(UsageError, it->second.sizes() == t.sizes(), "LoRA adapters \"", file, "\": '", name,
                     "' has shape ", shape_of(t), ", the model's ", shape_of(it->second));
   }
+  std::set<std::string> buffers;
+  for (const auto& b : model.named_buffers()) buffers.insert(b.key());
   for (const auto& [name, t] : into) {
-    TRAINER_CHECK_T(UsageError, from.count(name), "LoRA adapters \"", file, "\": '", name,
-                    "' is missing (other LoRA targets or trainable?)");
+    TRAINER_CHECK_T(UsageError, from.count(name), "LoRA adapters \"", file, "\": '", name, "' is missing",
+                    buffers.count(name) ? " (a buffer of the model, e.g. BatchNorm's running statistics: the file holds "
+                                          "none, as files written before adapter files carried the model's buffers)"
+                                        : " (other LoRA targets or trainable?)");
   }
   at::NoGradGuard no_grad;
   for (auto& [name, t] : into) t.copy_(from.at(name));
