@@ -170,7 +170,7 @@ TEST(ImageDatasets, LimitsSpreadOverTheClasses) {
   TempDir tmp;
   for (int c = 0; c < 3; ++c) {
     for (int i = 0; i < 4; ++i) write_png(tmp / ("train/c" + std::to_string(c) + "/" + std::to_string(i) + ".png"), 8, 8, c);
-    write_png(tmp / ("val/c" + std::to_string(c) + "/x.png"), 8, 8, c);
+    for (const char* f : {"/x.png", "/y.png"}) write_png(tmp / ("val/c" + std::to_string(c) + f), 8, 8, c);
   }
   const std::string toml = "name = \"image_folder\"\nroot = \"" + tmp.str() + "\"\nimage_size = 8\nresize = 8\n";
   const auto train = dataset(toml + "limit = 3\n", Split::Train);
@@ -178,8 +178,8 @@ TEST(ImageDatasets, LimitsSpreadOverTheClasses) {
   EXPECT_EQ(labels(train->get(torch::arange(3)).targets), (std::vector<std::int64_t>{0, 1, 2}));
   const auto six = dataset(toml + "limit = 6\n", Split::Train);
   EXPECT_EQ(labels(six->get(torch::arange(6)).targets), (std::vector<std::int64_t>{0, 0, 1, 1, 2, 2}));
-  const auto test = dataset(toml + "eval_limit = 2\n", Split::Test);
-  EXPECT_EQ(labels(test->get(torch::arange(2)).targets), (std::vector<std::int64_t>{0, 1}));
+  const auto test = dataset(toml + "eval_limit = 3\n", Split::Test);  // the first 3 would be {0, 0, 1}
+  EXPECT_EQ(labels(test->get(torch::arange(3)).targets), (std::vector<std::int64_t>{0, 1, 2}));
 }
 
 TEST(Images, TransformsAreTorchvisionsImageNetRecipe) {

@@ -230,13 +230,14 @@ std::string found_in(const fs::path& dir) {
   return os.str();
 }
 
-/// `limit` samples spread evenly over the list (sorted by class), so that every class keeps
-/// its share: samples floor(i * n / limit) for i = 0 .. limit-1.
+/// `limit` samples spread evenly over the list sorted by class (stable: in their order within
+/// a class), so that every class keeps its share: samples floor(i * n / limit), i < limit.
 std::shared_ptr<Dataset> make(std::string name, std::vector<Sample> samples, std::int64_t classes,
                               const ImageFields& s, Split split) {
   const std::int64_t limit = split == Split::Train ? s.limit : s.eval_limit;
   const auto n = static_cast<std::int64_t>(samples.size());
   if (limit > 0 && limit < n) {
+    std::stable_sort(samples.begin(), samples.end(), [](const Sample& a, const Sample& b) { return a.label < b.label; });
     std::vector<Sample> kept;
     kept.reserve(static_cast<std::size_t>(limit));
     for (std::int64_t i = 0; i < limit; ++i) kept.push_back(std::move(samples[static_cast<std::size_t>(i * n / limit)]));
