@@ -10,10 +10,14 @@
 #
 # Needs the build (make build) and Debian's dataset-fashion-mnist.
 set -euo pipefail
+# Paths given by the caller are taken from where it runs; the defaults from the repository.
+[ -n "${TRAINER:-}" ] && TRAINER=$(realpath -m "$TRAINER")
+[ -n "${OUT:-}" ] && OUT=$(realpath -m "$OUT")
 cd "$(dirname "$0")/.."
 TRAINER=${TRAINER:-build/core/cli/trainer}
 OUT=${OUT:-runs/transfer}
 MODELS=${MODELS:-vit resnet}
+case "$OUT" in *'"'* | *'\'*) echo "transfer-experiment: OUT may not hold \" or \\ (it goes into a TOML string)" >&2; exit 2 ;; esac
 [ -x "$TRAINER" ] || { echo "transfer-experiment: $TRAINER not found; build first (make build)" >&2; exit 2; }
 
 run() {  # run DIR RECIPE [overrides...]: a fresh run directory each time
@@ -34,6 +38,6 @@ for m in $MODELS; do
   for method in probe lora finetune; do
     run "${method}_$m" "recipes/fmnist_${method}_$m.toml" "model.weights=\"$OUT/pretrain_$m\""
   done
-  run "scratch_$m" "recipes/fmnist_finetune_$m.toml" 'model.weights=""' "run.name=\"fmnist_scratch_$m\""
+  run "scratch_$m" "recipes/fmnist_finetune_$m.toml" 'model.weights=""'
 done
 python3 scripts/transfer_table.py "$OUT"

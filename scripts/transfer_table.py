@@ -95,7 +95,7 @@ def main():
                 failed = True
                 continue
             total, trainable = r["params"]
-            share = f" ({100.0 * trainable / total:.2g} %)" if trainable < total else ""
+            share = f" ({100.0 * trainable / total:.3g} %)" if trainable < total else ""
             print(f"| {model.format(M=name)} | {method} | {100.0 * r['acc']:.1f} % | {trainable:,}{share} "
                   f"| {ms(r['step_ms'])} ms | {r['peak'][0]:.0f} MiB ({r['peak'][1]:.0f} MiB) | {r['wall']:.0f} s |")
     return 1 if failed else 0
