@@ -71,8 +71,9 @@ class FeatureDataset final : public trainer::Dataset {
     trainer::BatchLoader loader(std::make_shared<AsEvaluated>(source_), workers, prefetch);
     loader.plan(0, plan);
     at::NoGradGuard no_grad;
-    for (const at::Tensor& idx : plan) {
-      const std::int64_t start = idx[0].item<std::int64_t>();
+    for (std::size_t i = 0; i < plan.size(); ++i) {
+      const at::Tensor& idx = plan[i];
+      const std::int64_t start = static_cast<std::int64_t>(i) * batch;
       const trainer::Batch b = loader.next(idx);
       const at::Tensor f = backbone.features(b.inputs.to(device, dtype));
       TRAINER_CHECK(f.dim() == 2 && f.size(1) == width_, "linear_probe: the backbone's features have shape ",

@@ -247,6 +247,9 @@ TEST_F(WeightsRun, ARunDirectoryGivesItsNewestCompleteCheckpoint) {
   std::filesystem::resize_file(ckpts / "step_00000004.pt", 100);
   ASSERT_EQ(run_from(run_dir, "c").exit_code, 0);
   EXPECT_NE(read_file(tmp_ / "c/trainer.log").find("from " + (ckpts / "step_00000002.pt").string()), std::string::npos);
+  EXPECT_NE(read_file(tmp_ / "c/trainer.log")
+                .find("model.weights: checkpoint " + (ckpts / "step_00000004.pt").string() + " is truncated or damaged"),
+            std::string::npos);
   // None complete: exit code 2, naming the setting and the directory.
   std::filesystem::resize_file(ckpts / "step_00000002.pt", 100);
   auto r = run_from(run_dir, "d");

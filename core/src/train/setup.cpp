@@ -104,18 +104,20 @@ void setup_data(RunParts& parts, const Config& cfg, bool with_test_split, spdlog
 }
 
 /// `model.weights` as a file: itself. As a run directory (or its checkpoints/ directory): the
-/// checkpoint `latest` names, or the newest complete `step_<N>.pt` when that one is not complete.
-static std::string weights_file(const std::string& path) {
+/// checkpoint `latest` names, or the newest complete `step_<N>.pt` when that one is not complete
+/// (each one passed over is warned about, as `--resume` does).
+static std::string weights_file(const std::string& path, spdlog::logger& log) {
   std::error_code ec;
   if (!std::filesystem::is_directory(path, ec)) return path;
-  const ResumeCandidates candidates = resume_candidates(path, "model.weights");
-  std::string problems;
-  for (const auto& file : candidates.files) {
+  std::vector<std::string> passed;  // "file: why"
+  for (const auto& file : resume_candidates(path, "model.weights").files) {
     const std::optional<std::string> problem = checkpoint_problem(file);
     if (!problem) return file;
-    problems += "; " + *problem;
+    log.warn("model.weights: checkpoint {} is truncated or damaged: {}", file, *problem);
+    passed.push_back(file + ": " + *problem);
   }
-  throw UsageError(detail::str("model.weights = \"", path, "\": no complete checkpoint in this run directory", problems));
+  throw UsageError(detail::str("model.weights = \"", path, "\": no complete checkpoint in this run directory (",
+                               detail::join(passed, "; "), ")"));
 }
 
 void setup_model(RunParts& parts, Hooks& hooks, const Config& cfg, bool resuming, spdlog::logger& log) {
@@ -126,7 +128,7 @@ void setup_model(RunParts& parts, Hooks& hooks, const Config& cfg, bool resuming
   if (!settings.weights.empty() && resuming) {
     log.info("model weights: {} not loaded, the checkpoint resumed from holds the model", settings.weights);
   } else if (!settings.weights.empty()) {
-    const std::string file = weights_file(settings.weights);
+    const std::string file = weights_file(settings.weights, log);
     const WeightsReport r = load_weights(*parts.model, file, settings.weights_exclude);
     log.info("model weights: {} tensors from {} ({}){}", r.loaded, file, r.format,
              r.excluded.empty() ? std::string()
