@@ -15,6 +15,9 @@ packages=(
   clang libclang-rt-14-dev
   dataset-fashion-mnist
   python3-torch python3-torchvision  # the tests write torchvision state_dicts with them
+  libcurl4-openssl-dev nlohmann-json3-dev  # the mlflow plugin's HTTP client and JSON
+  python3-venv  # the MLflow tests install mlflow from PyPI into a venv
+  chromium  # the report test renders the HTML page headless
 )
 
 missing=()

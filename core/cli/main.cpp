@@ -14,6 +14,8 @@
 #include "trainer/plugin_host.h"
 #include "trainer/recipe.h"
 #include "trainer/trainer.h"
+#include "mlflow_export.h"
+#include "report.h"
 
 namespace po = boost::program_options;
 
@@ -26,6 +28,13 @@ const char* kUsage = R"(Usage:
                                         (--markdown: each plugin's config-key table, as in
                                         its README)
   trainer mem [--json]                  total / free / used memory per device, and this process's
+  trainer report RUN_DIR [-o FILE]      one self-contained HTML page of the run: loss, accuracy,
+                                        learning rate, throughput, memory with out-of-memory
+                                        errors, the config (default FILE: RUN_DIR/report.html)
+  trainer mlflow sync RUN_DIR [--tracking-uri URI]
+                                        send what the run's MLflow journal holds that the server
+                                        has not acknowledged (default: the server the run used);
+                                        a run whose process died is marked FAILED
 
 Overrides:
   a.b=value       change a key (value in TOML syntax; bare words are strings)
@@ -141,6 +150,8 @@ int run(int argc, char** argv) {
       ("log-level", po::value<std::string>()->default_value("info"), "trace, debug, info, warn, error, off")  //
       ("plugin-dir", po::value<std::vector<std::string>>(), "extra plugin directory (repeatable)")            //
       ("json", "trainer mem: print JSON")                                                                    //
+      ("tracking-uri", po::value<std::string>(), "trainer mlflow sync: the MLflow server to send to")        //
+      ("output,o", po::value<std::string>(), "trainer report: the HTML file to write")                       //
       ("markdown", "trainer plugins: print each plugin's config-key table in Markdown");
   po::options_description hidden;
   hidden.add_options()("args", po::value<std::vector<std::string>>(), "");
@@ -177,6 +188,25 @@ int run(int argc, char** argv) {
       return trainer::kExitUsage;
     }
     return show_memory(vm.count("json") != 0);
+  }
+  if (!args.empty() && args.front() == "report") {
+    if (args.size() != 2) {
+      std::cerr << "trainer report: usage: trainer report RUN_DIR [-o FILE]\n";
+      return trainer::kExitUsage;
+    }
+    std::string written;
+    const int rc = trainer::report::write_report(args[1], vm.count("output") ? vm["output"].as<std::string>() : "",
+                                                 std::cerr, &written);
+    if (rc == 0) std::cout << "trainer report: wrote " << written << "\n";
+    return rc;
+  }
+  if (!args.empty() && args.front() == "mlflow") {
+    if (args.size() != 3 || args[1] != "sync") {
+      std::cerr << "trainer mlflow: usage: trainer mlflow sync RUN_DIR [--tracking-uri URI]\n";
+      return trainer::kExitUsage;
+    }
+    return trainer::mlflow::sync_run_dir(args[2], vm.count("tracking-uri") ? vm["tracking-uri"].as<std::string>() : "",
+                                         std::cout, std::cerr);
   }
   if (!args.empty() && args.front() == "plugins") {
     if (args.size() > 1) {

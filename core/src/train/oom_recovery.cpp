@@ -58,6 +58,8 @@ Control OomRecovery::report(const std::exception& e, std::int64_t size, std::int
   info.micro_batch_helps = micro_batch_helps(phase_);
   info.stats = has_memory_backend(parts_.device) ? memory_stats(parts_.device) : MemoryStats{};
   info.requested_bytes = info.stats.last_failed_request;
+  // One point per out-of-memory error, for every sink (MLflow, the report's memory plot).
+  if (auto* m = hooks_.context().metrics) m->log(state_.global_step, {{"oom/micro_batch_size", double(size)}});
   return hooks_.fire(Event::OutOfMemory, EventArgs::out_of_memory(info));
 }
 

@@ -58,13 +58,14 @@ bool TrainStep::run(const at::Tensor& indices, Position next) {
   } release{parts_.loader.get()};
   bool skipped = false;
   double batch_loss = 0.0;
+  std::int64_t batch_correct = 0;
   const auto settled = oom_.retry(OomRetry::AskPlugins, std::min(micro_batch_, n), n, [&](std::int64_t micro) {
     state_.micro_batch_size = micro;
     oom_.enter("data");
     // On the host, read ahead by the loader's workers; micro-batches move one at a time.
     const Batch full = parts_.loader ? parts_.loader->next(indices) : parts_.train_set->get_in_epoch(indices, state_.epoch);
     drop_gradients(*parts_.model);
-    auto [loss, skip] = accumulate(full, indices, micro);
+    auto [loss, correct, skip] = accumulate(full, indices, micro);
     state_.loss = loss;
     state_.lr = parts_.schedule->lr_at(state_.global_step);
     state_.grad_norm = 0.0;
@@ -82,6 +83,7 @@ bool TrainStep::run(const at::Tensor& indices, Position next) {
     if (skip) return;
     atomic_step();
     batch_loss = loss;
+    batch_correct = correct;
   });
   if (settled) micro_batch_ = *settled;  // later batches keep the size that worked (oom_backoff grows it back)
   if (skipped) {
@@ -94,15 +96,16 @@ bool TrainStep::run(const at::Tensor& indices, Position next) {
   state_.samples_seen += n;
   advance();
   hooks_.fire(Event::AfterOptimizerStep);
-  metrics_.add_step(batch_loss, n, training_.grad_clip_norm > 0 ? std::optional<double>(state_.grad_norm) : std::nullopt);
+  metrics_.add_step(batch_loss, n, batch_correct, state_.micro_batch_size,
+                    training_.grad_clip_norm > 0 ? std::optional<double>(state_.grad_norm) : std::nullopt);
   return true;
 }
 
-std::pair<double, bool> TrainStep::accumulate(const Batch& full, const at::Tensor& indices, std::int64_t micro) {
+TrainStep::Accumulated TrainStep::accumulate(const Batch& full, const at::Tensor& indices, std::int64_t micro) {
   const std::int64_t n = full.size();
   state_.num_micro_batches = n / micro + (n % micro != 0);
   bool skip = false;
-  at::Tensor loss_sum;  // summed on the device, read once: no extra op for a single micro-batch
+  at::Tensor loss_sum, correct_sum;  // summed on the device, read once at the end
   for (std::int64_t i = 0; i < state_.num_micro_batches; ++i) {
     const std::int64_t begin = i * micro, len = std::min(micro, n - begin);
     const bool whole = state_.num_micro_batches == 1;
@@ -132,8 +135,13 @@ std::pair<double, bool> TrainStep::accumulate(const Batch& full, const at::Tenso
     backward_loss.backward();
     skip |= hooks_.fire(Event::AfterBackward, EventArgs::micro_batch(mb, idx, nullptr, &loss)).skip_step;
     loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach();
+    const at::Tensor correct = out.detach().argmax(1).eq(mb.targets).sum();
+    correct_sum = correct_sum.defined() ? correct_sum + correct : correct;
   }
-  return {loss_sum.item<double>(), skip};
+  // One read of the device for both (one synchronisation on a GPU).
+  const at::Tensor both = at::stack({loss_sum.to(at::kDouble), correct_sum.to(at::kDouble)}).cpu();
+  const double* v = both.data_ptr<double>();
+  return {v[0], static_cast<std::int64_t>(v[1]), skip};
 }
 
 void TrainStep::atomic_step() {

@@ -59,7 +59,13 @@ class TrainStep {
  private:
   /// Forward and backward over the micro-batches of `full`: the summed (batch-normalised) loss
   /// and whether a plugin asked to skip the step.
-  std::pair<double, bool> accumulate(const Batch& full, const at::Tensor& indices, std::int64_t micro);
+  /// The batch's loss, its correctly classified samples, and whether a plugin asked to skip.
+  struct Accumulated {
+    double loss = 0.0;
+    std::int64_t correct = 0;
+    bool skip = false;
+  };
+  Accumulated accumulate(const Batch& full, const at::Tensor& indices, std::int64_t micro);
   /// optimizer.step() with its state created and its temporaries reserved first, so that an
   /// out-of-memory error leaves parameters and optimizer state as they were.
   void atomic_step();

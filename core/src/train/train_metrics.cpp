@@ -12,13 +12,17 @@ void TrainMetrics::log(const RunState& st) {
       {"train/loss", loss_ / double(steps_)},
       {"train/lr", st.lr},
       {"train/epoch", double(st.epoch) + double(st.batch_in_epoch + 1) / double(st.steps_per_epoch)},
-      {"train/samples_per_s", secs > 0 ? double(samples_) / secs : 0.0}};
+      {"train/samples_per_s", secs > 0 ? double(samples_) / secs : 0.0},
+      // Of the batches as the model saw them while training (dropout on, weights changing).
+      {"train/accuracy", samples_ > 0 ? double(correct_) / double(samples_) : 0.0},
+      {"train/micro_batch_size", double(micro_batch_)}};
   // The window's mean, like train/loss: the total L2 norm of each step's gradient before clipping.
   if (norms_ > 0) m["train/grad_norm"] = grad_norm_ / double(norms_);
   metrics_.log(st.global_step, m);
   grad_norm_ = 0;
   norms_ = 0;
   loss_ = 0;
+  correct_ = 0;
   steps_ = 0;
   samples_ = 0;
   excluded_s_ = 0.0;

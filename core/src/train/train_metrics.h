@@ -1,6 +1,7 @@
 #pragma once
-// Private: the training metrics of a window of optimizer steps (train/loss, train/lr,
-// train/epoch, train/samples_per_s, and train/grad_norm when gradients are clipped), logged
+// Private: the training metrics of a window of optimizer steps (train/loss, train/accuracy,
+// train/lr, train/epoch, train/samples_per_s, train/micro_batch_size, and train/grad_norm when
+// gradients are clipped), logged
 // every training.log_every steps and at epoch ends.
 #include <chrono>
 #include <cstdint>
@@ -21,10 +22,13 @@ class TrainMetrics {
   void start() { start_ = Clock::now(); }
   /// One optimizer step of `samples` samples with mean loss `loss` and, when the core clipped
   /// it, the gradient's norm before clipping.
-  void add_step(double loss, std::int64_t samples, std::optional<double> grad_norm = std::nullopt) {
+  void add_step(double loss, std::int64_t samples, std::int64_t correct, std::int64_t micro_batch,
+                std::optional<double> grad_norm = std::nullopt) {
     loss_ += loss;
     ++steps_;
     samples_ += samples;
+    correct_ += correct;
+    micro_batch_ = micro_batch;
     if (grad_norm) {
       grad_norm_ += *grad_norm;
       ++norms_;
@@ -56,6 +60,8 @@ class TrainMetrics {
   MetricsLogger& metrics_;
   double loss_ = 0.0;
   std::int64_t steps_ = 0, samples_ = 0;
+  std::int64_t correct_ = 0;      ///< correctly classified training samples of the window
+  std::int64_t micro_batch_ = 0;  ///< micro-batch size of the window's last step
   double grad_norm_ = 0.0;  ///< summed over the window's clipped steps
   std::int64_t norms_ = 0;
   Clock::time_point start_ = Clock::now();

@@ -1,0 +1,105 @@
+#pragma once
+// `trainer report RUN_DIR`: a run directory as one self-contained HTML page.
+//
+// 1. `read_run()` reads what the run directory holds: metrics.jsonl (skipping what it cannot
+//    read, and saying so), config.toml, status.json and the warnings of trainer.log.
+// 2. `render_html()` draws it: a header with the run's status, the charts as inline SVG, the
+//    config and the log's warnings. Nothing is loaded from anywhere: no scripts, fonts or images.
+// 3. `write_report()` does both and writes the file; it is what the CLI calls.
+//
+// Only the standard library and nlohmann-json: the report reads a run without LibTorch.
+
+#include <map>
+#include <optional>
+#include <ostream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace trainer::report {
+
+/// One line of metrics.jsonl. `value` may be NaN or ±infinity ("NaN", "Infinity", "-Infinity"
+/// in the file); `time` is seconds since the Unix epoch, NaN when the line has none.
+struct Point {
+  double step = 0;
+  double value = 0;
+  double time = 0;
+};
+
+/// status.json, written when a run ends (absent while it runs, or after kill -9).
+struct RunStatus {
+  std::string status;  ///< FINISHED, FAILED or KILLED
+  int exit_code = 0;
+  long long global_step = 0;
+  long long epoch = 0;  ///< the epoch the run was in, from 0
+  std::string message;
+  std::string last_checkpoint;
+  double time = 0;  ///< when the run ended, seconds since the Unix epoch
+};
+
+/// An out-of-memory error: a point of `oom/micro_batch_size`.
+struct OomEvent {
+  double step = 0;
+  double time = 0;
+  double micro_batch = 0;  ///< the micro-batch size of the attempt that failed
+};
+
+/// A change of `train/micro_batch_size` from one logged point to the next.
+struct MicroBatchChange {
+  double step = 0;
+  double time = 0;
+  double from = 0;
+  double to = 0;
+};
+
+/// Everything the page shows, as read from a run directory.
+struct RunData {
+  std::string dir;   ///< the run directory, as given
+  std::string name;  ///< its last path component
+  /// Every metric's points in file order (a name logged twice at one step keeps both).
+  std::map<std::string, std::vector<Point>> metrics;
+  std::size_t lines_read = 0;                       ///< metric lines read
+  std::size_t malformed_lines = 0;                  ///< lines skipped because they could not be read
+  std::vector<std::size_t> malformed_line_numbers;  ///< the first few of them, from 1
+  bool truncated_last_line = false;                 ///< the last line had no newline and did not parse
+  std::optional<std::string> config_toml;           ///< config.toml verbatim, when present
+  std::optional<RunStatus> status;                  ///< status.json, when present and readable
+  std::string status_error;                         ///< why status.json could not be read (it exists)
+  std::vector<std::string> log_problems;            ///< the last warning/error lines of trainer.log
+  std::size_t log_warnings = 0;                     ///< warning lines in trainer.log
+  std::size_t log_errors = 0;                       ///< error and critical lines in trainer.log
+  std::vector<std::string> log_tail;                ///< the last lines of trainer.log
+  double generated_at = 0;                          ///< when it was read, seconds since the Unix epoch
+};
+
+/// A run directory or metrics file that cannot be read; the message names the path.
+class ReportError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// Reads RUN_DIR. Throws ReportError when the directory or its metrics.jsonl is missing or
+/// unreadable; anything else that is missing or broken is recorded in the result for the page.
+RunData read_run(const std::string& dir);
+
+/// Out-of-memory events and micro-batch changes, in file order, from `data.metrics`.
+std::vector<OomEvent> oom_events(const RunData& data);
+std::vector<MicroBatchChange> micro_batch_changes(const RunData& data);
+
+/// The page: one self-contained HTML document (inline CSS and SVG, no script, no URL).
+std::string render_html(const RunData& data);
+
+/// Round tick values covering [lo, hi] (1, 2 or 5 times a power of ten apart), at most about
+/// `max_ticks` of them; the first is <= lo and the last >= hi. With `integer`, at least 1 apart.
+std::vector<double> nice_ticks(double lo, double hi, int max_ticks, bool integer = false);
+
+/// `text` with & < > " ' replaced by entities.
+std::string html_escape(const std::string& text);
+
+/// Writes RUN_DIR's report to `out_path` (empty: RUN_DIR/report.html). Returns an exit code:
+/// 0 written, 2 when the run directory or its metrics.jsonl is missing/unreadable or out_path cannot be written
+/// (message to `err` naming the path and what is wrong), 1 on an unexpected internal error. Never throws.
+int write_report(const std::string& run_dir, const std::string& out_path, std::ostream& err,
+                 std::string* written_path = nullptr);
+
+}  // namespace trainer::report

@@ -1,0 +1,544 @@
+#include "mlflow_export.h"
+
+#include <fcntl.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <limits>
+#include <sstream>
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace trainer::mlflow {
+
+fs::path journal_dir(const std::string& run_dir) { return fs::path(run_dir) / "mlflow"; }
+
+namespace {
+
+constexpr const char* kJournal = "journal.jsonl";
+constexpr const char* kSent = "sent.json";
+constexpr const char* kRejected = "rejected.jsonl";
+constexpr const char* kLock = "lock";
+
+json metric_record_value(double v) {
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "Infinity" : "-Infinity";
+  return v;
+}
+
+double metric_value_from(const json& v) {
+  if (v.is_number()) return v.get<double>();
+  const std::string s = v.is_string() ? v.get<std::string>() : std::string();
+  if (s == "Infinity") return std::numeric_limits<double>::infinity();
+  if (s == "-Infinity") return -std::numeric_limits<double>::infinity();
+  return std::numeric_limits<double>::quiet_NaN();
+}
+
+std::vector<KeyValue> key_values(const json& a) {
+  std::vector<KeyValue> out;
+  if (!a.is_array()) return out;
+  for (const auto& kv : a) out.push_back({kv.at(0).get<std::string>(), kv.at(1).get<std::string>()});
+  return out;
+}
+
+json read_json_file(const fs::path& p) {
+  std::ifstream in(p);
+  if (!in) return json::object();
+  json j = json::parse(in, nullptr, false);
+  return j.is_object() ? j : json::object();
+}
+
+void write_json_atomically(const fs::path& p, const json& j) {
+  const fs::path tmp = p.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << j.dump(1) << "\n";
+    out.flush();
+    if (!out) throw std::runtime_error("cannot write " + tmp.string());
+  }
+  fs::rename(tmp, p);
+}
+
+/// Calls `fn(record, end_offset)` for each complete line of the journal from `offset`; stops
+/// early when `fn` returns false. A last line without its newline (a process died writing
+/// it) is left for later.
+template <class Fn>
+void for_each_record(const fs::path& journal, std::int64_t offset, Fn fn) {
+  std::ifstream in(journal, std::ios::binary);
+  if (!in) return;
+  in.seekg(offset);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (in.eof()) break;  // no newline: incomplete
+    offset += static_cast<std::int64_t>(line.size()) + 1;
+    if (!fn(line, offset)) return;
+  }
+}
+
+}  // namespace
+
+std::string canonical_uri(const std::string& uri) {
+  if (uri.rfind("file:", 0) != 0) return uri;
+  std::string path = uri.substr(5);
+  if (path.rfind("//", 0) == 0) path = path.substr(2);
+  return "file://" + fs::absolute(path).lexically_normal().string();
+}
+
+// ---- lock --------------------------------------------------------------------------------
+
+JournalLock::JournalLock(const fs::path& dir) {
+  fs::create_directories(dir);
+  const std::string path = (dir / kLock).string();
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw std::runtime_error("cannot open " + path);
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    char buf[32] = {0};
+    const ssize_t n = ::pread(fd_, buf, sizeof buf - 1, 0);
+    ::close(fd_);
+    fd_ = -1;
+    std::string pid = n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : std::string("?");
+    while (!pid.empty() && (pid.back() == '\n' || pid.back() == ' ')) pid.pop_back();
+    throw std::runtime_error("the MLflow journal in " + dir.string() + " is being written by another process (pid " +
+                             pid + ")");
+  }
+  const std::string pid = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd_, 0) == 0) {
+    [[maybe_unused]] const ssize_t w = ::pwrite(fd_, pid.data(), pid.size(), 0);
+  }
+}
+
+JournalLock::~JournalLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing releases the flock
+}
+
+bool JournalLock::is_free(const fs::path& dir) {
+  const std::string path = (dir / kLock).string();
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return true;
+  const bool free = ::flock(fd, LOCK_SH | LOCK_NB) == 0;
+  ::close(fd);
+  return free;
+}
+
+// ---- sender ------------------------------------------------------------------------------
+
+Progress read_progress(const fs::path& dir, const std::string& uri) {
+  const json all = read_json_file(dir / kSent);
+  Progress p;
+  const std::string key = canonical_uri(uri);
+  if (!all.contains("destinations") || !all["destinations"].contains(key)) return p;
+  const json& d = all["destinations"][key];
+  p.seq = d.value("seq", std::int64_t{0});
+  p.offset = d.value("offset", std::int64_t{0});
+  p.experiment_id = d.value("experiment_id", std::string());
+  p.run_id = d.value("run_id", std::string());
+  p.artifact_uri = d.value("artifact_uri", std::string());
+  return p;
+}
+
+Sender::Sender(Backend& backend, fs::path dir, std::shared_ptr<spdlog::logger> log)
+    : backend_(backend), dir_(std::move(dir)), log_(log ? std::move(log) : spdlog::default_logger()) {
+  progress_ = read_progress(dir_, backend_.uri());
+}
+
+void Sender::save_progress() {
+  // The file is this journal's: its one writer holds the lock, so what was read is current.
+  if (sent_.is_null()) sent_ = read_json_file(dir_ / kSent);
+  json& all = sent_;
+  all["destinations"][canonical_uri(backend_.uri())] = {{"seq", progress_.seq},
+                                                        {"offset", progress_.offset},
+                                                        {"experiment_id", progress_.experiment_id},
+                                                        {"run_id", progress_.run_id},
+                                                        {"artifact_uri", progress_.artifact_uri}};
+  write_json_atomically(dir_ / kSent, all);
+}
+
+std::pair<std::int64_t, std::int64_t> Sender::pending() const {
+  std::int64_t records = 0, metrics = 0;
+  for_each_record(dir_ / kJournal, progress_.offset, [&](const std::string& line, std::int64_t) {
+    ++records;
+    const json rec = json::parse(line, nullptr, false);
+    if (rec.is_object() && rec.contains("metrics")) metrics += static_cast<std::int64_t>(rec["metrics"].size());
+    return true;
+  });
+  return {records, metrics};
+}
+
+bool Sender::send_pending(std::string* error) {
+  bool ok = true;
+  for_each_record(dir_ / kJournal, progress_.offset, [&](const std::string& line, std::int64_t end) {
+    const json rec = json::parse(line, nullptr, false);
+    try {
+      if (!rec.is_object() || !rec.contains("op")) {
+        throw RejectedError("journal line at byte " + std::to_string(progress_.offset) + " is not a record");
+      }
+      apply(rec);
+      ++sent_records_;
+      if (rec.contains("metrics")) sent_metrics_ += static_cast<std::int64_t>(rec["metrics"].size());
+    } catch (const TransientError& e) {
+      if (error) *error = e.what();
+      ok = false;
+      return false;
+    } catch (const std::exception& e) {
+      // Refused for what it holds: sending it again cannot help. Kept aside, reported, passed.
+      ++rejected_;
+      log_->error("mlflow: {} refused journal record {} ({}): {}; kept in {}", backend_.uri(),
+                  rec.is_object() ? rec.value("seq", std::int64_t{0}) : std::int64_t{0},
+                  rec.is_object() ? rec.value("op", std::string("?")) : std::string("?"), e.what(),
+                  (dir_ / kRejected).string());
+      std::ofstream(dir_ / kRejected, std::ios::app) << line << "\n";
+    }
+    progress_.seq = rec.is_object() ? rec.value("seq", progress_.seq + 1) : progress_.seq + 1;
+    progress_.offset = end;
+    save_progress();
+    return true;
+  });
+  return ok;
+}
+
+void Sender::apply(const json& rec) {
+  const std::string op = rec.at("op").get<std::string>();
+  const fs::path run_dir = dir_.parent_path();
+  auto need_run = [&] {
+    if (progress_.run_id.empty()) throw RejectedError("no MLflow run to log to (the journal's start record was refused)");
+  };
+  auto create = [&] {
+    const std::string exp = backend_.experiment_id(rec.at("experiment").get<std::string>());
+    const std::string journal_id = rec.value("journal_id", std::string());
+    // A process that died between the server's answer and sent.json's update re-sends the
+    // start: find the run it created instead of creating a second one.
+    RunInfo run = journal_id.empty() ? RunInfo{} : backend_.find_run_by_tag(exp, "trainer.journal_id", journal_id);
+    if (run.run_id.empty()) {
+      auto tags = key_values(rec.value("tags", json::array()));
+      if (!journal_id.empty()) tags.push_back({"trainer.journal_id", journal_id});
+      run = backend_.create_run(exp, rec.value("run_name", std::string()), rec.value("user", std::string()),
+                                rec.value("start_time", now_ms()), tags);
+    }
+    progress_.experiment_id = run.experiment_id.empty() ? exp : run.experiment_id;
+    progress_.run_id = run.run_id;
+    progress_.artifact_uri = run.artifact_uri;
+    log_->info("mlflow: run {} in experiment {} at {}", run.run_id, progress_.experiment_id, backend_.uri());
+  };
+  if (op == "start") {
+    if (progress_.run_id.empty()) create();
+  } else if (op == "continue") {
+    if (progress_.run_id.empty()) {
+      const fs::path prev = journal_dir(rec.value("previous_run_dir", std::string()));
+      if (!prev.empty() && prev != dir_ && fs::exists(prev / kJournal)) {
+        if (JournalLock::is_free(prev)) {
+          // What the interrupted run could not send goes first, in order.
+          Sender before(backend_, prev, log_);
+          std::string err;
+          if (!before.send_pending(&err)) throw TransientError(err);
+          if (before.sent_records() > 0) {
+            log_->info("mlflow: sent {} records of {} left unsent by the run this one resumes", before.sent_records(),
+                       prev.parent_path().string());
+          }
+        } else {
+          log_->warn("mlflow: {} is still being written by another process; not sending its journal", prev.string());
+        }
+      }
+      const Progress p = read_progress(prev, backend_.uri());
+      if (!p.run_id.empty()) {
+        const RunInfo run = backend_.get_run(p.run_id);
+        progress_.experiment_id = run.experiment_id;
+        progress_.run_id = run.run_id;
+        progress_.artifact_uri = run.artifact_uri;
+        log_->info("mlflow: continuing run {} at {}", run.run_id, backend_.uri());
+      } else {
+        log_->warn("mlflow: the resumed run's MLflow run is unknown at {}; starting a new one", backend_.uri());
+        create();
+      }
+    }
+    backend_.update_run(progress_.run_id, "RUNNING", 0);
+  } else if (op == "batch") {
+    need_run();
+    std::vector<Metric> metrics;
+    for (const auto& m : rec.value("metrics", json::array())) {
+      metrics.push_back({m.at(0).get<std::string>(), metric_value_from(m.at(1)), m.at(2).get<std::int64_t>(),
+                         m.at(3).get<std::int64_t>()});
+    }
+    backend_.log_batch(progress_.run_id, metrics, key_values(rec.value("params", json::array())),
+                       key_values(rec.value("tags", json::array())));
+  } else if (op == "artifact") {
+    need_run();
+    fs::path file = rec.at("file").get<std::string>();
+    if (file.is_relative()) file = run_dir / file;
+    if (!fs::exists(file)) throw RejectedError("artifact file " + file.string() + " no longer exists");
+    RunInfo run;
+    run.run_id = progress_.run_id;
+    run.experiment_id = progress_.experiment_id;
+    run.artifact_uri = progress_.artifact_uri;
+    backend_.log_artifact(run, file.string(), rec.at("path").get<std::string>());
+  } else if (op == "end") {
+    need_run();
+    backend_.update_run(progress_.run_id, rec.at("status").get<std::string>(), rec.value("end_time", now_ms()));
+  } else {
+    throw RejectedError("unknown journal record '" + op + "'");
+  }
+}
+
+// ---- exporter ----------------------------------------------------------------------------
+
+Exporter::Exporter(std::unique_ptr<Backend> backend, const std::string& run_dir, ExportOptions options,
+                   std::shared_ptr<spdlog::logger> log)
+    : backend_(std::move(backend)),
+      dir_(journal_dir(run_dir)),
+      options_(std::move(options)),
+      log_(log ? std::move(log) : spdlog::default_logger()) {
+  lock_ = std::make_unique<JournalLock>(dir_);
+  // A run directory used again (--run-dir of an earlier run) goes on numbering its journal.
+  for_each_record(dir_ / kJournal, 0, [&](const std::string& line, std::int64_t) {
+    const json rec = json::parse(line, nullptr, false);
+    if (rec.is_object()) next_seq_ = std::max(next_seq_, rec.value("seq", std::int64_t{0}) + 1);
+    return true;
+  });
+  journal_ = std::fopen((dir_ / kJournal).c_str(), "ab");
+  if (!journal_) throw std::runtime_error("cannot open " + (dir_ / kJournal).string() + " for appending");
+  sender_ = std::make_unique<Sender>(*backend_, dir_, log_);
+  if (options_.background) thread_ = std::thread([this] { run(); });
+}
+
+Exporter::~Exporter() {
+  if (thread_.joinable()) close(0.0);
+  if (journal_) std::fclose(journal_);
+}
+
+void Exporter::metrics(std::vector<Metric> points) {
+  if (points.empty()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!options_.background) {
+    std::deque<Item> items;
+    items.push_back({std::move(points), nullptr});
+    journal(items);
+    try_send();
+    return;
+  }
+  queued_metrics_ += points.size();
+  queue_.push_back({std::move(points), nullptr});
+  if (queued_metrics_ >= kMaxMetricsPerBatch) cv_.notify_all();
+}
+
+void Exporter::record(json rec) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!options_.background) {
+    std::deque<Item> items;
+    items.push_back({{}, std::move(rec)});
+    journal(items);
+    try_send();
+    return;
+  }
+  queue_.push_back({{}, std::move(rec)});
+  cv_.notify_all();
+}
+
+std::int64_t Exporter::metrics_sent() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return sender_->sent_metrics();
+}
+
+void Exporter::append(json rec) {
+  rec["seq"] = next_seq_++;
+  const std::string line = rec.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+  if (std::fwrite(line.data(), 1, line.size(), journal_) != line.size()) {
+    log_->error("mlflow: cannot append to {}", (dir_ / kJournal).string());
+  }
+}
+
+void Exporter::journal(std::deque<Item>& items) {
+  std::vector<Metric> pending;
+  auto flush_metrics = [&] {
+    for (std::size_t i = 0; i < pending.size(); i += kMaxMetricsPerBatch) {
+      json ms = json::array();
+      for (std::size_t j = i; j < std::min(pending.size(), i + kMaxMetricsPerBatch); ++j) {
+        const Metric& m = pending[j];
+        ms.push_back(json::array({m.key, metric_record_value(m.value), m.timestamp_ms, m.step}));
+      }
+      append({{"op", "batch"}, {"metrics", std::move(ms)}});
+    }
+    pending.clear();
+  };
+  for (auto& item : items) {
+    if (item.rec.is_null()) {
+      pending.insert(pending.end(), std::make_move_iterator(item.metrics.begin()),
+                     std::make_move_iterator(item.metrics.end()));
+    } else {
+      flush_metrics();
+      append(std::move(item.rec));
+    }
+  }
+  flush_metrics();
+  items.clear();
+  std::fflush(journal_);
+}
+
+bool Exporter::try_send() {
+  using Clock = std::chrono::steady_clock;
+  if (outage_ && Clock::now() < retry_at_) return false;
+  std::string err;
+  if (sender_->send_pending(&err)) {
+    if (outage_) log_->info("mlflow: {} answers again; the records kept meanwhile are sent", backend_->uri());
+    outage_ = false;
+    backoff_s_ = 0.0;
+    return true;
+  }
+  if (options_.abort->load()) return false;
+  if (!outage_) {
+    log_->warn("mlflow: cannot send to {} ({}); records are kept in {} and sent when it answers", backend_->uri(), err,
+               (dir_ / kJournal).string());
+  }
+  outage_ = true;
+  backoff_s_ = backoff_s_ <= 0 ? 0.5 : std::min(options_.max_backoff_s, backoff_s_ * 2);
+  retry_at_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(backoff_s_));
+  return false;
+}
+
+void Exporter::run() {
+  using Clock = std::chrono::steady_clock;
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    auto wait = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options_.flush_interval_s));
+    if (outage_) wait = std::min(wait, std::max(Clock::duration::zero(), retry_at_ - Clock::now()));
+    cv_.wait_for(lock, wait, [&] {
+      return stop_ || (!queue_.empty() && (closing_ || queued_metrics_ >= kMaxMetricsPerBatch || !queue_.back().rec.is_null()));
+    });
+    if (stop_) break;
+    std::deque<Item> items;
+    items.swap(queue_);
+    queued_metrics_ = 0;
+    lock.unlock();
+    // Journal writes and sends happen outside the lock: enqueueing never waits for them.
+    journal(items);
+    const bool caught_up = try_send();
+    lock.lock();
+    if (closing_ && queue_.empty() && caught_up) break;
+  }
+  thread_done_ = true;
+  idle_cv_.notify_all();
+}
+
+std::int64_t Exporter::close(double timeout_s) {
+  if (!options_.background) {
+    std::lock_guard<std::mutex> lock(mu_);
+    try_send();
+    return sender_->pending().first;
+  }
+  if (thread_.joinable()) {
+    std::unique_lock<std::mutex> lock(mu_);
+    closing_ = true;
+    cv_.notify_all();
+    idle_cv_.wait_for(lock, std::chrono::duration<double>(std::max(0.0, timeout_s)), [&] { return thread_done_; });
+    stop_ = true;
+    options_.abort->store(true);
+    cv_.notify_all();
+    lock.unlock();
+    thread_.join();
+  }
+  // What the thread had no time to journal (it was waiting on the network) goes to the journal now.
+  std::lock_guard<std::mutex> lock(mu_);
+  journal(queue_);
+  return sender_->pending().first;
+}
+
+// ---- sync --------------------------------------------------------------------------------
+
+int sync_run_dir(const std::string& run_dir, const std::string& uri_override, std::ostream& out, std::ostream& err) {
+  const fs::path dir = journal_dir(run_dir);
+  if (!fs::is_directory(run_dir)) {
+    err << "trainer mlflow sync: " << run_dir << " is not a directory\n";
+    return 2;
+  }
+  if (!fs::exists(dir / kJournal)) {
+    err << "trainer mlflow sync: " << run_dir << " has no MLflow journal (" << (dir / kJournal).string()
+        << "): the run did not use the mlflow plugin\n";
+    return 2;
+  }
+  std::unique_ptr<JournalLock> lock;
+  try {
+    lock = std::make_unique<JournalLock>(dir);
+  } catch (const std::exception& e) {
+    err << "trainer mlflow sync: " << e.what() << "; a running trainer sends its records itself: sync after it ends\n";
+    return 2;
+  }
+  // The destination the run used, unless another is asked for; whether the run was closed.
+  std::string uri = uri_override;
+  bool closed = false;
+  std::int64_t last_seq = 0;
+  for_each_record(dir / kJournal, 0, [&](const std::string& line, std::int64_t) {
+    const json rec = json::parse(line, nullptr, false);
+    if (!rec.is_object()) return true;
+    const std::string op = rec.value("op", std::string());
+    if (op == "start" || op == "continue") {
+      if (uri_override.empty()) uri = rec.value("tracking_uri", uri);
+      closed = false;
+    }
+    if (op == "end") closed = true;
+    last_seq = std::max(last_seq, rec.value("seq", std::int64_t{0}));
+    return true;
+  });
+  if (uri.empty()) {
+    err << "trainer mlflow sync: the journal of " << run_dir << " names no tracking URI; pass --tracking-uri\n";
+    return 2;
+  }
+  auto log = spdlog::get("trainer-mlflow-sync");
+  if (!log) {
+    log = spdlog::stderr_color_mt("trainer-mlflow-sync");
+    log->set_pattern("trainer mlflow sync: %v");
+  }
+  std::unique_ptr<Backend> backend;
+  try {
+    backend = open_backend(uri, Credentials::from_env());
+  } catch (const std::exception& e) {
+    err << "trainer mlflow sync: " << e.what() << "\n";
+    return 2;
+  }
+  if (!closed) {
+    // Its process is gone (the lock was free) and never closed the run: a kill -9, a crash, the
+    // machine going down. The run is marked FAILED at the journal's last write.
+    std::error_code ec;
+    const auto mtime = fs::last_write_time(dir / kJournal, ec);
+    std::int64_t end = now_ms();
+    if (!ec) {
+      end = std::chrono::duration_cast<std::chrono::milliseconds>(
+                (mtime - fs::file_time_type::clock::now()) + std::chrono::system_clock::now().time_since_epoch())
+                .count();
+    }
+    std::ofstream j(dir / kJournal, std::ios::app | std::ios::binary);
+    const std::string reason =
+        "the trainer process ended without closing the run (killed, or the machine went down); marked FAILED by "
+        "trainer mlflow sync";
+    j << json{{"seq", last_seq + 1}, {"op", "batch"}, {"tags", json::array({json::array({"trainer.end_reason", reason})})}}
+             .dump()
+      << "\n"
+      << json{{"seq", last_seq + 2}, {"op", "end"}, {"status", "FAILED"}, {"end_time", end}}.dump() << "\n";
+    out << "trainer mlflow sync: " << run_dir << ": the run was not closed by its process; marking it FAILED\n";
+  }
+  Sender sender(*backend, dir, log);
+  std::string error;
+  const auto [records, metrics] = sender.pending();
+  const bool ok = sender.send_pending(&error);
+  const auto [left, left_metrics] = sender.pending();
+  out << "trainer mlflow sync: sent " << sender.sent_records() << " of " << records << " records (" << sender.sent_metrics()
+      << " of " << metrics << " metrics) to " << uri;
+  if (!sender.progress().run_id.empty()) out << ", run " << sender.progress().run_id;
+  out << "\n";
+  if (sender.rejected_records() > 0) {
+    out << "trainer mlflow sync: " << sender.rejected_records() << " records were refused; they are kept in "
+        << (dir / kRejected).string() << "\n";
+  }
+  if (!ok) {
+    err << "trainer mlflow sync: " << error << "; " << left << " records (" << left_metrics
+        << " metrics) are left in the journal: run this again when the server answers\n";
+    return 3;
+  }
+  return 0;
+}
+
+}  // namespace trainer::mlflow
