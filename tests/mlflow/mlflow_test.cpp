@@ -197,6 +197,24 @@ TEST_F(Mlflow, SpecialValuesAndARefusedKeyArriveAsMlflowStoresThem) {
   EXPECT_EQ(m["odd_bad key"][0][1], 1.5);
 }
 
+TEST_F(Mlflow, OverLongValuesAreReportedAndCutToMlflowsLimits) {
+  const std::string uri = shared_uri();
+  auto o = mlflow_overrides(uri);
+  o.push_back("+plugins.mlflow.tags=[\"note=" + std::string(8100, 'x') + "\"]");
+  auto options = options_for(kRun, o, "run");
+  options.log_level = "warn";
+  const auto r = trainer::Trainer(std::move(options)).fit();
+  ASSERT_EQ(r.status, "FINISHED") << r.message;
+  const json run = mlflow_read("run " + uri + " " + run_id_of(r.run_dir, uri));
+  // The tag list is a param too: over 6000 characters as TOML.
+  EXPECT_EQ(run["params"]["plugins.mlflow.tags"].get<std::string>().size(), mlf::kMaxParamValueLength);
+  EXPECT_EQ(run["tags"]["note"].get<std::string>(), std::string(mlf::kMaxTagValueLength, 'x'));
+  const std::string log = read_file(r.run_dir + "/trainer.log");
+  EXPECT_NE(log.find("mlflow: param 'plugins.mlflow.tags' is 8109 characters, MLflow keeps 6000"), std::string::npos)
+      << log;
+  EXPECT_NE(log.find("mlflow: tag 'note' is 8100 characters, MLflow keeps 8000"), std::string::npos) << log;
+}
+
 TEST_F(Mlflow, ArtifactsAreTheResolvedConfigAndTheLastCheckpoint) {
   const std::string uri = shared_uri();
   const auto r = train(uri, {"+plugins.mlflow.log_checkpoint=true"}, "run");
@@ -308,6 +326,60 @@ TEST_F(Mlflow, AKill9RunIsMarkedFailedBySync) {
   const Shell again = sh(std::string(TRAINER_CLI) + " mlflow sync " + dir);
   EXPECT_EQ(again.code, 0) << again.out;
   EXPECT_NE(again.out.find("sent 0 of 0 records"), std::string::npos) << again.out;
+}
+
+TEST_F(Mlflow, AKill9RunResumedContinuesItsMlflowRun) {
+  const std::string uri = shared_uri();
+  write_file(tmp_ / "recipe.toml", kRun);
+  const std::string dir = tmp_ / "run";
+  std::string args;
+  for (const auto& o : mlflow_overrides(uri)) args += " '" + o + "'";
+  args += " dataset.size=512 training.epochs=50 eval.every_epochs=0 checkpoint.every_steps=4 "
+          "+plugins.mlflow.flush_interval_s=0.05";
+  Child child(cli_run(tmp_ / "recipe.toml", dir, args));
+  ASSERT_TRUE(wait_for_sent_metrics(dir, uri)) << read_file(dir + ".log");
+  ASSERT_TRUE(trainer::testing::wait_for_text(dir + "/checkpoints/latest", "step_")) << read_file(dir + ".log");
+  ASSERT_TRUE(child.signal(SIGKILL));
+  child.wait();
+  const std::string id = run_id_of(dir, uri);
+  ASSERT_FALSE(id.empty());
+  // As if the server had acknowledged only the start: the resumed run sends the rest first.
+  const std::string journal_dir = mlf::journal_dir(dir).string();
+  const auto lines = read_lines(journal_dir + "/journal.jsonl");
+  ASSERT_GT(lines.size(), 3u);
+  json sent = json::parse(read_file(journal_dir + "/sent.json"));
+  for (auto& [key, d] : sent["destinations"].items()) {
+    d["seq"] = 1;
+    d["offset"] = lines[0].size() + 1;
+  }
+  write_file(journal_dir + "/sent.json", sent.dump());
+  const Shell resumed = sh(cli_run(tmp_ / "recipe.toml", tmp_ / "resumed", args + " training.epochs=1 --resume " + dir));
+  ASSERT_EQ(resumed.code, 0) << read_file(tmp_ / "resumed.log");
+  EXPECT_EQ(run_id_of(tmp_ / "resumed", uri), id);
+  long last_seq = 0;  // of the last whole record (the kill may have cut the last line)
+  for (const auto& l : lines) {
+    const json rec = json::parse(l, nullptr, false);
+    if (rec.is_object()) last_seq = rec["seq"].get<long>();
+  }
+  EXPECT_EQ(mlf::read_progress(journal_dir, uri).seq, last_seq);
+  const json found = mlflow_read("search " + uri + " '" + experiment() + "'");
+  EXPECT_EQ(found["runs"].size(), 1u) << found.dump();
+  const json run = mlflow_read("run " + uri + " " + id);
+  EXPECT_EQ(run["info"]["status"], "FINISHED");
+  // What the killed run's journal held is there, with the resumed run's metrics.
+  const auto server = server_metrics(run);
+  for (const std::string& d : {dir, std::string(tmp_ / "resumed")}) {
+    const auto journal = read_lines((mlf::journal_dir(d) / "journal.jsonl").string());
+    for (const auto& line : journal) {
+      const json rec = json::parse(line, nullptr, false);
+      if (!rec.is_object()) continue;  // a line the kill cut
+      for (const auto& m : rec.value("metrics", json::array())) {  // [key, value, timestamp, step]
+        const std::string key = m[0].get<std::string>();
+        ASSERT_TRUE(server.count(key)) << m.dump();
+        EXPECT_TRUE(server.at(key).count({m[3].get<long>(), value_text(m[1]), m[2].get<long>()})) << d << ": " << m.dump();
+      }
+    }
+  }
 }
 
 /// Stops the MLflow server in `dir` at the start of the second epoch, once the first epoch's

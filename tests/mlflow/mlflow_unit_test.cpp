@@ -1,10 +1,16 @@
 // The MLflow client without a server: MLflow's key rules, the journal's batching, and what
 // happens when nothing answers.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <thread>
 #include <fstream>
 #include <limits>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "mlflow_client.h"
@@ -59,7 +65,7 @@ TEST(MlflowUris, UnsupportedUrisAreRefusedNamingThem) {
   EXPECT_THROW(mlf::open_backend("file://host/path"), std::invalid_argument);
 }
 
-std::vector<json> journal(const std::string& run_dir) {
+std::vector<json> journal_records(const std::string& run_dir) {
   std::vector<json> out;
   for (const auto& l : read_lines((mlf::journal_dir(run_dir) / "journal.jsonl").string())) out.push_back(json::parse(l));
   return out;
@@ -84,7 +90,7 @@ TEST(MlflowJournal, MetricsAreBatchedWithinMlflowsLimitsAndInOrder) {
     EXPECT_EQ(e.close(1.0), 0);
     EXPECT_EQ(e.metrics_sent(), 2500);
   }
-  const auto recs = journal(tmp.str());
+  const auto recs = journal_records(tmp.str());
   ASSERT_EQ(recs.size(), 5u);
   EXPECT_EQ(recs[0]["op"], "start");
   EXPECT_EQ(recs[1]["metrics"].size(), 1000u);
@@ -111,7 +117,7 @@ TEST(MlflowJournal, NothingAnsweringKeepsEveryRecordAndCloseReturns) {
     e.record({{"op", "end"}, {"status", "FINISHED"}, {"end_time", 5}});
     left = e.close(0.5);
   }
-  const auto recs = journal(tmp.str());
+  const auto recs = journal_records(tmp.str());
   ASSERT_GE(recs.size(), 3u);
   EXPECT_EQ(left, static_cast<std::int64_t>(recs.size()));
   std::size_t metrics = 0;
@@ -138,6 +144,30 @@ TEST(MlflowJournal, ARecordTheBackendRefusesIsKeptAsideAndPassed) {
   EXPECT_NE(rejected[0].find("\"2\""), std::string::npos);
 }
 
+TEST(MlflowJournal, ARecordCutShortByADeadWriterIsDroppedBeforeAppending) {
+  TempDir tmp;
+  const std::string store = "file:" + (tmp / "mlruns");
+  {
+    mlf::ExportOptions o;
+    o.background = false;
+    mlf::Exporter e(mlf::open_backend(store), tmp.str(), o, nullptr);
+    e.record({{"op", "start"}, {"experiment", "e"}, {"run_name", "r"}, {"tracking_uri", store}});
+    e.metrics(points(3));
+    e.close(1.0);
+  }
+  const std::string journal = (mlf::journal_dir(tmp.str()) / "journal.jsonl").string();
+  std::ofstream(journal, std::ios::app) << "{\"seq\":3,\"op\":\"batch\",\"metr";  // a kill -9 mid-write
+  std::ostringstream out, err;
+  EXPECT_EQ(mlf::sync_run_dir(tmp.str(), "", out, err), 0) << out.str() << err.str();
+  EXPECT_NE(out.str().find("cut short"), std::string::npos) << out.str();
+  EXPECT_NE(out.str().find("marking it FAILED"), std::string::npos) << out.str();
+  const auto recs = journal_records(tmp.str());
+  ASSERT_EQ(recs.size(), 4u);  // start, metrics, the sync's tag batch and end
+  EXPECT_EQ(recs.back()["op"], "end");
+  EXPECT_EQ(recs.back()["status"], "FAILED");
+  EXPECT_EQ(mlf::read_progress(mlf::journal_dir(tmp.str()), store).seq, 4);
+}
+
 TEST(MlflowJournal, ASecondWriterIsRefusedNamingTheFirst) {
   TempDir tmp;
   mlf::JournalLock first(mlf::journal_dir(tmp.str()));
@@ -147,6 +177,162 @@ TEST(MlflowJournal, ASecondWriterIsRefusedNamingTheFirst) {
     FAIL() << "two writers";
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("pid " + std::to_string(::getpid())), std::string::npos) << e.what();
+  }
+}
+
+/// A scripted HTTP server on 127.0.0.1: answers each request with the next (status, body)
+/// and keeps the requests it got.
+class ScriptedServer {
+ public:
+  explicit ScriptedServer(std::vector<std::pair<int, std::string>> answers) : answers_(std::move(answers)) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = 0;
+    EXPECT_EQ(::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    EXPECT_EQ(::listen(fd_, 8), 0);
+    socklen_t len = sizeof addr;
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.sin_port);
+    thread_ = std::thread([this] { serve(); });
+  }
+  ~ScriptedServer() {
+    ::shutdown(fd_, SHUT_RDWR);
+    ::close(fd_);
+    thread_.join();
+  }
+  std::string uri() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  std::vector<std::string> requests;
+
+ private:
+  int fd_ = -1, port_ = 0;
+  std::vector<std::pair<int, std::string>> answers_;
+  std::thread thread_;
+
+  void serve() {
+    for (const auto& [status, body] : answers_) {
+      const int c = ::accept(fd_, nullptr, nullptr);
+      if (c < 0) return;
+      std::string req;
+      char buf[4096];
+      std::size_t need = std::string::npos;
+      while (true) {
+        const ssize_t n = ::read(c, buf, sizeof buf);
+        if (n <= 0) break;
+        req.append(buf, static_cast<std::size_t>(n));
+        const auto end = req.find("\r\n\r\n");
+        if (end != std::string::npos && need == std::string::npos) {
+          std::size_t length = 0;
+          const auto cl = req.find("Content-Length: ");
+          if (cl != std::string::npos && cl < end) length = std::stoul(req.substr(cl + 16));
+          need = end + 4 + length;
+        }
+        if (need != std::string::npos && req.size() >= need) break;
+      }
+      requests.push_back(req);
+      const std::string reply = "HTTP/1.1 " + std::to_string(status) + " X\r\nContent-Type: application/json\r\n" +
+                                (status == 429 ? "Retry-After: 7\r\n" : "") +
+                                "Content-Length: " + std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" +
+                                body;
+      [[maybe_unused]] const ssize_t w = ::write(c, reply.data(), reply.size());
+      ::close(c);
+    }
+  }
+};
+
+TEST(MlflowRest, ServerErrorsAreTransientAndRefusalsAreRejected) {
+  ScriptedServer server({{503, "{}"},
+                         {429, "{}"},
+                         {500, "<html>gateway</html>"},
+                         {401, "{\"error_code\":\"UNAUTHENTICATED\"}"},
+                         {400, "{\"error_code\":\"INVALID_PARAMETER_VALUE\",\"message\":\"Changing param values is not allowed\"}"},
+                         {200, "{}"}});
+  mlf::Credentials cred;
+  cred.token = "secret-token";
+  auto b = mlf::open_backend(server.uri(), cred);
+  auto expect = [&](auto error_type, const std::string& text) {
+    try {
+      b->log_batch("r1", {{"train/loss", std::nan(""), 1000, 3}}, {{"p", "v"}}, {});
+      ADD_FAILURE() << "no error; expected " << text;
+    } catch (const decltype(error_type)& e) {
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "wrong error type: " << e.what();
+    }
+  };
+  expect(mlf::TransientError(""), "HTTP 503");
+  expect(mlf::TransientError(""), "Retry-After 7");
+  expect(mlf::TransientError(""), "HTTP 500");
+  expect(mlf::TransientError(""), "MLFLOW_TRACKING_TOKEN");
+  expect(mlf::RejectedError(""), "Changing param values is not allowed");
+  b->log_batch("r1", {{"train/loss", std::nan(""), 1000, 3}}, {{"p", "v"}}, {});
+  ASSERT_EQ(server.requests.size(), 6u);
+  const std::string& req = server.requests.back();
+  EXPECT_EQ(req.rfind("POST /api/2.0/mlflow/runs/log-batch HTTP/1.1", 0), 0u) << req;
+  EXPECT_NE(req.find("Content-Type: application/json"), std::string::npos) << req;
+  EXPECT_NE(req.find("Authorization: Bearer secret-token"), std::string::npos) << req;
+  const json body = json::parse(req.substr(req.find("\r\n\r\n") + 4));
+  EXPECT_EQ(body["run_id"], "r1");
+  EXPECT_EQ(body["metrics"][0]["value"], "NaN");
+  EXPECT_EQ(body["metrics"][0]["timestamp"], 1000);
+  EXPECT_EQ(body["metrics"][0]["step"], 3);
+  EXPECT_EQ(body["params"][0]["key"], "p");
+}
+
+TEST(MlflowRest, TheExporterRetriesAfter503And429AndSendsEachRecordOnce) {
+  ScriptedServer server({{503, "{}"},
+                         {200, "{\"experiment\":{\"experiment_id\":\"3\",\"lifecycle_stage\":\"active\"}}"},
+                         {200, "{}"},  // runs/search: none with this journal id
+                         {200, "{\"run\":{\"info\":{\"run_id\":\"r9\",\"experiment_id\":\"3\"}}}"},
+                         {429, "{}"},
+                         {200, "{}"},    // log-batch
+                         {200, "{}"}});  // runs/update
+  TempDir tmp;
+  mlf::ExportOptions o;
+  o.flush_interval_s = 0.01;
+  std::int64_t left = -1;
+  {
+    mlf::Exporter e(mlf::open_backend(server.uri()), tmp.str(), o, nullptr);
+    e.record({{"op", "start"}, {"experiment", "e"}, {"run_name", "r"}, {"journal_id", "j1"}, {"tracking_uri", server.uri()}});
+    e.metrics(points(5));
+    e.record({{"op", "end"}, {"status", "FINISHED"}, {"end_time", 5}});
+    left = e.close(30.0);
+    EXPECT_EQ(e.metrics_sent(), 5);
+  }
+  EXPECT_EQ(left, 0);
+  std::vector<std::string> lines;
+  for (const auto& r : server.requests) lines.push_back(r.substr(0, r.find(" HTTP/1.1")));
+  EXPECT_EQ(lines, (std::vector<std::string>{"GET /api/2.0/mlflow/experiments/get-by-name?experiment_name=e",
+                                             "GET /api/2.0/mlflow/experiments/get-by-name?experiment_name=e",
+                                             "POST /api/2.0/mlflow/runs/search", "POST /api/2.0/mlflow/runs/create",
+                                             "POST /api/2.0/mlflow/runs/log-batch",
+                                             "POST /api/2.0/mlflow/runs/log-batch", "POST /api/2.0/mlflow/runs/update"}));
+  EXPECT_NE(server.requests[3].find("\"trainer.journal_id\""), std::string::npos);
+  const auto p = mlf::read_progress(mlf::journal_dir(tmp.str()), server.uri());
+  EXPECT_EQ(p.run_id, "r9");
+  EXPECT_EQ(p.seq, 3);
+}
+
+TEST(MlflowRest, BasicAuthFromUserAndPassword) {
+  ScriptedServer server({{200, "{\"experiment\":{\"experiment_id\":\"7\",\"lifecycle_stage\":\"active\"}}"}});
+  mlf::Credentials cred;
+  cred.username = "ana";
+  cred.password = "pw";
+  EXPECT_EQ(mlf::open_backend(server.uri(), cred)->experiment_id("e x"), "7");
+  ASSERT_EQ(server.requests.size(), 1u);
+  EXPECT_EQ(server.requests[0].rfind("GET /api/2.0/mlflow/experiments/get-by-name?experiment_name=e%20x ", 0), 0u)
+      << server.requests[0];
+  EXPECT_NE(server.requests[0].find("Authorization: Basic YW5hOnB3"), std::string::npos) << server.requests[0];
+}
+
+TEST(MlflowRest, ADeletedExperimentIsRefusedSayingHowToRestoreIt) {
+  ScriptedServer server({{200, "{\"experiment\":{\"experiment_id\":\"7\",\"lifecycle_stage\":\"deleted\"}}"}});
+  try {
+    mlf::open_backend(server.uri())->experiment_id("old");
+    FAIL() << "accepted";
+  } catch (const mlf::RejectedError& e) {
+    EXPECT_NE(std::string(e.what()).find("restore"), std::string::npos) << e.what();
   }
 }
 

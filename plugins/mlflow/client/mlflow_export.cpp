@@ -82,6 +82,27 @@ void for_each_record(const fs::path& journal, std::int64_t offset, Fn fn) {
   }
 }
 
+/// Cuts a last line without its newline (a process died writing it: never complete, so
+/// never sent) so that what is appended next starts a line of its own. Returns the bytes cut.
+std::int64_t drop_incomplete_tail(const fs::path& journal) {
+  std::error_code ec;
+  const auto size = static_cast<std::int64_t>(fs::file_size(journal, ec));
+  if (ec || size == 0) return 0;
+  std::ifstream in(journal, std::ios::binary);
+  std::int64_t keep = size;
+  char c = 0;
+  while (keep > 0) {
+    in.seekg(keep - 1);
+    in.get(c);
+    if (c == '\n') break;
+    --keep;
+  }
+  if (keep == size) return 0;
+  in.close();
+  fs::resize_file(journal, static_cast<std::uintmax_t>(keep));
+  return size - keep;
+}
+
 }  // namespace
 
 std::string canonical_uri(const std::string& uri) {
@@ -294,6 +315,10 @@ Exporter::Exporter(std::unique_ptr<Backend> backend, const std::string& run_dir,
       options_(std::move(options)),
       log_(log ? std::move(log) : spdlog::default_logger()) {
   lock_ = std::make_unique<JournalLock>(dir_);
+  if (const std::int64_t cut = drop_incomplete_tail(dir_ / kJournal); cut > 0) {
+    log_->warn("mlflow: {} ended in a record cut short ({} bytes, its writer died); dropped",
+               (dir_ / kJournal).string(), cut);
+  }
   // A run directory used again (--run-dir of an earlier run) goes on numbering its journal.
   for_each_record(dir_ / kJournal, 0, [&](const std::string& line, std::int64_t) {
     const json rec = json::parse(line, nullptr, false);
@@ -466,6 +491,10 @@ int sync_run_dir(const std::string& run_dir, const std::string& uri_override, st
   } catch (const std::exception& e) {
     err << "trainer mlflow sync: " << e.what() << "; a running trainer sends its records itself: sync after it ends\n";
     return 2;
+  }
+  if (const std::int64_t cut = drop_incomplete_tail(dir / kJournal); cut > 0) {
+    out << "trainer mlflow sync: dropped the journal's last record, cut short when its process died (" << cut
+        << " bytes)\n";
   }
   // The destination the run used, unless another is asked for; whether the run was closed.
   std::string uri = uri_override;
