@@ -106,7 +106,10 @@ class MlflowPlugin final : public trainer::Plugin {
     return {E::Init, E::FitStart, E::Checkpoint, E::Exception, E::Shutdown};
   }
   std::vector<trainer::KeySpec> config_keys() const override { return MlflowSettings::keys(); }
-  // A tracking URI that cannot be used is a config error (exit code 2), found before training.
+  // What can fail here fails before training: a tracking URI that cannot be used (exit code 2),
+  // a journal that cannot be created or is held by another process. A run the user asked to
+  // track is not trained untracked. Once the journal is open, nothing the server does reaches
+  // the run: records are queued, and send failures stay in the sender.
   trainer::FailurePolicy default_policy() const override { return trainer::FailurePolicy::Essential; }
 
   void configure(const trainer::Config& section, std::shared_ptr<spdlog::logger> logger) override {

@@ -114,6 +114,14 @@ const std::string kRun = std::string(trainer::testing::kSmallRun) + R"(
 load = ["memory_log", "mlflow"]
 )";
 
+std::string cli_run(const std::string& recipe, const std::string& run_dir, const std::string& extra) {
+  return std::string(TRAINER_CLI) + " --recipe " + recipe + " --run-dir " + run_dir + " --log-level warn " + extra +
+         " > " + run_dir + ".log 2>&1";
+}
+
+/// Runs until it is signalled.
+constexpr const char* kEndless = " training.epochs=100000 eval.every_epochs=0 checkpoint.every_epochs=0";
+
 class Mlflow : public TrainerTest {
  protected:
   /// A unique experiment per test.
@@ -130,6 +138,14 @@ class Mlflow : public TrainerTest {
     o.insert(o.end(), overrides.begin(), overrides.end());
     trainer::Trainer t(options_for(kRun, o, name, extra));
     return t.fit();
+  }
+  /// The command line of the trainer CLI training kRun in <tmp>/<name>, sending to `uri` (its
+  /// output in <tmp>/<name>.log).
+  std::string cli_command(const std::string& uri, const std::string& name, const std::string& extra) {
+    write_file(tmp_ / "recipe.toml", kRun);
+    std::string args;
+    for (const auto& o : mlflow_overrides(uri)) args += " '" + o + "'";
+    return cli_run(tmp_ / "recipe.toml", tmp_ / name, args + " +plugins.mlflow.flush_interval_s=0.05 " + extra);
   }
 };
 
@@ -257,11 +273,6 @@ TEST_F(Mlflow, AFailedRunIsFailedWithItsError) {
   expect_same_metrics(r.run_dir, run);
 }
 
-std::string cli_run(const std::string& recipe, const std::string& run_dir, const std::string& extra) {
-  return std::string(TRAINER_CLI) + " --recipe " + recipe + " --run-dir " + run_dir + " --log-level warn " + extra +
-         " > " + run_dir + ".log 2>&1";
-}
-
 /// Polls until the run's journal has been acknowledged up to a metric batch.
 bool wait_for_sent_metrics(const std::string& run_dir, const std::string& uri) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
@@ -275,13 +286,8 @@ bool wait_for_sent_metrics(const std::string& run_dir, const std::string& uri) {
 
 TEST_F(Mlflow, ASigintRunIsKilled) {
   const std::string uri = shared_uri();
-  write_file(tmp_ / "recipe.toml", kRun);
   const std::string dir = tmp_ / "run";
-  std::string args;
-  for (const auto& o : mlflow_overrides(uri)) args += " '" + o + "'";
-  Child child(cli_run(tmp_ / "recipe.toml", dir,
-                      args + " training.epochs=100000 eval.every_epochs=0 checkpoint.every_epochs=0 "
-                             "+plugins.mlflow.flush_interval_s=0.05"));
+  Child child(cli_command(uri, "run", kEndless));
   ASSERT_TRUE(wait_for_sent_metrics(dir, uri)) << read_file(dir + ".log");
   ASSERT_TRUE(child.signal(SIGINT));
   const int status = child.wait();
@@ -295,13 +301,8 @@ TEST_F(Mlflow, ASigintRunIsKilled) {
 
 TEST_F(Mlflow, AKill9RunIsMarkedFailedBySync) {
   const std::string uri = shared_uri();
-  write_file(tmp_ / "recipe.toml", kRun);
   const std::string dir = tmp_ / "run";
-  std::string args;
-  for (const auto& o : mlflow_overrides(uri)) args += " '" + o + "'";
-  Child child(cli_run(tmp_ / "recipe.toml", dir,
-                      args + " training.epochs=100000 eval.every_epochs=0 checkpoint.every_epochs=0 "
-                             "+plugins.mlflow.flush_interval_s=0.05"));
+  Child child(cli_command(uri, "run", kEndless));
   ASSERT_TRUE(wait_for_sent_metrics(dir, uri)) << read_file(dir + ".log");
   ASSERT_TRUE(child.signal(SIGKILL));
   child.wait();
@@ -330,13 +331,9 @@ TEST_F(Mlflow, AKill9RunIsMarkedFailedBySync) {
 
 TEST_F(Mlflow, AKill9RunResumedContinuesItsMlflowRun) {
   const std::string uri = shared_uri();
-  write_file(tmp_ / "recipe.toml", kRun);
   const std::string dir = tmp_ / "run";
-  std::string args;
-  for (const auto& o : mlflow_overrides(uri)) args += " '" + o + "'";
-  args += " dataset.size=512 training.epochs=50 eval.every_epochs=0 checkpoint.every_steps=4 "
-          "+plugins.mlflow.flush_interval_s=0.05";
-  Child child(cli_run(tmp_ / "recipe.toml", dir, args));
+  const std::string args = " dataset.size=512 eval.every_epochs=0 checkpoint.every_steps=4";
+  Child child(cli_command(uri, "run", args + " training.epochs=50"));
   ASSERT_TRUE(wait_for_sent_metrics(dir, uri)) << read_file(dir + ".log");
   ASSERT_TRUE(trainer::testing::wait_for_text(dir + "/checkpoints/latest", "step_")) << read_file(dir + ".log");
   ASSERT_TRUE(child.signal(SIGKILL));
@@ -353,7 +350,7 @@ TEST_F(Mlflow, AKill9RunResumedContinuesItsMlflowRun) {
     d["offset"] = lines[0].size() + 1;
   }
   write_file(journal_dir + "/sent.json", sent.dump());
-  const Shell resumed = sh(cli_run(tmp_ / "recipe.toml", tmp_ / "resumed", args + " training.epochs=1 --resume " + dir));
+  const Shell resumed = sh(cli_command(uri, "resumed", args + " training.epochs=1 --resume " + dir));
   ASSERT_EQ(resumed.code, 0) << read_file(tmp_ / "resumed.log");
   EXPECT_EQ(run_id_of(tmp_ / "resumed", uri), id);
   long last_seq = 0;  // of the last whole record (the kill may have cut the last line)

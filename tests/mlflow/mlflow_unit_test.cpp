@@ -77,18 +77,25 @@ std::vector<mlf::Metric> points(int n, int step = 1) {
   return out;
 }
 
+/// An exporter to a file store in `tmp`/mlruns, working on the caller's thread, with its
+/// run started.
+std::unique_ptr<mlf::Exporter> file_exporter(const TempDir& tmp) {
+  const std::string store = "file:" + (tmp / "mlruns");
+  mlf::ExportOptions o;
+  o.background = false;
+  auto e = std::make_unique<mlf::Exporter>(mlf::open_backend(store), tmp.str(), o, nullptr);
+  e->record({{"op", "start"}, {"experiment", "e"}, {"run_name", "r"}, {"tracking_uri", store}});
+  return e;
+}
+
 TEST(MlflowJournal, MetricsAreBatchedWithinMlflowsLimitsAndInOrder) {
   TempDir tmp;
-  const std::string store = "file:" + (tmp / "mlruns");
   {
-    mlf::ExportOptions o;
-    o.background = false;
-    mlf::Exporter e(mlf::open_backend(store), tmp.str(), o, nullptr);
-    e.record({{"op", "start"}, {"experiment", "e"}, {"run_name", "r"}, {"tracking_uri", store}});
-    e.metrics(points(2500));
-    e.record({{"op", "end"}, {"status", "FINISHED"}, {"end_time", 5}});
-    EXPECT_EQ(e.close(1.0), 0);
-    EXPECT_EQ(e.metrics_sent(), 2500);
+    auto e = file_exporter(tmp);
+    e->metrics(points(2500));
+    e->record({{"op", "end"}, {"status", "FINISHED"}, {"end_time", 5}});
+    EXPECT_EQ(e->close(1.0), 0);
+    EXPECT_EQ(e->metrics_sent(), 2500);
   }
   const auto recs = journal_records(tmp.str());
   ASSERT_EQ(recs.size(), 5u);
@@ -129,16 +136,12 @@ TEST(MlflowJournal, NothingAnsweringKeepsEveryRecordAndCloseReturns) {
 
 TEST(MlflowJournal, ARecordTheBackendRefusesIsKeptAsideAndPassed) {
   TempDir tmp;
-  const std::string store = "file:" + (tmp / "mlruns");
-  mlf::ExportOptions o;
-  o.background = false;
-  mlf::Exporter e(mlf::open_backend(store), tmp.str(), o, nullptr);
-  e.record({{"op", "start"}, {"experiment", "e"}, {"run_name", "r"}, {"tracking_uri", store}});
-  e.record({{"op", "batch"}, {"params", json::array({json::array({"p", "1"})})}});
-  e.record({{"op", "batch"}, {"params", json::array({json::array({"p", "2"})})}});  // a changed param: refused
-  e.metrics(points(3));
-  EXPECT_EQ(e.close(1.0), 0);
-  EXPECT_EQ(e.metrics_sent(), 3);
+  auto e = file_exporter(tmp);
+  e->record({{"op", "batch"}, {"params", json::array({json::array({"p", "1"})})}});
+  e->record({{"op", "batch"}, {"params", json::array({json::array({"p", "2"})})}});  // a changed param: refused
+  e->metrics(points(3));
+  EXPECT_EQ(e->close(1.0), 0);
+  EXPECT_EQ(e->metrics_sent(), 3);
   const auto rejected = read_lines((mlf::journal_dir(tmp.str()) / "rejected.jsonl").string());
   ASSERT_EQ(rejected.size(), 1u);
   EXPECT_NE(rejected[0].find("\"2\""), std::string::npos);
@@ -146,15 +149,12 @@ TEST(MlflowJournal, ARecordTheBackendRefusesIsKeptAsideAndPassed) {
 
 TEST(MlflowJournal, ARecordCutShortByADeadWriterIsDroppedBeforeAppending) {
   TempDir tmp;
-  const std::string store = "file:" + (tmp / "mlruns");
   {
-    mlf::ExportOptions o;
-    o.background = false;
-    mlf::Exporter e(mlf::open_backend(store), tmp.str(), o, nullptr);
-    e.record({{"op", "start"}, {"experiment", "e"}, {"run_name", "r"}, {"tracking_uri", store}});
-    e.metrics(points(3));
-    e.close(1.0);
+    auto e = file_exporter(tmp);
+    e->metrics(points(3));
+    e->close(1.0);
   }
+  const std::string store = "file:" + (tmp / "mlruns");
   const std::string journal = (mlf::journal_dir(tmp.str()) / "journal.jsonl").string();
   std::ofstream(journal, std::ios::app) << "{\"seq\":3,\"op\":\"batch\",\"metr";  // a kill -9 mid-write
   std::ostringstream out, err;

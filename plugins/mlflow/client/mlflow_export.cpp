@@ -408,7 +408,15 @@ bool Exporter::try_send() {
   using Clock = std::chrono::steady_clock;
   if (outage_ && Clock::now() < retry_at_) return false;
   std::string err;
-  if (sender_->send_pending(&err)) {
+  bool sent = false;
+  try {
+    sent = sender_->send_pending(&err);
+  } catch (const std::exception& e) {
+    // Not the server: sent.json cannot be written (a full disk). Kept, tried again later; an
+    // exception must not end the sender's thread (or the process with it).
+    err = e.what();
+  }
+  if (sent) {
     if (outage_) log_->info("mlflow: {} answers again; the records kept meanwhile are sent", backend_->uri());
     outage_ = false;
     backoff_s_ = 0.0;
