@@ -3,10 +3,16 @@
 #include <spdlog/spdlog.h>
 
 #include <boost/program_options.hpp>
+#include <fstream>
 #include <iostream>
+#include <sstream>
 
-#include "trainer/devices.h"
+#include "bench_suite.h"
+#include "estimate.h"
+#include "mlflow_export.h"
+#include "report.h"
 #include "trainer/config_spec.h"
+#include "trainer/devices.h"
 #include "trainer/error.h"
 #include "trainer/json.h"
 #include "trainer/logging.h"
@@ -14,8 +20,6 @@
 #include "trainer/plugin_host.h"
 #include "trainer/recipe.h"
 #include "trainer/trainer.h"
-#include "mlflow_export.h"
-#include "report.h"
 
 namespace po = boost::program_options;
 
@@ -28,6 +32,15 @@ const char* kUsage = R"(Usage:
                                         (--markdown: each plugin's config-key table, as in
                                         its README)
   trainer mem [--json]                  total / free / used memory per device, and this process's
+  trainer estimate --recipe FILE [OVERRIDE...] [--find-max-batch] [--margin F] [--probe-sizes A,B,C] [--json]
+                                        predict a training step's peak memory from a few probe
+                                        steps: breakdown, whether it fits the budget or device,
+                                        the largest micro-batch that does (docs/memory.md)
+  trainer bench --recipe FILE --grid "k1=a,b k2=c,d" [OVERRIDE...] [--steps N] [--warmup W]
+                [--csv FILE] [--md FILE] [--no-estimate]
+                                        a benchmark suite over a grid of overrides: samples/s,
+                                        step time, peak memory, out-of-memory errors per cell;
+                                        cells predicted not to fit are marked, not run
   trainer report RUN_DIR [-o FILE]      one self-contained HTML page of the run: loss, accuracy,
                                         learning rate, throughput, memory with out-of-memory
                                         errors, the config (default FILE: RUN_DIR/report.html)
@@ -138,21 +151,99 @@ int show_memory(bool json) {
   return trainer::kExitOk;
 }
 
+/// "8,16,32" -> {8, 16, 32}; UsageError naming the option otherwise.
+std::vector<std::int64_t> parse_sizes(const std::string& text, const std::string& option) {
+  std::vector<std::int64_t> out;
+  std::stringstream ss(text);
+  for (std::string item; std::getline(ss, item, ',');) {
+    std::size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    TRAINER_CHECK_T(trainer::UsageError, used == item.size() && !item.empty() && v >= 1, option, " '", text,
+                    "': expected positive integers separated by commas, e.g. 8,16,32");
+    out.push_back(v);
+  }
+  return out;
+}
+
+/// `trainer estimate`.
+int estimate(const po::variables_map& vm, const std::vector<std::string>& overrides,
+             const std::vector<std::string>& plugin_dirs) {
+  trainer::tune::EstimateRequest req;
+  req.recipe = vm["recipe"].as<std::string>();
+  req.overrides = overrides;
+  req.plugin_dirs = plugin_dirs;
+  req.margin = vm["margin"].as<double>();
+  if (vm.count("probe-sizes")) req.probe_sizes = parse_sizes(vm["probe-sizes"].as<std::string>(), "--probe-sizes");
+  trainer::tune::MemoryEstimate e = trainer::tune::estimate_memory(req);
+  if (vm.count("find-max-batch")) trainer::tune::find_max_batch(req, e);
+  if (vm.count("json")) {
+    trainer::tune::print_estimate_json(e, std::cout);
+  } else {
+    trainer::tune::print_estimate(e, std::cout);
+  }
+  return trainer::kExitOk;
+}
+
+/// `trainer bench`: 0 when every cell ran or was marked, 3 when a cell failed for another
+/// reason than memory.
+int bench(const po::variables_map& vm, const std::vector<std::string>& overrides,
+          const std::vector<std::string>& plugin_dirs) {
+  trainer::tune::BenchRequest req;
+  req.recipe = vm["recipe"].as<std::string>();
+  req.overrides = overrides;
+  req.plugin_dirs = plugin_dirs;
+  req.grid = trainer::tune::parse_grid(vm["grid"].as<std::string>());
+  req.steps = vm["steps"].as<std::int64_t>();
+  req.warmup = vm["warmup"].as<std::int64_t>();
+  req.estimate = vm.count("no-estimate") == 0;
+  req.margin = vm["margin"].as<double>();
+  const auto open = [](const std::string& path) {
+    auto f = std::make_unique<std::ofstream>(path);
+    TRAINER_CHECK_T(trainer::UsageError, f->good(), "cannot write '", path, "'");
+    return f;
+  };
+  // The files are opened first: a path that cannot be written fails before the suite runs.
+  const auto csv = vm.count("csv") ? open(vm["csv"].as<std::string>()) : nullptr;
+  const auto md = vm.count("md") ? open(vm["md"].as<std::string>()) : nullptr;
+  const trainer::tune::BenchReport r = trainer::tune::run_bench(req, std::cerr);
+  trainer::tune::print_bench_table(r, std::cout);
+  if (csv) trainer::tune::write_bench_csv(r, *csv);
+  if (md) trainer::tune::write_bench_markdown(r, *md);
+  for (const auto& c : r.cells) {
+    if (c.status == "failed") return trainer::kExitTrainingFailed;
+  }
+  return trainer::kExitOk;
+}
+
 int run(int argc, char** argv) {
   po::options_description opts("Options");
-  opts.add_options()                                                                                          //
-      ("help,h", "show this help")                                                                            //
-      ("version", "print the trainer and LibTorch versions")                                                  //
-      ("recipe,r", po::value<std::string>(), "recipe TOML file")                                              //
-      ("print-config", "print the resolved config (defaults filled) and exit")                                //
-      ("run-dir", po::value<std::string>(), "run directory (default <run.dir>/<run.name>-<time>)")            //
-      ("resume", po::value<std::string>(), "resume from a checkpoint file or run directory")                  //
-      ("log-level", po::value<std::string>()->default_value("info"), "trace, debug, info, warn, error, off")  //
-      ("plugin-dir", po::value<std::vector<std::string>>(), "extra plugin directory (repeatable)")            //
-      ("json", "trainer mem: print JSON")                                                                    //
-      ("tracking-uri", po::value<std::string>(), "trainer mlflow sync: the MLflow server to send to")        //
-      ("output,o", po::value<std::string>(), "trainer report: the HTML file to write")                       //
-      ("markdown", "trainer plugins: print each plugin's config-key table in Markdown");
+  opts.add_options()                                                                                             //
+      ("help,h", "show this help")                                                                               //
+      ("version", "print the trainer and LibTorch versions")                                                     //
+      ("recipe,r", po::value<std::string>(), "recipe TOML file")                                                 //
+      ("print-config", "print the resolved config (defaults filled) and exit")                                   //
+      ("run-dir", po::value<std::string>(), "run directory (default <run.dir>/<run.name>-<time>)")               //
+      ("resume", po::value<std::string>(), "resume from a checkpoint file or run directory")                     //
+      ("log-level", po::value<std::string>()->default_value("info"), "trace, debug, info, warn, error, off")     //
+      ("plugin-dir", po::value<std::vector<std::string>>(), "extra plugin directory (repeatable)")               //
+      ("json", "trainer mem, estimate: JSON")                                                                    //
+      ("tracking-uri", po::value<std::string>(), "trainer mlflow sync: the MLflow server to send to")            //
+      ("output,o", po::value<std::string>(), "trainer report: the HTML file to write")                           //
+      ("markdown", "trainer plugins: print each plugin's config-key table in Markdown")                          //
+      ("find-max-batch", "trainer estimate: confirm the largest micro-batch with real steps")                    //
+      ("margin", po::value<double>()->default_value(0.10), "trainer estimate: fraction of the limit kept free")  //
+      ("probe-sizes", po::value<std::string>(), "trainer estimate: micro-batches probed, e.g. 8,16,32")          //
+      ("grid", po::value<std::string>(), "trainer bench: \"key=v1,v2 key2=v3,v4\"")                              //
+      ("steps", po::value<std::int64_t>()->default_value(10), "trainer bench: measured steps per cell")          //
+      ("warmup", po::value<std::int64_t>()->default_value(2), "trainer bench: warm-up steps per cell")           //
+      ("csv", po::value<std::string>(), "trainer bench: also write the results as CSV")                          //
+      ("md", po::value<std::string>(), "trainer bench: also write the results as a Markdown table")              //
+      ("no-estimate", "trainer bench: run every cell, also those predicted not to fit");
   po::options_description hidden;
   hidden.add_options()("args", po::value<std::vector<std::string>>(), "");
   po::options_description all;
@@ -188,6 +279,20 @@ int run(int argc, char** argv) {
       return trainer::kExitUsage;
     }
     return show_memory(vm.count("json") != 0);
+  }
+  if (!args.empty() && args.front() == "estimate") {
+    if (!vm.count("recipe")) {
+      std::cerr << "trainer estimate: --recipe is required\n";
+      return trainer::kExitUsage;
+    }
+    return estimate(vm, {args.begin() + 1, args.end()}, plugin_dirs);
+  }
+  if (!args.empty() && args.front() == "bench") {
+    if (!vm.count("recipe") || !vm.count("grid")) {
+      std::cerr << "trainer bench: --recipe and --grid are required: trainer bench --recipe FILE --grid \"k=a,b\"\n";
+      return trainer::kExitUsage;
+    }
+    return bench(vm, {args.begin() + 1, args.end()}, plugin_dirs);
   }
   if (!args.empty() && args.front() == "report") {
     if (args.size() != 2) {

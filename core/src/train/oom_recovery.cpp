@@ -30,7 +30,7 @@ std::string advice_for(const std::string& phase) {
                                      : "a smaller training.micro_batch_size (gradient accumulation keeps the "
                                        "effective batch)") +
          ", a smaller model, or a larger memory.limit_mb; mixed precision and activation checkpointing also cut "
-         "activation memory (not yet available as trainer plugins)";
+         "activation memory (plugins mixed_precision, grad_checkpoint); trainer estimate predicts what fits";
 }
 
 }  // namespace

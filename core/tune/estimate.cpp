@@ -1,0 +1,443 @@
+#include "estimate.h"
+
+#include <unistd.h>
+#include <algorithm>
+#include <cmath>
+
+#include <filesystem>
+#include <iomanip>
+#include <ostream>
+#include <sstream>
+
+#include "trainer/core_settings.h"
+#include "trainer/devices.h"
+#include "trainer/error.h"
+#include "trainer/json.h"
+#include "trainer/memory.h"
+#include "trainer/recipe.h"
+
+namespace trainer::tune {
+namespace {
+
+constexpr std::int64_t kMiB = 1024 * 1024;
+
+/// Least squares for y = X w with 1 to 3 columns (normal equations; the probes are few and
+/// well spread, so the system is small and well conditioned).
+std::vector<double> least_squares(const std::vector<std::vector<double>>& X, const std::vector<double>& y) {
+  const std::size_t k = X.front().size();
+  std::vector<std::vector<double>> A(k, std::vector<double>(k + 1, 0.0));
+  for (std::size_t r = 0; r < X.size(); ++r) {
+    for (std::size_t i = 0; i < k; ++i) {
+      for (std::size_t j = 0; j < k; ++j) A[i][j] += X[r][i] * X[r][j];
+      A[i][k] += X[r][i] * y[r];
+    }
+  }
+  for (std::size_t col = 0; col < k; ++col) {  // Gauss-Jordan with partial pivoting
+    std::size_t piv = col;
+    for (std::size_t r = col + 1; r < k; ++r) {
+      if (std::fabs(A[r][col]) > std::fabs(A[piv][col])) piv = r;
+    }
+    std::swap(A[col], A[piv]);
+    TRAINER_CHECK(std::fabs(A[col][col]) > 1e-12, "the probes cannot separate the terms of the memory model");
+    for (std::size_t r = 0; r < k; ++r) {
+      if (r == col) continue;
+      const double f = A[r][col] / A[col][col];
+      for (std::size_t j = col; j <= k; ++j) A[r][j] -= f * A[col][j];
+    }
+  }
+  std::vector<double> w(k);
+  for (std::size_t i = 0; i < k; ++i) w[i] = A[i][k] / A[i][i];
+  return w;
+}
+
+std::string mib(std::int64_t bytes) { return format_bytes(bytes); }
+
+std::string probe_dir(const EstimateRequest& r, const std::string& what) {
+  const std::string base = r.work_dir.empty() ? std::filesystem::temp_directory_path().string() : r.work_dir;
+  return base + "/trainer-estimate-" + std::to_string(::getpid()) + "-" + what;
+}
+
+/// The recipe's batch and micro-batch, and the limit it runs under (or the device's).
+struct RecipeFacts {
+  std::int64_t batch = 0, micro = 0;
+  MemorySettings memory;
+  bool memory_format_auto = false;  ///< model.memory_format = "auto": chosen by a timing probe in each run
+};
+
+RecipeFacts recipe_facts(const EstimateRequest& r) {
+  const PreparedRun p = prepare_run(r.recipe, r.overrides, r.plugin_dirs);
+  RecipeFacts f;
+  const auto t = TrainingSettings::from(p.config.sub("training"));
+  f.batch = t.batch_size;
+  f.micro = t.micro_batch();
+  f.memory = MemorySettings::from(p.config.sub("memory"));
+  f.memory_format_auto =
+      p.config.has("model.memory_format") && p.config.get<std::string>("model.memory_format") == "auto";
+  return f;
+}
+
+void set_limit(MemoryEstimate& e, const MemorySettings& m) {
+  const c10::Device device(e.device);
+  e.limit_on_reserved = device.is_cuda();
+  std::int64_t total = -1, free = -1;
+  if (device.is_cuda()) {
+    for (const auto& g : device_inventory()->snapshot().gpus) {
+      if (g.index == device.index()) total = g.total, free = g.free;
+    }
+  } else {
+    const HostMemory h = host_memory();
+    total = h.total;
+    free = h.available;
+  }
+  std::ostringstream src;
+  if (m.limit_mb > 0) {
+    e.limit = static_cast<std::int64_t>(m.limit_mb * kMiB);
+    src << "memory.limit_mb = " << m.limit_mb;
+  } else if (m.fraction > 0 && total > 0) {
+    e.limit = static_cast<std::int64_t>(m.fraction * static_cast<double>(total));
+    src << "memory.fraction = " << m.fraction << " of " << mib(total);
+  } else if (free > 0) {
+    e.limit = free;
+    src << (device.is_cuda() ? "free memory of " + e.device + " now" : std::string("available host memory now"));
+  }
+  e.limit_source = src.str();
+}
+
+std::int64_t usable(const MemoryEstimate& e) {
+  return static_cast<std::int64_t>(static_cast<double>(e.limit) * (1.0 - e.margin));
+}
+
+/// Largest m in [1, cap] with f(m) <= budget for f increasing in m; 0 when even 1 does not fit.
+template <class F>
+std::int64_t largest_fitting(F f, std::int64_t budget, std::int64_t cap) {
+  if (cap < 1 || f(1) > budget) return 0;
+  std::int64_t lo = 1, hi = cap;
+  if (f(hi) <= budget) return hi;
+  while (hi - lo > 1) {  // f(lo) fits, f(hi) does not
+    const std::int64_t mid = lo + (hi - lo) / 2;
+    (f(mid) <= budget ? lo : hi) = mid;
+  }
+  return lo;
+}
+
+std::int64_t limit_measure(const MemoryEstimate& e, std::int64_t batch, std::int64_t micro) {
+  return e.limit_on_reserved ? e.predict_reserved(batch, micro) : e.predict(batch, micro);
+}
+
+}  // namespace
+
+std::int64_t MemoryEstimate::predict(std::int64_t batch, std::int64_t micro) const {
+  micro = std::min(micro, batch);
+  const double forward_backward = a + b * double(micro) + c * double(batch - micro);
+  const double step = a2 + c2 * double(batch);
+  return static_cast<std::int64_t>(std::llround(std::max(forward_backward, step)));
+}
+
+std::int64_t MemoryEstimate::predict_reserved(std::int64_t batch, std::int64_t micro) const {
+  micro = std::min(micro, batch);
+  return predict(batch, micro) + std::max<std::int64_t>(0, std::llround(slack0 + slack1 * double(micro)));
+}
+
+bool MemoryEstimate::fits_at(std::int64_t batch, std::int64_t micro) const {
+  return limit <= 0 || limit_measure(*this, batch, micro) <= usable(*this);
+}
+
+namespace {
+
+MemoryEstimate estimate_once(const EstimateRequest& request, const RecipeFacts& facts) {
+  MemoryEstimate e;
+  e.batch_size = facts.batch;
+  e.micro_batch = facts.micro;
+  e.margin = request.margin;
+  TRAINER_CHECK_T(UsageError, request.margin >= 0 && request.margin < 1, "--margin ", request.margin,
+                  " is outside [0, 1): it is the fraction of the limit kept free");
+  std::vector<std::int64_t> sizes = request.probe_sizes;
+  if (sizes.empty()) {
+    const std::int64_t top = std::max<std::int64_t>(4, facts.micro / 4);
+    sizes = {std::max<std::int64_t>(1, top / 4), std::max<std::int64_t>(2, top / 2), top};
+  }
+  std::sort(sizes.begin(), sizes.end());
+  sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+  TRAINER_CHECK_T(UsageError, sizes.size() >= 2 && sizes.front() >= 1,
+                  "the probes need at least two distinct micro-batch sizes >= 1");
+
+  // Probes at batch = micro-batch, and one with a batch 4x its micro-batch: what the batch
+  // itself holds (c) is told apart from what the micro-batch's forward and backward hold (b).
+  std::vector<std::pair<std::int64_t, std::int64_t>> points;  // (batch, micro)
+  for (auto m : sizes) points.emplace_back(m, m);
+  points.emplace_back(4 * sizes.back(), sizes.back());
+  ShortRunResult first;
+  for (const auto& [batch, micro] : points) {
+    ShortRunSpec spec;
+    spec.recipe = request.recipe;
+    spec.overrides = request.overrides;
+    spec.plugin_dirs = request.plugin_dirs;
+    spec.batch_size = batch;
+    spec.micro_batch = micro;
+    spec.steps = request.probe_steps;
+    spec.run_dir = probe_dir(request, "probe-" + std::to_string(batch) + "-" + std::to_string(micro));
+    const ShortRunResult r = run_short(spec);
+    Probe p;
+    p.batch_size = batch;
+    p.micro_batch = micro;
+    p.peak = r.peak();
+    p.peak_forward_backward = r.peak_forward_backward();
+    p.peak_optimizer_step = r.peak_optimizer_step();
+    p.reserved = r.reserved();
+    p.out_of_memory = r.out_of_memory;
+    if (r.exit_code != 0 || static_cast<std::int64_t>(r.steps.size()) < request.probe_steps) {
+      p.error = r.message.empty() ? "ran " + std::to_string(r.steps.size()) + " steps" : r.message;
+      TRAINER_CHECK(r.out_of_memory || r.exit_code == 0, "the probe at micro-batch ", micro, " (batch ", batch,
+                    ") failed: ", p.error);
+      TRAINER_CHECK(r.out_of_memory, "the probe at micro-batch ", micro, " (batch ", batch, ") ran only ",
+                    r.steps.size(), " of ", request.probe_steps,
+                    " steps: the training set is too small for it (lower the probe sizes with --probe-sizes)");
+    }
+    if (e.device.empty()) {
+      first = r;
+      e.device = r.device;
+      e.plugins = r.plugins;
+      e.train_samples = r.train_samples;
+    }
+    e.probes.push_back(p);
+  }
+  TRAINER_CHECK(!e.device.empty() && has_memory_backend(c10::Device(e.device)), "no memory accounting for device '",
+                e.device, "' in this build (a CUDA device needs a LibTorch with CUDA)");
+
+  // Fit on the probes that ran.
+  std::vector<std::vector<double>> X, Xs, Xo;
+  std::vector<double> y, ys, yo, measured;
+  for (const auto& p : e.probes) {
+    if (!p.error.empty()) continue;
+    X.push_back({1.0, double(p.micro_batch), double(p.batch_size - p.micro_batch)});
+    y.push_back(double(p.peak_forward_backward));
+    Xo.push_back({1.0, double(p.batch_size)});
+    yo.push_back(double(p.peak_optimizer_step));
+    measured.push_back(double(p.peak));
+    Xs.push_back({1.0, double(p.micro_batch)});
+    ys.push_back(double(p.reserved - p.peak));
+  }
+  set_limit(e, facts.memory);
+  if (X.size() < 3) {
+    // Out of memory already at the small sizes: nothing fits at the recipe's size either.
+    e.fits = false;
+    return e;
+  }
+  const auto w = least_squares(X, y);
+  e.a = w[0], e.b = w[1], e.c = w[2];
+  const auto wo = least_squares(Xo, yo);
+  e.a2 = wo[0], e.c2 = wo[1];
+  const auto s = least_squares(Xs, ys);
+  e.slack0 = s[0], e.slack1 = s[1];
+  for (std::size_t i = 0; i < X.size(); ++i) {
+    const double fitted = double(e.predict(std::int64_t(X[i][1] + X[i][2]), std::int64_t(X[i][1])));
+    e.fit_residual = std::max(e.fit_residual, std::fabs(measured[i] - fitted) / std::max(1.0, measured[i]));
+  }
+
+  e.peak = e.predict(e.batch_size, e.micro_batch);
+  e.reserved = e.predict_reserved(e.batch_size, e.micro_batch);
+  e.parameters = first.parameter_bytes;
+  e.gradients = first.gradient_bytes;
+  e.optimizer_state = first.optimizer_bytes;
+  e.resident = std::max<std::int64_t>(0, first.allocated_at_start - first.parameter_bytes);
+  e.batch_memory = std::max<std::int64_t>(0, std::llround(e.c * double(e.batch_size - e.micro_batch)));
+  e.activations = e.peak - e.parameters - e.gradients - e.optimizer_state - e.resident - e.batch_memory;
+
+  if (e.limit > 0) {
+    const std::int64_t budget = usable(e);
+    const std::int64_t cap = std::max<std::int64_t>(1, e.train_samples);
+    e.fits = e.fits_at(e.batch_size, e.micro_batch);
+    e.max_micro_batch = largest_fitting([&](std::int64_t m) { return limit_measure(e, m, m); }, budget, cap);
+    e.max_micro_at_batch =
+        largest_fitting([&](std::int64_t m) { return limit_measure(e, e.batch_size, m); }, budget, e.batch_size);
+  } else {
+    e.fits = true;
+  }
+  return e;
+}
+
+}  // namespace
+
+MemoryEstimate estimate_memory(const EstimateRequest& request) {
+  const RecipeFacts facts = recipe_facts(request);
+  if (!facts.memory_format_auto) return estimate_once(request, facts);
+  // NOTE: with model.memory_format = "auto" each run picks NCHW or NHWC by timing them, so two
+  // runs of one recipe may differ; the activations differ between the two. Probe both and keep
+  // the larger, which holds whichever the run picks.
+  MemoryEstimate best;
+  for (const char* format : {"contiguous", "channels_last"}) {
+    EstimateRequest r = request;
+    r.overrides.push_back(std::string("model.memory_format=") + format);
+    MemoryEstimate e = estimate_once(r, facts);
+    e.probe_overrides = {r.overrides.back()};
+    e.notes.push_back(std::string("model.memory_format = \"auto\": probed ") + format + ", predicted peak " +
+                      format_bytes(e.peak));
+    if (best.device.empty() || e.peak > best.peak) {
+      e.notes.insert(e.notes.begin(), best.notes.begin(), best.notes.end());
+      best = std::move(e);
+    } else {
+      best.notes.push_back(e.notes.back());
+    }
+  }
+  best.notes.push_back("the larger prediction is the estimate: the run picks either by timing them");
+  return best;
+}
+
+void find_max_batch(const EstimateRequest& request, MemoryEstimate& e) {
+  const RecipeFacts facts = recipe_facts(request);
+  const c10::Device device(e.device.empty() ? "cpu" : e.device);
+  TRAINER_CHECK_T(UsageError, device.is_cuda() || facts.memory.limit_mb > 0 || facts.memory.fraction > 0,
+                  "--find-max-batch on the CPU needs a budget (memory.limit_mb or memory.fraction): without one "
+                  "the search would run the host out of memory");
+  const std::int64_t cap = std::max<std::int64_t>(1, e.train_samples);
+  // A step "fits" when it ran its steps with no out-of-memory error, inside the run's budget.
+  const auto runs = [&](std::int64_t m) {
+    ShortRunSpec spec;
+    spec.recipe = request.recipe;
+    spec.overrides = request.overrides;
+    spec.overrides.insert(spec.overrides.end(), e.probe_overrides.begin(), e.probe_overrides.end());
+    spec.plugin_dirs = request.plugin_dirs;
+    spec.batch_size = m;
+    spec.micro_batch = m;
+    spec.steps = request.probe_steps;
+    spec.keep_budget = true;
+    spec.run_dir = probe_dir(request, "search-" + std::to_string(m));
+    const ShortRunResult r = run_short(spec);
+    const bool ok = r.exit_code == 0 && !r.out_of_memory;
+    TRAINER_CHECK(ok || r.out_of_memory, "the search step at micro-batch ", m, " failed: ", r.message);
+    e.search.emplace_back(m, ok);
+    return ok;
+  };
+  // Bracket the largest size around the prediction (made without the margin), then bisect.
+  std::int64_t start = std::clamp<std::int64_t>(
+      largest_fitting([&](std::int64_t m) { return limit_measure(e, m, m); }, e.limit, cap), 1, cap);
+  std::int64_t lo = 0, hi = cap + 1;  // lo fits (0: none known), hi does not (cap + 1: none known)
+  if (runs(start)) {
+    lo = start;
+    for (std::int64_t m = start; lo == m && m < cap;) {
+      m = std::min(cap, std::max(m + 1, m + m / 8));
+      if (runs(m))
+        lo = m;
+      else
+        hi = m;
+    }
+  } else {
+    hi = start;
+    for (std::int64_t m = start; hi == m && m > 1;) {
+      m = std::max<std::int64_t>(1, std::min(m - 1, m - m / 8));
+      if (runs(m))
+        lo = m;
+      else
+        hi = m;
+    }
+  }
+  while (lo > 0 && hi <= cap && hi - lo > 1) {
+    const std::int64_t mid = lo + (hi - lo) / 2;
+    (runs(mid) ? lo : hi) = mid;
+  }
+  e.found_max_micro_batch = lo;
+}
+
+std::string describe_fit(const MemoryEstimate& e) {
+  const auto term = [](double v, const char* what) {
+    return std::fabs(v) < 1.0 ? std::string() : (v >= 0 ? " + " : " - ") + mib(std::llround(std::fabs(v))) + what;
+  };
+  std::ostringstream s;
+  s << "peak = the larger of forward/backward " << mib(std::llround(e.a)) << term(e.b, " x micro-batch")
+    << term(e.c, " x (batch - micro-batch)") << " and optimizer step " << mib(std::llround(e.a2))
+    << term(e.c2, " x batch");
+  return s.str();
+}
+
+void print_estimate(const MemoryEstimate& e, std::ostream& out) {
+  out << "memory estimate on " << e.device << ": batch " << e.batch_size << ", micro-batch " << e.micro_batch << "\n";
+  out << "  probes (real steps, no budget):";
+  for (const auto& p : e.probes) {
+    out << "\n    micro-batch " << std::setw(5) << p.micro_batch << ", batch " << std::setw(5) << p.batch_size << ": ";
+    if (p.error.empty()) {
+      out << mib(p.peak) << " peak (forward/backward " << mib(p.peak_forward_backward) << ", optimizer step "
+          << mib(p.peak_optimizer_step) << ")";
+    } else {
+      out << (p.out_of_memory ? "out of memory: " : "failed: ") << p.error;
+    }
+  }
+  out << "\n";
+  for (const auto& n : e.notes) out << "  " << n << "\n";
+  if (!e.plugins.empty()) {
+    out << "  plugins in the probes (what they change is measured): ";
+    for (std::size_t i = 0; i < e.plugins.size(); ++i) out << (i ? ", " : "") << e.plugins[i];
+    out << "\n";
+  }
+  if (e.peak == 0) {
+    out << "  the probes ran out of memory at the small sizes: the recipe's step cannot fit on " << e.device << "\n";
+    return;
+  }
+  out << "  fit: " << describe_fit(e) << " (largest probe residual " << std::fixed << std::setprecision(2)
+      << 100.0 * e.fit_residual << " %)\n\n";
+  const auto row = [&out](const std::string& what, std::int64_t bytes, const std::string& note = "") {
+    out << "  " << std::left << std::setw(34) << what << std::right << std::setw(12) << mib(bytes)
+        << (note.empty() ? "" : "   " + note) << "\n";
+  };
+  row("parameters and buffers", e.parameters);
+  row("gradients", e.gradients);
+  row("optimizer state", e.optimizer_state);
+  row("data and other memory at the start", e.resident, "data sets held on this device, the process");
+  row("rest of the batch", e.batch_memory, "the batch beyond its micro-batch, where it lives on this device");
+  row("activations and temporaries", e.activations, "at the step's peak");
+  row("predicted peak", e.peak, "memory_log's memory/peak_mb");
+  row("predicted reserved", e.reserved, "with the allocator's slack");
+  out << "\n";
+  if (e.limit <= 0) {
+    out << "  limit: unknown (no budget, and the device does not report its free memory)\n";
+  } else {
+    const auto budget = static_cast<std::int64_t>(double(e.limit) * (1.0 - e.margin));
+    out << "  limit: " << mib(e.limit) << " (" << e.limit_source << "), margin " << std::setprecision(0)
+        << 100.0 * e.margin << " % -> " << mib(budget) << " usable" << (e.limit_on_reserved ? " (reserved)" : "")
+        << "\n";
+    out << "  the recipe's micro-batch " << e.micro_batch << (e.fits ? " fits" : " does NOT fit") << ": predicted "
+        << mib(e.limit_on_reserved ? e.reserved : e.peak) << (e.fits ? " <= " : " > ") << mib(budget) << "\n";
+    out << "  largest micro-batch that fits: " << e.max_micro_batch << " (batch = micro-batch); at batch_size "
+        << e.batch_size << ": " << e.max_micro_at_batch << "\n";
+  }
+  if (e.found_max_micro_batch >= 0) {
+    out << "  --find-max-batch (real steps inside the limit, no margin):";
+    for (const auto& [m, ok] : e.search) out << " " << m << (ok ? " ok," : " OOM,");
+    out << "\n    largest micro-batch that ran: " << e.found_max_micro_batch << "\n";
+  }
+}
+
+void print_estimate_json(const MemoryEstimate& e, std::ostream& out) {
+  out << "{\"device\":" << json_quote(e.device) << ",\"batch_size\":" << e.batch_size
+      << ",\"micro_batch_size\":" << e.micro_batch << ",\"fit\":{\"a\":" << json_number(e.a)
+      << ",\"b\":" << json_number(e.b) << ",\"c\":" << json_number(e.c) << ",\"a2\":" << json_number(e.a2)
+      << ",\"c2\":" << json_number(e.c2) << ",\"slack0\":" << json_number(e.slack0)
+      << ",\"slack1\":" << json_number(e.slack1) << ",\"residual\":" << json_number(e.fit_residual) << "}"
+      << ",\"probes\":[";
+  for (std::size_t i = 0; i < e.probes.size(); ++i) {
+    const auto& p = e.probes[i];
+    out << (i ? "," : "") << "{\"batch_size\":" << p.batch_size << ",\"micro_batch_size\":" << p.micro_batch
+        << ",\"peak_bytes\":" << p.peak << ",\"peak_forward_backward_bytes\":" << p.peak_forward_backward
+        << ",\"peak_optimizer_step_bytes\":" << p.peak_optimizer_step << ",\"reserved_bytes\":" << p.reserved
+        << ",\"out_of_memory\":" << (p.out_of_memory ? "true" : "false") << ",\"error\":" << json_quote(p.error) << "}";
+  }
+  out << "],\"plugins\":[";
+  for (std::size_t i = 0; i < e.plugins.size(); ++i) out << (i ? "," : "") << json_quote(e.plugins[i]);
+  out << "],\"notes\":[";
+  for (std::size_t i = 0; i < e.notes.size(); ++i) out << (i ? "," : "") << json_quote(e.notes[i]);
+  out << "],\"breakdown\":{\"parameters\":" << e.parameters << ",\"gradients\":" << e.gradients
+      << ",\"optimizer_state\":" << e.optimizer_state << ",\"resident\":" << e.resident
+      << ",\"batches\":" << e.batch_memory << ",\"activations\":" << e.activations << "}"
+      << ",\"peak_bytes\":" << e.peak << ",\"reserved_bytes\":" << e.reserved << ",\"limit_bytes\":" << e.limit
+      << ",\"limit_source\":" << json_quote(e.limit_source)
+      << ",\"limit_on_reserved\":" << (e.limit_on_reserved ? "true" : "false")
+      << ",\"margin\":" << json_number(e.margin) << ",\"fits\":" << (e.fits ? "true" : "false")
+      << ",\"max_micro_batch\":" << e.max_micro_batch << ",\"max_micro_batch_at_batch_size\":" << e.max_micro_at_batch
+      << ",\"found_max_micro_batch\":" << e.found_max_micro_batch << ",\"search\":[";
+  for (std::size_t i = 0; i < e.search.size(); ++i) {
+    out << (i ? "," : "") << "{\"micro_batch_size\":" << e.search[i].first
+        << ",\"ok\":" << (e.search[i].second ? "true" : "false") << "}";
+  }
+  out << "]}\n";
+}
+
+}  // namespace trainer::tune

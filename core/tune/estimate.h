@@ -1,0 +1,119 @@
+#pragma once
+// `trainer estimate`: the peak memory of a training step predicted from measurement. A few
+// real steps at small micro-batches (probes) give the step's peak as a function of the
+// micro-batch and the batch,
+//
+//     forward and backward:  a + b * micro + c * (batch - micro)
+//     optimizer step:        a2 + c2 * batch
+//     peak = the larger of the two
+//
+// (a: parameters, gradients, optimizer state, data sets and whatever else is held throughout;
+// b: activations, temporaries and the batch itself per sample with no accumulation (batch =
+// micro); c: what each further sample of a batch split into micro-batches holds where the batch
+// lives on the device: the batch and the loader's read-ahead, on the CPU; a2: the same held
+// memory plus
+// the optimizer step's temporaries, which do not depend on the micro-batch). A small model's
+// peak is its optimizer step until the activations outgrow the step's temporaries. The probes run the recipe's
+// own model, optimizer and plugins, so mixed precision and activation checkpointing are in the
+// measurement. The peak is memory_log's memory/peak_mb: everything the device's allocator
+// holds at the step's highest point.
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "short_run.h"
+
+namespace trainer::tune {
+
+/// What `trainer estimate` is asked.
+struct EstimateRequest {
+  std::string recipe;
+  std::vector<std::string> overrides;
+  std::vector<std::string> plugin_dirs;
+  /// Micro-batches probed (each with batch = micro-batch), at least two distinct; empty:
+  /// the recipe's micro-batch / 16, / 8 and / 4 (at least 1, 2, 4).
+  std::vector<std::int64_t> probe_sizes;
+  std::int64_t probe_steps = 3;  ///< steps per probe (the first steps create optimizer state, fill the read-ahead)
+  double margin = 0.10;          ///< the fraction of the limit kept free
+  std::string work_dir;          ///< probe run directories go here (each removed after its run)
+};
+
+/// One probe as measured.
+struct Probe {
+  std::int64_t batch_size = 0;
+  std::int64_t micro_batch = 0;
+  std::int64_t peak = 0;  ///< highest allocated during a step
+  std::int64_t peak_forward_backward = 0;
+  std::int64_t peak_optimizer_step = 0;
+  std::int64_t reserved = 0;  ///< reserved at the end of that step
+  bool out_of_memory = false;
+  std::string error;  ///< empty when the probe ran its steps
+};
+
+/// The prediction and what it rests on.
+struct MemoryEstimate {
+  std::string device;
+  std::int64_t batch_size = 0;    ///< the recipe's training.batch_size
+  std::int64_t micro_batch = 0;   ///< the recipe's micro-batch
+  double a = 0, b = 0, c = 0;     ///< forward and backward: a + b * micro + c * (batch - micro) (bytes)
+  double a2 = 0, c2 = 0;          ///< optimizer step: a2 + c2 * batch (bytes)
+  double slack0 = 0, slack1 = 0;  ///< reserved - peak = slack0 + slack1 * micro (allocator slack)
+  double fit_residual = 0;        ///< largest |measured - fitted| / measured over the probes
+  std::vector<Probe> probes;
+  std::vector<std::string> plugins;  ///< plugins active in the probes
+  std::vector<std::string> notes;    ///< how the probes were run, where that matters
+  /// Overrides the chosen probes ran with besides the request's (model.memory_format=... when
+  /// the recipe says "auto"); --find-max-batch runs with them too.
+  std::vector<std::string> probe_overrides;
+  std::int64_t train_samples = 0;
+
+  // The breakdown at the recipe's (batch, micro-batch), bytes.
+  std::int64_t parameters = 0;       ///< parameters and buffers
+  std::int64_t gradients = 0;        ///< one per trainable parameter
+  std::int64_t optimizer_state = 0;  ///< after the first steps (AdamW: two moments)
+  std::int64_t resident = 0;         ///< held at the start besides the model: data sets, the process
+  std::int64_t batch_memory = 0;     ///< c * (batch - micro): the batch beyond its micro-batch
+  std::int64_t activations = 0;      ///< the rest of the peak: activations and temporaries
+  std::int64_t peak = 0;             ///< predicted peak allocated (memory_log's memory/peak_mb)
+  std::int64_t reserved = 0;         ///< predicted reserved at the peak (allocator slack included)
+
+  // Against the device or the budget.
+  std::int64_t limit = 0;          ///< bytes; 0 when unknown
+  std::string limit_source;        ///< "memory.limit_mb = 100", "free memory of cuda:0", ...
+  bool limit_on_reserved = false;  ///< CUDA: the caching allocator's reserve is what is capped
+  double margin = 0.10;
+  bool fits = false;                    ///< the recipe's step fits limit * (1 - margin)
+  std::int64_t max_micro_batch = 0;     ///< largest micro-batch that fits, with batch = micro-batch
+  std::int64_t max_micro_at_batch = 0;  ///< largest micro-batch <= batch_size that fits at the recipe's batch
+
+  /// --find-max-batch: the largest micro-batch (batch = micro-batch) that ran its steps inside
+  /// the limit, and the sizes tried; -1 when not searched.
+  std::int64_t found_max_micro_batch = -1;
+  std::vector<std::pair<std::int64_t, bool>> search;  ///< (micro-batch, ran without running out of memory)
+
+  /// Predicted peak allocated at (batch, micro-batch).
+  std::int64_t predict(std::int64_t batch, std::int64_t micro) const;
+  /// Predicted reserved at (batch, micro-batch).
+  std::int64_t predict_reserved(std::int64_t batch, std::int64_t micro) const;
+  /// Whether (batch, micro-batch) fits limit * (1 - margin); true when the limit is unknown.
+  bool fits_at(std::int64_t batch, std::int64_t micro) const;
+};
+
+/// Runs the probes and fits. Throws ConfigError/UsageError/PluginError for a recipe that does
+/// not load, trainer::Error when a probe fails for another reason than memory.
+MemoryEstimate estimate_memory(const EstimateRequest& request);
+
+/// --find-max-batch: searches the largest micro-batch (batch = micro-batch) whose steps run
+/// inside the limit, with real steps, starting from the prediction. Needs a budget on the CPU
+/// (UsageError otherwise: the search would run the host out of memory).
+void find_max_batch(const EstimateRequest& request, MemoryEstimate& estimate);
+
+/// The report printed by `trainer estimate` (text or JSON).
+void print_estimate(const MemoryEstimate& e, std::ostream& out);
+void print_estimate_json(const MemoryEstimate& e, std::ostream& out);
+
+/// "peak = 50 MiB + 412 KiB x micro-batch + 3 KiB x batch": the fitted model, for messages.
+std::string describe_fit(const MemoryEstimate& e);
+
+}  // namespace trainer::tune

@@ -1,0 +1,201 @@
+#include "short_run.h"
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+
+#include "trainer/json.h"
+#include "trainer/memory.h"
+#include "trainer/optim.h"
+#include "trainer/plugin.h"
+#include "trainer/trainer.h"
+
+namespace trainer::tune {
+namespace {
+
+/// Measures the steps of the run it is added to (last in dispatch order, so that what the
+/// other plugins do at BatchStart is in the window).
+class MeasurePlugin final : public Plugin {
+ public:
+  explicit MeasurePlugin(ShortRunResult& out) : out_(out) {}
+  std::string name() const override { return "tune_measure"; }
+  std::vector<Event> events() const override {
+    return {Event::FitStart, Event::BatchStart, Event::BeforeOptimizerStep, Event::BatchEnd, Event::OutOfMemory};
+  }
+  int default_priority() const override { return 1000000; }
+
+  void on_event(EventContext& ctx, Control&) override {
+    const bool accounted = has_memory_backend(ctx.device);
+    switch (ctx.event) {
+      case Event::FitStart: {
+        out_.device = ctx.device.str();
+        if (ctx.train_set) out_.train_samples = ctx.train_set->size();
+        if (ctx.model) {
+          for (const auto& p : ctx.model->parameters()) {
+            out_.parameter_bytes += p.nbytes();
+            if (p.requires_grad()) out_.gradient_bytes += p.nbytes();
+          }
+          for (const auto& b : ctx.model->buffers()) out_.parameter_bytes += b.nbytes();
+        }
+        if (accounted) {
+          const MemoryStats s = memory_stats(ctx.device);
+          out_.allocated_at_start = s.allocated;
+          out_.limit = s.limit;
+        }
+        break;
+      }
+      case Event::BatchStart:
+        if (accounted) reset_peak_memory(ctx.device);
+        start_ = std::chrono::steady_clock::now();
+        forward_backward_ = 0;
+        break;
+      case Event::BeforeOptimizerStep:
+        if (accounted) {
+          forward_backward_ = memory_stats(ctx.device).peak_allocated;
+          reset_peak_memory(ctx.device);
+        }
+        break;
+      case Event::BatchEnd: {
+        StepRecord r;
+        r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+        r.samples = ctx.state.batch_size;
+        r.micro_batch = ctx.state.micro_batch_size;
+        if (accounted) {
+          const MemoryStats s = memory_stats(ctx.device);
+          r.peak = std::max(forward_backward_, s.peak_allocated);
+          r.peak_forward_backward = forward_backward_ > 0 ? forward_backward_ : s.peak_allocated;
+          r.peak_optimizer_step = forward_backward_ > 0 ? s.peak_allocated : 0;
+          r.reserved = s.reserved;
+        }
+        out_.steps.push_back(r);
+        if (ctx.optimizer && ctx.model) {
+          std::int64_t bytes = 0;
+          for (const auto& p : ctx.model->parameters()) {
+            for (const auto& t : optimizer_state_of(*ctx.optimizer, p)) bytes += t.nbytes();
+          }
+          out_.optimizer_bytes = bytes;
+        }
+        break;
+      }
+      case Event::OutOfMemory:
+        if (!out_.out_of_memory && ctx.oom) {
+          out_.oom_phase = ctx.oom->phase;
+          out_.oom_micro_batch = ctx.oom->micro_batch_size;
+        }
+        out_.out_of_memory = true;
+        break;
+      default:
+        break;
+    }
+  }
+
+ private:
+  ShortRunResult& out_;
+  std::chrono::steady_clock::time_point start_;
+  std::int64_t forward_backward_ = 0;  ///< the step's peak up to BeforeOptimizerStep
+};
+
+std::string toml_string_array(const std::vector<std::string>& items) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < items.size(); ++i) s += (i ? ", " : "") + json_quote(items[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+const std::vector<std::string>& unmeasured_plugins() {
+  static const std::vector<std::string> names{"mlflow", "console"};
+  return names;
+}
+
+std::int64_t ShortRunResult::peak() const {
+  std::int64_t p = 0;
+  for (const auto& s : steps) p = std::max(p, s.peak);
+  return p;
+}
+
+std::int64_t ShortRunResult::peak_forward_backward() const {
+  std::int64_t p = 0;
+  for (const auto& s : steps) p = std::max(p, s.peak_forward_backward);
+  return p;
+}
+
+std::int64_t ShortRunResult::peak_optimizer_step() const {
+  std::int64_t p = 0;
+  for (const auto& s : steps) p = std::max(p, s.peak_optimizer_step);
+  return p;
+}
+
+std::int64_t ShortRunResult::reserved() const {
+  std::int64_t p = -1, r = 0;
+  for (const auto& s : steps) {
+    if (s.peak > p) p = s.peak, r = s.reserved;
+  }
+  return r;
+}
+
+ShortRunResult run_short(const ShortRunSpec& spec) {
+  // Which plugins.load entries stay: loaded once as the user's run would be, to learn the
+  // name behind each entry (an entry may be a path to a .so).
+  const PreparedRun as_given = prepare_run(spec.recipe, spec.overrides, spec.plugin_dirs);
+  const auto entries = as_given.config.get_or<std::vector<std::string>>("plugins.load", {});
+  std::vector<std::string> kept;
+  for (std::size_t i = 0; i < entries.size() && i < as_given.plugins.size(); ++i) {
+    const std::string n = as_given.plugins[i]->name();
+    const auto& dropped = unmeasured_plugins();
+    if (std::find(dropped.begin(), dropped.end(), n) != dropped.end()) continue;
+    if (n == "oom_backoff" && !spec.keep_oom_backoff) continue;
+    kept.push_back(entries[i]);
+  }
+  std::vector<std::string> overrides = spec.overrides;
+  const auto add = [&overrides](const std::string& key, const std::string& value) {
+    overrides.push_back(key + "=" + value);
+  };
+  if (spec.batch_size > 0) add("training.batch_size", std::to_string(spec.batch_size));
+  if (spec.micro_batch > 0) add("training.micro_batch_size", std::to_string(spec.micro_batch));
+  add("training.max_steps", std::to_string(spec.steps));
+  add("checkpoint.every_epochs", "0");
+  add("checkpoint.every_steps", "0");
+  add("checkpoint.at_end", "false");
+  add("metrics.jsonl", "false");
+  add("metrics.console", "false");
+  if (!spec.keep_budget) {
+    add("memory.limit_mb", "0");
+    add("memory.fraction", "0");
+  }
+  add("plugins.load", toml_string_array(kept));
+  PreparedRun prepared = prepare_run(spec.recipe, overrides, spec.plugin_dirs);
+
+  ShortRunResult out;
+  for (const auto& p : prepared.plugins) out.plugins.push_back(p->name());
+  TrainerOptions options;
+  options.config = prepared.config;
+  options.plugins = prepared.plugins;
+  options.plugins.push_back(std::make_shared<MeasurePlugin>(out));
+  options.run_dir = spec.run_dir;
+  options.log_level = "off";  // a failure is in the result; an expected out-of-memory error is not news
+  {
+    const c10::Device cpu(c10::kCPU);
+    install_cpu_tracking_allocator();
+    out.allocated_before = memory_stats(cpu).allocated;
+  }
+  {
+    Trainer t(std::move(options));
+    const RunResult r = t.fit();
+    out.exit_code = r.exit_code;
+    out.status = r.status;
+    out.message = r.message;
+  }
+  // Gives cached memory back, so that the next run in this process starts from the same place.
+  if (!out.device.empty()) clear_memory(c10::Device(out.device), /*force=*/true);
+  if (!spec.keep_run_dir && !spec.run_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::remove_all(spec.run_dir, ec);
+  }
+  return out;
+}
+
+}  // namespace trainer::tune

@@ -1,0 +1,253 @@
+// `trainer estimate`: predictions from probe steps checked against real steps on held-out
+// micro-batches (the CPU tracking allocator: deterministic bytes), against memory_log's
+// memory/peak_mb of a real run, and against a --find-max-batch search; the CLI's errors.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+
+#include "estimate.h"
+#include "short_run.h"
+#include "support/test_util.h"
+#include "trainer/error.h"
+
+namespace {
+
+using trainer::testing::TempDir;
+using trainer::tune::EstimateRequest;
+using trainer::tune::MemoryEstimate;
+
+const std::string kTight = std::string(TRAINER_SOURCE_DIR) + "/recipes/fashion_mnist_tight.toml";
+
+std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+/// The peak of real steps at micro-batch m of a batch of `batch` (0: m), without a budget.
+std::int64_t measured_peak(const std::vector<std::string>& overrides, std::int64_t m, const std::string& dir,
+                           std::int64_t batch = 0) {
+  trainer::tune::ShortRunSpec spec;
+  spec.recipe = kTight;
+  spec.overrides = overrides;
+  spec.batch_size = batch > 0 ? batch : m;
+  spec.micro_batch = m;
+  spec.run_dir = dir;
+  const auto r = trainer::tune::run_short(spec);
+  EXPECT_EQ(r.exit_code, 0) << r.message;
+  EXPECT_EQ(r.steps.size(), 3u);
+  return r.peak();
+}
+
+double error_of(std::int64_t predicted, std::int64_t measured) {
+  return std::fabs(double(predicted) - double(measured)) / double(measured);
+}
+
+struct Model {
+  std::string name;
+  std::vector<std::string> overrides;
+};
+
+void PrintTo(const Model& m, std::ostream* os) { *os << m.name; }
+
+class EstimateHeldOut : public ::testing::TestWithParam<Model> {};
+
+TEST_P(EstimateHeldOut, ErrorOnHeldOutMicroBatchesIsUnderTenPercent) {
+  TempDir tmp;
+  EstimateRequest req;
+  req.recipe = kTight;
+  req.overrides = with(GetParam().overrides, {"training.batch_size=256", "training.micro_batch_size=256"});
+  req.work_dir = tmp.str();
+  const MemoryEstimate e = trainer::tune::estimate_memory(req);
+  ASSERT_EQ(e.probes.size(), 4u);  // 16, 32, 64 and 64 of a batch of 256
+  EXPECT_EQ(e.probes[0].micro_batch, 16);
+  EXPECT_EQ(e.probes[2].micro_batch, 64);
+  EXPECT_GT(e.b, 0.0);
+  for (std::int64_t m : {128, 256, 384}) {  // none of them probed
+    const std::int64_t measured = measured_peak(GetParam().overrides, m, tmp / ("held-out-" + std::to_string(m)));
+    EXPECT_LT(error_of(e.predict(m, m), measured), 0.10)
+        << GetParam().name << " micro-batch " << m << ": predicted " << e.predict(m, m) << ", measured " << measured;
+  }
+  // Gradient accumulation: micro-batches of a larger batch.
+  for (const auto& [batch, m] : std::vector<std::pair<std::int64_t, std::int64_t>>{{512, 128}, {768, 96}}) {
+    const std::int64_t measured = measured_peak(GetParam().overrides, m, tmp / "held-out-accumulated", batch);
+    EXPECT_LT(error_of(e.predict(batch, m), measured), 0.10)
+        << GetParam().name << " micro-batch " << m << " of " << batch << ": predicted " << e.predict(batch, m)
+        << ", measured " << measured;
+  }
+  // The probes' directories are gone.
+  EXPECT_TRUE(std::filesystem::is_empty(tmp.str()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, EstimateHeldOut,
+                         ::testing::Values(Model{"mlp", {"model=mlp"}},
+                                           Model{"cnn", {"model=cnn", "model.memory_format=contiguous"}},
+                                           Model{"vit", {"model=vit_tiny"}}),
+                         [](const auto& info) { return info.param.name; });
+
+TEST(Estimate, BreakdownAddsUpAndNamesWhatIsKnown) {
+  TempDir tmp;
+  EstimateRequest req;
+  req.recipe = kTight;
+  req.overrides = {"model=mlp"};
+  req.work_dir = tmp.str();
+  const MemoryEstimate e = trainer::tune::estimate_memory(req);
+  // The MLP 784-256-128-10: 235,146 float parameters; AdamW keeps two moments each.
+  EXPECT_EQ(e.parameters, 235146 * 4);
+  EXPECT_EQ(e.gradients, 235146 * 4);
+  EXPECT_EQ(e.optimizer_state, 2 * 235146 * 4);
+  // The Fashion-MNIST images as bytes: 60k training + 10k test images of 784 bytes.
+  EXPECT_GE(e.resident, 70000 * 784);
+  EXPECT_EQ(e.parameters + e.gradients + e.optimizer_state + e.resident + e.batch_memory + e.activations, e.peak);
+  EXPECT_GT(e.activations, 0);
+  // On the CPU the batch itself lives on the device: each sample of the batch beyond the
+  // micro-batch holds its float32 pixels at least.
+  EXPECT_GE(e.c, 784 * 4 * 0.9);
+  EXPECT_EQ(e.limit, 100 * 1024 * 1024);  // the recipe's memory.limit_mb
+  EXPECT_EQ(e.limit_source, "memory.limit_mb = 100");
+}
+
+TEST(Estimate, PredictsMemoryLogsPeakOfARealRun) {
+  TempDir tmp;
+  const std::vector<std::string> o = {"model=cnn", "model.memory_format=contiguous", "memory.limit_mb=0"};
+  EstimateRequest req;
+  req.recipe = kTight;
+  req.overrides = o;
+  req.work_dir = tmp / "probes";
+  const MemoryEstimate e = trainer::tune::estimate_memory(req);
+  // The recipe as a user runs it, with memory_log logging every step.
+  std::string cmd = std::string(TRAINER_CLI) + " --recipe " + kTight + " --run-dir " + (tmp / "run") +
+                    " --log-level error training.max_steps=4 eval.every_epochs=0 checkpoint.every_epochs=0 "
+                    "plugins.memory_log.every_steps=1";
+  for (const auto& s : o) cmd += " " + s;
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  const auto peaks = trainer::testing::metric_by_step(tmp / "run/metrics.jsonl", "memory/peak_mb");
+  double peak_mb = 0;
+  for (const auto& [step, v] : peaks) {
+    if (step >= 1) peak_mb = std::max(peak_mb, v);
+  }
+  const auto measured = static_cast<std::int64_t>(peak_mb * 1024 * 1024);
+  EXPECT_LT(error_of(e.peak, measured), 0.10) << "predicted " << e.peak << ", memory/peak_mb " << measured;
+}
+
+TEST(Estimate, ActivationCheckpointingAndMixedPrecisionAreInTheMeasurement) {
+  TempDir tmp;
+  EstimateRequest req;
+  req.recipe = kTight;
+  req.work_dir = tmp.str();
+  req.overrides = {"model=vit_tiny", "model.num_layers=6"};
+  const MemoryEstimate plain = trainer::tune::estimate_memory(req);
+  req.overrides.push_back(R"(plugins.load=["grad_checkpoint"])");
+  const MemoryEstimate ckpt = trainer::tune::estimate_memory(req);
+  EXPECT_EQ(ckpt.plugins, std::vector<std::string>{"grad_checkpoint"});
+  EXPECT_LT(ckpt.b, 0.7 * plain.b) << "activation checkpointing keeps the blocks' inputs only";
+  const std::int64_t measured = measured_peak(req.overrides, 256, tmp / "measured");
+  EXPECT_LT(error_of(ckpt.predict(256, 256), measured), 0.10);
+
+  // bf16 autocast (forced: the CPU may emulate it; the MLP is cheap either way) keeps
+  // activations in 16 bits.
+  req.overrides = {"model=mlp", "model.hidden=[1024, 1024]"};
+  const MemoryEstimate fp32 = trainer::tune::estimate_memory(req);
+  req.overrides.push_back(R"(plugins.load=["mixed_precision"])");
+  req.overrides.push_back("plugins.mixed_precision.precision=bf16");
+  const MemoryEstimate bf16 = trainer::tune::estimate_memory(req);
+  EXPECT_LT(bf16.b, 0.9 * fp32.b);
+}
+
+TEST(Estimate, FindMaxBatchConfirmsThePredictionWithRealSteps) {
+  TempDir tmp;
+  EstimateRequest req;
+  req.recipe = kTight;  // 100 MiB budget
+  req.overrides = {"model=cnn", "model.memory_format=contiguous"};
+  req.work_dir = tmp.str();
+  MemoryEstimate e = trainer::tune::estimate_memory(req);
+  ASSERT_FALSE(e.fits);  // micro-batch 128 needs more than 90 MiB
+  ASSERT_GT(e.max_micro_batch, 8);
+  EXPECT_TRUE(e.fits_at(e.max_micro_batch, e.max_micro_batch));
+  EXPECT_FALSE(e.fits_at(e.max_micro_batch + 1, e.max_micro_batch + 1));
+  trainer::tune::find_max_batch(req, e);
+  ASSERT_GT(e.found_max_micro_batch, 0);
+  // Every size that ran is below every size that ran out of memory, and the largest is found.
+  std::int64_t best_ok = 0, least_oom = 1 << 30;
+  for (const auto& [m, ok] : e.search) (ok ? best_ok : least_oom) = ok ? std::max(best_ok, m) : std::min(least_oom, m);
+  EXPECT_EQ(best_ok, e.found_max_micro_batch);
+  EXPECT_EQ(least_oom, best_ok + 1);
+  // The prediction without the margin is within 10 % of what real steps found; with the
+  // margin it is below it.
+  std::int64_t no_margin = 1;
+  while (e.predict(no_margin + 1, no_margin + 1) <= 100 * 1024 * 1024) ++no_margin;
+  EXPECT_LT(std::fabs(double(no_margin - e.found_max_micro_batch)) / double(e.found_max_micro_batch), 0.10)
+      << "predicted " << no_margin << ", found " << e.found_max_micro_batch;
+  EXPECT_LT(e.max_micro_batch, e.found_max_micro_batch);
+}
+
+TEST(Estimate, AutoMemoryFormatIsProbedBothWaysAndTheLargerKept) {
+  TempDir tmp;
+  EstimateRequest req;
+  req.recipe = kTight;
+  req.overrides = {"model=cnn"};  // memory_format = "auto"
+  req.work_dir = tmp.str();
+  const MemoryEstimate e = trainer::tune::estimate_memory(req);
+  ASSERT_EQ(e.notes.size(), 3u);
+  EXPECT_NE(e.notes[0].find("probed contiguous"), std::string::npos);
+  EXPECT_NE(e.notes[1].find("probed channels_last"), std::string::npos);
+  ASSERT_EQ(e.probe_overrides.size(), 1u);
+  req.overrides.push_back(e.probe_overrides[0] == "model.memory_format=contiguous" ? "model.memory_format=channels_last"
+                                                                                   : "model.memory_format=contiguous");
+  const MemoryEstimate other = trainer::tune::estimate_memory(req);
+  EXPECT_GE(e.peak, other.peak);
+}
+
+struct Output {
+  int code = -1;
+  std::string text;
+};
+
+Output run_cli(const std::string& args) {
+  Output out;
+  FILE* p = popen((std::string(TRAINER_CLI) + " " + args + " 2>&1").c_str(), "r");
+  char buf[4096];
+  while (std::size_t n = fread(buf, 1, sizeof buf, p)) out.text.append(buf, n);
+  const int status = pclose(p);
+  out.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return out;
+}
+
+TEST(EstimateCli, PrintsTheBreakdownAndTheLargestMicroBatch) {
+  const auto o = run_cli("estimate --recipe " + kTight + " model=mlp");
+  ASSERT_EQ(o.code, 0) << o.text;
+  for (const char* s : {"memory estimate on cpu: batch 128, micro-batch 128", "optimizer state", "predicted peak",
+                        "limit: 100 MiB (memory.limit_mb = 100), margin 10 %", "largest micro-batch that fits:"}) {
+    EXPECT_NE(o.text.find(s), std::string::npos) << s << "\n" << o.text;
+  }
+  const auto j = run_cli("estimate --json --margin 0.2 --probe-sizes 4,8 --recipe " + kTight + " model=mlp");
+  ASSERT_EQ(j.code, 0) << j.text;
+  EXPECT_EQ(trainer::testing::json_num(j.text, "margin"), 0.2);
+  EXPECT_NE(j.text.find("\"micro_batch_size\":4,"), std::string::npos) << j.text;
+  EXPECT_TRUE(trainer::testing::json_num(j.text, "peak_bytes").has_value());
+}
+
+TEST(EstimateCli, BadInputIsAUsageError) {
+  auto o = run_cli("estimate");
+  EXPECT_EQ(o.code, 2);
+  EXPECT_NE(o.text.find("--recipe is required"), std::string::npos) << o.text;
+  o = run_cli("estimate --probe-sizes 8,x --recipe " + kTight);
+  EXPECT_EQ(o.code, 2);
+  EXPECT_NE(o.text.find("--probe-sizes '8,x': expected positive integers"), std::string::npos) << o.text;
+  o = run_cli("estimate --probe-sizes 8 --recipe " + kTight);
+  EXPECT_EQ(o.code, 2);
+  EXPECT_NE(o.text.find("at least two distinct micro-batch sizes"), std::string::npos) << o.text;
+  o = run_cli("estimate --margin 1.5 --recipe " + kTight);
+  EXPECT_EQ(o.code, 2);
+  EXPECT_NE(o.text.find("--margin 1.5 is outside [0, 1)"), std::string::npos) << o.text;
+  o = run_cli("estimate --find-max-batch --recipe " + kTight + " memory.limit_mb=0 model=mlp");
+  EXPECT_EQ(o.code, 2);
+  EXPECT_NE(o.text.find("--find-max-batch on the CPU needs a budget"), std::string::npos) << o.text;
+  o = run_cli("estimate --recipe " + kTight + " training.nope=1");
+  EXPECT_EQ(o.code, 2);
+  EXPECT_NE(o.text.find("training.nope"), std::string::npos) << o.text;
+}
+
+}  // namespace
