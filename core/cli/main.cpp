@@ -2,7 +2,10 @@
 // Exit codes: 0 ok, 2 usage/config error, 3 training failed, 4 no device, 130 interrupted.
 #include <spdlog/spdlog.h>
 
+#include <unistd.h>
 #include <boost/program_options.hpp>
+
+#include <csignal>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -11,9 +14,11 @@
 #include "estimate.h"
 #include "mlflow_export.h"
 #include "report.h"
+#include "sweep.h"
 #include "trainer/config_spec.h"
 #include "trainer/devices.h"
 #include "trainer/error.h"
+#include "trainer/interrupt.h"
 #include "trainer/json.h"
 #include "trainer/logging.h"
 #include "trainer/memory.h"
@@ -41,6 +46,10 @@ const char* kUsage = R"(Usage:
                                         a benchmark suite over a grid of overrides: samples/s,
                                         step time, peak memory, out-of-memory errors per cell;
                                         cells predicted not to fit are marked, not run
+  trainer sweep --recipe FILE [OVERRIDE...] [--study-dir DIR]
+                                        a hyperparameter study over the recipe's [sweep] section:
+                                        grid, random or TPE; trials predicted not to fit skipped,
+                                        out-of-memory trials pruned; resumes from DIR/study.jsonl
   trainer report RUN_DIR [-o FILE]      one self-contained HTML page of the run: loss, accuracy,
                                         learning rate, throughput, memory with out-of-memory
                                         errors, the config (default FILE: RUN_DIR/report.html)
@@ -220,6 +229,29 @@ int bench(const po::variables_map& vm, const std::vector<std::string>& overrides
   return trainer::kExitOk;
 }
 
+extern "C" void on_sweep_signal(int) { trainer::request_interrupt(); }
+
+/// `trainer sweep`: 0 when a trial completed, 3 when none did, 130 when interrupted.
+int sweep(const po::variables_map& vm, const std::vector<std::string>& overrides,
+          const std::vector<std::string>& plugin_dirs) {
+  trainer::tune::SweepRequest req;
+  req.recipe = vm["recipe"].as<std::string>();
+  req.overrides = overrides;
+  req.plugin_dirs = plugin_dirs;
+  if (vm.count("study-dir")) req.study_dir = vm["study-dir"].as<std::string>();
+  char exe[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
+  req.trainer_exe = n > 0 ? std::string(exe, static_cast<std::size_t>(n)) : std::string();
+  const auto [settings, space] = trainer::tune::load_sweep(req.recipe, req.overrides);
+  (void)space;
+  std::signal(SIGINT, on_sweep_signal);
+  std::signal(SIGTERM, on_sweep_signal);
+  const trainer::tune::StudyResult r = trainer::tune::run_sweep(req, std::cerr);
+  trainer::tune::print_study(r, settings.objective, std::cout);
+  if (r.interrupted) return trainer::kExitInterrupted;
+  return r.count("COMPLETE") > 0 ? trainer::kExitOk : trainer::kExitTrainingFailed;
+}
+
 int run(int argc, char** argv) {
   po::options_description opts("Options");
   opts.add_options()                                                                                             //
@@ -243,7 +275,8 @@ int run(int argc, char** argv) {
       ("warmup", po::value<std::int64_t>()->default_value(2), "trainer bench: warm-up steps per cell")           //
       ("csv", po::value<std::string>(), "trainer bench: also write the results as CSV")                          //
       ("md", po::value<std::string>(), "trainer bench: also write the results as a Markdown table")              //
-      ("no-estimate", "trainer bench: run every cell, also those predicted not to fit");
+      ("no-estimate", "trainer bench: run every cell, also those predicted not to fit")                          //
+      ("study-dir", po::value<std::string>(), "trainer sweep: the study directory (resumes when it has one)");
   po::options_description hidden;
   hidden.add_options()("args", po::value<std::vector<std::string>>(), "");
   po::options_description all;
@@ -293,6 +326,13 @@ int run(int argc, char** argv) {
       return trainer::kExitUsage;
     }
     return bench(vm, {args.begin() + 1, args.end()}, plugin_dirs);
+  }
+  if (!args.empty() && args.front() == "sweep") {
+    if (!vm.count("recipe")) {
+      std::cerr << "trainer sweep: --recipe is required\n";
+      return trainer::kExitUsage;
+    }
+    return sweep(vm, {args.begin() + 1, args.end()}, plugin_dirs);
   }
   if (!args.empty() && args.front() == "report") {
     if (args.size() != 2) {

@@ -19,11 +19,6 @@
 namespace trainer::tune {
 namespace {
 
-bool is_batch_key(const std::string& override_text) {
-  return override_text.rfind("training.batch_size=", 0) == 0 ||
-         override_text.rfind("training.micro_batch_size=", 0) == 0;
-}
-
 std::string value_of(const std::string& override_text) {
   const auto eq = override_text.find('=');
   return eq == std::string::npos ? override_text : override_text.substr(eq + 1);
@@ -168,11 +163,7 @@ BenchReport run_bench(const BenchRequest& req, std::ostream& progress) {
   const std::string base = req.work_dir.empty() ? std::filesystem::temp_directory_path().string() : req.work_dir;
   // Cells that differ only in their batch sizes share one estimate (its fit covers every
   // size), probed for the largest micro-batch among them.
-  const auto group_of = [](const BenchCell& c) {
-    std::string key;
-    for (const auto& o : c.overrides) key += is_batch_key(o) ? "" : o + "\n";
-    return key;
-  };
+  const auto group_of = [](const BenchCell& c) { return memory_key(c.overrides); };
   std::map<std::string, std::int64_t> largest_micro;
   for (const auto& c : report.cells) largest_micro[group_of(c)] = std::max(largest_micro[group_of(c)], c.micro_batch);
   std::map<std::string, MemoryEstimate> estimates;

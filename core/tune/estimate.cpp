@@ -126,6 +126,28 @@ std::int64_t limit_measure(const MemoryEstimate& e, std::int64_t batch, std::int
 
 }  // namespace
 
+std::string memory_key(const std::vector<std::string>& overrides) {
+  static const std::vector<std::string> neutral{"training.batch_size=",
+                                                "training.micro_batch_size=",
+                                                "optim.lr=",
+                                                "optim.weight_decay=",
+                                                "optim.momentum=",
+                                                "sched.",
+                                                "run.seed=",
+                                                "training.epochs=",
+                                                "training.max_steps=",
+                                                "training.log_every=",
+                                                "checkpoint.",
+                                                "plugins.mlflow."};
+  std::string key;
+  for (const auto& o : overrides) {
+    const bool skip =
+        std::any_of(neutral.begin(), neutral.end(), [&](const std::string& p) { return o.rfind(p, 0) == 0; });
+    if (!skip) key += o + "\n";
+  }
+  return key;
+}
+
 std::int64_t MemoryEstimate::predict(std::int64_t batch, std::int64_t micro) const {
   micro = std::min(micro, batch);
   const double forward_backward = a + b * double(micro) + c * double(batch - micro);

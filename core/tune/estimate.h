@@ -113,6 +113,13 @@ void find_max_batch(const EstimateRequest& request, MemoryEstimate& estimate);
 void print_estimate(const MemoryEstimate& e, std::ostream& out);
 void print_estimate_json(const MemoryEstimate& e, std::ostream& out);
 
+/// What of `overrides` can change a step's memory beyond its batch sizes, as one string:
+/// configs with equal keys share one estimate (its fit covers every batch and micro-batch).
+/// Left out: training.batch_size and training.micro_batch_size, and keys that change no
+/// allocation (optim.lr, optim.weight_decay, optim.momentum, sched.*, run.seed,
+/// training.epochs, training.max_steps, training.log_every, checkpoint.*, plugins.mlflow.*).
+std::string memory_key(const std::vector<std::string>& overrides);
+
 /// "peak = 50 MiB + 412 KiB x micro-batch + 3 KiB x batch": the fitted model, for messages.
 std::string describe_fit(const MemoryEstimate& e);
 

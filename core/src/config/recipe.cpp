@@ -339,7 +339,11 @@ void validate_recipe(LoadedRecipe& recipe, const std::vector<SectionSpec>& extra
     }
   }
 
+  // [sweep] belongs to `trainer sweep`, which reads and checks it before this; a trial, and any
+  // run of the recipe, is the recipe without it.
+  open.push_back("sweep");
   auto more = validate_config(cfg, sections, open);
+  cfg.erase("sweep");
   if (!more.empty() && recipe.file_keys.empty() && !recipe.path.empty()) {
     problems.push_back(detail::str(recipe.path, ": the recipe is empty; it needs at least model.name and dataset.name ",
                                    "(recipes/fashion_mnist.toml is a complete example)"));

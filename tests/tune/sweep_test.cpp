@@ -1,0 +1,354 @@
+// `trainer sweep`: studies on a slice of the real Fashion-MNIST under a 100 MiB budget, each
+// trial a real `trainer` process. Configs that cannot fit are skipped (predicted) or pruned
+// (a real out-of-memory error) and the study goes on; the median pruner stops a hopeless trial;
+// a study killed with kill -9 resumes without re-running finished trials; MLflow nesting.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <sstream>
+
+#include "support/test_util.h"
+#include "sweep.h"
+#include "trainer/error.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using trainer::testing::read_file;
+using trainer::testing::read_lines;
+using trainer::testing::TempDir;
+using trainer::testing::write_file;
+
+/// A recipe of a small study: the MLP (or CNN) on 2000 training images, 1 epoch per trial.
+std::string recipe(const TempDir& tmp, const std::string& plugins, const std::string& sweep) {
+  const std::string path = tmp / "study.toml";
+  write_file(path, R"(defaults = ["model/mlp", "dataset/fashion_mnist", "optim/adamw"]
+[run]
+name = "study"
+dir = ")" + (tmp / "runs") +
+                       R"("
+[training]
+epochs = 1
+batch_size = 64
+[dataset]
+limit = 2000
+eval_limit = 500
+[eval]
+every_epochs = 1
+batch_size = 100
+[checkpoint]
+every_epochs = 0
+at_end = false
+[memory]
+limit_mb = 100
+[plugins]
+load = )" + plugins + "\n" +
+                       sweep);
+  return path;
+}
+
+trainer::tune::StudyResult study(const std::string& recipe_path, const std::string& dir,
+                                 std::vector<std::string> overrides = {}) {
+  ::setenv("TRAINER_CONFIG_PATH", TRAINER_SOURCE_DIR "/configs", 1);
+  trainer::tune::SweepRequest req;
+  req.recipe = recipe_path;
+  req.overrides = std::move(overrides);
+  req.study_dir = dir;
+  req.trainer_exe = TRAINER_CLI;
+  std::ostringstream progress;
+  auto r = trainer::tune::run_sweep(req, progress);
+  std::cerr << progress.str();
+  return r;
+}
+
+/// The CNN at batch 512 needs about 324 MiB; at 32, 74 MiB (with the Fashion-MNIST images the
+/// data set keeps in memory); the MLP needs about 60 MiB at either.
+std::string model_batch_grid(const std::string& more = "") {
+  return R"(
+[sweep]
+sampler = "grid"
+pruner = "none"
+)" + more +
+         R"(
+[sweep.space.model]
+type = "choice"
+values = ["cnn", "mlp"]
+[sweep.space.training.batch_size]
+type = "choice"
+values = [512, 32]
+)";
+}
+
+TEST(Sweep, AConfigPredictedNotToFitIsSkippedAndTheStudyCompletes) {
+  TempDir tmp;
+  const auto r = study(recipe(tmp, "[]", model_batch_grid()), tmp / "s");
+  ASSERT_EQ(r.trials.size(), 4u);
+  // The CNN at batch 512: skipped, nothing trained.
+  EXPECT_EQ(r.trials[0].state, "SKIPPED");
+  EXPECT_NE(r.trials[0].reason.find("predicted out of memory"), std::string::npos) << r.trials[0].reason;
+  EXPECT_NE(r.trials[0].reason.find("memory.limit_mb = 100"), std::string::npos);
+  EXPECT_FALSE(fs::exists(r.trials[0].run_dir + "/metrics.jsonl"));
+  for (int i : {1, 2, 3}) {
+    EXPECT_EQ(r.trials[std::size_t(i)].state, "COMPLETE") << i << ": " << r.trials[std::size_t(i)].reason;
+    EXPECT_TRUE(r.trials[std::size_t(i)].value.has_value());
+    EXPECT_GT(r.trials[std::size_t(i)].predicted_peak, 0);
+  }
+  EXPECT_EQ(r.count("COMPLETE"), 3);
+  EXPECT_EQ(r.count("SKIPPED"), 1);
+  EXPECT_EQ(r.count("PRUNED") + r.count("FAILED") + r.out_of_memory(), 0);
+  ASSERT_TRUE(r.best.has_value());
+  for (const auto& t : r.trials) {
+    if (t.value) EXPECT_GE(*r.trials[std::size_t(*r.best)].value, *t.value);
+  }
+  const auto csv = read_lines(tmp / "s/results.csv");
+  ASSERT_EQ(csv.size(), 5u);
+  EXPECT_EQ(csv[0],
+            "number,state,eval/accuracy,model,training.batch_size,out_of_memory,oom_phase,predicted_peak_mib,"
+            "seconds,reason");
+  EXPECT_EQ(csv[1].rfind("0,SKIPPED,,cnn,512,false,,", 0), 0u) << csv[1];
+}
+
+TEST(Sweep, AnOutOfMemoryTrialIsPrunedWithItsConfigAndTheNextTrialRuns) {
+  TempDir tmp;
+  const auto r = study(recipe(tmp, "[]", model_batch_grid("estimate = false")), tmp / "s");
+  ASSERT_EQ(r.trials.size(), 4u);
+  const auto& oom = r.trials[0];
+  EXPECT_EQ(oom.state, "PRUNED") << oom.reason;
+  EXPECT_TRUE(oom.out_of_memory);
+  EXPECT_NE(oom.reason.find("out of memory"), std::string::npos);
+  EXPECT_EQ(oom.oom.at("model"), "cnn");
+  EXPECT_EQ(oom.oom.at("batch_size"), "512");
+  EXPECT_EQ(oom.oom.at("micro_batch_size"), "512");
+  EXPECT_TRUE(oom.oom.at("phase") == "forward" || oom.oom.at("phase") == "backward") << oom.oom.at("phase");
+  // Each trial is its own process: memory is clean for the next one, which fits and runs.
+  EXPECT_EQ(r.trials[1].state, "COMPLETE") << r.trials[1].reason;
+  EXPECT_EQ(r.count("COMPLETE"), 3);
+  EXPECT_EQ(r.out_of_memory(), 1);
+  const auto journal = read_file(tmp / "s/study.jsonl");
+  EXPECT_NE(
+      journal.find(R"("oom":{"batch_size":"512","dataset":"fashion_mnist","micro_batch_size":"512","model":"cnn")"),
+      std::string::npos)
+      << journal;
+}
+
+TEST(Sweep, WithOomBackoffATooLargeMicroBatchStartsWhereItIsPredictedToFit) {
+  TempDir tmp;
+  const auto r = study(recipe(tmp, R"(["oom_backoff"])", R"(
+[plugins.oom_backoff]
+min_micro_batch = 8
+[sweep]
+sampler = "grid"
+pruner = "none"
+[sweep.space.model]
+type = "choice"
+values = ["cnn"]
+[sweep.space.training.batch_size]
+type = "choice"
+values = [512]
+)"),
+                       tmp / "s");
+  ASSERT_EQ(r.trials.size(), 1u);
+  EXPECT_EQ(r.trials[0].state, "COMPLETE") << r.trials[0].reason;
+  EXPECT_NE(r.trials[0].reason.find("micro-batch 512 -> "), std::string::npos) << r.trials[0].reason;
+  EXPECT_LE(r.trials[0].predicted_peak, 90 * 1024 * 1024);
+  const auto config = read_file(r.trials[0].run_dir + "/config.toml");
+  EXPECT_EQ(config.find("micro_batch_size = 512"), std::string::npos);
+  EXPECT_NE(config.find("batch_size = 512"), std::string::npos);  // the effective batch is the trial's
+}
+
+TEST(Sweep, TheMedianPrunerStopsATrialBehindTheCompletedOnes) {
+  TempDir tmp;
+  const auto r = study(recipe(tmp, "[]", R"(
+[sweep]
+sampler = "grid"
+pruner = "median"
+pruner_min_trials = 3
+budget_epochs = 2
+[sweep.space.optim.lr]
+type = "choice"
+values = [0.01, 0.003, 0.001, 1e-9]
+)"),
+                       tmp / "s");
+  ASSERT_EQ(r.trials.size(), 4u);
+  for (int i : {0, 1, 2}) EXPECT_EQ(r.trials[std::size_t(i)].state, "COMPLETE");
+  EXPECT_EQ(r.trials[3].state, "PRUNED");
+  EXPECT_FALSE(r.trials[3].out_of_memory);
+  EXPECT_NE(r.trials[3].reason.find("worse than the median"), std::string::npos) << r.trials[3].reason;
+  EXPECT_EQ(r.trials[0].intermediate.size(), 2u);  // one report per epoch of the budget
+}
+
+TEST(Sweep, SuccessiveHalvingKeepsTheBestAtEachRung) {
+  TempDir tmp;
+  const auto r = study(recipe(tmp, "[]", R"(
+[sweep]
+sampler = "grid"
+pruner = "successive_halving"
+reduction_factor = 2
+min_resource = 1
+budget_epochs = 2
+[sweep.space.optim.lr]
+type = "choice"
+values = [0.003, 1e-9, 0.01]
+)"),
+                       tmp / "s");
+  ASSERT_EQ(r.trials.size(), 3u);
+  // Rung 1 (1 report): trial 0 is alone and goes on; trial 1 (nothing learnt) is not in the
+  // better half of two and stops.
+  EXPECT_EQ(r.trials[0].state, "COMPLETE");
+  EXPECT_EQ(r.trials[1].state, "PRUNED");
+  EXPECT_NE(r.trials[1].reason.find("successive halving"), std::string::npos) << r.trials[1].reason;
+}
+
+TEST(Sweep, ParallelTrialsRunAtTheSameTime) {
+  TempDir tmp;
+  const auto r = study(recipe(tmp, "[]", R"(
+[sweep]
+sampler = "grid"
+pruner = "none"
+parallel = 2
+[sweep.space.optim.lr]
+type = "choice"
+values = [0.01, 0.003, 0.001, 0.0003]
+)"),
+                       tmp / "s", {"runtime.num_threads=1"});
+  EXPECT_EQ(r.count("COMPLETE"), 4);
+  // The second trial began before the first ended.
+  const auto lines = read_lines(tmp / "s/study.jsonl");
+  std::vector<std::string> events;
+  for (const auto& l : lines) {
+    if (l.rfind(R"({"event":"trial")", 0) == 0) events.push_back("start");
+    if (l.rfind(R"({"event":"end")", 0) == 0) events.push_back("end");
+  }
+  ASSERT_GE(events.size(), 3u);
+  EXPECT_EQ(events[0], "start");
+  EXPECT_EQ(events[1], "start");
+}
+
+int count_of(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (auto p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
+  return n;
+}
+
+TEST(Sweep, AStudyKilledMidwayResumesWithoutRerunningFinishedTrials) {
+  TempDir tmp;
+  const std::string r = recipe(tmp, "[]", R"(
+[sweep]
+sampler = "grid"
+pruner = "none"
+[sweep.space.optim.lr]
+type = "choice"
+values = [0.01, 0.003, 0.001, 0.0003]
+)");
+  ::setenv("TRAINER_CONFIG_PATH", TRAINER_SOURCE_DIR "/configs", 1);
+  const std::string cmd = std::string(TRAINER_CLI) + " sweep --recipe " + r + " --study-dir " + (tmp / "s") + " > " +
+                          (tmp / "1.log") + " 2>&1";
+  {
+    trainer::testing::Child sweep(cmd);
+    ASSERT_TRUE(trainer::testing::wait_for_text(tmp / "s/study.jsonl", R"({"event":"end")"));
+    sweep.signal(SIGKILL);
+    sweep.wait();
+  }
+  const std::string before = read_file(tmp / "s/study.jsonl");
+  const int ended = count_of(before, R"({"event":"end")");
+  ASSERT_GE(ended, 1);
+  ASSERT_LT(ended, 4) << "the study finished before it was killed";
+  ASSERT_EQ(std::system((cmd + "; exit $?").c_str()), 0) << read_file(tmp / "1.log");
+  const std::string after = read_file(tmp / "s/study.jsonl");
+  EXPECT_NE(read_file(tmp / "1.log").find("resuming"), std::string::npos);
+  EXPECT_EQ(count_of(after, R"({"event":"end")"), 4);
+  // A trial that had ended was not started again; the one killed mid-run was.
+  for (int n = 0; n < 4; ++n) {
+    const std::string end = R"("number":)" + std::to_string(n) + R"(,"oom")";
+    EXPECT_EQ(count_of(after, end), 1) << "trial " << n << "\n" << after;
+  }
+  int starts_of_ended = 0;
+  for (const auto& line : read_lines(tmp / "s/study.jsonl")) {
+    if (line.rfind(R"({"event":"trial")", 0) != 0) continue;
+    for (int n = 0; n < ended; ++n) {
+      if (line.find(R"("number":)" + std::to_string(n) + ",") != std::string::npos) ++starts_of_ended;
+    }
+  }
+  EXPECT_EQ(starts_of_ended, ended);
+  EXPECT_EQ(read_lines(tmp / "s/results.csv").size(), 5u);
+}
+
+TEST(Sweep, WithMlflowTheStudyIsAParentRunAndEachTrialANestedRun) {
+  TempDir tmp;
+  const auto r = study(recipe(tmp, R"(["mlflow"])", R"(
+[plugins.mlflow]
+tracking_uri = "file:)" + (tmp / "mlruns") + R"("
+experiment = "sweeps"
+[sweep]
+sampler = "grid"
+pruner = "none"
+[sweep.space.optim.lr]
+type = "choice"
+values = [0.01, 0.001]
+)"),
+                       tmp / "s");
+  ASSERT_EQ(r.count("COMPLETE"), 2);
+  ASSERT_FALSE(r.mlflow_run_id.empty());
+  int children = 0;
+  bool parent_found = false;
+  for (const auto& e : fs::recursive_directory_iterator(tmp / "mlruns")) {
+    if (e.path().filename() != "meta.yaml" || !fs::exists(e.path().parent_path() / "tags")) continue;
+    const auto run = e.path().parent_path();
+    if (run.filename() == r.mlflow_run_id) {
+      parent_found = true;
+      EXPECT_TRUE(fs::exists(run / "metrics/study/complete"));
+      EXPECT_NE(read_file((run / "meta.yaml").string()).find("status: 3"), std::string::npos);  // FINISHED
+      continue;
+    }
+    if (read_file((run / "tags/mlflow.parentRunId").string()) == r.mlflow_run_id) ++children;
+  }
+  EXPECT_TRUE(parent_found);
+  EXPECT_EQ(children, 2);
+}
+
+TEST(Sweep, BadStudiesAreConfigErrors) {
+  TempDir tmp;
+  ::setenv("TRAINER_CONFIG_PATH", TRAINER_SOURCE_DIR "/configs", 1);
+  EXPECT_THROW(trainer::tune::load_sweep(recipe(tmp, "[]", ""), {}), trainer::UsageError);
+  try {
+    trainer::tune::load_sweep(recipe(tmp, "[]", R"(
+[sweep]
+sampler = "bayes"
+n_trialz = 3
+[sweep.space.optim.lr]
+type = "log_uniform"
+low = -1.0
+high = 1.0
+)"),
+                              {});
+    FAIL() << "no error";
+  } catch (const trainer::ConfigError& e) {
+    std::string all;
+    for (const auto& p : e.problems()) all += p + "\n";
+    EXPECT_NE(all.find("sweep.sampler"), std::string::npos) << all;
+    EXPECT_NE(all.find("n_trialz"), std::string::npos) << all;
+    EXPECT_NE(all.find("log_uniform needs low > 0"), std::string::npos) << all;
+  }
+  // The CLI: exit 2, every problem listed.
+  const std::string cmd =
+      std::string(TRAINER_CLI) + " sweep --recipe " + (tmp / "study.toml") + " > " + (tmp / "out.txt") + " 2>&1";
+  const int status = std::system(cmd.c_str());
+  EXPECT_EQ(WEXITSTATUS(status), 2);
+  EXPECT_NE(read_file(tmp / "out.txt").find("n_trialz"), std::string::npos);
+}
+
+TEST(Sweep, ARecipeWithASweepSectionTrainsAsARecipeWithoutIt) {
+  TempDir tmp;
+  ::setenv("TRAINER_CONFIG_PATH", TRAINER_SOURCE_DIR "/configs", 1);
+  const std::string cmd = std::string(TRAINER_CLI) + " --recipe " + recipe(tmp, "[]", model_batch_grid()) +
+                          " training.max_steps=1 eval.every_epochs=0 --log-level error --run-dir " + (tmp / "run") +
+                          " > " + (tmp / "run.txt") + " 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << read_file(tmp / "run.txt");
+  EXPECT_EQ(read_file(tmp / "run/config.toml").find("sweep"), std::string::npos);
+}
+
+}  // namespace
