@@ -207,6 +207,23 @@ class Child {
   bool reaped_ = false;
 };
 
+/// What a command printed (stdout and stderr together) and how it ended.
+struct CommandOutput {
+  int code = -1;  ///< exit code, or 128 + signal
+  std::string text;
+};
+
+/// Runs `command` through the shell, stderr with stdout.
+inline CommandOutput run_command(const std::string& command) {
+  CommandOutput out;
+  FILE* p = popen((command + " 2>&1").c_str(), "r");
+  char buf[4096];
+  while (std::size_t n = fread(buf, 1, sizeof buf, p)) out.text.append(buf, n);
+  const int status = pclose(p);
+  out.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return out;
+}
+
 /// Polls `path` until it contains `text`: true once it does, false after `limit` (a bound
 /// so that a broken run fails the test instead of hanging it, not a timing assumption).
 inline bool wait_for_text(const std::string& path, const std::string& text,

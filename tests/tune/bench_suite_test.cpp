@@ -117,19 +117,8 @@ TEST(Bench, WithoutTheEstimateAnOutOfMemoryCellRunsAndSaysSo) {
   EXPECT_NE(r.cells[1].message.find("out of memory"), std::string::npos);
 }
 
-struct Output {
-  int code = -1;
-  std::string text;
-};
-
-Output run_cli(const std::string& args) {
-  Output out;
-  FILE* p = popen((std::string(TRAINER_CLI) + " " + args + " 2>&1").c_str(), "r");
-  char buf[4096];
-  while (std::size_t n = fread(buf, 1, sizeof buf, p)) out.text.append(buf, n);
-  const int status = pclose(p);
-  out.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return out;
+trainer::testing::CommandOutput run_cli(const std::string& args) {
+  return trainer::testing::run_command(std::string(TRAINER_CLI) + " " + args);
 }
 
 TEST(BenchCli, WritesTheTableCsvAndMarkdown) {

@@ -19,11 +19,11 @@ SearchSpace space_of(const std::string& toml) {
   return SearchSpace::from_config(Config::parse(toml, "sweep.toml").sub("sweep.space"), "sweep.space");
 }
 
-const char* kSpace = R"(
+/// The model, and a batch size whose range depends on it.
+const std::string kConditional = R"(
 [sweep.space.model]
 type = "choice"
 values = ["mlp", "cnn"]
-
 [sweep.space.training.batch_size]
 type = "int"
 low = 32
@@ -32,7 +32,9 @@ step = 32
 condition_on = "model"
 [sweep.space.training.batch_size.cases.cnn]
 high = 64
+)";
 
+const std::string kSpace = kConditional + R"(
 [sweep.space.optim.lr]
 type = "log_uniform"
 low = 1e-4
@@ -88,19 +90,7 @@ condition_on = "nothing"
 }
 
 TEST(SearchSpace, GridWalksConditionalRanges) {
-  auto s = space_of(R"(
-[sweep.space.model]
-type = "choice"
-values = ["mlp", "cnn"]
-[sweep.space.training.batch_size]
-type = "int"
-low = 32
-high = 128
-step = 32
-condition_on = "model"
-[sweep.space.training.batch_size.cases.cnn]
-high = 64
-)");
+  auto s = space_of(kConditional);
   EXPECT_EQ(s.grid_size(), 4 + 2);
   std::set<std::vector<std::string>> points;
   for (int i = 0; i < 6; ++i) points.insert(s.grid_point(i).overrides());
