@@ -42,7 +42,7 @@ const char* kUsage = R"(Usage:
                                         steps: breakdown, whether it fits the budget or device,
                                         the largest micro-batch that does (docs/memory.md)
   trainer bench --recipe FILE --grid "k1=a,b k2=c,d" [OVERRIDE...] [--steps N] [--warmup W]
-                [--csv FILE] [--md FILE] [--no-estimate]
+                [--csv FILE] [--md FILE] [--no-estimate] [--margin F]
                                         a benchmark suite over a grid of overrides: samples/s,
                                         step time, peak memory, out-of-memory errors per cell;
                                         cells predicted not to fit are marked, not run

@@ -144,6 +144,8 @@ std::vector<std::vector<std::string>> grid_cells(const std::vector<GridAxis>& ax
 BenchReport run_bench(const BenchRequest& req, std::ostream& progress) {
   TRAINER_CHECK_T(UsageError, req.steps >= 1, "--steps ", req.steps, ": at least 1 measured step");
   TRAINER_CHECK_T(UsageError, req.warmup >= 0, "--warmup ", req.warmup, ": 0 or more");
+  TRAINER_CHECK_T(UsageError, req.margin >= 0 && req.margin < 1, "--margin ", req.margin,
+                  " is outside [0, 1): it is the fraction of the limit kept free");
   BenchReport report;
   for (const auto& a : req.grid) report.keys.push_back(a.key);
   // Every cell's config is checked before anything runs: a typo in the last cell is not found
@@ -167,6 +169,7 @@ BenchReport run_bench(const BenchRequest& req, std::ostream& progress) {
   std::map<std::string, std::int64_t> largest_micro;
   for (const auto& c : report.cells) largest_micro[group_of(c)] = std::max(largest_micro[group_of(c)], c.micro_batch);
   std::map<std::string, MemoryEstimate> estimates;
+  std::map<std::string, std::string> failed_estimates;  // a group whose estimate failed: why
   for (std::size_t i = 0; i < report.cells.size(); ++i) {
     BenchCell& c = report.cells[i];
     std::vector<std::string> all = req.overrides;
@@ -175,7 +178,7 @@ BenchReport run_bench(const BenchRequest& req, std::ostream& progress) {
       const std::string key = group_of(c);
       try {
         auto it = estimates.find(key);
-        if (it == estimates.end()) {
+        if (it == estimates.end() && !failed_estimates.count(key)) {
           EstimateRequest er;
           er.recipe = req.recipe;
           er.overrides = all;
@@ -186,23 +189,28 @@ BenchReport run_bench(const BenchRequest& req, std::ostream& progress) {
           er.probe_sizes = {std::max<std::int64_t>(1, top / 4), std::max<std::int64_t>(2, top / 2), top};
           it = estimates.emplace(key, estimate_memory(er)).first;
         }
-        const MemoryEstimate& e = it->second;
-        if (report.device.empty()) report.device = e.device;
-        c.predicted_peak = e.peak > 0 ? e.predict(c.batch_size, c.micro_batch) : -1;
-        if (e.peak == 0 || !e.fits_at(c.batch_size, c.micro_batch)) {
-          c.status = "predicted_oom";
-          c.message = e.peak == 0
-                          ? "the probes ran out of memory at small micro-batches"
-                          : "predicted " +
-                                format_bytes(e.limit_on_reserved ? e.predict_reserved(c.batch_size, c.micro_batch)
-                                                                 : c.predicted_peak) +
-                                " > " + format_bytes(std::int64_t(double(e.limit) * (1.0 - e.margin))) + " usable (" +
-                                e.limit_source + ")";
+        if (it != estimates.end()) {
+          const MemoryEstimate& e = it->second;
+          if (report.device.empty()) report.device = e.device;
+          c.predicted_peak = e.peak > 0 ? e.predict(c.batch_size, c.micro_batch) : -1;
+          if (e.peak == 0 || !e.fits_at(c.batch_size, c.micro_batch)) {
+            c.status = "predicted_oom";
+            c.message = e.peak == 0
+                            ? "the smallest probe ran out of memory"
+                            : "predicted " +
+                                  format_bytes(e.limit_on_reserved ? e.predict_reserved(c.batch_size, c.micro_batch)
+                                                                   : c.predicted_peak) +
+                                  " > " + format_bytes(std::int64_t(double(e.limit) * (1.0 - e.margin))) + " usable (" +
+                                  e.limit_source + ")";
+          }
         }
+      } catch (const UsageError&) {
+        throw;  // the cell's own error (ConfigError is one too), not the estimate's: exit 2
       } catch (const Error& e) {
-        c.status = "failed";
-        c.message = std::string("estimate: ") + e.what();
+        // Not knowing is not a reason to skip: the cell runs and shows what happens.
+        failed_estimates[key] = e.what();
       }
+      if (failed_estimates.count(key)) c.message = "not estimated: " + failed_estimates[key];
     }
     if (c.status.empty()) {
       ShortRunSpec spec;
@@ -236,7 +244,7 @@ BenchReport run_bench(const BenchRequest& req, std::ostream& progress) {
       }
       if (r.exit_code != 0) {
         c.status = r.out_of_memory ? "oom" : "failed";
-        c.message = r.message;
+        c.message = (c.message.empty() ? "" : c.message + "; ") + r.message;
       } else if (c.measured_steps < req.steps) {
         c.status = "failed";
         c.message = "ran " + std::to_string(r.steps.size()) + " of " + std::to_string(spec.steps) +
@@ -244,8 +252,9 @@ BenchReport run_bench(const BenchRequest& req, std::ostream& progress) {
       } else {
         c.status = "ok";
         if (r.out_of_memory) {
-          c.message = "ran out of memory at micro-batch " + std::to_string(r.oom_micro_batch) + " (" + r.oom_phase +
-                      "), went on at " + std::to_string(c.micro_batch_used);
+          c.message = (c.message.empty() ? "" : c.message + "; ") + "ran out of memory at micro-batch " +
+                      std::to_string(r.oom_micro_batch) + " (" + r.oom_phase + "), went on at " +
+                      std::to_string(c.micro_batch_used);
         }
       }
     }

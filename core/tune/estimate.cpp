@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <iomanip>
 #include <ostream>
+#include <set>
 #include <sstream>
 
 #include "trainer/core_settings.h"
@@ -107,17 +108,15 @@ std::int64_t usable(const MemoryEstimate& e) {
   return static_cast<std::int64_t>(static_cast<double>(e.limit) * (1.0 - e.margin));
 }
 
-/// Largest m in [1, cap] with f(m) <= budget for f increasing in m; 0 when even 1 does not fit.
+/// Largest m in [1, cap] with f(m) <= budget; 0 when none. A scan, not a bisection: at a fixed
+/// batch the prediction can fall as the micro-batch grows (c > b: the batch's samples beyond
+/// the micro-batch cost more than the micro-batch's own), so f need not be monotonic.
 template <class F>
 std::int64_t largest_fitting(F f, std::int64_t budget, std::int64_t cap) {
-  if (cap < 1 || f(1) > budget) return 0;
-  std::int64_t lo = 1, hi = cap;
-  if (f(hi) <= budget) return hi;
-  while (hi - lo > 1) {  // f(lo) fits, f(hi) does not
-    const std::int64_t mid = lo + (hi - lo) / 2;
-    (f(mid) <= budget ? lo : hi) = mid;
+  for (std::int64_t m = cap; m >= 1; --m) {
+    if (f(m) <= budget) return m;
   }
-  return lo;
+  return 0;
 }
 
 std::int64_t limit_measure(const MemoryEstimate& e, std::int64_t batch, std::int64_t micro) {
@@ -175,7 +174,10 @@ MemoryEstimate estimate_once(const EstimateRequest& request, const RecipeFacts& 
                   " is outside [0, 1): it is the fraction of the limit kept free");
   std::vector<std::int64_t> sizes = request.probe_sizes;
   if (sizes.empty()) {
-    const std::int64_t top = std::max<std::int64_t>(4, facts.micro / 4);
+    // Never above the recipe's own micro-batch: a probe larger than it could run out of memory
+    // where the recipe would not.
+    const std::int64_t top =
+        std::min(std::max<std::int64_t>(4, facts.micro / 4), std::max<std::int64_t>(2, facts.micro));
     sizes = {std::max<std::int64_t>(1, top / 4), std::max<std::int64_t>(2, top / 2), top};
   }
   std::sort(sizes.begin(), sizes.end());
@@ -240,19 +242,38 @@ MemoryEstimate estimate_once(const EstimateRequest& request, const RecipeFacts& 
     ys.push_back(double(p.reserved - p.peak));
   }
   set_limit(e, facts.memory);
-  if (X.size() < 3) {
-    // Out of memory already at the small sizes: nothing fits at the recipe's size either.
+  std::set<std::int64_t> micro_sizes;
+  bool accumulated = false;
+  for (const auto& x : X) {
+    micro_sizes.insert(std::int64_t(x[1]));
+    accumulated |= x[2] > 0;
+  }
+  if (micro_sizes.size() < 2) {
+    // The smallest probe ran out of memory: the recipe's larger step cannot fit either.
+    TRAINER_CHECK(e.probes.front().out_of_memory, "only ", X.size(),
+                  " probe(s) ran, the others ran out of memory: too few to fit; give smaller --probe-sizes");
     e.fits = false;
+    e.notes.push_back("the smallest probe (micro-batch " + std::to_string(e.probes.front().micro_batch) +
+                      ") ran out of memory");
     return e;
   }
+  if (!accumulated) {
+    // The probe with a batch 4x its micro-batch ran out of memory: what the rest of a batch holds
+    // cannot be told apart, and is taken as nothing.
+    for (auto& x : X) x.pop_back();
+    e.notes.push_back(
+        "the probe of a batch 4x its micro-batch ran out of memory: the rest of a batch split "
+        "into micro-batches is taken to hold nothing (c = 0)");
+  }
   const auto w = least_squares(X, y);
-  e.a = w[0], e.b = w[1], e.c = w[2];
+  e.a = w[0], e.b = w[1], e.c = accumulated ? w[2] : 0.0;
   const auto wo = least_squares(Xo, yo);
   e.a2 = wo[0], e.c2 = wo[1];
   const auto s = least_squares(Xs, ys);
   e.slack0 = s[0], e.slack1 = s[1];
   for (std::size_t i = 0; i < X.size(); ++i) {
-    const double fitted = double(e.predict(std::int64_t(X[i][1] + X[i][2]), std::int64_t(X[i][1])));
+    const double fitted =
+        double(e.predict(std::int64_t(X[i][1] + (accumulated ? X[i][2] : 0.0)), std::int64_t(X[i][1])));
     e.fit_residual = std::max(e.fit_residual, std::fabs(measured[i] - fitted) / std::max(1.0, measured[i]));
   }
 
@@ -331,8 +352,15 @@ void find_max_batch(const EstimateRequest& request, MemoryEstimate& e) {
     return ok;
   };
   // Bracket the largest size around the prediction (made without the margin), then bisect.
-  std::int64_t start = std::clamp<std::int64_t>(
-      largest_fitting([&](std::int64_t m) { return limit_measure(e, m, m); }, e.limit, cap), 1, cap);
+  // Without a fit (the probes ran out of memory), from the largest probe that ran, else 1.
+  std::int64_t ran = 1;
+  for (const auto& p : e.probes) {
+    if (p.error.empty() && p.batch_size == p.micro_batch) ran = std::max(ran, p.micro_batch);
+  }
+  std::int64_t start =
+      e.peak == 0 ? ran
+                  : std::clamp<std::int64_t>(
+                        largest_fitting([&](std::int64_t m) { return limit_measure(e, m, m); }, e.limit, cap), 1, cap);
   std::int64_t lo = 0, hi = cap + 1;  // lo fits (0: none known), hi does not (cap + 1: none known)
   if (runs(start)) {
     lo = start;

@@ -26,18 +26,25 @@ std::pair<double, double> bounds(const SearchParam& p, const ParamRange& r) {
   return {0.0, 0.0};
 }
 
-/// The parent's value text for a conditional parameter, from the internal values chosen so far.
-std::string parent_value(const SearchSpace& space, const SearchParam& p, const std::map<std::string, double>& chosen) {
-  if (p.condition_on.empty()) return {};
+/// The value text `key` took among the internal values chosen so far ("" when not chosen); a
+/// choice that is itself conditional is read in its own case's values.
+std::string value_text(const SearchSpace& space, const std::string& key, const std::map<std::string, double>& chosen) {
   for (const auto& q : space.params()) {
-    if (q.key != p.condition_on) continue;
+    if (q.key != key) continue;
     const auto it = chosen.find(q.key);
-    if (it == chosen.end()) return {};
+    if (it == chosen.end() || q.kind != Kind::Choice) return {};
+    const ParamRange& r =
+        q.range_for(q.condition_on.empty() ? std::string() : value_text(space, q.condition_on, chosen));
     const auto i = static_cast<std::size_t>(
-        std::clamp<long long>(std::llround(it->second), 0, static_cast<long long>(q.range.values.size()) - 1));
-    return q.range.values[i];
+        std::clamp<long long>(std::llround(it->second), 0, static_cast<long long>(r.values.size()) - 1));
+    return r.values[i];
   }
   return {};
+}
+
+/// The parent's value text for a conditional parameter, from the internal values chosen so far.
+std::string parent_value(const SearchSpace& space, const SearchParam& p, const std::map<std::string, double>& chosen) {
+  return p.condition_on.empty() ? std::string() : value_text(space, p.condition_on, chosen);
 }
 
 double draw_uniform(const SearchParam& p, const ParamRange& r, std::mt19937_64& rng) {
@@ -158,8 +165,7 @@ class TpeSampler final : public Sampler {
       for (const auto& o : history) {
         if (!o.internal.count(p.key)) continue;
         if (!p.condition_on.empty()) {
-          const auto it = o.internal.find(p.condition_on);
-          if (it == o.internal.end() || parent_value(space, p, {{p.condition_on, it->second}}) != parent) continue;
+          if (!o.internal.count(p.condition_on) || parent_value(space, p, o.internal) != parent) continue;
         }
         relevant.push_back(&o);
       }

@@ -29,13 +29,21 @@ std::vector<std::string> values_of(const ConfigValue& v) {
 ParamRange read_range(const Config& t, const std::string& path, Kind kind, ParamRange base,
                       std::vector<std::string>& problems) {
   const auto where = [&](const std::string& k) { return t.origin(k) + ": " + path + "." + k; };
+  // A key of the other kind is a mistake, not something to ignore: `values` on an int range
+  // would otherwise leave it at 0..0.
+  const auto refuse = [&](const std::string& k, const char* why) {
+    if (t.has(k)) problems.push_back(where(k) + ": " + why);
+  };
   try {
     if (kind == Kind::Choice) {
+      for (const char* k : {"low", "high", "step"}) refuse(k, "a choice takes `values = [...]`, not low/high/step");
       if (t.has("values")) {
         base.values = values_of(t.value("values"));
         if (base.values.empty()) problems.push_back(where("values") + ": expected a non-empty list of values");
       }
     } else {
+      refuse("values", "a numeric range takes low and high (and, for an int, step); use type = \"choice\" for a list");
+      if (kind != Kind::Int) refuse("step", "only an int range has a step");
       if (t.has("low")) base.low = t.get<double>("low");
       if (t.has("high")) base.high = t.get<double>("high");
       if (kind == Kind::Int && t.has("step")) base.step = t.get<std::int64_t>("step");
@@ -93,6 +101,11 @@ void collect(const Config& t, const std::string& path, const std::string& where,
       return;
     }
     p.range = read_range(t, full, p.kind, {}, problems);
+    if (p.kind != Kind::Choice) {
+      for (const char* k : {"low", "high"}) {
+        if (!t.has(k)) problems.push_back(detail::str(t.origin("type"), ": ", full, ": ", type, " needs `", k, "`"));
+      }
+    }
     check_range(p.range, p.kind, t.origin("type") + ": " + full, problems);
     if (t.has("condition_on")) {
       try {
@@ -192,8 +205,11 @@ SearchSpace SearchSpace::from_config(const Config& space, const std::string& whe
                                      "\": only a choice parameter can be conditioned on"));
       continue;
     }
+    std::vector<std::string> parent_values = parent.range.values;  // in any of its cases too
+    for (const auto& [pc, pr] : parent.cases)
+      parent_values.insert(parent_values.end(), pr.values.begin(), pr.values.end());
     for (const auto& [c, r] : p.cases) {
-      if (std::find(parent.range.values.begin(), parent.range.values.end(), c) == parent.range.values.end()) {
+      if (std::find(parent_values.begin(), parent_values.end(), c) == parent_values.end()) {
         problems.push_back(detail::str(where, ".", p.key, ".cases.", c, ": '", c, "' is not a value of ", parent.key,
                                        " (", detail::join(parent.range.values), ")"));
       }
@@ -255,37 +271,43 @@ Assignment SearchSpace::make(const std::map<std::string, double>& internal) cons
 }
 
 std::int64_t SearchSpace::grid_size() const {
-  // Conditional ranges make the count depend on the parent's value: count by walking the grid.
-  std::int64_t total = 0;
-  std::function<void(std::size_t, Assignment&)> walk;
+  // Conditional ranges make the count depend on the parent's value: count by walking the grid,
+  // one branch per value of a choice (a parameter's count is the same for every value of the
+  // parameters after it).
+  constexpr std::int64_t kMax = 1000000;
   bool continuous = false;
-  walk = [&](std::size_t i, Assignment& a) {
-    if (continuous || total > 1000000) return;
-    if (i == params_.size()) {
-      ++total;
-      return;
-    }
+  std::function<std::int64_t(std::size_t, Assignment&)> count = [&](std::size_t i, Assignment& a) -> std::int64_t {
+    if (i == params_.size()) return 1;
     const auto& p = params_[i];
     const ParamRange& r = p.condition_on.empty() ? p.range : p.range_for(a.get(p.condition_on));
-    std::int64_t n = 0;
-    if (p.kind == Kind::Choice) {
-      n = static_cast<std::int64_t>(r.values.size());
-    } else if (p.kind == Kind::Int) {
-      n = static_cast<std::int64_t>((r.high - r.low) / double(r.step)) + 1;
-    } else {
+    if (p.kind == Kind::Uniform || p.kind == Kind::LogUniform) {
       continuous = true;
-      return;
+      return 0;
     }
-    for (std::int64_t k = 0; k < n; ++k) {
-      a.values.emplace_back(p.key,
-                            p.kind == Kind::Choice ? r.values[std::size_t(k)] : format(p, r.low + double(k * r.step)));
-      walk(i + 1, a);
+    if (p.kind == Kind::Int) {
+      const double n = std::floor((r.high - r.low) / double(r.step)) + 1;
+      TRAINER_CHECK_T(UsageError, n <= double(kMax), "the grid of ", p.key, " alone has ", n,
+                      " points; more than 1,000,000: use sampler \"random\" or \"tpe\"");
+      a.values.emplace_back(p.key, format(p, r.low));
+      const std::int64_t rest = count(i + 1, a);
       a.values.pop_back();
+      TRAINER_CHECK_T(UsageError, double(rest) * n <= double(kMax),
+                      "the grid has more than 1,000,000 points: use sampler \"random\" or \"tpe\"");
+      return rest * static_cast<std::int64_t>(n);
     }
+    std::int64_t total = 0;
+    for (const auto& v : r.values) {
+      a.values.emplace_back(p.key, v);
+      total += count(i + 1, a);
+      a.values.pop_back();
+      TRAINER_CHECK_T(UsageError, total <= kMax,
+                      "the grid has more than 1,000,000 points: use sampler \"random\" or \"tpe\"");
+    }
+    return total;
   };
   Assignment a;
-  walk(0, a);
-  return continuous ? 0 : total;
+  const std::int64_t n = count(0, a);
+  return continuous ? 0 : n;
 }
 
 Assignment SearchSpace::grid_point(std::int64_t index) const {

@@ -1,5 +1,6 @@
 #include "short_run.h"
 
+#include <spdlog/spdlog.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
@@ -8,6 +9,7 @@
 #include <filesystem>
 
 #include "trainer/json.h"
+#include "trainer/logging.h"
 #include "trainer/memory.h"
 #include "trainer/optim.h"
 #include "trainer/plugin.h"
@@ -16,8 +18,9 @@
 namespace trainer::tune {
 namespace {
 
-/// Measures the steps of the run it is added to (last in dispatch order, so that what the
-/// other plugins do at BatchStart is in the window).
+/// Measures the steps of the run it is added to. It runs last in dispatch order: the peak window
+/// opens after the other plugins' BatchStart work (and closes, at BeforeOptimizerStep, after
+/// theirs too).
 class MeasurePlugin final : public Plugin {
  public:
   explicit MeasurePlugin(ShortRunResult& out) : out_(out) {}
@@ -182,6 +185,11 @@ ShortRunResult run_short(const ShortRunSpec& spec) {
     install_cpu_tracking_allocator();
     out.allocated_before = memory_stats(cpu).allocated;
   }
+  // A run points the process's default logger at its own directory and level; the caller's
+  // comes back afterwards (the probe's directory is about to go).
+  const auto logger = default_logger();
+  const auto caller_level = logger->level();
+  const auto caller_sinks = logger->sinks();
   {
     Trainer t(std::move(options));
     const RunResult r = t.fit();
@@ -189,6 +197,8 @@ ShortRunResult run_short(const ShortRunSpec& spec) {
     out.status = r.status;
     out.message = r.message;
   }
+  logger->sinks() = caller_sinks;
+  logger->set_level(caller_level);
   // Gives cached memory back, so that the next run in this process starts from the same place.
   if (!out.device.empty()) clear_memory(c10::Device(out.device), /*force=*/true);
   if (!spec.keep_run_dir && !spec.run_dir.empty()) {

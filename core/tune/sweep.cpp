@@ -376,12 +376,8 @@ class Study {
         const MemoryEstimate* e = estimate_for(overrides);
         std::int64_t m = 0;
         if (e && e->peak > 0 && backoff_floor > 0) {
-          for (std::int64_t lo = 1, hi = micro; lo <= hi;) {
-            const std::int64_t mid = lo + (hi - lo) / 2;
-            if (e->fits_at(batch, mid))
-              m = mid, lo = mid + 1;
-            else
-              hi = mid - 1;
+          for (std::int64_t k = micro - 1; k >= backoff_floor && m == 0; --k) {
+            if (e->fits_at(batch, k)) m = k;
           }
         }
         if (m == 0 || m < backoff_floor) return end(t, "SKIPPED", why);

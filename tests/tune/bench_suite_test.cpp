@@ -69,7 +69,6 @@ TEST(Bench, EveryCellIsRunOrMarkedAndPredictedOutOfMemoryCellsAreNotRun) {
     EXPECT_LE(c.step_ms_min, c.step_ms_median);
     EXPECT_LE(c.step_ms_median, c.step_ms_max);
     EXPECT_GT(c.peak, 0);
-    EXPECT_LE(c.peak, 100 * 1024 * 1024);
     EXPECT_GT(c.predicted_peak, 0);
     EXPECT_FALSE(c.out_of_memory);
   }
@@ -144,6 +143,9 @@ TEST(BenchCli, BadInputIsAUsageError) {
   o = run_cli("bench --recipe " + kTight + " --grid 'model=mlp,nope'");
   EXPECT_EQ(o.code, 2);
   EXPECT_NE(o.text.find("nope"), std::string::npos) << o.text;
+  o = run_cli("bench --recipe " + kTight + " --grid 'model=mlp' --margin 1.5");
+  EXPECT_EQ(o.code, 2);
+  EXPECT_NE(o.text.find("--margin 1.5 is outside [0, 1)"), std::string::npos) << o.text;
   o = run_cli("bench --recipe " + kTight + " --grid 'model=mlp' --steps 0");
   EXPECT_EQ(o.code, 2);
   EXPECT_NE(o.text.find("--steps 0: at least 1 measured step"), std::string::npos) << o.text;

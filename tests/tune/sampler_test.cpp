@@ -75,6 +75,13 @@ type = "int"
 low = 1
 high = 3
 condition_on = "nothing"
+[sweep.space.optim.momentum]
+type = "uniform"
+values = [0.5, 0.9]
+[sweep.space.training.micro_batch_size]
+type = "choice"
+values = [8, 16]
+high = 32
 )");
     FAIL() << "no error";
   } catch (const trainer::ConfigError& e) {
@@ -86,6 +93,12 @@ condition_on = "nothing"
     EXPECT_NE(all.find("type = \"pick\": expected one of choice, int, uniform, log_uniform"), std::string::npos) << all;
     EXPECT_NE(all.find("condition_on = \"nothing\": no such parameter"), std::string::npos) << all;
     EXPECT_NE(all.find("sweep.toml:"), std::string::npos) << all;  // with file:line
+    // What is missing or belongs to another kind is refused, not read as 0.
+    EXPECT_NE(all.find("optim.momentum: uniform needs `low`"), std::string::npos) << all;
+    EXPECT_NE(all.find("optim.momentum: uniform needs `high`"), std::string::npos) << all;
+    EXPECT_NE(all.find("optim.momentum.values: a numeric range takes low and high"), std::string::npos) << all;
+    EXPECT_NE(all.find("training.micro_batch_size.high: a choice takes `values = [...]`"), std::string::npos)
+        << all;
   }
 }
 
@@ -119,6 +132,57 @@ TEST(Sampler, RandomDrawsStayInTheirRangesAndLogUniformIsUniformInLog) {
     EXPECT_GE(batch, 32);
   }
   EXPECT_NEAR(below_geometric_mean, 200, 40);
+}
+
+TEST(SearchSpace, NestedConditionsReadEachParentInItsOwnCase) {
+  const auto s = space_of(R"(
+[sweep.space.a]
+type = "choice"
+values = ["x", "y"]
+[sweep.space.b]
+type = "choice"
+values = ["p", "q"]
+condition_on = "a"
+[sweep.space.b.cases.y]
+values = ["r", "s"]
+[sweep.space.c]
+type = "int"
+low = 1
+high = 3
+condition_on = "b"
+[sweep.space.c.cases.r]
+low = 100
+high = 100
+)");
+  std::vector<std::unique_ptr<trainer::tune::Sampler>> samplers;
+  samplers.push_back(trainer::tune::random_sampler());
+  samplers.push_back(trainer::tune::tpe_sampler({3, 24, 1.0}));
+  for (auto& sampler : samplers) {
+    std::mt19937_64 rng(3);
+    std::vector<trainer::tune::Observation> history;
+    int r_seen = 0;
+    for (int i = 0; i < 60; ++i) {
+      const auto a = sampler->sample(s, i, history, rng);
+      const std::string b = a.get("b");
+      EXPECT_TRUE(a.get("a") == "y" ? (b == "r" || b == "s") : (b == "p" || b == "q")) << a.get("a") << " " << b;
+      const int c = std::stoi(a.get("c"));
+      EXPECT_TRUE(b == "r" ? c == 100 : (c >= 1 && c <= 3)) << b << " " << c;
+      r_seen += b == "r";
+      history.push_back({a.internal, double(c)});
+    }
+    EXPECT_GT(r_seen, 0);
+  }
+  EXPECT_EQ(s.grid_size(), 2 * 3 + 1 + 3);  // x: p, q x 3; y: r x 1, s x 3
+}
+
+TEST(SearchSpace, AGridTooLargeToWalkIsRefused) {
+  const auto s = space_of(R"(
+[sweep.space.training.batch_size]
+type = "int"
+low = 1
+high = 1000000000
+)");
+  EXPECT_THROW(s.grid_size(), trainer::UsageError);
 }
 
 /// A toy objective shaped like a tuning problem: a learning rate that matters on a log scale, a
