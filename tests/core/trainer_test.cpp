@@ -71,6 +71,31 @@ TEST_F(TrainerRun, FiresEveryEventInOrderWithAccumulation) {
   EXPECT_EQ(r.global_step, 4);
 }
 
+TEST_F(TrainerRun, EvalAtEndEvaluatesAStopAtMaxStepsMidEpochOnce) {
+  // 2 steps an epoch: max_steps 3 stops in the middle of the second epoch, where nothing
+  // evaluates unless eval.at_end says so; limit_batches 1 of 8 evaluates 8 of the 32 samples.
+  RunResult r = run({"training.max_steps=3", "eval.every_epochs=0", "eval.at_end=true", "eval.batch_size=8",
+                     "eval.limit_batches=1"});
+  ASSERT_EQ(r.exit_code, kExitOk) << r.message;
+  auto ev = events();
+  EXPECT_EQ(std::count(ev.begin(), ev.end(), "EvalStart"), 1);
+  EXPECT_EQ(std::count(ev.begin(), ev.end(), "EvalBatchStart"), 1);
+  const auto acc = metric_by_step(tmp_ / "run/metrics.jsonl", "eval/accuracy");
+  ASSERT_EQ(acc.size(), 1u);
+  EXPECT_EQ(acc.begin()->first, 3);
+  const double correct = acc.begin()->second * 8;  // a share of the 8 samples evaluated
+  EXPECT_NEAR(correct, std::round(correct), 1e-9);
+  // Ending with the epoch's own evaluation: not evaluated twice.
+  r = run({"eval.at_end=true"}, "full");
+  ASSERT_EQ(r.exit_code, kExitOk) << r.message;
+  ev = events("full");
+  EXPECT_EQ(std::count(ev.begin(), ev.end(), "EvalStart"), 2);  // one per epoch
+  // Without it, the stop at max_steps is not evaluated.
+  r = run({"training.max_steps=3"}, "plain");
+  ev = events("plain");
+  EXPECT_EQ(std::count(ev.begin(), ev.end(), "EvalStart"), 1);  // the first epoch's
+}
+
 TEST_F(TrainerRun, MicroBatchCountsFollowTheSplit) {
   // 64 samples, batch 32, micro 12 -> micro-batches of 12, 12, 8 per step.
   ASSERT_EQ(run({"training.micro_batch_size=12", "training.epochs=1"}).exit_code, kExitOk);

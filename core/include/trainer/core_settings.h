@@ -62,10 +62,18 @@ struct TrainingSettings : Settings<TrainingSettings> {
 struct EvalSettings : Settings<EvalSettings> {
   std::int64_t every_epochs = 1;
   std::int64_t batch_size = 1000;
+  bool at_end = false;
+  std::int64_t limit_batches = 0;
 
   static void declare(SettingsSchema<EvalSettings>& s) {
     s.add(&EvalSettings::every_epochs, "every_epochs", "Evaluate every N epochs; 0 = never").min(0);
     s.add(&EvalSettings::batch_size, "batch_size", "Evaluation batch size").min(1);
+    s.add(&EvalSettings::at_end, "at_end",
+          "Also evaluate when training ends (its last epoch, or training.max_steps) unless that step was just "
+          "evaluated");
+    s.add(&EvalSettings::limit_batches, "limit_batches",
+          "Evaluate on the first N x batch_size samples of the test split only; 0 = all")
+        .min(0);
   }
 };
 

@@ -22,7 +22,15 @@ struct EvalMode {
 
 Evaluator::Evaluator(const EvalSettings& eval, RunParts& parts, const RunState& state, Hooks& hooks, OomRecovery& oom,
                      MetricsLogger& metrics, TrainMetrics& window)
-    : parts_(parts), state_(state), hooks_(hooks), oom_(oom), metrics_(metrics), window_(window) {
+    : parts_(parts),
+      state_(state),
+      hooks_(hooks),
+      oom_(oom),
+      metrics_(metrics),
+      window_(window),
+      // In samples, fixed by the configured batch: a retry with a smaller batch after an
+      // out-of-memory error evaluates the same samples.
+      limit_(eval.limit_batches * eval.batch_size) {
   parts_.eval_batch = eval.batch_size;
 }
 
@@ -30,7 +38,7 @@ std::map<std::string, double> Evaluator::run() {
   std::map<std::string, double> m;
   if (!parts_.test_set) return m;
   TrainMetrics::Pause pause(window_);
-  const std::int64_t n = parts_.test_set->size();
+  const std::int64_t n = limit_ > 0 ? std::min(limit_, parts_.test_set->size()) : parts_.test_set->size();
   double loss_sum = 0.0;
   std::int64_t correct = 0;
   {

@@ -34,6 +34,7 @@ class Evaluator {
   OomRecovery& oom_;
   MetricsLogger& metrics_;
   TrainMetrics& window_;
+  std::int64_t limit_ = 0;  ///< samples evaluated (eval.limit_batches x eval.batch_size); 0 = all
 };
 
 }  // namespace trainer

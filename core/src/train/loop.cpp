@@ -24,6 +24,21 @@ void EpochLoop::start_at(Position p) {
 }
 
 std::optional<StopCause> EpochLoop::run() {
+  const std::int64_t first_step = state_.global_step;
+  auto why = train_epochs();
+  // Not after a signal or a plugin's stop (they stop now); not when this process trained
+  // nothing (a resumed run that was already done).
+  const bool ended = !why || why->by == "training.max_steps";
+  if (s_.eval.at_end && ended && state_.global_step > first_step && evaluated_at_ != state_.global_step) evaluate();
+  return why;
+}
+
+void EpochLoop::evaluate() {
+  evaluator_.run();
+  evaluated_at_ = state_.global_step;
+}
+
+std::optional<StopCause> EpochLoop::train_epochs() {
   window_.start();
   // A resumed run may already be done (max_steps reached, e.g. by an automatic requeue).
   if (auto why = stop_reason()) return why;
@@ -79,7 +94,7 @@ std::int64_t EpochLoop::batch_index(std::int64_t n, std::int64_t begin) const {
 
 void EpochLoop::after_batch(bool stepped, bool last) {
   if (stepped && state_.global_step % s_.training.log_every == 0) window_.log(state_);
-  if (hooks_.take_eval_request()) evaluator_.run();
+  if (hooks_.take_eval_request()) evaluate();
   const std::int64_t every = s_.checkpoint.every_steps;
   const bool due = stepped && every > 0 && state_.global_step % every == 0;
   if (last) {
@@ -92,7 +107,7 @@ void EpochLoop::after_batch(bool stepped, bool last) {
 
 void EpochLoop::end_epoch(std::int64_t epoch) {
   window_.log(state_);
-  if (s_.eval.every_epochs > 0 && (epoch + 1) % s_.eval.every_epochs == 0) evaluator_.run();
+  if (s_.eval.every_epochs > 0 && (epoch + 1) % s_.eval.every_epochs == 0) evaluate();
   epochs_completed_ = epoch + 1;
   hooks_.fire(Event::EpochEnd);
   // Requested during the epoch's last batch, its evaluation or EpochEnd, due by every_steps at

@@ -53,12 +53,17 @@ class EpochLoop {
   /// Trains from the start position to the last epoch, or to a stop at a safe point (a
   /// plugin's stop_training, training.max_steps, a signal). Returns why it stopped early,
   /// nullopt when it ran to the end.
+  /// With eval.at_end, the model it ends with is evaluated (unless that step just was).
   std::optional<StopCause> run();
 
   /// Epochs whose end was reached (including those before a resume).
   std::int64_t epochs_completed() const { return epochs_completed_; }
 
  private:
+  /// The epochs and their batches: run() without the evaluation at the end.
+  std::optional<StopCause> train_epochs();
+  /// Evaluates now and remembers the step it evaluated.
+  void evaluate();
   /// After a batch: training metrics, a requested evaluation and checkpoint (after the epoch's
   /// last batch the checkpoint is left to end_epoch, so it holds what the epoch's end changed).
   void after_batch(bool stepped, bool last);
@@ -87,6 +92,7 @@ class EpochLoop {
   Position start_;
   std::int64_t epochs_completed_ = 0;
   bool checkpoint_due_ = false;  ///< checkpoint.every_steps fell on the epoch's last step
+  std::int64_t evaluated_at_ = -1;  ///< global step of the last evaluation
 };
 
 }  // namespace trainer

@@ -128,7 +128,7 @@ struct Trainer::Impl {
     parts.device = select_device(*hooks, runtime);
     budget.emplace(parts.device, MemorySettings::from(cfg.sub("memory")), *log);
     log->info("device: {}", parts.device.str());
-    setup_data(parts, cfg, settings.eval.every_epochs > 0, *log);
+    setup_data(parts, cfg, settings.eval.every_epochs > 0 || settings.eval.at_end, *log);
     setup_model(parts, *hooks, cfg, /*resuming=*/!opts.resume.empty(), *log);
     setup_optimizer(parts, *hooks, cfg);
     plan_steps(parts, state, settings.training, cfg);
