@@ -56,14 +56,14 @@ const std::vector<std::string> kResultHeader = {"status",
                                                 "out of memory",
                                                 "note"};
 
+}  // namespace
+
 std::string csv_field(const std::string& s) {
-  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
   std::string q = "\"";
   for (char ch : s) q += ch == '"' ? std::string("\"\"") : std::string(1, ch);
   return q + "\"";
 }
-
-}  // namespace
 
 std::vector<GridAxis> parse_grid(const std::string& text) {
   std::vector<GridAxis> axes;
@@ -185,8 +185,7 @@ BenchReport run_bench(const BenchRequest& req, std::ostream& progress) {
           er.plugin_dirs = req.plugin_dirs;
           er.margin = req.margin;
           er.work_dir = base;
-          const std::int64_t top = std::max<std::int64_t>(4, largest_micro[key] / 4);
-          er.probe_sizes = {std::max<std::int64_t>(1, top / 4), std::max<std::int64_t>(2, top / 2), top};
+          er.probe_sizes = default_probe_sizes(largest_micro[key]);
           it = estimates.emplace(key, estimate_memory(er)).first;
         }
         if (it != estimates.end()) {

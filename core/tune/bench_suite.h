@@ -63,6 +63,9 @@ BenchReport run_bench(const BenchRequest& request, std::ostream& progress);
 
 void print_bench_table(const BenchReport& r, std::ostream& out);
 void write_bench_csv(const BenchReport& r, std::ostream& out);
+/// A CSV field as RFC 4180 has it: quoted, quotes doubled, when it holds a comma, a quote or a
+/// line break.
+std::string csv_field(const std::string& s);
 void write_bench_markdown(const BenchReport& r, std::ostream& out);
 
 }  // namespace trainer::tune

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <iomanip>
+#include <nlohmann/json.hpp>
 #include <ostream>
 #include <set>
 #include <sstream>
@@ -19,6 +20,8 @@
 
 namespace trainer::tune {
 namespace {
+
+using json = nlohmann::json;
 
 constexpr std::int64_t kMiB = 1024 * 1024;
 
@@ -61,6 +64,7 @@ std::string probe_dir(const EstimateRequest& r, const std::string& what) {
 /// The recipe's batch and micro-batch, and the limit it runs under (or the device's).
 struct RecipeFacts {
   std::int64_t batch = 0, micro = 0;
+  std::int64_t eval_batch = 0;  ///< eval.batch_size when the run evaluates, else 0
   MemorySettings memory;
   bool memory_format_auto = false;  ///< model.memory_format = "auto": chosen by a timing probe in each run
 };
@@ -72,6 +76,8 @@ RecipeFacts recipe_facts(const EstimateRequest& r) {
   f.batch = t.batch_size;
   f.micro = t.micro_batch();
   f.memory = MemorySettings::from(p.config.sub("memory"));
+  const auto eval = EvalSettings::from(p.config.sub("eval"));
+  if (eval.every_epochs > 0 || eval.at_end) f.eval_batch = eval.batch_size;
   f.memory_format_auto =
       p.config.has("model.memory_format") && p.config.get<std::string>("model.memory_format") == "auto";
   return f;
@@ -128,9 +134,8 @@ std::int64_t limit_measure(const MemoryEstimate& e, std::int64_t batch, std::int
 std::string memory_key(const std::vector<std::string>& overrides) {
   static const std::vector<std::string> neutral{"training.batch_size=",
                                                 "training.micro_batch_size=",
+                                                "eval.batch_size=",
                                                 "optim.lr=",
-                                                "optim.weight_decay=",
-                                                "optim.momentum=",
                                                 "sched.",
                                                 "run.seed=",
                                                 "training.epochs=",
@@ -163,6 +168,37 @@ bool MemoryEstimate::fits_at(std::int64_t batch, std::int64_t micro) const {
   return limit <= 0 || limit_measure(*this, batch, micro) <= usable(*this);
 }
 
+std::int64_t MemoryEstimate::predict_eval(std::int64_t batch) const {
+  if (eval_batch <= 0) return 0;
+  const double samples = double(test_samples > 0 ? std::min(batch, test_samples) : batch);
+  return static_cast<std::int64_t>(std::llround(eval_base + eval_per_sample * samples));
+}
+
+bool MemoryEstimate::eval_fits_at(std::int64_t batch) const {
+  if (eval_batch <= 0 || limit <= 0) return true;
+  const std::int64_t slack = limit_on_reserved ? std::max<std::int64_t>(0, std::llround(slack0)) : 0;
+  return predict_eval(batch) + slack <= usable(*this);
+}
+
+std::int64_t MemoryEstimate::max_eval_batch() const {
+  if (eval_batch <= 0 || limit <= 0) return -1;
+  if (!eval_fits_at(1)) return 0;
+  if (eval_per_sample <= 0) return std::max<std::int64_t>(1, test_samples);
+  // Linear in the batch: the largest b with base + per_sample * b inside, checked around it
+  // for rounding.
+  std::int64_t b = static_cast<std::int64_t>((double(usable(*this)) - eval_base) / eval_per_sample);
+  b = std::max<std::int64_t>(1, b + 1);
+  while (b > 1 && !eval_fits_at(b)) --b;
+  return b;
+}
+
+std::vector<std::int64_t> default_probe_sizes(std::int64_t micro) {
+  // Never above the recipe's own micro-batch: a probe larger than it could run out of memory
+  // where the recipe would not.
+  const std::int64_t top = std::min(std::max<std::int64_t>(4, micro / 4), std::max<std::int64_t>(2, micro));
+  return {std::max<std::int64_t>(1, top / 4), std::max<std::int64_t>(2, top / 2), top};
+}
+
 namespace {
 
 MemoryEstimate estimate_once(const EstimateRequest& request, const RecipeFacts& facts) {
@@ -173,13 +209,7 @@ MemoryEstimate estimate_once(const EstimateRequest& request, const RecipeFacts& 
   TRAINER_CHECK_T(UsageError, request.margin >= 0 && request.margin < 1, "--margin ", request.margin,
                   " is outside [0, 1): it is the fraction of the limit kept free");
   std::vector<std::int64_t> sizes = request.probe_sizes;
-  if (sizes.empty()) {
-    // Never above the recipe's own micro-batch: a probe larger than it could run out of memory
-    // where the recipe would not.
-    const std::int64_t top =
-        std::min(std::max<std::int64_t>(4, facts.micro / 4), std::max<std::int64_t>(2, facts.micro));
-    sizes = {std::max<std::int64_t>(1, top / 4), std::max<std::int64_t>(2, top / 2), top};
-  }
+  if (sizes.empty()) sizes = default_probe_sizes(facts.micro);
   std::sort(sizes.begin(), sizes.end());
   sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
   TRAINER_CHECK_T(UsageError, sizes.size() >= 2 && sizes.front() >= 1,
@@ -200,6 +230,9 @@ MemoryEstimate estimate_once(const EstimateRequest& request, const RecipeFacts& 
     spec.micro_batch = micro;
     spec.steps = request.probe_steps;
     spec.run_dir = probe_dir(request, "probe-" + std::to_string(batch) + "-" + std::to_string(micro));
+    // The first (smallest) probe also evaluates a batch: what an evaluation needs does not
+    // depend on the training batch, and the smallest probe's steps leave the least behind.
+    spec.evaluate = facts.eval_batch > 0 && e.probes.empty();
     const ShortRunResult r = run_short(spec);
     Probe p;
     p.batch_size = batch;
@@ -222,6 +255,15 @@ MemoryEstimate estimate_once(const EstimateRequest& request, const RecipeFacts& 
       e.device = r.device;
       e.plugins = r.plugins;
       e.train_samples = r.train_samples;
+    }
+    if (spec.evaluate && r.eval_samples > 0 && r.eval_peak > 0) {
+      e.eval_batch = facts.eval_batch;
+      e.test_samples = r.eval_samples < facts.eval_batch ? r.eval_samples : 0;  // a test split smaller than a batch
+      e.eval_base = double(r.eval_allocated_at_start);
+      e.eval_per_sample = double(r.eval_peak - r.eval_allocated_at_start) / double(r.eval_samples);
+      e.eval_peak = e.predict_eval(e.eval_batch);
+    } else if (spec.evaluate) {
+      e.notes.push_back("the evaluation was not measured: the first probe did not reach it");
     }
     e.probes.push_back(p);
   }
@@ -279,6 +321,7 @@ MemoryEstimate estimate_once(const EstimateRequest& request, const RecipeFacts& 
 
   e.peak = e.predict(e.batch_size, e.micro_batch);
   e.reserved = e.predict_reserved(e.batch_size, e.micro_batch);
+  e.run_peak = std::max(e.peak, e.eval_peak);
   e.parameters = first.parameter_bytes;
   e.gradients = first.gradient_bytes;
   e.optimizer_state = first.optimizer_bytes;
@@ -289,7 +332,7 @@ MemoryEstimate estimate_once(const EstimateRequest& request, const RecipeFacts& 
   if (e.limit > 0) {
     const std::int64_t budget = usable(e);
     const std::int64_t cap = std::max<std::int64_t>(1, e.train_samples);
-    e.fits = e.fits_at(e.batch_size, e.micro_batch);
+    e.fits = e.fits_at(e.batch_size, e.micro_batch) && e.eval_fits_at(e.eval_batch);
     e.max_micro_batch = largest_fitting([&](std::int64_t m) { return limit_measure(e, m, m); }, budget, cap);
     e.max_micro_at_batch =
         largest_fitting([&](std::int64_t m) { return limit_measure(e, e.batch_size, m); }, budget, e.batch_size);
@@ -315,7 +358,7 @@ MemoryEstimate estimate_memory(const EstimateRequest& request) {
     e.probe_overrides = {r.overrides.back()};
     e.notes.push_back(std::string("model.memory_format = \"auto\": probed ") + format + ", predicted peak " +
                       format_bytes(e.peak));
-    if (best.device.empty() || e.peak > best.peak) {
+    if (best.device.empty() || e.run_peak > best.run_peak) {
       e.notes.insert(e.notes.begin(), best.notes.begin(), best.notes.end());
       best = std::move(e);
     } else {
@@ -434,8 +477,14 @@ void print_estimate(const MemoryEstimate& e, std::ostream& out) {
   row("data and other memory at the start", e.resident, "data sets held on this device, the process");
   row("rest of the batch", e.batch_memory, "the batch beyond its micro-batch, where it lives on this device");
   row("activations and temporaries", e.activations, "at the step's peak");
-  row("predicted peak", e.peak, "memory_log's memory/peak_mb");
+  row("predicted step peak", e.peak, "a training step's highest point");
   row("predicted reserved", e.reserved, "with the allocator's slack");
+  if (e.eval_batch > 0) {
+    row("evaluation peak", e.eval_peak,
+        "eval.batch_size " + std::to_string(e.eval_batch) + ": " + mib(std::llround(e.eval_base)) + " + " +
+            mib(std::llround(e.eval_per_sample)) + " x sample");
+  }
+  row("predicted run peak", e.run_peak, "memory_log's memory/peak_mb (steps and evaluations)");
   out << "\n";
   if (e.limit <= 0) {
     out << "  limit: unknown (no budget, and the device does not report its free memory)\n";
@@ -448,6 +497,12 @@ void print_estimate(const MemoryEstimate& e, std::ostream& out) {
         << mib(e.limit_on_reserved ? e.reserved : e.peak) << (e.fits ? " <= " : " > ") << mib(budget) << "\n";
     out << "  largest micro-batch that fits: " << e.max_micro_batch << " (batch = micro-batch); at batch_size "
         << e.batch_size << ": " << e.max_micro_at_batch << "\n";
+    if (e.eval_batch > 0) {
+      const bool ok = e.eval_fits_at(e.eval_batch);
+      out << "  evaluation at eval.batch_size " << e.eval_batch << (ok ? " fits" : " does NOT fit") << ": predicted "
+          << mib(e.eval_peak) << (ok ? " <= " : " > ") << mib(budget) << "; largest eval.batch_size that fits: "
+          << e.max_eval_batch() << "\n";
+    }
   }
   if (e.found_max_micro_batch >= 0) {
     out << "  --find-max-batch (real steps inside the limit, no margin):";
@@ -457,37 +512,105 @@ void print_estimate(const MemoryEstimate& e, std::ostream& out) {
 }
 
 void print_estimate_json(const MemoryEstimate& e, std::ostream& out) {
-  out << "{\"device\":" << json_quote(e.device) << ",\"batch_size\":" << e.batch_size
-      << ",\"micro_batch_size\":" << e.micro_batch << ",\"fit\":{\"a\":" << json_number(e.a)
-      << ",\"b\":" << json_number(e.b) << ",\"c\":" << json_number(e.c) << ",\"a2\":" << json_number(e.a2)
-      << ",\"c2\":" << json_number(e.c2) << ",\"slack0\":" << json_number(e.slack0)
-      << ",\"slack1\":" << json_number(e.slack1) << ",\"residual\":" << json_number(e.fit_residual) << "}"
-      << ",\"probes\":[";
-  for (std::size_t i = 0; i < e.probes.size(); ++i) {
-    const auto& p = e.probes[i];
-    out << (i ? "," : "") << "{\"batch_size\":" << p.batch_size << ",\"micro_batch_size\":" << p.micro_batch
-        << ",\"peak_bytes\":" << p.peak << ",\"peak_forward_backward_bytes\":" << p.peak_forward_backward
-        << ",\"peak_optimizer_step_bytes\":" << p.peak_optimizer_step << ",\"reserved_bytes\":" << p.reserved
-        << ",\"out_of_memory\":" << (p.out_of_memory ? "true" : "false") << ",\"error\":" << json_quote(p.error) << "}";
+  json j;
+  j["device"] = e.device;
+  j["batch_size"] = e.batch_size;
+  j["micro_batch_size"] = e.micro_batch;
+  j["fit"] = {{"a", e.a},           {"b", e.b},           {"c", e.c},
+              {"a2", e.a2},         {"c2", e.c2},         {"slack0", e.slack0},
+              {"slack1", e.slack1}, {"residual", e.fit_residual}};
+  j["probes"] = json::array();
+  for (const auto& p : e.probes) {
+    j["probes"].push_back({{"batch_size", p.batch_size},
+                           {"micro_batch_size", p.micro_batch},
+                           {"peak_bytes", p.peak},
+                           {"peak_forward_backward_bytes", p.peak_forward_backward},
+                           {"peak_optimizer_step_bytes", p.peak_optimizer_step},
+                           {"reserved_bytes", p.reserved},
+                           {"out_of_memory", p.out_of_memory},
+                           {"error", p.error}});
   }
-  out << "],\"plugins\":[";
-  for (std::size_t i = 0; i < e.plugins.size(); ++i) out << (i ? "," : "") << json_quote(e.plugins[i]);
-  out << "],\"notes\":[";
-  for (std::size_t i = 0; i < e.notes.size(); ++i) out << (i ? "," : "") << json_quote(e.notes[i]);
-  out << "],\"breakdown\":{\"parameters\":" << e.parameters << ",\"gradients\":" << e.gradients
-      << ",\"optimizer_state\":" << e.optimizer_state << ",\"resident\":" << e.resident
-      << ",\"batches\":" << e.batch_memory << ",\"activations\":" << e.activations << "}"
-      << ",\"peak_bytes\":" << e.peak << ",\"reserved_bytes\":" << e.reserved << ",\"limit_bytes\":" << e.limit
-      << ",\"limit_source\":" << json_quote(e.limit_source)
-      << ",\"limit_on_reserved\":" << (e.limit_on_reserved ? "true" : "false")
-      << ",\"margin\":" << json_number(e.margin) << ",\"fits\":" << (e.fits ? "true" : "false")
-      << ",\"max_micro_batch\":" << e.max_micro_batch << ",\"max_micro_batch_at_batch_size\":" << e.max_micro_at_batch
-      << ",\"found_max_micro_batch\":" << e.found_max_micro_batch << ",\"search\":[";
-  for (std::size_t i = 0; i < e.search.size(); ++i) {
-    out << (i ? "," : "") << "{\"micro_batch_size\":" << e.search[i].first
-        << ",\"ok\":" << (e.search[i].second ? "true" : "false") << "}";
+  j["eval"] = {{"batch_size", e.eval_batch},
+               {"test_samples", e.test_samples},
+               {"base_bytes", e.eval_base},
+               {"per_sample_bytes", e.eval_per_sample},
+               {"peak_bytes", e.eval_peak},
+               {"max_batch_size", e.max_eval_batch()}};
+  j["plugins"] = e.plugins;
+  j["notes"] = e.notes;
+  j["probe_overrides"] = e.probe_overrides;
+  j["train_samples"] = e.train_samples;
+  j["breakdown"] = {{"parameters", e.parameters},         {"gradients", e.gradients},
+                    {"optimizer_state", e.optimizer_state}, {"resident", e.resident},
+                    {"batches", e.batch_memory},            {"activations", e.activations}};
+  j["peak_bytes"] = e.peak;
+  j["reserved_bytes"] = e.reserved;
+  j["run_peak_bytes"] = e.run_peak;
+  j["limit_bytes"] = e.limit;
+  j["limit_source"] = e.limit_source;
+  j["limit_on_reserved"] = e.limit_on_reserved;
+  j["margin"] = e.margin;
+  j["fits"] = e.fits;
+  j["max_micro_batch"] = e.max_micro_batch;
+  j["max_micro_batch_at_batch_size"] = e.max_micro_at_batch;
+  j["found_max_micro_batch"] = e.found_max_micro_batch;
+  j["search"] = json::array();
+  for (const auto& [m, ok] : e.search) j["search"].push_back({{"micro_batch_size", m}, {"ok", ok}});
+  out << j.dump() << "\n";
+}
+
+MemoryEstimate estimate_from_json(const std::string& text) {
+  MemoryEstimate e;
+  try {
+    const json j = json::parse(text);
+    e.device = j.at("device").get<std::string>();
+    e.batch_size = j.at("batch_size");
+    e.micro_batch = j.at("micro_batch_size");
+    const json& f = j.at("fit");
+    e.a = f.at("a"), e.b = f.at("b"), e.c = f.at("c"), e.a2 = f.at("a2"), e.c2 = f.at("c2");
+    e.slack0 = f.at("slack0"), e.slack1 = f.at("slack1"), e.fit_residual = f.at("residual");
+    for (const auto& p : j.at("probes")) {
+      Probe q;
+      q.batch_size = p.at("batch_size");
+      q.micro_batch = p.at("micro_batch_size");
+      q.peak = p.at("peak_bytes");
+      q.peak_forward_backward = p.at("peak_forward_backward_bytes");
+      q.peak_optimizer_step = p.at("peak_optimizer_step_bytes");
+      q.reserved = p.at("reserved_bytes");
+      q.out_of_memory = p.at("out_of_memory");
+      q.error = p.at("error").get<std::string>();
+      e.probes.push_back(q);
+    }
+    const json& ev = j.at("eval");
+    e.eval_batch = ev.at("batch_size");
+    e.test_samples = ev.at("test_samples");
+    e.eval_base = ev.at("base_bytes");
+    e.eval_per_sample = ev.at("per_sample_bytes");
+    e.eval_peak = ev.at("peak_bytes");
+    e.plugins = j.at("plugins").get<std::vector<std::string>>();
+    e.notes = j.at("notes").get<std::vector<std::string>>();
+    e.probe_overrides = j.at("probe_overrides").get<std::vector<std::string>>();
+    e.train_samples = j.at("train_samples");
+    const json& b = j.at("breakdown");
+    e.parameters = b.at("parameters"), e.gradients = b.at("gradients");
+    e.optimizer_state = b.at("optimizer_state"), e.resident = b.at("resident");
+    e.batch_memory = b.at("batches"), e.activations = b.at("activations");
+    e.peak = j.at("peak_bytes");
+    e.reserved = j.at("reserved_bytes");
+    e.run_peak = j.at("run_peak_bytes");
+    e.limit = j.at("limit_bytes");
+    e.limit_source = j.at("limit_source").get<std::string>();
+    e.limit_on_reserved = j.at("limit_on_reserved");
+    e.margin = j.at("margin");
+    e.fits = j.at("fits");
+    e.max_micro_batch = j.at("max_micro_batch");
+    e.max_micro_at_batch = j.at("max_micro_batch_at_batch_size");
+    e.found_max_micro_batch = j.at("found_max_micro_batch");
+    for (const auto& s : j.at("search")) e.search.emplace_back(s.at("micro_batch_size"), s.at("ok"));
+  } catch (const json::exception& x) {
+    throw Error(std::string("unreadable memory estimate: ") + x.what());
   }
-  out << "]}\n";
+  return e;
 }
 
 }  // namespace trainer::tune

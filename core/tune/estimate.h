@@ -15,8 +15,14 @@
 // the optimizer step's temporaries, which do not depend on the micro-batch). A small model's
 // peak is its optimizer step until the activations outgrow the step's temporaries. The probes run the recipe's
 // own model, optimizer and plugins, so mixed precision and activation checkpointing are in the
-// measurement. The peak is memory_log's memory/peak_mb: everything the device's allocator
-// holds at the step's highest point.
+// measurement. The peak is everything the device's allocator holds at the step's highest point.
+//
+// When the recipe evaluates, the first probe also evaluates one batch of eval.batch_size:
+//
+//     evaluation:            held at its start + per sample * eval batch
+//
+// and the run's peak, memory_log's memory/peak_mb, is the larger of the step's and the
+// evaluation's.
 #include <cstdint>
 #include <iosfwd>
 #include <string>
@@ -32,7 +38,7 @@ struct EstimateRequest {
   std::vector<std::string> overrides;
   std::vector<std::string> plugin_dirs;
   /// Micro-batches probed (each with batch = micro-batch), at least two distinct; empty:
-  /// the recipe's micro-batch / 16, / 8 and / 4 (at least 1, 2, 4).
+  /// default_probe_sizes(the recipe's micro-batch).
   std::vector<std::int64_t> probe_sizes;
   std::int64_t probe_steps = 3;  ///< steps per probe (the first steps create optimizer state, fill the read-ahead)
   double margin = 0.10;          ///< the fraction of the limit kept free
@@ -68,6 +74,13 @@ struct MemoryEstimate {
   std::vector<std::string> probe_overrides;
   std::int64_t train_samples = 0;
 
+  // Evaluation, measured in the first probe at the recipe's eval.batch_size.
+  std::int64_t eval_batch = 0;       ///< the recipe's eval.batch_size; 0 when it does not evaluate (or unmeasured)
+  std::int64_t test_samples = 0;     ///< an evaluation batch holds at most this many samples
+  double eval_base = 0;              ///< allocated when the evaluation began (bytes)
+  double eval_per_sample = 0;        ///< its rise per sample of the evaluation batch (bytes)
+  std::int64_t eval_peak = 0;        ///< predicted peak of an evaluation at eval_batch
+
   // The breakdown at the recipe's (batch, micro-batch), bytes.
   std::int64_t parameters = 0;       ///< parameters and buffers
   std::int64_t gradients = 0;        ///< one per trainable parameter
@@ -75,15 +88,16 @@ struct MemoryEstimate {
   std::int64_t resident = 0;         ///< held at the start besides the model: data sets, the process
   std::int64_t batch_memory = 0;     ///< c * (batch - micro): the batch beyond its micro-batch
   std::int64_t activations = 0;      ///< the rest of the peak: activations and temporaries
-  std::int64_t peak = 0;             ///< predicted peak allocated (memory_log's memory/peak_mb)
+  std::int64_t peak = 0;             ///< predicted peak allocated of a training step
   std::int64_t reserved = 0;         ///< predicted reserved at the peak (allocator slack included)
+  std::int64_t run_peak = 0;         ///< the larger of peak and eval_peak: memory_log's memory/peak_mb
 
   // Against the device or the budget.
   std::int64_t limit = 0;          ///< bytes; 0 when unknown
   std::string limit_source;        ///< "memory.limit_mb = 100", "free memory of cuda:0", ...
   bool limit_on_reserved = false;  ///< CUDA: the caching allocator's reserve is what is capped
   double margin = 0.10;
-  bool fits = false;                    ///< the recipe's step fits limit * (1 - margin)
+  bool fits = false;                    ///< the recipe's step and evaluation fit limit * (1 - margin)
   std::int64_t max_micro_batch = 0;     ///< largest micro-batch that fits, with batch = micro-batch
   std::int64_t max_micro_at_batch = 0;  ///< largest micro-batch <= batch_size that fits at the recipe's batch
 
@@ -92,13 +106,24 @@ struct MemoryEstimate {
   std::int64_t found_max_micro_batch = -1;
   std::vector<std::pair<std::int64_t, bool>> search;  ///< (micro-batch, ran without running out of memory)
 
-  /// Predicted peak allocated at (batch, micro-batch).
+  /// Predicted peak allocated of a training step at (batch, micro-batch).
   std::int64_t predict(std::int64_t batch, std::int64_t micro) const;
+  /// Predicted peak allocated of an evaluation at `eval_batch` (0 when not measured).
+  std::int64_t predict_eval(std::int64_t eval_batch) const;
+  /// Whether an evaluation at `eval_batch` fits limit * (1 - margin) (true when unmeasured or
+  /// the limit is unknown).
+  bool eval_fits_at(std::int64_t eval_batch) const;
+  /// The largest evaluation batch that fits (0: none does; -1: not measured or no limit).
+  std::int64_t max_eval_batch() const;
   /// Predicted reserved at (batch, micro-batch).
   std::int64_t predict_reserved(std::int64_t batch, std::int64_t micro) const;
   /// Whether (batch, micro-batch) fits limit * (1 - margin); true when the limit is unknown.
   bool fits_at(std::int64_t batch, std::int64_t micro) const;
 };
+
+/// The micro-batches probed by default for a recipe's micro-batch: a quarter of it (at least
+/// 4, never above it), its half and its quarter (16, 32, 64 for 256).
+std::vector<std::int64_t> default_probe_sizes(std::int64_t micro);
 
 /// Runs the probes and fits. Throws ConfigError/UsageError/PluginError for a recipe that does
 /// not load, trainer::Error when a probe fails for another reason than memory.
@@ -112,12 +137,17 @@ void find_max_batch(const EstimateRequest& request, MemoryEstimate& estimate);
 /// The report printed by `trainer estimate` (text or JSON).
 void print_estimate(const MemoryEstimate& e, std::ostream& out);
 void print_estimate_json(const MemoryEstimate& e, std::ostream& out);
+/// Reads what print_estimate_json wrote (the fit, the limit, the probes, the evaluation), as
+/// `trainer sweep` does with `trainer estimate --json`; throws trainer::Error when unreadable.
+MemoryEstimate estimate_from_json(const std::string& text);
 
 /// What of `overrides` can change a step's memory beyond its batch sizes, as one string:
 /// configs with equal keys share one estimate (its fit covers every batch and micro-batch).
-/// Left out: training.batch_size and training.micro_batch_size, and keys that change no
-/// allocation (optim.lr, optim.weight_decay, optim.momentum, sched.*, run.seed,
-/// training.epochs, training.max_steps, training.log_every, checkpoint.*, plugins.mlflow.*).
+/// Left out: training.batch_size, training.micro_batch_size and eval.batch_size (the fit covers
+/// them), and keys that change no allocation (optim.lr, sched.*, run.seed, training.epochs,
+/// training.max_steps, training.log_every, checkpoint.*, plugins.mlflow.*). optim.momentum and
+/// optim.weight_decay are not among them: SGD keeps a momentum buffer only when momentum is
+/// not 0, and weight decay adds a temporary to its step.
 std::string memory_key(const std::vector<std::string>& overrides);
 
 /// "peak = 50 MiB + 412 KiB x micro-batch + 3 KiB x batch": the fitted model, for messages.

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <filesystem>
 
+#include "trainer/core_settings.h"
 #include "trainer/json.h"
 #include "trainer/logging.h"
 #include "trainer/memory.h"
@@ -26,7 +27,8 @@ class MeasurePlugin final : public Plugin {
   explicit MeasurePlugin(ShortRunResult& out) : out_(out) {}
   std::string name() const override { return "tune_measure"; }
   std::vector<Event> events() const override {
-    return {Event::FitStart, Event::BatchStart, Event::BeforeOptimizerStep, Event::BatchEnd, Event::OutOfMemory};
+    return {Event::FitStart, Event::BatchStart, Event::BeforeOptimizerStep, Event::BatchEnd,
+            Event::EvalStart, Event::EvalEnd,  Event::OutOfMemory};
   }
   int default_priority() const override { return 1000000; }
 
@@ -83,6 +85,18 @@ class MeasurePlugin final : public Plugin {
         }
         break;
       }
+      case Event::EvalStart:
+        if (accounted) {
+          reset_peak_memory(ctx.device);
+          out_.eval_allocated_at_start = memory_stats(ctx.device).allocated;
+        }
+        if (ctx.test_set && ctx.config) {
+          out_.eval_samples = std::min(EvalSettings::from(ctx.config->sub("eval")).batch_size, ctx.test_set->size());
+        }
+        break;
+      case Event::EvalEnd:
+        if (accounted) out_.eval_peak = memory_stats(ctx.device).peak_allocated;
+        break;
       case Event::OutOfMemory:
         if (!out_.out_of_memory && ctx.oom) {
           out_.oom_phase = ctx.oom->phase;
@@ -160,6 +174,10 @@ ShortRunResult run_short(const ShortRunSpec& spec) {
   if (spec.batch_size > 0) add("training.batch_size", std::to_string(spec.batch_size));
   if (spec.micro_batch > 0) add("training.micro_batch_size", std::to_string(spec.micro_batch));
   add("training.max_steps", std::to_string(spec.steps));
+  // The test split stays loaded as the recipe has it (it is memory the run holds); an
+  // evaluation runs only when asked for, on one batch.
+  add("eval.at_end", spec.evaluate ? "true" : "false");
+  if (spec.evaluate) add("eval.limit_batches", "1");
   add("checkpoint.every_epochs", "0");
   add("checkpoint.every_steps", "0");
   add("checkpoint.at_end", "false");

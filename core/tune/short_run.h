@@ -23,6 +23,9 @@ struct ShortRunSpec {
   /// Keep oom_backoff: false makes an out-of-memory error end the run (a probe or a search
   /// step must see it), true lets it recover as in a real run (bench cells).
   bool keep_oom_backoff = false;
+  /// After the steps, evaluate one batch of eval.batch_size (eval.at_end, eval.limit_batches = 1)
+  /// and measure it; needs a recipe that evaluates (its test split loaded).
+  bool evaluate = false;
   std::string run_dir;  ///< the run's directory (removed afterwards unless keep_run_dir)
   bool keep_run_dir = false;
 };
@@ -59,6 +62,11 @@ struct ShortRunResult {
   std::int64_t train_samples = 0;       ///< size of the training set
   std::int64_t limit = 0;               ///< the budget in force on the device (0 = none)
   std::vector<std::string> plugins;     ///< plugins that ran, in order
+  /// With ShortRunSpec::evaluate: the evaluation's samples (its batch), allocated when it began
+  /// and its peak; 0 when it did not run.
+  std::int64_t eval_samples = 0;
+  std::int64_t eval_allocated_at_start = 0;
+  std::int64_t eval_peak = 0;
   /// Highest peak over the steps (0 without a step).
   std::int64_t peak() const;
   /// Highest peak of the forward and backward passes, of the optimizer step, over the steps.

@@ -69,6 +69,7 @@ TEST(Bench, EveryCellIsRunOrMarkedAndPredictedOutOfMemoryCellsAreNotRun) {
     EXPECT_LE(c.step_ms_min, c.step_ms_median);
     EXPECT_LE(c.step_ms_median, c.step_ms_max);
     EXPECT_GT(c.peak, 0);
+    EXPECT_LE(c.peak, 100 * 1024 * 1024);  // inside the budget the cell ran under
     EXPECT_GT(c.predicted_peak, 0);
     EXPECT_FALSE(c.out_of_memory);
   }
