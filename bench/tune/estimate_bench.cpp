@@ -1,8 +1,8 @@
 // `trainer estimate`: what the probes cost (BM_Estimate_<model>: one estimate, all its probe
 // steps) and how close the prediction comes to real steps at micro-batches that were not probed.
-// The error table is printed after the benchmarks: peak error (memory_log's memory/peak_mb), and
-// the error on the step's own memory (the peak minus what is held at the start: the data sets,
-// the model), which the data set does not dilute.
+// The error table is printed after the benchmarks: training steps and evaluations, the peak's
+// error, and the error on the step's own memory (the peak minus what is held at its start: the
+// data sets, the model), which the data set does not dilute.
 //
 //   build/bench/estimate_bench --benchmark_min_time=1
 #include <benchmark/benchmark.h>
@@ -23,7 +23,7 @@ namespace {
 const std::string kRecipe = std::string(TRAINER_SOURCE_DIR) + "/recipes/fashion_mnist_tight.toml";
 
 struct Row {
-  std::string model;
+  std::string model, what;
   std::int64_t batch, micro, predicted, measured, held;
 };
 std::vector<Row> g_rows;
@@ -48,8 +48,8 @@ void BM_Estimate(benchmark::State& state, const std::string& model, std::vector<
   if (done[model]) return;
   done[model] = true;
   // Held out: none of these (batch, micro-batch) was probed (probes: 32, 64, 128 and 128 of 512).
-  const std::vector<std::pair<std::int64_t, std::int64_t>> held_out{{48, 48},   {96, 96},     {256, 256},
-                                                                    {512, 512}, {1024, 1024}, {1024, 256}};
+  const std::vector<std::pair<std::int64_t, std::int64_t>> held_out{
+      {48, 48}, {96, 96}, {256, 256}, {512, 512}, {1024, 1024}, {1024, 256}, {768, 96}};
   for (const auto& [batch, micro] : held_out) {
     trainer::tune::ShortRunSpec spec;
     spec.recipe = kRecipe;
@@ -63,7 +63,26 @@ void BM_Estimate(benchmark::State& state, const std::string& model, std::vector<
       state.SkipWithError(("held-out run failed: " + r.message).c_str());
       return;
     }
-    g_rows.push_back({model, batch, micro, e.predict(batch, micro), r.peak(), r.allocated_at_start});
+    g_rows.push_back({model, "step", batch, micro, e.predict(batch, micro), r.peak(), r.allocated_at_start});
+  }
+  // Evaluations at batches other than the one measured (the recipe's eval.batch_size, 1000).
+  for (const std::int64_t eval_batch : {250, 2500}) {
+    trainer::tune::ShortRunSpec spec;
+    spec.recipe = kRecipe;
+    spec.overrides = overrides;
+    spec.overrides.insert(spec.overrides.end(), e.probe_overrides.begin(), e.probe_overrides.end());
+    spec.overrides.push_back("eval.batch_size=" + std::to_string(eval_batch));
+    spec.batch_size = 32;
+    spec.micro_batch = 32;
+    spec.evaluate = true;
+    spec.run_dir = req.work_dir + "/held-out-eval";
+    const auto r = trainer::tune::run_short(spec);
+    if (r.exit_code != 0 || r.eval_peak == 0) {
+      state.SkipWithError(("held-out evaluation failed: " + r.message).c_str());
+      return;
+    }
+    g_rows.push_back(
+        {model, "evaluation", eval_batch, 0, e.predict_eval(eval_batch), r.eval_peak, r.eval_allocated_at_start});
   }
 }
 
@@ -85,19 +104,21 @@ int main(int argc, char** argv) {
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
-  std::printf("\n| model | batch | micro-batch | predicted peak | measured peak | error | step memory error |\n");
-  std::printf("|---|---:|---:|---:|---:|---:|---:|\n");
+  std::printf("\n| model | what | batch | micro-batch | predicted peak | measured peak | error | own memory error |\n");
+  std::printf("|---|---|---:|---:|---:|---:|---:|---:|\n");
   double worst = 0, worst_step = 0;
   for (const auto& r : g_rows) {
     const double err = 100.0 * std::fabs(double(r.predicted - r.measured)) / double(r.measured);
     const double step = 100.0 * std::fabs(double(r.predicted - r.measured)) / double(r.measured - r.held);
     worst = std::max(worst, err);
     worst_step = std::max(worst_step, step);
-    std::printf("| %s | %lld | %lld | %.2f MiB | %.2f MiB | %.2f %% | %.2f %% |\n", r.model.c_str(),
-                static_cast<long long>(r.batch), static_cast<long long>(r.micro), double(r.predicted) / (1 << 20),
+    const std::string micro = r.micro > 0 ? std::to_string(r.micro) : "-";
+    std::printf("| %s | %s | %lld | %s | %.2f MiB | %.2f MiB | %.2f %% | %.2f %% |\n", r.model.c_str(), r.what.c_str(),
+                static_cast<long long>(r.batch), micro.c_str(), double(r.predicted) / (1 << 20),
                 double(r.measured) / (1 << 20), err, step);
   }
-  std::printf("\nlargest error: %.2f %% of the peak, %.2f %% of the step's own memory\n", worst, worst_step);
+  std::printf("\nlargest error: %.2f %% of the peak, %.2f %% of the step's (or evaluation's) own memory\n", worst,
+              worst_step);
   std::filesystem::remove_all(work_dir());
   return 0;
 }

@@ -75,11 +75,11 @@ struct MemoryEstimate {
   std::int64_t train_samples = 0;
 
   // Evaluation, measured in the first probe at the recipe's eval.batch_size.
-  std::int64_t eval_batch = 0;       ///< the recipe's eval.batch_size; 0 when it does not evaluate (or unmeasured)
-  std::int64_t test_samples = 0;     ///< an evaluation batch holds at most this many samples
-  double eval_base = 0;              ///< allocated when the evaluation began (bytes)
-  double eval_per_sample = 0;        ///< its rise per sample of the evaluation batch (bytes)
-  std::int64_t eval_peak = 0;        ///< predicted peak of an evaluation at eval_batch
+  std::int64_t eval_batch = 0;    ///< the recipe's eval.batch_size; 0 when it does not evaluate (or unmeasured)
+  std::int64_t test_samples = 0;  ///< an evaluation batch holds at most this many samples
+  double eval_base = 0;           ///< allocated when the evaluation began (bytes)
+  double eval_per_sample = 0;     ///< its rise per sample of the evaluation batch (bytes)
+  std::int64_t eval_peak = 0;     ///< predicted peak of an evaluation at eval_batch
 
   // The breakdown at the recipe's (batch, micro-batch), bytes.
   std::int64_t parameters = 0;       ///< parameters and buffers

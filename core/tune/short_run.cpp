@@ -27,8 +27,8 @@ class MeasurePlugin final : public Plugin {
   explicit MeasurePlugin(ShortRunResult& out) : out_(out) {}
   std::string name() const override { return "tune_measure"; }
   std::vector<Event> events() const override {
-    return {Event::FitStart, Event::BatchStart, Event::BeforeOptimizerStep, Event::BatchEnd,
-            Event::EvalStart, Event::EvalEnd,  Event::OutOfMemory};
+    return {Event::FitStart,  Event::BatchStart, Event::BeforeOptimizerStep, Event::BatchEnd,
+            Event::EvalStart, Event::EvalEnd,    Event::OutOfMemory};
   }
   int default_priority() const override { return 1000000; }
 

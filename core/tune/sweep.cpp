@@ -1,9 +1,6 @@
 #include "sweep.h"
 
-#include <fcntl.h>
 #include <signal.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,20 +13,27 @@
 #include <nlohmann/json.hpp>
 #include <ostream>
 #include <random>
-#include <regex>
+#include <set>
 #include <sstream>
 #include <thread>
 
+#include "admission.h"
+#include "bench_suite.h"
 #include "estimate.h"
-#include "mlflow_client.h"
+#include "pruner.h"
 #include "sampler.h"
+#include "study_journal.h"
+#include "study_mlflow.h"
 #include "trainer/config_spec.h"
 #include "trainer/core_settings.h"
+#include "trainer/devices.h"
 #include "trainer/error.h"
 #include "trainer/interrupt.h"
 #include "trainer/memory.h"
 #include "trainer/plugin.h"
 #include "trainer/recipe.h"
+#include "trial_outcome.h"
+#include "trial_process.h"
 
 namespace trainer::tune {
 namespace fs = std::filesystem;
@@ -63,14 +67,6 @@ void SweepSettings::declare(SettingsSchema<SweepSettings>& s) {
   s.add(&SweepSettings::dir, "dir", "Study directory; empty = <run.dir>/<run.name>-sweep");
 }
 
-std::int64_t StudyResult::count(const std::string& state) const {
-  return std::count_if(trials.begin(), trials.end(), [&](const TrialRecord& t) { return t.state == state; });
-}
-
-std::int64_t StudyResult::out_of_memory() const {
-  return std::count_if(trials.begin(), trials.end(), [](const TrialRecord& t) { return t.out_of_memory; });
-}
-
 std::pair<SweepSettings, SearchSpace> load_sweep(const std::string& recipe, const std::vector<std::string>& overrides) {
   const LoadedRecipe loaded = load_recipe(recipe, overrides);
   TRAINER_CHECK_T(UsageError, loaded.config.is_table("sweep"), recipe,
@@ -99,141 +95,6 @@ std::pair<SweepSettings, SearchSpace> load_sweep(const std::string& recipe, cons
 
 namespace {
 
-constexpr std::int64_t kMiB = 1024 * 1024;
-
-std::string trial_name(std::int64_t n) {
-  std::ostringstream s;
-  s << "trial-" << std::setw(4) << std::setfill('0') << n;
-  return s.str();
-}
-
-/// Appends one JSON line and makes it durable: a study killed at any moment keeps every
-/// line it wrote whole (a line cut short by the kill is skipped when read).
-class Journal {
- public:
-  explicit Journal(std::string path) : path_(std::move(path)) {}
-  void append(const json& record) const {
-    const std::string line = record.dump() + "\n";
-    const int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    TRAINER_CHECK(fd >= 0, "cannot open the study journal ", path_);
-    const bool ok = ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size()) && ::fsync(fd) == 0;
-    ::close(fd);
-    TRAINER_CHECK(ok, "cannot write the study journal ", path_);
-  }
-  std::vector<json> read() const {
-    std::vector<json> out;
-    std::ifstream in(path_);
-    for (std::string line; std::getline(in, line);) {
-      if (line.empty()) continue;
-      try {
-        out.push_back(json::parse(line));
-      } catch (const json::exception&) {
-        // A line cut short by a kill: it and whatever it began are not recorded.
-      }
-    }
-    return out;
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
-json params_json(const Assignment& a) {
-  json p = json::object(), x = json::object();
-  for (const auto& [k, v] : a.values) p[k] = v;
-  for (const auto& [k, v] : a.internal) x[k] = v;
-  return json{{"params", p}, {"internal", x}};
-}
-
-Assignment params_from(const json& j, const SearchSpace& space) {
-  Assignment a;
-  for (const auto& prm : space.params()) {
-    if (!j["params"].contains(prm.key)) continue;
-    a.values.emplace_back(prm.key, j["params"][prm.key].get<std::string>());
-    a.internal[prm.key] = j["internal"][prm.key].get<double>();
-  }
-  return a;
-}
-
-/// Starts `args` with stdout and stderr to `log`; the child gets SIGTERM when this process
-/// dies (a killed study leaves no trial running on its own).
-pid_t spawn(const std::vector<std::string>& args, const std::string& out, const std::string& err) {
-  const pid_t pid = ::fork();
-  TRAINER_CHECK(pid >= 0, "fork failed");
-  if (pid == 0) {
-    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-    // Its own process group: Ctrl-C in the terminal reaches the study, which forwards one
-    // SIGINT (a trainer takes a second one as "kill now").
-    ::setpgid(0, 0);
-    const int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    const int e = err == out ? o : ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (o >= 0) ::dup2(o, 1);
-    if (e >= 0) ::dup2(e, 2);
-    std::vector<char*> argv;
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    ::execv(argv[0], argv.data());
-    ::_exit(127);
-  }
-  return pid;
-}
-
-int wait_exit(pid_t pid) {
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::string last_lines(const std::string& path, std::size_t n) {
-  std::vector<std::string> lines;
-  std::istringstream in(read_text(path));
-  for (std::string l; std::getline(in, l);) {
-    if (!l.empty()) lines.push_back(l);
-  }
-  std::string out;
-  for (std::size_t i = lines.size() > n ? lines.size() - n : 0; i < lines.size(); ++i)
-    out += (out.empty() ? "" : " | ") + lines[i];
-  return out;
-}
-
-/// What the trial's own run directory says about an out-of-memory failure.
-std::map<std::string, std::string> oom_details(const std::string& run_dir, const std::string& message) {
-  std::map<std::string, std::string> d;
-  std::smatch m;
-  if (std::regex_search(message, m, std::regex("out of memory in ([a-z_]+) on"))) d["phase"] = m[1];
-  if (std::regex_search(message, m, std::regex("with micro-batches ([0-9 >-]+)"))) {
-    std::string list = m[1];
-    const auto last = list.find_last_of("0123456789");
-    const auto first = list.find_last_not_of("0123456789", last);
-    d["micro_batch_size"] = list.substr(first == std::string::npos ? 0 : first + 1,
-                                        last - (first == std::string::npos ? 0 : first + 1) + 1);
-  }
-  try {
-    const Config c = Config::parse_file(run_dir + "/config.toml");
-    if (c.has("model.name")) d["model"] = c.get<std::string>("model.name");
-    if (c.has("dataset.name")) d["dataset"] = c.get<std::string>("dataset.name");
-    const auto t = TrainingSettings::from(c.sub("training"));
-    d["batch_size"] = std::to_string(t.batch_size);  // the effective batch: samples per optimizer step
-    if (!d.count("micro_batch_size")) d["micro_batch_size"] = std::to_string(t.micro_batch());
-    for (const char* k : {"dataset.image_size", "dataset.resize", "dataset.crop_size", "model.image_size",
-                          "model.seq_len", "model.sequence_length"}) {
-      if (c.has(k) && !c.is_table(k)) d[k] = config_value_to_toml(c.value(k));
-    }
-  } catch (const std::exception&) {
-    // The run may have died before writing config.toml; the message is all there is.
-  }
-  return d;
-}
-
 struct Running {
   TrialRecord rec;
   pid_t pid = -1;
@@ -241,6 +102,7 @@ struct Running {
   std::streamoff metrics_offset = 0;
   std::string prune_reason;   ///< set when the pruner stopped it
   std::size_t pruned_at = 0;  ///< the report it was pruned at
+  std::string diverged;       ///< set when it reported a value that is not finite
 };
 
 /// The study's state and the steps of a trial's life.
@@ -255,8 +117,20 @@ class Study {
 
   StudyResult run() {
     fs::create_directories(req_.study_dir + "/trials");
+    StudyResult out;
+    out.study_dir = req_.study_dir;
+    const StudyLock lock(req_.study_dir, progress_);
+    if (!lock.held()) {
+      out.interrupted = true;
+      return out;
+    }
     resume();
-    start_mlflow();
+    if (mlflow_.id.empty()) {
+      mlflow_ = start_study_run(prepare_run(req_.recipe, req_.overrides, req_.plugin_dirs), study_name_, req_.study_dir,
+                                s_, progress_);
+      if (!mlflow_.id.empty()) journal_.append(mlflow_record(mlflow_));
+    }
+    warn_about_parallel_devices();
     sampler_ = s_.sampler == "tpe" ? tpe_sampler(TpeSettings{s_.tpe_startup}) : make_sampler(s_.sampler);
     std::vector<std::int64_t> todo;  // trials begun before a crash, then new ones
     for (const auto& [n, t] : trials_) {
@@ -275,9 +149,7 @@ class Study {
           trials_[n].number = n;
           trials_[n].state = "RUNNING";
           trials_[n].params = propose(n);
-          json rec{{"event", "trial"}, {"number", n}};
-          rec.update(params_json(trials_[n].params));
-          journal_.append(rec);
+          journal_.append(trial_record(trials_[n]));
         } else {
           break;
         }
@@ -288,14 +160,12 @@ class Study {
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
     if (interrupt_requested()) {
-      // Ctrl-C: the trials got it too (same process group) or get it now; they stop at a safe
-      // point. Nothing is recorded for them: a resumed study runs them again.
+      // Ctrl-C or SIGTERM: the trials (in process groups of their own) get SIGINT and stop at a
+      // safe point. Nothing is recorded for them: a resumed study runs them again.
       for (auto& r : running_) ::kill(r.pid, SIGINT);
-      for (auto& r : running_) wait_exit(r.pid);
+      for (auto& r : running_) wait_forwarding_interrupt(r.pid);
       running_.clear();
     }
-    StudyResult out;
-    out.study_dir = req_.study_dir;
     out.interrupted = interrupt_requested();
     for (auto& [n, t] : trials_) out.trials.push_back(t);
     for (std::size_t i = 0; i < out.trials.size(); ++i) {
@@ -303,9 +173,9 @@ class Study {
       if (t.state != "COMPLETE" || !t.value) continue;
       if (!out.best || better(*t.value, *out.trials[*out.best].value)) out.best = static_cast<std::int64_t>(i);
     }
-    write_csv(out);
-    finish_mlflow(out);
-    out.mlflow_run_id = mlflow_run_;
+    write_results_csv(out, s_.objective, space_, req_.study_dir + "/results.csv");
+    finish_study_run(mlflow_, out, s_.objective, progress_);
+    out.mlflow_run_id = mlflow_.id;
     return out;
   }
 
@@ -313,17 +183,16 @@ class Study {
   bool better(double a, double b) const { return s_.direction == "maximize" ? a > b : a < b; }
   double loss_of(double v) const { return s_.direction == "maximize" ? -v : v; }
 
-  /// The finished trials as the sampler sees them: skipped and out-of-memory trials as the
-  /// worst, so that it learns to avoid what does not fit.
+  /// The ended trials as the sampler sees them: skipped, out-of-memory and diverged trials as
+  /// the worst, so that it learns to avoid what does not fit or does not train; a pruned trial
+  /// by the report it was judged by.
   std::vector<Observation> history() const {
     std::vector<Observation> h;
     for (const auto& [n, t] : trials_) {
-      if (t.state == "COMPLETE" && t.value) {
-        h.push_back({t.params.internal, loss_of(*t.value)});
-      } else if (t.state == "SKIPPED" || (t.state == "PRUNED" && t.out_of_memory)) {
+      if (t.state == "SKIPPED" || (t.state == "PRUNED" && t.out_of_memory) || (t.state == "FAILED" && t.diverged)) {
         h.push_back({t.params.internal, 1e300});
-      } else if (t.state == "PRUNED" && !t.intermediate.empty()) {
-        h.push_back({t.params.internal, loss_of(t.intermediate.back())});
+      } else if ((t.state == "COMPLETE" || t.state == "PRUNED") && t.value) {
+        h.push_back({t.params.internal, loss_of(*t.value)});
       }
     }
     return h;
@@ -339,9 +208,12 @@ class Study {
     for (const auto& x : t.params.overrides()) o.push_back(x);
     if (s_.budget_epochs > 0) o.push_back("training.epochs=" + std::to_string(s_.budget_epochs));
     if (s_.budget_steps > 0) o.push_back("training.max_steps=" + std::to_string(s_.budget_steps));
-    if (!mlflow_run_.empty()) {
+    // A trial stopped by its step budget in the middle of an epoch is evaluated all the same:
+    // the objective is the model it ends with.
+    o.push_back("eval.at_end=true");
+    if (!mlflow_.id.empty()) {
       // Quoted: a run id of hex digits could read as a TOML number.
-      o.push_back("plugins.mlflow.parent_run_id=\"" + mlflow_run_ + "\"");
+      o.push_back("plugins.mlflow.parent_run_id=\"" + mlflow_.id + "\"");
       o.push_back("plugins.mlflow.run_name=\"" + study_name_ + "-" + trial_name(t.number) + "\"");
     }
     return o;
@@ -353,46 +225,36 @@ class Study {
     std::error_code ec;
     fs::remove_all(t.run_dir, ec);  // a trial begun before a crash starts over
     const auto overrides = trial_overrides(t);
-    std::int64_t batch = 0, micro = 0, backoff_floor = 0;
+    TrialShape shape;
     try {
       const PreparedRun p = prepare_run(req_.recipe, overrides, req_.plugin_dirs);
       const auto ts = TrainingSettings::from(p.config.sub("training"));
-      batch = ts.batch_size;
-      micro = ts.micro_batch();
+      shape.batch = ts.batch_size;
+      shape.micro = ts.micro_batch();
+      const auto es = EvalSettings::from(p.config.sub("eval"));
+      shape.eval_batch = es.every_epochs > 0 || es.at_end ? es.batch_size : 0;
       // With oom_backoff the recipe lets the micro-batch change (gradient accumulation keeps
-      // the effective batch): down to its min_micro_batch.
+      // the effective batch): down to its min_micro_batch (the resolved config has its default).
       if (std::any_of(p.plugins.begin(), p.plugins.end(), [](const auto& x) { return x->name() == "oom_backoff"; })) {
-        backoff_floor = p.config.get_or<std::int64_t>("plugins.oom_backoff.min_micro_batch", 1);
+        shape.backoff_floor = p.config.get<std::int64_t>("plugins.oom_backoff.min_micro_batch");
       }
     } catch (const Error& e) {
       return end(t, "FAILED", std::string("config: ") + e.what());
     }
-    std::vector<std::string> extra;
+    Admission admit;
     if (s_.estimate) {
-      std::string why;
-      if (!fits(t, overrides, batch, micro, &why)) {
-        // The largest micro-batch predicted to fit at this batch, if oom_backoff could reach it:
-        // start there instead of failing into it.
-        const MemoryEstimate* e = estimate_for(overrides);
-        std::int64_t m = 0;
-        if (e && e->peak > 0 && backoff_floor > 0) {
-          for (std::int64_t k = micro - 1; k >= backoff_floor && m == 0; --k) {
-            if (e->fits_at(batch, k)) m = k;
-          }
-        }
-        if (m == 0 || m < backoff_floor) return end(t, "SKIPPED", why);
-        extra.push_back("training.micro_batch_size=" + std::to_string(m));
-        t.predicted_peak = e->predict(batch, m);
-        t.reason = "micro-batch " + std::to_string(micro) + " -> " + std::to_string(m) + " (" +
-                   why.substr(why.find(':') + 2) + ")";
-      }
+      if (const MemoryEstimate* e = estimate_for(t, overrides, shape.micro)) admit = admit_trial(*e, shape);
     }
+    if (interrupt_requested()) return;  // stays RUNNING: a resumed study begins it again
+    t.predicted_peak = admit.predicted_peak;
+    if (!admit.run) return end(t, "SKIPPED", admit.reason);
+    t.reason = admit.reason;
     Running r;
     r.rec = t;
     r.start = std::chrono::steady_clock::now();
     std::vector<std::string> args{req_.trainer_exe, "--recipe", req_.recipe};
     args.insert(args.end(), overrides.begin(), overrides.end());
-    args.insert(args.end(), extra.begin(), extra.end());
+    args.insert(args.end(), admit.overrides.begin(), admit.overrides.end());
     for (const auto& d : req_.plugin_dirs) args.insert(args.end(), {"--plugin-dir", d});
     args.insert(args.end(), {"--run-dir", t.run_dir, "--log-level", "warn"});
     fs::create_directories(t.run_dir);
@@ -404,65 +266,47 @@ class Study {
     running_.push_back(std::move(r));
   }
 
-  /// `trainer estimate --json` in its own process (probe steps leave nothing in this one);
-  /// trials that differ only in their batch sizes share its fit.
-  static std::string estimate_key(const std::vector<std::string>& overrides) { return memory_key(overrides); }
-
-  const MemoryEstimate* estimate_for(const std::vector<std::string>& overrides) const {
-    const auto it = estimates_.find(estimate_key(overrides));
-    return it == estimates_.end() ? nullptr : &it->second;
-  }
-
-  bool fits(TrialRecord& t, const std::vector<std::string>& overrides, std::int64_t batch, std::int64_t micro,
-            std::string* why) {
-    const std::string key = estimate_key(overrides);
+  /// The memory estimate for the trial's config: `trainer estimate --json` in its own process
+  /// (its probe steps leave nothing in this one). Trials that differ only in their batch sizes
+  /// share it; it is probed again for a micro-batch more than 4x its largest probe. Null when
+  /// the estimate failed (said once per config).
+  const MemoryEstimate* estimate_for(const TrialRecord& t, const std::vector<std::string>& overrides,
+                                     std::int64_t micro) {
+    const std::string key = memory_key(overrides);
+    if (failed_estimates_.count(key)) return nullptr;
     auto it = estimates_.find(key);
-    if (it == estimates_.end()) {
-      std::vector<std::string> args{req_.trainer_exe, "estimate", "--json", "--recipe", req_.recipe};
-      args.insert(args.end(), overrides.begin(), overrides.end());
-      for (const auto& d : req_.plugin_dirs) args.insert(args.end(), {"--plugin-dir", d});
-      args.push_back("--margin=" + std::to_string(s_.margin));
-      const std::string base = req_.study_dir + "/trials/" + trial_name(t.number) + ".estimate";
-      const int rc = wait_exit(spawn(args, base + ".json", base + ".err"));
-      if (rc != 0) {
-        *why = "estimate failed (exit " + std::to_string(rc) + "): " + last_lines(base + ".err", 2);
-        // Not knowing is not a reason to skip: the trial runs and shows what happens.
-        progress_ << trial_name(t.number) << ": " << *why << "\n";
-        return true;
-      }
-      json j;
+    if (it != estimates_.end()) {
+      std::int64_t probed = 0;
+      for (const auto& p : it->second.probes) probed = std::max(probed, p.micro_batch);
+      if (micro <= 4 * probed) return &it->second;
+    }
+    std::vector<std::string> args{req_.trainer_exe, "estimate", "--json", "--recipe", req_.recipe};
+    args.insert(args.end(), overrides.begin(), overrides.end());
+    for (const auto& d : req_.plugin_dirs) args.insert(args.end(), {"--plugin-dir", d});
+    args.push_back("--margin=" + std::to_string(s_.margin));
+    const std::string base = req_.study_dir + "/trials/" + trial_name(t.number) + ".estimate";
+    const int rc = wait_forwarding_interrupt(spawn(args, base + ".json", base + ".err"));
+    if (interrupt_requested()) return nullptr;
+    std::string why;
+    if (rc != 0) {
+      why = "estimate failed (exit " + std::to_string(rc) + "): " + last_lines(base + ".err", 2);
+    } else {
       try {
-        j = json::parse(read_text(base + ".json"));
-      } catch (const json::exception& e) {
-        progress_ << trial_name(t.number) << ": unreadable estimate: " << e.what() << "\n";
-        return true;
+        MemoryEstimate e = estimate_from_json(read_text(base + ".json"));
+        if (it != estimates_.end()) {
+          it->second = std::move(e);
+        } else {
+          it = estimates_.emplace(key, std::move(e)).first;
+        }
+        return &it->second;
+      } catch (const Error& e) {
+        why = e.what();
       }
-      MemoryEstimate e;
-      e.device = j.value("device", "");
-      e.a = j["fit"]["a"], e.b = j["fit"]["b"], e.c = j["fit"]["c"], e.a2 = j["fit"]["a2"], e.c2 = j["fit"]["c2"];
-      e.slack0 = j["fit"]["slack0"], e.slack1 = j["fit"]["slack1"];
-      e.peak = j["peak_bytes"];
-      e.limit = j["limit_bytes"];
-      e.limit_source = j["limit_source"];
-      e.limit_on_reserved = j["limit_on_reserved"];
-      e.margin = j["margin"];
-      it = estimates_.emplace(key, e).first;
     }
-    const MemoryEstimate& e = it->second;
-    if (e.peak == 0) {
-      *why = "predicted out of memory: the probes ran out of memory at small micro-batches";
-      return false;
-    }
-    t.predicted_peak = e.predict(batch, micro);
-    if (e.fits_at(batch, micro)) return true;
-    std::ostringstream s;
-    s << "predicted out of memory: "
-      << format_bytes(e.limit_on_reserved ? e.predict_reserved(batch, micro) : t.predicted_peak) << " at batch "
-      << batch << ", micro-batch " << micro << " > "
-      << format_bytes(static_cast<std::int64_t>(double(e.limit) * (1.0 - e.margin))) << " usable (" << e.limit_source
-      << ")";
-    *why = s.str();
-    return false;
+    // Not knowing is not a reason to skip: the trial runs and shows what happens.
+    progress_ << trial_name(t.number) << ": " << why << "; trials of this config run unestimated\n";
+    failed_estimates_.insert(key);
+    return nullptr;
   }
 
   /// New objective values of the running trials, the pruner, and the trials that ended.
@@ -470,16 +314,14 @@ class Study {
     for (auto it = running_.begin(); it != running_.end();) {
       Running& r = *it;
       read_reports(r);
-      int status = 0;
-      const pid_t w = ::waitpid(r.pid, &status, WNOHANG);
-      if (w != r.pid) {
+      const auto rc = poll_exit(r.pid);
+      if (!rc) {
         ++it;
         continue;
       }
       read_reports(r);
-      const int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
       r.rec.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - r.start).count();
-      classify(r, rc);
+      classify(r, *rc);
       it = running_.erase(it);
     }
   }
@@ -498,13 +340,23 @@ class Study {
       } catch (const json::exception&) {
         continue;
       }
-      if (j.value("name", "") != s_.objective || !j["value"].is_number()) continue;
-      const double v = j["value"];
-      r.rec.intermediate.push_back(v);
+      if (j.value("name", "") != s_.objective || !r.diverged.empty()) continue;
+      const auto v = metric_value(j["value"]);
+      if (!v) continue;
+      if (!std::isfinite(*v)) {
+        // Diverged: no later report can mean anything. The trial stops, as Optuna fails a
+        // trial whose objective is not a number.
+        r.diverged = s_.objective + " is " + j["value"].get<std::string>() + " at report " +
+                     std::to_string(r.rec.intermediate.size() + 1) + " (diverged)";
+        ::kill(r.pid, SIGINT);
+        progress_ << trial_name(r.rec.number) << ": stopping (" << r.diverged << ")\n";
+        continue;
+      }
+      r.rec.intermediate.push_back(*v);
       trials_[r.rec.number].intermediate = r.rec.intermediate;
-      journal_.append(json{{"event", "report"}, {"number", r.rec.number}, {"value", v}});
+      journal_.append(report_record(r.rec.number, *v));
       if (r.prune_reason.empty()) {
-        const std::string why = prune_reason(r.rec);
+        const std::string why = prune_reason(s_, r.rec, trials_);
         if (!why.empty()) {
           r.prune_reason = why;
           r.pruned_at = r.rec.intermediate.size() - 1;
@@ -513,49 +365,6 @@ class Study {
         }
       }
     }
-  }
-
-  /// Why the pruner stops trial `t` after its latest report ("" = it goes on).
-  std::string prune_reason(const TrialRecord& t) const {
-    const std::size_t k = t.intermediate.size() - 1;
-    const double mine = loss_of(t.intermediate[k]);
-    std::vector<double> others;
-    if (s_.pruner == "median") {
-      if (static_cast<std::int64_t>(k + 1) < s_.pruner_warmup) return {};
-      for (const auto& [n, o] : trials_) {
-        if (n != t.number && o.state == "COMPLETE" && o.intermediate.size() > k)
-          others.push_back(loss_of(o.intermediate[k]));
-      }
-      if (static_cast<std::int64_t>(others.size()) < s_.pruner_min_trials) return {};
-      std::sort(others.begin(), others.end());
-      const std::size_t m = others.size();
-      const double median = m % 2 ? others[m / 2] : 0.5 * (others[m / 2 - 1] + others[m / 2]);
-      if (mine <= median) return {};
-      std::ostringstream s;
-      s << "median: " << s_.objective << " " << t.intermediate[k] << " at report " << (k + 1)
-        << " is worse than the median " << (s_.direction == "maximize" ? -median : median) << " of " << m
-        << " completed trials";
-      return s.str();
-    }
-    if (s_.pruner == "successive_halving") {
-      // Rungs at min_resource * eta^i reports; at a rung, a trial goes on only within the best
-      // 1/eta of every trial that reached it.
-      std::int64_t rung_reports = s_.min_resource;
-      while (rung_reports < static_cast<std::int64_t>(k + 1)) rung_reports *= s_.reduction_factor;
-      if (rung_reports != static_cast<std::int64_t>(k + 1)) return {};
-      others.push_back(mine);
-      for (const auto& [n, o] : trials_) {
-        if (n != t.number && o.intermediate.size() > k) others.push_back(loss_of(o.intermediate[k]));
-      }
-      std::sort(others.begin(), others.end());
-      const auto keep = std::max<std::size_t>(1, others.size() / static_cast<std::size_t>(s_.reduction_factor));
-      if (mine <= others[keep - 1]) return {};
-      std::ostringstream s;
-      s << "successive halving: " << s_.objective << " " << t.intermediate[k] << " at report " << (k + 1)
-        << " is not in the best " << keep << " of " << others.size() << " trials at that rung";
-      return s.str();
-    }
-    return {};
   }
 
   void classify(Running& r, int rc) {
@@ -567,6 +376,11 @@ class Study {
     }
     const std::string message = status.is_object() ? status.value("message", "") : "";
     if (!t.intermediate.empty()) t.value = t.intermediate.back();
+    if (!r.diverged.empty()) {
+      t.diverged = true;
+      t.value.reset();
+      return end(t, "FAILED", r.diverged);
+    }
     if (!r.prune_reason.empty() && (rc == 130 || rc == 0)) {
       // Its value is the one it was judged by (it may log more before it stops).
       t.value = t.intermediate[r.pruned_at];
@@ -592,152 +406,56 @@ class Study {
   void end(TrialRecord& t, const std::string& state, const std::string& reason) {
     t.state = state;
     t.reason = t.reason.empty() || reason.empty() ? t.reason + reason : t.reason + "; " + reason;
-    json oom = json::object();
-    for (const auto& [k, v] : t.oom) oom[k] = v;
-    json rec{{"event", "end"},       {"number", t.number},
-             {"state", state},       {"reason", reason},
-             {"seconds", t.seconds}, {"out_of_memory", t.out_of_memory},
-             {"oom", oom},           {"predicted_peak", t.predicted_peak},
-             {"run_dir", t.run_dir}};
-    rec["value"] = t.value ? json(*t.value) : json(nullptr);
-    journal_.append(rec);
+    journal_.append(end_record(t));
     trials_[t.number] = t;
     progress_ << trial_name(t.number) << ": " << state;
     if (t.value) progress_ << ", " << s_.objective << " " << *t.value;
-    if (!reason.empty()) progress_ << " (" << reason << ")";
+    if (!t.reason.empty()) progress_ << " (" << t.reason << ")";
     progress_ << "\n";
   }
 
-  /// Reads the journal of an earlier run of this study: what ended stays as it ended.
+  /// Reads the journal of an earlier run of this study: what ended stays as it ended; what
+  /// was running starts over.
   void resume() {
     seed_ = s_.seed
                 ? *s_.seed
                 : RunSettings::from(prepare_run(req_.recipe, req_.overrides, req_.plugin_dirs).config.sub("run")).seed;
     study_name_ = fs::path(req_.study_dir).filename().string();
-    const auto records = journal_.read();
-    if (records.empty()) {
-      journal_.append(json{{"event", "study"},
-                           {"recipe", req_.recipe},
-                           {"overrides", req_.overrides},
-                           {"objective", s_.objective},
-                           {"direction", s_.direction},
-                           {"sampler", s_.sampler},
-                           {"seed", seed_},
-                           {"n_trials", s_.n_trials}});
+    const json study{{"event", "study"},
+                     {"recipe", req_.recipe},
+                     {"overrides", req_.overrides},
+                     {"objective", s_.objective},
+                     {"direction", s_.direction},
+                     {"sampler", s_.sampler},
+                     {"seed", seed_},
+                     {"n_trials", s_.n_trials},
+                     {"space", space_record(space_)}};
+    Replayed past = replay(journal_.read(), space_);
+    if (past.study.is_null()) {
+      journal_.append(study);
       return;
     }
-    std::int64_t resumed = 0;
-    for (const auto& j : records) {
-      const std::string ev = j.value("event", "");
-      if (ev == "study") {
-        TRAINER_CHECK_T(UsageError,
-                        j.value("objective", "") == s_.objective && j.value("direction", "") == s_.direction,
-                        req_.study_dir, " holds a study of ", j.value("direction", ""), " ", j.value("objective", ""),
-                        "; this recipe asks for ", s_.direction, " ", s_.objective,
-                        ": give another --study-dir, or the same [sweep] settings");
-      } else if (ev == "mlflow") {
-        mlflow_run_ = j.value("run_id", "");
-      } else if (ev == "trial") {
-        TrialRecord t;
-        t.number = j["number"];
-        t.state = "RUNNING";
-        t.params = params_from(j, space_);
-        trials_[t.number] = t;
-      } else if (ev == "report" && trials_.count(j["number"])) {
-        trials_[j["number"]].intermediate.push_back(j["value"]);
-      } else if (ev == "end" && trials_.count(j["number"])) {
-        TrialRecord& t = trials_[j["number"]];
-        t.state = j["state"];
-        t.reason = j.value("reason", "");
-        t.seconds = j.value("seconds", 0.0);
-        t.out_of_memory = j.value("out_of_memory", false);
-        t.predicted_peak = j.value("predicted_peak", std::int64_t{-1});
-        t.run_dir = j.value("run_dir", "");
-        if (j.contains("value") && j["value"].is_number()) t.value = j["value"].get<double>();
-        for (const auto& [k, v] : j["oom"].items()) t.oom[k] = v.get<std::string>();
-        ++resumed;
-      }
-    }
-    for (auto& [n, t] : trials_) {
-      if (t.state == "RUNNING") t.intermediate.clear();  // it starts over
-    }
-    progress_ << "resuming " << journal_.path() << ": " << resumed << " trials ended, "
-              << (trials_.size() - static_cast<std::size_t>(resumed)) << " to run again\n";
+    // The trials of another objective, space, sampler or seed would be mixed into this study's
+    // history (and a re-run trial would lose a parameter of the new space).
+    const std::string what = study_difference(past.study, study);
+    TRAINER_CHECK_T(UsageError, what.empty(), req_.study_dir, " holds a study with another ", what,
+                    ": give another --study-dir, or the same [sweep] settings (n_trials may change)");
+    trials_ = std::move(past.trials);
+    mlflow_ = past.mlflow;
+    progress_ << "resuming " << journal_.path() << ": " << past.ended << " trials ended, "
+              << (trials_.size() - static_cast<std::size_t>(past.ended)) << " to run again\n";
   }
 
-  void write_csv(const StudyResult& r) const {
-    std::ofstream out(req_.study_dir + "/results.csv");
-    const auto field = [](const std::string& s) {
-      if (s.find_first_of(",\"\n") == std::string::npos) return s;
-      std::string q = "\"";
-      for (char ch : s) q += ch == '"' ? std::string("\"\"") : std::string(1, ch);
-      return q + "\"";
-    };
-    out << "number,state," << field(s_.objective);
-    for (const auto& p : space_.params()) out << "," << field(p.key);
-    out << ",out_of_memory,oom_phase,predicted_peak_mib,seconds,reason\n";
-    for (const auto& t : r.trials) {
-      out << t.number << "," << t.state << "," << (t.value ? json(*t.value).dump() : "");
-      for (const auto& p : space_.params()) out << "," << field(t.params.get(p.key));
-      out << "," << (t.out_of_memory ? "true" : "false") << "," << (t.oom.count("phase") ? t.oom.at("phase") : "")
-          << "," << (t.predicted_peak >= 0 ? std::to_string(t.predicted_peak / kMiB) : "") << ","
-          << json(t.seconds).dump() << "," << field(t.reason) << "\n";
-    }
-  }
-
-  /// With the mlflow plugin in the recipe, the study is a parent run its trials nest under.
-  void start_mlflow() {
-    if (!mlflow_run_.empty()) return;  // resumed
+  /// On a GPU host, parallel trials spread over the GPUs only through device_select's leases.
+  void warn_about_parallel_devices() const {
+    if (s_.parallel <= 1) return;
     const PreparedRun p = prepare_run(req_.recipe, req_.overrides, req_.plugin_dirs);
-    const bool used =
-        std::any_of(p.plugins.begin(), p.plugins.end(), [](const auto& x) { return x->name() == "mlflow"; });
-    if (!used) return;
-    const char* env_uri = std::getenv("MLFLOW_TRACKING_URI");
-    const char* env_exp = std::getenv("MLFLOW_EXPERIMENT_NAME");
-    const std::string uri = p.config.get_or<std::string>("plugins.mlflow.tracking_uri", "").empty()
-                                ? (env_uri ? env_uri : "")
-                                : p.config.get<std::string>("plugins.mlflow.tracking_uri");
-    const std::string exp = p.config.get_or<std::string>("plugins.mlflow.experiment", "").empty()
-                                ? (env_exp ? env_exp : "Default")
-                                : p.config.get<std::string>("plugins.mlflow.experiment");
-    mlflow_uri_ = uri;
-    try {
-      auto backend = mlflow::open_backend(uri, mlflow::Credentials::from_env());
-      mlflow_run_ = mlflow::start_run(*backend, exp, study_name_, "",
-                                      {{"trainer.study_dir", fs::absolute(req_.study_dir).string()},
-                                       {"trainer.sweep.objective", s_.objective},
-                                       {"trainer.sweep.sampler", s_.sampler}})
-                        .run_id;
-      journal_.append(json{{"event", "mlflow"}, {"run_id", mlflow_run_}, {"tracking_uri", uri}});
-      progress_ << "MLflow: parent run " << mlflow_run_ << " (" << uri << ", experiment " << exp << ")\n";
-    } catch (const std::exception& e) {
-      // The trials still log their own runs; only the nesting is lost.
-      progress_ << "MLflow: cannot create the study's parent run (" << e.what() << "); trials log as top-level runs\n";
-      mlflow_run_.clear();
-    }
-  }
-
-  void finish_mlflow(const StudyResult& r) {
-    if (mlflow_run_.empty() || mlflow_uri_.empty()) return;
-    try {
-      auto backend = mlflow::open_backend(mlflow_uri_, mlflow::Credentials::from_env());
-      const std::int64_t now = mlflow::now_ms();
-      std::vector<mlflow::Metric> metrics{{"study/complete", double(r.count("COMPLETE")), now, 0},
-                                          {"study/pruned", double(r.count("PRUNED")), now, 0},
-                                          {"study/failed", double(r.count("FAILED")), now, 0},
-                                          {"study/skipped", double(r.count("SKIPPED")), now, 0},
-                                          {"study/out_of_memory", double(r.out_of_memory()), now, 0}};
-      std::vector<mlflow::KeyValue> tags;
-      if (r.best) {
-        const auto& b = r.trials[static_cast<std::size_t>(*r.best)];
-        metrics.push_back({mlflow::sanitize_key("best/" + s_.objective), *b.value, now, 0});
-        tags.push_back({"trainer.sweep.best_trial", trial_name(b.number)});
-        for (const auto& [k, v] : b.params.values) tags.push_back({mlflow::sanitize_key("best." + k), v});
-      }
-      backend->log_batch(mlflow_run_, metrics, {}, tags);
-      if (!r.interrupted) mlflow::end_run(*backend, mlflow_run_, "FINISHED");
-    } catch (const std::exception& e) {
-      progress_ << "MLflow: cannot update the study's parent run: " << e.what() << "\n";
+    const bool leases =
+        std::any_of(p.plugins.begin(), p.plugins.end(), [](const auto& x) { return x->name() == "device_select"; });
+    if (!leases && !device_inventory()->snapshot().gpus.empty()) {
+      progress_ << "sweep.parallel = " << s_.parallel
+                << " without the device_select plugin: every trial takes the device the recipe names; load "
+                   "device_select (the robust preset has it) to give each trial a GPU of its own\n";
     }
   }
 
@@ -745,17 +463,24 @@ class Study {
   SweepSettings s_;
   SearchSpace space_;
   std::ostream& progress_;
-  Journal journal_;
+  StudyJournal journal_;
   std::unique_ptr<Sampler> sampler_;
   std::int64_t seed_ = 0;
   std::string study_name_;
   std::map<std::int64_t, TrialRecord> trials_;
   std::vector<Running> running_;
-  std::map<std::string, MemoryEstimate> estimates_;
-  std::string mlflow_run_, mlflow_uri_;
+  std::map<std::string, MemoryEstimate> estimates_;  ///< by memory_key
+  std::set<std::string> failed_estimates_;
+  StudyRun mlflow_;
 };
 
 }  // namespace
+
+std::string trial_name(std::int64_t n) {
+  std::ostringstream s;
+  s << "trial-" << std::setw(4) << std::setfill('0') << n;
+  return s.str();
+}
 
 StudyResult run_sweep(const SweepRequest& request, std::ostream& progress) {
   auto [settings, space] = load_sweep(request.recipe, request.overrides);
@@ -770,22 +495,6 @@ StudyResult run_sweep(const SweepRequest& request, std::ostream& progress) {
                   "cannot run the trainer executable '", req.trainer_exe, "'");
   Study study(req, settings, space, progress);
   return study.run();
-}
-
-void print_study(const StudyResult& r, const std::string& objective, std::ostream& out) {
-  out << "study " << r.study_dir << ": " << r.trials.size() << " trials: " << r.count("COMPLETE") << " complete, "
-      << r.count("PRUNED") << " pruned (" << r.out_of_memory() << " out of memory), " << r.count("FAILED")
-      << " failed, " << r.count("SKIPPED") << " skipped (predicted out of memory)";
-  if (r.interrupted) out << "; interrupted: run the same command again to resume";
-  out << "\n";
-  if (r.best) {
-    const auto& b = r.trials[static_cast<std::size_t>(*r.best)];
-    out << "best: " << trial_name(b.number) << ", " << objective << " " << *b.value << ":";
-    for (const auto& [k, v] : b.params.values) out << " " << k << "=" << v;
-    out << "\n";
-  }
-  out << "results: " << r.study_dir << "/results.csv\n";
-  if (!r.mlflow_run_id.empty()) out << "MLflow parent run: " << r.mlflow_run_id << "\n";
 }
 
 }  // namespace trainer::tune

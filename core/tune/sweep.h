@@ -66,6 +66,7 @@ struct TrialRecord {
   std::string state;   ///< RUNNING, COMPLETE, PRUNED, FAILED, SKIPPED
   std::string reason;  ///< why it was pruned, failed or skipped
   bool out_of_memory = false;
+  bool diverged = false;             ///< FAILED: the objective it reported was NaN or infinite
   std::optional<double> value;       ///< the objective: the last value the trial logged
   std::vector<double> intermediate;  ///< every value of the objective, in order
   double seconds = 0;
@@ -93,6 +94,15 @@ std::pair<SweepSettings, SearchSpace> load_sweep(const std::string& recipe, cons
 /// Runs (or resumes) the study; progress lines go to `progress`. Stops early, recording
 /// nothing for the trials it stops, when SIGINT/SIGTERM arrive (interrupt_requested()).
 StudyResult run_sweep(const SweepRequest& request, std::ostream& progress);
+
+/// Writes the study's table: one row per trial (number, state, objective, each parameter,
+/// out_of_memory, oom_phase, predicted_peak_mib, seconds, reason), through `<path>.tmp` and a
+/// rename, so that it is whole; rewritten from the journal at each end of the study process.
+void write_results_csv(const StudyResult& r, const std::string& objective, const SearchSpace& space,
+                       const std::string& path);
+
+/// "trial-0007": the name of trial 7's run directory, MLflow run and progress lines.
+std::string trial_name(std::int64_t n);
 
 /// The summary `trainer sweep` prints at the end.
 void print_study(const StudyResult& r, const std::string& objective, std::ostream& out);

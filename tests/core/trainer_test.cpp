@@ -61,8 +61,8 @@ TEST_F(TrainerRun, FiresEveryEventInOrderWithAccumulation) {
         expected.push_back(e);
     }
     // The 32 test samples are one evaluation batch.
-    for (const char* e : {"EvalStart", "EvalBatchStart", "EvalBatchEnd", "EvalMetrics", "EvalEnd", "EpochEnd",
-                          "Checkpoint"})
+    for (const char* e :
+         {"EvalStart", "EvalBatchStart", "EvalBatchEnd", "EvalMetrics", "EvalEnd", "EpochEnd", "Checkpoint"})
       expected.push_back(e);
   }
   expected.push_back("FitEnd");
@@ -74,8 +74,8 @@ TEST_F(TrainerRun, FiresEveryEventInOrderWithAccumulation) {
 TEST_F(TrainerRun, EvalAtEndEvaluatesAStopAtMaxStepsMidEpochOnce) {
   // 2 steps an epoch: max_steps 3 stops in the middle of the second epoch, where nothing
   // evaluates unless eval.at_end says so; limit_batches 1 of 8 evaluates 8 of the 32 samples.
-  RunResult r = run({"training.max_steps=3", "eval.every_epochs=0", "eval.at_end=true", "eval.batch_size=8",
-                     "eval.limit_batches=1"});
+  RunResult r = run(
+      {"training.max_steps=3", "eval.every_epochs=0", "eval.at_end=true", "eval.batch_size=8", "eval.limit_batches=1"});
   ASSERT_EQ(r.exit_code, kExitOk) << r.message;
   auto ev = events();
   EXPECT_EQ(std::count(ev.begin(), ev.end(), "EvalStart"), 1);
@@ -205,9 +205,8 @@ TEST_F(TrainerRun, ObserverPluginFailureDoesNotStopTheRun) {
   // are counted), then counted and summarised.
   const std::string log = read_file(tmp_ / "run/trainer.log");
   std::size_t failures = 0;
-  for (std::size_t at = 0; (at = log.find("plugin 'throwing' failed in BatchEnd: injected failure", at)) !=
-                           std::string::npos;
-       ++at)
+  for (std::size_t at = 0;
+       (at = log.find("plugin 'throwing' failed in BatchEnd: injected failure", at)) != std::string::npos; ++at)
     ++failures;
   EXPECT_EQ(failures, 2u) << log;
   EXPECT_NE(r.message.find("plugin 'throwing' failed 4 times in BatchEnd (first error: injected failure at step 1)"),

@@ -137,8 +137,8 @@ TEST(Estimate, PredictsMemoryLogsPeakOfARealRun) {
   TempDir tmp;
   // 512 images in batches of 64: 8 steps an epoch, evaluated after each (eval.batch_size 500)
   // on the 10k test images, so the run's peak is the evaluation's, not a step's.
-  const std::vector<std::string> o = {"model=cnn", "model.memory_format=contiguous", "memory.limit_mb=0",
-                                      "dataset.limit=512", "training.batch_size=64", "eval.batch_size=500"};
+  const std::vector<std::string> o = {"model=cnn",         "model.memory_format=contiguous", "memory.limit_mb=0",
+                                      "dataset.limit=512", "training.batch_size=64",         "eval.batch_size=500"};
   EstimateRequest req;
   req.recipe = kTight;
   req.overrides = o;
@@ -247,8 +247,8 @@ TEST(EstimateCli, PrintsTheBreakdownAndTheLargestMicroBatch) {
   ASSERT_EQ(o.code, 0) << o.text;
   for (const char* s : {"memory estimate on cpu: batch 128, micro-batch 128", "optimizer state", "predicted step peak",
                         "evaluation peak", "eval.batch_size 1000", "predicted run peak",
-                        "limit: 100 MiB (memory.limit_mb = 100), margin 10 %", "largest micro-batch that fits:",
-                        "largest eval.batch_size that fits:"}) {
+                        "limit: 100 MiB (memory.limit_mb = 100), margin 10 %",
+                        "largest micro-batch that fits:", "largest eval.batch_size that fits:"}) {
     EXPECT_NE(o.text.find(s), std::string::npos) << s << "\n" << o.text;
   }
   const auto j = run_cli("estimate --json --margin 0.2 --probe-sizes 4,8 --recipe " + kTight + " model=mlp");

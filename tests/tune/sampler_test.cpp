@@ -97,8 +97,7 @@ high = 32
     EXPECT_NE(all.find("optim.momentum: uniform needs `low`"), std::string::npos) << all;
     EXPECT_NE(all.find("optim.momentum: uniform needs `high`"), std::string::npos) << all;
     EXPECT_NE(all.find("optim.momentum.values: a numeric range takes low and high"), std::string::npos) << all;
-    EXPECT_NE(all.find("training.micro_batch_size.high: a choice takes `values = [...]`"), std::string::npos)
-        << all;
+    EXPECT_NE(all.find("training.micro_batch_size.high: a choice takes `values = [...]`"), std::string::npos) << all;
   }
 }
 

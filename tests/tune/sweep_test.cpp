@@ -10,10 +10,12 @@
 #include <filesystem>
 #include <map>
 #include <sstream>
+#include <thread>
 
 #include "support/test_util.h"
 #include "sweep.h"
 #include "trainer/error.h"
+#include "trainer/interrupt.h"
 
 namespace {
 
@@ -234,9 +236,20 @@ int count_of(const std::string& text, const std::string& what) {
   return n;
 }
 
+/// The MLflow run directory of `run_id` under a file store (empty when absent).
+fs::path mlflow_run_dir(const fs::path& store, const std::string& run_id) {
+  if (!fs::exists(store)) return {};
+  for (const auto& e : fs::recursive_directory_iterator(store)) {
+    if (e.is_directory() && e.path().filename() == run_id && fs::exists(e.path() / "meta.yaml")) return e.path();
+  }
+  return {};
+}
+
 TEST(Sweep, AStudyKilledMidwayResumesWithoutRerunningFinishedTrials) {
   TempDir tmp;
-  const std::string r = recipe(tmp, "[]", R"(
+  const std::string r = recipe(tmp, R"(["mlflow"])", R"(
+[plugins.mlflow]
+tracking_uri = "file:)" + (tmp / "mlruns") + R"("
 [sweep]
 sampler = "grid"
 pruner = "none"
@@ -257,24 +270,140 @@ values = [0.01, 0.003, 0.001, 0.0003]
   const int ended = count_of(before, R"({"event":"end")");
   ASSERT_GE(ended, 1);
   ASSERT_LT(ended, 4) << "the study finished before it was killed";
+  // The same command again: it waits for the trial the killed study left (it got SIGTERM),
+  // then runs what had not ended.
   ASSERT_EQ(std::system((cmd + "; exit $?").c_str()), 0) << read_file(tmp / "1.log");
+  const std::string log = read_file(tmp / "1.log");
   const std::string after = read_file(tmp / "s/study.jsonl");
-  EXPECT_NE(read_file(tmp / "1.log").find("resuming"), std::string::npos);
+  EXPECT_NE(log.find("resuming"), std::string::npos) << log;
   EXPECT_EQ(count_of(after, R"({"event":"end")"), 4);
-  // A trial that had ended was not started again; the one killed mid-run was.
   for (int n = 0; n < 4; ++n) {
     const std::string end = R"("number":)" + std::to_string(n) + R"(,"oom")";
     EXPECT_EQ(count_of(after, end), 1) << "trial " << n << "\n" << after;
+    // A trial that had ended was not started again; the others were.
+    EXPECT_EQ(count_of(log, "trial-000" + std::to_string(n) + ": running"), n < ended ? 0 : 1) << n << "\n" << log;
   }
-  int starts_of_ended = 0;
-  for (const auto& line : read_lines(tmp / "s/study.jsonl")) {
-    if (line.rfind(R"({"event":"trial")", 0) != 0) continue;
-    for (int n = 0; n < ended; ++n) {
-      if (line.find(R"("number":)" + std::to_string(n) + ",") != std::string::npos) ++starts_of_ended;
-    }
-  }
-  EXPECT_EQ(starts_of_ended, ended);
   EXPECT_EQ(read_lines(tmp / "s/results.csv").size(), 5u);
+  // The study's MLflow run, created before the kill, is finished by the resumed study with its counts.
+  const std::string parent = trainer::testing::json_str(after, "run_id");
+  ASSERT_FALSE(parent.empty()) << after;
+  const fs::path run = mlflow_run_dir(tmp / "mlruns", parent);
+  ASSERT_FALSE(run.empty());
+  EXPECT_NE(read_file((run / "meta.yaml").string()).find("status: 3"), std::string::npos);  // FINISHED
+  EXPECT_NE(read_file((run / "metrics/study/complete").string()).find(" 4 "), std::string::npos);
+}
+
+TEST(Sweep, ASecondStudyProcessOnTheSameDirectoryIsRefused) {
+  TempDir tmp;
+  const std::string r = recipe(tmp, "[]", R"(
+[sweep]
+sampler = "grid"
+pruner = "none"
+[sweep.space.optim.lr]
+type = "choice"
+values = [0.01, 0.003]
+)");
+  ::setenv("TRAINER_CONFIG_PATH", TRAINER_SOURCE_DIR "/configs", 1);
+  const std::string cmd = std::string(TRAINER_CLI) + " sweep --recipe " + r + " --study-dir " + (tmp / "s");
+  trainer::testing::Child first(cmd + " > " + (tmp / "1.log") + " 2>&1");
+  ASSERT_TRUE(trainer::testing::wait_for_text(tmp / "1.log", "trial-0000: running"));
+  const auto second = trainer::testing::run_command(cmd);
+  EXPECT_EQ(second.code, 2) << second.text;
+  EXPECT_NE(second.text.find("is in use by another trainer sweep (pid " + std::to_string(first.pid()) + ")"),
+            std::string::npos)
+      << second.text;
+  EXPECT_EQ(WEXITSTATUS(first.wait()), 0) << read_file(tmp / "1.log");
+  EXPECT_EQ(count_of(read_file(tmp / "s/study.jsonl"), R"({"event":"end")"), 2);
+}
+
+TEST(Sweep, AStudyDirectoryOfAnotherSpaceIsRefused) {
+  TempDir tmp;
+  const auto space = [](const std::string& values) {
+    return "[sweep]\nsampler = \"grid\"\npruner = \"none\"\n[sweep.space.optim.lr]\ntype = \"choice\"\nvalues = " +
+           values + "\n";
+  };
+  study(recipe(tmp, "[]", space("[0.01]")), tmp / "s", {"training.max_steps=2"});
+  try {
+    study(recipe(tmp, "[]", space("[0.01, 0.1]")), tmp / "s", {"training.max_steps=2"});
+    FAIL() << "no error";
+  } catch (const trainer::UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("holds a study with another search space [sweep.space]"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Sweep, AStepBudgetEndingMidEpochIsEvaluated) {
+  TempDir tmp;
+  // 2000 images in batches of 64: 32 steps an epoch; 5 steps end in the middle of the first.
+  const auto r = study(recipe(tmp, "[]", R"(
+[sweep]
+sampler = "grid"
+pruner = "none"
+budget_steps = 5
+[sweep.space.optim.lr]
+type = "choice"
+values = [0.01, 0.001]
+)"),
+                       tmp / "s");
+  ASSERT_EQ(r.count("COMPLETE"), 2) << r.trials[0].reason;
+  for (const auto& t : r.trials) {
+    ASSERT_TRUE(t.value.has_value());
+    const auto acc = trainer::testing::metric_by_step(t.run_dir + "/metrics.jsonl", "eval/accuracy");
+    ASSERT_EQ(acc.size(), 1u);
+    EXPECT_EQ(acc.begin()->first, 5);
+  }
+}
+
+TEST(Sweep, ATrialWhoseObjectiveDivergesFailsAndTheStudyGoesOn) {
+  TempDir tmp;
+  const auto r = study(recipe(tmp, "[]", R"(
+[sweep]
+sampler = "grid"
+pruner = "none"
+objective = "eval/loss"
+direction = "minimize"
+[sweep.space.optim.lr]
+type = "choice"
+values = [1e30, 0.01]
+)"),
+                       tmp / "s", {"optim=sgd"});
+  ASSERT_EQ(r.trials.size(), 2u);
+  EXPECT_EQ(r.trials[0].state, "FAILED");
+  EXPECT_TRUE(r.trials[0].diverged);
+  EXPECT_FALSE(r.trials[0].value.has_value());
+  EXPECT_NE(r.trials[0].reason.find("eval/loss is NaN at report 1 (diverged)"), std::string::npos)
+      << r.trials[0].reason;
+  EXPECT_EQ(r.trials[1].state, "COMPLETE");
+  ASSERT_TRUE(r.best.has_value());
+  EXPECT_EQ(*r.best, 1);
+}
+
+TEST(Sweep, CtrlCWhileATrialIsEstimatedStopsTheEstimateAndStartsNoTrial) {
+  TempDir tmp;
+  // A stand-in for the trainer executable whose estimate takes long and says when SIGINT
+  // reaches it.
+  const std::string exe = tmp / "slow-trainer";
+  write_file(exe, "#!/bin/sh\ntrap 'echo interrupted > " + (tmp / "got-sigint") + "; exit 130' INT\necho started > " +
+                      (tmp / "started") + "\nsleep 60 &\nwait\nexit 1\n");
+  fs::permissions(exe, fs::perms::owner_all);
+  ::setenv("TRAINER_CONFIG_PATH", TRAINER_SOURCE_DIR "/configs", 1);
+  trainer::tune::SweepRequest req;
+  req.recipe = recipe(tmp, "[]", model_batch_grid());
+  req.study_dir = tmp / "s";
+  req.trainer_exe = exe;
+  std::thread ctrl_c([&] {
+    trainer::testing::wait_for_text(tmp / "started", "started");
+    trainer::request_interrupt();
+  });
+  std::ostringstream progress;
+  const auto r = trainer::tune::run_sweep(req, progress);
+  ctrl_c.join();
+  trainer::clear_interrupt();
+  EXPECT_TRUE(r.interrupted);
+  EXPECT_EQ(read_file(tmp / "got-sigint"), "interrupted\n");
+  ASSERT_EQ(r.trials.size(), 1u);
+  EXPECT_EQ(r.trials[0].state, "RUNNING");  // a resumed study begins it again
+  EXPECT_FALSE(fs::exists(tmp / "s/trials/trial-0000.out")) << progress.str();
 }
 
 TEST(Sweep, WithMlflowTheStudyIsAParentRunAndEachTrialANestedRun) {

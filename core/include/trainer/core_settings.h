@@ -43,7 +43,9 @@ struct TrainingSettings : Settings<TrainingSettings> {
 
   /// Samples per forward/backward as configured: `micro_batch_size`, where 0 means
   /// `batch_size` and a larger value is clamped to it.
-  std::int64_t micro_batch() const { return micro_batch_size > 0 ? std::min(micro_batch_size, batch_size) : batch_size; }
+  std::int64_t micro_batch() const {
+    return micro_batch_size > 0 ? std::min(micro_batch_size, batch_size) : batch_size;
+  }
 
   static void declare(SettingsSchema<TrainingSettings>& s) {
     s.add(&TrainingSettings::epochs, "epochs", "Epochs to train").min(1);

@@ -5,13 +5,13 @@
 #include <algorithm>
 #include <utility>
 
-#include "trainer/loader.h"
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
 #include "train/hooks.h"
 #include "train/setup.h"
 #include "train/train_metrics.h"
 #include "trainer/interrupt.h"
+#include "trainer/loader.h"
 
 namespace trainer {
 
@@ -121,7 +121,8 @@ std::optional<StopCause> EpochLoop::stop_reason() const {
   if (interrupt_requested()) return StopCause{"signal", "interrupted by a signal"};
   if (hooks_.stop_requested()) return StopCause{hooks_.stopped_by(), hooks_.stop_reason()};
   if (s_.training.max_steps > 0 && state_.global_step >= s_.training.max_steps) {
-    return StopCause{"training.max_steps", "training.max_steps = " + std::to_string(s_.training.max_steps) + " reached"};
+    return StopCause{"training.max_steps",
+                     "training.max_steps = " + std::to_string(s_.training.max_steps) + " reached"};
   }
   return std::nullopt;
 }

@@ -1,0 +1,61 @@
+#include "admission.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "trainer/memory.h"
+
+namespace trainer::tune {
+
+Admission admit_trial(const MemoryEstimate& e, const TrialShape& shape) {
+  Admission a;
+  const std::string kSkip = "predicted out of memory: ";
+  if (e.peak == 0) {
+    a.run = false;
+    a.reason = kSkip + "the smallest probe ran out of memory";
+    return a;
+  }
+  const std::string usable =
+      format_bytes(static_cast<std::int64_t>(double(e.limit) * (1.0 - e.margin))) + " usable (" + e.limit_source + ")";
+  std::int64_t micro = shape.micro;
+  if (!e.fits_at(shape.batch, micro)) {
+    std::ostringstream why;
+    why << format_bytes(e.limit_on_reserved ? e.predict_reserved(shape.batch, micro) : e.predict(shape.batch, micro))
+        << " at batch " << shape.batch << ", micro-batch " << micro << " > " << usable;
+    // The largest micro-batch predicted to fit at this batch, if oom_backoff could reach it:
+    // the trial starts there instead of failing into it.
+    std::int64_t m = 0;
+    for (std::int64_t k = micro - 1; shape.backoff_floor > 0 && k >= shape.backoff_floor && m == 0; --k) {
+      if (e.fits_at(shape.batch, k)) m = k;
+    }
+    if (m == 0) {
+      a.run = false;
+      a.reason = kSkip + why.str();
+      a.predicted_peak = e.predict(shape.batch, micro);
+      return a;
+    }
+    a.overrides.push_back("training.micro_batch_size=" + std::to_string(m));
+    a.reason = "micro-batch " + std::to_string(micro) + " -> " + std::to_string(m) + " (" + why.str() + ")";
+    micro = m;
+  }
+  std::int64_t eval_batch = shape.eval_batch;
+  if (eval_batch > 0 && !e.eval_fits_at(eval_batch)) {
+    const std::int64_t b = e.max_eval_batch();
+    const std::string why = "evaluation " + format_bytes(e.predict_eval(eval_batch)) + " at eval.batch_size " +
+                            std::to_string(eval_batch) + " > " + usable;
+    if (b < 1) {
+      a.run = false;
+      a.reason = kSkip + why + ", and at eval.batch_size 1";
+      a.predicted_peak = std::max(e.predict(shape.batch, micro), e.predict_eval(eval_batch));
+      return a;
+    }
+    a.overrides.push_back("eval.batch_size=" + std::to_string(b));
+    a.reason += (a.reason.empty() ? "" : "; ") + std::string("eval.batch_size ") + std::to_string(eval_batch) + " -> " +
+                std::to_string(b) + " (" + why + ")";
+    eval_batch = b;
+  }
+  a.predicted_peak = std::max(e.predict(shape.batch, micro), e.predict_eval(eval_batch));
+  return a;
+}
+
+}  // namespace trainer::tune

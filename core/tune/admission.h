@@ -1,0 +1,34 @@
+#pragma once
+// Private to `trainer sweep`: what a memory estimate lets a trial do before it runs.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "estimate.h"
+
+namespace trainer::tune {
+
+/// What a trial's config asks of memory.
+struct TrialShape {
+  std::int64_t batch = 0, micro = 0;
+  std::int64_t eval_batch = 0;     ///< eval.batch_size; 0 when the trial does not evaluate
+  std::int64_t backoff_floor = 0;  ///< oom_backoff's min_micro_batch; 0 without oom_backoff
+};
+
+/// The verdict.
+struct Admission {
+  bool run = true;
+  std::vector<std::string> overrides;  ///< what the trial runs with besides its own (a lower micro-batch, eval batch)
+  std::string reason;                  ///< why it is skipped, or what was lowered and why
+  std::int64_t predicted_peak = -1;    ///< the run's predicted peak (bytes) as it will run; -1 unknown
+};
+
+/// Whether a trial of `shape` fits the budget or the device by `e`'s prediction (with its
+/// margin). What does not fit is lowered where that changes no result the trial reports: the
+/// evaluation batch (evaluation sums over the whole test split), and the micro-batch when the
+/// recipe loads oom_backoff (it would lower it after an out-of-memory error anyway; gradient
+/// accumulation keeps the effective batch), not below its min_micro_batch. Otherwise the trial
+/// is skipped: run = false, reason "predicted out of memory: ...".
+Admission admit_trial(const MemoryEstimate& e, const TrialShape& shape);
+
+}  // namespace trainer::tune

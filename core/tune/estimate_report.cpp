@@ -1,0 +1,199 @@
+#include "estimate.h"
+
+#include <cmath>
+#include <iomanip>
+#include <nlohmann/json.hpp>
+#include <ostream>
+#include <sstream>
+
+#include "trainer/error.h"
+#include "trainer/memory.h"
+
+// What `trainer estimate` prints: the text report and the JSON that `trainer sweep` reads.
+namespace trainer::tune {
+namespace {
+
+using json = nlohmann::json;
+
+std::string mib(std::int64_t bytes) { return format_bytes(bytes); }
+
+}  // namespace
+
+std::string describe_fit(const MemoryEstimate& e) {
+  const auto term = [](double v, const char* what) {
+    return std::fabs(v) < 1.0 ? std::string() : (v >= 0 ? " + " : " - ") + mib(std::llround(std::fabs(v))) + what;
+  };
+  std::ostringstream s;
+  s << "peak = the larger of forward/backward " << mib(std::llround(e.a)) << term(e.b, " x micro-batch")
+    << term(e.c, " x (batch - micro-batch)") << " and optimizer step " << mib(std::llround(e.a2))
+    << term(e.c2, " x batch");
+  return s.str();
+}
+
+void print_estimate(const MemoryEstimate& e, std::ostream& out) {
+  out << "memory estimate on " << e.device << ": batch " << e.batch_size << ", micro-batch " << e.micro_batch << "\n";
+  out << "  probes (real steps, no budget):";
+  for (const auto& p : e.probes) {
+    out << "\n    micro-batch " << std::setw(5) << p.micro_batch << ", batch " << std::setw(5) << p.batch_size << ": ";
+    if (p.error.empty()) {
+      out << mib(p.peak) << " peak (forward/backward " << mib(p.peak_forward_backward) << ", optimizer step "
+          << mib(p.peak_optimizer_step) << ")";
+    } else {
+      out << (p.out_of_memory ? "out of memory: " : "failed: ") << p.error;
+    }
+  }
+  out << "\n";
+  for (const auto& n : e.notes) out << "  " << n << "\n";
+  if (!e.plugins.empty()) {
+    out << "  plugins in the probes (what they change is measured): ";
+    for (std::size_t i = 0; i < e.plugins.size(); ++i) out << (i ? ", " : "") << e.plugins[i];
+    out << "\n";
+  }
+  if (e.peak == 0) {
+    out << "  the probes ran out of memory at the small sizes: the recipe's step cannot fit on " << e.device << "\n";
+    return;
+  }
+  out << "  fit: " << describe_fit(e) << " (largest probe residual " << std::fixed << std::setprecision(2)
+      << 100.0 * e.fit_residual << " %)\n\n";
+  const auto row = [&out](const std::string& what, std::int64_t bytes, const std::string& note = "") {
+    out << "  " << std::left << std::setw(34) << what << std::right << std::setw(12) << mib(bytes)
+        << (note.empty() ? "" : "   " + note) << "\n";
+  };
+  row("parameters and buffers", e.parameters);
+  row("gradients", e.gradients);
+  row("optimizer state", e.optimizer_state);
+  row("data and other memory at the start", e.resident, "data sets held on this device, the process");
+  row("rest of the batch", e.batch_memory, "the batch beyond its micro-batch, where it lives on this device");
+  row("activations and temporaries", e.activations, "at the step's peak");
+  row("predicted step peak", e.peak, "a training step's highest point");
+  row("predicted reserved", e.reserved, "with the allocator's slack");
+  if (e.eval_batch > 0) {
+    row("evaluation peak", e.eval_peak,
+        "eval.batch_size " + std::to_string(e.eval_batch) + ": " + mib(std::llround(e.eval_base)) + " + " +
+            mib(std::llround(e.eval_per_sample)) + " x sample");
+  }
+  row("predicted run peak", e.run_peak, "memory_log's memory/peak_mb (steps and evaluations)");
+  out << "\n";
+  if (e.limit <= 0) {
+    out << "  limit: unknown (no budget, and the device does not report its free memory)\n";
+  } else {
+    const auto budget = static_cast<std::int64_t>(double(e.limit) * (1.0 - e.margin));
+    out << "  limit: " << mib(e.limit) << " (" << e.limit_source << "), margin " << std::setprecision(0)
+        << 100.0 * e.margin << " % -> " << mib(budget) << " usable" << (e.limit_on_reserved ? " (reserved)" : "")
+        << "\n";
+    out << "  the recipe's micro-batch " << e.micro_batch << (e.fits ? " fits" : " does NOT fit") << ": predicted "
+        << mib(e.limit_on_reserved ? e.reserved : e.peak) << (e.fits ? " <= " : " > ") << mib(budget) << "\n";
+    out << "  largest micro-batch that fits: " << e.max_micro_batch << " (batch = micro-batch); at batch_size "
+        << e.batch_size << ": " << e.max_micro_at_batch << "\n";
+    if (e.eval_batch > 0) {
+      const bool ok = e.eval_fits_at(e.eval_batch);
+      out << "  evaluation at eval.batch_size " << e.eval_batch << (ok ? " fits" : " does NOT fit") << ": predicted "
+          << mib(e.eval_peak) << (ok ? " <= " : " > ") << mib(budget)
+          << "; largest eval.batch_size that fits: " << e.max_eval_batch() << "\n";
+    }
+  }
+  if (e.found_max_micro_batch >= 0) {
+    out << "  --find-max-batch (real steps inside the limit, no margin):";
+    for (const auto& [m, ok] : e.search) out << " " << m << (ok ? " ok," : " OOM,");
+    out << "\n    largest micro-batch that ran: " << e.found_max_micro_batch << "\n";
+  }
+}
+
+void print_estimate_json(const MemoryEstimate& e, std::ostream& out) {
+  json j;
+  j["device"] = e.device;
+  j["batch_size"] = e.batch_size;
+  j["micro_batch_size"] = e.micro_batch;
+  j["fit"] = {{"a", e.a},   {"b", e.b},           {"c", e.c},           {"a2", e.a2},
+              {"c2", e.c2}, {"slack0", e.slack0}, {"slack1", e.slack1}, {"residual", e.fit_residual}};
+  j["probes"] = json::array();
+  for (const auto& p : e.probes) {
+    j["probes"].push_back({{"batch_size", p.batch_size},
+                           {"micro_batch_size", p.micro_batch},
+                           {"peak_bytes", p.peak},
+                           {"peak_forward_backward_bytes", p.peak_forward_backward},
+                           {"peak_optimizer_step_bytes", p.peak_optimizer_step},
+                           {"reserved_bytes", p.reserved},
+                           {"out_of_memory", p.out_of_memory},
+                           {"error", p.error}});
+  }
+  j["eval"] = {{"batch_size", e.eval_batch}, {"test_samples", e.test_samples},
+               {"base_bytes", e.eval_base},  {"per_sample_bytes", e.eval_per_sample},
+               {"peak_bytes", e.eval_peak},  {"max_batch_size", e.max_eval_batch()}};
+  j["plugins"] = e.plugins;
+  j["notes"] = e.notes;
+  j["probe_overrides"] = e.probe_overrides;
+  j["train_samples"] = e.train_samples;
+  j["breakdown"] = {{"parameters", e.parameters}, {"gradients", e.gradients},  {"optimizer_state", e.optimizer_state},
+                    {"resident", e.resident},     {"batches", e.batch_memory}, {"activations", e.activations}};
+  j["peak_bytes"] = e.peak;
+  j["reserved_bytes"] = e.reserved;
+  j["run_peak_bytes"] = e.run_peak;
+  j["limit_bytes"] = e.limit;
+  j["limit_source"] = e.limit_source;
+  j["limit_on_reserved"] = e.limit_on_reserved;
+  j["margin"] = e.margin;
+  j["fits"] = e.fits;
+  j["max_micro_batch"] = e.max_micro_batch;
+  j["max_micro_batch_at_batch_size"] = e.max_micro_at_batch;
+  j["found_max_micro_batch"] = e.found_max_micro_batch;
+  j["search"] = json::array();
+  for (const auto& [m, ok] : e.search) j["search"].push_back({{"micro_batch_size", m}, {"ok", ok}});
+  out << j.dump() << "\n";
+}
+
+MemoryEstimate estimate_from_json(const std::string& text) {
+  MemoryEstimate e;
+  try {
+    const json j = json::parse(text);
+    e.device = j.at("device").get<std::string>();
+    e.batch_size = j.at("batch_size");
+    e.micro_batch = j.at("micro_batch_size");
+    const json& f = j.at("fit");
+    e.a = f.at("a"), e.b = f.at("b"), e.c = f.at("c"), e.a2 = f.at("a2"), e.c2 = f.at("c2");
+    e.slack0 = f.at("slack0"), e.slack1 = f.at("slack1"), e.fit_residual = f.at("residual");
+    for (const auto& p : j.at("probes")) {
+      Probe q;
+      q.batch_size = p.at("batch_size");
+      q.micro_batch = p.at("micro_batch_size");
+      q.peak = p.at("peak_bytes");
+      q.peak_forward_backward = p.at("peak_forward_backward_bytes");
+      q.peak_optimizer_step = p.at("peak_optimizer_step_bytes");
+      q.reserved = p.at("reserved_bytes");
+      q.out_of_memory = p.at("out_of_memory");
+      q.error = p.at("error").get<std::string>();
+      e.probes.push_back(q);
+    }
+    const json& ev = j.at("eval");
+    e.eval_batch = ev.at("batch_size");
+    e.test_samples = ev.at("test_samples");
+    e.eval_base = ev.at("base_bytes");
+    e.eval_per_sample = ev.at("per_sample_bytes");
+    e.eval_peak = ev.at("peak_bytes");
+    e.plugins = j.at("plugins").get<std::vector<std::string>>();
+    e.notes = j.at("notes").get<std::vector<std::string>>();
+    e.probe_overrides = j.at("probe_overrides").get<std::vector<std::string>>();
+    e.train_samples = j.at("train_samples");
+    const json& b = j.at("breakdown");
+    e.parameters = b.at("parameters"), e.gradients = b.at("gradients");
+    e.optimizer_state = b.at("optimizer_state"), e.resident = b.at("resident");
+    e.batch_memory = b.at("batches"), e.activations = b.at("activations");
+    e.peak = j.at("peak_bytes");
+    e.reserved = j.at("reserved_bytes");
+    e.run_peak = j.at("run_peak_bytes");
+    e.limit = j.at("limit_bytes");
+    e.limit_source = j.at("limit_source").get<std::string>();
+    e.limit_on_reserved = j.at("limit_on_reserved");
+    e.margin = j.at("margin");
+    e.fits = j.at("fits");
+    e.max_micro_batch = j.at("max_micro_batch");
+    e.max_micro_at_batch = j.at("max_micro_batch_at_batch_size");
+    e.found_max_micro_batch = j.at("found_max_micro_batch");
+    for (const auto& s : j.at("search")) e.search.emplace_back(s.at("micro_batch_size"), s.at("ok"));
+  } catch (const json::exception& x) {
+    throw Error(std::string("unreadable memory estimate: ") + x.what());
+  }
+  return e;
+}
+
+}  // namespace trainer::tune

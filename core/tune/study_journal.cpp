@@ -1,0 +1,206 @@
+#include "study_journal.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <ostream>
+#include <thread>
+
+#include "journal_io.h"
+#include "trainer/error.h"
+#include "trainer/interrupt.h"
+#include "trial_process.h"
+
+namespace trainer::tune {
+
+using json = nlohmann::json;
+
+void StudyJournal::append(const json& record) {
+  if (!tail_checked_) {
+    // The JSON-lines journal of the MLflow client has the same problem and the same repair.
+    mlflow::detail::drop_incomplete_tail(path_);
+    tail_checked_ = true;
+  }
+  const std::string line = record.dump() + "\n";
+  const int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  TRAINER_CHECK(fd >= 0, "cannot open the study journal ", path_, ": ", std::strerror(errno));
+  const bool ok = ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size()) && ::fsync(fd) == 0;
+  const int err = errno;
+  ::close(fd);
+  if (!ok) {
+    tail_checked_ = false;  // a part of the line may be there: cut before the next one
+    TRAINER_CHECK(false, "cannot write the study journal ", path_, ": ", std::strerror(err));
+  }
+}
+
+std::vector<json> StudyJournal::read() const {
+  std::vector<json> out;
+  mlflow::detail::for_each_record(path_, 0, [&](const std::string& line, std::int64_t) {
+    if (line.empty()) return true;
+    try {
+      out.push_back(json::parse(line));
+    } catch (const json::exception&) {
+      // Not a record (written by something else): skipped, as a cut line would be.
+    }
+    return true;
+  });
+  return out;
+}
+
+namespace {
+
+json params_json(const Assignment& a) {
+  json p = json::object(), x = json::object();
+  for (const auto& [k, v] : a.values) p[k] = v;
+  for (const auto& [k, v] : a.internal) x[k] = v;
+  return json{{"params", p}, {"internal", x}};
+}
+
+Assignment params_from(const json& j, const SearchSpace& space) {
+  Assignment a;
+  for (const auto& prm : space.params()) {
+    if (!j["params"].contains(prm.key)) continue;
+    a.values.emplace_back(prm.key, j["params"][prm.key].get<std::string>());
+    a.internal[prm.key] = j["internal"][prm.key].get<double>();
+  }
+  return a;
+}
+
+}  // namespace
+
+json space_record(const SearchSpace& space) {
+  static const char* kinds[] = {"choice", "int", "uniform", "log_uniform"};
+  const auto range = [](const ParamRange& r) {
+    return json{{"values", r.values}, {"low", r.low}, {"high", r.high}, {"step", r.step}};
+  };
+  json out = json::array();
+  for (const auto& p : space.params()) {
+    json cases = json::object();
+    for (const auto& [c, r] : p.cases) cases[c] = range(r);
+    out.push_back({{"key", p.key},
+                   {"type", kinds[static_cast<int>(p.kind)]},
+                   {"range", range(p.range)},
+                   {"condition_on", p.condition_on},
+                   {"cases", cases}});
+  }
+  return out;
+}
+
+json trial_record(const TrialRecord& t) {
+  json rec{{"event", "trial"}, {"number", t.number}};
+  rec.update(params_json(t.params));
+  return rec;
+}
+
+json report_record(std::int64_t number, double value) {
+  return json{{"event", "report"}, {"number", number}, {"value", value}};
+}
+
+json end_record(const TrialRecord& t) {
+  json oom = json::object();
+  for (const auto& [k, v] : t.oom) oom[k] = v;
+  return json{{"event", "end"},
+              {"number", t.number},
+              {"state", t.state},
+              {"reason", t.reason},
+              {"seconds", t.seconds},
+              {"out_of_memory", t.out_of_memory},
+              {"oom", oom},
+              {"predicted_peak", t.predicted_peak},
+              {"run_dir", t.run_dir},
+              {"value", t.value ? json(*t.value) : json(nullptr)},
+              {"value_not_finite", t.diverged}};
+}
+
+json mlflow_record(const StudyRun& run) {
+  return json{{"event", "mlflow"}, {"run_id", run.id}, {"tracking_uri", run.tracking_uri}};
+}
+
+Replayed replay(const std::vector<json>& records, const SearchSpace& space) {
+  Replayed out;
+  for (const auto& j : records) {
+    const std::string ev = j.value("event", "");
+    if (ev == "study") {
+      out.study = j;
+    } else if (ev == "mlflow") {
+      out.mlflow = {j.value("run_id", ""), j.value("tracking_uri", "")};
+    } else if (ev == "trial") {
+      TrialRecord t;
+      t.number = j["number"];
+      t.state = "RUNNING";
+      t.params = params_from(j, space);
+      out.trials[t.number] = t;
+    } else if (ev == "report" && out.trials.count(j["number"])) {
+      out.trials[j["number"]].intermediate.push_back(j["value"]);
+    } else if (ev == "end" && out.trials.count(j["number"])) {
+      TrialRecord& t = out.trials[j["number"]];
+      t.state = j["state"];
+      t.reason = j.value("reason", "");
+      t.seconds = j.value("seconds", 0.0);
+      t.out_of_memory = j.value("out_of_memory", false);
+      t.diverged = j.value("value_not_finite", false);
+      t.predicted_peak = j.value("predicted_peak", std::int64_t{-1});
+      t.run_dir = j.value("run_dir", "");
+      if (j.contains("value") && j["value"].is_number()) t.value = j["value"].get<double>();
+      for (const auto& [k, v] : j["oom"].items()) t.oom[k] = v.get<std::string>();
+      ++out.ended;
+    }
+  }
+  for (auto& [n, t] : out.trials) {
+    if (t.state == "RUNNING") t.intermediate.clear();
+  }
+  return out;
+}
+
+std::string study_difference(const json& past, const json& now) {
+  const auto text = [](const json& j, const char* k) { return j.contains(k) ? j[k].dump() : std::string("none"); };
+  if (past.value("objective", "") != now.value("objective", "") ||
+      past.value("direction", "") != now.value("direction", "")) {
+    return "objective (" + past.value("direction", "") + " " + past.value("objective", "") + ", now " +
+           now.value("direction", "") + " " + now.value("objective", "") + ")";
+  }
+  for (const char* k : {"sampler", "seed"}) {
+    if (past.contains(k) && past[k] != now[k])
+      return std::string(k) + " (" + text(past, k) + ", now " + text(now, k) + ")";
+  }
+  if (past.contains("space") && past["space"] != now["space"]) return "search space [sweep.space]";
+  return {};
+}
+
+StudyLock::StudyLock(const std::string& study_dir, std::ostream& progress) {
+  const std::string path = study_dir + "/study.lock";
+  // NOTE: no O_CLOEXEC: the trials inherit the descriptor, so the lock lasts as long as the
+  // last of them. A study resumed after its process was killed waits for its old trials
+  // instead of starting them again beside themselves.
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT, 0644);
+  TRAINER_CHECK(fd_ >= 0, "cannot open ", path, ": ", std::strerror(errno));
+  bool said = false;
+  while (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    TRAINER_CHECK(errno == EWOULDBLOCK || errno == EINTR, "cannot lock ", path, ": ", std::strerror(errno));
+    const std::string text = read_text(path);
+    const pid_t owner = static_cast<pid_t>(std::atol(text.c_str()));
+    TRAINER_CHECK_T(UsageError, !process_running(owner, "sweep"), study_dir,
+                    " is in use by another trainer sweep (pid ", owner, "): one study process per directory");
+    if (!said) {
+      progress << "waiting for the trials of the study process that died (pid " << owner << ") to stop\n";
+      said = true;
+    }
+    if (interrupt_requested()) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  held_ = true;
+  const std::string pid = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
+    progress << "cannot write the study's pid to " << path << "\n";
+  }
+}
+
+StudyLock::~StudyLock() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+}  // namespace trainer::tune

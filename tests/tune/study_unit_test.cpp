@@ -1,0 +1,196 @@
+// The parts of `trainer sweep` that need no trial process: the pruners on recorded reports,
+// what a memory estimate lets a trial do, the journal's repair of a cut line, which overrides
+// share an estimate, and the estimate's JSON read back as the sweep reads it.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <sstream>
+
+#include "admission.h"
+#include "estimate.h"
+#include "pruner.h"
+#include "study_journal.h"
+#include "support/test_util.h"
+#include "sweep.h"
+
+namespace {
+
+using trainer::testing::TempDir;
+using trainer::testing::write_file;
+using trainer::tune::MemoryEstimate;
+using trainer::tune::SweepSettings;
+using trainer::tune::TrialRecord;
+
+constexpr std::int64_t kMiB = 1024 * 1024;
+
+TrialRecord trial(std::int64_t n, const std::string& state, std::vector<double> reports) {
+  TrialRecord t;
+  t.number = n;
+  t.state = state;
+  t.intermediate = std::move(reports);
+  return t;
+}
+
+TEST(Pruner, MedianComparesTheSameReportOfCompletedTrialsOnly) {
+  SweepSettings s;
+  s.pruner = "median";
+  s.pruner_min_trials = 3;
+  std::map<std::int64_t, TrialRecord> trials{{0, trial(0, "COMPLETE", {0.5, 0.8})},
+                                             {1, trial(1, "COMPLETE", {0.6, 0.82})},
+                                             {2, trial(2, "COMPLETE", {0.7, 0.84})},
+                                             {3, trial(3, "RUNNING", {0.1})}};
+  // Report 1: the median of 0.5, 0.6, 0.7 is 0.6; 0.59 is worse (maximize).
+  trials[4] = trial(4, "RUNNING", {0.59});
+  EXPECT_NE(prune_reason(s, trials[4], trials).find("worse than the median 0.6 of 3 completed trials"),
+            std::string::npos);
+  trials[4].intermediate = {0.61};
+  EXPECT_EQ(prune_reason(s, trials[4], trials), "");
+  // Report 2: median 0.82.
+  trials[4].intermediate = {0.61, 0.81};
+  EXPECT_NE(prune_reason(s, trials[4], trials), "");
+  // Minimize turns it round; the running trial 3 never counts.
+  s.direction = "minimize";
+  trials[4].intermediate = {0.59};
+  EXPECT_EQ(prune_reason(s, trials[4], trials), "");
+  // Too few completed trials with that report, or before the warm-up: nothing is pruned.
+  s.direction = "maximize";
+  s.pruner_min_trials = 4;
+  EXPECT_EQ(prune_reason(s, trials[4], trials), "");
+  s.pruner_min_trials = 3;
+  s.pruner_warmup = 2;
+  EXPECT_EQ(prune_reason(s, trials[4], trials), "");
+}
+
+TEST(Pruner, SuccessiveHalvingJudgesAtTheRungsOnly) {
+  SweepSettings s;
+  s.pruner = "successive_halving";
+  s.reduction_factor = 2;
+  s.min_resource = 1;
+  // Rungs at 1, 2, 4 reports. Trials that reached a rung count whatever their state.
+  std::map<std::int64_t, TrialRecord> trials{{0, trial(0, "COMPLETE", {0.5, 0.6, 0.7, 0.8})},
+                                             {1, trial(1, "PRUNED", {0.9})},
+                                             {2, trial(2, "RUNNING", {0.4, 0.55, 0.3})}};
+  // At report 1: 0.4 against 0.5 and 0.9: the best 1 of 3 is 0.9.
+  TrialRecord t = trial(2, "RUNNING", {0.4});
+  EXPECT_NE(prune_reason(s, t, trials).find("not in the best 1 of 3"), std::string::npos) << prune_reason(s, t, trials);
+  // Report 3 is no rung.
+  t.intermediate = {0.95, 0.55, 0.3};
+  EXPECT_EQ(prune_reason(s, t, trials), "");
+  // Report 2: 0.65 against 0.6 (trial 0 only): best 1 of 2.
+  t.intermediate = {0.95, 0.65};
+  EXPECT_EQ(prune_reason(s, t, trials), "");
+  s.pruner = "none";
+  t.intermediate = {0.0};
+  EXPECT_EQ(prune_reason(s, t, trials), "");
+}
+
+/// An estimate on a 100 MiB budget, margin 10 %: steps 50 MiB + 1 MiB per sample of the
+/// micro-batch; evaluations 50 MiB + 0.1 MiB per sample.
+MemoryEstimate toy_estimate() {
+  MemoryEstimate e;
+  e.device = "cpu";
+  e.a = 50.0 * kMiB, e.b = 1.0 * kMiB, e.c = 0;
+  e.a2 = 40.0 * kMiB, e.c2 = 0;
+  e.limit = 100 * kMiB;
+  e.limit_source = "memory.limit_mb = 100";
+  e.margin = 0.1;
+  e.peak = e.predict(32, 32);
+  e.eval_batch = 1000;
+  e.eval_base = 50.0 * kMiB;
+  e.eval_per_sample = 0.1 * kMiB;
+  e.eval_peak = e.predict_eval(1000);
+  return e;
+}
+
+TEST(Admission, WhatFitsRunsAsItIs) {
+  const auto a = trainer::tune::admit_trial(toy_estimate(), {32, 32, 100, 0});
+  EXPECT_TRUE(a.run);
+  EXPECT_TRUE(a.overrides.empty());
+  EXPECT_EQ(a.predicted_peak, 82 * kMiB);  // the step: 50 + 32
+}
+
+TEST(Admission, AStepThatCannotFitIsSkippedUnlessOomBackoffCanLowerItsMicroBatch) {
+  const MemoryEstimate e = toy_estimate();
+  auto a = trainer::tune::admit_trial(e, {64, 64, 0, 0});
+  EXPECT_FALSE(a.run);
+  EXPECT_EQ(a.reason.rfind("predicted out of memory: 114 MiB at batch 64, micro-batch 64 > 90.0 MiB usable", 0), 0u)
+      << a.reason;
+  // With oom_backoff (min_micro_batch 8): the largest micro-batch that fits, 40.
+  a = trainer::tune::admit_trial(e, {64, 64, 0, 8});
+  EXPECT_TRUE(a.run);
+  EXPECT_EQ(a.overrides, std::vector<std::string>{"training.micro_batch_size=40"});
+  EXPECT_EQ(a.reason.rfind("micro-batch 64 -> 40 (", 0), 0u) << a.reason;
+  // Not below oom_backoff's floor.
+  EXPECT_FALSE(trainer::tune::admit_trial(e, {64, 64, 0, 41}).run);
+}
+
+TEST(Admission, AnEvaluationThatCannotFitGetsTheLargestEvalBatchThatDoes) {
+  const MemoryEstimate e = toy_estimate();
+  EXPECT_FALSE(e.eval_fits_at(1000));  // 150 MiB
+  EXPECT_EQ(e.max_eval_batch(), 400);  // 50 + 0.1 x 400 = 90
+  const auto a = trainer::tune::admit_trial(e, {32, 32, 1000, 0});
+  EXPECT_TRUE(a.run);
+  EXPECT_EQ(a.overrides, std::vector<std::string>{"eval.batch_size=400"});
+  EXPECT_NE(a.reason.find("eval.batch_size 1000 -> 400 (evaluation 150 MiB"), std::string::npos) << a.reason;
+  EXPECT_EQ(a.predicted_peak, 90 * kMiB);
+  // Nothing fits when even the evaluation's start does not.
+  MemoryEstimate full = e;
+  full.eval_base = 95.0 * kMiB;
+  EXPECT_FALSE(trainer::tune::admit_trial(full, {32, 32, 1000, 0}).run);
+}
+
+TEST(StudyJournal, ALineCutShortIsDroppedAndDoesNotSwallowTheNext) {
+  TempDir tmp;
+  const std::string path = tmp / "study.jsonl";
+  write_file(path, "{\"event\":\"trial\",\"number\":0}\n{\"event\":\"end\",\"num");
+  trainer::tune::StudyJournal j(path);
+  j.append({{"event", "end"}, {"number", 0}});
+  const auto records = j.read();
+  ASSERT_EQ(records.size(), 2u);
+  EXPECT_EQ(records[1]["event"], "end");
+  EXPECT_EQ(records[1]["number"], 0);
+}
+
+TEST(StudyLock, OneStudyProcessPerDirectory) {
+  TempDir tmp;
+  std::ostringstream progress;
+  trainer::tune::StudyLock first(tmp.str(), progress);
+  ASSERT_TRUE(first.held());
+  // This process holds it and is not a sweep: a second lock would wait for it, so the check
+  // is made by a child (a live `trainer sweep` elsewhere is refused: tests/tune/sweep_test.cpp).
+  EXPECT_EQ(trainer::testing::read_file(tmp / "study.lock"), std::to_string(::getpid()) + "\n");
+}
+
+TEST(MemoryKey, OverridesThatChangeMemoryGetAnEstimateOfTheirOwn) {
+  using trainer::tune::memory_key;
+  EXPECT_EQ(memory_key({"optim.lr=0.1", "training.batch_size=64", "eval.batch_size=100"}), memory_key({}));
+  EXPECT_NE(memory_key({"optim.momentum=0"}), memory_key({"optim.momentum=0.9"}));  // SGD's momentum buffer
+  EXPECT_NE(memory_key({"optim.weight_decay=0"}), memory_key({"optim.weight_decay=0.1"}));
+  EXPECT_NE(memory_key({"model=mlp"}), memory_key({"model=cnn"}));
+}
+
+TEST(EstimateJson, ReadsBackWhatItWrites) {
+  MemoryEstimate e = toy_estimate();
+  e.probes.push_back({16, 16, 66 * kMiB, 66 * kMiB, 40 * kMiB, 70 * kMiB, false, ""});
+  e.probes.push_back({64, 16, 0, 0, 0, 0, true, "out of memory"});
+  e.notes = {"a \"quoted\" note"};
+  e.test_samples = 500;
+  std::ostringstream out;
+  trainer::tune::print_estimate_json(e, out);
+  const MemoryEstimate r = trainer::tune::estimate_from_json(out.str());
+  EXPECT_EQ(r.a, e.a);
+  EXPECT_EQ(r.b, e.b);
+  EXPECT_EQ(r.limit, e.limit);
+  EXPECT_EQ(r.margin, e.margin);
+  EXPECT_EQ(r.limit_source, e.limit_source);
+  EXPECT_EQ(r.eval_per_sample, e.eval_per_sample);
+  EXPECT_EQ(r.test_samples, 500);
+  EXPECT_EQ(r.predict(48, 24), e.predict(48, 24));
+  EXPECT_EQ(r.predict_eval(1000), e.predict_eval(1000));
+  ASSERT_EQ(r.probes.size(), 2u);
+  EXPECT_TRUE(r.probes[1].out_of_memory);
+  EXPECT_EQ(r.notes, e.notes);
+  EXPECT_THROW(trainer::tune::estimate_from_json("{\"device\":\"cpu\"}"), trainer::Error);
+}
+
+}  // namespace
