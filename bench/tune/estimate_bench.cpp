@@ -48,8 +48,8 @@ void BM_Estimate(benchmark::State& state, const std::string& model, std::vector<
   if (done[model]) return;
   done[model] = true;
   // Held out: none of these (batch, micro-batch) was probed (probes: 32, 64, 128 and 128 of 512).
-  const std::vector<std::pair<std::int64_t, std::int64_t>> held_out{
-      {48, 48}, {96, 96}, {256, 256}, {512, 512}, {1024, 1024}, {1024, 256}, {768, 96}};
+  const std::vector<std::pair<std::int64_t, std::int64_t>> held_out{{48, 48},     {96, 96},    {256, 256}, {512, 512},
+                                                                    {1024, 1024}, {1024, 256}, {768, 96}};
   for (const auto& [batch, micro] : held_out) {
     trainer::tune::ShortRunSpec spec;
     spec.recipe = kRecipe;
@@ -72,8 +72,8 @@ void BM_Estimate(benchmark::State& state, const std::string& model, std::vector<
     spec.overrides = overrides;
     spec.overrides.insert(spec.overrides.end(), e.probe_overrides.begin(), e.probe_overrides.end());
     spec.overrides.push_back("eval.batch_size=" + std::to_string(eval_batch));
-    spec.batch_size = 32;
-    spec.micro_batch = 32;
+    spec.batch_size = 96;  // not a probe's: what is held when the evaluation begins differs too
+    spec.micro_batch = 96;
     spec.evaluate = true;
     spec.run_dir = req.work_dir + "/held-out-eval";
     const auto r = trainer::tune::run_short(spec);

@@ -40,7 +40,7 @@ Admission admit_trial(const MemoryEstimate& e, const TrialShape& shape) {
   }
   std::int64_t eval_batch = shape.eval_batch;
   if (eval_batch > 0 && !e.eval_fits_at(eval_batch)) {
-    const std::int64_t b = e.max_eval_batch();
+    std::int64_t b = e.max_eval_batch();
     const std::string why = "evaluation " + format_bytes(e.predict_eval(eval_batch)) + " at eval.batch_size " +
                             std::to_string(eval_batch) + " > " + usable;
     if (b < 1) {
@@ -49,9 +49,17 @@ Admission admit_trial(const MemoryEstimate& e, const TrialShape& shape) {
       a.predicted_peak = std::max(e.predict(shape.batch, micro), e.predict_eval(eval_batch));
       return a;
     }
+    std::string limit;
+    if (shape.eval_limit_batches > 0) {
+      // The same samples: limit_batches x batch_size of them, in batches that divide them.
+      const std::int64_t samples = shape.eval_limit_batches * eval_batch;
+      while (samples % b != 0) --b;
+      limit = "eval.limit_batches=" + std::to_string(samples / b);
+    }
     a.overrides.push_back("eval.batch_size=" + std::to_string(b));
+    if (!limit.empty()) a.overrides.push_back(limit);
     a.reason += (a.reason.empty() ? "" : "; ") + std::string("eval.batch_size ") + std::to_string(eval_batch) + " -> " +
-                std::to_string(b) + " (" + why + ")";
+                std::to_string(b) + (limit.empty() ? "" : ", " + limit) + " (" + why + ")";
     eval_batch = b;
   }
   a.predicted_peak = std::max(e.predict(shape.batch, micro), e.predict_eval(eval_batch));

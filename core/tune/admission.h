@@ -11,8 +11,9 @@ namespace trainer::tune {
 /// What a trial's config asks of memory.
 struct TrialShape {
   std::int64_t batch = 0, micro = 0;
-  std::int64_t eval_batch = 0;     ///< eval.batch_size; 0 when the trial does not evaluate
-  std::int64_t backoff_floor = 0;  ///< oom_backoff's min_micro_batch; 0 without oom_backoff
+  std::int64_t eval_batch = 0;          ///< eval.batch_size; 0 when the trial does not evaluate
+  std::int64_t backoff_floor = 0;       ///< oom_backoff's min_micro_batch; 0 without oom_backoff
+  std::int64_t eval_limit_batches = 0;  ///< eval.limit_batches (0: the whole test split)
 };
 
 /// The verdict.
@@ -25,7 +26,9 @@ struct Admission {
 
 /// Whether a trial of `shape` fits the budget or the device by `e`'s prediction (with its
 /// margin). What does not fit is lowered where that changes no result the trial reports: the
-/// evaluation batch (evaluation sums over the whole test split), and the micro-batch when the
+/// evaluation batch (evaluation sums over its samples; with eval.limit_batches the batch is one
+/// that divides the samples evaluated, and the limit is raised to keep them), and the
+/// micro-batch when the
 /// recipe loads oom_backoff (it would lower it after an out-of-memory error anyway; gradient
 /// accumulation keeps the effective batch), not below its min_micro_batch. Otherwise the trial
 /// is skipped: run = false, reason "predicted out of memory: ...".

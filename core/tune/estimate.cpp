@@ -218,6 +218,10 @@ MemoryEstimate estimate_once(const EstimateRequest& request, const RecipeFacts& 
   for (auto m : sizes) points.emplace_back(m, m);
   points.emplace_back(4 * sizes.back(), sizes.back());
   ShortRunResult first;
+  struct Evaluation {
+    std::int64_t samples, start, peak;
+  };
+  std::vector<Evaluation> evaluations;
   for (const auto& [batch, micro] : points) {
     ShortRunSpec spec;
     spec.recipe = request.recipe;
@@ -227,9 +231,12 @@ MemoryEstimate estimate_once(const EstimateRequest& request, const RecipeFacts& 
     spec.micro_batch = micro;
     spec.steps = request.probe_steps;
     spec.run_dir = probe_dir(request, "probe-" + std::to_string(batch) + "-" + std::to_string(micro));
-    // The first (smallest) probe also evaluates a batch: what an evaluation needs does not
-    // depend on the training batch, and the smallest probe's steps leave the least behind.
-    spec.evaluate = facts.eval_batch > 0 && e.probes.empty();
+    // The first (smallest) probe also evaluates a batch of eval.batch_size, the second one of
+    // half that: what an evaluation needs does not depend on the training batch, and two sizes
+    // tell what grows with its batch from what does not.
+    const std::size_t index = e.probes.size();
+    spec.evaluate = facts.eval_batch > 0 && (index == 0 || (index == 1 && facts.eval_batch >= 2));
+    if (spec.evaluate) spec.eval_batch = index == 0 ? facts.eval_batch : facts.eval_batch / 2;
     const ShortRunResult r = run_short(spec);
     Probe p;
     p.batch_size = batch;
@@ -239,7 +246,15 @@ MemoryEstimate estimate_once(const EstimateRequest& request, const RecipeFacts& 
     p.peak_optimizer_step = r.peak_optimizer_step();
     p.reserved = r.reserved();
     p.out_of_memory = r.out_of_memory;
-    if (r.exit_code != 0 || static_cast<std::int64_t>(r.steps.size()) < request.probe_steps) {
+    // Out of memory in the evaluation after all its steps ran (a device: the probes have no
+    // budget): the steps are measured all the same; the evaluation at that size cannot fit.
+    const bool steps_ran = static_cast<std::int64_t>(r.steps.size()) >= request.probe_steps;
+    const bool eval_oom = r.out_of_memory && r.oom_phase == "eval" && steps_ran;
+    if (eval_oom) {
+      p.out_of_memory = false;
+      e.notes.push_back("the evaluation at eval.batch_size " + std::to_string(spec.eval_batch) +
+                        " ran out of memory on " + r.device + " without a budget: it cannot fit there");
+    } else if (r.exit_code != 0 || !steps_ran) {
       p.error = r.message.empty() ? "ran " + std::to_string(r.steps.size()) + " steps" : r.message;
       TRAINER_CHECK(r.out_of_memory || r.exit_code == 0, "the probe at micro-batch ", micro, " (batch ", batch,
                     ") failed: ", p.error);
@@ -254,18 +269,34 @@ MemoryEstimate estimate_once(const EstimateRequest& request, const RecipeFacts& 
       e.train_samples = r.train_samples;
     }
     if (spec.evaluate && r.eval_samples > 0 && r.eval_peak > 0) {
-      e.eval_batch = facts.eval_batch;
-      e.test_samples = r.eval_samples < facts.eval_batch ? r.eval_samples : 0;  // a test split smaller than a batch
-      e.eval_base = double(r.eval_allocated_at_start);
-      e.eval_per_sample = double(r.eval_peak - r.eval_allocated_at_start) / double(r.eval_samples);
-      e.eval_peak = e.predict_eval(e.eval_batch);
-    } else if (spec.evaluate) {
-      e.notes.push_back("the evaluation was not measured: the first probe did not reach it");
+      evaluations.push_back({r.eval_samples, r.eval_allocated_at_start, r.eval_peak});
+      if (index == 0 && r.eval_samples < facts.eval_batch) e.test_samples = r.eval_samples;  // a small test split
+    } else if (spec.evaluate && !eval_oom) {
+      e.notes.push_back("the evaluation at eval.batch_size " + std::to_string(spec.eval_batch) +
+                        " was not measured: the probe did not reach it");
     }
     e.probes.push_back(p);
   }
   TRAINER_CHECK(!e.device.empty() && has_memory_backend(c10::Device(e.device)), "no memory accounting for device '",
                 e.device, "' in this build (a CUDA device needs a LibTorch with CUDA)");
+  // The evaluation: held at its start (the first probe's), plus a rise per sample of its batch
+  // and a rise that does not grow with it (caches, workspaces), told apart by the two sizes.
+  if (!evaluations.empty()) {
+    const Evaluation& one = evaluations.front();
+    double per_sample = double(one.peak - one.start) / double(one.samples), fixed = 0;
+    if (evaluations.size() == 2 && evaluations[1].samples != one.samples) {
+      const Evaluation& two = evaluations[1];
+      const double slope = double((one.peak - one.start) - (two.peak - two.start)) / double(one.samples - two.samples);
+      if (slope >= 0) {
+        per_sample = slope;
+        fixed = std::max(0.0, double(one.peak - one.start) - slope * double(one.samples));
+      }
+    }
+    e.eval_batch = facts.eval_batch;
+    e.eval_base = double(one.start) + fixed;
+    e.eval_per_sample = per_sample;
+    e.eval_peak = e.predict_eval(e.eval_batch);
+  }
 
   // Fit on the probes that ran.
   std::vector<std::vector<double>> X, Xs, Xo;

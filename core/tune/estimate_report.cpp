@@ -81,8 +81,9 @@ void print_estimate(const MemoryEstimate& e, std::ostream& out) {
     out << "  limit: " << mib(e.limit) << " (" << e.limit_source << "), margin " << std::setprecision(0)
         << 100.0 * e.margin << " % -> " << mib(budget) << " usable" << (e.limit_on_reserved ? " (reserved)" : "")
         << "\n";
-    out << "  the recipe's micro-batch " << e.micro_batch << (e.fits ? " fits" : " does NOT fit") << ": predicted "
-        << mib(e.limit_on_reserved ? e.reserved : e.peak) << (e.fits ? " <= " : " > ") << mib(budget) << "\n";
+    const bool step_fits = e.fits_at(e.batch_size, e.micro_batch);
+    out << "  the recipe's micro-batch " << e.micro_batch << (step_fits ? " fits" : " does NOT fit") << ": predicted "
+        << mib(e.limit_on_reserved ? e.reserved : e.peak) << (step_fits ? " <= " : " > ") << mib(budget) << "\n";
     out << "  largest micro-batch that fits: " << e.max_micro_batch << " (batch = micro-batch); at batch_size "
         << e.batch_size << ": " << e.max_micro_at_batch << "\n";
     if (e.eval_batch > 0) {

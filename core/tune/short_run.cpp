@@ -174,10 +174,13 @@ ShortRunResult run_short(const ShortRunSpec& spec) {
   if (spec.batch_size > 0) add("training.batch_size", std::to_string(spec.batch_size));
   if (spec.micro_batch > 0) add("training.micro_batch_size", std::to_string(spec.micro_batch));
   add("training.max_steps", std::to_string(spec.steps));
-  // The test split stays loaded as the recipe has it (it is memory the run holds); an
-  // evaluation runs only when asked for, on one batch.
-  add("eval.at_end", spec.evaluate ? "true" : "false");
-  if (spec.evaluate) add("eval.limit_batches", "1");
+  // The test split stays loaded as the recipe has it (it is memory the run holds). An
+  // evaluation at the end runs when asked for, or when the recipe has one anyway: on one batch.
+  if (spec.evaluate) {
+    add("eval.at_end", "true");
+    if (spec.eval_batch > 0) add("eval.batch_size", std::to_string(spec.eval_batch));
+  }
+  if (spec.evaluate || EvalSettings::from(as_given.config.sub("eval")).at_end) add("eval.limit_batches", "1");
   add("checkpoint.every_epochs", "0");
   add("checkpoint.every_steps", "0");
   add("checkpoint.at_end", "false");

@@ -23,10 +23,11 @@ struct ShortRunSpec {
   /// Keep oom_backoff: false makes an out-of-memory error end the run (a probe or a search
   /// step must see it), true lets it recover as in a real run (bench cells).
   bool keep_oom_backoff = false;
-  /// After the steps, evaluate one batch of eval.batch_size (eval.at_end, eval.limit_batches = 1)
-  /// and measure it; needs a recipe that evaluates (its test split loaded).
+  /// After the steps, evaluate one batch (eval.at_end, eval.limit_batches = 1) and measure it;
+  /// needs a recipe that evaluates (its test split loaded).
   bool evaluate = false;
-  std::string run_dir;  ///< the run's directory (removed afterwards unless keep_run_dir)
+  std::int64_t eval_batch = 0;  ///< that batch's size; 0 = the recipe's eval.batch_size
+  std::string run_dir;          ///< the run's directory (removed afterwards unless keep_run_dir)
   bool keep_run_dir = false;
 };
 

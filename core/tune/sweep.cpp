@@ -162,8 +162,9 @@ class Study {
     if (interrupt_requested()) {
       // Ctrl-C or SIGTERM: the trials (in process groups of their own) get SIGINT and stop at a
       // safe point. Nothing is recorded for them: a resumed study runs them again.
+      // One SIGINT each: a trainer takes a second one as "stop now", without its checkpoint.
       for (auto& r : running_) ::kill(r.pid, SIGINT);
-      for (auto& r : running_) wait_forwarding_interrupt(r.pid);
+      for (auto& r : running_) wait_exit(r.pid);
       running_.clear();
     }
     out.interrupted = interrupt_requested();
@@ -233,6 +234,7 @@ class Study {
       shape.micro = ts.micro_batch();
       const auto es = EvalSettings::from(p.config.sub("eval"));
       shape.eval_batch = es.every_epochs > 0 || es.at_end ? es.batch_size : 0;
+      shape.eval_limit_batches = es.limit_batches;
       // With oom_backoff the recipe lets the micro-batch change (gradient accumulation keeps
       // the effective batch): down to its min_micro_batch (the resolved config has its default).
       if (std::any_of(p.plugins.begin(), p.plugins.end(), [](const auto& x) { return x->name() == "oom_backoff"; })) {
@@ -285,7 +287,10 @@ class Study {
     for (const auto& d : req_.plugin_dirs) args.insert(args.end(), {"--plugin-dir", d});
     args.push_back("--margin=" + std::to_string(s_.margin));
     const std::string base = req_.study_dir + "/trials/" + trial_name(t.number) + ".estimate";
-    const int rc = wait_forwarding_interrupt(spawn(args, base + ".json", base + ".err"));
+    // The running trials' reports are read meanwhile: pruning and divergence do not wait.
+    const int rc = wait_forwarding_interrupt(spawn(args, base + ".json", base + ".err"), [this] {
+      for (auto& r : running_) read_reports(r);
+    });
     if (interrupt_requested()) return nullptr;
     std::string why;
     if (rc != 0) {

@@ -54,10 +54,19 @@ std::optional<int> poll_exit(pid_t pid) {
   return std::nullopt;
 }
 
-int wait_forwarding_interrupt(pid_t pid) {
+int wait_exit(pid_t pid) {
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0) {
+    TRAINER_CHECK(errno == EINTR, "waitpid(", pid, ") failed: the child is gone");
+  }
+  return exit_code_of(status);
+}
+
+int wait_forwarding_interrupt(pid_t pid, const std::function<void()>& tick) {
   bool forwarded = false;
   for (;;) {
     if (const auto rc = poll_exit(pid)) return *rc;
+    if (tick) tick();
     if (interrupt_requested() && !forwarded) {
       ::kill(pid, SIGINT);
       forwarded = true;

@@ -5,6 +5,7 @@
 #include <sys/types.h>
 
 #include <cstddef>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -23,9 +24,12 @@ int exit_code_of(int status);
 /// The exit code of `pid` when it has ended, nullopt while it runs (reaps it).
 std::optional<int> poll_exit(pid_t pid);
 
-/// Waits for `pid` to end and returns its exit code. An interrupt (interrupt_requested())
+/// Waits for `pid` to end and returns its exit code.
+int wait_exit(pid_t pid);
+
+/// Waits for `pid` to end and returns its exit code, calling `tick` every 50 ms. An interrupt (interrupt_requested())
 /// while waiting is forwarded to it once as SIGINT, and the wait goes on until it stops.
-int wait_forwarding_interrupt(pid_t pid);
+int wait_forwarding_interrupt(pid_t pid, const std::function<void()>& tick = {});
 
 /// Whether process `pid` is alive and its command line contains `needle` (a pid read back from
 /// a journal: the process may be gone, or the number taken by another process).

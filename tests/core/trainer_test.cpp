@@ -83,8 +83,6 @@ TEST_F(TrainerRun, EvalAtEndEvaluatesAStopAtMaxStepsMidEpochOnce) {
   const auto acc = metric_by_step(tmp_ / "run/metrics.jsonl", "eval/accuracy");
   ASSERT_EQ(acc.size(), 1u);
   EXPECT_EQ(acc.begin()->first, 3);
-  const double correct = acc.begin()->second * 8;  // a share of the 8 samples evaluated
-  EXPECT_NEAR(correct, std::round(correct), 1e-9);
   // Ending with the epoch's own evaluation: not evaluated twice.
   r = run({"eval.at_end=true"}, "full");
   ASSERT_EQ(r.exit_code, kExitOk) << r.message;

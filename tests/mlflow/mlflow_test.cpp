@@ -25,20 +25,10 @@ using trainer::testing::write_file;
 namespace fs = std::filesystem;
 namespace mlf = trainer::mlflow;
 
-struct Shell {
-  int code = -1;
-  std::string out;
-};
+using Shell = trainer::testing::CommandOutput;
 
-Shell sh(const std::string& cmd) {
-  Shell r;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  char buf[4096];
-  while (std::size_t n = fread(buf, 1, sizeof buf, p)) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
-}
+/// `cmd` through the shell, stderr with stdout.
+Shell sh(const std::string& cmd) { return trainer::testing::run_command(cmd); }
 
 const std::string kScript = TRAINER_MLFLOW_SCRIPT;
 const std::string kVenv = TRAINER_MLFLOW_VENV;
@@ -51,11 +41,11 @@ std::string shared_uri() {
 
 json mlflow_read(const std::string& args) {
   const Shell r = sh(kVenv + "/bin/python " + TRAINER_MLFLOW_READER + " " + args);
-  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.code, 0) << r.text;
   // The client may log warnings first: the JSON is the last line.
-  const auto lines = trainer::testing::read_lines_of(r.out);
+  const auto lines = trainer::testing::read_lines_of(r.text);
   const json j = lines.empty() ? json() : json::parse(lines.back(), nullptr, false);
-  EXPECT_TRUE(j.is_object()) << r.out;
+  EXPECT_TRUE(j.is_object()) << r.text;
   return j;
 }
 
@@ -267,8 +257,7 @@ TEST_F(Mlflow, AFailedRunIsFailedWithItsError) {
   const json run = mlflow_read("run " + uri + " " + run_id_of(r.run_dir, uri));
   EXPECT_EQ(run["info"]["status"], "FAILED");
   EXPECT_GT(run["info"]["end_time"].get<long>(), 0);
-  EXPECT_NE(run["tags"]["trainer.error"].get<std::string>().find("the loss went through the floor"),
-            std::string::npos)
+  EXPECT_NE(run["tags"]["trainer.error"].get<std::string>().find("the loss went through the floor"), std::string::npos)
       << run["tags"].dump();
   expect_same_metrics(r.run_dir, run);
 }
@@ -309,8 +298,8 @@ TEST_F(Mlflow, AKill9RunIsMarkedFailedBySync) {
   const std::string id = run_id_of(dir, uri);
   EXPECT_EQ(mlflow_read("run " + uri + " " + id)["info"]["status"], "RUNNING");
   const Shell sync = sh(std::string(TRAINER_CLI) + " mlflow sync " + dir);
-  ASSERT_EQ(sync.code, 0) << sync.out;
-  EXPECT_NE(sync.out.find("marking it FAILED"), std::string::npos) << sync.out;
+  ASSERT_EQ(sync.code, 0) << sync.text;
+  EXPECT_NE(sync.text.find("marking it FAILED"), std::string::npos) << sync.text;
   const json run = mlflow_read("run " + uri + " " + id);
   EXPECT_EQ(run["info"]["status"], "FAILED");
   EXPECT_GT(run["info"]["end_time"].get<long>(), 0);
@@ -325,8 +314,8 @@ TEST_F(Mlflow, AKill9RunIsMarkedFailedBySync) {
   }
   // A second sync has nothing left to send.
   const Shell again = sh(std::string(TRAINER_CLI) + " mlflow sync " + dir);
-  EXPECT_EQ(again.code, 0) << again.out;
-  EXPECT_NE(again.out.find("sent 0 of 0 records"), std::string::npos) << again.out;
+  EXPECT_EQ(again.code, 0) << again.text;
+  EXPECT_NE(again.text.find("sent 0 of 0 records"), std::string::npos) << again.text;
 }
 
 TEST_F(Mlflow, AKill9RunResumedContinuesItsMlflowRun) {
@@ -369,11 +358,12 @@ TEST_F(Mlflow, AKill9RunResumedContinuesItsMlflowRun) {
     const auto journal = read_lines((mlf::journal_dir(d) / "journal.jsonl").string());
     for (const auto& line : journal) {
       const json rec = json::parse(line, nullptr, false);
-      if (!rec.is_object()) continue;  // a line the kill cut
+      if (!rec.is_object()) continue;                              // a line the kill cut
       for (const auto& m : rec.value("metrics", json::array())) {  // [key, value, timestamp, step]
         const std::string key = m[0].get<std::string>();
         ASSERT_TRUE(server.count(key)) << m.dump();
-        EXPECT_TRUE(server.at(key).count({m[3].get<long>(), value_text(m[1]), m[2].get<long>()})) << d << ": " << m.dump();
+        EXPECT_TRUE(server.at(key).count({m[3].get<long>(), value_text(m[1]), m[2].get<long>()}))
+            << d << ": " << m.dump();
       }
     }
   }
@@ -391,7 +381,7 @@ class StopServer final : public trainer::Plugin {
     if (ctx.state.epoch != 1) return;
     if (!wait_for_sent_metrics(ctx.run_dir, uri_)) throw std::runtime_error("nothing was sent in the first epoch");
     const Shell r = sh(kScript + " stop " + server_dir_);
-    if (r.code != 0) throw std::runtime_error("cannot stop the server: " + r.out);
+    if (r.code != 0) throw std::runtime_error("cannot stop the server: " + r.text);
     stopped_at_seq = mlf::read_progress(mlf::journal_dir(ctx.run_dir), uri_).seq;
   }
   std::int64_t stopped_at_seq = -1;
@@ -404,7 +394,7 @@ TEST_F(Mlflow, ServerStoppedMidRunThenSyncSendsEveryMetricOnce) {
   // A server of its own, stopped and started again on the same port and database.
   const std::string server = tmp_ / "server";
   const Shell start = sh(kScript + " start " + kVenv + " " + server);
-  ASSERT_EQ(start.code, 0) << start.out;
+  ASSERT_EQ(start.code, 0) << start.text;
   const std::string port = read_file(server + "/port").substr(0, read_file(server + "/port").find('\n'));
   const std::string uri = "http://127.0.0.1:" + port;
   auto stopper = std::make_shared<StopServer>(server, uri);
@@ -420,12 +410,12 @@ TEST_F(Mlflow, ServerStoppedMidRunThenSyncSendsEveryMetricOnce) {
   EXPECT_GT(mlf::read_progress(journal, uri).seq, 0);
   // The records of epochs 2 and 3 wait in the journal.
   const Shell down = sh(std::string(TRAINER_CLI) + " mlflow sync " + r.run_dir);
-  EXPECT_EQ(down.code, 3) << down.out;
-  EXPECT_NE(down.out.find("left in the journal"), std::string::npos) << down.out;
+  EXPECT_EQ(down.code, 3) << down.text;
+  EXPECT_NE(down.text.find("left in the journal"), std::string::npos) << down.text;
   const Shell restart = sh(kScript + " start " + kVenv + " " + server + " " + port);
-  ASSERT_EQ(restart.code, 0) << restart.out;
+  ASSERT_EQ(restart.code, 0) << restart.text;
   const Shell sync = sh(std::string(TRAINER_CLI) + " mlflow sync " + r.run_dir);
-  EXPECT_EQ(sync.code, 0) << sync.out;
+  EXPECT_EQ(sync.code, 0) << sync.text;
   const json run = mlflow_read("run " + uri + " " + id);
   sh(kScript + " stop " + server);
   EXPECT_EQ(run["info"]["status"], "FINISHED");
@@ -438,8 +428,8 @@ TEST_F(Mlflow, NestedRunsHaveTheirParentAndTheirOwnStatus) {
   auto backend = mlf::open_backend(uri);
   const mlf::RunInfo parent = mlf::start_run(*backend, experiment(), "sweep");
   const auto a = train(uri, {"+plugins.mlflow.parent_run_id=\"" + parent.run_id + "\""}, "trial_a");
-  const auto b = train(uri, {"+plugins.mlflow.parent_run_id=\"" + parent.run_id + "\""}, "trial_b",
-                       {std::make_shared<FailAt>(2)});
+  const auto b =
+      train(uri, {"+plugins.mlflow.parent_run_id=\"" + parent.run_id + "\""}, "trial_b", {std::make_shared<FailAt>(2)});
   ASSERT_EQ(a.status, "FINISHED");
   ASSERT_EQ(b.status, "FAILED");
   mlf::end_run(*backend, parent.run_id, "FINISHED");
@@ -507,9 +497,9 @@ TEST_F(Mlflow, TheFileStoreIsReadByMlflowAndSyncsToAServer) {
   // The same journal, sent to a server: a new run there with the same contents.
   const std::string server_uri = shared_uri();
   const Shell sync = sh(std::string(TRAINER_CLI) + " mlflow sync " + r.run_dir + " --tracking-uri " + server_uri);
-  ASSERT_EQ(sync.code, 0) << sync.out;
+  ASSERT_EQ(sync.code, 0) << sync.text;
   const std::string server_id = run_id_of(r.run_dir, server_uri);
-  ASSERT_FALSE(server_id.empty()) << sync.out;
+  ASSERT_FALSE(server_id.empty()) << sync.text;
   const json moved = mlflow_read("run " + server_uri + " " + server_id);
   EXPECT_EQ(moved["info"]["status"], "FINISHED");
   EXPECT_EQ(moved["params"], run["params"]);
@@ -518,9 +508,10 @@ TEST_F(Mlflow, TheFileStoreIsReadByMlflowAndSyncsToAServer) {
   for (const char* key : {"odd/inf", "odd/-inf"}) {
     std::set<Point> as_sql;
     for (const auto& [step, value, ts] : in_file[key]) {
-      as_sql.insert({step, value_text(value == "Infinity" ? std::numeric_limits<double>::max()
-                                                          : -std::numeric_limits<double>::max()),
-                     ts});
+      as_sql.insert(
+          {step,
+           value_text(value == "Infinity" ? std::numeric_limits<double>::max() : -std::numeric_limits<double>::max()),
+           ts});
     }
     in_file[key] = as_sql;
   }
@@ -529,18 +520,18 @@ TEST_F(Mlflow, TheFileStoreIsReadByMlflowAndSyncsToAServer) {
 
 TEST_F(Mlflow, SyncRefusesWhatItCannotDo) {
   const Shell none = sh(std::string(TRAINER_CLI) + " mlflow sync " + tmp_.str());
-  EXPECT_EQ(none.code, 2) << none.out;
-  EXPECT_NE(none.out.find("has no MLflow journal"), std::string::npos) << none.out;
+  EXPECT_EQ(none.code, 2) << none.text;
+  EXPECT_NE(none.text.find("has no MLflow journal"), std::string::npos) << none.text;
   const Shell missing = sh(std::string(TRAINER_CLI) + " mlflow sync " + (tmp_ / "nope"));
-  EXPECT_EQ(missing.code, 2) << missing.out;
+  EXPECT_EQ(missing.code, 2) << missing.text;
   const Shell usage = sh(std::string(TRAINER_CLI) + " mlflow push " + tmp_.str());
-  EXPECT_EQ(usage.code, 2) << usage.out;
+  EXPECT_EQ(usage.code, 2) << usage.text;
   // A journal still being written (its lock held) is left to its writer.
   write_file(tmp_ / "held/mlflow/journal.jsonl", "");
   mlf::JournalLock lock(mlf::journal_dir(tmp_ / "held"));
   const Shell held = sh(std::string(TRAINER_CLI) + " mlflow sync " + (tmp_ / "held"));
-  EXPECT_EQ(held.code, 2) << held.out;
-  EXPECT_NE(held.out.find("pid " + std::to_string(::getpid())), std::string::npos) << held.out;
+  EXPECT_EQ(held.code, 2) << held.text;
+  EXPECT_NE(held.text.find("pid " + std::to_string(::getpid())), std::string::npos) << held.text;
 }
 
 TEST_F(Mlflow, AnUnusableTrackingUriIsAConfigError) {

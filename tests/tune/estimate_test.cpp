@@ -166,6 +166,21 @@ TEST(Estimate, PredictsMemoryLogsPeakOfARealRun) {
       << "step peak predicted " << e.peak << ", memory/peak_mb before the evaluation " << steps_mb << " MiB";
 }
 
+TEST(Estimate, ARecipeThatEvaluatesOnlyAtItsEndHoldsItsTestSplitInEveryProbe) {
+  TempDir tmp;
+  EstimateRequest req;
+  req.recipe = kTight;
+  req.work_dir = tmp.str();
+  req.overrides = {"model=mlp", "eval.every_epochs=0", "eval.at_end=true"};
+  const MemoryEstimate at_end = trainer::tune::estimate_memory(req);
+  req.overrides = {"model=mlp"};  // every epoch
+  const MemoryEstimate every_epoch = trainer::tune::estimate_memory(req);
+  EXPECT_EQ(at_end.eval_batch, 1000);
+  EXPECT_EQ(at_end.peak, every_epoch.peak);
+  EXPECT_EQ(at_end.eval_peak, every_epoch.eval_peak);
+  EXPECT_NEAR(at_end.b, every_epoch.b, 1.0);
+}
+
 TEST(Estimate, ActivationCheckpointingAndMixedPrecisionAreInTheMeasurement) {
   TempDir tmp;
   EstimateRequest req;

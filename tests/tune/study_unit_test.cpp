@@ -133,10 +133,27 @@ TEST(Admission, AnEvaluationThatCannotFitGetsTheLargestEvalBatchThatDoes) {
   EXPECT_EQ(a.overrides, std::vector<std::string>{"eval.batch_size=400"});
   EXPECT_NE(a.reason.find("eval.batch_size 1000 -> 400 (evaluation 150 MiB"), std::string::npos) << a.reason;
   EXPECT_EQ(a.predicted_peak, 90 * kMiB);
+  // With eval.limit_batches the same 3000 samples are evaluated: in batches that divide them.
+  const auto limited = trainer::tune::admit_trial(e, {32, 32, 1000, 0, 3});
+  EXPECT_EQ(limited.overrides, (std::vector<std::string>{"eval.batch_size=375", "eval.limit_batches=8"}));
   // Nothing fits when even the evaluation's start does not.
   MemoryEstimate full = e;
   full.eval_base = 95.0 * kMiB;
   EXPECT_FALSE(trainer::tune::admit_trial(full, {32, 32, 1000, 0}).run);
+}
+
+TEST(EstimateReport, SaysWhichOfTheStepAndTheEvaluationDoesNotFit) {
+  MemoryEstimate e = toy_estimate();
+  e.batch_size = e.micro_batch = 32;
+  e.run_peak = e.eval_peak;
+  std::ostringstream out;
+  trainer::tune::print_estimate(e, out);
+  EXPECT_NE(out.str().find("the recipe's micro-batch 32 fits: predicted 82.0 MiB <= 90.0 MiB"), std::string::npos)
+      << out.str();
+  EXPECT_NE(out.str().find("evaluation at eval.batch_size 1000 does NOT fit: predicted 150 MiB > 90.0 MiB; largest "
+                           "eval.batch_size that fits: 400"),
+            std::string::npos)
+      << out.str();
 }
 
 TEST(StudyJournal, ALineCutShortIsDroppedAndDoesNotSwallowTheNext) {

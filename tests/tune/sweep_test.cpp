@@ -378,6 +378,29 @@ values = [1e30, 0.01]
   EXPECT_EQ(*r.best, 1);
 }
 
+TEST(Sweep, CtrlCStopsTheRunningTrialAtASafePoint) {
+  TempDir tmp;
+  const std::string r = recipe(tmp, "[]", R"(
+[sweep]
+sampler = "grid"
+pruner = "none"
+budget_epochs = 20
+[sweep.space.optim.lr]
+type = "choice"
+values = [0.01, 0.003]
+)");
+  ::setenv("TRAINER_CONFIG_PATH", TRAINER_SOURCE_DIR "/configs", 1);
+  trainer::testing::Child sweep(std::string(TRAINER_CLI) + " sweep --recipe " + r + " --study-dir " + (tmp / "s") +
+                                " > " + (tmp / "1.log") + " 2>&1");
+  ASSERT_TRUE(trainer::testing::wait_for_text(tmp / "s/trials/trial-0000/metrics.jsonl", "train/loss"));
+  sweep.signal(SIGINT);
+  EXPECT_EQ(WEXITSTATUS(sweep.wait()), 130) << read_file(tmp / "1.log");
+  // The trial got one SIGINT and stopped as Ctrl-C stops a run: KILLED, its status written.
+  const std::string status = read_file(tmp / "s/trials/trial-0000/status.json");
+  EXPECT_NE(status.find("\"status\":\"KILLED\""), std::string::npos) << status;
+  EXPECT_EQ(count_of(read_file(tmp / "s/study.jsonl"), R"({"event":"end")"), 0);  // runs again on resume
+}
+
 TEST(Sweep, CtrlCWhileATrialIsEstimatedStopsTheEstimateAndStartsNoTrial) {
   TempDir tmp;
   // A stand-in for the trainer executable whose estimate takes long and says when SIGINT

@@ -28,7 +28,8 @@ std::optional<StopCause> EpochLoop::run() {
   auto why = train_epochs();
   // Not after a signal or a plugin's stop (they stop now); not when this process trained
   // nothing (a resumed run that was already done).
-  const bool ended = !why || why->by == "training.max_steps";
+  const bool ended =
+      (!why && !interrupt_requested() && !hooks_.stop_requested()) || (why && why->by == "training.max_steps");
   if (s_.eval.at_end && ended && state_.global_step > first_step && evaluated_at_ != state_.global_step) evaluate();
   return why;
 }
