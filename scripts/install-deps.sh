@@ -12,6 +12,7 @@ packages=(
   googletest libgtest-dev libgmock-dev libbenchmark-dev
   zlib1g-dev
   libturbojpeg0-dev libpng-dev libmatio-dev  # image datasets: JPEG, PNG, Flowers102's .mat files
+  libgloo-dev  # the headers of c10d's Gloo process group (data-parallel runs)
   clang libclang-rt-14-dev
   dataset-fashion-mnist
   python3-torch python3-torchvision  # the tests write torchvision state_dicts with them

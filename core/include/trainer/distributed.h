@@ -1,0 +1,93 @@
+#pragma once
+// Data-parallel runs: the ranks of one run as a process group on PyTorch's own distributed
+// engine (c10d: a TCPStore that rank 0 hosts, Gloo for tensors on the CPU). A process learns its
+// place from the variables torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+// MASTER_ADDR, MASTER_PORT); a process without them is a run of one, as before.
+//
+//   DistEnv env = DistEnv::from_env();           // UsageError for inconsistent variables
+//   if (env.active()) {
+//     ProcessGroup pg(env, std::chrono::seconds(60));
+//     broadcast_module_state(pg, model);        // every rank starts from rank 0's weights
+//     ... backward ...
+//     all_reduce_gradients(pg, params, 1.0 / pg.size());  // the mean gradient on every rank
+//   }
+//
+// Every collective waits at most the group's timeout: a rank that died or hangs makes the
+// others fail with trainer::Error instead of waiting for ever.
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "trainer/export.h"
+
+namespace torch::nn {
+class Module;
+}
+
+namespace trainer {
+
+/// Where this process stands in a launch (torchrun's variables).
+struct TRAINER_API DistEnv {
+  std::int64_t rank = 0;
+  std::int64_t world_size = 1;
+  std::int64_t local_rank = 0;
+  std::int64_t local_world_size = 1;
+  std::string master_addr;  ///< host of rank 0's store
+  std::int64_t master_port = 0;
+
+  /// More than one rank.
+  bool active() const { return world_size > 1; }
+
+  /// Reads the variables. None set (or WORLD_SIZE=1): a run of one. WORLD_SIZE > 1 needs all
+  /// six, each a number in range where it is one (RANK < WORLD_SIZE, LOCAL_RANK <
+  /// LOCAL_WORLD_SIZE, a port 1-65535): UsageError naming the variable, its value and what is
+  /// allowed otherwise.
+  static DistEnv from_env();
+};
+
+/// The ranks of one run. Thread-compatible: one thread calls the collectives, in the same order
+/// on every rank.
+class TRAINER_API ProcessGroup {
+ public:
+  /// Joins: rank 0 hosts the store at master_addr:master_port, the others connect to it; the
+  /// group forms when all world_size ranks have (at most `timeout`, else trainer::Error).
+  ProcessGroup(const DistEnv& env, std::chrono::milliseconds timeout);
+  ~ProcessGroup();
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  std::int64_t rank() const;
+  std::int64_t size() const;
+  std::chrono::milliseconds timeout() const;
+
+  /// Sums `tensors` over the ranks, in place (CPU tensors).
+  void all_reduce_sum(std::vector<at::Tensor>& tensors);
+  /// The largest of `value` over the ranks (the ranks agree on a decision, such as a smaller
+  /// micro-batch after one of them ran out of memory).
+  std::int64_t all_reduce_max(std::int64_t value);
+  /// Copies rank `root`'s tensors into every rank's, in place.
+  void broadcast(std::vector<at::Tensor>& tensors, std::int64_t root = 0);
+  /// Waits for every rank; a rank that does not arrive within the timeout is named in the
+  /// trainer::Error ("rank 1 did not ...").
+  void barrier();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Sums the gradients of `params` over the ranks and multiplies them by `scale` (1 / size for
+/// the mean), in buckets of about `bucket_bytes`: each bucket's gradients are flattened into one
+/// tensor, reduced with one collective and copied back. Parameters without a gradient on a rank
+/// contribute zeros (every rank reduces the same buckets).
+TRAINER_API void all_reduce_gradients(ProcessGroup& pg, const std::vector<at::Tensor>& params, double scale,
+                                      std::int64_t bucket_bytes = 25 * 1024 * 1024);
+
+/// Copies rank 0's parameters and buffers into every rank's module (same architecture).
+TRAINER_API void broadcast_module_state(ProcessGroup& pg, torch::nn::Module& module);
+
+}  // namespace trainer

@@ -1,0 +1,234 @@
+#include "trainer/distributed.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <cerrno>
+#include <cstdlib>
+#include <optional>
+
+#include "trainer/error.h"
+
+namespace trainer {
+
+namespace {
+
+/// A variable's value, or nullopt when unset or empty.
+std::optional<std::string> env_value(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  return std::string(v);
+}
+
+/// An integer variable in [low, high]; appends a problem when it is not one.
+std::int64_t env_int(const char* name, std::int64_t low, std::int64_t high, std::vector<std::string>& problems) {
+  const auto v = env_value(name);
+  if (!v) {
+    problems.push_back(detail::str(name, " is not set"));
+    return low;
+  }
+  char* end = nullptr;
+  errno = 0;
+  const long long x = std::strtoll(v->c_str(), &end, 10);
+  if (errno != 0 || end == v->c_str() || *end != '\0' || x < low || x > high) {
+    problems.push_back(detail::str(name, "=", *v, ": expected an integer in [", low, ", ", high, "]"));
+    return low;
+  }
+  return x;
+}
+
+/// What a c10d error says, without the backtrace c10::Error carries.
+std::string message_of(const std::exception& e) {
+  if (const auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
+  return e.what();
+}
+
+/// c10d's errors (a peer gone, a timeout) as trainer::Error saying which collective, where.
+template <class F>
+auto guarded(const char* what, std::int64_t rank, std::chrono::milliseconds timeout, F f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw Error(detail::str("rank ", rank, ": ", what, " failed (another rank died, or did not answer within ",
+                            timeout.count() / 1000.0, " s): ", message_of(e)));
+  }
+}
+
+}  // namespace
+
+DistEnv DistEnv::from_env() {
+  DistEnv env;
+  const auto world = env_value("WORLD_SIZE");
+  if (!world || *world == "1") {
+    // torchrun with one process, or no launcher: a run of one. A RANK without WORLD_SIZE is a
+    // mistake, not a run of one.
+    TRAINER_CHECK_T(UsageError, world || !env_value("RANK"),
+                    "RANK is set but WORLD_SIZE is not: a data-parallel launch sets both (torchrun, trainer launch)");
+    return env;
+  }
+  std::vector<std::string> problems;
+  env.world_size = env_int("WORLD_SIZE", 1, 1 << 20, problems);
+  env.rank = env_int("RANK", 0, env.world_size - 1, problems);
+  env.local_world_size = env_int("LOCAL_WORLD_SIZE", 1, env.world_size, problems);
+  env.local_rank = env_int("LOCAL_RANK", 0, env.local_world_size - 1, problems);
+  env.master_port = env_int("MASTER_PORT", 1, 65535, problems);
+  if (const auto a = env_value("MASTER_ADDR")) {
+    env.master_addr = *a;
+  } else {
+    problems.push_back("MASTER_ADDR is not set");
+  }
+  if (!problems.empty()) {
+    std::string all;
+    for (const auto& p : problems) all += (all.empty() ? "" : "; ") + p;
+    throw UsageError("a data-parallel launch (WORLD_SIZE=" + *world + ") needs RANK, WORLD_SIZE, LOCAL_RANK, " +
+                     "LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT: " + all);
+  }
+  return env;
+}
+
+struct ProcessGroup::Impl {
+  std::int64_t rank = 0, size = 1;
+  std::chrono::milliseconds timeout{0};
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo;
+};
+
+ProcessGroup::ProcessGroup(const DistEnv& env, std::chrono::milliseconds timeout) : impl_(std::make_unique<Impl>()) {
+  TRAINER_CHECK_T(UsageError, env.world_size >= 1 && env.rank >= 0 && env.rank < env.world_size, "rank ", env.rank,
+                  " of ", env.world_size, ": not a place in the group");
+  impl_->rank = env.rank;
+  impl_->size = env.world_size;
+  impl_->timeout = timeout;
+  const std::string where = env.master_addr + ":" + std::to_string(env.master_port);
+  c10::intrusive_ptr<c10d::Store> store;
+  try {
+    c10d::TCPStoreOptions o;
+    o.port = static_cast<std::uint16_t>(env.master_port);
+    o.isServer = env.rank == 0;
+    o.numWorkers = static_cast<std::size_t>(env.world_size);
+    o.waitWorkers = false;  // the group's forming below waits, and can then say who is missing
+    o.timeout = timeout;
+    store = c10::make_intrusive<c10d::PrefixStore>("trainer", c10::make_intrusive<c10d::TCPStore>(env.master_addr, o));
+    store->set("joined/" + std::to_string(env.rank), std::vector<std::uint8_t>{1});
+  } catch (const std::exception& e) {
+    throw Error(detail::str("rank ", env.rank, ": cannot ", env.rank == 0 ? "host" : "reach", " the group's store at ",
+                            where, " (MASTER_ADDR:MASTER_PORT): ", message_of(e)));
+  }
+  try {
+    auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+    // On one host (loopback), the ranks talk over loopback; across hosts each binds to the
+    // address its host name resolves to, as torch.distributed does.
+    const bool local = env.master_addr == "127.0.0.1" || env.master_addr == "localhost";
+    options->devices.push_back(local ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
+                                     : c10d::ProcessGroupGloo::createDefaultDevice());
+    options->threads = 2;
+    impl_->gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, static_cast<int>(env.rank),
+                                                              static_cast<int>(env.world_size), options);
+  } catch (const std::exception& e) {
+    std::string missing;
+    for (std::int64_t r = 0; r < env.world_size; ++r) {
+      try {
+        if (!store->check({"joined/" + std::to_string(r)}))
+          missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      } catch (const std::exception&) {
+        missing = "unknown (the store at " + where + " is gone)";
+        break;
+      }
+    }
+    throw Error(detail::str("rank ", env.rank, ": the group of ", env.world_size, " at ", where,
+                            " did not form within ", timeout.count() / 1000.0, " s; ranks that did not join: ",
+                            missing.empty() ? std::string("none (") + message_of(e) + ")" : missing));
+  }
+  impl_->store = store;
+}
+
+ProcessGroup::~ProcessGroup() = default;
+
+std::int64_t ProcessGroup::rank() const { return impl_->rank; }
+std::int64_t ProcessGroup::size() const { return impl_->size; }
+std::chrono::milliseconds ProcessGroup::timeout() const { return impl_->timeout; }
+
+void ProcessGroup::all_reduce_sum(std::vector<at::Tensor>& tensors) {
+  if (tensors.empty()) return;
+  guarded("all-reduce", impl_->rank, impl_->timeout, [&] { impl_->gloo->allreduce(tensors)->wait(); });
+}
+
+std::int64_t ProcessGroup::all_reduce_max(std::int64_t value) {
+  std::vector<at::Tensor> t{at::full({1}, value, at::kLong)};
+  c10d::AllreduceOptions o;
+  o.reduceOp = c10d::ReduceOp::MAX;
+  guarded("all-reduce (max)", impl_->rank, impl_->timeout, [&] { impl_->gloo->allreduce(t, o)->wait(); });
+  return t[0].item<std::int64_t>();
+}
+
+void ProcessGroup::broadcast(std::vector<at::Tensor>& tensors, std::int64_t root) {
+  if (tensors.empty()) return;
+  c10d::BroadcastOptions o;
+  o.rootRank = root;
+  guarded("broadcast", impl_->rank, impl_->timeout, [&] { impl_->gloo->broadcast(tensors, o)->wait(); });
+}
+
+void ProcessGroup::barrier() {
+  // Gloo's monitored barrier names the rank that did not arrive.
+  guarded("barrier", impl_->rank, impl_->timeout,
+          [&] { impl_->gloo->monitoredBarrier(c10d::BarrierOptions(), false); });
+}
+
+void all_reduce_gradients(ProcessGroup& pg, const std::vector<at::Tensor>& params, double scale,
+                          std::int64_t bucket_bytes) {
+  // Buckets in parameter order, by dtype (one flat tensor has one dtype); the same on every rank
+  // because it depends on the parameters only, not on which have a gradient.
+  std::vector<std::vector<std::size_t>> buckets;
+  std::vector<std::int64_t> bytes;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const auto& p = params[i];
+    if (!p.requires_grad()) continue;
+    const std::int64_t n = p.numel() * static_cast<std::int64_t>(p.element_size());
+    if (buckets.empty() || bytes.back() + n > bucket_bytes ||
+        params[buckets.back().front()].scalar_type() != p.scalar_type()) {
+      buckets.emplace_back();
+      bytes.push_back(0);
+    }
+    buckets.back().push_back(i);
+    bytes.back() += n;
+  }
+  for (const auto& bucket : buckets) {
+    std::vector<at::Tensor> parts;
+    for (std::size_t i : bucket) {
+      const auto& p = params[i];
+      parts.push_back(p.grad().defined() ? p.grad().reshape({-1}) : at::zeros({p.numel()}, p.options()));
+    }
+    std::vector<at::Tensor> flat{at::cat(parts)};
+    pg.all_reduce_sum(flat);
+    if (scale != 1.0) flat[0].mul_(scale);
+    std::int64_t offset = 0;
+    for (std::size_t i : bucket) {
+      at::Tensor p = params[i];
+      const at::Tensor g = flat[0].narrow(0, offset, p.numel()).view(p.sizes());
+      if (p.grad().defined()) {
+        p.mutable_grad().copy_(g);
+      } else {
+        p.mutable_grad() = g.clone();
+      }
+      offset += p.numel();
+    }
+  }
+}
+
+void broadcast_module_state(ProcessGroup& pg, torch::nn::Module& module) {
+  std::vector<at::Tensor> tensors;
+  for (const auto& p : module.parameters()) tensors.push_back(p.detach());
+  for (const auto& b : module.buffers()) tensors.push_back(b.detach());
+  // One collective per tensor keeps each in place (the module's own storage).
+  for (auto& t : tensors) {
+    std::vector<at::Tensor> one{t};
+    pg.broadcast(one, 0);
+  }
+}
+
+}  // namespace trainer
