@@ -14,6 +14,7 @@
 #include "estimate.h"
 #include "mlflow_export.h"
 #include "report.h"
+#include "launch.h"
 #include "sweep.h"
 #include "trainer/config_spec.h"
 #include "trainer/devices.h"
@@ -46,6 +47,9 @@ const char* kUsage = R"(Usage:
                                         a benchmark suite over a grid of overrides: samples/s,
                                         step time, peak memory, out-of-memory errors per cell;
                                         cells predicted not to fit are marked, not run
+  trainer launch --nproc N -- --recipe FILE [OVERRIDE...]
+                                        a data-parallel run of N local processes (torchrun's
+                                        variables, Gloo over 127.0.0.1); docs/distributed.md
   trainer sweep --recipe FILE [OVERRIDE...] [--study-dir DIR]
                                         a hyperparameter study over the recipe's [sweep] section:
                                         grid, random or TPE; trials predicted not to fit skipped,
@@ -253,6 +257,13 @@ int sweep(const po::variables_map& vm, const std::vector<std::string>& overrides
 }
 
 int run(int argc, char** argv) {
+  // Everything after `launch` is the launcher's, then the ranks' (after --): not parsed here.
+  if (argc > 1 && std::string(argv[1]) == "launch") {
+    char self[4096];
+    const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+    TRAINER_CHECK(n > 0, "trainer launch: cannot find this executable (/proc/self/exe)");
+    return trainer::cli::launch(std::string(self, static_cast<std::size_t>(n)), {argv + 2, argv + argc});
+  }
   po::options_description opts("Options");
   opts.add_options()                                                                                             //
       ("help,h", "show this help")                                                                               //

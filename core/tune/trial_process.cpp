@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <fstream>
@@ -17,13 +18,25 @@
 
 namespace trainer::tune {
 
-pid_t spawn(const std::vector<std::string>& args, const std::string& out, const std::string& err) {
+pid_t spawn(const std::vector<std::string>& args, const std::string& out, const std::string& err,
+            const std::vector<std::pair<std::string, std::string>>& env) {
   TRAINER_CHECK(!args.empty(), "spawn: no command");
   // Everything the child needs is made before fork: between fork and exec only
   // async-signal-safe calls.
   std::vector<char*> argv;
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
+  std::vector<std::string> env_text;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string v = *e;
+    const bool replaced =
+        std::any_of(env.begin(), env.end(), [&](const auto& kv) { return v.rfind(kv.first + "=", 0) == 0; });
+    if (!replaced) env_text.push_back(v);
+  }
+  for (const auto& [k, v] : env) env_text.push_back(k + "=" + v);
+  std::vector<char*> envp;
+  for (auto& e : env_text) envp.push_back(e.data());
+  envp.push_back(nullptr);
   const bool same = err == out;
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
@@ -32,11 +45,11 @@ pid_t spawn(const std::vector<std::string>& args, const std::string& out, const 
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (::getppid() != parent) ::_exit(143);  // the study died before prctl took effect
     ::setpgid(0, 0);
-    const int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    const int e = same ? o : ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int o = out.empty() ? -1 : ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int e = err.empty() ? -1 : same ? o : ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (o >= 0) ::dup2(o, 1);
     if (e >= 0) ::dup2(e, 2);
-    ::execv(argv[0], argv.data());
+    ::execve(argv[0], argv.data(), envp.data());
     ::_exit(127);
   }
   return pid;

@@ -13,10 +13,12 @@
 namespace trainer::tune {
 
 /// Starts `args` (args[0] the executable's path) with stdout to `out` and stderr to `err` (the
-/// same file when equal). The child runs in a process group of its own (a Ctrl-C in the
-/// terminal reaches the study alone, which forwards one SIGINT), and gets SIGTERM when this
-/// process dies, so that a killed study leaves no trial running on its own.
-pid_t spawn(const std::vector<std::string>& args, const std::string& out, const std::string& err);
+/// same file when equal; this process's own when empty), and `env` added to this process's
+/// environment. The child runs in a process group of its own (a Ctrl-C in the terminal reaches
+/// this process alone, which forwards one SIGINT: a trainer takes a second one as "stop now"),
+/// and gets SIGTERM when this process dies, so that none is left running on its own.
+pid_t spawn(const std::vector<std::string>& args, const std::string& out, const std::string& err,
+            const std::vector<std::pair<std::string, std::string>>& env = {});
 
 /// The exit code of a waitpid status: the code, or 128 + the signal that killed it.
 int exit_code_of(int status);

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <string>
 
+#include "trainer/distributed.h"
 #include "trainer/plugin.h"
 #include "trainer/settings.h"
 
@@ -36,7 +37,9 @@ struct ConsoleSettings : trainer::Settings<ConsoleSettings> {
 class ConsolePlugin final : public trainer::Plugin {
  public:
   std::string name() const override { return "console"; }
-  std::string description() const override { return "Progress line: epoch, step/total, loss, LR, samples/s, ETA, other metrics"; }
+  std::string description() const override {
+    return "Progress line: epoch, step/total, loss, LR, samples/s, ETA, other metrics";
+  }
   std::vector<trainer::Event> events() const override {
     using E = trainer::Event;
     return {E::FitStart, E::BatchEnd, E::EvalEnd, E::EpochEnd, E::FitEnd};
@@ -48,9 +51,11 @@ class ConsolePlugin final : public trainer::Plugin {
     every_ = s.every_steps;
     metrics_ = s.metrics;
     tty_ = s.mode == "tty" || (s.mode == "auto" && isatty(STDOUT_FILENO));
+    rank_ = trainer::rank_of_this_process();
   }
 
   void on_event(trainer::EventContext& ctx, trainer::Control&) override {
+    if (rank_ != 0) return;  // one progress line for a data-parallel run: rank 0's (its metrics are the run's)
     const auto& s = ctx.state;
     metrics_log_ = ctx.metrics;
     switch (ctx.event) {
@@ -142,6 +147,7 @@ class ConsolePlugin final : public trainer::Plugin {
 
   std::int64_t every_ = 100;
   bool tty_ = false, drawn_ = false, metrics_ = true;
+  std::int64_t rank_ = 0;  ///< this process's rank in a data-parallel run
   trainer::MetricsLogger* metrics_log_ = nullptr;
   Clock::time_point start_, last_draw_;
   std::int64_t start_step_ = 0, start_samples_ = 0;

@@ -12,10 +12,11 @@
 #include <chrono>
 
 #include "trainer/data.h"
+#include "trainer/distributed.h"
 #include "trainer/error.h"
 #include "trainer/layers.h"
-#include "trainer/lora.h"
 #include "trainer/loader.h"
+#include "trainer/lora.h"
 #include "trainer/plugin.h"
 #include "trainer/settings.h"
 
@@ -67,7 +68,8 @@ class FeatureDataset final : public trainer::Dataset {
     features_ = at::empty({n, width_}, at::kFloat);
     targets_ = at::empty({n}, at::kLong);
     std::vector<at::Tensor> plan;
-    for (std::int64_t start = 0; start < n; start += batch) plan.push_back(at::arange(start, std::min(n, start + batch), at::kLong));
+    for (std::int64_t start = 0; start < n; start += batch)
+      plan.push_back(at::arange(start, std::min(n, start + batch), at::kLong));
     trainer::BatchLoader loader(std::make_shared<AsEvaluated>(source_), workers, prefetch);
     loader.plan(0, plan);
     at::NoGradGuard no_grad;
@@ -76,8 +78,8 @@ class FeatureDataset final : public trainer::Dataset {
       const std::int64_t start = static_cast<std::int64_t>(i) * batch;
       const trainer::Batch b = loader.next(idx);
       const at::Tensor f = backbone.features(b.inputs.to(device, dtype));
-      TRAINER_CHECK(f.dim() == 2 && f.size(1) == width_, "linear_probe: the backbone's features have shape ",
-                    f.sizes(), ", expected [", idx.size(0), ", ", width_, "]");
+      TRAINER_CHECK(f.dim() == 2 && f.size(1) == width_, "linear_probe: the backbone's features have shape ", f.sizes(),
+                    ", expected [", idx.size(0), ", ", width_, "]");
       features_.narrow(0, start, idx.size(0)).copy_(f);
       targets_.narrow(0, start, idx.size(0)).copy_(b.targets);
     }
@@ -139,17 +141,21 @@ class LinearProbePlugin final : public trainer::Plugin {
 
   void on_event(trainer::EventContext& ctx, trainer::Control&) override {
     switch (ctx.event) {
-      case trainer::Event::ModelCreated: freeze(ctx); break;
+      case trainer::Event::ModelCreated:
+        freeze(ctx);
+        break;
       case trainer::Event::FitStart:
         if (s_.cache_features) cache(ctx);
         break;
       case trainer::Event::FitEnd: {
+        if (trainer::rank_of_this_process() != 0) break;  // the ranks hold the same model: rank 0 writes
         const std::string file = ctx.run_dir + "/probe_model.pt";
         const auto n = trainer::save_merged_model(*full_, file);
         logger_->info("linear_probe: the model ({} tensors, backbone and trained head) written to {}", n, file);
         break;
       }
-      default: break;
+      default:
+        break;
     }
   }
 

@@ -7,6 +7,7 @@
 
 #include <filesystem>
 
+#include "trainer/distributed.h"
 #include "trainer/error.h"
 #include "trainer/lora.h"
 #include "trainer/plugin.h"
@@ -63,9 +64,14 @@ class LoraPlugin final : public trainer::Plugin {
 
   void on_event(trainer::EventContext& ctx, trainer::Control&) override {
     switch (ctx.event) {
-      case trainer::Event::ModelCreated: adapt(ctx); break;
-      case trainer::Event::Checkpoint: save(ctx); break;
+      case trainer::Event::ModelCreated:
+        adapt(ctx);
+        break;
+      case trainer::Event::Checkpoint:
+        save(ctx);
+        break;
       case trainer::Event::FitEnd:
+        if (trainer::rank_of_this_process() != 0) break;  // the ranks hold the same model: rank 0 writes
         save(ctx);
         if (s_.export_merged) {
           const std::string file = ctx.run_dir + "/merged_model.pt";
@@ -73,7 +79,8 @@ class LoraPlugin final : public trainer::Plugin {
           logger_->info("lora: merged model ({} tensors) written to {}", n, file);
         }
         break;
-      default: break;
+      default:
+        break;
     }
   }
 
@@ -100,11 +107,12 @@ class LoraPlugin final : public trainer::Plugin {
       throw trainer::UsageError(std::string("plugins.lora: ") + e.what());
     }
     const std::int64_t total = r.trainable_parameters + r.frozen_parameters;
-    logger_->info("lora: {} layers adapted (rank {}, alpha {}): {} adapter parameters; {} of {} parameters train "
-                  "({:.2f} %), {} frozen",
-                  r.adapted.size(), s_.rank, s_.alpha, r.adapter_parameters, r.trainable_parameters, total,
-                  total > 0 ? 100.0 * static_cast<double>(r.trainable_parameters) / static_cast<double>(total) : 0.0,
-                  r.frozen_parameters);
+    logger_->info(
+        "lora: {} layers adapted (rank {}, alpha {}): {} adapter parameters; {} of {} parameters train "
+        "({:.2f} %), {} frozen",
+        r.adapted.size(), s_.rank, s_.alpha, r.adapter_parameters, r.trainable_parameters, total,
+        total > 0 ? 100.0 * static_cast<double>(r.trainable_parameters) / static_cast<double>(total) : 0.0,
+        r.frozen_parameters);
     if (!s_.adapters.empty()) {
       const auto n = trainer::load_adapters(*ctx.model, s_.adapters);
       logger_->info("lora: {} tensors loaded from {}", n, s_.adapters);

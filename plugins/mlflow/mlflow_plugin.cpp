@@ -14,6 +14,7 @@
 
 #include "mlflow_client.h"
 #include "mlflow_export.h"
+#include "trainer/distributed.h"
 #include "trainer/error.h"
 #include "trainer/plugin.h"
 #include "trainer/settings.h"
@@ -143,6 +144,8 @@ class MlflowPlugin final : public trainer::Plugin {
   }
 
   void on_event(trainer::EventContext& ctx, trainer::Control&) override {
+    // A data-parallel run is one MLflow run: rank 0's, whose metrics are the run's.
+    if (trainer::rank_of_this_process() != 0) return;
     switch (ctx.event) {
       case trainer::Event::Init:
         open(ctx);
@@ -215,9 +218,10 @@ class MlflowPlugin final : public trainer::Plugin {
   std::string key(const std::string& k, const char* what) {
     const std::string fixed = mlf::sanitize_key(k);
     if (fixed != k && reported_.insert(k).second) {
-      logger_->warn("mlflow: {} key '{}' is not valid in MLflow (1-{} characters of letters, digits, _ - . space : /, "
-                    "a path without empty, . or .. parts); logged as '{}'",
-                    what, k, mlf::kMaxKeyLength, fixed);
+      logger_->warn(
+          "mlflow: {} key '{}' is not valid in MLflow (1-{} characters of letters, digits, _ - . space : /, "
+          "a path without empty, . or .. parts); logged as '{}'",
+          what, k, mlf::kMaxKeyLength, fixed);
     }
     return fixed;
   }
@@ -225,7 +229,8 @@ class MlflowPlugin final : public trainer::Plugin {
   std::string value(const std::string& k, std::string v, std::size_t limit, const char* what) {
     if (v.size() <= limit) return v;
     logger_->warn("mlflow: {} '{}' is {} characters, MLflow keeps {}: logged cut to {}{}", what, k, v.size(), limit,
-                  limit, s_.log_config && std::string(what) == "param" ? " (config.toml, an artifact, has it whole)" : "");
+                  limit,
+                  s_.log_config && std::string(what) == "param" ? " (config.toml, an artifact, has it whole)" : "");
     v.resize(limit);
     return v;
   }
@@ -250,12 +255,9 @@ class MlflowPlugin final : public trainer::Plugin {
     if (started_ || !exporter_) return;
     started_ = true;
     const std::string run_name = s_.run_name.empty() ? fs::path(run_dir_).filename().string() : s_.run_name;
-    std::vector<mlf::KeyValue> tags{{"mlflow.runName", run_name},
-                                    {"mlflow.user", mlf::current_user()},
-                                    {"mlflow.source.name", "trainer"},
-                                    {"mlflow.source.type", "LOCAL"},
-                                    {"trainer.run_dir", run_dir_},
-                                    {"trainer.host", hostname()},
+    std::vector<mlf::KeyValue> tags{{"mlflow.runName", run_name},        {"mlflow.user", mlf::current_user()},
+                                    {"mlflow.source.name", "trainer"},   {"mlflow.source.type", "LOCAL"},
+                                    {"trainer.run_dir", run_dir_},       {"trainer.host", hostname()},
                                     {"trainer.device", ctx.device.str()}};
     if (!parent_.empty()) tags.push_back({"mlflow.parentRunId", parent_});
     for (const auto& t : extra_tags_) tags.push_back(t);
@@ -284,7 +286,8 @@ class MlflowPlugin final : public trainer::Plugin {
       };
       for (const auto& k : ctx.config->leaf_keys()) {
         const trainer::ConfigValue& v = ctx.config->value(k);
-        std::string text = std::holds_alternative<std::string>(v) ? std::get<std::string>(v) : trainer::config_value_to_toml(v);
+        std::string text =
+            std::holds_alternative<std::string>(v) ? std::get<std::string>(v) : trainer::config_value_to_toml(v);
         const std::string pk = key(k, "param");
         params.push_back(json::array({pk, value(pk, text, mlf::kMaxParamValueLength, "param")}));
         if (params.size() == mlf::kMaxParamsTagsPerBatch) flush();
@@ -310,7 +313,8 @@ class MlflowPlugin final : public trainer::Plugin {
       if (!started_ || finished_) return;
       finished_ = true;
       json tags = json::array();
-      if (!error_.empty()) tags.push_back(json::array({"trainer.error", value("trainer.error", error_, mlf::kMaxTagValueLength, "tag")}));
+      if (!error_.empty())
+        tags.push_back(json::array({"trainer.error", value("trainer.error", error_, mlf::kMaxTagValueLength, "tag")}));
       tags.push_back(json::array({"trainer.status", ctx.status}));
       exporter_->record({{"op", "batch"}, {"tags", tags}});
       if (s_.log_checkpoint && !last_checkpoint_.empty() && fs::exists(last_checkpoint_)) {
@@ -322,10 +326,10 @@ class MlflowPlugin final : public trainer::Plugin {
     }
     const std::int64_t left = exporter_->close(s_.shutdown_timeout_s);
     if (left > 0) {
-      logger_->warn("mlflow: {} records could not be sent to {} within {} s; they are kept in {}: send them with "
-                    "`trainer mlflow sync {}`",
-                    left, uri_, s_.shutdown_timeout_s, (mlf::journal_dir(run_dir_) / "journal.jsonl").string(),
-                    run_dir_);
+      logger_->warn(
+          "mlflow: {} records could not be sent to {} within {} s; they are kept in {}: send them with "
+          "`trainer mlflow sync {}`",
+          left, uri_, s_.shutdown_timeout_s, (mlf::journal_dir(run_dir_) / "journal.jsonl").string(), run_dir_);
     } else {
       logger_->info("mlflow: run {} sent to {}", status, uri_);
     }

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <string>
 
+#include "trainer/distributed.h"
 #include "trainer/json.h"
 #include "trainer/plugin.h"
 #include "trainer/settings.h"
@@ -15,12 +16,15 @@ namespace {
 struct RecordingSettings : trainer::Settings<RecordingSettings> {
   std::string file;
   std::vector<std::string> events;
+  bool indices = false;
 
   static void declare(trainer::SettingsSchema<RecordingSettings>& s) {
-    s.add(&RecordingSettings::file, "file", "Output file; empty = <run_dir>/events.jsonl");
+    s.add(&RecordingSettings::file, "file",
+          "Output file; empty = <run_dir>/events.jsonl (events-rankN.jsonl on rank N of a data-parallel run)");
     std::vector<std::string> names;
     for (const auto e : trainer::all_events()) names.emplace_back(trainer::event_name(e));
     s.add(&RecordingSettings::events, "events", "Record only these events; empty = all").choices(names);
+    s.add(&RecordingSettings::indices, "indices", "Also record the dataset indices of each micro-batch");
   }
 };
 
@@ -37,6 +41,7 @@ class RecordingPlugin final : public trainer::Plugin {
     Plugin::configure(section, std::move(logger));
     const auto s = RecordingSettings::from(section);
     file_ = s.file;
+    indices_ = s.indices;
     for (const auto& e : s.events) {
       const auto ev = trainer::event_from_name(e);
       if (!ev) throw trainer::ConfigError({"plugins.recording.events: unknown event '" + e + "'"});
@@ -47,7 +52,11 @@ class RecordingPlugin final : public trainer::Plugin {
   void on_event(trainer::EventContext& ctx, trainer::Control&) override {
     if (!only_.empty() && std::find(only_.begin(), only_.end(), ctx.event) == only_.end()) return;
     if (!out_) {
-      const std::string path = file_.empty() ? ctx.run_dir + "/events.jsonl" : file_;
+      // Each rank of a data-parallel run records its own events.
+      const std::int64_t rank = trainer::rank_of_this_process();
+      const std::string path = !file_.empty() ? file_
+                               : rank == 0    ? ctx.run_dir + "/events.jsonl"
+                                              : ctx.run_dir + "/events-rank" + std::to_string(rank) + ".jsonl";
       out_ = std::fopen(path.c_str(), "w");
       if (!out_) throw trainer::Error("recording: cannot open " + path);
     }
@@ -65,6 +74,13 @@ class RecordingPlugin final : public trainer::Plugin {
                        ",\"has_optimizer\":" + (ctx.optimizer ? "true" : "false") +
                        ",\"device\":" + trainer::json_quote(ctx.device.str());
     if (ctx.batch) line += ",\"samples\":" + std::to_string(ctx.batch->size());
+    if (indices_ && ctx.indices && ctx.indices->defined()) {
+      const at::Tensor idx = ctx.indices->to(at::kLong).contiguous();
+      std::string list;
+      for (std::int64_t i = 0; i < idx.numel(); ++i)
+        list += (i ? "," : "") + std::to_string(idx.data_ptr<std::int64_t>()[i]);
+      line += ",\"indices\":[" + list + "]";
+    }
     if (ctx.loss && ctx.loss->defined()) line += ",\"loss\":" + trainer::json_number(ctx.loss->item<double>());
     if (ctx.event == trainer::Event::BatchEnd) line += ",\"batch_loss\":" + trainer::json_number(s.loss);
     if (ctx.eval_metrics) {
@@ -91,6 +107,7 @@ class RecordingPlugin final : public trainer::Plugin {
 
  private:
   std::string file_;
+  bool indices_ = false;
   std::vector<trainer::Event> only_;
   std::FILE* out_ = nullptr;
   std::int64_t seq_ = 0;

@@ -30,6 +30,12 @@ class Module;
 
 namespace trainer {
 
+/// This process's rank in a data-parallel launch (RANK when WORLD_SIZE > 1), 0 in a run of one.
+/// Never throws (the trainer checks the variables when it starts): plugins that write outside
+/// the ranks' shared state — progress lines, MLflow, files in the run directory — do so on rank
+/// 0 only.
+TRAINER_API std::int64_t rank_of_this_process();
+
 /// Where this process stands in a launch (torchrun's variables).
 struct TRAINER_API DistEnv {
   std::int64_t rank = 0;
@@ -74,6 +80,9 @@ class TRAINER_API ProcessGroup {
   /// Waits for every rank; a rank that does not arrive within the timeout is named in the
   /// trainer::Error ("rank 1 did not ...").
   void barrier();
+  /// Rank `root`'s `value` on every rank (through the store): `name` must be new to the group
+  /// each time (the run directory, ...).
+  std::string share(const std::string& name, const std::string& value, std::int64_t root = 0);
 
  private:
   struct Impl;

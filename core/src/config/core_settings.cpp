@@ -1,4 +1,5 @@
 #include "trainer/core_settings.h"
+#include "dist/dist_settings.h"
 
 #include "trainer/data.h"
 #include "trainer/model.h"
@@ -17,6 +18,7 @@ std::vector<SectionSpec> core_config_sections(const Config& cfg) {
       {"memory", MemorySettings::keys(), "Memory"},
       {"metrics", MetricsSettings::keys(), "Metric sinks"},
       {"plugins", PluginsSettings::keys(), "Plugins"},
+      {"distributed", DistributedSettings::keys(), "Data-parallel runs (torchrun, trainer launch)"},
   };
 
   // A registry-backed section: `name` (one of the registry's entries; required when there is

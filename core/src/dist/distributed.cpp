@@ -61,6 +61,13 @@ auto guarded(const char* what, std::int64_t rank, std::chrono::milliseconds time
 
 }  // namespace
 
+std::int64_t rank_of_this_process() {
+  const auto world = env_value("WORLD_SIZE");
+  const auto rank = env_value("RANK");
+  if (!world || *world == "1" || !rank) return 0;
+  return std::strtoll(rank->c_str(), nullptr, 10);
+}
+
 DistEnv DistEnv::from_env() {
   DistEnv env;
   const auto world = env_value("WORLD_SIZE");
@@ -177,6 +184,19 @@ void ProcessGroup::barrier() {
   // Gloo's monitored barrier names the rank that did not arrive.
   guarded("barrier", impl_->rank, impl_->timeout,
           [&] { impl_->gloo->monitoredBarrier(c10d::BarrierOptions(), false); });
+}
+
+std::string ProcessGroup::share(const std::string& name, const std::string& value, std::int64_t root) {
+  const std::string key = "share/" + name;
+  return guarded("sharing a value", impl_->rank, impl_->timeout, [&] {
+    if (impl_->rank == root) {
+      impl_->store->set(key, std::vector<std::uint8_t>(value.begin(), value.end()));
+      return value;
+    }
+    impl_->store->wait({key}, impl_->timeout);
+    const auto bytes = impl_->store->get(key);
+    return std::string(bytes.begin(), bytes.end());
+  });
 }
 
 void all_reduce_gradients(ProcessGroup& pg, const std::vector<at::Tensor>& params, double scale,

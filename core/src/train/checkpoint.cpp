@@ -178,6 +178,7 @@ Checkpointer::Checkpointer(const CheckpointSettings& settings, std::string dir, 
       log_(log) {}
 
 std::string Checkpointer::save(Position next) {
+  if (!parts_.writer()) return {};  // a data-parallel run's checkpoints are rank 0's: the ranks hold the same
   // Saved already at this step and position (every_steps on an epoch's last batch, then the
   // epoch's checkpoint): the same file again would only reopen the window of a rewrite.
   if (!last_.empty() && last_step_ == state_.global_step && last_position_.epoch == next.epoch &&
@@ -282,9 +283,10 @@ Position Checkpointer::restore(torch::serialize::InputArchive& ar, const std::st
   if (ar.try_read("data_order", order) && order.isString()) {
     check_data_order(order.toStringRef(), file);
   } else {
-    log_.warn("{} does not record its data order (an older checkpoint): resuming assumes run.seed, "
-              "training.shuffle, training.drop_last and the dataset are those it was written with",
-              file);
+    log_.warn(
+        "{} does not record its data order (an older checkpoint): resuming assumes run.seed, "
+        "training.shuffle, training.drop_last and the dataset are those it was written with",
+        file);
   }
 
   const auto shapes = shapes_of(*parts_.model);
@@ -293,7 +295,8 @@ Position Checkpointer::restore(torch::serialize::InputArchive& ar, const std::st
     ar.read("model", m);
     parts_.model->load(m);
   } catch (const c10::Error& e) {
-    throw_load_failure(e, file, parts_.device, "it does not fit this model (was it written with other model.* settings?)");
+    throw_load_failure(e, file, parts_.device,
+                       "it does not fit this model (was it written with other model.* settings?)");
   }
   for (const auto& [name, shape] : shapes_of(*parts_.model)) {
     const auto& expected = shapes.at(name);
@@ -321,16 +324,19 @@ Position Checkpointer::restore(torch::serialize::InputArchive& ar, const std::st
   at.epoch = scalar(ar, "epoch");
   if (!try_scalar(ar, "sample_in_epoch", at.sample)) {
     at.sample = scalar(ar, "batch_in_epoch") * state_.batch_size;
-    log_.warn("{} records its position in batches (an older checkpoint): resuming assumes training.batch_size = {} "
-              "is the one it was written with",
-              file, state_.batch_size);
+    log_.warn(
+        "{} records its position in batches (an older checkpoint): resuming assumes training.batch_size = {} "
+        "is the one it was written with",
+        file, state_.batch_size);
   }
   state_.global_step = scalar(ar, "global_step");
   state_.samples_seen = scalar(ar, "samples_seen");
   std::int64_t eval_batch = 0;
   if (try_scalar(ar, "eval_batch", eval_batch) && eval_batch > 0 && eval_batch < parts_.eval_batch) {
-    log_.info("evaluation batch {} (eval.batch_size {}): the size an out-of-memory retry settled on before the "
-              "checkpoint", eval_batch, parts_.eval_batch);
+    log_.info(
+        "evaluation batch {} (eval.batch_size {}): the size an out-of-memory retry settled on before the "
+        "checkpoint",
+        eval_batch, parts_.eval_batch);
     parts_.eval_batch = eval_batch;
   }
   at::Tensor rng;

@@ -2,6 +2,9 @@
 
 #include <ATen/ATen.h>
 
+#include <tuple>
+
+#include "dist/shard.h"
 #include "train/hooks.h"
 #include "train/oom_recovery.h"
 #include "train/setup.h"
@@ -39,41 +42,53 @@ std::map<std::string, double> Evaluator::run() {
   if (!parts_.test_set) return m;
   TrainMetrics::Pause pause(window_);
   const std::int64_t n = limit_ > 0 ? std::min(limit_, parts_.test_set->size()) : parts_.test_set->size();
+  // In a data-parallel run each rank evaluates its part of the samples; the sums are added up
+  // after, so the metrics are those of one process evaluating them all.
+  std::int64_t first = 0, last = n;
+  if (parts_.group) std::tie(first, last) = shard_range(n, parts_.group->rank(), parts_.group->size());
   double loss_sum = 0.0;
   std::int64_t correct = 0;
   {
     EvalMode eval_mode(*parts_.model);
     const bool per_batch = hooks_.wants(Event::EvalBatchStart) || hooks_.wants(Event::EvalBatchEnd);
-    const auto settled = oom_.retry(OomRetry::AskPlugins, parts_.eval_batch, n, [&](std::int64_t batch) {
-      // Every attempt starts from zero, and tells the plugins so: a retried evaluation counts
-      // each sample once.
-      loss_sum = 0.0;
-      correct = 0;
-      oom_.enter("eval");
-      hooks_.fire(Event::EvalStart);
-      at::NoGradGuard no_grad;
-      for (std::int64_t begin = 0, len = 0; begin < n; begin += len) {  // += len: no begin + batch to overflow
-        len = std::min(batch, n - begin);
-        const at::Tensor idx = at::arange(begin, begin + len, at::kLong);
-        const Batch host = parts_.test_set->get(idx);
-        const Batch b = to_device(parts_, host);
-        if (per_batch) hooks_.fire(Event::EvalBatchStart, EventArgs::micro_batch(b, idx));
-        at::Tensor out, loss;
-        {
-          // The same forward scopes as in training (autocast): evaluation runs at the training precision.
-          const auto scopes = hooks_.forward_scopes(Event::EvalBatchStart, EventArgs::micro_batch(b, idx));
-          out = parts_.model->forward(b.inputs);
-          loss = at::cross_entropy_loss(out, b.targets, {}, at::Reduction::Sum);
-        }
-        loss_sum += loss.item<double>();
-        correct += out.argmax(1).eq(b.targets).sum().item<std::int64_t>();
-        if (per_batch) {
-          const at::Tensor mean = loss / static_cast<double>(len);
-          hooks_.fire(Event::EvalBatchEnd, EventArgs::micro_batch(b, idx, &out, &mean));
-        }
-      }
-    });
+    const auto settled = oom_.retry(
+        OomRetry::AskPlugins, parts_.eval_batch, std::max<std::int64_t>(1, last - first), [&](std::int64_t batch) {
+          // Every attempt starts from zero, and tells the plugins so: a retried evaluation counts
+          // each sample once.
+          loss_sum = 0.0;
+          correct = 0;
+          oom_.enter("eval");
+          hooks_.fire(Event::EvalStart);
+          at::NoGradGuard no_grad;
+          for (std::int64_t begin = first, len = 0; begin < last;
+               begin += len) {  // += len: no begin + batch to overflow
+            len = std::min(batch, last - begin);
+            const at::Tensor idx = at::arange(begin, begin + len, at::kLong);
+            const Batch host = parts_.test_set->get(idx);
+            const Batch b = to_device(parts_, host);
+            if (per_batch) hooks_.fire(Event::EvalBatchStart, EventArgs::micro_batch(b, idx));
+            at::Tensor out, loss;
+            {
+              // The same forward scopes as in training (autocast): evaluation runs at the training precision.
+              const auto scopes = hooks_.forward_scopes(Event::EvalBatchStart, EventArgs::micro_batch(b, idx));
+              out = parts_.model->forward(b.inputs);
+              loss = at::cross_entropy_loss(out, b.targets, {}, at::Reduction::Sum);
+            }
+            loss_sum += loss.item<double>();
+            correct += out.argmax(1).eq(b.targets).sum().item<std::int64_t>();
+            if (per_batch) {
+              const at::Tensor mean = loss / static_cast<double>(len);
+              hooks_.fire(Event::EvalBatchEnd, EventArgs::micro_batch(b, idx, &out, &mean));
+            }
+          }
+        });
     if (settled) parts_.eval_batch = *settled;  // later evaluations keep the size that worked
+  }
+  if (parts_.group) {
+    std::vector<at::Tensor> sums{at::tensor({loss_sum, static_cast<double>(correct)}, at::kDouble)};
+    parts_.group->all_reduce_sum(sums);
+    loss_sum = sums[0][0].item<double>();
+    correct = static_cast<std::int64_t>(std::llround(sums[0][1].item<double>()));
   }
   m["eval/loss"] = loss_sum / double(n);
   m["eval/accuracy"] = double(correct) / double(n);

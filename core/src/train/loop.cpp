@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "dist/shard.h"
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
 #include "train/hooks.h"
@@ -30,7 +31,10 @@ std::optional<StopCause> EpochLoop::run() {
   // nothing (a resumed run that was already done).
   const bool ended =
       (!why && !interrupt_requested() && !hooks_.stop_requested()) || (why && why->by == "training.max_steps");
-  if (s_.eval.at_end && ended && state_.global_step > first_step && evaluated_at_ != state_.global_step) evaluate();
+  bool at_end = s_.eval.at_end && ended && state_.global_step > first_step && evaluated_at_ != state_.global_step;
+  // An evaluation is collective in a data-parallel run: every rank or none.
+  if (s_.eval.at_end && parts_.group) at_end = parts_.group->all_reduce_max(at_end ? 0 : 1) == 0;
+  if (at_end) evaluate();
   return why;
 }
 
@@ -53,7 +57,7 @@ std::optional<StopCause> EpochLoop::train_epochs() {
       std::vector<at::Tensor> batches;
       for (std::int64_t begin = first_sample; batches_left(n, begin) > 0;) {
         const std::int64_t end = begin + std::min(s_.training.batch_size, n - begin);
-        batches.push_back(order.slice(0, begin, end));
+        batches.push_back(local(order.slice(0, begin, end)));
         begin = end;
       }
       parts_.loader->plan(epoch, std::move(batches));
@@ -63,7 +67,8 @@ std::optional<StopCause> EpochLoop::train_epochs() {
       const std::int64_t end = begin + std::min(s_.training.batch_size, n - begin);
       const bool last = batches_left(n, end) == 0;
       state_.batch_in_epoch = batch_index(n, begin);
-      const bool stepped = step_.run(order.slice(0, begin, end), last ? Position{epoch + 1, 0} : Position{epoch, end});
+      const bool stepped = step_.run(local(order.slice(0, begin, end)), end - begin,
+                                     last ? Position{epoch + 1, 0} : Position{epoch, end});
       step_.resize(hooks_.fire(Event::BatchEnd));
       after_batch(stepped, last);
       if (!last) window_.commit();  // the epoch's last step is committed after its end (eval, EpochEnd)
@@ -119,6 +124,18 @@ void EpochLoop::end_epoch(std::int64_t epoch) {
 }
 
 std::optional<StopCause> EpochLoop::stop_reason() const {
+  auto why = local_stop_reason();
+  if (!parts_.group) return why;
+  // The ranks stop together, at the same batch: one that went on alone would wait in the next
+  // collective for those that stopped. A stop on any rank (its Ctrl-C, a plugin's) is every rank's.
+  const std::int64_t stopping = parts_.group->all_reduce_max(why ? parts_.group->rank() + 1 : 0);
+  if (stopping > 0 && !why) {
+    return StopCause{"rank " + std::to_string(stopping - 1), "rank " + std::to_string(stopping - 1) + " stopped"};
+  }
+  return why;
+}
+
+std::optional<StopCause> EpochLoop::local_stop_reason() const {
   if (interrupt_requested()) return StopCause{"signal", "interrupted by a signal"};
   if (hooks_.stop_requested()) return StopCause{hooks_.stopped_by(), hooks_.stop_reason()};
   if (s_.training.max_steps > 0 && state_.global_step >= s_.training.max_steps) {
@@ -126,6 +143,12 @@ std::optional<StopCause> EpochLoop::stop_reason() const {
                      "training.max_steps = " + std::to_string(s_.training.max_steps) + " reached"};
   }
   return std::nullopt;
+}
+
+at::Tensor EpochLoop::local(const at::Tensor& batch) const {
+  if (!parts_.group) return batch;
+  const auto [begin, end] = shard_range(batch.size(0), parts_.group->rank(), parts_.group->size());
+  return batch.slice(0, begin, end);
 }
 
 at::Tensor EpochLoop::epoch_order(std::int64_t epoch) const {

@@ -76,8 +76,13 @@ class EpochLoop {
   /// epoch's end, so that the last batch is steps_per_epoch - 1 even after a resume with
   /// another batch size.
   std::int64_t batch_index(std::int64_t n, std::int64_t begin) const;
-  /// Why to stop now, if anything says so.
+  /// Why to stop now, if anything says so: this process's reason, or in a data-parallel run
+  /// any rank's (the ranks agree, one collective).
   std::optional<StopCause> stop_reason() const;
+  /// Why this process would stop: a signal, a plugin's stop, training.max_steps.
+  std::optional<StopCause> local_stop_reason() const;
+  /// This rank's part of a global batch (all of it in a run of one).
+  at::Tensor local(const at::Tensor& batch) const;
   /// The epoch's sample order: a permutation seeded by run.seed and the epoch (or 0..n-1).
   at::Tensor epoch_order(std::int64_t epoch) const;
 
@@ -91,7 +96,7 @@ class EpochLoop {
   TrainMetrics& window_;
   Position start_;
   std::int64_t epochs_completed_ = 0;
-  bool checkpoint_due_ = false;  ///< checkpoint.every_steps fell on the epoch's last step
+  bool checkpoint_due_ = false;     ///< checkpoint.every_steps fell on the epoch's last step
   std::int64_t evaluated_at_ = -1;  ///< global step of the last evaluation
 };
 

@@ -14,6 +14,7 @@
 #include "trainer/context.h"
 #include "trainer/core_settings.h"
 #include "trainer/data.h"
+#include "trainer/distributed.h"
 #include "trainer/metrics.h"
 #include "trainer/model.h"
 #include "trainer/optim.h"
@@ -43,6 +44,13 @@ struct RunParts {
   /// The evaluation batch: eval.batch_size, or the size an out-of-memory retry settled on (kept
   /// in checkpoints, so a resumed run does not run out of memory where this one learnt better).
   std::int64_t eval_batch = 0;
+  /// The ranks of a data-parallel run (null in a run of one), and the size of the buckets its
+  /// gradients are averaged in ([distributed]).
+  std::shared_ptr<ProcessGroup> group;
+  std::int64_t bucket_bytes = 25 << 20;
+  /// Whether this process writes the run's files (checkpoints, status.json, config.toml,
+  /// metrics): rank 0, or the process of a run of one.
+  bool writer() const { return !group || group->rank() == 0; }
 };
 
 /// The metric sinks [metrics] asks for: `<run_dir>/metrics.jsonl`, the console.

@@ -7,18 +7,18 @@
 
 #include <algorithm>
 
-#include "trainer/loader.h"
 #include "train/hooks.h"
 #include "train/oom_recovery.h"
 #include "train/setup.h"
 #include "train/train_metrics.h"
+#include "trainer/loader.h"
 #include "trainer/optim.h"
 #include "util/error_text.h"
 
 namespace trainer {
 
-TrainStep::TrainStep(const TrainingSettings& training, RunParts& parts, RunState& state, Hooks& hooks,
-                     OomRecovery& oom, TrainMetrics& metrics, spdlog::logger& log)
+TrainStep::TrainStep(const TrainingSettings& training, RunParts& parts, RunState& state, Hooks& hooks, OomRecovery& oom,
+                     TrainMetrics& metrics, spdlog::logger& log)
     : training_(training),
       parts_(parts),
       state_(state),
@@ -34,7 +34,7 @@ TrainStep::TrainStep(const TrainingSettings& training, RunParts& parts, RunState
   reserve_ = optimizer_step_temporaries(*parts_.optim) * largest + (64 << 10);
 }
 
-bool TrainStep::run(const at::Tensor& indices, Position next) {
+bool TrainStep::run(const at::Tensor& indices, std::int64_t global_size, Position next) {
   const std::int64_t n = indices.size(0);
   next_ = next;
   // BatchStart reports the micro-batch setting; attempts report the size they really use
@@ -59,32 +59,45 @@ bool TrainStep::run(const at::Tensor& indices, Position next) {
   bool skipped = false;
   double batch_loss = 0.0;
   std::int64_t batch_correct = 0;
-  const auto settled = oom_.retry(OomRetry::AskPlugins, std::min(micro_batch_, n), n, [&](std::int64_t micro) {
-    state_.micro_batch_size = micro;
-    oom_.enter("data");
-    // On the host, read ahead by the loader's workers; micro-batches move one at a time.
-    const Batch full = parts_.loader ? parts_.loader->next(indices) : parts_.train_set->get_in_epoch(indices, state_.epoch);
-    drop_gradients(*parts_.model);
-    auto [loss, correct, skip] = accumulate(full, indices, micro);
-    state_.loss = loss;
-    state_.lr = parts_.schedule->lr_at(state_.global_step);
-    state_.grad_norm = 0.0;
-    // From here on the memory needed does not depend on the micro-batch.
-    oom_.enter("optimizer_step");
-    if (!skip) skip = hooks_.fire(Event::GradientsAccumulated).skip_step;
-    if (!skip) {
-      if (training_.grad_clip_norm > 0) {
-        state_.grad_norm = torch::nn::utils::clip_grad_norm_(parts_.model->parameters(), training_.grad_clip_norm);
-      }
-      set_learning_rate(*parts_.optim, state_.lr);
-      skip = hooks_.fire(Event::BeforeOptimizerStep).skip_step;
-    }
-    skipped = skip;
-    if (skip) return;
-    atomic_step();
-    batch_loss = loss;
-    batch_correct = correct;
-  });
+  const auto settled = oom_.retry(
+      OomRetry::AskPlugins, std::max<std::int64_t>(1, std::min(micro_batch_, n)), std::max<std::int64_t>(1, n),
+      [&](std::int64_t micro) {
+        state_.micro_batch_size = micro;
+        oom_.enter("data");
+        // On the host, read ahead by the loader's workers; micro-batches move one at a time. (A rank
+        // whose part of a short last batch is empty reads nothing and adds nothing.)
+        const Batch full = n == 0          ? Batch{}
+                           : parts_.loader ? parts_.loader->next(indices)
+                                           : parts_.train_set->get_in_epoch(indices, state_.epoch);
+        drop_gradients(*parts_.model);
+        auto [loss, correct, skip] = accumulate(full, indices, micro, global_size);
+        if (parts_.group) {
+          // Every rank steps with the global batch's mean gradient, and reports its loss.
+          all_reduce_gradients(*parts_.group, parts_.model->parameters(), 1.0, parts_.bucket_bytes);
+          std::vector<at::Tensor> sums{at::tensor({loss, static_cast<double>(correct)}, at::kDouble)};
+          parts_.group->all_reduce_sum(sums);
+          loss = sums[0][0].item<double>();
+          correct = static_cast<std::int64_t>(std::llround(sums[0][1].item<double>()));
+        }
+        state_.loss = loss;
+        state_.lr = parts_.schedule->lr_at(state_.global_step);
+        state_.grad_norm = 0.0;
+        // From here on the memory needed does not depend on the micro-batch.
+        oom_.enter("optimizer_step");
+        if (!skip) skip = hooks_.fire(Event::GradientsAccumulated).skip_step;
+        if (!skip) {
+          if (training_.grad_clip_norm > 0) {
+            state_.grad_norm = torch::nn::utils::clip_grad_norm_(parts_.model->parameters(), training_.grad_clip_norm);
+          }
+          set_learning_rate(*parts_.optim, state_.lr);
+          skip = hooks_.fire(Event::BeforeOptimizerStep).skip_step;
+        }
+        skipped = skip;
+        if (skip) return;
+        atomic_step();
+        batch_loss = loss;
+        batch_correct = correct;
+      });
   if (settled) micro_batch_ = *settled;  // later batches keep the size that worked (oom_backoff grows it back)
   if (skipped) {
     drop_gradients(*parts_.model);
@@ -93,16 +106,17 @@ bool TrainStep::run(const at::Tensor& indices, Position next) {
     return false;
   }
   ++state_.global_step;
-  state_.samples_seen += n;
+  state_.samples_seen += global_size;
   advance();
   hooks_.fire(Event::AfterOptimizerStep);
-  metrics_.add_step(batch_loss, n, batch_correct, state_.micro_batch_size,
+  metrics_.add_step(batch_loss, global_size, batch_correct, state_.micro_batch_size,
                     training_.grad_clip_norm > 0 ? std::optional<double>(state_.grad_norm) : std::nullopt);
   return true;
 }
 
-TrainStep::Accumulated TrainStep::accumulate(const Batch& full, const at::Tensor& indices, std::int64_t micro) {
-  const std::int64_t n = full.size();
+TrainStep::Accumulated TrainStep::accumulate(const Batch& full, const at::Tensor& indices, std::int64_t micro,
+                                             std::int64_t global_size) {
+  const std::int64_t n = full.inputs.defined() ? full.size() : 0;
   state_.num_micro_batches = n / micro + (n % micro != 0);
   bool skip = false;
   at::Tensor loss_sum, correct_sum;  // summed on the device, read once at the end
@@ -113,7 +127,8 @@ TrainStep::Accumulated TrainStep::accumulate(const Batch& full, const at::Tensor
     state_.micro_batch_index = i;
     // Only the micro-batch being computed is on the device: its memory shrinks with it.
     oom_.enter("forward");
-    const Batch mb = to_device(parts_, whole ? full : Batch{full.inputs.narrow(0, begin, len), full.targets.narrow(0, begin, len)});
+    const Batch mb =
+        to_device(parts_, whole ? full : Batch{full.inputs.narrow(0, begin, len), full.targets.narrow(0, begin, len)});
     skip |= hooks_.fire(Event::BeforeForward, EventArgs::micro_batch(mb, idx)).skip_step;
     at::Tensor out, loss;
     {
@@ -121,7 +136,7 @@ TrainStep::Accumulated TrainStep::accumulate(const Batch& full, const at::Tensor
       const auto scopes = hooks_.forward_scopes(Event::BeforeForward, EventArgs::micro_batch(mb, idx));
       out = parts_.model->forward(mb.inputs);
       loss = at::cross_entropy_loss(out, mb.targets);
-      if (len != n) loss = loss * (static_cast<double>(len) / static_cast<double>(n));
+      if (len != global_size) loss = loss * (static_cast<double>(len) / static_cast<double>(global_size));
     }
     skip |= hooks_.fire(Event::AfterForward, EventArgs::micro_batch(mb, idx, &out, &loss)).skip_step;
     at::Tensor backward_loss = loss;  // plugins may replace it in BeforeBackward (loss scaling)
@@ -129,7 +144,8 @@ TrainStep::Accumulated TrainStep::accumulate(const Batch& full, const at::Tensor
     before_backward.backward_loss = &backward_loss;
     skip |= hooks_.fire(Event::BeforeBackward, before_backward).skip_step;
     TRAINER_CHECK(backward_loss.defined() && backward_loss.numel() == 1, "a plugin left ctx.backward_loss ",
-                  backward_loss.defined() ? "with " + std::to_string(backward_loss.numel()) + " elements" : std::string("undefined"),
+                  backward_loss.defined() ? "with " + std::to_string(backward_loss.numel()) + " elements"
+                                          : std::string("undefined"),
                   " in BeforeBackward; it must stay a one-element tensor");
     oom_.enter("backward");
     backward_loss.backward();
@@ -138,6 +154,7 @@ TrainStep::Accumulated TrainStep::accumulate(const Batch& full, const at::Tensor
     const at::Tensor correct = out.detach().argmax(1).eq(mb.targets).sum();
     correct_sum = correct_sum.defined() ? correct_sum + correct : correct;
   }
+  if (!loss_sum.defined()) return {0.0, 0, skip};  // no samples on this rank
   // One read of the device for both (one synchronisation on a GPU).
   const at::Tensor both = at::stack({loss_sum.to(at::kDouble), correct_sum.to(at::kDouble)}).cpu();
   const double* v = both.data_ptr<double>();
@@ -156,9 +173,9 @@ void TrainStep::atomic_step() {
     // retry nor a checkpoint of them is safe.
     params_consistent_ = false;
     if (!is_out_of_memory(e)) throw;
-    throw Error(detail::str("out of memory inside the optimizer step after its reserve (", format_bytes(reserve_),
-                            "); parameters may be partly updated, so the run stops without a final checkpoint: ",
-                            detail::error_text(e)));
+    throw Error(detail::str(
+        "out of memory inside the optimizer step after its reserve (", format_bytes(reserve_),
+        "); parameters may be partly updated, so the run stops without a final checkpoint: ", detail::error_text(e)));
   } catch (...) {
     params_consistent_ = false;
     throw;

@@ -39,9 +39,12 @@ class TrainStep {
 
   /// Trains one batch, the samples `indices` (BatchStart … AfterOptimizerStep). An
   /// out-of-memory error drops the attempt and, as the plugins ask, re-runs the same samples
-  /// in other micro-batches. `next` is the position once this batch is consumed. Returns
-  /// whether an optimizer step was taken.
-  bool run(const at::Tensor& indices, Position next);
+  /// in other micro-batches. In a data-parallel run `indices` are this rank's part of a global
+  /// batch of `global_size` samples: each sample's loss is divided by the global size and the
+  /// gradients are summed over the ranks, so every rank steps with the global batch's mean
+  /// gradient. `next` is the position once this batch is consumed. Returns whether an
+  /// optimizer step was taken.
+  bool run(const at::Tensor& indices, std::int64_t global_size, Position next);
 
   /// Control.micro_batch_size (BatchStart, BatchEnd): the micro-batch from now on, clamped to
   /// [1, batch_size].
@@ -65,7 +68,7 @@ class TrainStep {
     std::int64_t correct = 0;
     bool skip = false;
   };
-  Accumulated accumulate(const Batch& full, const at::Tensor& indices, std::int64_t micro);
+  Accumulated accumulate(const Batch& full, const at::Tensor& indices, std::int64_t micro, std::int64_t global_size);
   /// optimizer.step() with its state created and its temporaries reserved first, so that an
   /// out-of-memory error leaves parameters and optimizer state as they were.
   void atomic_step();
@@ -79,9 +82,9 @@ class TrainStep {
   OomRecovery& oom_;
   TrainMetrics& metrics_;
   spdlog::logger& log_;
-  std::int64_t micro_batch_;           ///< the current micro-batch size
-  std::int64_t reserve_ = 0;           ///< bytes the optimizer step may allocate for temporaries
-  bool state_materialized_ = false;    ///< optimizer state created before the first step
+  std::int64_t micro_batch_;         ///< the current micro-batch size
+  std::int64_t reserve_ = 0;         ///< bytes the optimizer step may allocate for temporaries
+  bool state_materialized_ = false;  ///< optimizer state created before the first step
   bool params_consistent_ = true;
   Position position_;
   Position next_;  ///< position_ once the current batch is consumed

@@ -16,18 +16,24 @@
 
 #include <optional>
 
+#include <spdlog/sinks/basic_file_sink.h>
+
+#include <chrono>
+
+#include "dist/dist_settings.h"
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
 #include "train/hooks.h"
 #include "train/loop.h"
 #include "train/oom_recovery.h"
 #include "train/run_dir.h"
-#include "trainer/loader.h"
 #include "train/setup.h"
 #include "train/signal_scope.h"
 #include "train/step.h"
 #include "train/train_metrics.h"
+#include "trainer/distributed.h"
 #include "trainer/interrupt.h"
+#include "trainer/loader.h"
 #include "trainer/logging.h"
 #include "trainer/memory.h"
 
@@ -100,24 +106,55 @@ struct Trainer::Impl {
     return r;
   }
 
-  /// The run directory, its log, config.toml and status.json, the metric sinks, the
-  /// plugins; then Init.
+  /// The process group of a data-parallel launch; the run directory, its log, config.toml and
+  /// status.json, the metric sinks, the plugins; then Init.
   void start_run() {
     settings = {TrainingSettings::from(cfg.sub("training")), EvalSettings::from(cfg.sub("eval")),
                 CheckpointSettings::from(cfg.sub("checkpoint")), RunSettings::from(cfg.sub("run")).seed};
+    join_group();
     attempted_dir = RunDir::path_for(RunSettings::from(cfg.sub("run")), opts.run_dir);
+    // One run, one directory: rank 0's (its name has the time in it).
+    if (parts.group) attempted_dir = parts.group->share("run_dir", attempted_dir);
     dir.emplace(attempted_dir);
-    log = configure_logging(dir->path(), opts.log_level);
-    write_atomic(dir->path() + "/config.toml", cfg.to_toml());
+    log = configure_logging(parts.writer() ? dir->path() : std::string(), opts.log_level);
+    if (parts.group) log_as_rank(*log, dir->path(), parts.group->rank());
+    if (parts.writer()) write_atomic(dir->path() + "/config.toml", cfg.to_toml());
     RunResult running;
     running.status = "RUNNING";
     write_status(running);
-    metrics = make_metrics(MetricsSettings::from(cfg.sub("metrics")), dir->path(), log);
+    auto metric_settings = MetricsSettings::from(cfg.sub("metrics"));
+    if (!parts.writer()) metric_settings.jsonl = metric_settings.console = false;  // rank 0 reports the run
+    metrics = make_metrics(metric_settings, dir->path(), log);
     hooks = std::make_unique<Hooks>(cfg, log, *metrics, dir->path(), state);
     hooks->add_plugins(opts.plugins);
     log->info("run directory: {}", dir->path());
     for (const auto& note : opts.notes) log->warn("{}", note);
     hooks->fire(Event::Init);
+  }
+
+  /// A data-parallel launch (torchrun's variables): joins the other ranks before anything else,
+  /// so that they agree on everything that follows.
+  void join_group() {
+    const DistEnv env = DistEnv::from_env();
+    if (!env.active()) return;
+    const auto s = DistributedSettings::from(cfg.sub("distributed"));
+    parts.group =
+        std::make_shared<ProcessGroup>(env, std::chrono::milliseconds(static_cast<std::int64_t>(s.timeout_s * 1000.0)));
+    parts.bucket_bytes = s.bucket_mb << 20;
+  }
+
+  /// Every line says which rank wrote it; ranks other than 0 keep their own log in the run
+  /// directory (rank-N.log) and show only warnings and errors on the console.
+  static void log_as_rank(spdlog::logger& log, const std::string& dir, std::int64_t rank) {
+    const std::string tag = "[rank " + std::to_string(rank) + "] ";
+    auto& sinks = log.sinks();
+    if (rank != 0) {
+      sinks.front()->set_level(spdlog::level::warn);
+      sinks.push_back(
+          std::make_shared<spdlog::sinks::basic_file_sink_mt>(dir + "/rank-" + std::to_string(rank) + ".log"));
+    }
+    sinks.front()->set_pattern("%Y-%m-%d %H:%M:%S.%e %^%-5l%$ " + tag + "%v");
+    for (std::size_t i = 1; i < sinks.size(); ++i) sinks[i]->set_pattern("%Y-%m-%d %H:%M:%S.%e %-5l " + tag + "%v");
   }
 
   /// Runtime, device and memory budget, data, model, optimizer, the plan of steps; then the
@@ -131,6 +168,12 @@ struct Trainer::Impl {
     setup_data(parts, cfg, settings.eval.every_epochs > 0 || settings.eval.at_end, *log);
     setup_model(parts, *hooks, cfg, /*resuming=*/!opts.resume.empty(), *log);
     setup_optimizer(parts, *hooks, cfg);
+    if (parts.group) {
+      // Every rank starts from rank 0's weights (a resume then loads the same checkpoint on each).
+      broadcast_module_state(*parts.group, *parts.model);
+      log->info("data-parallel: rank {} of {}, global batch {} ({} per rank)", parts.group->rank(), parts.group->size(),
+                settings.training.batch_size, settings.training.batch_size / parts.group->size());
+    }
     plan_steps(parts, state, settings.training, cfg);
     const auto loader = LoaderSettings::from(cfg.sub("loader"));
     parts.loader = std::make_shared<BatchLoader>(parts.train_set, loader.workers, loader.prefetch);
@@ -214,8 +257,8 @@ struct Trainer::Impl {
       const auto failures = hooks->observer_failure_summary();
       if (!failures.empty()) {
         for (const auto& f : failures) log->warn("observer plugin failure: {}", f);
-        r.message += (r.message.empty() ? "" : "; ") + std::string("observer plugin failures: ") +
-                     detail::join(failures, "; ");
+        r.message +=
+            (r.message.empty() ? "" : "; ") + std::string("observer plugin failures: ") + detail::join(failures, "; ");
       }
     }
     budget.reset();  // the budget is the run's: the process gets its previous limit back
@@ -253,7 +296,7 @@ struct Trainer::Impl {
   std::string last_checkpoint() const { return rooms ? rooms->checkpointer.last() : std::string(); }
 
   void write_status(const RunResult& r) {
-    if (!dir) return;
+    if (!dir || !parts.writer()) return;
     const std::string error = dir->write_status({r.status, r.exit_code, state.global_step, state.epoch, r.message,
                                                  last_checkpoint(), r.stopped_by, r.stop_reason});
     if (!error.empty()) log->error("cannot write run status: {}", error);

@@ -1,0 +1,115 @@
+#include "launch.h"
+
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <iostream>
+#include <thread>
+
+#include "trainer/error.h"
+#include "trainer/interrupt.h"
+#include "trial_process.h"
+
+namespace trainer::cli {
+namespace {
+
+extern "C" void on_launch_signal(int) { request_interrupt(); }
+
+/// A port nobody listens on now on 127.0.0.1 (the kernel's pick).
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  TRAINER_CHECK(fd >= 0, "trainer launch: no socket for a free port");
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+  ::close(fd);
+  TRAINER_CHECK(ok, "trainer launch: cannot find a free port on 127.0.0.1; set MASTER_PORT");
+  return ntohs(a.sin_port);
+}
+
+}  // namespace
+
+int launch(const std::string& self, const std::vector<std::string>& args) {
+  std::int64_t nproc = 0;
+  std::size_t i = 0;
+  for (; i < args.size() && args[i] != "--"; ++i) {
+    std::string value;
+    if (args[i] == "--nproc" && i + 1 < args.size()) {
+      value = args[++i];
+    } else if (args[i].rfind("--nproc=", 0) == 0) {
+      value = args[i].substr(8);
+    } else {
+      throw UsageError("trainer launch: unexpected '" + args[i] +
+                       "'; usage: trainer launch --nproc N -- <trainer args>");
+    }
+    char* end = nullptr;
+    nproc = std::strtoll(value.c_str(), &end, 10);
+    TRAINER_CHECK_T(UsageError, !value.empty() && *end == '\0' && nproc >= 1 && nproc <= 1024,
+                    "trainer launch: --nproc '", value, "': expected a number of processes from 1 to 1024");
+  }
+  TRAINER_CHECK_T(UsageError, nproc >= 1,
+                  "trainer launch: --nproc N is required: trainer launch --nproc N -- <trainer args>");
+  TRAINER_CHECK_T(UsageError, i < args.size() && i + 1 < args.size(),
+                  "trainer launch: the trainer's arguments follow '--': trainer launch --nproc ", nproc,
+                  " -- --recipe FILE [OVERRIDE...]");
+  const char* port_env = std::getenv("MASTER_PORT");
+  const std::string port = port_env && *port_env ? std::string(port_env) : std::to_string(free_port());
+  std::vector<std::string> command{self};
+  command.insert(command.end(), args.begin() + static_cast<std::ptrdiff_t>(i) + 1, args.end());
+
+  std::signal(SIGINT, on_launch_signal);
+  std::signal(SIGTERM, on_launch_signal);
+  std::vector<pid_t> ranks;
+  for (std::int64_t r = 0; r < nproc; ++r) {
+    ranks.push_back(tune::spawn(command, "", "",
+                                {{"RANK", std::to_string(r)},
+                                 {"WORLD_SIZE", std::to_string(nproc)},
+                                 {"LOCAL_RANK", std::to_string(r)},
+                                 {"LOCAL_WORLD_SIZE", std::to_string(nproc)},
+                                 {"MASTER_ADDR", "127.0.0.1"},
+                                 {"MASTER_PORT", port}}));
+  }
+  std::cerr << "trainer launch: " << nproc << " processes, 127.0.0.1:" << port << "\n";
+  std::vector<int> codes(ranks.size(), -1);
+  std::size_t left = ranks.size();
+  int first_failure = 0;
+  bool forwarded = false, stopping = false;
+  while (left > 0) {
+    if (interrupt_requested() && !forwarded) {
+      // Once: each rank stops at its next safe point with a checkpoint.
+      for (std::size_t r = 0; r < ranks.size(); ++r) {
+        if (codes[r] < 0) ::kill(ranks[r], SIGINT);
+      }
+      forwarded = true;
+    }
+    for (std::size_t r = 0; r < ranks.size(); ++r) {
+      if (codes[r] >= 0) continue;
+      const auto rc = tune::poll_exit(ranks[r]);
+      if (!rc) continue;
+      codes[r] = *rc;
+      --left;
+      if (*rc != 0 && first_failure == 0) {
+        first_failure = *rc;
+        if (!forwarded && !stopping) {
+          std::cerr << "trainer launch: rank " << r << " exited with " << *rc << "; stopping the others\n";
+          for (std::size_t o = 0; o < ranks.size(); ++o) {
+            if (codes[o] < 0) ::kill(ranks[o], SIGTERM);
+          }
+          stopping = true;
+        }
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return first_failure;
+}
+
+}  // namespace trainer::cli

@@ -1,0 +1,207 @@
+// Data-parallel training end to end: `trainer launch --nproc 2` (Gloo over 127.0.0.1, one
+// thread per rank) against one process with the same global batch, on a slice of the real
+// Fashion-MNIST with the MLP (no dropout, no BatchNorm: the ranks' runs are the one run's).
+#include <gtest/gtest.h>
+#include <torch/serialize.h>
+
+#include <cmath>
+#include <csignal>
+#include <map>
+#include <regex>
+#include <set>
+
+#include "support/test_util.h"
+
+namespace {
+
+using trainer::testing::metric_by_step;
+using trainer::testing::read_file;
+using trainer::testing::read_lines;
+using trainer::testing::run_command;
+using trainer::testing::TempDir;
+using trainer::testing::write_file;
+
+/// 640 training images in global batches of 64 (10 steps an epoch), 2 epochs, evaluated on 300
+/// test images after each; every micro-batch's dataset indices recorded.
+std::string recipe(const TempDir& tmp) {
+  const std::string path = tmp / "dp.toml";
+  write_file(path, R"(defaults = ["model/mlp", "dataset/fashion_mnist", "optim/adamw"]
+[run]
+name = "dp"
+seed = 7
+[training]
+epochs = 2
+batch_size = 64
+log_every = 1
+[dataset]
+limit = 640
+eval_limit = 300
+[eval]
+every_epochs = 1
+batch_size = 100
+[runtime]
+num_threads = 1
+[metrics]
+console = false
+[plugins]
+load = ["recording"]
+[plugins.recording]
+indices = true
+events = ["BeforeForward"]
+)");
+  return path;
+}
+
+std::string trainer_cmd() {
+  return std::string("TRAINER_CONFIG_PATH=") + TRAINER_SOURCE_DIR + "/configs " + TRAINER_CLI;
+}
+
+/// The tensors of an archive and of the archives in it, by their dotted names.
+void tensors_of(torch::serialize::InputArchive& ar, const std::string& prefix, std::map<std::string, at::Tensor>& out) {
+  for (const auto& key : ar.keys()) {
+    at::Tensor t;
+    torch::serialize::InputArchive sub;
+    if (ar.try_read(key, t)) {
+      out[prefix + key] = t;
+    } else if (ar.try_read(key, sub)) {
+      tensors_of(sub, prefix + key + ".", out);
+    }
+  }
+}
+
+/// The model's parameters and buffers in a checkpoint, by name.
+std::map<std::string, at::Tensor> parameters_of(const std::string& checkpoint) {
+  torch::serialize::InputArchive ar, model;
+  ar.load_from(checkpoint);
+  ar.read("model", model);
+  std::map<std::string, at::Tensor> out;
+  tensors_of(model, "", out);
+  return out;
+}
+
+/// Dataset indices of each epoch, from recorded BeforeForward lines.
+std::map<int, std::multiset<long>> indices_by_epoch(const std::string& events) {
+  std::map<int, std::multiset<long>> out;
+  const std::regex epoch("\"epoch\":([0-9]+)"), list("\"indices\":\\[([0-9,]*)\\]");
+  for (const auto& line : read_lines(events)) {
+    std::smatch e, l;
+    if (!std::regex_search(line, e, epoch) || !std::regex_search(line, l, list)) continue;
+    std::string s = l[1];
+    for (std::size_t p = 0; p < s.size();) {
+      const std::size_t q = s.find(',', p);
+      out[std::stoi(e[1])].insert(std::stol(s.substr(p, q - p)));
+      p = q == std::string::npos ? s.size() : q + 1;
+    }
+  }
+  return out;
+}
+
+TEST(DataParallel, TwoRanksTrainAsOneProcessWithTheSameGlobalBatch) {
+  TempDir tmp;
+  const std::string r = recipe(tmp);
+  auto one = run_command(trainer_cmd() + " --recipe " + r + " --run-dir " + (tmp / "one") + " --log-level warn");
+  ASSERT_EQ(one.code, 0) << one.text;
+  auto two = run_command(trainer_cmd() + " launch --nproc 2 -- --recipe " + r + " --run-dir " + (tmp / "two"));
+  ASSERT_EQ(two.code, 0) << two.text;
+
+  // The loss of every step and the evaluations: the same run (float sums in another order).
+  const auto loss1 = metric_by_step(tmp / "one/metrics.jsonl", "train/loss");
+  const auto loss2 = metric_by_step(tmp / "two/metrics.jsonl", "train/loss");
+  ASSERT_EQ(loss1.size(), 20u);
+  ASSERT_EQ(loss2.size(), loss1.size());
+  for (const auto& [step, v] : loss1) EXPECT_NEAR(loss2.at(step), v, 1e-4 * std::fabs(v)) << "step " << step;
+  for (const char* m : {"eval/accuracy", "eval/loss"}) {
+    const auto a = metric_by_step(tmp / "one/metrics.jsonl", m), b = metric_by_step(tmp / "two/metrics.jsonl", m);
+    ASSERT_EQ(a.size(), 2u) << m;
+    for (const auto& [step, v] : a) EXPECT_NEAR(b.at(step), v, 1e-4 * std::fabs(v)) << m << " at " << step;
+  }
+  // The final parameters: rank 0's checkpoint against the one process's.
+  const auto p1 = parameters_of(tmp / "one/checkpoints/step_00000020.pt");
+  const auto p2 = parameters_of(tmp / "two/checkpoints/step_00000020.pt");
+  ASSERT_EQ(p1.size(), p2.size());
+  ASSERT_FALSE(p1.empty());
+  for (const auto& [name, t] : p1) {
+    EXPECT_TRUE(at::allclose(p2.at(name), t, 1e-5, 1e-5))
+        << name << ": largest difference " << (p2.at(name) - t).abs().max().item<double>();
+  }
+
+  // Every sample once per epoch, across the ranks; the ranks' parts do not overlap.
+  const auto rank0 = indices_by_epoch(tmp / "two/events.jsonl"),
+             rank1 = indices_by_epoch(tmp / "two/events-rank1.jsonl");
+  for (int epoch : {0, 1}) {
+    std::multiset<long> all = rank0.at(epoch);
+    all.insert(rank1.at(epoch).begin(), rank1.at(epoch).end());
+    EXPECT_EQ(all.size(), 640u) << "epoch " << epoch;
+    EXPECT_EQ(std::set<long>(all.begin(), all.end()).size(), 640u) << "epoch " << epoch;
+    EXPECT_EQ(rank0.at(epoch).size(), 320u);
+  }
+
+  // One run, one record: rank 0 writes the run's files; rank 1 its own log, each line tagged.
+  EXPECT_NE(read_file(tmp / "two/status.json").find("\"status\":\"FINISHED\""), std::string::npos);
+  EXPECT_NE(read_file(tmp / "two/trainer.log").find("[rank 0] data-parallel: rank 0 of 2, global batch 64"),
+            std::string::npos);
+  EXPECT_NE(read_file(tmp / "two/rank-1.log").find("[rank 1] data-parallel: rank 1 of 2"), std::string::npos);
+}
+
+/// Largest difference between the parameters of two checkpoints.
+double largest_difference(const std::string& a, const std::string& b) {
+  const auto pa = parameters_of(a), pb = parameters_of(b);
+  EXPECT_EQ(pa.size(), pb.size());
+  double d = 0;
+  for (const auto& [name, t] : pa) d = std::max(d, (pb.at(name) - t).abs().max().item<double>());
+  return d;
+}
+
+TEST(DataParallel, ARunResumesWithAnotherNumberOfRanksAtTheNextSample) {
+  TempDir tmp;
+  const std::string r = recipe(tmp) + " --log-level warn";
+  const std::string one = trainer_cmd() + " --recipe " + r, two = trainer_cmd() + " launch --nproc 2 -- --recipe " + r;
+  ASSERT_EQ(run_command(one + " --run-dir " + (tmp / "whole")).code, 0);
+  // 2 ranks for 7 steps (in the middle of the first epoch), then 1 rank to the end.
+  auto o = run_command(two + " training.max_steps=7 --run-dir " + (tmp / "a"));
+  ASSERT_EQ(o.code, 0) << o.text;
+  o = run_command(one + " --resume " + (tmp / "a") + " --run-dir " + (tmp / "a1"));
+  ASSERT_EQ(o.code, 0) << o.text;
+  // 1 rank for 13 steps (in the second epoch), then 2 ranks to the end.
+  o = run_command(one + " training.max_steps=13 --run-dir " + (tmp / "b"));
+  ASSERT_EQ(o.code, 0) << o.text;
+  o = run_command(two + " --resume " + (tmp / "b") + " --run-dir " + (tmp / "b2"));
+  ASSERT_EQ(o.code, 0) << o.text;
+  const std::string end = "/checkpoints/step_00000020.pt";
+  EXPECT_LT(largest_difference(tmp / ("whole" + end), tmp / ("a1" + end)), 1e-5);
+  EXPECT_LT(largest_difference(tmp / ("whole" + end), tmp / ("b2" + end)), 1e-5);
+  // The resumed 2-rank run trained the rest of epoch 2 exactly once across its ranks.
+  const auto r0 = indices_by_epoch(tmp / "b2/events.jsonl"), r1 = indices_by_epoch(tmp / "b2/events-rank1.jsonl");
+  EXPECT_EQ(r0.at(1).size() + r1.at(1).size(), 640u - 3 * 64);
+}
+
+TEST(DataParallel, CtrlCOnTheLauncherStopsEveryRankWithACheckpoint) {
+  TempDir tmp;
+  ::setenv("TRAINER_CONFIG_PATH", TRAINER_SOURCE_DIR "/configs", 1);
+  trainer::testing::Child launcher(std::string(TRAINER_CLI) + " launch --nproc 2 -- --recipe " + recipe(tmp) +
+                                   " training.epochs=1000 --run-dir " + (tmp / "run") + " > " + (tmp / "out") +
+                                   " 2>&1");
+  ASSERT_TRUE(trainer::testing::wait_for_text(tmp / "run/metrics.jsonl", "train/loss")) << read_file(tmp / "out");
+  launcher.signal(SIGINT);
+  EXPECT_EQ(WEXITSTATUS(launcher.wait()), 130) << read_file(tmp / "out");
+  EXPECT_NE(read_file(tmp / "run/status.json").find("\"status\":\"KILLED\""), std::string::npos);
+  EXPECT_FALSE(read_file(tmp / "run/checkpoints/latest").empty());
+  EXPECT_NE(read_file(tmp / "run/rank-1.log").find("stopping: interrupted by a signal"), std::string::npos)
+      << read_file(tmp / "run/rank-1.log");
+}
+
+TEST(DataParallel, LaunchArgumentsAreCheckedAndAFailingRankStopsTheRun) {
+  TempDir tmp;
+  auto o = run_command(trainer_cmd() + " launch --nproc 0 -- --recipe x.toml");
+  EXPECT_EQ(o.code, 2) << o.text;
+  EXPECT_NE(o.text.find("--nproc '0': expected a number of processes from 1 to 1024"), std::string::npos) << o.text;
+  o = run_command(trainer_cmd() + " launch --nproc 2");
+  EXPECT_EQ(o.code, 2) << o.text;
+  EXPECT_NE(o.text.find("the trainer's arguments follow '--'"), std::string::npos) << o.text;
+  // Both ranks refuse a bad override: the launcher exits with their code.
+  o = run_command(trainer_cmd() + " launch --nproc 2 -- --recipe " + recipe(tmp) + " training.nope=1");
+  EXPECT_EQ(o.code, 2) << o.text;
+  EXPECT_NE(o.text.find("training.nope"), std::string::npos) << o.text;
+}
+
+}  // namespace
