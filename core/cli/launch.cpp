@@ -12,13 +12,18 @@
 #include <thread>
 
 #include "trainer/error.h"
-#include "trainer/interrupt.h"
 #include "trial_process.h"
 
 namespace trainer::cli {
 namespace {
 
-extern "C" void on_launch_signal(int) { request_interrupt(); }
+volatile std::sig_atomic_t g_signals = 0;      ///< signals received
+volatile std::sig_atomic_t g_last_signal = 0;  ///< the last one
+
+extern "C" void on_launch_signal(int sig) {
+  g_last_signal = sig;
+  g_signals = g_signals + 1;
+}
 
 /// A port nobody listens on now on 127.0.0.1 (the kernel's pick).
 int free_port() {
@@ -81,14 +86,25 @@ int launch(const std::string& self, const std::vector<std::string>& args) {
   std::vector<int> codes(ranks.size(), -1);
   std::size_t left = ranks.size();
   int first_failure = 0;
-  bool forwarded = false, stopping = false;
+  bool stopping = false;
+  std::sig_atomic_t forwarded = 0;
+  std::chrono::steady_clock::time_point stop_sent;
   while (left > 0) {
-    if (interrupt_requested() && !forwarded) {
-      // Once: each rank stops at its next safe point with a checkpoint.
+    if (g_signals != forwarded) {
+      // Each signal once to each rank: the first stops them at their next safe point with a
+      // checkpoint, a second one stops them now.
+      forwarded = g_signals;
       for (std::size_t r = 0; r < ranks.size(); ++r) {
-        if (codes[r] < 0) ::kill(ranks[r], SIGINT);
+        if (codes[r] < 0) ::kill(ranks[r], g_last_signal);
       }
-      forwarded = true;
+    }
+    if (stopping && std::chrono::steady_clock::now() - stop_sent > std::chrono::seconds(10)) {
+      // A rank still waiting for the one that failed (forming the group, in a collective) would
+      // wait out the whole timeout.
+      for (std::size_t r = 0; r < ranks.size(); ++r) {
+        if (codes[r] < 0) ::kill(ranks[r], SIGKILL);
+      }
+      stopping = false;
     }
     for (std::size_t r = 0; r < ranks.size(); ++r) {
       if (codes[r] >= 0) continue;
@@ -98,12 +114,13 @@ int launch(const std::string& self, const std::vector<std::string>& args) {
       --left;
       if (*rc != 0 && first_failure == 0) {
         first_failure = *rc;
-        if (!forwarded && !stopping) {
+        if (forwarded == 0 && left > 0) {
           std::cerr << "trainer launch: rank " << r << " exited with " << *rc << "; stopping the others\n";
           for (std::size_t o = 0; o < ranks.size(); ++o) {
             if (codes[o] < 0) ::kill(ranks[o], SIGTERM);
           }
           stopping = true;
+          stop_sent = std::chrono::steady_clock::now();
         }
       }
     }

@@ -20,7 +20,8 @@ struct RecordingSettings : trainer::Settings<RecordingSettings> {
 
   static void declare(trainer::SettingsSchema<RecordingSettings>& s) {
     s.add(&RecordingSettings::file, "file",
-          "Output file; empty = <run_dir>/events.jsonl (events-rankN.jsonl on rank N of a data-parallel run)");
+          "Output file; empty = <run_dir>/events.jsonl (on rank N of a data-parallel run: events-rankN.jsonl, or "
+          "the file's name with -rankN after it)");
     std::vector<std::string> names;
     for (const auto e : trainer::all_events()) names.emplace_back(trainer::event_name(e));
     s.add(&RecordingSettings::events, "events", "Record only these events; empty = all").choices(names);
@@ -54,9 +55,8 @@ class RecordingPlugin final : public trainer::Plugin {
     if (!out_) {
       // Each rank of a data-parallel run records its own events.
       const std::int64_t rank = trainer::rank_of_this_process();
-      const std::string path = !file_.empty() ? file_
-                               : rank == 0    ? ctx.run_dir + "/events.jsonl"
-                                              : ctx.run_dir + "/events-rank" + std::to_string(rank) + ".jsonl";
+      const std::string suffix = rank == 0 ? "" : "-rank" + std::to_string(rank);
+      const std::string path = file_.empty() ? ctx.run_dir + "/events" + suffix + ".jsonl" : file_ + suffix;
       out_ = std::fopen(path.c_str(), "w");
       if (!out_) throw trainer::Error("recording: cannot open " + path);
     }

@@ -4,8 +4,11 @@
 #include <gtest/gtest.h>
 #include <torch/serialize.h>
 
+#include <sys/types.h>
+
 #include <cmath>
 #include <csignal>
+#include <filesystem>
 #include <map>
 #include <regex>
 #include <set>
@@ -188,6 +191,38 @@ TEST(DataParallel, CtrlCOnTheLauncherStopsEveryRankWithACheckpoint) {
   EXPECT_FALSE(read_file(tmp / "run/checkpoints/latest").empty());
   EXPECT_NE(read_file(tmp / "run/rank-1.log").find("stopping: interrupted by a signal"), std::string::npos)
       << read_file(tmp / "run/rank-1.log");
+}
+
+/// The pid of rank `rank` among the children of `parent` (read from their environment).
+pid_t rank_pid(pid_t parent, int rank) {
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::string stat = read_file(e.path() / "stat");
+    const auto close = stat.rfind(')');
+    if (close == std::string::npos || std::stol(stat.substr(close + 4)) != parent) continue;  // ") S <ppid>"
+    std::string env = read_file(e.path() / "environ");
+    for (char& c : env) c = c == '\0' ? '\n' : c;
+    if (env.find("\nRANK=" + std::to_string(rank) + "\n") != std::string::npos) return std::stoi(name);
+  }
+  return -1;
+}
+
+TEST(DataParallel, ASignalToOneRankStopsEveryRankAsInterrupted) {
+  TempDir tmp;
+  ::setenv("TRAINER_CONFIG_PATH", TRAINER_SOURCE_DIR "/configs", 1);
+  trainer::testing::Child launcher(std::string(TRAINER_CLI) + " launch --nproc 2 -- --recipe " + recipe(tmp) +
+                                   " training.epochs=1000 --run-dir " + (tmp / "run") + " > " + (tmp / "out") +
+                                   " 2>&1");
+  ASSERT_TRUE(trainer::testing::wait_for_text(tmp / "run/metrics.jsonl", "train/loss")) << read_file(tmp / "out");
+  const pid_t rank1 = rank_pid(launcher.pid(), 1);
+  ASSERT_GT(rank1, 0);
+  ::kill(rank1, SIGTERM);  // a scheduler stopping one process
+  EXPECT_EQ(WEXITSTATUS(launcher.wait()), 130) << read_file(tmp / "out");
+  const std::string status = read_file(tmp / "run/status.json");
+  EXPECT_NE(status.find("\"status\":\"KILLED\""), std::string::npos) << status;
+  EXPECT_NE(read_file(tmp / "run/trainer.log").find("interrupted by a signal on rank 1"), std::string::npos)
+      << read_file(tmp / "run/trainer.log");
 }
 
 TEST(DataParallel, LaunchArgumentsAreCheckedAndAFailingRankStopsTheRun) {

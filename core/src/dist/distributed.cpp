@@ -116,11 +116,16 @@ ProcessGroup::ProcessGroup(const DistEnv& env, std::chrono::milliseconds timeout
   try {
     c10d::TCPStoreOptions o;
     o.port = static_cast<std::uint16_t>(env.master_port);
-    o.isServer = env.rank == 0;
+    // torchrun's agent hosts the store itself when it says so; the ranks then only connect.
+    const char* agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+    o.isServer = env.rank == 0 && !(agent && std::string(agent) == "True");
     o.numWorkers = static_cast<std::size_t>(env.world_size);
     o.waitWorkers = false;  // the group's forming below waits, and can then say who is missing
     o.timeout = timeout;
-    store = c10::make_intrusive<c10d::PrefixStore>("trainer", c10::make_intrusive<c10d::TCPStore>(env.master_addr, o));
+    // A restarted torchrun group (TORCHELASTIC_RESTART_COUNT) starts from fresh keys.
+    const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
+    store = c10::make_intrusive<c10d::PrefixStore>("trainer/" + std::string(restart ? restart : "0"),
+                                                   c10::make_intrusive<c10d::TCPStore>(env.master_addr, o));
     store->set("joined/" + std::to_string(env.rank), std::vector<std::uint8_t>{1});
   } catch (const std::exception& e) {
     throw Error(detail::str("rank ", env.rank, ": cannot ", env.rank == 0 ? "host" : "reach", " the group's store at ",

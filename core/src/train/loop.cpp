@@ -100,7 +100,10 @@ std::int64_t EpochLoop::batch_index(std::int64_t n, std::int64_t begin) const {
 
 void EpochLoop::after_batch(bool stepped, bool last) {
   if (stepped && state_.global_step % s_.training.log_every == 0) window_.log(state_);
-  if (hooks_.take_eval_request()) evaluate();
+  bool eval = hooks_.take_eval_request();
+  // An evaluation is collective in a data-parallel run: asked on any rank, it runs on all.
+  if (parts_.group) eval = parts_.group->all_reduce_max(eval ? 1 : 0) > 0;
+  if (eval) evaluate();
   const std::int64_t every = s_.checkpoint.every_steps;
   const bool due = stepped && every > 0 && state_.global_step % every == 0;
   if (last) {
@@ -127,12 +130,20 @@ std::optional<StopCause> EpochLoop::stop_reason() const {
   auto why = local_stop_reason();
   if (!parts_.group) return why;
   // The ranks stop together, at the same batch: one that went on alone would wait in the next
-  // collective for those that stopped. A stop on any rank (its Ctrl-C, a plugin's) is every rank's.
-  const std::int64_t stopping = parts_.group->all_reduce_max(why ? parts_.group->rank() + 1 : 0);
-  if (stopping > 0 && !why) {
-    return StopCause{"rank " + std::to_string(stopping - 1), "rank " + std::to_string(stopping - 1) + " stopped"};
-  }
-  return why;
+  // collective for those that stopped. A stop on any rank is every rank's, and the strongest
+  // cause wins: a signal (the run is KILLED on every rank), a plugin's stop, training.max_steps.
+  const auto code = [](const std::optional<StopCause>& c) -> std::int64_t {
+    if (!c) return 0;
+    return c->by == "signal" ? 3 : c->by == "training.max_steps" ? 1 : 2;
+  };
+  constexpr std::int64_t kRanks = 1 << 20;
+  const std::int64_t agreed = parts_.group->all_reduce_max(code(why) * kRanks + parts_.group->rank());
+  const std::int64_t cause = agreed / kRanks, rank = agreed % kRanks;
+  if (cause <= code(why)) return why;
+  const std::string where = " on rank " + std::to_string(rank);
+  if (cause == 3) return StopCause{"signal", "interrupted by a signal" + where};
+  if (cause == 2) return StopCause{"rank " + std::to_string(rank), "a plugin stopped the run" + where};
+  return StopCause{"training.max_steps", "training.max_steps reached" + where};
 }
 
 std::optional<StopCause> EpochLoop::local_stop_reason() const {

@@ -44,7 +44,11 @@ bool TrainStep::run(const at::Tensor& indices, std::int64_t global_size, Positio
   state_.micro_batch_index = 0;
   const Control start = hooks_.fire(Event::BatchStart);
   resize(start);
-  if (start.skip_step) {
+  bool skip_batch = start.skip_step;
+  // A data-parallel run skips a batch on every rank or on none (the others would wait in its
+  // all-reduce).
+  if (parts_.group) skip_batch = parts_.group->all_reduce_max(skip_batch ? 1 : 0) > 0;
+  if (skip_batch) {
     log_.debug("batch {} skipped at BatchStart", state_.batch_in_epoch);
     advance();
     return false;
@@ -74,10 +78,14 @@ bool TrainStep::run(const at::Tensor& indices, std::int64_t global_size, Positio
         if (parts_.group) {
           // Every rank steps with the global batch's mean gradient, and reports its loss.
           all_reduce_gradients(*parts_.group, parts_.model->parameters(), 1.0, parts_.bucket_bytes);
-          std::vector<at::Tensor> sums{at::tensor({loss, static_cast<double>(correct)}, at::kDouble)};
+          // A skip asked on any rank (a GradScaler that found inf in its own gradients) is every
+          // rank's: the sum carries them all.
+          std::vector<at::Tensor> sums{
+              at::tensor({loss, static_cast<double>(correct), skip ? 1.0 : 0.0}, at::kDouble)};
           parts_.group->all_reduce_sum(sums);
           loss = sums[0][0].item<double>();
           correct = static_cast<std::int64_t>(std::llround(sums[0][1].item<double>()));
+          skip = sums[0][2].item<double>() > 0;
         }
         state_.loss = loss;
         state_.lr = parts_.schedule->lr_at(state_.global_step);

@@ -199,7 +199,8 @@ struct Trainer::Impl {
     fit_started = true;
     hooks->fire(Event::FitStart);
     const std::optional<StopCause> stopped = rooms->loop.run();
-    const bool interrupted = stopped && interrupt_requested();
+    // A signal on any rank of a data-parallel run interrupts every rank (they agree on it).
+    const bool interrupted = stopped && (interrupt_requested() || stopped->by == "signal");
     RunResult r;
     r.status = interrupted ? "KILLED" : "FINISHED";
     r.exit_code = interrupted ? kExitInterrupted : kExitOk;
