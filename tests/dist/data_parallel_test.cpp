@@ -13,11 +13,14 @@
 #include <regex>
 #include <set>
 
+#include "dist/dp_util.h"
 #include "support/test_util.h"
 
 namespace {
 
+using trainer::testing::largest_difference;
 using trainer::testing::metric_by_step;
+using trainer::testing::parameters_of;
 using trainer::testing::read_file;
 using trainer::testing::read_lines;
 using trainer::testing::run_command;
@@ -57,29 +60,6 @@ events = ["BeforeForward"]
 
 std::string trainer_cmd() {
   return std::string("TRAINER_CONFIG_PATH=") + TRAINER_SOURCE_DIR + "/configs " + TRAINER_CLI;
-}
-
-/// The tensors of an archive and of the archives in it, by their dotted names.
-void tensors_of(torch::serialize::InputArchive& ar, const std::string& prefix, std::map<std::string, at::Tensor>& out) {
-  for (const auto& key : ar.keys()) {
-    at::Tensor t;
-    torch::serialize::InputArchive sub;
-    if (ar.try_read(key, t)) {
-      out[prefix + key] = t;
-    } else if (ar.try_read(key, sub)) {
-      tensors_of(sub, prefix + key + ".", out);
-    }
-  }
-}
-
-/// The model's parameters and buffers in a checkpoint, by name.
-std::map<std::string, at::Tensor> parameters_of(const std::string& checkpoint) {
-  torch::serialize::InputArchive ar, model;
-  ar.load_from(checkpoint);
-  ar.read("model", model);
-  std::map<std::string, at::Tensor> out;
-  tensors_of(model, "", out);
-  return out;
 }
 
 /// Dataset indices of each epoch, from recorded BeforeForward lines.
@@ -147,14 +127,6 @@ TEST(DataParallel, TwoRanksTrainAsOneProcessWithTheSameGlobalBatch) {
 }
 
 /// Largest difference between the parameters of two checkpoints.
-double largest_difference(const std::string& a, const std::string& b) {
-  const auto pa = parameters_of(a), pb = parameters_of(b);
-  EXPECT_EQ(pa.size(), pb.size());
-  double d = 0;
-  for (const auto& [name, t] : pa) d = std::max(d, (pb.at(name) - t).abs().max().item<double>());
-  return d;
-}
-
 TEST(DataParallel, ARunResumesWithAnotherNumberOfRanksAtTheNextSample) {
   TempDir tmp;
   const std::string r = recipe(tmp) + " --log-level warn";

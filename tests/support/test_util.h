@@ -191,6 +191,8 @@ class Child {
   }
   pid_t pid() const { return pid_; }
   bool started() const { return pid_ > 0; }
+  /// The caller reaped the child itself (waitpid).
+  void forget() { reaped_ = true; }
   /// Sends `sig`; false when it could not be sent.
   bool signal(int sig) const { return pid_ > 0 && ::kill(pid_, sig) == 0; }
   /// Waits for the child to end and reaps it: its wait status.

@@ -13,7 +13,8 @@
 //   }
 //
 // Every collective waits at most the group's timeout: a rank that died or hangs makes the
-// others fail with trainer::Error instead of waiting for ever.
+// others fail with trainer::Error instead of waiting for ever. Each rank keeps a heartbeat in
+// the store (a count it raises twice a second), so the error names the rank that stopped.
 #include <ATen/core/Tensor.h>
 
 #include <chrono>
@@ -75,6 +76,9 @@ class TRAINER_API ProcessGroup {
   /// The largest of `value` over the ranks (the ranks agree on a decision, such as a smaller
   /// micro-batch after one of them ran out of memory).
   std::int64_t all_reduce_max(std::int64_t value);
+  /// The elementwise largest of `values` over the ranks (the same length on every rank): several
+  /// decisions in one collective (the smallest of a size is the largest of its negation).
+  std::vector<std::int64_t> all_reduce_max(const std::vector<std::int64_t>& values);
   /// Copies rank `root`'s tensors into every rank's, in place.
   void broadcast(std::vector<at::Tensor>& tensors, std::int64_t root = 0);
   /// Waits for every rank; a rank that does not arrive within the timeout is named in the

@@ -6,9 +6,15 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <unistd.h>
+
+#include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <cstdlib>
+#include <mutex>
 #include <optional>
+#include <thread>
 
 #include "trainer/error.h"
 
@@ -44,19 +50,6 @@ std::int64_t env_int(const char* name, std::int64_t low, std::int64_t high, std:
 std::string message_of(const std::exception& e) {
   if (const auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
   return e.what();
-}
-
-/// c10d's errors (a peer gone, a timeout) as trainer::Error saying which collective, where.
-template <class F>
-auto guarded(const char* what, std::int64_t rank, std::chrono::milliseconds timeout, F f) -> decltype(f()) {
-  try {
-    return f();
-  } catch (const Error&) {
-    throw;
-  } catch (const std::exception& e) {
-    throw Error(detail::str("rank ", rank, ": ", what, " failed (another rank died, or did not answer within ",
-                            timeout.count() / 1000.0, " s): ", message_of(e)));
-  }
 }
 
 }  // namespace
@@ -103,6 +96,84 @@ struct ProcessGroup::Impl {
   std::chrono::milliseconds timeout{0};
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo;
+
+  // The heartbeat: every rank counts up its key in the store twice a second, on a connection of
+  // its own, so that after a failed collective the survivors can tell which ranks are gone.
+  std::thread beat;
+  std::mutex beat_mutex;
+  std::condition_variable beat_cv;
+  bool beat_stop = false;
+
+  static constexpr std::chrono::milliseconds kBeat{500};
+
+  static std::string beat_key(std::int64_t r) { return "beat/" + std::to_string(r); }
+
+  void start_heartbeat(const std::string& addr, const c10d::TCPStoreOptions& base, const std::string& prefix) {
+    beat = std::thread([this, addr, base, prefix] {
+      try {
+        c10d::TCPStoreOptions o = base;
+        o.isServer = false;
+        c10d::PrefixStore own(prefix, c10::make_intrusive<c10d::TCPStore>(addr, o));
+        std::unique_lock<std::mutex> lock(beat_mutex);
+        while (!beat_stop) {
+          lock.unlock();
+          own.add(beat_key(rank), 1);
+          lock.lock();
+          beat_cv.wait_for(lock, kBeat, [this] { return beat_stop; });
+        }
+      } catch (const std::exception&) {
+        // The store is gone (rank 0 ended): nothing left to tell.
+      }
+    });
+  }
+
+  void stop_heartbeat() {
+    if (!beat.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(beat_mutex);
+      beat_stop = true;
+    }
+    beat_cv.notify_all();
+    beat.join();
+  }
+
+  /// The ranks whose heartbeat stopped: their counts, read twice 2.5 beats apart, did not move.
+  /// Said as a sentence for an error message; empty when every rank still beats.
+  std::string lost_ranks() {
+    try {
+      std::vector<std::int64_t> before(static_cast<std::size_t>(size));
+      for (std::int64_t r = 0; r < size; ++r) before[static_cast<std::size_t>(r)] = store->add(beat_key(r), 0);
+      std::this_thread::sleep_for(kBeat * 5 / 2);
+      std::string lost;
+      for (std::int64_t r = 0; r < size; ++r) {
+        if (r != rank && store->add(beat_key(r), 0) == before[static_cast<std::size_t>(r)]) {
+          lost += (lost.empty() ? "" : ", ") + std::to_string(r);
+        }
+      }
+      if (lost.empty()) return "";
+      return (lost.find(',') == std::string::npos ? "rank " : "ranks ") + lost +
+             " stopped answering (died, killed or hung)";
+    } catch (const std::exception&) {
+      return "the group's store is gone: rank 0, which hosts it, died or was killed";
+    }
+  }
+
+  /// c10d's errors (a peer gone, a timeout) as trainer::Error saying which collective, where,
+  /// and which rank was lost.
+  template <class F>
+  auto guarded(const char* what, F f) -> decltype(f()) {
+    try {
+      return f();
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      const std::string lost = lost_ranks();
+      throw Error(detail::str(
+          "rank ", rank, ": ", what, " failed: ",
+          lost.empty() ? detail::str("another rank did not answer within ", timeout.count() / 1000.0, " s") : lost,
+          " (", message_of(e), ")"));
+    }
+  }
 };
 
 ProcessGroup::ProcessGroup(const DistEnv& env, std::chrono::milliseconds timeout) : impl_(std::make_unique<Impl>()) {
@@ -124,10 +195,13 @@ ProcessGroup::ProcessGroup(const DistEnv& env, std::chrono::milliseconds timeout
     o.timeout = timeout;
     // A restarted torchrun group (TORCHELASTIC_RESTART_COUNT) starts from fresh keys.
     const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
-    store = c10::make_intrusive<c10d::PrefixStore>("trainer/" + std::string(restart ? restart : "0"),
-                                                   c10::make_intrusive<c10d::TCPStore>(env.master_addr, o));
+    const std::string prefix = "trainer/" + std::string(restart ? restart : "0");
+    store = c10::make_intrusive<c10d::PrefixStore>(prefix, c10::make_intrusive<c10d::TCPStore>(env.master_addr, o));
     store->set("joined/" + std::to_string(env.rank), std::vector<std::uint8_t>{1});
+    impl_->store = store;
+    impl_->start_heartbeat(env.master_addr, o, prefix);
   } catch (const std::exception& e) {
+    impl_->stop_heartbeat();
     throw Error(detail::str("rank ", env.rank, ": cannot ", env.rank == 0 ? "host" : "reach", " the group's store at ",
                             where, " (MASTER_ADDR:MASTER_PORT): ", message_of(e)));
   }
@@ -142,6 +216,7 @@ ProcessGroup::ProcessGroup(const DistEnv& env, std::chrono::milliseconds timeout
     impl_->gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, static_cast<int>(env.rank),
                                                               static_cast<int>(env.world_size), options);
   } catch (const std::exception& e) {
+    impl_->stop_heartbeat();
     std::string missing;
     for (std::int64_t r = 0; r < env.world_size; ++r) {
       try {
@@ -156,10 +231,9 @@ ProcessGroup::ProcessGroup(const DistEnv& env, std::chrono::milliseconds timeout
                             " did not form within ", timeout.count() / 1000.0, " s; ranks that did not join: ",
                             missing.empty() ? std::string("none (") + message_of(e) + ")" : missing));
   }
-  impl_->store = store;
 }
 
-ProcessGroup::~ProcessGroup() = default;
+ProcessGroup::~ProcessGroup() { impl_->stop_heartbeat(); }
 
 std::int64_t ProcessGroup::rank() const { return impl_->rank; }
 std::int64_t ProcessGroup::size() const { return impl_->size; }
@@ -167,33 +241,37 @@ std::chrono::milliseconds ProcessGroup::timeout() const { return impl_->timeout;
 
 void ProcessGroup::all_reduce_sum(std::vector<at::Tensor>& tensors) {
   if (tensors.empty()) return;
-  guarded("all-reduce", impl_->rank, impl_->timeout, [&] { impl_->gloo->allreduce(tensors)->wait(); });
+  impl_->guarded("all-reduce", [&] { impl_->gloo->allreduce(tensors)->wait(); });
 }
 
-std::int64_t ProcessGroup::all_reduce_max(std::int64_t value) {
-  std::vector<at::Tensor> t{at::full({1}, value, at::kLong)};
+std::int64_t ProcessGroup::all_reduce_max(std::int64_t value) { return all_reduce_max(std::vector{value}).front(); }
+
+std::vector<std::int64_t> ProcessGroup::all_reduce_max(const std::vector<std::int64_t>& values) {
+  if (values.empty()) return {};
+  std::vector<at::Tensor> t{at::empty({static_cast<std::int64_t>(values.size())}, at::kLong)};
+  std::copy(values.begin(), values.end(), t[0].data_ptr<std::int64_t>());
   c10d::AllreduceOptions o;
   o.reduceOp = c10d::ReduceOp::MAX;
-  guarded("all-reduce (max)", impl_->rank, impl_->timeout, [&] { impl_->gloo->allreduce(t, o)->wait(); });
-  return t[0].item<std::int64_t>();
+  impl_->guarded("all-reduce (max)", [&] { impl_->gloo->allreduce(t, o)->wait(); });
+  const std::int64_t* v = t[0].data_ptr<std::int64_t>();
+  return std::vector<std::int64_t>(v, v + values.size());
 }
 
 void ProcessGroup::broadcast(std::vector<at::Tensor>& tensors, std::int64_t root) {
   if (tensors.empty()) return;
   c10d::BroadcastOptions o;
   o.rootRank = root;
-  guarded("broadcast", impl_->rank, impl_->timeout, [&] { impl_->gloo->broadcast(tensors, o)->wait(); });
+  impl_->guarded("broadcast", [&] { impl_->gloo->broadcast(tensors, o)->wait(); });
 }
 
 void ProcessGroup::barrier() {
   // Gloo's monitored barrier names the rank that did not arrive.
-  guarded("barrier", impl_->rank, impl_->timeout,
-          [&] { impl_->gloo->monitoredBarrier(c10d::BarrierOptions(), false); });
+  impl_->guarded("barrier", [&] { impl_->gloo->monitoredBarrier(c10d::BarrierOptions(), false); });
 }
 
 std::string ProcessGroup::share(const std::string& name, const std::string& value, std::int64_t root) {
   const std::string key = "share/" + name;
-  return guarded("sharing a value", impl_->rank, impl_->timeout, [&] {
+  return impl_->guarded("sharing a value", [&] {
     if (impl_->rank == root) {
       impl_->store->set(key, std::vector<std::uint8_t>(value.begin(), value.end()));
       return value;

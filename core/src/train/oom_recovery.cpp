@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "train/hooks.h"
+#include "trainer/distributed.h"
 #include "trainer/optim.h"
 #include "util/error_text.h"
 
@@ -36,7 +37,7 @@ std::string advice_for(const std::string& phase) {
 }  // namespace
 
 bool micro_batch_helps(const std::string& phase) {
-  return phase != "data" && phase != "optimizer_step" && phase != "checkpoint";
+  return phase != "data" && phase != "optimizer_step" && phase != "checkpoint" && phase != "all_reduce";
 }
 
 void drop_gradients(Model& model) {
@@ -64,7 +65,7 @@ Control OomRecovery::report(const std::exception& e, std::int64_t size, std::int
 }
 
 std::int64_t OomRecovery::recover(const std::exception& e, OomRetry rule, std::int64_t micro, std::int64_t samples,
-                                  std::int64_t attempt, std::vector<std::int64_t>& tried) {
+                                  std::int64_t attempt, std::vector<std::int64_t>& tried, ProcessGroup* ranks) {
   if (rule == OomRetry::Once) {
     // The plugins hear of it, but a checkpoint has no size to change: the core retries it once
     // after freeing every cached block.
@@ -79,7 +80,23 @@ std::int64_t OomRecovery::recover(const std::exception& e, OomRetry rule, std::i
   const std::string message = error_text(e);
   log_.warn("out of memory in {} (micro-batch {}, attempt {}): {}", phase, micro, attempt + 1, message);
   const Control c = report(e, micro, samples, attempt, /*force_clear=*/false);
-  if ((c.switch_device || c.retry_with_micro_batch) && attempt + 1 < kMaxAttempts) {
+  bool again = (c.switch_device || c.retry_with_micro_batch) && attempt + 1 < kMaxAttempts;
+  std::int64_t next = std::clamp<std::int64_t>(c.retry_with_micro_batch.value_or(micro), 1, samples);
+  std::string why_not;
+  if (ranks) {
+    // Every rank heard of the same failure; they retry together with the smallest size asked, or
+    // all give up. A rank cannot move alone to another device (its collectives stay where the
+    // group is).
+    if (c.switch_device) {
+      again = false;
+      why_not = " (a data-parallel run cannot move one rank to another device: " + *c.switch_device + " was asked)";
+    }
+    const auto agreed = ranks->all_reduce_max({again ? 0 : 1, -next});
+    if (again && agreed[0] != 0) why_not = " (another rank's plugins gave up)";
+    again = agreed[0] == 0;
+    next = -agreed[1];
+  }
+  if (again) {
     std::string where;
     if (c.switch_device) {
       const c10::Device from = parts_.device;
@@ -87,7 +104,6 @@ std::int64_t OomRecovery::recover(const std::exception& e, OomRetry rule, std::i
       if (parts_.device != from) moves_.push_back(from.str() + " -> " + parts_.device.str());
       where = " on " + parts_.device.str();
     }
-    const std::int64_t next = std::clamp<std::int64_t>(c.retry_with_micro_batch.value_or(micro), 1, samples);
     log_.warn("retrying the same {}{} with micro-batches of {} ({}){}", phase == "eval" ? "evaluation" : "batch", where,
               next, next < micro ? "smaller" : "same size or larger", c.reason.empty() ? "" : ": " + c.reason);
     return next;
@@ -95,7 +111,8 @@ std::int64_t OomRecovery::recover(const std::exception& e, OomRetry rule, std::i
   std::string sizes;
   for (auto t : tried) sizes += (sizes.empty() ? "" : " -> ") + std::to_string(t);
   const std::string why =
-      c.retry_with_micro_batch ? " (retry limit reached)"
+      !why_not.empty()           ? why_not
+      : c.retry_with_micro_batch ? " (retry limit reached)"
       : micro_batch_helps(phase)
           ? " (no plugin asked for another retry; oom_backoff retries down to its min_micro_batch)"
           : " (a smaller micro-batch cannot help in this phase; oom_backoff retries once at the same size, then moves "
@@ -103,10 +120,10 @@ std::int64_t OomRecovery::recover(const std::exception& e, OomRetry rule, std::i
   std::string msg = message;
   while (!msg.empty() && (msg.back() == '.' || msg.back() == '\n')) msg.pop_back();
   const std::string moves = detail::join(moves_);
-  throw OomFailure(detail::str(
-      "out of memory in ", phase, " on ", parts_.device.str(), " after ", tried.size(),
-      " attempt(s) with micro-batches ", sizes, moves.empty() ? "" : " (device fallback: " + moves + ")", why, ": ",
-      msg, ". What to change: ", advice_for(phase)));
+  throw OomFailure(detail::str("out of memory in ", phase, " on ", parts_.device.str(), " after ", tried.size(),
+                               " attempt(s) with micro-batches ", sizes,
+                               moves.empty() ? "" : " (device fallback: " + moves + ")", why, ": ", msg,
+                               ". What to change: ", advice_for(phase)));
 }
 
 void OomRecovery::move_run_to(const c10::Device& to, const std::string& reason) {

@@ -24,6 +24,7 @@ class logger;
 namespace trainer {
 
 class Hooks;
+class ProcessGroup;
 
 /// How an attempt is retried after an out-of-memory error.
 enum class OomRetry {
@@ -33,6 +34,12 @@ enum class OomRetry {
 
 /// An out-of-memory error that was not recovered from; the message says what was tried.
 struct OomFailure : Error {
+  using Error::Error;
+};
+
+/// In a data-parallel step: some rank ran out of memory (this one, or another), and every rank
+/// drops the attempt together. Thrown on every rank after the ranks agreed on it.
+struct RanksOutOfMemory : Error {
   using Error::Error;
 };
 
@@ -53,14 +60,20 @@ class OomRecovery {
   /// Names what the loop is doing ("data", "forward", "backward", "optimizer_step", "eval",
   /// "checkpoint"): the phase an out-of-memory error is reported in.
   void enter(const char* phase) { phase_ = phase; }
+  const char* phase() const { return phase_; }
 
   /// Runs `attempt(size)` until one returns. After an out-of-memory error the attempt is
   /// dropped and reported, then run again as `rule` says: `size` is the micro-batch (eval
   /// batch) and `samples` how many samples the attempt covers. Other exceptions pass through;
   /// OomFailure when it gives up. Returns the size a retry settled on, or nullopt when the
   /// first attempt succeeded.
+  ///
+  /// With `ranks` (a data-parallel training step, whose attempts throw RanksOutOfMemory on every
+  /// rank at once), the ranks also agree on what follows: the smallest size any rank's plugins
+  /// ask, or giving up on every rank when one rank's plugins give up.
   template <typename Attempt>
-  std::optional<std::int64_t> retry(OomRetry rule, std::int64_t size, std::int64_t samples, Attempt&& attempt) {
+  std::optional<std::int64_t> retry(OomRetry rule, std::int64_t size, std::int64_t samples, Attempt&& attempt,
+                                    ProcessGroup* ranks = nullptr) {
     std::vector<std::int64_t> tried;
     std::optional<std::int64_t> settled;
     for (std::int64_t n = 0;; ++n) {
@@ -68,8 +81,8 @@ class OomRecovery {
         attempt(size);
         return settled;
       } catch (const std::exception& e) {
-        if (!is_out_of_memory(e)) throw;
-        size = recover(e, rule, size, samples, n, tried);
+        if (!is_out_of_memory(e) && !dynamic_cast<const RanksOutOfMemory*>(&e)) throw;
+        size = recover(e, rule, size, samples, n, tried, ranks);
         settled = size;
       }
     }
@@ -79,7 +92,7 @@ class OomRecovery {
   /// Drops the failed attempt, fires OutOfMemory and returns the size to retry with; throws
   /// OomFailure when there is no retry.
   std::int64_t recover(const std::exception& e, OomRetry rule, std::int64_t size, std::int64_t samples,
-                       std::int64_t attempt, std::vector<std::int64_t>& tried);
+                       std::int64_t attempt, std::vector<std::int64_t>& tried, ProcessGroup* ranks);
   /// Counts the OOM, frees cached memory and fires OutOfMemory describing what failed.
   Control report(const std::exception& e, std::int64_t size, std::int64_t samples, std::int64_t attempt,
                  bool force_clear);

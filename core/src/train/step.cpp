@@ -7,10 +7,12 @@
 
 #include <algorithm>
 
+#include "dist/grad_sync.h"
 #include "train/hooks.h"
 #include "train/oom_recovery.h"
 #include "train/setup.h"
 #include "train/train_metrics.h"
+#include "trainer/distributed.h"
 #include "trainer/loader.h"
 #include "trainer/optim.h"
 #include "util/error_text.h"
@@ -32,7 +34,11 @@ TrainStep::TrainStep(const TrainingSettings& training, RunParts& parts, RunState
   std::int64_t largest = 0;
   for (const auto& p : parts_.model->parameters()) largest = std::max<std::int64_t>(largest, p.nbytes());
   reserve_ = optimizer_step_temporaries(*parts_.optim) * largest + (64 << 10);
+  if (parts_.group)
+    sync_ = std::make_unique<GradientSync>(*parts_.group, parts_.model->parameters(), parts_.bucket_bytes);
 }
+
+TrainStep::~TrainStep() = default;
 
 bool TrainStep::run(const at::Tensor& indices, std::int64_t global_size, Position next) {
   const std::int64_t n = indices.size(0);
@@ -45,9 +51,18 @@ bool TrainStep::run(const at::Tensor& indices, std::int64_t global_size, Positio
   const Control start = hooks_.fire(Event::BatchStart);
   resize(start);
   bool skip_batch = start.skip_step;
-  // A data-parallel run skips a batch on every rank or on none (the others would wait in its
-  // all-reduce).
-  if (parts_.group) skip_batch = parts_.group->all_reduce_max(skip_batch ? 1 : 0) > 0;
+  if (parts_.group) {
+    // A data-parallel run skips a batch on every rank or on none (the others would wait in its
+    // all-reduce), and every rank uses the smallest micro-batch any rank asks for (oom_backoff
+    // growing back hears the same events on every rank, so they normally ask the same).
+    const auto agreed = parts_.group->all_reduce_max({skip_batch ? 1 : 0, -micro_batch_});
+    skip_batch = agreed[0] > 0;
+    if (-agreed[1] != micro_batch_) {
+      log_.info("micro-batch {} -> {} (agreed by the ranks)", micro_batch_, -agreed[1]);
+      micro_batch_ = -agreed[1];
+    }
+    state_.micro_batch_size = micro_batch_;
+  }
   if (skip_batch) {
     log_.debug("batch {} skipped at BatchStart", state_.batch_in_epoch);
     advance();
@@ -67,45 +82,38 @@ bool TrainStep::run(const at::Tensor& indices, std::int64_t global_size, Positio
       OomRetry::AskPlugins, std::max<std::int64_t>(1, std::min(micro_batch_, n)), std::max<std::int64_t>(1, n),
       [&](std::int64_t micro) {
         state_.micro_batch_size = micro;
-        oom_.enter("data");
-        // On the host, read ahead by the loader's workers; micro-batches move one at a time. (A rank
-        // whose part of a short last batch is empty reads nothing and adds nothing.)
-        const Batch full = n == 0          ? Batch{}
-                           : parts_.loader ? parts_.loader->next(indices)
-                                           : parts_.train_set->get_in_epoch(indices, state_.epoch);
-        drop_gradients(*parts_.model);
-        auto [loss, correct, skip] = accumulate(full, indices, micro, global_size);
-        if (parts_.group) {
-          // Every rank steps with the global batch's mean gradient, and reports its loss.
-          all_reduce_gradients(*parts_.group, parts_.model->parameters(), 1.0, parts_.bucket_bytes);
-          // A skip asked on any rank (a GradScaler that found inf in its own gradients) is every
-          // rank's: the sum carries them all.
-          std::vector<at::Tensor> sums{
-              at::tensor({loss, static_cast<double>(correct), skip ? 1.0 : 0.0}, at::kDouble)};
-          parts_.group->all_reduce_sum(sums);
-          loss = sums[0][0].item<double>();
-          correct = static_cast<std::int64_t>(std::llround(sums[0][1].item<double>()));
-          skip = sums[0][2].item<double>() > 0;
-        }
+        auto [loss, correct, skip] = parts_.group ? agreed_forward_backward(indices, micro, global_size)
+                                                  : forward_backward(indices, micro, global_size);
         state_.loss = loss;
         state_.lr = parts_.schedule->lr_at(state_.global_step);
         state_.grad_norm = 0.0;
         // From here on the memory needed does not depend on the micro-batch.
-        oom_.enter("optimizer_step");
-        if (!skip) skip = hooks_.fire(Event::GradientsAccumulated).skip_step;
-        if (!skip) {
-          if (training_.grad_clip_norm > 0) {
-            state_.grad_norm = torch::nn::utils::clip_grad_norm_(parts_.model->parameters(), training_.grad_clip_norm);
+        std::optional<LocalOom> failed;
+        try {
+          oom_.enter("optimizer_step");
+          if (sync_) sync_->unpack(parts_.model->parameters());
+          if (!skip) skip = hooks_.fire(Event::GradientsAccumulated).skip_step;
+          if (!skip) {
+            if (training_.grad_clip_norm > 0) {
+              state_.grad_norm =
+                  torch::nn::utils::clip_grad_norm_(parts_.model->parameters(), training_.grad_clip_norm);
+            }
+            set_learning_rate(*parts_.optim, state_.lr);
+            skip = hooks_.fire(Event::BeforeOptimizerStep).skip_step;
           }
-          set_learning_rate(*parts_.optim, state_.lr);
-          skip = hooks_.fire(Event::BeforeOptimizerStep).skip_step;
+          if (!skip) prepare_step();
+        } catch (const std::exception& e) {
+          if (!parts_.group || !is_out_of_memory(e)) throw;
+          failed = LocalOom{oom_.phase(), detail::error_text(e)};
         }
+        if (parts_.group) skip = agree_before_step(failed, skip);
         skipped = skip;
         if (skip) return;
-        atomic_step();
+        take_step();
         batch_loss = loss;
         batch_correct = correct;
-      });
+      },
+      parts_.group.get());
   if (settled) micro_batch_ = *settled;  // later batches keep the size that worked (oom_backoff grows it back)
   if (skipped) {
     drop_gradients(*parts_.model);
@@ -120,6 +128,66 @@ bool TrainStep::run(const at::Tensor& indices, std::int64_t global_size, Positio
   metrics_.add_step(batch_loss, global_size, batch_correct, state_.micro_batch_size,
                     training_.grad_clip_norm > 0 ? std::optional<double>(state_.grad_norm) : std::nullopt);
   return true;
+}
+
+TrainStep::Accumulated TrainStep::forward_backward(const at::Tensor& indices, std::int64_t micro,
+                                                   std::int64_t global_size) {
+  const std::int64_t n = indices.size(0);
+  oom_.enter("data");
+  // On the host, read ahead by the loader's workers; micro-batches move one at a time. (A rank
+  // whose part of a short last batch is empty reads nothing and adds nothing.)
+  const Batch full = n == 0          ? Batch{}
+                     : parts_.loader ? parts_.loader->next(indices)
+                                     : parts_.train_set->get_in_epoch(indices, state_.epoch);
+  drop_gradients(*parts_.model);
+  return accumulate(full, indices, micro, global_size);
+}
+
+TrainStep::Accumulated TrainStep::agreed_forward_backward(const at::Tensor& indices, std::int64_t micro,
+                                                          std::int64_t global_size) {
+  // The local half: this rank's forward and backward, its gradients into the buckets. An
+  // out-of-memory error here is held until every rank has said how its half went: then all
+  // drop the attempt together, and none is left waiting in an all-reduce.
+  Accumulated local;
+  std::optional<LocalOom> failed;
+  try {
+    local = forward_backward(indices, micro, global_size);
+    oom_.enter("all_reduce");
+    sync_->pack(parts_.model->parameters());
+  } catch (const std::exception& e) {
+    if (!is_out_of_memory(e)) throw;
+    failed = LocalOom{oom_.phase(), detail::error_text(e)};
+    drop_gradients(*parts_.model);
+  }
+  const auto agreed = sync_->agree(local.loss, local.correct, local.skip, failed ? phase_code(failed->phase) : 0);
+  if (agreed.failed_rank >= 0) throw_ranks_out_of_memory(failed, agreed.failed_rank, phase_name(agreed.failed_phase));
+  // Every rank steps with the global batch's mean gradient (each loss was divided by the
+  // global batch), and reports the global batch's loss.
+  sync_->reduce(1.0);
+  return {agreed.loss, agreed.correct, agreed.skip};
+}
+
+bool TrainStep::agree_before_step(const std::optional<LocalOom>& failed, bool skip) {
+  // After the gradients' all-reduce, before the optimizer step: a rank that ran out of memory
+  // here (a plugin's unscaling, clipping, the optimizer's state or reserve) retries the batch
+  // with every other rank; a skip asked on any rank is every rank's.
+  const std::int64_t size = parts_.group->size(), rank = parts_.group->rank();
+  // The lowest failing rank wins the max: (phase, size - 1 - rank).
+  const std::int64_t code = failed ? phase_code(failed->phase) * size + (size - 1 - rank) : 0;
+  const auto agreed = parts_.group->all_reduce_max({code, skip ? 1 : 0});
+  if (agreed[0] > 0) {
+    drop_gradients(*parts_.model);
+    throw_ranks_out_of_memory(failed, size - 1 - agreed[0] % size, phase_name(agreed[0] / size));
+  }
+  return agreed[1] > 0;
+}
+
+void TrainStep::throw_ranks_out_of_memory(const std::optional<LocalOom>& failed, std::int64_t rank, const char* phase) {
+  // Every rank reports the failing rank's phase, so every rank's plugins answer alike.
+  oom_.enter(phase);
+  if (failed) throw RanksOutOfMemory(detail::str("on this rank (", parts_.group->rank(), "): ", failed->message));
+  throw RanksOutOfMemory(
+      detail::str("rank ", rank, " ran out of memory in ", phase, " (every rank drops the attempt)"));
 }
 
 TrainStep::Accumulated TrainStep::accumulate(const Batch& full, const at::Tensor& indices, std::int64_t micro,
@@ -169,10 +237,13 @@ TrainStep::Accumulated TrainStep::accumulate(const Batch& full, const at::Tensor
   return {v[0], static_cast<std::int64_t>(v[1]), skip};
 }
 
-void TrainStep::atomic_step() {
+void TrainStep::prepare_step() {
   oom_.enter("optimizer_step");
   if (!state_materialized_) state_materialized_ = materialize_optimizer_state(*parts_.optim);
   { at::Tensor reserve = at::empty({reserve_}, at::TensorOptions(at::kByte).device(parts_.device)); }
+}
+
+void TrainStep::take_step() {
   try {
     parts_.optim->step();
   } catch (const std::exception& e) {

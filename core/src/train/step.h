@@ -5,6 +5,9 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
 #include <utility>
 
 #include "trainer/context.h"
@@ -18,6 +21,7 @@ class logger;
 
 namespace trainer {
 
+class GradientSync;
 class Hooks;
 class OomRecovery;
 class TrainMetrics;
@@ -36,6 +40,7 @@ class TrainStep {
   /// Needs the model and the optimizer built (it sizes the optimizer step's reserve).
   TrainStep(const TrainingSettings& training, RunParts& parts, RunState& state, Hooks& hooks, OomRecovery& oom,
             TrainMetrics& metrics, spdlog::logger& log);
+  ~TrainStep();
 
   /// Trains one batch, the samples `indices` (BatchStart … AfterOptimizerStep). An
   /// out-of-memory error drops the attempt and, as the plugins ask, re-runs the same samples
@@ -69,9 +74,30 @@ class TrainStep {
     bool skip = false;
   };
   Accumulated accumulate(const Batch& full, const at::Tensor& indices, std::int64_t micro, std::int64_t global_size);
-  /// optimizer.step() with its state created and its temporaries reserved first, so that an
-  /// out-of-memory error leaves parameters and optimizer state as they were.
-  void atomic_step();
+  /// Reads the batch (this rank's part) and runs accumulate() on it.
+  Accumulated forward_backward(const at::Tensor& indices, std::int64_t micro, std::int64_t global_size);
+
+  /// An out-of-memory error on this rank, held until the ranks agree on it.
+  struct LocalOom {
+    std::string phase;
+    std::string message;
+  };
+  /// A data-parallel step's first half: forward_backward() and the gradients packed on every
+  /// rank, one agreement (an out-of-memory error on any rank throws RanksOutOfMemory on all),
+  /// then the gradients' all-reduce. Returns the global batch's loss, correct count and skip.
+  Accumulated agreed_forward_backward(const at::Tensor& indices, std::int64_t micro, std::int64_t global_size);
+  /// The second agreement, just before the optimizer step: throws RanksOutOfMemory on every
+  /// rank when one failed since the first; returns whether any rank asks to skip the step.
+  bool agree_before_step(const std::optional<LocalOom>& failed, bool skip);
+  [[noreturn]] void throw_ranks_out_of_memory(const std::optional<LocalOom>& failed, std::int64_t rank,
+                                              const char* phase);
+  /// The optimizer's state created and its temporaries reserved: after this, optimizer.step()
+  /// has the memory it needs, so an out-of-memory error leaves parameters and optimizer state
+  /// as they were.
+  void prepare_step();
+  /// optimizer.step() itself (after prepare_step()); a failure inside it leaves the parameters
+  /// inconsistent.
+  void take_step();
   /// The current batch is consumed: a resume continues after it.
   void advance() { position_ = next_; }
 
@@ -86,6 +112,7 @@ class TrainStep {
   std::int64_t reserve_ = 0;         ///< bytes the optimizer step may allocate for temporaries
   bool state_materialized_ = false;  ///< optimizer state created before the first step
   bool params_consistent_ = true;
+  std::unique_ptr<GradientSync> sync_;  ///< a data-parallel run's gradient buckets
   Position position_;
   Position next_;  ///< position_ once the current batch is consumed
 };

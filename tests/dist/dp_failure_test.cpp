@@ -1,0 +1,169 @@
+// Data-parallel runs when something goes wrong on one rank: out of memory on rank 1 only (its
+// own memory.limit_mb), a rank killed or hung. The ranks are started by hand with torchrun's
+// variables, so each can have its own overrides.
+#include <gtest/gtest.h>
+
+#include <csignal>
+#include <regex>
+
+#include "dist/dp_util.h"
+#include "support/test_util.h"
+
+namespace {
+
+using trainer::testing::Child;
+using trainer::testing::exit_code_within;
+using trainer::testing::free_port;
+using trainer::testing::largest_difference;
+using trainer::testing::metric_by_step;
+using trainer::testing::rank_env;
+using trainer::testing::read_file;
+using trainer::testing::TempDir;
+using trainer::testing::write_file;
+
+/// A CNN without BatchNorm and dropout (its activations dominate a step's memory, so the
+/// micro-batch decides whether a step fits) on 640 Fashion-MNIST images in global batches of
+/// 64, with oom_backoff growing back after 3 clean steps and memory_log's summary.
+std::string recipe(const TempDir& tmp) {
+  const std::string path = tmp / "dp.toml";
+  write_file(path, R"(defaults = ["model/cnn", "dataset/fashion_mnist", "optim/adamw"]
+[run]
+name = "dp"
+seed = 7
+[model]
+batch_norm = false
+dropout = 0.0
+memory_format = "contiguous"
+[training]
+epochs = 1
+batch_size = 64
+log_every = 1
+[dataset]
+limit = 640
+eval_limit = 200
+[eval]
+batch_size = 50
+[runtime]
+num_threads = 1
+[metrics]
+console = false
+[plugins]
+load = ["oom_backoff", "memory_log"]
+[plugins.oom_backoff]
+grow_after = 3
+)");
+  return path;
+}
+
+struct Ranks {
+  Ranks(const std::string& recipe, const std::string& dir, const std::string& rank0_args,
+        const std::string& rank1_args) {
+    const int port = free_port();
+    const std::string cmd = std::string("env TRAINER_CONFIG_PATH=") + TRAINER_SOURCE_DIR + "/configs ";
+    const std::string run = std::string(TRAINER_CLI) + " --recipe " + recipe + " --run-dir " + dir + " ";
+    r0.emplace(cmd + rank_env(0, 2, port) + run + rank0_args + " > " + dir + ".r0 2>&1");
+    r1.emplace(cmd + rank_env(1, 2, port) + run + rank1_args + " > " + dir + ".r1 2>&1");
+  }
+  std::optional<Child> r0, r1;
+};
+
+/// memory_log's summary on a rank: the peak and how far it is above the memory at the start
+/// of training (MiB).
+std::pair<double, double> peak_and_step(const std::string& log) {
+  std::smatch m;
+  const std::string text = read_file(log);
+  EXPECT_TRUE(std::regex_search(
+      text, m, std::regex("peak ([0-9.]+) MiB allocated, [0-9.]+ MiB while training \\(([0-9.]+) MiB above")))
+      << log;
+  return m.empty() ? std::make_pair(0.0, 0.0) : std::make_pair(std::stod(m[1]), std::stod(m[2]));
+}
+
+std::size_t count(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (auto p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
+  return n;
+}
+
+TEST(DataParallelFailures, OutOfMemoryOnOneRankIsRecoveredByEveryRankTogether) {
+  TempDir tmp;
+  const std::string r = recipe(tmp);
+  {
+    Ranks clean(r, tmp / "clean", "", "");
+    ASSERT_EQ(exit_code_within(*clean.r0, std::chrono::seconds(300)), 0) << read_file(tmp / "clean.r0");
+    ASSERT_EQ(exit_code_within(*clean.r1, std::chrono::seconds(60)), 0) << read_file(tmp / "clean.r1");
+  }
+  // Rank 1's budget: 85 % of the way from its memory at the start of training to its peak,
+  // which a full micro-batch of 32 crosses and a smaller one does not.
+  const auto [peak, step] = peak_and_step(tmp / "clean/rank-1.log");
+  ASSERT_GT(step, 4.0);
+  const double limit = peak - 0.15 * step;
+  Ranks tight(r, tmp / "tight", "", "memory.limit_mb=" + std::to_string(limit));
+  ASSERT_EQ(exit_code_within(*tight.r0, std::chrono::seconds(300)), 0) << read_file(tmp / "tight.r0");
+  ASSERT_EQ(exit_code_within(*tight.r1, std::chrono::seconds(60)), 0) << read_file(tmp / "tight.r1");
+  const std::string log0 = read_file(tmp / "tight/trainer.log"), log1 = read_file(tmp / "tight/rank-1.log");
+  // Rank 1 ran out of memory itself; rank 0 heard of it; both retried every time, alike.
+  EXPECT_NE(log1.find("on this rank (1): CPU out of memory"), std::string::npos) << log1;
+  EXPECT_NE(log0.find("rank 1 ran out of memory in "), std::string::npos) << log0;
+  const std::size_t retries = count(log1, "retrying the same batch with micro-batches of");
+  EXPECT_GE(retries, 1u) << log1;
+  EXPECT_EQ(count(log0, "retrying the same batch with micro-batches of"), retries) << log0;
+  EXPECT_NE(read_file(tmp / "tight/status.json").find("\"status\":\"FINISHED\""), std::string::npos);
+  // The same samples in the same global batches: the loss curve and the model of the run
+  // without out-of-memory errors (smaller micro-batches only sum in another order).
+  const auto a = metric_by_step(tmp / "clean/metrics.jsonl", "train/loss");
+  const auto b = metric_by_step(tmp / "tight/metrics.jsonl", "train/loss");
+  ASSERT_EQ(a.size(), 10u);
+  ASSERT_EQ(b.size(), a.size());
+  for (const auto& [s, v] : a) EXPECT_NEAR(b.at(s), v, 1e-4 * std::fabs(v)) << "step " << s;
+  EXPECT_LT(largest_difference(tmp / "clean/checkpoints/step_00000010.pt", tmp / "tight/checkpoints/step_00000010.pt"),
+            1e-5);
+
+  // Below what any micro-batch needs: rank 1 gives up, and every rank fails with it.
+  Ranks hopeless(r, tmp / "hopeless", "", "memory.limit_mb=" + std::to_string(peak - step + 1.0));
+  EXPECT_EQ(exit_code_within(*hopeless.r0, std::chrono::seconds(300)), 3) << read_file(tmp / "hopeless.r0");
+  EXPECT_EQ(exit_code_within(*hopeless.r1, std::chrono::seconds(60)), 3) << read_file(tmp / "hopeless.r1");
+  const std::string status = read_file(tmp / "hopeless/status.json");
+  EXPECT_NE(status.find("\"status\":\"FAILED\""), std::string::npos) << status;
+  EXPECT_NE(status.find("out of memory in "), std::string::npos) << status;
+  EXPECT_NE(status.find("rank 1 ran out of memory"), std::string::npos) << status;
+
+  // Evaluation: each rank retries its own part; rank 1 giving up (no eval backoff) ends the
+  // run on every rank.
+  Ranks eval(r, tmp / "eval", "eval.batch_size=1000 plugins.oom_backoff.eval=false",
+             "eval.batch_size=1000 plugins.oom_backoff.eval=false memory.limit_mb=" + std::to_string(peak + 1.0));
+  EXPECT_EQ(exit_code_within(*eval.r0, std::chrono::seconds(300)), 3) << read_file(tmp / "eval.r0");
+  EXPECT_EQ(exit_code_within(*eval.r1, std::chrono::seconds(60)), 3) << read_file(tmp / "eval.r1");
+  const std::string eval_status = read_file(tmp / "eval/status.json");
+  EXPECT_NE(eval_status.find("rank 1 ran out of memory in eval and gave up"), std::string::npos) << eval_status;
+}
+
+/// Rank 0's exit code after rank 1 gets `sig` in the middle of a long run with a 3 s timeout.
+void lose_rank_1(const TempDir& tmp, int sig, const std::string& dir) {
+  Ranks ranks(recipe(tmp), tmp / dir, "training.epochs=1000 distributed.timeout_s=3 checkpoint.every_steps=5",
+              "training.epochs=1000 distributed.timeout_s=3");
+  ASSERT_TRUE(trainer::testing::wait_for_text(tmp / (dir + "/metrics.jsonl"), "train/loss"))
+      << read_file(tmp / (dir + ".r0"));
+  ASSERT_EQ(::kill(ranks.r1->pid(), sig), 0);
+  // The timeout (3 s) and the roll call of the heartbeats (1.25 s) bound the wait; 60 s only
+  // keeps a hang from hanging the test.
+  EXPECT_EQ(exit_code_within(*ranks.r0, std::chrono::seconds(60)), 3) << read_file(tmp / (dir + ".r0"));
+  const std::string status = read_file(tmp / (dir + "/status.json"));
+  EXPECT_NE(status.find("\"status\":\"FAILED\""), std::string::npos) << status;
+  EXPECT_NE(status.find("rank 1 stopped answering (died, killed or hung)"), std::string::npos) << status;
+  // Rank 0 kept the run: a final checkpoint of the last step every rank took.
+  const std::string latest = read_file(tmp / (dir + "/checkpoints/latest"));
+  EXPECT_FALSE(latest.empty());
+  EXPECT_NE(status.find("\"last_checkpoint\":\"" + tmp / (dir + "/checkpoints/")), std::string::npos) << status;
+}
+
+TEST(DataParallelFailures, AKilledRankMakesTheOthersFailNamingIt) {
+  TempDir tmp;
+  lose_rank_1(tmp, SIGKILL, "killed");
+}
+
+TEST(DataParallelFailures, AHungRankMakesTheOthersFailAfterTheTimeoutNamingIt) {
+  TempDir tmp;
+  lose_rank_1(tmp, SIGSTOP, "hung");
+}
+
+}  // namespace

@@ -1,0 +1,93 @@
+#pragma once
+// Helpers of the data-parallel tests: the model in a checkpoint, ports, and ranks started by
+// hand with torchrun's variables (as a cluster's launcher would), one command line each.
+#include <gtest/gtest.h>
+#include <torch/serialize.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <map>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "support/test_util.h"
+
+namespace trainer::testing {
+
+/// The tensors of an archive and of the archives in it, by their dotted names.
+inline void tensors_of(torch::serialize::InputArchive& ar, const std::string& prefix,
+                       std::map<std::string, at::Tensor>& out) {
+  for (const auto& key : ar.keys()) {
+    at::Tensor t;
+    torch::serialize::InputArchive sub;
+    if (ar.try_read(key, t)) {
+      out[prefix + key] = t;
+    } else if (ar.try_read(key, sub)) {
+      tensors_of(sub, prefix + key + ".", out);
+    }
+  }
+}
+
+/// The model's parameters and buffers in a checkpoint, by name.
+inline std::map<std::string, at::Tensor> parameters_of(const std::string& checkpoint) {
+  torch::serialize::InputArchive ar, model;
+  ar.load_from(checkpoint);
+  ar.read("model", model);
+  std::map<std::string, at::Tensor> out;
+  tensors_of(model, "", out);
+  return out;
+}
+
+/// The largest absolute difference between the models of two checkpoints.
+inline double largest_difference(const std::string& a, const std::string& b) {
+  const auto pa = parameters_of(a), pb = parameters_of(b);
+  EXPECT_EQ(pa.size(), pb.size());
+  EXPECT_FALSE(pa.empty());
+  double d = 0;
+  for (const auto& [name, t] : pa) d = std::max(d, (pb.at(name) - t).abs().max().item<double>());
+  return d;
+}
+
+/// A port nobody listens on now on 127.0.0.1 (the kernel's pick).
+inline int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+  ::close(fd);
+  return ok ? ntohs(a.sin_port) : 29500;
+}
+
+/// The environment torchrun gives rank `rank` of `world` on this host, as a command prefix.
+inline std::string rank_env(int rank, int world, int port) {
+  return "RANK=" + std::to_string(rank) + " LOCAL_RANK=" + std::to_string(rank) +
+         " WORLD_SIZE=" + std::to_string(world) + " LOCAL_WORLD_SIZE=" + std::to_string(world) +
+         " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " ";
+}
+
+/// The exit code of `child` once it ends, or nullopt if it is still running after `limit` (a
+/// bound so that a hang fails the test instead of hanging it).
+inline std::optional<int> exit_code_within(Child& child, std::chrono::seconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    int status = 0;
+    const pid_t r = ::waitpid(child.pid(), &status, WNOHANG);
+    if (r == child.pid()) {
+      child.forget();
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return std::nullopt;
+}
+
+}  // namespace trainer::testing
