@@ -1,7 +1,9 @@
 // device_select: picks the run's device on a shared host (SelectDevice). "auto" takes the
 // visible GPU with the most free memory above min_free_mb that no other job holds a lease
 // on; when none qualifies it waits (wait_for_gpu), then falls back to the CPU or ends the
-// run with exit code 4. The lease (a flock'ed file per GPU) is held until the run ends.
+// run with exit code 4. The lease (a flock'ed file per GPU) is held until the run ends. In a
+// data-parallel launch each rank takes its own GPU: "cuda" is cuda:<LOCAL_RANK>, and "auto"'s
+// exclusive leases keep two ranks off one GPU.
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -11,6 +13,7 @@
 #include <thread>
 
 #include "trainer/devices.h"
+#include "trainer/distributed.h"
 #include "trainer/error.h"
 #include "trainer/interrupt.h"
 #include "trainer/lease.h"
@@ -90,13 +93,25 @@ class DeviceSelectPlugin final : public trainer::Plugin {
     device_ = s.device;
     wanted_index_ = device->index;
     if (device->kind == trainer::DeviceSetting::Kind::Cpu) cpu_only_ = true;
+    share_ = s.share;
+    // A data-parallel launch: plain "cuda" is this rank's own GPU (LOCAL_RANK among the visible
+    // ones), and the ranks' leases are exclusive, so that "auto" gives each its own GPU.
+    if (const auto local = trainer::local_rank_of_this_process(); local >= 0) {
+      if (s.device == "cuda") {
+        wanted_index_ = static_cast<int>(local);
+        device_ = "cuda (cuda:" + std::to_string(local) + ", LOCAL_RANK)";
+      }
+      if (share_) {
+        logger_->warn("device_select: share = true is ignored in a data-parallel launch: each rank takes its own GPU");
+        share_ = false;
+      }
+    }
     min_free_ = static_cast<std::int64_t>(s.min_free_mb * 1048576.0);
     wait_ = s.wait_for_gpu;
     interval_s_ = s.check_interval_s;
     timeout_s_ = s.timeout_min * 60.0;
     cpu_fallback_ = s.allow_cpu_fallback;
     use_lease_ = s.lease;
-    share_ = s.share;
     lease_dir_ = s.lease_dir.empty() ? DeviceLease::default_dir() : s.lease_dir;
     // Before anything starts CUDA: CUDA must number GPUs as the driver does.
     if (const std::string w = trainer::prefer_pci_bus_order(); !w.empty()) logger_->warn("device_select: {}", w);
@@ -221,9 +236,9 @@ class DeviceSelectPlugin final : public trainer::Plugin {
           const auto who = std::find_if(st.holders.begin(), st.holders.end(),
                                         [&](const trainer::LeaseHolder& h) { return h.shared != st.exclusive; });
           rejected.push_back(g.id + " is leased by " +
-                             (who != st.holders.end()       ? who->describe()
-                              : st.holders.empty()          ? std::string("another job")
-                                                            : st.holders.front().describe()));
+                             (who != st.holders.end() ? who->describe()
+                              : st.holders.empty()    ? std::string("another job")
+                                                      : st.holders.front().describe()));
           continue;
         }
         c.holders = st.held ? std::max<std::size_t>(1, st.holders.size()) : 0;
@@ -288,10 +303,12 @@ class DeviceSelectPlugin final : public trainer::Plugin {
       } else {
         std::vector<trainer::LeaseHolder> holders;
         next = DeviceLease::try_acquire(lease_dir_, lease_key(*g), share_, ctx.run_dir, &holders);
-        if (!next) why = "it is leased by " + (holders.empty() ? std::string("another job") : holders.front().describe());
+        if (!next)
+          why = "it is leased by " + (holders.empty() ? std::string("another job") : holders.front().describe());
       }
     }
-    if (lease_) logger_->info("device_select: the run left {}; released its lease {}", leased_device_, lease_->lock_path());
+    if (lease_)
+      logger_->info("device_select: the run left {}; released its lease {}", leased_device_, lease_->lock_path());
     lease_ = std::move(next);
     leased_device_ = now;
     if (lease_) {

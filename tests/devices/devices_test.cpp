@@ -11,6 +11,7 @@
 #include "devices/select_support.h"
 #include "support/test_util.h"
 #include "trainer/devices.h"
+#include "trainer/distributed.h"
 #include "trainer/lease.h"
 
 namespace trainer::testing {
@@ -452,6 +453,44 @@ TEST_F(FakeNvml, AStaleLeaseOfAKilledJobIsReclaimed) {
   EXPECT_EQ(r.device, "cuda:0") << r.log << r.error;
   EXPECT_NE(r.log.find("reclaimed the stale lease of pid " + std::to_string(pid)), std::string::npos) << r.log;
   EXPECT_FALSE(std::filesystem::exists(leases() + "/GPU-only." + std::to_string(pid) + ".holder"));
+}
+
+TEST_F(FakeNvml, InADataParallelLaunchEachRankTakesItsOwnGpu) {
+  four_gpus({0, 0, 0, 0});
+  const auto rank = [](int r) {
+    return "RANK=" + std::to_string(r) + " LOCAL_RANK=" + std::to_string(r) +
+           " WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 ";
+  };
+  // Plain "cuda": the GPU numbered LOCAL_RANK among the visible ones.
+  auto o = run_command(rank(1) + probe_command("'device = \"cuda\"' 'lease = false'"));
+  EXPECT_EQ(o.code, 0) << o.text;
+  EXPECT_NE(o.text.find("selected cuda:1"), std::string::npos) << o.text;
+  setenv("CUDA_VISIBLE_DEVICES", "3,2", 1);
+  o = run_command(rank(1) + probe_command("'device = \"cuda\"' 'lease = false'"));
+  EXPECT_NE(o.text.find("selected cuda:1"), std::string::npos) << o.text;  // the second visible one
+  unsetenv("CUDA_VISIBLE_DEVICES");
+  // "auto" with share = true: the ranks' leases stay exclusive, so they never pick one GPU.
+  const std::string out0 = tmp_ / "r0.out", out1 = tmp_ / "r1.out";
+  const std::string args = " --hold 4 'share = true' 'lease_dir = \"" + leases() + "\"' > ";
+  Child r0("env " + rank(0) + probe_command(args + out0 + " 2>&1"));
+  Child r1("env " + rank(1) + probe_command(args + out1 + " 2>&1"));
+  EXPECT_EQ(WEXITSTATUS(r0.wait()), 0) << read_file(out0);
+  EXPECT_EQ(WEXITSTATUS(r1.wait()), 0) << read_file(out1);
+  const std::string a = read_file(out0), b = read_file(out1);
+  const auto chosen = [](const std::string& t) {
+    const auto p = t.find("selected ");
+    return p == std::string::npos ? std::string("none") : t.substr(p + 9, t.find('\n', p) - p - 9);
+  };
+  EXPECT_NE(chosen(a), chosen(b)) << a << b;
+  EXPECT_NE(chosen(a).rfind("cuda:", 0), std::string::npos) << a;
+  EXPECT_NE(chosen(b).rfind("cuda:", 0), std::string::npos) << b;
+  EXPECT_NE(a.find("share = true is ignored in a data-parallel launch"), std::string::npos) << a;
+}
+
+TEST(SharedGpu, TwoRanksOnOneGpuOfAHostAreNamed) {
+  EXPECT_EQ(shared_gpu({"a cuda:0", "a cuda:1", "b cuda:0"}), "");
+  EXPECT_EQ(shared_gpu({"a cpu", "a cpu"}), "");
+  EXPECT_EQ(shared_gpu({"a cuda:0", "b cuda:1", "b cuda:1"}), "ranks 1 and 2 both use cuda:1 on host b");
 }
 
 }  // namespace

@@ -37,6 +37,16 @@ namespace trainer {
 /// 0 only.
 TRAINER_API std::int64_t rank_of_this_process();
 
+/// This process's rank on its host (LOCAL_RANK) in a data-parallel launch, -1 in a run of one.
+/// A device setting of plain `cuda` means `cuda:<LOCAL_RANK>` in a launch, as torchrun's
+/// scripts use it: each rank of a host its own GPU.
+TRAINER_API std::int64_t local_rank_of_this_process();
+
+/// The GPUs two ranks share, from each rank's "<host> <device>" (index = rank): a sentence
+/// naming the first such pair ("ranks 0 and 1 both use cuda:0 on host a"), empty when none
+/// does. CPU places are never shared in that sense.
+TRAINER_API std::string shared_gpu(const std::vector<std::string>& places);
+
 /// Where this process stands in a launch (torchrun's variables).
 struct TRAINER_API DistEnv {
   std::int64_t rank = 0;
@@ -87,6 +97,8 @@ class TRAINER_API ProcessGroup {
   /// Rank `root`'s `value` on every rank (through the store): `name` must be new to the group
   /// each time (the run directory, ...).
   std::string share(const std::string& name, const std::string& value, std::int64_t root = 0);
+  /// Every rank's `value`, by rank (through the store; `name` new to the group each time).
+  std::vector<std::string> gather(const std::string& name, const std::string& value);
 
  private:
   struct Impl;

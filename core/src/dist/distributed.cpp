@@ -61,6 +61,27 @@ std::int64_t rank_of_this_process() {
   return std::strtoll(rank->c_str(), nullptr, 10);
 }
 
+std::int64_t local_rank_of_this_process() {
+  const auto world = env_value("WORLD_SIZE");
+  const auto local = env_value("LOCAL_RANK");
+  if (!world || *world == "1" || !local) return -1;
+  return std::strtoll(local->c_str(), nullptr, 10);
+}
+
+std::string shared_gpu(const std::vector<std::string>& places) {
+  for (std::size_t a = 0; a < places.size(); ++a) {
+    const auto space = places[a].rfind(' ');
+    if (space == std::string::npos || places[a].compare(space + 1, 4, "cuda") != 0) continue;
+    for (std::size_t b = a + 1; b < places.size(); ++b) {
+      if (places[b] == places[a]) {
+        return detail::str("ranks ", a, " and ", b, " both use ", places[a].substr(space + 1), " on host ",
+                           places[a].substr(0, space));
+      }
+    }
+  }
+  return "";
+}
+
 DistEnv DistEnv::from_env() {
   DistEnv env;
   const auto world = env_value("WORLD_SIZE");
@@ -279,6 +300,21 @@ std::string ProcessGroup::share(const std::string& name, const std::string& valu
     impl_->store->wait({key}, impl_->timeout);
     const auto bytes = impl_->store->get(key);
     return std::string(bytes.begin(), bytes.end());
+  });
+}
+
+std::vector<std::string> ProcessGroup::gather(const std::string& name, const std::string& value) {
+  const std::string prefix = "gather/" + name + "/";
+  return impl_->guarded("gathering values", [&] {
+    impl_->store->set(prefix + std::to_string(impl_->rank), std::vector<std::uint8_t>(value.begin(), value.end()));
+    std::vector<std::string> all;
+    for (std::int64_t r = 0; r < impl_->size; ++r) {
+      const std::string key = prefix + std::to_string(r);
+      impl_->store->wait({key}, impl_->timeout);
+      const auto bytes = impl_->store->get(key);
+      all.emplace_back(bytes.begin(), bytes.end());
+    }
+    return all;
   });
 }
 

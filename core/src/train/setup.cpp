@@ -16,6 +16,7 @@
 #include "train/hooks.h"
 #include "train/memory_format.h"
 #include "trainer/devices.h"
+#include "trainer/distributed.h"
 #include "trainer/error.h"
 #include "trainer/memory.h"
 #include "trainer/runtime.h"
@@ -53,6 +54,10 @@ c10::Device select_device(Hooks& hooks, const RuntimeSettings& s) {
   TRAINER_CHECK_T(UsageError, requested, "runtime.device = \"", s.device, "\": must be ", device_setting_check().rule);
   EventContext& ctx = hooks.context();
   ctx.device = c10::Device(requested->str());
+  // In a data-parallel launch, plain "cuda" is each rank's own GPU: cuda:<LOCAL_RANK>.
+  if (const auto local = local_rank_of_this_process(); local >= 0 && s.device == "cuda") {
+    ctx.device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local));
+  }
   const Control c = hooks.fire(Event::SelectDevice);
   if (c.switch_device) ctx.device = c10::Device(*c.switch_device);
   if (ctx.device.is_cuda()) check_cuda_device(ctx.device, "device");
@@ -131,8 +136,9 @@ void setup_model(RunParts& parts, Hooks& hooks, const Config& cfg, bool resuming
     const std::string file = weights_file(settings.weights, log);
     const WeightsReport r = load_weights(*parts.model, file, settings.weights_exclude);
     log.info("model weights: {} tensors from {} ({}){}", r.loaded, file, r.format,
-             r.excluded.empty() ? std::string()
-                                : ", " + std::to_string(r.excluded.size()) + " kept at their initial values (model.weights_exclude)");
+             r.excluded.empty()
+                 ? std::string()
+                 : ", " + std::to_string(r.excluded.size()) + " kept at their initial values (model.weights_exclude)");
   }
   EventContext& ctx = hooks.context();
   ctx.model = parts.model;
@@ -141,8 +147,8 @@ void setup_model(RunParts& parts, Hooks& hooks, const Config& cfg, bool resuming
   hooks.fire(Event::ModelCreated);
   TRAINER_CHECK(ctx.model != nullptr, "a plugin cleared the model in ModelCreated");
   TRAINER_CHECK(ctx.train_set != nullptr, "a plugin cleared the training set in ModelCreated");
-  TRAINER_CHECK((ctx.test_set != nullptr) == (parts.test_set != nullptr),
-                "a plugin in ModelCreated ", parts.test_set ? "cleared the test set" : "added a test set to a run without evaluation");
+  TRAINER_CHECK((ctx.test_set != nullptr) == (parts.test_set != nullptr), "a plugin in ModelCreated ",
+                parts.test_set ? "cleared the test set" : "added a test set to a run without evaluation");
   parts.model = ctx.model;
   parts.train_set = ctx.train_set;
   parts.test_set = ctx.test_set;

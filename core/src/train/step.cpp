@@ -6,6 +6,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <algorithm>
+#include <chrono>
 
 #include "dist/grad_sync.h"
 #include "train/hooks.h"
@@ -18,6 +19,23 @@
 #include "util/error_text.h"
 
 namespace trainer {
+
+namespace {
+
+/// Adds the time of a data-parallel step's collectives to the window's dist/comm_s.
+class CommTimer {
+ public:
+  explicit CommTimer(TrainMetrics& m) : m_(m) {}
+  ~CommTimer() { m_.add_comm(std::chrono::duration<double>(TrainMetrics::Clock::now() - t0_).count()); }
+  CommTimer(const CommTimer&) = delete;
+  CommTimer& operator=(const CommTimer&) = delete;
+
+ private:
+  TrainMetrics& m_;
+  TrainMetrics::Clock::time_point t0_ = TrainMetrics::Clock::now();
+};
+
+}  // namespace
 
 TrainStep::TrainStep(const TrainingSettings& training, RunParts& parts, RunState& state, Hooks& hooks, OomRecovery& oom,
                      TrainMetrics& metrics, spdlog::logger& log)
@@ -55,7 +73,10 @@ bool TrainStep::run(const at::Tensor& indices, std::int64_t global_size, Positio
     // A data-parallel run skips a batch on every rank or on none (the others would wait in its
     // all-reduce), and every rank uses the smallest micro-batch any rank asks for (oom_backoff
     // growing back hears the same events on every rank, so they normally ask the same).
-    const auto agreed = parts_.group->all_reduce_max({skip_batch ? 1 : 0, -micro_batch_});
+    const auto agreed = [&] {
+      CommTimer timer(metrics_);
+      return parts_.group->all_reduce_max({skip_batch ? 1 : 0, -micro_batch_});
+    }();
     skip_batch = agreed[0] > 0;
     if (-agreed[1] != micro_batch_) {
       log_.info("micro-batch {} -> {} (agreed by the ranks)", micro_batch_, -agreed[1]);
@@ -106,7 +127,10 @@ bool TrainStep::run(const at::Tensor& indices, std::int64_t global_size, Positio
           if (!parts_.group || !is_out_of_memory(e)) throw;
           failed = LocalOom{oom_.phase(), detail::error_text(e)};
         }
-        if (parts_.group) skip = agree_before_step(failed, skip);
+        if (parts_.group) {
+          CommTimer timer(metrics_);
+          skip = agree_before_step(failed, skip);
+        }
         skipped = skip;
         if (skip) return;
         take_step();
@@ -159,11 +183,16 @@ TrainStep::Accumulated TrainStep::agreed_forward_backward(const at::Tensor& indi
     failed = LocalOom{oom_.phase(), detail::error_text(e)};
     drop_gradients(*parts_.model);
   }
+  CommTimer timer(metrics_);
   const auto agreed = sync_->agree(local.loss, local.correct, local.skip, failed ? phase_code(failed->phase) : 0);
   if (agreed.failed_rank >= 0) throw_ranks_out_of_memory(failed, agreed.failed_rank, phase_name(agreed.failed_phase));
   // Every rank steps with the global batch's mean gradient (each loss was divided by the
   // global batch), and reports the global batch's loss.
-  sync_->reduce(1.0);
+  {
+    const auto t0 = TrainMetrics::Clock::now();
+    sync_->reduce(1.0);
+    metrics_.add_all_reduce(std::chrono::duration<double>(TrainMetrics::Clock::now() - t0).count());
+  }
   return {agreed.loss, agreed.correct, agreed.skip};
 }
 

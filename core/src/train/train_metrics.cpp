@@ -18,6 +18,13 @@ void TrainMetrics::log(const RunState& st) {
       {"train/micro_batch_size", double(micro_batch_)}};
   // The window's mean, like train/loss: the total L2 norm of each step's gradient before clipping.
   if (norms_ > 0) m["train/grad_norm"] = grad_norm_ / double(norms_);
+  if (comm_s_ > 0) {
+    // Per step, and as a share of the window's training time: what data parallelism costs.
+    m["dist/comm_s"] = comm_s_ / double(steps_);
+    m["dist/comm_share"] = secs > 0 ? comm_s_ / secs : 0.0;
+    m["dist/all_reduce_s"] = all_reduce_s_ / double(steps_);
+    m["dist/all_reduce_share"] = secs > 0 ? all_reduce_s_ / secs : 0.0;
+  }
   metrics_.log(st.global_step, m);
   grad_norm_ = 0;
   norms_ = 0;
@@ -26,6 +33,8 @@ void TrainMetrics::log(const RunState& st) {
   steps_ = 0;
   samples_ = 0;
   excluded_s_ = 0.0;
+  comm_s_ = 0.0;
+  all_reduce_s_ = 0.0;
   start_ = Clock::now();
 }
 

@@ -1,7 +1,8 @@
 #pragma once
 // Private: the training metrics of a window of optimizer steps (train/loss, train/accuracy,
-// train/lr, train/epoch, train/samples_per_s, train/micro_batch_size, and train/grad_norm when
-// gradients are clipped), logged
+// train/lr, train/epoch, train/samples_per_s, train/micro_batch_size, train/grad_norm when
+// gradients are clipped, and in a data-parallel run dist/comm_s, dist/comm_share,
+// dist/all_reduce_s and dist/all_reduce_share), logged
 // every training.log_every steps and at epoch ends.
 #include <chrono>
 #include <cstdint>
@@ -34,6 +35,12 @@ class TrainMetrics {
       ++norms_;
     }
   }
+  /// Seconds a data-parallel step spent in its collectives (agreements and the gradients'
+  /// all-reduce, waiting for the slowest rank included).
+  void add_comm(double seconds) { comm_s_ += seconds; }
+  /// Of those, the seconds in the gradients' all-reduce itself (after the first agreement, so
+  /// with the ranks already in step: transfer and summing, little waiting).
+  void add_all_reduce(double seconds) { all_reduce_s_ += seconds; }
   /// Logs the window's metrics at `state.global_step` and starts a new window; nothing when
   /// the window has no step.
   void log(const RunState& state);
@@ -66,6 +73,8 @@ class TrainMetrics {
   std::int64_t norms_ = 0;
   Clock::time_point start_ = Clock::now();
   double excluded_s_ = 0.0;  ///< paused time inside the window
+  double comm_s_ = 0.0;      ///< time in collectives inside the window (data-parallel runs)
+  double all_reduce_s_ = 0.0;  ///< of which in the gradients' all-reduce
 };
 
 }  // namespace trainer

@@ -14,6 +14,8 @@
 #include <spdlog/spdlog.h>
 #include <torch/optim/optimizer.h>
 
+#include <unistd.h>
+
 #include <optional>
 
 #include <spdlog/sinks/basic_file_sink.h>
@@ -163,6 +165,7 @@ struct Trainer::Impl {
     const auto runtime = RuntimeSettings::from(cfg.sub("runtime"));
     setup_runtime(runtime, settings.seed, *log);
     parts.device = select_device(*hooks, runtime);
+    if (parts.group) check_one_gpu_per_rank();
     budget.emplace(parts.device, MemorySettings::from(cfg.sub("memory")), *log);
     log->info("device: {}", parts.device.str());
     setup_data(parts, cfg, settings.eval.every_epochs > 0 || settings.eval.at_end, *log);
@@ -181,6 +184,18 @@ struct Trainer::Impl {
                                     state, *hooks, *metrics, *log);
   }
 
+  /// Two ranks on one GPU would share its memory and, with NCCL, fail: each rank of a host
+  /// takes its own (plain "cuda" is cuda:<LOCAL_RANK>; device_select's leases are exclusive).
+  void check_one_gpu_per_rank() {
+    char host[256] = {};
+    ::gethostname(host, sizeof host - 1);
+    const auto places = parts.group->gather("device", std::string(host) + " " + parts.device.str());
+    const std::string shared = shared_gpu(places);
+    TRAINER_CHECK_T(UsageError, shared.empty(), "data-parallel: ", shared,
+                    "; give each rank of a host its own GPU: runtime.device = \"cuda\" (cuda:<LOCAL_RANK>), or "
+                    "device_select with device = \"auto\" (exclusive leases) or \"cuda\"");
+  }
+
   /// --resume: model, optimizer, counters, RNG and plugin states from the checkpoint; the loop
   /// starts at its position; Resume.
   void resume() {
@@ -189,7 +204,14 @@ struct Trainer::Impl {
       return;
     }
     ResumeInfo info;
-    rooms->loop.start_at(rooms->checkpointer.load(opts.resume, info));
+    if (parts.group && parts.group->rank() != 0) {
+      // Rank 0 picks the checkpoint (the newest complete one of a directory); every rank loads
+      // that file, also where a rank would see another newest one.
+      rooms->loop.start_at(rooms->checkpointer.load(parts.group->share("resume", ""), info));
+    } else {
+      rooms->loop.start_at(rooms->checkpointer.load(opts.resume, info));
+      if (parts.group) parts.group->share("resume", info.checkpoint);
+    }
     hooks->context().checkpoint_path = info.checkpoint;
     hooks->fire(Event::Resume, EventArgs::resumed(info));
   }
