@@ -9,6 +9,7 @@
 //   build/bench/dp_bench
 #include <benchmark/benchmark.h>
 
+#include <unistd.h>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -16,7 +17,6 @@
 #include <map>
 #include <regex>
 #include <string>
-#include <unistd.h>
 
 namespace {
 
@@ -47,14 +47,14 @@ void BM_DataParallel(benchmark::State& state) {
   const int threads = static_cast<int>(state.range(2));
   const int batch = cnn ? 64 : 256;
   const fs::path dir = fs::temp_directory_path() / ("dp_bench_" + std::to_string(::getpid()));
-  const std::string model = cnn ? "model=cnn model.batch_norm=false model.dropout=0.0 model.memory_format=contiguous"
-                                : "model=mlp";
+  const std::string model =
+      cnn ? "model=cnn model.batch_norm=false model.dropout=0.0 model.memory_format=contiguous" : "model=mlp";
   const std::string recipe = dir.string() + ".toml";
   std::ofstream(recipe) << "defaults = [\"model/mlp\", \"dataset/fashion_mnist\", \"optim/adamw\"]\n"
                            "[run]\nname = \"dp_bench\"\nseed = 1\n";
-  const std::string args = " --recipe " + recipe + " " + model +
-                           " training.batch_size=" + std::to_string(batch) + " training.max_steps=" +
-                           std::to_string(kSteps) + " training.log_every=" + std::to_string(kLogEvery) +
+  const std::string args = " --recipe " + recipe + " " + model + " training.batch_size=" + std::to_string(batch) +
+                           " training.max_steps=" + std::to_string(kSteps) +
+                           " training.log_every=" + std::to_string(kLogEvery) +
                            " dataset.limit=" + std::to_string(batch * kSteps) +
                            " eval.every_epochs=0 checkpoint.at_end=false metrics.console=false runtime.num_threads=" +
                            std::to_string(threads) + " --log-level warn --run-dir " + dir.string();

@@ -99,6 +99,7 @@ class DeviceSelectPlugin final : public trainer::Plugin {
     if (const auto local = trainer::local_rank_of_this_process(); local >= 0) {
       if (s.device == "cuda") {
         wanted_index_ = static_cast<int>(local);
+        by_local_rank_ = true;
         device_ = "cuda (cuda:" + std::to_string(local) + ", LOCAL_RANK)";
       }
       if (share_) {
@@ -149,6 +150,8 @@ class DeviceSelectPlugin final : public trainer::Plugin {
     for (int check = 1;; ++check) {
       const trainer::InventorySnapshot snap = inventory->snapshot();
       if (check == 1) describe(snap);
+      // A launcher that gives each rank its own CUDA_VISIBLE_DEVICES: the one GPU it sees.
+      if (by_local_rank_ && snap.gpus.size() == 1) wanted_index_ = 0;
       // A GPU index past the visible ones is a setting that cannot work (no GPU at all is the
       // fallback's case).
       if (wanted_index_ >= 0 && !snap.gpus.empty() && wanted_index_ >= static_cast<int>(snap.gpus.size())) {
@@ -340,6 +343,7 @@ class DeviceSelectPlugin final : public trainer::Plugin {
   std::string device_, lease_dir_;
   int wanted_index_ = -1;  ///< cuda / cuda:N: that GPU only; -1: any (auto)
   bool cpu_only_ = false;
+  bool by_local_rank_ = false;  ///< "cuda" in a data-parallel launch: LOCAL_RANK's GPU
   std::int64_t min_free_ = 0;
   bool wait_ = false, cpu_fallback_ = true, use_lease_ = true, share_ = false;
   double interval_s_ = 30, timeout_s_ = 3600;

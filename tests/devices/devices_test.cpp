@@ -469,7 +469,14 @@ TEST_F(FakeNvml, InADataParallelLaunchEachRankTakesItsOwnGpu) {
   o = run_command(rank(1) + probe_command("'device = \"cuda\"' 'lease = false'"));
   EXPECT_NE(o.text.find("selected cuda:1"), std::string::npos) << o.text;  // the second visible one
   unsetenv("CUDA_VISIBLE_DEVICES");
-  // "auto" with share = true: the ranks' leases stay exclusive, so they never pick one GPU.
+  // A launcher that gives each rank its own CUDA_VISIBLE_DEVICES: the one GPU the rank sees.
+  setenv("CUDA_VISIBLE_DEVICES", "2", 1);
+  o = run_command(rank(1) + probe_command("'device = \"cuda\"' 'lease = false'"));
+  EXPECT_NE(o.text.find("selected cuda:0"), std::string::npos) << o.text;
+  unsetenv("CUDA_VISIBLE_DEVICES");
+  // One GPU and "auto" with share = true: the ranks' leases stay exclusive, so the second rank
+  // does not get the GPU the first holds (it falls back to the CPU).
+  script("gpu uuid=GPU-only total_mb=16384\n");
   const std::string out0 = tmp_ / "r0.out", out1 = tmp_ / "r1.out";
   const std::string args = " --hold 4 'share = true' 'lease_dir = \"" + leases() + "\"' > ";
   Child r0("env " + rank(0) + probe_command(args + out0 + " 2>&1"));
@@ -481,9 +488,8 @@ TEST_F(FakeNvml, InADataParallelLaunchEachRankTakesItsOwnGpu) {
     const auto p = t.find("selected ");
     return p == std::string::npos ? std::string("none") : t.substr(p + 9, t.find('\n', p) - p - 9);
   };
-  EXPECT_NE(chosen(a), chosen(b)) << a << b;
-  EXPECT_NE(chosen(a).rfind("cuda:", 0), std::string::npos) << a;
-  EXPECT_NE(chosen(b).rfind("cuda:", 0), std::string::npos) << b;
+  EXPECT_EQ((std::multiset<std::string>{chosen(a), chosen(b)}), (std::multiset<std::string>{"cpu", "cuda:0"}))
+      << a << b;
   EXPECT_NE(a.find("share = true is ignored in a data-parallel launch"), std::string::npos) << a;
 }
 
@@ -491,6 +497,16 @@ TEST(SharedGpu, TwoRanksOnOneGpuOfAHostAreNamed) {
   EXPECT_EQ(shared_gpu({"a cuda:0", "a cuda:1", "b cuda:0"}), "");
   EXPECT_EQ(shared_gpu({"a cpu", "a cpu"}), "");
   EXPECT_EQ(shared_gpu({"a cuda:0", "b cuda:1", "b cuda:1"}), "ranks 1 and 2 both use cuda:1 on host b");
+  EXPECT_EQ(shared_gpu({"a 3", "a 3"}), "ranks 0 and 1 both use GPU 3 on host a");
+  // Each rank names the GPU by its entry in CUDA_VISIBLE_DEVICES, so ranks that see one GPU
+  // each (as cuda:0) are told apart.
+  setenv("CUDA_VISIBLE_DEVICES", "3, GPU-b", 1);
+  EXPECT_EQ(physical_gpu(c10::Device("cuda:0")), "3");
+  EXPECT_EQ(physical_gpu(c10::Device("cuda:1")), "GPU-b");
+  EXPECT_EQ(physical_gpu(c10::Device("cuda:2")), "cuda:2");
+  unsetenv("CUDA_VISIBLE_DEVICES");
+  EXPECT_EQ(physical_gpu(c10::Device("cuda:1")), "cuda:1");
+  EXPECT_EQ(physical_gpu(c10::Device("cpu")), "cpu");
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 // others fail with trainer::Error instead of waiting for ever. Each rank keeps a heartbeat in
 // the store (a count it raises twice a second), so the error names the rank that stopped.
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <chrono>
 #include <cstdint>
@@ -42,9 +43,13 @@ TRAINER_API std::int64_t rank_of_this_process();
 /// scripts use it: each rank of a host its own GPU.
 TRAINER_API std::int64_t local_rank_of_this_process();
 
-/// The GPUs two ranks share, from each rank's "<host> <device>" (index = rank): a sentence
-/// naming the first such pair ("ranks 0 and 1 both use cuda:0 on host a"), empty when none
-/// does. CPU places are never shared in that sense.
+/// Which GPU `device` is on this host, whatever this process's CUDA_VISIBLE_DEVICES: its entry
+/// there ("GPU-5f0c..." or "3"), else "cuda:N"; "cpu" for the CPU.
+TRAINER_API std::string physical_gpu(const c10::Device& device);
+
+/// The GPUs two ranks share, from each rank's "<host> <physical_gpu>" (index = rank): a
+/// sentence naming the first such pair ("ranks 0 and 1 both use GPU 3 on host a"), empty when
+/// none does. CPU places are never shared in that sense.
 TRAINER_API std::string shared_gpu(const std::vector<std::string>& places);
 
 /// Where this process stands in a launch (torchrun's variables).

@@ -68,14 +68,34 @@ std::int64_t local_rank_of_this_process() {
   return std::strtoll(local->c_str(), nullptr, 10);
 }
 
+std::string physical_gpu(const c10::Device& device) {
+  if (!device.is_cuda()) return "cpu";
+  const std::int64_t index = device.has_index() ? device.index() : 0;
+  if (const auto visible = env_value("CUDA_VISIBLE_DEVICES")) {
+    std::vector<std::string> entries;
+    std::string entry;
+    for (char c : *visible + ",") {
+      if (c == ',') {
+        entries.push_back(entry);
+        entry.clear();
+      } else if (c != ' ') {
+        entry += c;
+      }
+    }
+    if (index < static_cast<std::int64_t>(entries.size())) return entries[static_cast<std::size_t>(index)];
+  }
+  return "cuda:" + std::to_string(index);
+}
+
 std::string shared_gpu(const std::vector<std::string>& places) {
   for (std::size_t a = 0; a < places.size(); ++a) {
     const auto space = places[a].rfind(' ');
-    if (space == std::string::npos || places[a].compare(space + 1, 4, "cuda") != 0) continue;
+    if (space == std::string::npos || places[a].substr(space + 1) == "cpu") continue;
     for (std::size_t b = a + 1; b < places.size(); ++b) {
       if (places[b] == places[a]) {
-        return detail::str("ranks ", a, " and ", b, " both use ", places[a].substr(space + 1), " on host ",
-                           places[a].substr(0, space));
+        const std::string gpu = places[a].substr(space + 1);
+        return detail::str("ranks ", a, " and ", b, " both use ", gpu.rfind("cuda:", 0) == 0 ? "" : "GPU ", gpu,
+                           " on host ", places[a].substr(0, space));
       }
     }
   }
@@ -119,48 +139,68 @@ struct ProcessGroup::Impl {
   c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo;
 
   // The heartbeat: every rank counts up its key in the store twice a second, on a connection of
-  // its own, so that after a failed collective the survivors can tell which ranks are gone.
+  // its own, so that after a failed collective the survivors can tell which ranks are gone. Its
+  // state is shared with the thread: a thread stuck in the store (rank 0 stopped, its server
+  // with it) is left behind instead of joined, and the process still ends.
+  struct Beat {
+    std::mutex mutex;
+    std::condition_variable cv;
+    bool stop = false;
+    bool done = false;
+  };
+  std::shared_ptr<Beat> beat_state = std::make_shared<Beat>();
   std::thread beat;
-  std::mutex beat_mutex;
-  std::condition_variable beat_cv;
-  bool beat_stop = false;
 
   static constexpr std::chrono::milliseconds kBeat{500};
 
   static std::string beat_key(std::int64_t r) { return "beat/" + std::to_string(r); }
 
   void start_heartbeat(const std::string& addr, const c10d::TCPStoreOptions& base, const std::string& prefix) {
-    beat = std::thread([this, addr, base, prefix] {
+    beat = std::thread([state = beat_state, me = rank, addr, base, prefix] {
       try {
         c10d::TCPStoreOptions o = base;
         o.isServer = false;
         c10d::PrefixStore own(prefix, c10::make_intrusive<c10d::TCPStore>(addr, o));
-        std::unique_lock<std::mutex> lock(beat_mutex);
-        while (!beat_stop) {
+        std::unique_lock<std::mutex> lock(state->mutex);
+        while (!state->stop) {
           lock.unlock();
-          own.add(beat_key(rank), 1);
+          own.add(beat_key(me), 1);
           lock.lock();
-          beat_cv.wait_for(lock, kBeat, [this] { return beat_stop; });
+          state->cv.wait_for(lock, kBeat, [&] { return state->stop; });
         }
       } catch (const std::exception&) {
         // The store is gone (rank 0 ended): nothing left to tell.
       }
+      std::lock_guard<std::mutex> lock(state->mutex);
+      state->done = true;
+      state->cv.notify_all();
     });
   }
 
   void stop_heartbeat() {
     if (!beat.joinable()) return;
-    {
-      std::lock_guard<std::mutex> lock(beat_mutex);
-      beat_stop = true;
+    std::unique_lock<std::mutex> lock(beat_state->mutex);
+    beat_state->stop = true;
+    beat_state->cv.notify_all();
+    const bool done = beat_state->cv.wait_for(lock, kBeat * 4, [&] { return beat_state->done; });
+    lock.unlock();
+    if (done) {
+      beat.join();
+    } else {
+      beat.detach();  // blocked in the store of a stopped rank 0; it owns what it uses
     }
-    beat_cv.notify_all();
-    beat.join();
   }
 
   /// The ranks whose heartbeat stopped: their counts, read twice 2.5 beats apart, did not move.
   /// Said as a sentence for an error message; empty when every rank still beats.
   std::string lost_ranks() {
+    try {
+      // First whether the store answers at all (a wait has a timeout; a stopped rank 0's server
+      // would leave a plain read waiting for ever).
+      store->wait({"joined/0"}, kBeat * 2);
+    } catch (const std::exception&) {
+      return "the group's store does not answer: rank 0, which hosts it, died, was killed or is stopped";
+    }
     try {
       std::vector<std::int64_t> before(static_cast<std::size_t>(size));
       for (std::int64_t r = 0; r < size; ++r) before[static_cast<std::size_t>(r)] = store->add(beat_key(r), 0);
@@ -173,9 +213,9 @@ struct ProcessGroup::Impl {
       }
       if (lost.empty()) return "";
       return (lost.find(',') == std::string::npos ? "rank " : "ranks ") + lost +
-             " stopped answering (died, killed or hung)";
+             " stopped answering (died, killed or stopped)";
     } catch (const std::exception&) {
-      return "the group's store is gone: rank 0, which hosts it, died or was killed";
+      return "the group's store does not answer: rank 0, which hosts it, died, was killed or is stopped";
     }
   }
 
@@ -191,7 +231,9 @@ struct ProcessGroup::Impl {
       const std::string lost = lost_ranks();
       throw Error(detail::str(
           "rank ", rank, ": ", what, " failed: ",
-          lost.empty() ? detail::str("another rank did not answer within ", timeout.count() / 1000.0, " s") : lost,
+          lost.empty() ? detail::str("every rank's heartbeat still runs (a rank did not reach this collective within ",
+                                     timeout.count() / 1000.0, " s, or the collective failed here)")
+                       : lost,
           " (", message_of(e), ")"));
     }
   }

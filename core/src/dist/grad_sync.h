@@ -3,7 +3,7 @@
 //
 //   sync.pack(params);            // local: this rank's gradients into the buckets
 //   auto a = sync.agree(...);     // one collective: loss, correct, skip, each rank's failure
-//   if (!a.failures.empty()) ...  // a rank ran out of memory: every rank retries together
+//   if (a.failed_rank >= 0) ...   // a rank ran out of memory: every rank retries together
 //   sync.reduce(scale);           // the buckets summed over the ranks (the only collectives)
 //   sync.unpack(params);          // local again: back into the gradients
 //

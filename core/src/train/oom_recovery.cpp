@@ -22,6 +22,10 @@ std::string advice_for(const std::string& phase) {
     return "the batch is read whole before it is split into micro-batches, so only a smaller "
            "training.batch_size (or more host memory) helps here";
   }
+  if (phase == "all_reduce") {
+    return "a data-parallel rank keeps a flat copy of every gradient for their all-reduce, whatever the "
+           "micro-batch or distributed.bucket_mb: a smaller model or a larger memory.limit_mb";
+  }
   if (phase == "optimizer_step") {
     return "parameters, gradients, optimizer state and the step's temporaries do not depend on the micro-batch: "
            "a smaller model, an optimizer with less state (sgd keeps none without momentum, adamw two tensors "
@@ -83,14 +87,15 @@ std::int64_t OomRecovery::recover(const std::exception& e, OomRetry rule, std::i
   bool again = (c.switch_device || c.retry_with_micro_batch) && attempt + 1 < kMaxAttempts;
   std::int64_t next = std::clamp<std::int64_t>(c.retry_with_micro_batch.value_or(micro), 1, samples);
   std::string why_not;
+  if (parts_.group && c.switch_device) {
+    // A rank cannot move alone to another device (its gradients' buckets and collectives stay
+    // where the group is), in training or in an evaluation.
+    again = false;
+    why_not = " (a data-parallel run cannot move one rank to another device: " + *c.switch_device + " was asked)";
+  }
   if (ranks) {
     // Every rank heard of the same failure; they retry together with the smallest size asked, or
-    // all give up. A rank cannot move alone to another device (its collectives stay where the
-    // group is).
-    if (c.switch_device) {
-      again = false;
-      why_not = " (a data-parallel run cannot move one rank to another device: " + *c.switch_device + " was asked)";
-    }
+    // all give up.
     const auto agreed = ranks->all_reduce_max({again ? 0 : 1, -next});
     if (again && agreed[0] != 0) why_not = " (another rank's plugins gave up)";
     again = agreed[0] == 0;

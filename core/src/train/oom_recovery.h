@@ -81,7 +81,9 @@ class OomRecovery {
         attempt(size);
         return settled;
       } catch (const std::exception& e) {
-        if (!is_out_of_memory(e) && !dynamic_cast<const RanksOutOfMemory*>(&e)) throw;
+        // With ranks, only an error the ranks agreed on is retried: any other would put this
+        // rank's collectives out of step with theirs.
+        if (ranks ? !dynamic_cast<const RanksOutOfMemory*>(&e) : !is_out_of_memory(e)) throw;
         size = recover(e, rule, size, samples, n, tried, ranks);
         settled = size;
       }

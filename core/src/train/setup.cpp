@@ -54,9 +54,11 @@ c10::Device select_device(Hooks& hooks, const RuntimeSettings& s) {
   TRAINER_CHECK_T(UsageError, requested, "runtime.device = \"", s.device, "\": must be ", device_setting_check().rule);
   EventContext& ctx = hooks.context();
   ctx.device = c10::Device(requested->str());
-  // In a data-parallel launch, plain "cuda" is each rank's own GPU: cuda:<LOCAL_RANK>.
+  // In a data-parallel launch, plain "cuda" is each rank's own GPU: cuda:<LOCAL_RANK>, or the
+  // one GPU a rank sees when its launcher gave each rank its own (CUDA_VISIBLE_DEVICES per rank).
   if (const auto local = local_rank_of_this_process(); local >= 0 && s.device == "cuda") {
-    ctx.device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local));
+    const auto visible = static_cast<std::int64_t>(torch::cuda::device_count());
+    if (local < visible) ctx.device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local));
   }
   const Control c = hooks.fire(Event::SelectDevice);
   if (c.switch_device) ctx.device = c10::Device(*c.switch_device);

@@ -99,8 +99,11 @@ bool TrainStep::run(const at::Tensor& indices, std::int64_t global_size, Positio
   bool skipped = false;
   double batch_loss = 0.0;
   std::int64_t batch_correct = 0;
+  // The samples an attempt covers: in a data-parallel run the largest part any rank holds, so
+  // that every rank reports the same sizes to its plugins (parts differ by one at most).
+  const std::int64_t part = parts_.group ? (global_size + parts_.group->size() - 1) / parts_.group->size() : n;
   const auto settled = oom_.retry(
-      OomRetry::AskPlugins, std::max<std::int64_t>(1, std::min(micro_batch_, n)), std::max<std::int64_t>(1, n),
+      OomRetry::AskPlugins, std::max<std::int64_t>(1, std::min(micro_batch_, part)), std::max<std::int64_t>(1, part),
       [&](std::int64_t micro) {
         state_.micro_batch_size = micro;
         auto [loss, correct, skip] = parts_.group ? agreed_forward_backward(indices, micro, global_size)

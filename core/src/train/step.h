@@ -65,14 +65,14 @@ class TrainStep {
   bool params_consistent() const { return params_consistent_; }
 
  private:
-  /// Forward and backward over the micro-batches of `full`: the summed (batch-normalised) loss
-  /// and whether a plugin asked to skip the step.
   /// The batch's loss, its correctly classified samples, and whether a plugin asked to skip.
   struct Accumulated {
     double loss = 0.0;
     std::int64_t correct = 0;
     bool skip = false;
   };
+  /// Forward and backward over the micro-batches of `full`: the summed (batch-normalised) loss,
+  /// the correct count and whether a plugin asked to skip the step.
   Accumulated accumulate(const Batch& full, const at::Tensor& indices, std::int64_t micro, std::int64_t global_size);
   /// Reads the batch (this rank's part) and runs accumulate() on it.
   Accumulated forward_backward(const at::Tensor& indices, std::int64_t micro, std::int64_t global_size);

@@ -69,11 +69,11 @@ class TrainMetrics {
   std::int64_t steps_ = 0, samples_ = 0;
   std::int64_t correct_ = 0;      ///< correctly classified training samples of the window
   std::int64_t micro_batch_ = 0;  ///< micro-batch size of the window's last step
-  double grad_norm_ = 0.0;  ///< summed over the window's clipped steps
+  double grad_norm_ = 0.0;        ///< summed over the window's clipped steps
   std::int64_t norms_ = 0;
   Clock::time_point start_ = Clock::now();
-  double excluded_s_ = 0.0;  ///< paused time inside the window
-  double comm_s_ = 0.0;      ///< time in collectives inside the window (data-parallel runs)
+  double excluded_s_ = 0.0;    ///< paused time inside the window
+  double comm_s_ = 0.0;        ///< time in collectives inside the window (data-parallel runs)
   double all_reduce_s_ = 0.0;  ///< of which in the gradients' all-reduce
 };
 

@@ -189,7 +189,7 @@ struct Trainer::Impl {
   void check_one_gpu_per_rank() {
     char host[256] = {};
     ::gethostname(host, sizeof host - 1);
-    const auto places = parts.group->gather("device", std::string(host) + " " + parts.device.str());
+    const auto places = parts.group->gather("device", std::string(host) + " " + physical_gpu(parts.device));
     const std::string shared = shared_gpu(places);
     TRAINER_CHECK_T(UsageError, shared.empty(), "data-parallel: ", shared,
                     "; give each rank of a host its own GPU: runtime.device = \"cuda\" (cuda:<LOCAL_RANK>), or "
