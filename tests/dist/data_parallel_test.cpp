@@ -127,6 +127,25 @@ TEST(DataParallel, TwoRanksTrainAsOneProcessWithTheSameGlobalBatch) {
 }
 
 /// Largest difference between the parameters of two checkpoints.
+TEST(DataParallel, APluginsEvalMetricSummedOverTheGroupCoversEverySample) {
+  TempDir tmp;
+  const std::string args = " --recipe " + recipe(tmp) + " training.max_steps=3 eval.at_end=true --plugin-dir " +
+                           TRAINER_TEST_PLUGIN_DIR + " 'plugins.load=[\"eval_count\"]' --log-level warn --run-dir ";
+  auto o = run_command(trainer_cmd() + args + (tmp / "one"));
+  ASSERT_EQ(o.code, 0) << o.text;
+  o = run_command(trainer_cmd() + " launch --nproc 2 --" + args + (tmp / "two"));
+  ASSERT_EQ(o.code, 0) << o.text;
+  for (const char* run : {"one", "two"}) {
+    const std::string metrics = tmp / (std::string(run) + "/metrics.jsonl");
+    const auto samples = metric_by_step(metrics, "eval/plugin_samples");
+    ASSERT_EQ(samples.size(), 1u) << run;
+    EXPECT_EQ(samples.begin()->second, 300.0) << run;  // each rank saw 150; ctx.group summed them
+    EXPECT_NEAR(metric_by_step(metrics, "eval/plugin_accuracy").begin()->second,
+                metric_by_step(metrics, "eval/accuracy").begin()->second, 1e-12)
+        << run;
+  }
+}
+
 TEST(DataParallel, ARunResumesWithAnotherNumberOfRanksAtTheNextSample) {
   TempDir tmp;
   const std::string r = recipe(tmp) + " --log-level warn";

@@ -25,6 +25,8 @@ class Optimizer;
 
 namespace trainer {
 
+class ProcessGroup;
+
 /// Counters of the run, updated by the core before each event.
 struct RunState {
   std::int64_t epoch = 0;  ///< 0-based current epoch
@@ -43,7 +45,7 @@ struct RunState {
   /// Total L2 norm of the batch's gradient before clipping (BeforeOptimizerStep on); computed
   /// only when training.grad_clip_norm > 0, else 0.
   double grad_norm = 0.0;
-  std::int64_t oom_recoveries = 0;     ///< out-of-memory errors handled (OutOfMemory fired) this run
+  std::int64_t oom_recoveries = 0;  ///< out-of-memory errors handled (OutOfMemory fired) this run
 };
 
 /// What failed, for the OutOfMemory event.
@@ -58,7 +60,7 @@ struct OomInfo {
   /// (the batch is read whole on the host before it is split), "optimizer_step" (parameters,
   /// gradients, optimizer state and the step's temporaries) and "checkpoint".
   bool micro_batch_helps = true;
-  MemoryStats stats;                  ///< device counters right after the failed attempt was dropped
+  MemoryStats stats;  ///< device counters right after the failed attempt was dropped
 };
 
 /// What a hook may read and act on. The core owns everything referenced here; pointers are
@@ -72,8 +74,8 @@ struct TRAINER_API EventContext {
   MetricsLogger* metrics = nullptr;        ///< log metrics here (always set)
   std::string run_dir;                     ///< the run directory (always set)
   RunState state;
-  c10::Device device = c10::Device(c10::kCPU);   ///< the run's device (SelectDevice proposes runtime.device)
-  std::shared_ptr<Model> model;                  ///< from ModelCreated on
+  c10::Device device = c10::Device(c10::kCPU);  ///< the run's device (SelectDevice proposes runtime.device)
+  std::shared_ptr<Model> model;                 ///< from ModelCreated on
   /// The training and test datasets, from ModelCreated on (test_set null when the run never
   /// evaluates). Replaceable in ModelCreated, with the model: a linear probe that caches its
   /// backbone's features trains a head on a dataset of features.
@@ -94,8 +96,13 @@ struct TRAINER_API EventContext {
   const OomInfo* oom = nullptr;        ///< OutOfMemory
   const ResumeInfo* resume = nullptr;  ///< Resume: what was restored
   std::string checkpoint_path;         ///< Checkpoint: the file just written; Resume: the file loaded
-  std::exception_ptr exception;                                 ///< Exception: what failed
-  std::string status;  ///< FitEnd: FINISHED or KILLED; Exception: FAILED; Shutdown: any
+  std::exception_ptr exception;        ///< Exception: what failed
+  std::string status;                  ///< FitEnd: FINISHED or KILLED; Exception: FAILED; Shutdown: any
+  /// The ranks of a data-parallel run (trainer/distributed.h), null in a run of one. Each rank
+  /// evaluates its part of the test split, and EvalMetrics fires on every rank at the same
+  /// point: a plugin sums its partial counts there (group->all_reduce_sum) so its metric covers
+  /// every sample. Any collective a plugin makes must be made on every rank, in the same order.
+  ProcessGroup* group = nullptr;
 };
 
 }  // namespace trainer

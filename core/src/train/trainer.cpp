@@ -128,6 +128,7 @@ struct Trainer::Impl {
     if (!parts.writer()) metric_settings.jsonl = metric_settings.console = false;  // rank 0 reports the run
     metrics = make_metrics(metric_settings, dir->path(), log);
     hooks = std::make_unique<Hooks>(cfg, log, *metrics, dir->path(), state);
+    hooks->context().group = parts.group.get();
     hooks->add_plugins(opts.plugins);
     log->info("run directory: {}", dir->path());
     for (const auto& note : opts.notes) log->warn("{}", note);
