@@ -4,16 +4,17 @@
 #include "trainer/distributed.h"
 
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdlib>
 
+#include "dist/dp_util.h"
 #include "support/test_util.h"
 #include "trainer/error.h"
 
 namespace {
+
+using trainer::testing::free_port;
 
 using trainer::testing::read_file;
 using trainer::testing::TempDir;
@@ -80,25 +81,10 @@ TEST(DistEnv, InconsistentVariablesAreUsageErrorsNamingThem) {
   }
 }
 
-/// A port nobody listens on now (the kernel's pick).
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
 /// Starts rank `rank` of 2 running the probe in `mode`, output to <tmp>/rank<r>.out/.err.
 std::string rank_command(const TempDir& tmp, int rank, int port, const std::string& mode, int timeout_ms) {
-  return "RANK=" + std::to_string(rank) + " WORLD_SIZE=2 LOCAL_RANK=" + std::to_string(rank) +
-         " LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " " + DIST_PROBE + " " +
-         mode + " " + std::to_string(timeout_ms) + " > " + (tmp / ("rank" + std::to_string(rank) + ".out")) + " 2> " +
+  return trainer::testing::rank_env(rank, 2, port) + DIST_PROBE + " " + mode + " " + std::to_string(timeout_ms) +
+         " > " + (tmp / ("rank" + std::to_string(rank) + ".out")) + " 2> " +
          (tmp / ("rank" + std::to_string(rank) + ".err"));
 }
 
