@@ -10,6 +10,7 @@
 #include <csignal>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <regex>
 #include <set>
 
@@ -169,13 +170,20 @@ TEST(DataParallel, ARunResumesWithAnotherNumberOfRanksAtTheNextSample) {
   EXPECT_EQ(r0.at(1).size() + r1.at(1).size(), 640u - 3 * 64);
 }
 
+/// `trainer launch --nproc 2` of a run too long to end by itself, into <tmp>/run, its output
+/// in <tmp>/out.
+std::unique_ptr<trainer::testing::Child> long_launch(const TempDir& tmp) {
+  ::setenv("TRAINER_CONFIG_PATH", TRAINER_SOURCE_DIR "/configs", 1);
+  return std::make_unique<trainer::testing::Child>(std::string(TRAINER_CLI) + " launch --nproc 2 -- --recipe " +
+                                                   recipe(tmp) + " training.epochs=1000 --run-dir " + (tmp / "run") +
+                                                   " > " + (tmp / "out") + " 2>&1");
+}
+
 TEST(DataParallel, CtrlCOnTheLauncherStopsEveryRankWithACheckpoint) {
   TempDir tmp;
-  ::setenv("TRAINER_CONFIG_PATH", TRAINER_SOURCE_DIR "/configs", 1);
-  trainer::testing::Child launcher(std::string(TRAINER_CLI) + " launch --nproc 2 -- --recipe " + recipe(tmp) +
-                                   " training.epochs=1000 --run-dir " + (tmp / "run") + " > " + (tmp / "out") +
-                                   " 2>&1");
+  auto launcher_ptr = long_launch(tmp);
   ASSERT_TRUE(trainer::testing::wait_for_text(tmp / "run/metrics.jsonl", "train/loss")) << read_file(tmp / "out");
+  trainer::testing::Child& launcher = *launcher_ptr;
   launcher.signal(SIGINT);
   EXPECT_EQ(WEXITSTATUS(launcher.wait()), 130) << read_file(tmp / "out");
   EXPECT_NE(read_file(tmp / "run/status.json").find("\"status\":\"KILLED\""), std::string::npos);
@@ -201,11 +209,9 @@ pid_t rank_pid(pid_t parent, int rank) {
 
 TEST(DataParallel, ASignalToOneRankStopsEveryRankAsInterrupted) {
   TempDir tmp;
-  ::setenv("TRAINER_CONFIG_PATH", TRAINER_SOURCE_DIR "/configs", 1);
-  trainer::testing::Child launcher(std::string(TRAINER_CLI) + " launch --nproc 2 -- --recipe " + recipe(tmp) +
-                                   " training.epochs=1000 --run-dir " + (tmp / "run") + " > " + (tmp / "out") +
-                                   " 2>&1");
+  auto launcher_ptr = long_launch(tmp);
   ASSERT_TRUE(trainer::testing::wait_for_text(tmp / "run/metrics.jsonl", "train/loss")) << read_file(tmp / "out");
+  trainer::testing::Child& launcher = *launcher_ptr;
   const pid_t rank1 = rank_pid(launcher.pid(), 1);
   ASSERT_GT(rank1, 0);
   ::kill(rank1, SIGTERM);  // a scheduler stopping one process

@@ -16,6 +16,7 @@
 #include <optional>
 #include <thread>
 
+#include "dist/grad_sync.h"
 #include "trainer/error.h"
 
 namespace trainer {
@@ -54,19 +55,18 @@ std::string message_of(const std::exception& e) {
 
 }  // namespace
 
-std::int64_t rank_of_this_process() {
+/// A number torchrun sets (RANK, LOCAL_RANK) in a data-parallel launch (WORLD_SIZE > 1), else
+/// `otherwise`. Never throws: the trainer checks the variables when it starts.
+static std::int64_t launch_value(const char* name, std::int64_t otherwise) {
   const auto world = env_value("WORLD_SIZE");
-  const auto rank = env_value("RANK");
-  if (!world || *world == "1" || !rank) return 0;
-  return std::strtoll(rank->c_str(), nullptr, 10);
+  const auto value = env_value(name);
+  if (!world || *world == "1" || !value) return otherwise;
+  return std::strtoll(value->c_str(), nullptr, 10);
 }
 
-std::int64_t local_rank_of_this_process() {
-  const auto world = env_value("WORLD_SIZE");
-  const auto local = env_value("LOCAL_RANK");
-  if (!world || *world == "1" || !local) return -1;
-  return std::strtoll(local->c_str(), nullptr, 10);
-}
+std::int64_t rank_of_this_process() { return launch_value("RANK", 0); }
+
+std::int64_t local_rank_of_this_process() { return launch_value("LOCAL_RANK", -1); }
 
 std::string physical_gpu(const c10::Device& device) {
   if (!device.is_cuda()) return "cpu";
@@ -362,22 +362,7 @@ std::vector<std::string> ProcessGroup::gather(const std::string& name, const std
 
 void all_reduce_gradients(ProcessGroup& pg, const std::vector<at::Tensor>& params, double scale,
                           std::int64_t bucket_bytes) {
-  // Buckets in parameter order, by dtype (one flat tensor has one dtype); the same on every rank
-  // because it depends on the parameters only, not on which have a gradient.
-  std::vector<std::vector<std::size_t>> buckets;
-  std::vector<std::int64_t> bytes;
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    const auto& p = params[i];
-    if (!p.requires_grad()) continue;
-    const std::int64_t n = p.numel() * static_cast<std::int64_t>(p.element_size());
-    if (buckets.empty() || bytes.back() + n > bucket_bytes ||
-        params[buckets.back().front()].scalar_type() != p.scalar_type()) {
-      buckets.emplace_back();
-      bytes.push_back(0);
-    }
-    buckets.back().push_back(i);
-    bytes.back() += n;
-  }
+  const auto buckets = gradient_buckets(params, bucket_bytes);
   for (const auto& bucket : buckets) {
     std::vector<at::Tensor> parts;
     for (std::size_t i : bucket) {

@@ -27,28 +27,34 @@ const char* phase_name(std::int64_t code) {
                                                                       : "forward";
 }
 
-GradientSync::GradientSync(ProcessGroup& pg, const std::vector<at::Tensor>& params, std::int64_t bucket_bytes)
-    : pg_(pg) {
-  // Buckets in parameter order, by dtype (one flat tensor has one dtype); the same on every rank
-  // because they depend on the parameters only, not on which have a gradient.
+std::vector<std::vector<std::size_t>> gradient_buckets(const std::vector<at::Tensor>& params,
+                                                       std::int64_t bucket_bytes) {
+  std::vector<std::vector<std::size_t>> buckets;
   std::int64_t bytes = 0;
   for (std::size_t i = 0; i < params.size(); ++i) {
     const auto& p = params[i];
     if (!p.requires_grad()) continue;
-    graded_params_.push_back(i);
     const std::int64_t n = p.numel() * static_cast<std::int64_t>(p.element_size());
-    if (buckets_.empty() || bytes + n > bucket_bytes ||
-        params[buckets_.back().front()].scalar_type() != p.scalar_type()) {
-      buckets_.emplace_back();
-      numel_.push_back(0);
+    if (buckets.empty() || bytes + n > bucket_bytes ||
+        params[buckets.back().front()].scalar_type() != p.scalar_type()) {
+      buckets.emplace_back();
       bytes = 0;
     }
-    buckets_.back().push_back(i);
-    numel_.back() += p.numel();
+    buckets.back().push_back(i);
     bytes += n;
   }
-  const auto slots = 3 + pg_.size() + static_cast<std::int64_t>(graded_params_.size());
-  stats_ = at::zeros({slots}, at::kDouble);
+  return buckets;
+}
+
+GradientSync::GradientSync(ProcessGroup& pg, const std::vector<at::Tensor>& params, std::int64_t bucket_bytes)
+    : pg_(pg), buckets_(gradient_buckets(params, bucket_bytes)) {
+  std::int64_t graded = 0;
+  for (const auto& bucket : buckets_) {
+    numel_.push_back(0);
+    for (std::size_t i : bucket) numel_.back() += params[i].numel();
+    graded += static_cast<std::int64_t>(bucket.size());
+  }
+  stats_ = at::zeros({3 + pg_.size() + graded}, at::kDouble);
 }
 
 void GradientSync::pack(const std::vector<at::Tensor>& params) {
@@ -86,7 +92,7 @@ GradientSync::Agreed GradientSync::agree(double loss, std::int64_t correct, bool
   for (std::int64_t r = 0; r < pg_.size(); ++r) s[3 + r] = r == pg_.rank() ? static_cast<double>(failed_phase) : 0.0;
   if (failed_phase != 0) {
     // A rank that failed before packing says nothing about its gradients.
-    for (std::size_t k = 0; k < graded_params_.size(); ++k) s[3 + pg_.size() + static_cast<std::int64_t>(k)] = 0.0;
+    for (std::int64_t k = 3 + pg_.size(); k < stats_.numel(); ++k) s[k] = 0.0;
   }
   std::vector<at::Tensor> t{stats_};
   pg_.all_reduce_sum(t);

@@ -20,6 +20,12 @@ namespace trainer {
 
 class ProcessGroup;
 
+/// The parameters that take part (require grad) as buckets of their indices: in parameter
+/// order, one dtype per bucket (one flat tensor has one dtype), about `bucket_bytes` each. The
+/// same on every rank: they depend on the parameters only, not on which have a gradient.
+std::vector<std::vector<std::size_t>> gradient_buckets(const std::vector<at::Tensor>& params,
+                                                       std::int64_t bucket_bytes);
+
 class GradientSync {
  public:
   /// `params` fixes the buckets (in parameter order, by dtype, about `bucket_bytes` each).
@@ -58,7 +64,6 @@ class GradientSync {
   std::vector<std::vector<std::size_t>> buckets_;  ///< parameter indices per bucket
   std::vector<std::int64_t> numel_;                ///< elements per bucket
   std::vector<at::Tensor> flat_;                   ///< one flat tensor per bucket, once packed
-  std::vector<std::size_t> graded_params_;         ///< parameters that take part (require grad)
   at::Tensor stats_;                               ///< [loss, correct, skip, failures..., has grad...]
 };
 
