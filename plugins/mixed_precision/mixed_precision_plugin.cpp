@@ -65,6 +65,12 @@ class MixedPrecisionPlugin final : public trainer::Plugin {
   }
   std::vector<trainer::Event> events() const override {
     using E = trainer::Event;
+    // Once configured, the loss-scaling events only when a scaler can be needed (fp16 with
+    // grad_scaler = "auto", or "on"): AfterBackward, where the scaler unscales the gradients, keeps a
+    // data-parallel run from overlapping its all-reduce with the backward.
+    if (configured_ && !(s_.grad_scaler == "on" || (s_.grad_scaler == "auto" && s_.precision == "fp16"))) {
+      return {E::ModelToDevice, E::Resume, E::OutOfMemory, E::BatchEnd};
+    }
     return {E::ModelToDevice, E::Resume, E::BeforeBackward, E::AfterBackward, E::OutOfMemory, E::BatchEnd};
   }
   std::vector<trainer::KeySpec> config_keys() const override { return MixedPrecisionSettings::keys(); }
@@ -79,6 +85,7 @@ class MixedPrecisionPlugin final : public trainer::Plugin {
   void configure(const trainer::Config& section, std::shared_ptr<spdlog::logger> logger) override {
     Plugin::configure(section, std::move(logger));
     s_ = MixedPrecisionSettings::from(section);
+    configured_ = true;
     trainer::GradScalerOptions o;
     o.init_scale = s_.init_scale;
     o.growth_factor = s_.growth_factor;
@@ -233,6 +240,7 @@ class MixedPrecisionPlugin final : public trainer::Plugin {
   }
 
   MixedPrecisionSettings s_;
+  bool configured_ = false;
   trainer::GradScalerOptions options_;
   bool resolved_ = false;
   c10::DeviceType device_type_ = c10::kCPU;

@@ -36,7 +36,9 @@ class RecordingPlugin final : public trainer::Plugin {
   }
   std::string name() const override { return "recording"; }
   std::string description() const override { return "Records every event and its context as JSON lines"; }
-  std::vector<trainer::Event> events() const override { return trainer::all_events(); }
+  // Only the events asked for (read after configure()): a plugin handling AfterBackward keeps a
+  // data-parallel run from overlapping its all-reduce with the backward.
+  std::vector<trainer::Event> events() const override { return only_.empty() ? trainer::all_events() : only_; }
   std::vector<trainer::KeySpec> config_keys() const override { return RecordingSettings::keys(); }
   void configure(const trainer::Config& section, std::shared_ptr<spdlog::logger> logger) override {
     Plugin::configure(section, std::move(logger));

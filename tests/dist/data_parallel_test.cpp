@@ -85,8 +85,20 @@ TEST(DataParallel, TwoRanksTrainAsOneProcessWithTheSameGlobalBatch) {
   const std::string r = recipe(tmp);
   auto one = run_command(trainer_cmd() + " --recipe " + r + " --run-dir " + (tmp / "one") + " --log-level warn");
   ASSERT_EQ(one.code, 0) << one.text;
-  auto two = run_command(trainer_cmd() + " launch --nproc 2 -- --recipe " + r + " --run-dir " + (tmp / "two"));
+  // Buckets of 50 KiB (4 for the MLP): the first ones' all-reduce starts inside the backward.
+  auto two = run_command(trainer_cmd() + " launch --nproc 2 -- --recipe " + r + " distributed.bucket_mb=0.05 --run-dir " +
+                         (tmp / "two"));
   ASSERT_EQ(two.code, 0) << two.text;
+  EXPECT_TRUE(std::regex_search(read_file(tmp / "two/trainer.log"),
+                                std::regex("all-reduce: [1-9][0-9]* of 4 buckets started inside the backward")))
+      << read_file(tmp / "two/trainer.log");
+  // The same run with the all-reduce after the backward: the same sums, the same bits.
+  auto after = run_command(trainer_cmd() + " launch --nproc 2 -- --recipe " + r +
+                           " distributed.bucket_mb=0.05 distributed.overlap=false --run-dir " + (tmp / "after"));
+  ASSERT_EQ(after.code, 0) << after.text;
+  EXPECT_EQ(read_file(tmp / "after/trainer.log").find("started inside the backward"), std::string::npos);
+  EXPECT_EQ(largest_difference(tmp / "two/checkpoints/step_00000020.pt", tmp / "after/checkpoints/step_00000020.pt"),
+            0.0);
 
   // The loss of every step and the evaluations: the same run (float sums in another order).
   const auto loss1 = metric_by_step(tmp / "one/metrics.jsonl", "train/loss");

@@ -23,7 +23,8 @@ using trainer::testing::write_file;
 
 /// A CNN without BatchNorm and dropout (its activations dominate a step's memory, so the
 /// micro-batch decides whether a step fits) on 640 Fashion-MNIST images in global batches of
-/// 64, with oom_backoff growing back after 3 clean steps and memory_log's summary.
+/// 64, with oom_backoff growing back after 3 clean steps and memory_log's summary. Buckets of
+/// 50 KiB (5 of them): the all-reduce of the first ones starts inside the backward.
 std::string recipe(const TempDir& tmp) {
   const std::string path = tmp / "dp.toml";
   write_file(path, R"(defaults = ["model/cnn", "dataset/fashion_mnist", "optim/adamw"]
@@ -47,6 +48,8 @@ batch_size = 50
 num_threads = 1
 [metrics]
 console = false
+[distributed]
+bucket_mb = 0.05
 [plugins]
 load = ["oom_backoff", "memory_log"]
 [plugins.oom_backoff]
@@ -116,6 +119,22 @@ TEST(DataParallelFailures, OutOfMemoryOnOneRankIsRecoveredByEveryRankTogether) {
   ASSERT_EQ(b.size(), a.size());
   for (const auto& [s, v] : a) EXPECT_NEAR(b.at(s), v, 1e-4 * std::fabs(v)) << "step " << s;
   EXPECT_LT(largest_difference(tmp / "clean/checkpoints/step_00000010.pt", tmp / "tight/checkpoints/step_00000010.pt"),
+            1e-5);
+
+  // A budget the backward crosses after the all-reduce of its first buckets started on both
+  // ranks: rank 1 starts the rest as they are, and both drop the attempt and retry together.
+  Ranks inside(r, tmp / "inside", "", "memory.limit_mb=" + std::to_string(peak - 0.03 * step));
+  ASSERT_EQ(exit_code_within(*inside.r0, std::chrono::seconds(300)), 0) << read_file(tmp / "inside.r0");
+  ASSERT_EQ(exit_code_within(*inside.r1, std::chrono::seconds(60)), 0) << read_file(tmp / "inside.r1");
+  const std::string inside1 = read_file(tmp / "inside/rank-1.log");
+  EXPECT_TRUE(std::regex_search(inside1, std::regex("all-reduce: [1-9][0-9]* of 5 buckets started inside the "
+                                                    "backward before it failed")))
+      << inside1;
+  EXPECT_NE(read_file(tmp / "inside/trainer.log").find("rank 1 ran out of memory in backward"), std::string::npos);
+  const auto c = metric_by_step(tmp / "inside/metrics.jsonl", "train/loss");
+  ASSERT_EQ(c.size(), a.size());
+  for (const auto& [s, v] : a) EXPECT_NEAR(c.at(s), v, 1e-4 * std::fabs(v)) << "step " << s;
+  EXPECT_LT(largest_difference(tmp / "clean/checkpoints/step_00000010.pt", tmp / "inside/checkpoints/step_00000010.pt"),
             1e-5);
 
   // Below what any micro-batch needs: rank 1 gives up, and every rank fails with it.

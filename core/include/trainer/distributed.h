@@ -20,6 +20,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -88,6 +89,11 @@ class TRAINER_API ProcessGroup {
 
   /// Sums `tensors` over the ranks, in place (CPU tensors).
   void all_reduce_sum(std::vector<at::Tensor>& tensors);
+  /// Starts summing `tensors` over the ranks, in place, and returns at once with the wait:
+  /// call it before reading or changing them (it throws as all_reduce_sum would). Collectives
+  /// must still start in the same order on every rank; they may start from another thread
+  /// (a hook inside the backward) when the calls are not concurrent.
+  std::function<void()> start_all_reduce_sum(std::vector<at::Tensor>& tensors);
   /// The largest of `value` over the ranks (the ranks agree on a decision, such as a smaller
   /// micro-batch after one of them ran out of memory).
   std::int64_t all_reduce_max(std::int64_t value);

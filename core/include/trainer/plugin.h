@@ -46,7 +46,9 @@ class TRAINER_API Plugin {
   virtual std::string name() const = 0;
   virtual std::string version() const { return "0.1.0"; }
   virtual std::string description() const { return {}; }
-  /// The events on_event() wants; the bus calls it for these only.
+  /// The events on_event() wants; the bus calls it for these only. Read after configure(), so
+  /// the settings may narrow them (a plugin handling AfterBackward keeps a data-parallel run
+  /// from overlapping its gradients' all-reduce with the backward).
   virtual std::vector<Event> events() const = 0;
   /// Keys of `plugins.<name>`; `priority` and `policy` are always accepted in addition.
   virtual std::vector<KeySpec> config_keys() const { return {}; }

@@ -8,14 +8,18 @@ namespace trainer {
 
 struct DistributedSettings : Settings<DistributedSettings> {
   double timeout_s = 300;
-  std::int64_t bucket_mb = 25;
+  double bucket_mb = 25;
+  bool overlap = true;
 
   static void declare(SettingsSchema<DistributedSettings>& s) {
     s.add(&DistributedSettings::timeout_s, "timeout_s",
           "How long a rank waits for the others (to form the group, in each collective) before the run fails")
         .min(0, false);
-    s.add(&DistributedSettings::bucket_mb, "bucket_mb", "Gradients are averaged in flat buckets of about this size")
-        .min(1);
+    s.add(&DistributedSettings::bucket_mb, "bucket_mb",
+          "Gradients are averaged in flat buckets of about this many MiB (the first, started first, at most 1 MiB)")
+        .min(0, false);
+    s.add(&DistributedSettings::overlap, "overlap",
+          "Start each bucket's all-reduce inside the backward, as soon as its gradients are complete");
   }
 };
 

@@ -307,6 +307,13 @@ void ProcessGroup::all_reduce_sum(std::vector<at::Tensor>& tensors) {
   impl_->guarded("all-reduce", [&] { impl_->gloo->allreduce(tensors)->wait(); });
 }
 
+std::function<void()> ProcessGroup::start_all_reduce_sum(std::vector<at::Tensor>& tensors) {
+  if (tensors.empty()) return [] {};
+  auto work = impl_->guarded("all-reduce", [&] { return impl_->gloo->allreduce(tensors); });
+  Impl* impl = impl_.get();
+  return [impl, work] { impl->guarded("all-reduce", [&] { work->wait(); }); };
+}
+
 std::int64_t ProcessGroup::all_reduce_max(std::int64_t value) { return all_reduce_max(std::vector{value}).front(); }
 
 std::vector<std::int64_t> ProcessGroup::all_reduce_max(const std::vector<std::int64_t>& values) {

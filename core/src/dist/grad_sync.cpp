@@ -2,7 +2,13 @@
 
 #include <ATen/ATen.h>
 
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <algorithm>
 #include <array>
+#include <exception>
 
 #include "trainer/distributed.h"
 #include "trainer/error.h"
@@ -29,14 +35,15 @@ const char* phase_name(std::int64_t code) {
 
 std::vector<std::vector<std::size_t>> gradient_buckets(const std::vector<at::Tensor>& params,
                                                        std::int64_t bucket_bytes) {
+  constexpr std::int64_t kFirstBucket = 1 << 20;  // DDP's first_bucket_bytes_cap
   std::vector<std::vector<std::size_t>> buckets;
   std::int64_t bytes = 0;
-  for (std::size_t i = 0; i < params.size(); ++i) {
+  for (std::size_t i = params.size(); i-- > 0;) {
     const auto& p = params[i];
     if (!p.requires_grad()) continue;
     const std::int64_t n = p.numel() * static_cast<std::int64_t>(p.element_size());
-    if (buckets.empty() || bytes + n > bucket_bytes ||
-        params[buckets.back().front()].scalar_type() != p.scalar_type()) {
+    const std::int64_t cap = buckets.size() == 1 ? std::min(kFirstBucket, bucket_bytes) : bucket_bytes;
+    if (buckets.empty() || bytes + n > cap || params[buckets.back().front()].scalar_type() != p.scalar_type()) {
       buckets.emplace_back();
       bytes = 0;
     }
@@ -46,42 +53,138 @@ std::vector<std::vector<std::size_t>> gradient_buckets(const std::vector<at::Ten
   return buckets;
 }
 
-GradientSync::GradientSync(ProcessGroup& pg, const std::vector<at::Tensor>& params, std::int64_t bucket_bytes)
-    : pg_(pg), buckets_(gradient_buckets(params, bucket_bytes)) {
-  std::int64_t graded = 0;
-  for (const auto& bucket : buckets_) {
+struct GradientSync::Hook {
+  std::shared_ptr<torch::autograd::Node> accumulator;  // kept alive: the variable holds it weakly
+  std::uintptr_t key = 0;
+};
+
+GradientSync::GradientSync(ProcessGroup& pg, const std::vector<at::Tensor>& params, std::int64_t bucket_bytes,
+                           bool overlap)
+    : pg_(pg), params_(params), buckets_(gradient_buckets(params, bucket_bytes)), overlap_(overlap) {
+  std::size_t slots = 0;
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
     numel_.push_back(0);
-    for (std::size_t i : bucket) numel_.back() += params[i].numel();
-    graded += static_cast<std::int64_t>(bucket.size());
+    first_slot_.push_back(slots);
+    for (std::size_t i : buckets_[b]) {
+      numel_.back() += params_[i].numel();
+      bucket_of_.push_back(b);
+      ++slots;
+    }
   }
-  stats_ = at::zeros({3 + pg_.size() + graded}, at::kDouble);
+  stats_ = at::zeros({4 + pg_.size() + static_cast<std::int64_t>(slots)}, at::kDouble);
+  accumulated_.assign(slots, 0);
+  reset_attempt();
+  if (!overlap_) return;
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    for (std::size_t k = 0; k < buckets_[b].size(); ++k) {
+      const std::size_t slot = first_slot_[b] + k;
+      Hook h;
+      h.accumulator = torch::autograd::impl::grad_accumulator(params_[buckets_[b][k]]);
+      TRAINER_ASSERT(h.accumulator);
+      h.key = h.accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+          [this, slot](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+            on_accumulated(slot);
+            return outputs;
+          }));
+      hooks_.push_back(std::move(h));
+    }
+  }
 }
 
-void GradientSync::pack(const std::vector<at::Tensor>& params) {
+GradientSync::~GradientSync() {
+  for (auto& h : hooks_) h.accumulator->del_post_hook(h.key);
+  // A collective still under way (the step failed) writes into buffers it holds itself.
+}
+
+void GradientSync::reset_attempt() {
+  std::fill(accumulated_.begin(), accumulated_.end(), 0);
+  missing_.clear();
+  for (const auto& bucket : buckets_) missing_.push_back(static_cast<std::int64_t>(bucket.size()));
+  next_ = 0;
+  waits_.clear();
+  regraded_ = false;
+  started_in_backward_ = 0;
+}
+
+void GradientSync::arm() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  armed_ = overlapping();
+}
+
+void GradientSync::on_accumulated(std::size_t slot) {
+  if (!armed_) return;  // an earlier micro-batch, evaluation, or no overlap
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!armed_) return;
+  if (accumulated_[slot]) {
+    // Accumulated again in the same backward: a started bucket holds an earlier value.
+    if (bucket_of_[slot] < next_) regraded_ = true;
+    return;
+  }
+  accumulated_[slot] = 1;
+  --missing_[bucket_of_[slot]];
+  const std::size_t before = next_;
+  start_completed();
+  started_in_backward_ += next_ - before;
+}
+
+void GradientSync::start_completed() {
+  while (next_ < buckets_.size() && missing_[next_] == 0) {
+    fill(next_);
+    start(next_);
+  }
+}
+
+void GradientSync::fill(std::size_t b, bool note) {
+  double* has = stats_.data_ptr<double>() + 4 + pg_.size() + first_slot_[b];
+  std::int64_t offset = 0;
+  for (std::size_t k = 0; k < buckets_[b].size(); ++k) {
+    const auto& p = params_[buckets_[b][k]];
+    at::Tensor slot = flat_[b].narrow(0, offset, p.numel());
+    if (p.grad().defined()) {
+      slot.view(p.sizes()).copy_(p.grad());  // a view of the slot: no temporary for a strided gradient
+    } else {
+      slot.zero_();
+    }
+    if (note) has[k] = p.grad().defined() ? 1.0 : 0.0;
+    offset += p.numel();
+  }
+}
+
+void GradientSync::start(std::size_t b) {
+  TRAINER_ASSERT(b == next_);
+  std::vector<at::Tensor> one{flat_[b]};
+  waits_.push_back(pg_.start_all_reduce_sum(one));
+  ++next_;
+}
+
+void GradientSync::pack() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  armed_ = false;
   if (flat_.empty()) {
     std::vector<at::Tensor> flat;
     for (std::size_t b = 0; b < buckets_.size(); ++b) {
-      const auto& first = params[buckets_[b].front()];
+      const auto& first = params_[buckets_[b].front()];
       flat.push_back(at::empty({numel_[b]}, first.options().requires_grad(false)));
     }
     flat_ = std::move(flat);  // all or none: a failed allocation leaves none
   }
-  double* has = stats_.data_ptr<double>() + 3 + pg_.size();
-  std::size_t k = 0;
-  for (std::size_t b = 0; b < buckets_.size(); ++b) {
-    std::int64_t offset = 0;
-    for (std::size_t i : buckets_[b]) {
-      const auto& p = params[i];
-      at::Tensor slot = flat_[b].narrow(0, offset, p.numel());
-      if (p.grad().defined()) {
-        slot.copy_(p.grad().reshape({-1}));
-      } else {
-        slot.zero_();
-      }
-      has[k++] = p.grad().defined() ? 1.0 : 0.0;
-      offset += p.numel();
+  if (overlapping()) {
+    // The buckets the backward did not start, in order (a parameter without a gradient, or
+    // one whose hook did not run, holds them back until now).
+    for (std::size_t b = next_; b < buckets_.size(); ++b) {
+      fill(b);
+      start(b);
     }
+  } else {
+    for (std::size_t b = 0; b < buckets_.size(); ++b) fill(b);
   }
+}
+
+void GradientSync::abandon() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  armed_ = false;
+  if (!overlapping()) return;  // nothing starts before the agreement
+  while (next_ < buckets_.size()) start(next_);
 }
 
 GradientSync::Agreed GradientSync::agree(double loss, std::int64_t correct, bool skip, std::int64_t failed_phase) {
@@ -89,10 +192,11 @@ GradientSync::Agreed GradientSync::agree(double loss, std::int64_t correct, bool
   s[0] = loss;
   s[1] = static_cast<double>(correct);
   s[2] = skip ? 1.0 : 0.0;
-  for (std::int64_t r = 0; r < pg_.size(); ++r) s[3 + r] = r == pg_.rank() ? static_cast<double>(failed_phase) : 0.0;
+  s[3] = regraded_ ? 1.0 : 0.0;
+  for (std::int64_t r = 0; r < pg_.size(); ++r) s[4 + r] = r == pg_.rank() ? static_cast<double>(failed_phase) : 0.0;
   if (failed_phase != 0) {
     // A rank that failed before packing says nothing about its gradients.
-    for (std::int64_t k = 3 + pg_.size(); k < stats_.numel(); ++k) s[k] = 0.0;
+    for (std::int64_t k = 4 + pg_.size(); k < stats_.numel(); ++k) s[k] = 0.0;
   }
   std::vector<at::Tensor> t{stats_};
   pg_.all_reduce_sum(t);
@@ -100,34 +204,59 @@ GradientSync::Agreed GradientSync::agree(double loss, std::int64_t correct, bool
   a.loss = s[0];
   a.correct = static_cast<std::int64_t>(std::llround(s[1]));
   a.skip = s[2] > 0;
+  regraded_agreed_ = s[3] > 0;
   for (std::int64_t r = 0; r < pg_.size(); ++r) {
-    if (s[3 + r] > 0) {
+    if (s[4 + r] > 0) {
       a.failed_rank = r;
-      a.failed_phase = static_cast<std::int64_t>(std::llround(s[3 + r]));
+      a.failed_phase = static_cast<std::int64_t>(std::llround(s[4 + r]));
       break;
     }
   }
   return a;
 }
 
+void GradientSync::wait_started() {
+  // Every wait, even after one fails: a bucket is not reused while a collective may write it.
+  std::exception_ptr first;
+  for (auto& wait : waits_) {
+    try {
+      wait();
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  reset_attempt();
+  if (first) std::rethrow_exception(first);
+}
+
 void GradientSync::reduce(double scale) {
   TRAINER_ASSERT(flat_.size() == buckets_.size());
+  const std::size_t started = waits_.size();
+  wait_started();
   // Every collective first, then the copies: an allocation that fails in the copies cannot leave
   // the other ranks inside an all-reduce this rank never reaches.
-  for (auto& flat : flat_) {
-    std::vector<at::Tensor> one{flat};
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    if (regraded_agreed_) {
+      fill(b, false);  // a gradient changed after its bucket started: all again, on every rank
+    } else if (b < started) {
+      continue;
+    }
+    std::vector<at::Tensor> one{flat_[b]};
     pg_.all_reduce_sum(one);
-    if (scale != 1.0) flat.mul_(scale);
+  }
+  if (!established_) established_ = true;  // the buckets exist on every rank: overlap from now on
+  if (scale != 1.0) {
+    for (auto& flat : flat_) flat.mul_(scale);
   }
 }
 
-void GradientSync::unpack(const std::vector<at::Tensor>& params) {
-  const double* has = stats_.data_ptr<double>() + 3 + pg_.size();
+void GradientSync::unpack() {
+  const double* has = stats_.data_ptr<double>() + 4 + pg_.size();
   std::size_t k = 0;
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     std::int64_t offset = 0;
     for (std::size_t i : buckets_[b]) {
-      at::Tensor p = params[i];
+      at::Tensor p = params_[i];
       const at::Tensor g = flat_[b].narrow(0, offset, p.numel()).view(p.sizes());
       offset += p.numel();
       if (has[k++] <= 0) continue;  // no rank has a gradient for it

@@ -48,6 +48,7 @@ struct RunParts {
   /// gradients are averaged in ([distributed]).
   std::shared_ptr<ProcessGroup> group;
   std::int64_t bucket_bytes = 25 << 20;
+  bool overlap = true;  ///< the gradients' all-reduce starts inside the backward
   /// Whether this process writes the run's files (checkpoints, status.json, config.toml,
   /// metrics): rank 0, or the process of a run of one.
   bool writer() const { return !group || group->rank() == 0; }

@@ -52,8 +52,24 @@ TrainStep::TrainStep(const TrainingSettings& training, RunParts& parts, RunState
   std::int64_t largest = 0;
   for (const auto& p : parts_.model->parameters()) largest = std::max<std::int64_t>(largest, p.nbytes());
   reserve_ = optimizer_step_temporaries(*parts_.optim) * largest + (64 << 10);
-  if (parts_.group)
-    sync_ = std::make_unique<GradientSync>(*parts_.group, parts_.model->parameters(), parts_.bucket_bytes);
+  if (parts_.group) {
+    // A plugin handling AfterBackward may change the gradients there (mixed_precision unscales
+    // them), after an overlapped all-reduce would have sent them: then it waits for the
+    // backward's end. The ranks agree, so that they all start the same collectives.
+    bool overlap = parts_.overlap;
+    if (overlap && hooks_.wants(Event::AfterBackward)) {
+      log_.info(
+          "gradients: the all-reduce starts after the backward, not inside it: a plugin handles AfterBackward, "
+          "where it may change them");
+      overlap = false;
+    }
+    overlap = parts_.group->all_reduce_max(overlap ? 0 : 1) == 0;
+    sync_ = std::make_unique<GradientSync>(*parts_.group, parts_.model->parameters(), parts_.bucket_bytes, overlap);
+    log_.info("gradients: {} bucket{} of up to {:g} MiB{}", sync_->num_buckets(), sync_->num_buckets() == 1 ? "" : "s",
+              static_cast<double>(parts_.bucket_bytes) / (1 << 20),
+              overlap ? ", each all-reduced inside the backward once its gradients are complete (from the second step)"
+                      : ", all-reduced after the backward");
+  }
 }
 
 TrainStep::~TrainStep() = default;
@@ -115,7 +131,7 @@ bool TrainStep::run(const at::Tensor& indices, std::int64_t global_size, Positio
         std::optional<LocalOom> failed;
         try {
           oom_.enter("optimizer_step");
-          if (sync_) sync_->unpack(parts_.model->parameters());
+          if (sync_) sync_->unpack();
           if (!skip) skip = hooks_.fire(Event::GradientsAccumulated).skip_step;
           if (!skip) {
             if (training_.grad_clip_norm > 0) {
@@ -180,15 +196,32 @@ TrainStep::Accumulated TrainStep::agreed_forward_backward(const at::Tensor& indi
   try {
     local = forward_backward(indices, micro, global_size);
     oom_.enter("all_reduce");
-    sync_->pack(parts_.model->parameters());
+    sync_->pack();
   } catch (const std::exception& e) {
     if (!is_out_of_memory(e)) throw;
     failed = LocalOom{oom_.phase(), detail::error_text(e)};
     drop_gradients(*parts_.model);
+    // The buckets the other ranks start inside their backward, this rank starts too (as they
+    // are: the attempt is dropped everywhere), so that none waits in a collective.
+    if (sync_->overlapping()) {
+      log_.info("all-reduce: {} of {} buckets started inside the backward before it failed; the other {} start as "
+                "they are, and every rank drops the attempt",
+                sync_->started_in_backward(), sync_->num_buckets(),
+                sync_->num_buckets() - sync_->started_in_backward());
+    }
+    sync_->abandon();
   }
   CommTimer timer(metrics_);
   const auto agreed = sync_->agree(local.loss, local.correct, local.skip, failed ? phase_code(failed->phase) : 0);
-  if (agreed.failed_rank >= 0) throw_ranks_out_of_memory(failed, agreed.failed_rank, phase_name(agreed.failed_phase));
+  if (agreed.failed_rank >= 0) {
+    sync_->wait_started();
+    throw_ranks_out_of_memory(failed, agreed.failed_rank, phase_name(agreed.failed_phase));
+  }
+  if (sync_->overlapping() && !overlap_reported_) {
+    overlap_reported_ = true;
+    log_.info("all-reduce: {} of {} buckets started inside the backward of the first overlapped step",
+              sync_->started_in_backward(), sync_->num_buckets());
+  }
   // Every rank steps with the global batch's mean gradient (each loss was divided by the
   // global batch), and reports the global batch's loss.
   {
@@ -256,6 +289,9 @@ TrainStep::Accumulated TrainStep::accumulate(const Batch& full, const at::Tensor
                                           : std::string("undefined"),
                   " in BeforeBackward; it must stay a one-element tensor");
     oom_.enter("backward");
+    // The last micro-batch's backward completes the gradients: a data-parallel run may start
+    // their all-reduce inside it.
+    if (sync_ && i + 1 == state_.num_micro_batches) sync_->arm();
     backward_loss.backward();
     skip |= hooks_.fire(Event::AfterBackward, EventArgs::micro_batch(mb, idx, nullptr, &loss)).skip_step;
     loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach();

@@ -113,6 +113,7 @@ class TrainStep {
   bool state_materialized_ = false;  ///< optimizer state created before the first step
   bool params_consistent_ = true;
   std::unique_ptr<GradientSync> sync_;  ///< a data-parallel run's gradient buckets
+  bool overlap_reported_ = false;       ///< the first overlapped step was logged
   Position position_;
   Position next_;  ///< position_ once the current batch is consumed
 };

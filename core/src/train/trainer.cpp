@@ -143,7 +143,8 @@ struct Trainer::Impl {
     const auto s = DistributedSettings::from(cfg.sub("distributed"));
     parts.group =
         std::make_shared<ProcessGroup>(env, std::chrono::milliseconds(static_cast<std::int64_t>(s.timeout_s * 1000.0)));
-    parts.bucket_bytes = s.bucket_mb << 20;
+    parts.bucket_bytes = std::max<std::int64_t>(1, static_cast<std::int64_t>(s.bucket_mb * (1 << 20)));
+    parts.overlap = s.overlap;
   }
 
   /// Every line says which rank wrote it; ranks other than 0 keep their own log in the run
