@@ -159,6 +159,30 @@ TEST(DataParallel, APluginsEvalMetricSummedOverTheGroupCoversEverySample) {
   }
 }
 
+TEST(DataParallel, AGradientAccumulatedAgainAfterItsBucketStartedIsReducedAgain) {
+  // A backward inside the backward (the test plugin reentrant_grad) accumulates into the head's
+  // bias, alone in the first bucket (buckets of 1 KiB), which then starts its all-reduce; the
+  // outer backward accumulates into it again. Every bucket is reduced again, so the model is
+  // the one process's.
+  TempDir tmp;
+  const std::string args = " --recipe " + recipe(tmp) + " training.max_steps=6 --plugin-dir " +
+                           TRAINER_TEST_PLUGIN_DIR + " 'plugins.load=[\"recording\", \"reentrant_grad\"]' --run-dir ";
+  auto o = run_command(trainer_cmd() + args + (tmp / "one") + " --log-level warn");
+  ASSERT_EQ(o.code, 0) << o.text;
+  o = run_command(trainer_cmd() + " launch --nproc 2 --" + args + (tmp / "two") + " distributed.bucket_mb=0.001");
+  ASSERT_EQ(o.code, 0) << o.text;
+  const std::string log = read_file(tmp / "two/trainer.log");
+  EXPECT_NE(log.find("a gradient was accumulated again after its bucket had started"), std::string::npos) << log;
+  EXPECT_NE(log.find("buckets started inside the backward of the first overlapped step"), std::string::npos) << log;
+  const auto p1 = parameters_of(tmp / "one/checkpoints/step_00000006.pt");
+  const auto p2 = parameters_of(tmp / "two/checkpoints/step_00000006.pt");
+  ASSERT_FALSE(p1.empty());
+  for (const auto& [name, t] : p1) {
+    EXPECT_TRUE(at::allclose(p2.at(name), t, 1e-5, 1e-5))
+        << name << ": largest difference " << (p2.at(name) - t).abs().max().item<double>();
+  }
+}
+
 TEST(DataParallel, ARunResumesWithAnotherNumberOfRanksAtTheNextSample) {
   TempDir tmp;
   const std::string r = recipe(tmp) + " --log-level warn";

@@ -100,6 +100,9 @@ class GradientSync {
   /// Buckets the last attempt started inside the backward, and all buckets.
   std::size_t started_in_backward() const { return started_in_backward_; }
   std::size_t num_buckets() const { return buckets_.size(); }
+  /// Whether the last agreement found a gradient accumulated again after its bucket started
+  /// (on some rank): reduce() then reduced every bucket again.
+  bool regraded() const { return regraded_agreed_; }
 
  private:
   /// A parameter's gradient is accumulated (the hook of slot `slot`, autograd's thread).

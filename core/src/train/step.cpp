@@ -229,6 +229,13 @@ TrainStep::Accumulated TrainStep::agreed_forward_backward(const at::Tensor& indi
     sync_->reduce(1.0);
     metrics_.add_all_reduce(std::chrono::duration<double>(TrainMetrics::Clock::now() - t0).count());
   }
+  if (sync_->regraded() && !regraded_reported_) {
+    regraded_reported_ = true;
+    log_.warn(
+        "all-reduce: a gradient was accumulated again after its bucket had started (a backward inside the "
+        "backward?): every bucket is reduced again after the backward, at the cost of the overlap "
+        "(distributed.overlap = false avoids the double work)");
+  }
   return {agreed.loss, agreed.correct, agreed.skip};
 }
 

@@ -114,6 +114,7 @@ class TrainStep {
   bool params_consistent_ = true;
   std::unique_ptr<GradientSync> sync_;  ///< a data-parallel run's gradient buckets
   bool overlap_reported_ = false;       ///< the first overlapped step was logged
+  bool regraded_reported_ = false;      ///< a bucket reduced again was logged
   Position position_;
   Position next_;  ///< position_ once the current batch is consumed
 };
