@@ -183,6 +183,24 @@ TEST(DataParallel, AGradientAccumulatedAgainAfterItsBucketStartedIsReducedAgain)
   }
 }
 
+TEST(DataParallel, APluginHandlingAfterBackwardKeepsTheAllReduceAfterTheBackward) {
+  // recording without an events list handles every event, AfterBackward among them, where a
+  // plugin may change the gradients (mixed_precision unscales them): nothing is sent before.
+  TempDir tmp;
+  auto o = run_command(trainer_cmd() + " launch --nproc 2 -- --recipe " + recipe(tmp) +
+                       " training.max_steps=3 distributed.bucket_mb=0.05 'plugins.recording.events=[]' --run-dir " +
+                       (tmp / "two"));
+  ASSERT_EQ(o.code, 0) << o.text;
+  for (const char* log : {"two/trainer.log", "two/rank-1.log"}) {
+    const std::string text = read_file(tmp / log);
+    EXPECT_NE(text.find("the all-reduce starts after the backward, not inside it: a plugin handles AfterBackward"),
+              std::string::npos)
+        << log << ":\n"
+        << text;
+    EXPECT_EQ(text.find("started inside the backward"), std::string::npos) << log << ":\n" << text;
+  }
+}
+
 TEST(DataParallel, ARunResumesWithAnotherNumberOfRanksAtTheNextSample) {
   TempDir tmp;
   const std::string r = recipe(tmp) + " --log-level warn";

@@ -16,8 +16,9 @@ struct DistributedSettings : Settings<DistributedSettings> {
           "How long a rank waits for the others (to form the group, in each collective) before the run fails")
         .min(0, false);
     s.add(&DistributedSettings::bucket_mb, "bucket_mb",
-          "Gradients are averaged in flat buckets of about this many MiB (the first, started first, at most 1 MiB)")
-        .min(0, false);
+          "Gradients are averaged in flat buckets of about this many MiB (the first, started first, about 1 MiB)")
+        .min(0, false)
+        .max(1 << 20);
     s.add(&DistributedSettings::overlap, "overlap",
           "Start each bucket's all-reduce inside the backward, as soon as its gradients are complete");
   }

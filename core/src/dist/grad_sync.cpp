@@ -104,6 +104,7 @@ void GradientSync::reset_attempt() {
   waits_.clear();
   regraded_ = false;
   started_in_backward_ = 0;
+  armed_ = false;
 }
 
 void GradientSync::arm() {
@@ -134,8 +135,7 @@ void GradientSync::start_completed() {
   }
 }
 
-void GradientSync::fill(std::size_t b, bool note) {
-  double* has = stats_.data_ptr<double>() + 4 + pg_.size() + first_slot_[b];
+void GradientSync::fill(std::size_t b) {
   std::int64_t offset = 0;
   for (std::size_t k = 0; k < buckets_[b].size(); ++k) {
     const auto& p = params_[buckets_[b][k]];
@@ -145,7 +145,6 @@ void GradientSync::fill(std::size_t b, bool note) {
     } else {
       slot.zero_();
     }
-    if (note) has[k] = p.grad().defined() ? 1.0 : 0.0;
     offset += p.numel();
   }
 }
@@ -194,9 +193,12 @@ GradientSync::Agreed GradientSync::agree(double loss, std::int64_t correct, bool
   s[2] = skip ? 1.0 : 0.0;
   s[3] = regraded_ ? 1.0 : 0.0;
   for (std::int64_t r = 0; r < pg_.size(); ++r) s[4 + r] = r == pg_.rank() ? static_cast<double>(failed_phase) : 0.0;
-  if (failed_phase != 0) {
-    // A rank that failed before packing says nothing about its gradients.
-    for (std::int64_t k = 4 + pg_.size(); k < stats_.numel(); ++k) s[k] = 0.0;
+  // Which parameters have a gradient, now that the backward is over (a hook may have run before
+  // a later accumulation defined one). A rank that failed says nothing about its gradients.
+  double* has = s + 4 + pg_.size();
+  std::size_t k = 0;
+  for (const auto& bucket : buckets_) {
+    for (std::size_t i : bucket) has[k++] = failed_phase == 0 && params_[i].grad().defined() ? 1.0 : 0.0;
   }
   std::vector<at::Tensor> t{stats_};
   pg_.all_reduce_sum(t);
@@ -237,7 +239,7 @@ void GradientSync::reduce(double scale) {
   // the other ranks inside an all-reduce this rank never reaches.
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     if (regraded_agreed_) {
-      fill(b, false);  // a gradient changed after its bucket started: all again, on every rank
+      fill(b);  // a gradient changed after its bucket started: all again, on every rank
     } else if (b < started) {
       continue;
     }

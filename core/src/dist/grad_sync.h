@@ -41,8 +41,8 @@ class ProcessGroup;
 /// The parameters that take part (require grad) as buckets of their indices, in reverse
 /// parameter order (the backward's order: bucket 0 is the one whose gradients are complete
 /// first), one dtype per bucket (one flat tensor has one dtype). Bucket 0 holds about
-/// min(1 MiB, `bucket_bytes`), so that the first all-reduce starts early in the backward, the
-/// others about `bucket_bytes`. The same on every rank: they depend on the parameters only, not
+/// min(1 MiB, `bucket_bytes`) (or the last parameter alone, when it is larger), so that the first
+/// all-reduce starts early in the backward, the others about `bucket_bytes`. The same on every rank: they depend on the parameters only, not
 /// on which have a gradient.
 std::vector<std::vector<std::size_t>> gradient_buckets(const std::vector<at::Tensor>& params,
                                                        std::int64_t bucket_bytes);
@@ -61,8 +61,8 @@ class GradientSync {
   /// a completed bucket starts its all-reduce (when overlapping).
   void arm();
   /// Copies this rank's gradients into the buckets not started yet (zeros for a parameter
-  /// without one), starts them when overlapping, and notes which parameters have one. May throw
-  /// out-of-memory the first time (the buckets); then call abandon().
+  /// without one) and starts them when overlapping. May throw out-of-memory the first time (the
+  /// buckets); then call abandon().
   void pack();
   /// After an error in the local half: starts the buckets not started yet, as they are, when
   /// overlapping (the other ranks start them too). Allocates nothing.
@@ -107,9 +107,8 @@ class GradientSync {
  private:
   /// A parameter's gradient is accumulated (the hook of slot `slot`, autograd's thread).
   void on_accumulated(std::size_t slot);
-  /// Copies bucket b's gradients in (zeros for a parameter without one) and, with `note`,
-  /// records which have one for the agreement.
-  void fill(std::size_t b, bool note = true);
+  /// Copies bucket b's gradients in (zeros for a parameter without one).
+  void fill(std::size_t b);
   /// Starts bucket b's all-reduce (the next in order).
   void start(std::size_t b);
   /// Starts the buckets from next_ on whose parameters are all accumulated (mutex_ held).
