@@ -183,6 +183,26 @@ TEST(DataParallel, AGradientAccumulatedAgainAfterItsBucketStartedIsReducedAgain)
   }
 }
 
+TEST(DataParallel, ARankWithoutSamplesInTheLastBatchStillJoinsTheOverlappedAllReduce) {
+  // 641 images: the epoch's last global batch holds one sample, all on rank 0. Rank 1 runs no
+  // backward (its hooks never fire) and starts every bucket after it, in the same order.
+  TempDir tmp;
+  const std::string args = " --recipe " + recipe(tmp) + " training.epochs=1 dataset.limit=641 --run-dir ";
+  auto o = run_command(trainer_cmd() + args + (tmp / "one") + " --log-level warn");
+  ASSERT_EQ(o.code, 0) << o.text;
+  o = run_command(trainer_cmd() + " launch --nproc 2 --" + args + (tmp / "two") + " distributed.bucket_mb=0.05");
+  ASSERT_EQ(o.code, 0) << o.text;
+  const auto loss1 = metric_by_step(tmp / "one/metrics.jsonl", "train/loss");
+  const auto loss2 = metric_by_step(tmp / "two/metrics.jsonl", "train/loss");
+  ASSERT_EQ(loss1.size(), 11u);
+  ASSERT_EQ(loss2.size(), loss1.size());
+  for (const auto& [step, v] : loss1) EXPECT_NEAR(loss2.at(step), v, 1e-4 * std::fabs(v)) << "step " << step;
+  EXPECT_LT(largest_difference(tmp / "one/checkpoints/step_00000011.pt", tmp / "two/checkpoints/step_00000011.pt"),
+            1e-5);
+  const auto rank1 = indices_by_epoch(tmp / "two/events-rank1.jsonl");
+  EXPECT_EQ(rank1.at(0).size(), 320u);  // 10 batches of 32, nothing of the last
+}
+
 TEST(DataParallel, APluginHandlingAfterBackwardKeepsTheAllReduceAfterTheBackward) {
   // recording without an events list handles every event, AfterBackward among them, where a
   // plugin may change the gradients (mixed_precision unscales them): nothing is sent before.
