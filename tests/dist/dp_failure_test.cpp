@@ -194,6 +194,26 @@ void lose_a_rank(const TempDir& tmp, int lost, int sig, const std::string& dir) 
   EXPECT_FALSE(read_file(tmp / (dir + "/checkpoints/latest")).empty());
 }
 
+TEST(DataParallelFailures, ARankAliveButStuckOutsideTheCollectivesIsNamedAfterTheTimeout) {
+  // Rank 1 sleeps 8 s in BatchEnd of step 3 (the test plugin stall) while its heartbeat goes on:
+  // rank 0 waits the 2 s timeout in its next collective, then names rank 1 as alive elsewhere.
+  TempDir tmp;
+  const std::string args = std::string("training.epochs=1000 distributed.timeout_s=2 --plugin-dir ") +
+                           TRAINER_TEST_PLUGIN_DIR +
+                           " 'plugins.load=[\"oom_backoff\", \"memory_log\", \"stall\"]' plugins.stall.seconds=8";
+  Ranks ranks(recipe(tmp), tmp / "stall", args, args);
+  EXPECT_EQ(exit_code_within(*ranks.r0, std::chrono::seconds(120)), 3) << read_file(tmp / "stall.r0");
+  const std::string status = read_file(tmp / "stall/status.json");
+  EXPECT_NE(status.find("\"status\":\"FAILED\""), std::string::npos) << status;
+  EXPECT_TRUE(std::regex_search(
+      status, std::regex("failed: rank 1 \\([0-9]+ collectives started, this rank [0-9]+\\) is alive but not at this "
+                         "collective: busy or stuck outside the collectives")))
+      << status;
+  EXPECT_EQ(status_steps(status).first, 3) << status;
+  // Rank 1 wakes to a group without rank 0 and ends too.
+  EXPECT_EQ(exit_code_within(*ranks.r1, std::chrono::seconds(60)), 3) << read_file(tmp / "stall.r1");
+}
+
 TEST(DataParallelFailures, AKilledRankMakesTheOthersFailNamingIt) {
   TempDir tmp;
   lose_a_rank(tmp, 1, SIGKILL, "killed");

@@ -147,6 +147,9 @@ struct ProcessGroup::Impl {
     std::condition_variable cv;
     bool stop = false;
     bool done = false;
+    /// Collectives this rank has started; the heartbeat publishes the count, so that after a
+    /// timeout the others can tell a rank that is alive but elsewhere from one in step.
+    std::atomic<std::int64_t> started{0};
   };
   std::shared_ptr<Beat> beat_state = std::make_shared<Beat>();
   std::thread beat;
@@ -154,6 +157,10 @@ struct ProcessGroup::Impl {
   static constexpr std::chrono::milliseconds kBeat{500};
 
   static std::string beat_key(std::int64_t r) { return "beat/" + std::to_string(r); }
+  static std::string started_key(std::int64_t r) { return "started/" + std::to_string(r); }
+
+  /// Counts a collective this rank starts (any thread).
+  void count_collective() { beat_state->started.fetch_add(1); }
 
   void start_heartbeat(const std::string& addr, const c10d::TCPStoreOptions& base, const std::string& prefix) {
     beat = std::thread([state = beat_state, me = rank, addr, base, prefix] {
@@ -161,10 +168,16 @@ struct ProcessGroup::Impl {
         c10d::TCPStoreOptions o = base;
         o.isServer = false;
         c10d::PrefixStore own(prefix, c10::make_intrusive<c10d::TCPStore>(addr, o));
+        std::int64_t published = 0;
         std::unique_lock<std::mutex> lock(state->mutex);
         while (!state->stop) {
           lock.unlock();
           own.add(beat_key(me), 1);
+          const std::int64_t started = state->started.load();
+          if (started != published) {
+            own.add(started_key(me), started - published);
+            published = started;
+          }
           lock.lock();
           state->cv.wait_for(lock, kBeat, [&] { return state->stop; });
         }
@@ -211,9 +224,25 @@ struct ProcessGroup::Impl {
           lost += (lost.empty() ? "" : ", ") + std::to_string(r);
         }
       }
-      if (lost.empty()) return "";
-      return (lost.find(',') == std::string::npos ? "rank " : "ranks ") + lost +
-             " stopped answering (died, killed or stopped)";
+      if (!lost.empty()) {
+        return (lost.find(',') == std::string::npos ? "rank " : "ranks ") + lost +
+               " stopped answering (died, killed or stopped)";
+      }
+      // Every rank beats: one that has started fewer collectives than this one is alive but has
+      // not come to this collective (its count is at most a beat old, and the wait was longer).
+      const std::int64_t mine = beat_state->started.load();
+      std::string behind;
+      int n = 0;
+      for (std::int64_t r = 0; r < size; ++r) {
+        const std::int64_t theirs = r == rank ? mine : store->add(started_key(r), 0);
+        if (theirs < mine) {
+          behind += detail::str(n++ ? ", " : "", r, " (", theirs, " collectives started, this rank ", mine, ")");
+        }
+      }
+      if (n == 0) return "";
+      return (n == 1 ? "rank " : "ranks ") + behind + (n == 1 ? " is" : " are") +
+             " alive but not at this collective: busy or stuck outside the collectives (a slow plugin or "
+             "data loader, a deadlock)";
     } catch (const std::exception&) {
       return "the group's store does not answer: rank 0, which hosts it, died, was killed or is stopped";
     }
@@ -304,11 +333,13 @@ std::chrono::milliseconds ProcessGroup::timeout() const { return impl_->timeout;
 
 void ProcessGroup::all_reduce_sum(std::vector<at::Tensor>& tensors) {
   if (tensors.empty()) return;
+  impl_->count_collective();
   impl_->guarded("all-reduce", [&] { impl_->gloo->allreduce(tensors)->wait(); });
 }
 
 std::function<void()> ProcessGroup::start_all_reduce_sum(std::vector<at::Tensor>& tensors) {
   if (tensors.empty()) return [] {};
+  impl_->count_collective();
   auto work = impl_->guarded("all-reduce", [&] { return impl_->gloo->allreduce(tensors); });
   Impl* impl = impl_.get();
   return [impl, work] { impl->guarded("all-reduce", [&] { work->wait(); }); };
@@ -322,6 +353,7 @@ std::vector<std::int64_t> ProcessGroup::all_reduce_max(const std::vector<std::in
   std::copy(values.begin(), values.end(), t[0].data_ptr<std::int64_t>());
   c10d::AllreduceOptions o;
   o.reduceOp = c10d::ReduceOp::MAX;
+  impl_->count_collective();
   impl_->guarded("all-reduce (max)", [&] { impl_->gloo->allreduce(t, o)->wait(); });
   const std::int64_t* v = t[0].data_ptr<std::int64_t>();
   return std::vector<std::int64_t>(v, v + values.size());
@@ -331,11 +363,13 @@ void ProcessGroup::broadcast(std::vector<at::Tensor>& tensors, std::int64_t root
   if (tensors.empty()) return;
   c10d::BroadcastOptions o;
   o.rootRank = root;
+  impl_->count_collective();
   impl_->guarded("broadcast", [&] { impl_->gloo->broadcast(tensors, o)->wait(); });
 }
 
 void ProcessGroup::barrier() {
   // Gloo's monitored barrier names the rank that did not arrive.
+  impl_->count_collective();
   impl_->guarded("barrier", [&] { impl_->gloo->monitoredBarrier(c10d::BarrierOptions(), false); });
 }
 
