@@ -13,9 +13,8 @@ namespace {
 
 using trainer::testing::Child;
 using trainer::testing::exit_code_within;
+using trainer::testing::expect_same_training;
 using trainer::testing::free_port;
-using trainer::testing::largest_difference;
-using trainer::testing::metric_by_step;
 using trainer::testing::rank_env;
 using trainer::testing::read_file;
 using trainer::testing::TempDir;
@@ -113,13 +112,7 @@ TEST(DataParallelFailures, OutOfMemoryOnOneRankIsRecoveredByEveryRankTogether) {
   EXPECT_NE(read_file(tmp / "tight/status.json").find("\"status\":\"FINISHED\""), std::string::npos);
   // The same samples in the same global batches: the loss curve and the model of the run
   // without out-of-memory errors (smaller micro-batches only sum in another order).
-  const auto a = metric_by_step(tmp / "clean/metrics.jsonl", "train/loss");
-  const auto b = metric_by_step(tmp / "tight/metrics.jsonl", "train/loss");
-  ASSERT_EQ(a.size(), 10u);
-  ASSERT_EQ(b.size(), a.size());
-  for (const auto& [s, v] : a) EXPECT_NEAR(b.at(s), v, 1e-4 * std::fabs(v)) << "step " << s;
-  EXPECT_LT(largest_difference(tmp / "clean/checkpoints/step_00000010.pt", tmp / "tight/checkpoints/step_00000010.pt"),
-            1e-5);
+  expect_same_training(tmp / "clean", tmp / "tight", 10, "checkpoints/step_00000010.pt");
 
   // A budget the backward crosses after the all-reduce of its first buckets started on both
   // ranks: rank 1 starts the rest as they are, and both drop the attempt and retry together.
@@ -131,11 +124,7 @@ TEST(DataParallelFailures, OutOfMemoryOnOneRankIsRecoveredByEveryRankTogether) {
                                                     "backward before it failed")))
       << inside1;
   EXPECT_NE(read_file(tmp / "inside/trainer.log").find("rank 1 ran out of memory in backward"), std::string::npos);
-  const auto c = metric_by_step(tmp / "inside/metrics.jsonl", "train/loss");
-  ASSERT_EQ(c.size(), a.size());
-  for (const auto& [s, v] : a) EXPECT_NEAR(c.at(s), v, 1e-4 * std::fabs(v)) << "step " << s;
-  EXPECT_LT(largest_difference(tmp / "clean/checkpoints/step_00000010.pt", tmp / "inside/checkpoints/step_00000010.pt"),
-            1e-5);
+  expect_same_training(tmp / "clean", tmp / "inside", 10, "checkpoints/step_00000010.pt");
 
   // Below what any micro-batch needs: rank 1 gives up, and every rank fails with it.
   Ranks hopeless(r, tmp / "hopeless", "", "memory.limit_mb=" + std::to_string(peak - step + 1.0));

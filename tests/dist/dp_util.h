@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <optional>
 #include <string>
@@ -52,6 +53,19 @@ inline double largest_difference(const std::string& a, const std::string& b) {
   double d = 0;
   for (const auto& [name, t] : pa) d = std::max(d, (pb.at(name) - t).abs().max().item<double>());
   return d;
+}
+
+/// Two runs of the same samples in the same global batches (run directories `a` and `b`): the
+/// same `steps` steps logged, each train/loss within 1e-4 (relative; sums in another order), and
+/// the models of `checkpoint` (a path inside each) within 1e-5.
+inline void expect_same_training(const std::string& a, const std::string& b, std::size_t steps,
+                                 const std::string& checkpoint) {
+  const auto la = metric_by_step(a + "/metrics.jsonl", "train/loss");
+  const auto lb = metric_by_step(b + "/metrics.jsonl", "train/loss");
+  ASSERT_EQ(la.size(), steps) << a;
+  ASSERT_EQ(lb.size(), la.size()) << b;
+  for (const auto& [step, v] : la) EXPECT_NEAR(lb.at(step), v, 1e-4 * std::fabs(v)) << b << " at step " << step;
+  EXPECT_LT(largest_difference(a + "/" + checkpoint, b + "/" + checkpoint), 1e-5) << b;
 }
 
 /// A port nobody listens on now on 127.0.0.1 (the kernel's pick).

@@ -159,8 +159,6 @@ struct ProcessGroup::Impl {
   static std::string beat_key(std::int64_t r) { return "beat/" + std::to_string(r); }
   static std::string started_key(std::int64_t r) { return "started/" + std::to_string(r); }
 
-  /// Counts a collective this rank starts (any thread).
-  void count_collective() { beat_state->started.fetch_add(1); }
 
   void start_heartbeat(const std::string& addr, const c10d::TCPStoreOptions& base, const std::string& prefix) {
     beat = std::thread([state = beat_state, me = rank, addr, base, prefix] {
@@ -248,6 +246,13 @@ struct ProcessGroup::Impl {
     }
   }
 
+  /// Starts a collective (any thread): counted for the heartbeat, its errors as guarded() says.
+  template <class F>
+  auto collective(const char* what, F f) -> decltype(f()) {
+    beat_state->started.fetch_add(1);
+    return guarded(what, f);
+  }
+
   /// c10d's errors (a peer gone, a timeout) as trainer::Error saying which collective, where,
   /// and which rank was lost.
   template <class F>
@@ -333,14 +338,12 @@ std::chrono::milliseconds ProcessGroup::timeout() const { return impl_->timeout;
 
 void ProcessGroup::all_reduce_sum(std::vector<at::Tensor>& tensors) {
   if (tensors.empty()) return;
-  impl_->count_collective();
-  impl_->guarded("all-reduce", [&] { impl_->gloo->allreduce(tensors)->wait(); });
+  impl_->collective("all-reduce", [&] { impl_->gloo->allreduce(tensors)->wait(); });
 }
 
 std::function<void()> ProcessGroup::start_all_reduce_sum(std::vector<at::Tensor>& tensors) {
   if (tensors.empty()) return [] {};
-  impl_->count_collective();
-  auto work = impl_->guarded("all-reduce", [&] { return impl_->gloo->allreduce(tensors); });
+  auto work = impl_->collective("all-reduce", [&] { return impl_->gloo->allreduce(tensors); });
   Impl* impl = impl_.get();
   return [impl, work] { impl->guarded("all-reduce", [&] { work->wait(); }); };
 }
@@ -353,8 +356,7 @@ std::vector<std::int64_t> ProcessGroup::all_reduce_max(const std::vector<std::in
   std::copy(values.begin(), values.end(), t[0].data_ptr<std::int64_t>());
   c10d::AllreduceOptions o;
   o.reduceOp = c10d::ReduceOp::MAX;
-  impl_->count_collective();
-  impl_->guarded("all-reduce (max)", [&] { impl_->gloo->allreduce(t, o)->wait(); });
+  impl_->collective("all-reduce (max)", [&] { impl_->gloo->allreduce(t, o)->wait(); });
   const std::int64_t* v = t[0].data_ptr<std::int64_t>();
   return std::vector<std::int64_t>(v, v + values.size());
 }
@@ -363,14 +365,12 @@ void ProcessGroup::broadcast(std::vector<at::Tensor>& tensors, std::int64_t root
   if (tensors.empty()) return;
   c10d::BroadcastOptions o;
   o.rootRank = root;
-  impl_->count_collective();
-  impl_->guarded("broadcast", [&] { impl_->gloo->broadcast(tensors, o)->wait(); });
+  impl_->collective("broadcast", [&] { impl_->gloo->broadcast(tensors, o)->wait(); });
 }
 
 void ProcessGroup::barrier() {
   // Gloo's monitored barrier names the rank that did not arrive.
-  impl_->count_collective();
-  impl_->guarded("barrier", [&] { impl_->gloo->monitoredBarrier(c10d::BarrierOptions(), false); });
+  impl_->collective("barrier", [&] { impl_->gloo->monitoredBarrier(c10d::BarrierOptions(), false); });
 }
 
 std::string ProcessGroup::share(const std::string& name, const std::string& value, std::int64_t root) {

@@ -64,7 +64,6 @@ GradientSync::GradientSync(ProcessGroup& pg, const std::vector<at::Tensor>& para
   std::size_t slots = 0;
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     numel_.push_back(0);
-    first_slot_.push_back(slots);
     for (std::size_t i : buckets_[b]) {
       numel_.back() += params_[i].numel();
       bucket_of_.push_back(b);
@@ -75,11 +74,11 @@ GradientSync::GradientSync(ProcessGroup& pg, const std::vector<at::Tensor>& para
   accumulated_.assign(slots, 0);
   reset_attempt();
   if (!overlap_) return;
-  for (std::size_t b = 0; b < buckets_.size(); ++b) {
-    for (std::size_t k = 0; k < buckets_[b].size(); ++k) {
-      const std::size_t slot = first_slot_[b] + k;
+  std::size_t slot = 0;
+  for (const auto& bucket : buckets_) {
+    for (std::size_t i : bucket) {
       Hook h;
-      h.accumulator = torch::autograd::impl::grad_accumulator(params_[buckets_[b][k]]);
+      h.accumulator = torch::autograd::impl::grad_accumulator(params_[i]);
       TRAINER_ASSERT(h.accumulator);
       h.key = h.accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
           [this, slot](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
@@ -87,6 +86,7 @@ GradientSync::GradientSync(ProcessGroup& pg, const std::vector<at::Tensor>& para
             return outputs;
           }));
       hooks_.push_back(std::move(h));
+      ++slot;
     }
   }
 }

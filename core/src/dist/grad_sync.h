@@ -120,7 +120,6 @@ class GradientSync {
   std::vector<at::Tensor> params_;
   std::vector<std::vector<std::size_t>> buckets_;  ///< parameter indices per bucket
   std::vector<std::int64_t> numel_;                ///< elements per bucket
-  std::vector<std::size_t> first_slot_;            ///< the slot of each bucket's first parameter
   std::vector<std::size_t> bucket_of_;             ///< the bucket of each slot
   std::vector<at::Tensor> flat_;                   ///< one flat tensor per bucket, once packed
   at::Tensor stats_;  ///< [loss, correct, skip, regraded, failures..., has grad...]
