@@ -21,11 +21,14 @@
 #include <regex>
 #include <string>
 
+#include "support/bench_smoke.h"
+
 namespace {
 
 namespace fs = std::filesystem;
 
-constexpr int kSteps = 40, kLogEvery = 10;
+// A smoke run: 12 steps, windows of 4.
+const int kSteps = trainer::bench::full_or_smoke(40, 12), kLogEvery = trainer::bench::full_or_smoke(10, 4);
 
 /// The mean of `name` over the windows after the first, from a metrics.jsonl.
 double mean_after_first(const std::string& file, const std::string& name) {
@@ -110,7 +113,7 @@ BENCHMARK(BM_DataParallel)
     ->Args({2, 1, 1, 1})
     ->Args({1, 1, 2, 0})
     ->UseManualTime()
-    ->Iterations(3)
+    ->Iterations(trainer::bench::full_or_smoke(3, 1))
     ->Unit(benchmark::kMillisecond);
 
 }  // namespace

@@ -13,9 +13,11 @@
 #include "trainer/plugin_host.h"
 #include "trainer/recipe.h"
 #include "trainer/trainer.h"
+#include "support/bench_smoke.h"
 
 namespace {
 
+using trainer::bench::full_or_smoke;
 using Clock = std::chrono::steady_clock;
 const c10::Device kCpu(c10::kCPU);
 constexpr std::int64_t kBatch = 128;
@@ -113,7 +115,7 @@ trainer::RunResult fit(const trainer::Config& cfg, std::shared_ptr<Harness> h, b
 /// Step time when every step runs out of memory once (before forward or before backward)
 /// and is re-run as two micro-batches of 64, against clean steps of 128.
 void BM_OomRecovery_Step(benchmark::State& state) {
-  const std::int64_t steps = 10;
+  const std::int64_t steps = full_or_smoke<std::int64_t>(10, 2);
   const int where = static_cast<int>(state.range(0));  // 0 clean, 1 forward, 2 backward
   const auto cfg = make_config(steps, kBatch, false);
   double total = 0;
@@ -132,7 +134,8 @@ void BM_OomRecovery_Step(benchmark::State& state) {
 BENCHMARK(BM_OomRecovery_Step)->Arg(0)->Arg(1)->Arg(2)->UseManualTime()->Unit(benchmark::kMillisecond);
 
 /// Under a budget that fits micro-batches up to some L < 128: L by exhaustive search (one
-/// step at every size), then where oom_backoff ends after 60 steps starting from 128.
+/// step at every size), then where oom_backoff ends after 60 steps starting from 128. (A smoke
+/// run searches in strides of 16 and runs 6 steps.)
 void BM_OomBackoff_FinalMicroBatch(benchmark::State& state) {
   for (auto _ : state) {
     // Calibrate: memory one step needs above the baseline at each micro-batch size.
@@ -143,14 +146,15 @@ void BM_OomBackoff_FinalMicroBatch(benchmark::State& state) {
     };
     const std::int64_t budget = (need_at(128) + need_at(64)) / 2;
     std::int64_t largest = 0;
-    for (std::int64_t micro = kBatch; micro >= 1 && largest == 0; --micro) {
+    const std::int64_t stride = full_or_smoke<std::int64_t>(1, 16);
+    for (std::int64_t micro = kBatch; micro >= 1 && largest == 0; micro -= stride) {
       auto h = std::make_shared<Harness>();
       h->budget_above_baseline = budget;
       if (fit(make_config(1, micro, false), h, false).exit_code == 0) largest = micro;
     }
     auto h = std::make_shared<Harness>();
     h->budget_above_baseline = budget;
-    const auto r = fit(make_config(60, kBatch, true, 5), h, true);
+    const auto r = fit(make_config(full_or_smoke<std::int64_t>(60, 6), kBatch, true, 5), h, true);
     if (r.exit_code != 0) state.SkipWithError(r.message.c_str());
     state.counters["largest_fitting"] = double(largest);
     state.counters["final_micro"] = double(h->final_micro);
@@ -173,7 +177,7 @@ void BM_CpuAllocator_AllocFree(benchmark::State& state) {
 BENCHMARK(BM_CpuAllocator_AllocFree)->Arg(0)->Arg(1);
 
 void BM_TrackingAllocator_AllocationsPerStep(benchmark::State& state) {
-  const std::int64_t steps = 10;
+  const std::int64_t steps = full_or_smoke<std::int64_t>(10, 2);
   const auto cfg = make_config(steps, kBatch, false);
   for (auto _ : state) {
     auto h = std::make_shared<Harness>();

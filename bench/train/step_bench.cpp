@@ -12,6 +12,7 @@
 #include "trainer/recipe.h"
 #include "trainer/runtime.h"
 #include "trainer/trainer.h"
+#include "support/bench_smoke.h"
 
 namespace {
 
@@ -19,7 +20,9 @@ using Clock = std::chrono::steady_clock;
 
 constexpr std::int64_t kBatch = 128;
 
-std::int64_t steps_for(const std::string& model) { return model == "cnn" ? 20 : 200; }
+std::int64_t steps_for(const std::string& model) {
+  return trainer::bench::full_or_smoke<std::int64_t>(model == "cnn" ? 20 : 200, 3);
+}
 
 trainer::Config make_config(const std::string& model, std::int64_t steps) {
   trainer::LoadedRecipe r;

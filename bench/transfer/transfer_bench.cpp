@@ -8,7 +8,8 @@
 //   trained, the rest frozen), with the samples per second the step sustains and its peak
 //   memory above what was allocated before (the tracking CPU allocator): the loader is the
 //   bottleneck when BM_Loader's images/s is below BM_VitStep's samples/s.
-// One intra-op thread per core, as a run.
+// One intra-op thread per core, as a run. A smoke run (TRAINER_BENCH_SMOKE=1) writes 8 JPEGs
+// and steps a ViT of one 64-wide layer instead.
 #include <ATen/Parallel.h>
 #include <benchmark/benchmark.h>
 #include <torch/torch.h>
@@ -23,13 +24,14 @@
 #include "trainer/lora.h"
 #include "trainer/memory.h"
 #include "trainer/model.h"
+#include "support/bench_smoke.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 const c10::Device kCpu(c10::kCPU);
 constexpr double kMiB = 1024.0 * 1024.0;
-constexpr std::int64_t kImages = 96;
+const std::int64_t kImages = trainer::bench::full_or_smoke<std::int64_t>(96, 8);
 constexpr std::int64_t kBatch = 32;
 
 void use_all_cores() { at::set_num_threads(static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))); }
@@ -82,8 +84,9 @@ void BM_VitStep(benchmark::State& state) {
   use_all_cores();
   torch::manual_seed(0);
   const auto m = trainer::build_model(
-      trainer::Config::parse("name = \"vit\"\npatch_size = 16\nhidden_dim = 768\nnum_layers = 12\nnum_heads = 12\n"
-                             "mlp_dim = 3072\n"),
+      trainer::Config::parse(trainer::bench::full_or_smoke<std::string>(
+          "name = \"vit\"\npatch_size = 16\nhidden_dim = 768\nnum_layers = 12\nnum_heads = 12\nmlp_dim = 3072\n",
+          "name = \"vit\"\npatch_size = 16\nhidden_dim = 64\nnum_layers = 1\nnum_heads = 2\nmlp_dim = 128\n")),
       trainer::DataSpec{{3, 224, 224}, 102});
   const bool lora = state.range(0) != 0;
   if (lora) {

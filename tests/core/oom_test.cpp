@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <cmath>
 #include <set>
 
 #include "support/test_util.h"
@@ -435,7 +437,11 @@ TEST_F(Oom, EvalOomRetriesWithoutDoubleCounting) {
     return -1.0;
   };
   EXPECT_EQ(metric(read_file(tmp_ / "oom/events.jsonl"), "eval/accuracy"), metric(clean, "eval/accuracy"));
-  EXPECT_NEAR(metric(read_file(tmp_ / "oom/events.jsonl"), "eval/loss"), metric(clean, "eval/loss"), 1e-6);
+  // The retry's batches of 12 sum the float32 losses in another order than batches of 24 (~1e-7
+  // relative); a sample lost or counted twice moves the mean by ~1e-2.
+  const double clean_loss = metric(clean, "eval/loss");
+  EXPECT_NEAR(metric(read_file(tmp_ / "oom/events.jsonl"), "eval/loss"), clean_loss,
+              1e-6 * std::max(1.0, std::fabs(clean_loss)));
 }
 
 }  // namespace

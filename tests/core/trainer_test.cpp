@@ -179,8 +179,10 @@ TEST_F(TrainerRun, TrainsInTheModelDtypeAndResumesInIt) {
     const RunResult r = run({std::string("+model.dtype=") + name}, dir);
     ASSERT_EQ(r.exit_code, kExitOk) << r.message;
     for (const auto& p : model_->parameters()) EXPECT_EQ(p.scalar_type(), dtype);
+    // Finite losses, not a particular accuracy: bf16 rounds differently where the CPU has it
+    // natively, and 32 randomly labelled samples can all be missed.
     EXPECT_TRUE(std::isfinite(r.final_metrics.at("train/loss")));
-    EXPECT_GT(r.final_metrics.at("eval/accuracy"), 0.0);
+    EXPECT_TRUE(std::isfinite(r.final_metrics.at("eval/loss")));
     const RunResult again =
         run({std::string("+model.dtype=") + name, "training.epochs=3"}, dir + "_resumed", tmp_ / dir);
     ASSERT_EQ(again.exit_code, kExitOk) << again.message;

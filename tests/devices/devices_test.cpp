@@ -195,10 +195,9 @@ TEST_F(FakeNvml, AnExplicitGpuBeyondTheVisibleOnesIsAUsageError) {
 
 TEST_F(FakeNvml, NoGpusAtAllFallsBackWithoutWaiting) {
   script("init_error 9\n");
-  DeviceSelect sel(lease_setting() + "wait_for_gpu = true\ncheck_interval_s = 5\ntimeout_min = 10");
-  const auto t0 = std::chrono::steady_clock::now();
+  // A check every 10 minutes: a select that waited for even one would hang the test, not pass.
+  DeviceSelect sel(lease_setting() + "wait_for_gpu = true\ncheck_interval_s = 600\ntimeout_min = 10");
   const auto r = sel.select();
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(4));
   EXPECT_EQ(r.device, "cpu");
   EXPECT_NE(r.log.find("no GPU visible to this process"), std::string::npos) << r.log;
   EXPECT_NE(r.log.find("Driver Not Loaded"), std::string::npos) << r.log;
