@@ -3,17 +3,14 @@
 #include "report_chart.h"
 
 #include <unistd.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
-#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -24,15 +21,10 @@ namespace trainer::report {
 namespace {
 
 namespace fs = std::filesystem;
-using nlohmann::json;
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-constexpr std::size_t kMaxListedLines = 10;       // malformed line numbers named on the page
-constexpr std::size_t kLogProblemLines = 30;      // warning/error lines of trainer.log shown
-constexpr std::size_t kLogTailLines = 40;         // last lines of trainer.log shown
-constexpr std::size_t kMaxConfigBytes = 4 << 20;  // a config larger than this is cut on the page
-constexpr std::size_t kMaxLogLineChars = 2000;
-constexpr std::size_t kMaxEventRows = 200;  // rows of the out-of-memory/micro-batch table
+constexpr std::size_t kMaxEventRows = 200;   // rows of the out-of-memory/micro-batch table
+constexpr std::size_t kMaxListedNames = 10;  // metric names listed in one note
 
 constexpr const char* kPalette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd",
                                     "#8c564b", "#e377c2", "#17becf", "#7f7f7f"};
@@ -63,136 +55,6 @@ std::string duration_text(double s) {
 }
 
 std::string errno_text() { return std::strerror(errno); }
-
-/// Reads a whole file; false when it cannot be opened (errno says why).
-bool read_file(const fs::path& path, std::string& out, std::size_t max_bytes = std::string::npos) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return false;
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  out = ss.str();
-  if (out.size() > max_bytes) out.resize(max_bytes);
-  return true;
-}
-
-/// One metrics.jsonl line; false when it is not a metric (bad JSON, missing or mistyped field).
-bool parse_metric_line(const std::string& line, std::string& name, Point& p) {
-  const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return false;
-  const auto step = j.find("step"), nm = j.find("name"), value = j.find("value"), time = j.find("time");
-  if (step == j.end() || !step->is_number() || nm == j.end() || !nm->is_string() || value == j.end()) return false;
-  name = nm->get<std::string>();
-  if (name.empty()) return false;
-  p.step = step->get<double>();
-  if (value->is_number()) {
-    p.value = value->get<double>();
-  } else if (value->is_string()) {
-    const auto& s = value->get_ref<const std::string&>();
-    if (s == "NaN") {
-      p.value = kNaN;
-    } else if (s == "Infinity") {
-      p.value = std::numeric_limits<double>::infinity();
-    } else if (s == "-Infinity") {
-      p.value = -std::numeric_limits<double>::infinity();
-    } else {
-      return false;
-    }
-  } else {
-    return false;
-  }
-  p.time = time != j.end() && time->is_number() ? time->get<double>() : kNaN;
-  return true;
-}
-
-void read_metrics(const fs::path& path, RunData& data) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ReportError("cannot read " + path.string() + ": " + errno_text());
-  std::string line, name;
-  std::size_t number = 0;
-  while (std::getline(in, line)) {
-    ++number;
-    // getline sets eof when the last line has no newline: a line the writer had not finished.
-    const bool complete = !in.eof();
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.find_first_not_of(" \t") == std::string::npos) continue;
-    Point p;
-    if (parse_metric_line(line, name, p)) {
-      data.metrics[name].push_back(p);
-      ++data.lines_read;
-    } else if (!complete) {
-      data.truncated_last_line = true;
-    } else {
-      ++data.malformed_lines;
-      if (data.malformed_line_numbers.size() < kMaxListedLines) data.malformed_line_numbers.push_back(number);
-    }
-  }
-  if (in.bad()) throw ReportError("error reading " + path.string() + ": " + errno_text());
-}
-
-void read_status(const fs::path& path, RunData& data) {
-  std::string text;
-  std::error_code ec;
-  if (!fs::exists(path, ec) && !ec) return;
-  if (!read_file(path, text)) {
-    data.status_error = "cannot read " + path.string() + ": " + errno_text();
-    return;
-  }
-  const json j = json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) {
-    data.status_error = path.string() + " is not a JSON object";
-    return;
-  }
-  const auto status = j.find("status");
-  if (status == j.end() || !status->is_string()) {
-    data.status_error = path.string() + " has no \"status\" string";
-    return;
-  }
-  RunStatus s;
-  s.status = status->get<std::string>();
-  auto number = [&](const char* key, auto fallback) {
-    const auto it = j.find(key);
-    return it != j.end() && it->is_number() ? it->get<decltype(fallback)>() : fallback;
-  };
-  auto text_of = [&](const char* key) {
-    const auto it = j.find(key);
-    return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
-  };
-  s.exit_code = number("exit_code", 0);
-  s.global_step = number("global_step", 0LL);
-  s.epoch = number("epoch", 0LL);
-  s.time = number("time", kNaN);
-  s.message = text_of("message");
-  s.last_checkpoint = text_of("last_checkpoint");
-  data.status = s;
-}
-
-bool is_warning(const std::string& level) { return level == "warning" || level == "warn"; }
-bool is_error(const std::string& level) { return level == "error" || level == "critical" || level == "err"; }
-
-void read_log(const fs::path& path, RunData& data) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return;
-  std::deque<std::string> tail, problems;
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.size() > kMaxLogLineChars) line = line.substr(0, kMaxLogLineChars) + " …";
-    // spdlog's "%Y-%m-%d %H:%M:%S.%e %-5l %v": the level is the third word.
-    std::istringstream words(line);
-    std::string date, time, level;
-    words >> date >> time >> level;
-    const bool warning = is_warning(level), error = is_error(level);
-    data.log_warnings += warning;
-    data.log_errors += error;
-    if (warning || error) {
-      problems.push_back(line);
-      if (problems.size() > kLogProblemLines) problems.pop_front();
-    }
-    tail.push_back(line);
-    if (tail.size() > kLogTailLines) tail.pop_front();
-  }
-  data.log_problems.assign(problems.begin(), problems.end());
-  data.log_tail.assign(tail.begin(), tail.end());
-}
 
 }  // namespace
 
@@ -242,36 +104,6 @@ std::vector<MicroBatchChange> micro_batch_changes(const RunData& data) {
     previous = p.value;
   }
   return changes;
-}
-
-RunData read_run(const std::string& dir) {
-  std::error_code ec;
-  const fs::path root(dir);
-  if (!fs::exists(root, ec)) {
-    throw ReportError(ec ? "cannot access run directory " + dir + ": " + ec.message()
-                         : "run directory " + dir + " does not exist");
-  }
-  if (!fs::is_directory(root, ec)) throw ReportError(dir + " is not a directory (expected a run directory)");
-  const fs::path metrics = root / "metrics.jsonl";
-  if (!fs::exists(metrics, ec)) {
-    throw ReportError(ec ? "cannot access " + metrics.string() + ": " + ec.message()
-                         : metrics.string() + " does not exist: " + dir +
-                               " is not a run directory, or its run logged no metrics (metrics.jsonl = false)");
-  }
-  if (!fs::is_regular_file(metrics, ec)) throw ReportError(metrics.string() + " is not a file");
-  RunData data;
-  data.dir = dir;
-  fs::path canonical = fs::weakly_canonical(fs::absolute(root, ec), ec);
-  if (canonical.empty()) canonical = root;
-  if (!canonical.has_filename()) canonical = canonical.parent_path();
-  data.name = canonical.filename().string();
-  read_metrics(metrics, data);
-  std::string config;
-  if (read_file(root / "config.toml", config, kMaxConfigBytes)) data.config_toml = config;
-  read_status(root / "status.json", data);
-  read_log(root / "trainer.log", data);
-  data.generated_at = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-  return data;
 }
 
 namespace {
@@ -487,9 +319,16 @@ std::string render_html(const RunData& d) {
   if (d.malformed_lines) {
     std::vector<std::string> numbers;
     for (const auto n : d.malformed_line_numbers) numbers.push_back(std::to_string(n));
+    std::string long_lines;
+    if (d.long_lines) {
+      const std::string limit = std::to_string(kMaxMetricLineBytes >> 10) + " KiB";
+      long_lines = d.long_lines == d.malformed_lines
+                       ? (d.long_lines == 1 ? "; longer than " : "; all longer than ") + limit
+                       : "; " + std::to_string(d.long_lines) + " of them longer than " + limit;
+    }
     notes.push_back(std::to_string(d.malformed_lines) + " malformed line" + (d.malformed_lines > 1 ? "s" : "") +
                     " of metrics.jsonl skipped (line" + (numbers.size() > 1 ? "s " : " ") + join(numbers, ", ") +
-                    (d.malformed_lines > numbers.size() ? ", …" : "") + ").");
+                    (d.malformed_lines > numbers.size() ? ", …" : "") + long_lines + ").");
   }
   if (d.truncated_last_line) {
     notes.push_back(
@@ -499,10 +338,15 @@ std::string render_html(const RunData& d) {
   if (!nonfinite.empty()) {
     std::vector<std::string> parts;
     std::size_t total = 0;
-    for (const auto& [name, n] : nonfinite) parts.push_back(name + " (" + std::to_string(n) + ")"), total += n;
+    for (const auto& [name, n] : nonfinite) {
+      if (parts.size() < kMaxListedNames) parts.push_back(name + " (" + std::to_string(n) + ")");
+      total += n;
+    }
     notes.push_back(std::to_string(total) + " NaN/infinite value" + (total > 1 ? "s" : "") +
-                    " not drawn (marked × on the x axis): " + join(parts, ", ") + ".");
+                    " not drawn (marked × on the x axis): " + join(parts, ", ") +
+                    (nonfinite.size() > parts.size() ? ", …" : "") + ".");
   }
+  notes.insert(notes.end(), d.read_notes.begin(), d.read_notes.end());
   if (!d.status_error.empty()) notes.push_back("status.json could not be read: " + d.status_error + ".");
   for (const auto& chart : step_charts()) {
     std::vector<std::string> missing;
@@ -527,6 +371,26 @@ std::string render_html(const RunData& d) {
                     " not logged (the memory_log plugin logs them).");
   } else if (!missing_memory.empty()) {
     notes.push_back("Memory: " + join(missing_memory, ", ") + " not logged.");
+  }
+  std::size_t events = 0;  // drawn as markers: those with a time
+  for (const auto& e : ooms) events += std::isfinite(e.time);
+  for (const auto& c : changes) events += std::isfinite(c.time);
+  if (memory_chart && events > kMaxMarkers) {
+    notes.push_back(std::to_string(events) + " out-of-memory errors and micro-batch changes: the first " +
+                    std::to_string(kMaxMarkers) + " marked on the memory chart, the first " +
+                    std::to_string(kMaxEventRows) + " in its table.");
+  }
+  std::set<std::string> known(kMemoryNames.begin(), kMemoryNames.end());
+  known.insert(kEventNames.begin(), kEventNames.end());
+  for (const auto& spec : step_charts()) known.insert(spec.names.begin(), spec.names.end());
+  std::vector<std::string> other_names;
+  for (const auto& [name, points] : d.metrics) {
+    if (!known.count(name)) other_names.push_back(name);
+  }
+  if (other_names.size() > kMaxOtherCharts) {
+    notes.push_back(std::to_string(other_names.size()) + " other metrics: the first " +
+                    std::to_string(kMaxOtherCharts) + " drawn (by name), the rest left out.");
+    other_names.resize(kMaxOtherCharts);
   }
   if (!notes.empty()) {
     h << "<section class=\"card notes\"><h2>Notes</h2><ul>\n";
@@ -578,6 +442,8 @@ std::string render_html(const RunData& d) {
       c.markers.push_back({(ch.time - t0) / unit, label, label + " at step " + format_number(ch.step, 12),
                            kMicroBatchColour, "micro-batch change"});
     }
+    std::stable_sort(c.markers.begin(), c.markers.end(), [](const Marker& a, const Marker& b) { return a.x < b.x; });
+    if (c.markers.size() > kMaxMarkers) c.markers.resize(kMaxMarkers);
     h << "<section><h2>Memory</h2>\n" << figure(c);
     if (!ooms.empty() || !changes.empty()) {
       h << "<div class=\"card\"><h3>Out-of-memory errors and micro-batch changes</h3>\n"
@@ -586,13 +452,9 @@ std::string render_html(const RunData& d) {
     h << "</section>\n";
   }
 
-  std::set<std::string> known(kMemoryNames.begin(), kMemoryNames.end());
-  known.insert(kEventNames.begin(), kEventNames.end());
-  for (const auto& spec : step_charts()) known.insert(spec.names.begin(), spec.names.end());
   std::vector<std::string> others;
   std::size_t colour = 0;
-  for (const auto& [name, points] : d.metrics) {
-    if (known.count(name)) continue;
+  for (const auto& name : other_names) {
     Chart c{name, "step", "", true, 420, 230, {step_line(d, name, kPalette[colour++ % std::size(kPalette)])}, {}};
     others.push_back(figure(c, " small"));
   }
@@ -600,7 +462,9 @@ std::string render_html(const RunData& d) {
     h << "<section><h2>Other metrics</h2><div class=\"grid3\">\n" << join(others, "") << "</div></section>\n";
 
   h << "<section class=\"card\"><h2>Log: warnings and errors</h2>\n";
-  if (d.log_tail.empty()) {
+  if (!d.log_error.empty()) {
+    h << "<p>trainer.log could not be read: " << html_escape(d.log_error) << ".</p>\n";
+  } else if (d.log_tail.empty()) {
     h << "<p>No trainer.log in the run directory (or it is empty).</p>\n";
   } else {
     h << "<p>trainer.log: " << d.log_warnings << " warning" << (d.log_warnings == 1 ? "" : "s") << ", " << d.log_errors
@@ -616,8 +480,10 @@ std::string render_html(const RunData& d) {
   h << "</section>\n<section class=\"card\"><h2>Config</h2>\n";
   if (d.config_toml) {
     h << "<p class=\"path\">config.toml (the resolved config)"
-      << (d.config_toml->size() >= kMaxConfigBytes ? ", cut" : "") << "</p><pre>" << html_escape(*d.config_toml)
-      << "</pre>\n";
+      << (d.config_cut ? ": its first " + std::to_string(kMaxConfigBytes >> 20) + " MiB, the rest left out" : "")
+      << "</p><pre>" << html_escape(*d.config_toml) << "</pre>\n";
+  } else if (!d.config_error.empty()) {
+    h << "<p>config.toml could not be read: " << html_escape(d.config_error) << ".</p>\n";
   } else {
     h << "<p>No config.toml in the run directory.</p>\n";
   }

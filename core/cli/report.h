@@ -2,13 +2,16 @@
 // `trainer report RUN_DIR`: a run directory as one self-contained HTML page.
 //
 // 1. `read_run()` reads what the run directory holds: metrics.jsonl (skipping what it cannot
-//    read, and saying so), config.toml, status.json and the warnings of trainer.log.
+//    read, and saying so), config.toml, status.json and the warnings of trainer.log
+//    (report_read.cpp). A run directory is untrusted input: every file is read up to a limit
+//    below, and what was left out is said on the page.
 // 2. `render_html()` draws it: a header with the run's status, the charts as inline SVG, the
 //    config and the log's warnings. Nothing is loaded from anywhere: no scripts, fonts or images.
 // 3. `write_report()` does both and writes the file; it is what the CLI calls.
 //
 // Only the standard library and nlohmann-json: the report reads a run without LibTorch.
 
+#include <cstddef>
 #include <map>
 #include <optional>
 #include <ostream>
@@ -17,6 +20,22 @@
 #include <vector>
 
 namespace trainer::report {
+
+// What the report reads of a run directory at most. A larger file is cut (or, for status.json,
+// not read) and the page says so; a file that is not a regular file (a FIFO, a device) is not read.
+inline constexpr std::size_t kMaxMetricsBytes = std::size_t(128) << 20;    ///< metrics.jsonl: its first 128 MiB
+inline constexpr std::size_t kMaxMetricLineBytes = std::size_t(16) << 10;  ///< a longer line is skipped
+inline constexpr std::size_t kMaxMetricNameBytes = 256;                    ///< a line naming a longer metric is skipped
+inline constexpr std::size_t kMaxStatusBytes = std::size_t(256) << 10;     ///< a larger status.json is not read
+inline constexpr std::size_t kMaxConfigBytes = std::size_t(1) << 20;       ///< config.toml: its first 1 MiB shown
+inline constexpr std::size_t kMaxLogBytes = std::size_t(16) << 20;         ///< trainer.log: its last 16 MiB read
+inline constexpr std::size_t kMaxLogLineChars = 2000;                      ///< a longer log line is cut
+
+// What the page draws at most, however many points and names metrics.jsonl holds.
+inline constexpr std::size_t kMaxLinePoints = 2000;  ///< points of one chart line (each bucket's min and max kept)
+inline constexpr std::size_t kMaxOtherCharts = 48;   ///< charts of "other metrics" (the first by name)
+inline constexpr std::size_t kMaxMarkers = 100;      ///< out-of-memory and micro-batch markers on the memory chart
+inline constexpr int kMaxTicks = 20;                 ///< ticks of one axis
 
 /// One line of metrics.jsonl. `value` may be NaN or ±infinity ("NaN", "Infinity", "-Infinity"
 /// in the file); `time` is seconds since the Unix epoch, NaN when the line has none.
@@ -61,15 +80,20 @@ struct RunData {
   std::size_t lines_read = 0;                       ///< metric lines read
   std::size_t malformed_lines = 0;                  ///< lines skipped because they could not be read
   std::vector<std::size_t> malformed_line_numbers;  ///< the first few of them, from 1
+  std::size_t long_lines = 0;                       ///< of the malformed lines, those over kMaxMetricLineBytes
   bool truncated_last_line = false;                 ///< the last line had no newline and did not parse
-  std::optional<std::string> config_toml;           ///< config.toml verbatim, when present
+  std::optional<std::string> config_toml;           ///< config.toml verbatim (its start when cut), when present
+  bool config_cut = false;                          ///< config.toml is larger than kMaxConfigBytes
+  std::string config_error;                         ///< why config.toml could not be read (it exists)
   std::optional<RunStatus> status;                  ///< status.json, when present and readable
   std::string status_error;                         ///< why status.json could not be read (it exists)
-  std::vector<std::string> log_problems;            ///< the last warning/error lines of trainer.log
-  std::size_t log_warnings = 0;                     ///< warning lines in trainer.log
-  std::size_t log_errors = 0;                       ///< error and critical lines in trainer.log
-  std::vector<std::string> log_tail;                ///< the last lines of trainer.log
-  double generated_at = 0;                          ///< when it was read, seconds since the Unix epoch
+  std::string log_error;                            ///< why trainer.log could not be read (it exists)
+  std::vector<std::string> read_notes;    ///< what reading left out (a file cut at its limit), a sentence each
+  std::vector<std::string> log_problems;  ///< the last warning/error lines of trainer.log
+  std::size_t log_warnings = 0;           ///< warning lines in trainer.log
+  std::size_t log_errors = 0;             ///< error and critical lines in trainer.log
+  std::vector<std::string> log_tail;      ///< the last lines of trainer.log
+  double generated_at = 0;                ///< when it was read, seconds since the Unix epoch
 };
 
 /// A run directory or metrics file that cannot be read; the message names the path.
@@ -89,8 +113,11 @@ std::vector<MicroBatchChange> micro_batch_changes(const RunData& data);
 /// The page: one self-contained HTML document (inline CSS and SVG, no script, no URL).
 std::string render_html(const RunData& data);
 
-/// Round tick values covering [lo, hi] (1, 2 or 5 times a power of ten apart), at most about
-/// `max_ticks` of them; the first is <= lo and the last >= hi. With `integer`, at least 1 apart.
+/// Round tick values covering [lo, hi] (1, 2 or 5 times a power of ten apart), at most `max_ticks`
+/// of them (clamped to 2..kMaxTicks); the first is <= lo and the last >= hi. With `integer`, at least
+/// 1 apart. Always at least two finite, increasing values: lo == hi gives a range around the value;
+/// a range that round ticks cannot cover in doubles (wider than the largest double, or only a few
+/// doubles wide, as 1e17 to the next double) gives its two ends; NaN or infinity gives {0, 1}.
 std::vector<double> nice_ticks(double lo, double hi, int max_ticks, bool integer = false);
 
 /// `text` with & < > " ' replaced by entities.

@@ -1,6 +1,7 @@
 #include "report_chart.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -10,6 +11,8 @@
 #include "report.h"
 
 namespace trainer::report {
+
+constexpr double kMaxDouble = std::numeric_limits<double>::max();
 
 std::string format_number(double v, int significant) {
   if (std::isnan(v)) return "NaN";
@@ -23,27 +26,42 @@ std::vector<double> nice_ticks(double lo, double hi, int max_ticks, bool integer
   if (!std::isfinite(lo) || !std::isfinite(hi)) return {0, 1};
   if (lo > hi) std::swap(lo, hi);
   if (hi == lo) {
+    // One value: a range around it, wider than the value itself wherever a double can say so.
     const double pad = std::max(lo == 0 ? 1.0 : std::abs(lo) * 0.1, integer ? 1.0 : 0.0);
-    lo -= pad;
-    hi += pad;
+    double a = std::max(lo - pad, -kMaxDouble), b = std::min(hi + pad, kMaxDouble);
+    if (a == lo) a = std::nextafter(lo, -kMaxDouble);  // pad lost in rounding (lo tiny), or lo the lowest double
+    if (b == hi) b = std::nextafter(hi, kMaxDouble);
+    lo = a, hi = b;
   }
-  if (!std::isfinite(hi - lo)) return {lo, hi};
-  max_ticks = std::max(max_ticks, 2);
+  // Here lo < hi, both finite. The two ends are the answer whenever round ticks cannot be had.
+  std::vector<double> ends{lo, hi};
+  max_ticks = std::clamp(max_ticks, 2, kMaxTicks);
+  const double range = hi - lo;  // infinite when wider than the largest double
+  const double magnitude = std::pow(10.0, std::floor(std::log10(range / max_ticks)));
+  if (!std::isfinite(range) || !(magnitude > 0) || !std::isfinite(magnitude)) return ends;
   // The finest step of 1, 2 or 5 times a power of ten that needs no more than max_ticks ticks.
-  const double magnitude = std::pow(10.0, std::floor(std::log10((hi - lo) / max_ticks)));
-  double step = magnitude;
+  double step = 0, first = 0, last = 0;
+  bool found = false;
   for (const double m : {1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0}) {
-    step = m * magnitude;
-    if (integer) step = std::max(step, 1.0);
-    if (std::ceil(hi / step) - std::floor(lo / step) + 1 <= max_ticks) break;
+    step = integer ? std::max(m * magnitude, 1.0) : m * magnitude;
+    first = std::floor(lo / step), last = std::ceil(hi / step);
+    if (first * step > lo) first -= 1;  // lo / step rounded up
+    if (last * step < hi) last += 1;
+    if (std::isfinite(first) && std::isfinite(last) && last - first + 1 <= max_ticks) {
+      found = true;
+      break;
+    }
   }
-  const double first = std::floor(lo / step), last = std::ceil(hi / step);
+  if (!found) return ends;
+  // Counted with an int: `first + k` beyond 2^53 (or a step below the doubles' spacing at lo) may not
+  // move, which gives equal ticks, never an endless loop.
   std::vector<double> ticks;
-  for (double i = first; i <= last + 1e-9; i += 1) {
-    const double v = i * step;
-    ticks.push_back(std::abs(v) < step * 1e-9 ? 0.0 : v);
+  for (int k = 0; k <= int(last - first); ++k) {
+    const double v = (first + k) * step;
+    if (!std::isfinite(v) || (!ticks.empty() && !(v > ticks.back()))) return ends;
+    ticks.push_back(v == 0 ? 0.0 : v);  // not -0
   }
-  if (ticks.size() < 2) ticks.push_back(ticks.back() + step);
+  if (ticks.size() < 2 || ticks.front() > lo || ticks.back() < hi) return ends;
   return ticks;
 }
 
@@ -62,22 +80,42 @@ std::string coord(double v) {
 constexpr double kCharWidth = 7.4;     // of 12px sans text, to lay out legends and labels
 constexpr std::size_t kMaxDots = 300;  // more points: no dots; and at most this many × marks a line
 
-/// Tick labels with as many decimals as the tick spacing `step` needs.
+/// Tick labels with as many decimals as the tick spacing `step` needs, and more digits where two
+/// would read the same (ticks that are not round: the two ends of a range of a few doubles).
 std::vector<std::string> tick_labels(const std::vector<double>& ticks, double step) {
   double biggest = 0;
   for (const double t : ticks) biggest = std::max(biggest, std::abs(t));
-  const int decimals = std::max(0, int(std::ceil(-std::log10(step) - 1e-9)));
+  const double places = std::isfinite(step) && step > 0 ? std::ceil(-std::log10(step) - 1e-9) : 0;
+  const int decimals = int(std::clamp(places, 0.0, 99.0));
   std::vector<std::string> labels;
-  char buf[64];
-  for (const double t : ticks) {
-    if (decimals > 6 || biggest >= 1e7) {
-      std::snprintf(buf, sizeof buf, "%.3g", t);
-    } else {
-      std::snprintf(buf, sizeof buf, "%.*f", decimals, t);
+  for (int digits = 3; digits <= 17; ++digits) {
+    labels.clear();
+    char buf[64];
+    for (const double t : ticks) {
+      if (decimals > 6 || biggest >= 1e7 || digits > 3) {
+        std::snprintf(buf, sizeof buf, "%.*g", digits, t);
+      } else {
+        std::snprintf(buf, sizeof buf, "%.*f", decimals, t);
+      }
+      labels.emplace_back(buf);
     }
-    labels.push_back(buf);
+    if (std::adjacent_find(labels.begin(), labels.end()) == labels.end()) break;
   }
   return labels;
+}
+
+/// Where `v` lies from `lo` (0) to `hi` (1), also when hi - lo is wider than the largest double.
+double fraction(double v, double lo, double hi) {
+  if (std::isfinite(hi - lo)) return (v - lo) / (hi - lo);
+  return (v / 2 - lo / 2) / (hi / 2 - lo / 2);
+}
+
+/// Appends the points of `pts` at `index` (four indices, in any order, some equal) in order, once each.
+void keep_in_order(const std::vector<XY>& pts, std::array<std::size_t, 4> index, std::vector<XY>& out) {
+  std::sort(index.begin(), index.end());
+  for (std::size_t k = 0; k < index.size(); ++k) {
+    if (k == 0 || index[k] != index[k - 1]) out.push_back(pts[index[k]]);
+  }
 }
 
 /// Keeps the first, lowest, highest and last point of each run of points that fall in one pixel
@@ -93,9 +131,29 @@ std::vector<XY> thin_out(const std::vector<XY>& pts, double x0, double px_per_x)
       if (pts[j].y > pts[hi].y) hi = j;
       ++j;
     }
-    std::set<std::size_t> keep{i, lo, hi, j - 1};
-    for (const auto k : keep) out.push_back(pts[k]);
+    keep_in_order(pts, {i, lo, hi, j - 1}, out);
     i = j;
+  }
+  return out;
+}
+
+/// At most kMaxLinePoints of `pts`: the first, lowest, highest and last point of each of
+/// kMaxLinePoints / 4 runs of consecutive points, in order. A spike or a dip stays drawn, whatever
+/// the order of x (a run resumed from an earlier step goes back).
+std::vector<XY> downsample(const std::vector<XY>& pts) {
+  if (pts.size() <= kMaxLinePoints) return pts;
+  const std::size_t buckets = kMaxLinePoints / 4, n = pts.size();
+  std::vector<XY> out;
+  out.reserve(kMaxLinePoints);
+  for (std::size_t b = 0; b < buckets; ++b) {
+    const std::size_t begin = b * n / buckets, end = (b + 1) * n / buckets;
+    if (begin == end) continue;
+    std::size_t lo = begin, hi = begin;
+    for (std::size_t k = begin; k < end; ++k) {
+      if (pts[k].y < pts[lo].y) lo = k;
+      if (pts[k].y > pts[hi].y) hi = k;
+    }
+    keep_in_order(pts, {begin, lo, hi, end - 1}, out);
   }
   return out;
 }
@@ -149,6 +207,7 @@ std::string render_svg(const Chart& c) {
     }
   }
   for (const auto& m : c.markers) {
+    if (!std::isfinite(m.x)) continue;
     xmin = std::min(xmin, m.x);
     xmax = std::max(xmax, m.x);
   }
@@ -160,16 +219,16 @@ std::string render_svg(const Chart& c) {
   std::vector<double> xt = nice_ticks(xmin, xmax, std::max(3, int(pw / 80)), c.x_is_step);
   const double x_step = xt[1] - xt[0];
   if (x1 > x0) {
-    const double pad = (x1 - x0) * 0.015;
-    x0 -= pad, x1 += pad;
+    const double pad = x1 * 0.015 - x0 * 0.015;  // finite where x1 - x0 is not
+    x0 = std::max(x0 - pad, -kMaxDouble), x1 = std::min(x1 + pad, kMaxDouble);
     xt.erase(std::remove_if(xt.begin(), xt.end(), [&](double t) { return t < x0 || t > x1; }), xt.end());
   } else {
     x0 = xt.front(), x1 = xt.back();
   }
   const auto yt = nice_ticks(ymin, ymax, std::max(3, int(ph / 40)));
   const double y0 = yt.front(), y1 = yt.back();
-  auto px = [&](double v) { return left + (v - x0) / (x1 - x0) * pw; };
-  auto py = [&](double v) { return top + ph - (v - y0) / (y1 - y0) * ph; };
+  auto px = [&](double v) { return left + fraction(v, x0, x1) * pw; };
+  auto py = [&](double v) { return top + ph - fraction(v, y0, y1) * ph; };
 
   std::ostringstream s;
   s << "<svg viewBox=\"0 0 " << c.width << ' ' << c.height << "\" role=\"img\" aria-label=\"" << html_escape(c.title)
@@ -208,7 +267,7 @@ std::string render_svg(const Chart& c) {
         bad.push_back(&p);
       }
     }
-    const std::vector<XY> drawn = finite.size() > 4 * pw ? thin_out(finite, x0, pw / (x1 - x0)) : finite;
+    const std::vector<XY> drawn = downsample(finite.size() > 4 * pw ? thin_out(finite, x0, pw / (x1 - x0)) : finite);
     if (drawn.size() > 1) {
       s << "<polyline fill=\"none\" stroke=\"" << l.colour << "\" stroke-width=\"1.8\" stroke-linejoin=\"round\""
         << (l.dashed ? " stroke-dasharray=\"7 4\"" : "") << " points=\"";
@@ -235,6 +294,7 @@ std::string render_svg(const Chart& c) {
   // Markers over the lines: a label must stay readable on a dense line (it has a white halo).
   for (std::size_t i = 0; i < c.markers.size(); ++i) {
     const auto& m = c.markers[i];
+    if (!std::isfinite(m.x)) continue;
     const double mx = px(m.x);
     const bool flip = mx > left + pw * 0.7;
     s << "<g class=\"marker\"><title>" << html_escape(m.tip) << "</title><line x1=\"" << coord(mx) << "\" y1=\"" << top

@@ -474,7 +474,6 @@ TEST_F(ReportChromium, RendersTheChartsWithoutConsoleErrors) {
   const Browser shot =
       run_chromium(chromium_, tmp_.str(), page, {"--screenshot=" + (tmp_ / "shot.png"), "--window-size=1280,2400"});
   ASSERT_EQ(shot.exit_code, 0) << shot.why();
-  EXPECT_LT(shot.seconds, 120);
   // The page has no script: any console line is an error (ConsoleErrorDetectionCatchesAThrow below
   // shows that a thrown error does reach this log).
   EXPECT_TRUE(console_lines(shot).empty()) << console_lines(shot)[0];

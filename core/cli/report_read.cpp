@@ -1,0 +1,378 @@
+// `trainer report`: reading a run directory. The directory is untrusted input (it may come from a
+// colleague): every file is read up to its limit (report.h), lines are read without holding more
+// than a line's limit, files that are not regular files are not opened, and what was left out is
+// recorded for the page.
+#include "report.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+namespace trainer::report {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr std::size_t kMaxListedLines = 10;   // malformed line numbers named on the page
+constexpr std::size_t kLogProblemLines = 30;  // warning/error lines of trainer.log shown
+constexpr std::size_t kLogTailLines = 40;     // last lines of trainer.log shown
+constexpr std::size_t kChunkBytes = 64 << 10;
+
+std::string errno_text() { return std::strerror(errno); }
+
+/// "1024 MiB", "256 KiB", "1.5 MiB", "12 bytes".
+std::string size_text(std::uintmax_t bytes) {
+  const bool mib = bytes >= (1u << 20), kib = bytes >= (1u << 10);
+  const double v = mib ? double(bytes) / (1u << 20) : kib ? double(bytes) / (1u << 10) : double(bytes);
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.1f", v);
+  std::string text = buf;
+  if (text.size() > 2 && text.compare(text.size() - 2, 2, ".0") == 0) text.resize(text.size() - 2);
+  return text + (mib ? " MiB" : kib ? " KiB" : " bytes");
+}
+
+/// Lines of a stream, `budget` bytes of it at most, each held to `max_line` bytes: a longer line is
+/// returned cut (the rest is read and dropped), so that neither a huge file nor a file without a
+/// newline takes more memory than `max_line` and a chunk.
+class LineReader {
+ public:
+  LineReader(std::istream& in, std::size_t budget, std::size_t max_line)
+      : in_(in), budget_(budget), max_line_(max_line), buf_(kChunkBytes) {}
+
+  /// The next line, without its '\n'; false at the end of the stream or of the budget.
+  bool next(std::string& line) {
+    line.clear();
+    too_long_ = complete_ = false;
+    bool any = false;
+    while (true) {
+      if (pos_ == end_ && !fill()) return any;
+      any = true;
+      const char* begin = buf_.data() + pos_;
+      const void* nl = std::memchr(begin, '\n', end_ - pos_);
+      const std::size_t n = nl ? std::size_t(static_cast<const char*>(nl) - begin) : end_ - pos_;
+      const std::size_t room = max_line_ - line.size();
+      line.append(begin, std::min(n, room));
+      too_long_ = too_long_ || n > room;
+      pos_ += n;
+      if (nl) {
+        ++pos_;
+        complete_ = true;
+        return true;
+      }
+    }
+  }
+  bool too_long() const { return too_long_; }   ///< the last line was longer than max_line (it was cut)
+  bool complete() const { return complete_; }   ///< the last line ended with '\n'
+  bool budget_spent() const { return spent_; }  ///< reading stopped at the budget with more in the stream
+  bool bad() const { return in_.bad(); }
+
+ private:
+  bool fill() {
+    pos_ = end_ = 0;
+    if (budget_ == 0) {
+      spent_ = in_.peek() != std::char_traits<char>::eof();
+      return false;
+    }
+    in_.read(buf_.data(), std::streamsize(std::min(budget_, buf_.size())));
+    end_ = std::size_t(in_.gcount());
+    budget_ -= end_;
+    return end_ > 0;
+  }
+
+  std::istream& in_;
+  std::size_t budget_, max_line_;
+  std::vector<char> buf_;
+  std::size_t pos_ = 0, end_ = 0;
+  bool too_long_ = false, complete_ = false, spent_ = false;
+};
+
+/// Whether `path` is a regular file that may be opened; when it exists and is not one (or cannot be
+/// looked at), `why` says so. A FIFO would block the open and a device such as /dev/zero never ends.
+bool regular_file(const fs::path& path, std::string& why, std::uintmax_t& size) {
+  std::error_code ec;
+  const auto st = fs::status(path, ec);
+  if (st.type() == fs::file_type::not_found) return false;
+  if (ec) {
+    why = "cannot access " + path.string() + ": " + ec.message();
+    return false;
+  }
+  if (!fs::is_regular_file(st)) {
+    why = path.string() + " is not a regular file: not read";
+    return false;
+  }
+  size = fs::file_size(path, ec);
+  if (ec) size = 0;
+  return true;
+}
+
+/// Reads at most `max_bytes` of a regular file; false when it cannot be opened (errno says why).
+bool read_start(const fs::path& path, std::string& out, std::size_t max_bytes) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  out.clear();
+  std::vector<char> buf(kChunkBytes);
+  while (out.size() < max_bytes && in) {
+    in.read(buf.data(), std::streamsize(std::min(buf.size(), max_bytes - out.size())));
+    out.append(buf.data(), std::size_t(in.gcount()));
+  }
+  return !in.bad();
+}
+
+/// Metric lines are flat objects: a line nested deeper than this is not one (and is not parsed).
+bool nested_deeper_than(const std::string& text, int limit) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (const char c : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > limit) return true;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return false;
+}
+
+/// One metrics.jsonl line; false when it is not a metric (bad JSON, missing or mistyped field).
+bool parse_metric_line(const std::string& line, std::string& name, Point& p) {
+  if (nested_deeper_than(line, 8)) return false;
+  const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return false;
+  const auto step = j.find("step"), nm = j.find("name"), value = j.find("value"), time = j.find("time");
+  if (step == j.end() || !step->is_number() || nm == j.end() || !nm->is_string() || value == j.end()) return false;
+  name = nm->get<std::string>();
+  if (name.empty() || name.size() > kMaxMetricNameBytes) return false;
+  p.step = step->get<double>();
+  if (value->is_number()) {
+    p.value = value->get<double>();
+  } else if (value->is_string()) {
+    const auto& s = value->get_ref<const std::string&>();
+    if (s == "NaN") {
+      p.value = kNaN;
+    } else if (s == "Infinity") {
+      p.value = std::numeric_limits<double>::infinity();
+    } else if (s == "-Infinity") {
+      p.value = -std::numeric_limits<double>::infinity();
+    } else {
+      return false;
+    }
+  } else {
+    return false;
+  }
+  p.time = time != j.end() && time->is_number() ? time->get<double>() : kNaN;
+  return true;
+}
+
+void read_metrics(const fs::path& path, RunData& data) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ReportError("cannot read " + path.string() + ": " + errno_text());
+  LineReader reader(in, kMaxMetricsBytes, kMaxMetricLineBytes);
+  std::string line, name;
+  std::size_t number = 0;
+  while (reader.next(line)) {
+    ++number;
+    // The last line without a newline: one the writer had not finished, or where the limit cut the file.
+    const bool complete = reader.complete();
+    if (!complete && reader.budget_spent()) break;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.find_first_not_of(" \t") == std::string::npos) continue;
+    Point p;
+    if (!reader.too_long() && parse_metric_line(line, name, p)) {
+      data.metrics[name].push_back(p);
+      ++data.lines_read;
+    } else if (!complete) {
+      data.truncated_last_line = true;
+    } else {
+      ++data.malformed_lines;
+      data.long_lines += reader.too_long();
+      if (data.malformed_line_numbers.size() < kMaxListedLines) data.malformed_line_numbers.push_back(number);
+    }
+  }
+  if (reader.bad()) throw ReportError("error reading " + path.string() + ": " + errno_text());
+  if (reader.budget_spent()) {
+    std::error_code ec;
+    const auto size = fs::file_size(path, ec);
+    data.read_notes.push_back(path.string() + (ec ? "" : " is " + size_text(size)) + ": only its first " +
+                              size_text(kMaxMetricsBytes) + " read, the rest left out.");
+  }
+}
+
+/// The integer `key` of `j` as T, or `fallback` when it is missing, not a number or out of T's range.
+template <class T>
+T integer_of(const json& j, const char* key, T fallback) {
+  const auto it = j.find(key);
+  if (it == j.end() || !it->is_number()) return fallback;
+  if (it->is_number_unsigned()) {
+    const auto v = it->get<std::uint64_t>();
+    return v <= std::uint64_t(std::numeric_limits<T>::max()) ? T(v) : fallback;
+  }
+  if (it->is_number_integer()) {
+    const auto v = it->get<std::int64_t>();
+    return v >= std::int64_t(std::numeric_limits<T>::min()) && v <= std::int64_t(std::numeric_limits<T>::max())
+               ? T(v)
+               : fallback;
+  }
+  const double v = it->get<double>();
+  // A double converted to an integer it cannot hold is undefined behaviour: check the range first.
+  return v >= double(std::numeric_limits<T>::min()) && v < -double(std::numeric_limits<T>::min()) ? T(v) : fallback;
+}
+
+void read_status(const fs::path& path, RunData& data) {
+  std::uintmax_t size = 0;
+  if (!regular_file(path, data.status_error, size)) return;
+  if (size > kMaxStatusBytes) {
+    data.status_error =
+        path.string() + " is " + size_text(size) + ", more than the " + size_text(kMaxStatusBytes) + " read: not read";
+    return;
+  }
+  std::string text;
+  if (!read_start(path, text, kMaxStatusBytes + 1)) {
+    data.status_error = "cannot read " + path.string() + ": " + errno_text();
+    return;
+  }
+  if (text.size() > kMaxStatusBytes) {  // it grew since
+    data.status_error = path.string() + " is more than the " + size_text(kMaxStatusBytes) + " read: not read";
+    return;
+  }
+  const json j = nested_deeper_than(text, 64) ? json(json::value_t::discarded) : json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    data.status_error = path.string() + " is not a JSON object";
+    return;
+  }
+  const auto status = j.find("status");
+  if (status == j.end() || !status->is_string()) {
+    data.status_error = path.string() + " has no \"status\" string";
+    return;
+  }
+  RunStatus s;
+  s.status = status->get<std::string>();
+  auto text_of = [&](const char* key) {
+    const auto it = j.find(key);
+    return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+  };
+  s.exit_code = integer_of(j, "exit_code", 0);
+  s.global_step = integer_of(j, "global_step", 0LL);
+  s.epoch = integer_of(j, "epoch", 0LL);
+  const auto time = j.find("time");
+  s.time = time != j.end() && time->is_number() ? time->get<double>() : kNaN;
+  s.message = text_of("message");
+  s.last_checkpoint = text_of("last_checkpoint");
+  data.status = s;
+}
+
+bool is_warning(const std::string& level) { return level == "warning" || level == "warn"; }
+bool is_error(const std::string& level) { return level == "error" || level == "critical" || level == "err"; }
+
+void read_log(const fs::path& path, RunData& data) {
+  std::uintmax_t size = 0;
+  if (!regular_file(path, data.log_error, size)) return;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    data.log_error = "cannot read " + path.string() + ": " + errno_text();
+    return;
+  }
+  // A larger log: its last kMaxLogBytes, from the first whole line in them (what the page shows is its end).
+  bool skip_first = false;
+  if (size > kMaxLogBytes) {
+    in.seekg(std::streamoff(size - kMaxLogBytes - 1));
+    skip_first = in.get() != '\n';
+    data.read_notes.push_back(path.string() + " is " + size_text(size) + ": only its last " + size_text(kMaxLogBytes) +
+                              " read (the warnings and errors counted are those in it).");
+  }
+  LineReader reader(in, kMaxLogBytes, kMaxLogLineChars);
+  std::deque<std::string> tail, problems;
+  std::string line;
+  while (reader.next(line)) {
+    if (skip_first) {
+      skip_first = false;
+      continue;
+    }
+    if (reader.too_long()) line += " …";
+    // spdlog's "%Y-%m-%d %H:%M:%S.%e %-5l %v": the level is the third word.
+    std::istringstream words(line);
+    std::string date, time, level;
+    words >> date >> time >> level;
+    const bool warning = is_warning(level), error = is_error(level);
+    data.log_warnings += warning;
+    data.log_errors += error;
+    if (warning || error) {
+      problems.push_back(line);
+      if (problems.size() > kLogProblemLines) problems.pop_front();
+    }
+    tail.push_back(line);
+    if (tail.size() > kLogTailLines) tail.pop_front();
+  }
+  data.log_problems.assign(problems.begin(), problems.end());
+  data.log_tail.assign(tail.begin(), tail.end());
+}
+
+void read_config(const fs::path& path, RunData& data) {
+  std::uintmax_t size = 0;
+  if (!regular_file(path, data.config_error, size)) return;
+  std::string config;
+  if (!read_start(path, config, kMaxConfigBytes + 1)) {
+    data.config_error = "cannot read " + path.string() + ": " + errno_text();
+    return;
+  }
+  if (config.size() > kMaxConfigBytes) {
+    config.resize(kMaxConfigBytes);
+    size = std::max<std::uintmax_t>(size, kMaxConfigBytes + 1);
+    data.config_cut = true;
+    data.read_notes.push_back(path.string() + " is " + size_text(size) + ": only its first " +
+                              size_text(kMaxConfigBytes) + " shown, the rest left out.");
+  }
+  data.config_toml = std::move(config);
+}
+
+}  // namespace
+
+RunData read_run(const std::string& dir) {
+  std::error_code ec;
+  const fs::path root(dir);
+  if (!fs::exists(root, ec)) {
+    throw ReportError(ec ? "cannot access run directory " + dir + ": " + ec.message()
+                         : "run directory " + dir + " does not exist");
+  }
+  if (!fs::is_directory(root, ec)) throw ReportError(dir + " is not a directory (expected a run directory)");
+  const fs::path metrics = root / "metrics.jsonl";
+  if (!fs::exists(metrics, ec)) {
+    throw ReportError(ec ? "cannot access " + metrics.string() + ": " + ec.message()
+                         : metrics.string() + " does not exist: " + dir +
+                               " is not a run directory, or its run logged no metrics (metrics.jsonl = false)");
+  }
+  if (!fs::is_regular_file(metrics, ec)) throw ReportError(metrics.string() + " is not a file");
+  RunData data;
+  data.dir = dir;
+  fs::path canonical = fs::weakly_canonical(fs::absolute(root, ec), ec);
+  if (canonical.empty()) canonical = root;
+  if (!canonical.has_filename()) canonical = canonical.parent_path();
+  data.name = canonical.filename().string();
+  read_metrics(metrics, data);
+  read_config(root / "config.toml", data);
+  read_status(root / "status.json", data);
+  read_log(root / "trainer.log", data);
+  data.generated_at = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  return data;
+}
+
+}  // namespace trainer::report
