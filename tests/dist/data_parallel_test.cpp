@@ -240,6 +240,48 @@ std::unique_ptr<trainer::testing::Child> long_launch(const TempDir& tmp) {
                                                    " > " + (tmp / "out") + " 2>&1");
 }
 
+TEST(DataParallel, EachRankResumesWithItsOwnRandomStream) {
+  // Dropout on global batches of 63: rank 0 draws for 32 samples, rank 1 for 31, so their
+  // streams part after the first step. Resumed after step 7, each rank must draw on from its
+  // own: the uninterrupted run's losses and model, bit for bit.
+  TempDir tmp;
+  const std::string two = trainer_cmd() + " launch --nproc 2 -- --recipe " + recipe(tmp) +
+                          " model.dropout=0.5 training.batch_size=63 dataset.limit=630 --log-level warn";
+  auto o = run_command(two + " --run-dir " + (tmp / "whole"));
+  ASSERT_EQ(o.code, 0) << o.text;
+  o = run_command(two + " training.max_steps=7 --run-dir " + (tmp / "a"));
+  ASSERT_EQ(o.code, 0) << o.text;
+  o = run_command(two + " --resume " + (tmp / "a") + " --run-dir " + (tmp / "a2"));
+  ASSERT_EQ(o.code, 0) << o.text;
+  const auto whole = metric_by_step(tmp / "whole/metrics.jsonl", "train/loss");
+  const auto resumed = metric_by_step(tmp / "a2/metrics.jsonl", "train/loss");
+  ASSERT_EQ(whole.size(), 20u);
+  ASSERT_EQ(resumed.size(), 13u);
+  for (const auto& [step, loss] : resumed) EXPECT_EQ(loss, whole.at(step)) << "step " << step;
+  const std::string end = "/checkpoints/step_00000020.pt";
+  EXPECT_EQ(largest_difference(tmp / ("whole" + end), tmp / ("a2" + end)), 0.0);
+}
+
+TEST(DataParallel, RanksWaitForRankZerosCheckpointLongerThanTheTimeout) {
+  // Writing the checkpoint of step 3 takes rank 0 six seconds (the test plugin stall, in the
+  // Checkpoint event), three times distributed.timeout_s: the other rank waits for it outside
+  // the collectives, and nobody is blamed.
+  TempDir tmp;
+  auto o = run_command(trainer_cmd() + " launch --nproc 2 -- --recipe " + recipe(tmp) +
+                       " training.max_steps=6 checkpoint.every_steps=3 distributed.timeout_s=2 --plugin-dir " +
+                       TRAINER_TEST_PLUGIN_DIR +
+                       " 'plugins.load=[\"recording\", \"stall\"]' plugins.stall.rank=0 plugins.stall.at_step=3"
+                       " plugins.stall.seconds=6 plugins.stall.event=Checkpoint --run-dir " +
+                       (tmp / "two"));
+  ASSERT_EQ(o.code, 0) << o.text;
+  EXPECT_NE(read_file(tmp / "two/status.json").find("\"status\":\"FINISHED\""), std::string::npos);
+  EXPECT_TRUE(std::filesystem::exists(tmp / "two/checkpoints/step_00000003.pt"));
+  EXPECT_TRUE(std::filesystem::exists(tmp / "two/checkpoints/step_00000006.pt"));
+  for (const char* log : {"two/trainer.log", "two/rank-1.log"}) {
+    EXPECT_EQ(read_file(tmp / log).find("failed"), std::string::npos) << read_file(tmp / log);
+  }
+}
+
 TEST(DataParallel, CtrlCOnTheLauncherStopsEveryRankWithACheckpoint) {
   TempDir tmp;
   auto launcher_ptr = long_launch(tmp);

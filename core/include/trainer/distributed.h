@@ -110,6 +110,13 @@ class TRAINER_API ProcessGroup {
   std::string share(const std::string& name, const std::string& value, std::int64_t root = 0);
   /// Every rank's `value`, by rank (through the store; `name` new to the group each time).
   std::vector<std::string> gather(const std::string& name, const std::string& value);
+  /// Work that rank `root` does alone while the others wait (rank 0 writing a checkpoint): `root`
+  /// calls it when done, every other rank waits for that through the store, as long as it takes
+  /// while `root`'s heartbeat runs (distributed.timeout_s does not apply: the wait is not a
+  /// collective). A root that stops answering is named in the trainer::Error, with `what` ("writing
+  /// a checkpoint"). Every rank returns together (a barrier ends it). `name` must be new to the
+  /// group each time.
+  void wait_for_root(const std::string& name, const std::string& what, std::int64_t root = 0);
 
  private:
   struct Impl;

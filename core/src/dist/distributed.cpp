@@ -202,15 +202,19 @@ struct ProcessGroup::Impl {
     }
   }
 
-  /// The ranks whose heartbeat stopped: their counts, read twice 2.5 beats apart, did not move.
-  /// Said as a sentence for an error message; empty when every rank still beats.
-  std::string lost_ranks() {
+  static constexpr const char* kStoreGone =
+      "the group's store does not answer: rank 0, which hosts it, died, was killed or is stopped";
+
+  /// The ranks whose heartbeat stopped: their counts, read twice 2.5 beats apart, did not move;
+  /// with `behind`, also those alive that started fewer collectives than this one. Said as a
+  /// sentence for an error message; empty when every rank still beats (and is in step).
+  std::string lost_ranks(bool behind = true) {
     try {
       // First whether the store answers at all (a wait has a timeout; a stopped rank 0's server
       // would leave a plain read waiting for ever).
       store->wait({"joined/0"}, kBeat * 2);
     } catch (const std::exception&) {
-      return "the group's store does not answer: rank 0, which hosts it, died, was killed or is stopped";
+      return kStoreGone;
     }
     try {
       std::vector<std::int64_t> before(static_cast<std::size_t>(size));
@@ -226,6 +230,7 @@ struct ProcessGroup::Impl {
         return (lost.find(',') == std::string::npos ? "rank " : "ranks ") + lost +
                " stopped answering (died, killed or stopped)";
       }
+      if (!behind) return "";
       // Every rank beats: one that has started fewer collectives than this one is alive but has
       // not come to this collective (its count is at most a beat old, and the wait was longer).
       const std::int64_t mine = beat_state->started.load();
@@ -242,7 +247,7 @@ struct ProcessGroup::Impl {
              " alive but not at this collective: busy or stuck outside the collectives (a slow plugin or "
              "data loader, a deadlock)";
     } catch (const std::exception&) {
-      return "the group's store does not answer: rank 0, which hosts it, died, was killed or is stopped";
+      return kStoreGone;
     }
   }
 
@@ -399,6 +404,37 @@ std::vector<std::string> ProcessGroup::gather(const std::string& name, const std
     }
     return all;
   });
+}
+
+void ProcessGroup::wait_for_root(const std::string& name, const std::string& what, std::int64_t root) {
+  const std::string key = "done/" + name;
+  if (impl_->rank == root) {
+    impl_->guarded("saying a rank's own work is done", [&] { impl_->store->set(key, std::vector<std::uint8_t>{1}); });
+    barrier();  // the others have seen it: rank 0 may end the run and its store with it
+    return;
+  }
+  // Polls the key (a store wait that times out leaves its answer to come later on the connection,
+  // which the next request would read), and every few heartbeats whether the root (or the
+  // store) is still there.
+  const auto fail = [&](const std::string& why) {
+    throw Error(detail::str("rank ", impl_->rank, ": waiting for rank ", root, " ", what, " failed: ", why));
+  };
+  constexpr auto kPoll = std::chrono::milliseconds(20);
+  for (auto next_roll_call = std::chrono::steady_clock::now() + Impl::kBeat * 4;;) {
+    try {
+      if (impl_->store->check({key})) break;
+    } catch (const std::exception& e) {
+      const std::string lost = impl_->lost_ranks(false);
+      fail(lost.empty() ? message_of(e) : lost);
+    }
+    std::this_thread::sleep_for(kPoll);
+    if (std::chrono::steady_clock::now() >= next_roll_call) {
+      const std::string lost = impl_->lost_ranks(false);
+      if (!lost.empty()) fail(lost);
+      next_roll_call = std::chrono::steady_clock::now() + Impl::kBeat * 4;
+    }
+  }
+  barrier();
 }
 
 void all_reduce_gradients(ProcessGroup& pg, const std::vector<at::Tensor>& params, double scale,

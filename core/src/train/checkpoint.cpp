@@ -1,6 +1,5 @@
 #include "train/checkpoint.h"
 
-#include <ATen/Context.h>
 #include <spdlog/spdlog.h>
 #include <torch/optim/optimizer.h>
 #include <torch/serialize.h>
@@ -8,7 +7,6 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
-#include <mutex>
 #include <sstream>
 
 #include "train/checkpoint_files.h"
@@ -17,6 +15,7 @@
 #include "train/setup.h"
 #include "train/train_metrics.h"
 #include "trainer/config.h"
+#include "trainer/distributed.h"
 #include "trainer/memory.h"
 #include "trainer/optim.h"
 #include "util/error_text.h"
@@ -177,24 +176,35 @@ Checkpointer::Checkpointer(const CheckpointSettings& settings, std::string dir, 
       window_(window),
       log_(log) {}
 
-std::string Checkpointer::save(Position next) {
-  if (!parts_.writer()) return {};  // a data-parallel run's checkpoints are rank 0's: the ranks hold the same
+std::string Checkpointer::save(Position next, bool together) {
   // Saved already at this step and position (every_steps on an epoch's last batch, then the
-  // epoch's checkpoint): the same file again would only reopen the window of a rewrite.
-  if (!last_.empty() && last_step_ == state_.global_step && last_position_.epoch == next.epoch &&
-      last_position_.sample == next.sample) {
+  // epoch's checkpoint): the same file again would only reopen the window of a rewrite. Every
+  // rank tracks this alike, so that every rank makes the same saves together.
+  if (saved_step_ == state_.global_step && saved_position_.epoch == next.epoch &&
+      saved_position_.sample == next.sample) {
     return last_;
   }
+  ProcessGroup* group = together ? parts_.group.get() : nullptr;
+  if (!group && !parts_.writer()) return {};  // rank 0 writes alone: the ranks may not be in step
+  saved_step_ = state_.global_step;
+  saved_position_ = next;
   TrainMetrics::Pause pause(window_);
-  try {
-    oom_.retry(OomRetry::Once, 0, 0, [&](std::int64_t) { write(next); });
-  } catch (const OomFailure& e) {
-    log_.error("checkpoint skipped: {}", e.what());
+  const std::string name = "checkpoint/" + std::to_string(++saves_);
+  const GeneratorStates generators = gather_generator_states(group, parts_.device, name);
+  if (parts_.writer()) {
+    try {
+      oom_.retry(OomRetry::Once, 0, 0, [&](std::int64_t) { write(next, generators); });
+    } catch (const OomFailure& e) {
+      log_.error("checkpoint skipped: {}", e.what());
+    }
   }
+  // The others wait for rank 0's write outside the collectives, however long a large model or a
+  // slow disk takes, as long as rank 0 is alive.
+  if (group) group->wait_for_root(name, "writing a checkpoint");
   return last_;
 }
 
-void Checkpointer::write(Position next) {
+void Checkpointer::write(Position next, const GeneratorStates& generators) {
   oom_.enter("checkpoint");
   torch::serialize::OutputArchive ar, m, o;
   parts_.model->save(m);
@@ -209,10 +219,7 @@ void Checkpointer::write(Position next) {
   ar.write("eval_batch", at::tensor(parts_.eval_batch));
   ar.write("data_order", c10::IValue(order_text(order_)));
   write_plugin_states(ar, hooks_.save_states());
-  ar.write("rng_cpu", at::detail::getDefaultCPUGenerator().get_state());
-  if (parts_.device.type() != c10::kCPU) {
-    ar.write("rng_device", at::globalContext().defaultGenerator(parts_.device).get_state());
-  }
+  write_generator_states(ar, generators);
   const std::string name = checkpoint_name(state_.global_step);
   const std::string file = (fs::path(dir_) / name).string();
   write_checkpoint_file(file, [&](const std::string& tmp) { ar.save_to(tmp); });
@@ -224,22 +231,20 @@ void Checkpointer::write(Position next) {
     files_.erase(files_.begin());
   }
   last_ = file;
-  last_step_ = state_.global_step;
-  last_position_ = next;
   log_.info("checkpoint written: {}", last_);
   hooks_.context().checkpoint_path = last_;
   hooks_.fire(Event::Checkpoint);
 }
 
-void Checkpointer::save_final(Position next, bool params_consistent) {
+void Checkpointer::save_final(Position next, bool params_consistent, bool together) {
   if (!settings_.at_end) return;
   if (!params_consistent) {
     log_.error("no final checkpoint: parameters may be partly updated after a failure inside the optimizer step");
     return;
   }
-  if (!last_.empty() && last_step_ == state_.global_step) return;
+  if (saved_step_ == state_.global_step) return;
   try {
-    save(next);
+    save(next, together);
   } catch (const std::exception& e) {
     log_.error("final checkpoint failed: {}", e.what());
   } catch (...) {
@@ -339,24 +344,7 @@ Position Checkpointer::restore(torch::serialize::InputArchive& ar, const std::st
         eval_batch, parts_.eval_batch);
     parts_.eval_batch = eval_batch;
   }
-  at::Tensor rng;
-  ar.read("rng_cpu", rng);
-  at::Generator cpu = at::detail::getDefaultCPUGenerator();  // a handle sharing the default generator
-  {
-    std::lock_guard<std::mutex> lock(cpu.mutex());
-    cpu.set_state(rng.cpu());
-  }
-  if (parts_.device.type() != c10::kCPU) {
-    at::Tensor device_rng;  // a fresh tensor: try_read into a defined one would alias it
-    if (ar.try_read("rng_device", device_rng)) {
-      at::Generator device = at::globalContext().defaultGenerator(parts_.device);
-      std::lock_guard<std::mutex> lock(device.mutex());
-      device.set_state(device_rng.cpu());
-    } else {
-      log_.warn("{} holds no generator state for {} (written on the CPU): its random stream starts afresh", file,
-                parts_.device.str());
-    }
-  }
+  restore_generator_states(ar, file, parts_.group.get(), parts_.device, log_);
   std::map<std::string, PluginState> plugin_states;
   try {
     plugin_states = read_plugin_states(ar);

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "train/rank_generators.h"
 #include "train/step.h"
 #include "trainer/context.h"
 #include "trainer/core_settings.h"
@@ -46,11 +47,18 @@ class Checkpointer {
   /// while writing: retried once after freeing memory, then skipped (logged; the run goes
   /// on). A second save at the same step and position writes nothing and fires nothing.
   /// Returns the newest checkpoint.
-  std::string save(Position next);
+  ///
+  /// In a data-parallel run every rank calls it at the same point (`together`): the checkpoint
+  /// gets every rank's generator states, rank 0 writes it, and the others wait until it has,
+  /// outside the collectives (not bounded by distributed.timeout_s; a rank 0 that stops
+  /// answering is named). Not `together` (the run is failing and the ranks may not be in step),
+  /// rank 0 writes alone, with its own generator state only.
+  std::string save(Position next, bool together = true);
 
   /// The checkpoint at the end of a run (checkpoint.at_end), unless one exists for this step
-  /// or the parameters are not consistent. Never throws: a failure is logged.
-  void save_final(Position next, bool params_consistent);
+  /// or the parameters are not consistent; `together` as for save(). Never throws: a failure is
+  /// logged.
+  void save_final(Position next, bool params_consistent, bool together);
 
   /// Loads a checkpoint file, or the newest complete one of a run directory (saying so when
   /// it passes over newer ones that are truncated or damaged), into model and optimizer;
@@ -64,7 +72,7 @@ class Checkpointer {
   const std::string& last() const { return last_; }
 
  private:
-  void write(Position next);
+  void write(Position next, const GeneratorStates& generators);
   /// Model, optimizer, position, counters and generators from a readable archive.
   Position restore(torch::serialize::InputArchive& ar, const std::string& file, ResumeInfo& info);
   /// Throws UsageError naming every key of the data order that differs from `saved`.
@@ -81,8 +89,9 @@ class Checkpointer {
   spdlog::logger& log_;
   std::vector<std::string> files_;  ///< written by this run and kept, oldest first
   std::string last_;
-  std::int64_t last_step_ = -1;  ///< global_step of last_
-  Position last_position_;       ///< where last_ continues
+  std::int64_t saved_step_ = -1;  ///< global_step of the last save (written, or skipped out of memory)
+  Position saved_position_;       ///< where the last save continues
+  std::int64_t saves_ = 0;        ///< saves made together: names the ranks' exchanges of each
 };
 
 }  // namespace trainer

@@ -101,8 +101,14 @@ std::int64_t EpochLoop::batch_index(std::int64_t n, std::int64_t begin) const {
 void EpochLoop::after_batch(bool stepped, bool last) {
   if (stepped && state_.global_step % s_.training.log_every == 0) window_.log(state_);
   bool eval = hooks_.take_eval_request();
-  // An evaluation is collective in a data-parallel run: asked on any rank, it runs on all.
-  if (parts_.group) eval = parts_.group->all_reduce_max(eval ? 1 : 0) > 0;
+  // An evaluation and a checkpoint are collective in a data-parallel run: asked on any rank,
+  // they happen on all (a checkpoint asked in the epoch's last batch waits for its end).
+  bool checkpoint = !last && hooks_.take_checkpoint_request();
+  if (parts_.group) {
+    const auto asked = parts_.group->all_reduce_max({eval ? 1 : 0, checkpoint ? 1 : 0});
+    eval = asked[0] > 0;
+    checkpoint = asked[1] > 0;
+  }
   if (eval) evaluate();
   const std::int64_t every = s_.checkpoint.every_steps;
   const bool due = stepped && every > 0 && state_.global_step % every == 0;
@@ -111,7 +117,7 @@ void EpochLoop::after_batch(bool stepped, bool last) {
     checkpoint_due_ = due;
     return;
   }
-  if (hooks_.take_checkpoint_request() || due) checkpointer_.save(step_.position());
+  if (checkpoint || due) checkpointer_.save(step_.position());
 }
 
 void EpochLoop::end_epoch(std::int64_t epoch) {
@@ -121,7 +127,9 @@ void EpochLoop::end_epoch(std::int64_t epoch) {
   hooks_.fire(Event::EpochEnd);
   // Requested during the epoch's last batch, its evaluation or EpochEnd, due by every_steps at
   // its last step, or due every_epochs.
-  const bool requested = hooks_.take_checkpoint_request() || std::exchange(checkpoint_due_, false);
+  bool requested = hooks_.take_checkpoint_request();
+  if (parts_.group) requested = parts_.group->all_reduce_max(requested ? 1 : 0) > 0;  // asked on any rank
+  requested = std::exchange(checkpoint_due_, false) || requested;
   const std::int64_t every = s_.checkpoint.every_epochs;
   if (requested || (every > 0 && (epoch + 1) % every == 0)) checkpointer_.save({epoch + 1, 0});
 }

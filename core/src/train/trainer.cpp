@@ -234,7 +234,7 @@ struct Trainer::Impl {
       r.stop_reason = stopped->reason;
       log->info("stopping: {}", stopped->by == "signal" ? stopped->reason : stopped->by + ": " + stopped->reason);
     }
-    final_checkpoint();
+    final_checkpoint(true);
     hooks->context().status = r.status;
     hooks->fire(Event::FitEnd);
     return r;
@@ -263,7 +263,7 @@ struct Trainer::Impl {
       r.message = "unknown exception";
     }
     log->error("run failed: {}", r.message);
-    final_checkpoint();
+    final_checkpoint(false);
     if (hooks) {
       hooks->context().exception = failure;
       hooks->context().status = r.status;
@@ -314,8 +314,12 @@ struct Trainer::Impl {
     }
   }
 
-  void final_checkpoint() {
-    if (fit_started) rooms->checkpointer.save_final(rooms->step.position(), rooms->step.params_consistent());
+  /// The run's last checkpoint; `together` when every rank of a data-parallel run ends here in
+  /// step (finished or stopped by agreement), not after a failure.
+  void final_checkpoint(bool together) {
+    if (fit_started) {
+      rooms->checkpointer.save_final(rooms->step.position(), rooms->step.params_consistent(), together);
+    }
   }
 
   std::string last_checkpoint() const { return rooms ? rooms->checkpointer.last() : std::string(); }
