@@ -57,10 +57,11 @@ const char* kUsage = R"(Usage:
   trainer report RUN_DIR [-o FILE]      one self-contained HTML page of the run: loss, accuracy,
                                         learning rate, throughput, memory with out-of-memory
                                         errors, the config (default FILE: RUN_DIR/report.html)
-  trainer mlflow sync RUN_DIR [--tracking-uri URI]
+  trainer mlflow sync RUN_DIR [PREVIOUS_RUN_DIR...] [--tracking-uri URI]
                                         send what the run's MLflow journal holds that the server
-                                        has not acknowledged (default: the server the run used);
-                                        a run whose process died is marked FAILED
+                                        has not acknowledged (default: $MLFLOW_TRACKING_URI, else
+                                        the server the run used); a run whose process died is
+                                        marked FAILED; PREVIOUS_RUN_DIR: the run it resumed
 
 Overrides:
   a.b=value       change a key (value in TOML syntax; bare words are strings)
@@ -357,12 +358,12 @@ int run(int argc, char** argv) {
     return rc;
   }
   if (!args.empty() && args.front() == "mlflow") {
-    if (args.size() != 3 || args[1] != "sync") {
-      std::cerr << "trainer mlflow: usage: trainer mlflow sync RUN_DIR [--tracking-uri URI]\n";
+    if (args.size() < 3 || args[1] != "sync") {
+      std::cerr << "trainer mlflow: usage: trainer mlflow sync RUN_DIR [PREVIOUS_RUN_DIR...] [--tracking-uri URI]\n";
       return trainer::kExitUsage;
     }
     return trainer::mlflow::sync_run_dir(args[2], vm.count("tracking-uri") ? vm["tracking-uri"].as<std::string>() : "",
-                                         std::cout, std::cerr);
+                                         std::cout, std::cerr, {args.begin() + 3, args.end()});
   }
   if (!args.empty() && args.front() == "plugins") {
     if (args.size() > 1) {

@@ -318,8 +318,13 @@ class MlflowPlugin final : public trainer::Plugin {
       tags.push_back(json::array({"trainer.status", ctx.status}));
       exporter_->record({{"op", "batch"}, {"tags", tags}});
       if (s_.log_checkpoint && !last_checkpoint_.empty() && fs::exists(last_checkpoint_)) {
+        // Relative to the run directory (where checkpoints are): a copied run directory still
+        // names it, and `trainer mlflow sync` sends only files inside the run directory.
+        const fs::path absolute = fs::absolute(last_checkpoint_);
+        const fs::path relative = absolute.lexically_relative(run_dir_);
+        const bool inside = !relative.empty() && *relative.begin() != "..";
         exporter_->record({{"op", "artifact"},
-                           {"file", fs::absolute(last_checkpoint_).string()},
+                           {"file", inside ? relative.string() : absolute.string()},
                            {"path", "checkpoints/" + fs::path(last_checkpoint_).filename().string()}});
       }
       exporter_->record({{"op", "end"}, {"status", status}, {"end_time", mlf::now_ms()}});

@@ -1,5 +1,6 @@
-// The MLflow client without a server: MLflow's key rules, the journal's batching, and what
-// happens when nothing answers.
+// The MLflow client without a server: MLflow's key rules, the journal's batching, what
+// happens when nothing answers, and what `trainer mlflow sync` refuses in a journal from
+// someone else (and the file store outside its root).
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -7,9 +8,11 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <thread>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <nlohmann/json.hpp>
 
@@ -20,8 +23,10 @@
 namespace {
 
 using nlohmann::json;
+using trainer::testing::read_file;
 using trainer::testing::read_lines;
 using trainer::testing::TempDir;
+using trainer::testing::write_file;
 namespace mlf = trainer::mlflow;
 namespace fs = std::filesystem;
 
@@ -334,6 +339,362 @@ TEST(MlflowRest, ADeletedExperimentIsRefusedSayingHowToRestoreIt) {
   } catch (const mlf::RejectedError& e) {
     EXPECT_NE(std::string(e.what()).find("restore"), std::string::npos) << e.what();
   }
+}
+
+// ---- a journal from someone else: `trainer mlflow sync` treats it as untrusted ----------
+
+/// Sets (or unsets, for nullopt) an environment variable for the scope; restores it after.
+class EnvVar {
+ public:
+  EnvVar(const char* name, std::optional<std::string> value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value) {
+      ::setenv(name, value->c_str(), 1);
+    } else {
+      ::unsetenv(name);
+    }
+  }
+  ~EnvVar() {
+    if (old_) {
+      ::setenv(name_, old_->c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+/// No credentials and no tracking URI in the environment, whatever the caller's is.
+struct CleanMlflowEnv {
+  EnvVar uri{"MLFLOW_TRACKING_URI", std::nullopt};
+  EnvVar token{"MLFLOW_TRACKING_TOKEN", std::nullopt};
+  EnvVar user{"MLFLOW_TRACKING_USERNAME", std::nullopt};
+  EnvVar password{"MLFLOW_TRACKING_PASSWORD", std::nullopt};
+};
+
+/// Writes `records` (numbered from 1) as the journal of `run_dir`.
+void write_journal(const std::string& run_dir, std::vector<json> records) {
+  std::string text;
+  for (std::size_t i = 0; i < records.size(); ++i) {
+    records[i]["seq"] = static_cast<std::int64_t>(i + 1);
+    text += records[i].dump() + "\n";
+  }
+  write_file((mlf::journal_dir(run_dir) / "journal.jsonl").string(), text);
+}
+
+json start_record(const std::string& uri) {
+  return {{"op", "start"}, {"experiment", "e"}, {"run_name", "r"}, {"journal_id", "j1"}, {"tracking_uri", uri}};
+}
+
+json end_record() { return {{"op", "end"}, {"status", "FINISHED"}, {"end_time", 5}}; }
+
+/// Every regular file under `dir` (none when it does not exist).
+std::vector<std::string> files_under(const std::string& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    if (it->is_regular_file()) out.push_back(it->path().string());
+  }
+  return out;
+}
+
+struct SyncResult {
+  int code = 0;
+  std::string out, err;
+};
+
+SyncResult sync(const std::string& run_dir, const std::string& uri = "") {
+  SyncResult r;
+  std::ostringstream out, err;
+  r.code = mlf::sync_run_dir(run_dir, uri, out, err);
+  r.out = out.str();
+  r.err = err.str();
+  return r;
+}
+
+/// A run directory <tmp>/run whose journal sends to the file store <tmp>/mlruns, with a
+/// file outside it (<tmp>/secret.txt) that the journal must not reach.
+class UntrustedJournal : public ::testing::Test {
+ protected:
+  TempDir tmp_;
+  CleanMlflowEnv env_;
+  const std::string run_ = tmp_ / "run";
+  const std::string store_ = "file://" + (tmp_ / "mlruns");
+  const std::string secret_ = tmp_ / "secret.txt";
+
+  void SetUp() override {
+    write_file(secret_, "not for MLflow\n");
+    write_file(run_ + "/config.toml", "[run]\n");
+  }
+  /// The journal file and the line of the record that sync names, as it names them.
+  std::string line(int n) const { return (mlf::journal_dir(run_) / "journal.jsonl").string() + ":" + std::to_string(n); }
+  /// Nothing of the journal reached the store: no run was created, no file copied.
+  void expect_nothing_sent() const {
+    for (const auto& f : files_under(tmp_ / "mlruns")) {
+      EXPECT_EQ(f.find("/artifacts/"), std::string::npos) << f;
+      EXPECT_EQ(f.find("/metrics/"), std::string::npos) << f;
+    }
+    EXPECT_TRUE(mlf::read_progress(mlf::journal_dir(run_), store_).run_id.empty());
+  }
+};
+
+TEST_F(UntrustedJournal, AnArtifactSourceOutsideTheRunDirectoryIsRefusedNamingItsLine) {
+  for (const std::string& file : {std::string("../secret.txt"), secret_, std::string("../../../../../../../etc/passwd")}) {
+    write_journal(run_, {start_record(store_), {{"op", "artifact"}, {"file", file}, {"path", "stolen.txt"}}, end_record()});
+    const SyncResult r = sync(run_);
+    EXPECT_EQ(r.code, 2) << file << "\n" << r.out << r.err;
+    EXPECT_NE(r.err.find(line(2)), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(file), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("inside the run directory"), std::string::npos) << r.err;
+    expect_nothing_sent();
+  }
+}
+
+TEST_F(UntrustedJournal, AnArtifactSourceSymlinkedOutOfTheRunDirectoryIsRefused) {
+  fs::create_symlink(secret_, run_ + "/link.toml");
+  write_journal(run_, {start_record(store_), {{"op", "artifact"}, {"file", "link.toml"}, {"path", "config.toml"}}, end_record()});
+  const SyncResult r = sync(run_);
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find(line(2)), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(secret_), std::string::npos) << r.err;  // where it leads
+  expect_nothing_sent();
+}
+
+TEST_F(UntrustedJournal, AnArtifactDestinationThatIsNotARelativePathIsRefused) {
+  for (const std::string& path : {"../x", "a/../../x", "/abs/x", "a//b", "./x", ""}) {
+    write_journal(run_, {start_record(store_), {{"op", "artifact"}, {"file", "config.toml"}, {"path", path}}, end_record()});
+    const SyncResult r = sync(run_);
+    EXPECT_EQ(r.code, 2) << "'" << path << "'\n" << r.out << r.err;
+    EXPECT_NE(r.err.find(line(2)), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("artifact path '" + path + "'"), std::string::npos) << r.err;
+    expect_nothing_sent();
+  }
+}
+
+TEST_F(UntrustedJournal, KeysAreValidatedAgainAsOnTheWayIn) {
+  const std::vector<json> bad_batches{
+      {{"op", "batch"}, {"metrics", json::array({json::array({"../../../../escape", 1.0, 1000, 1})})}},
+      {{"op", "batch"}, {"metrics", json::array({json::array({"odd|key", 1.0, 1000, 1})})}},
+      {{"op", "batch"}, {"params", json::array({json::array({"/etc/x", "v"})})}},
+      {{"op", "batch"}, {"tags", json::array({json::array({"a/../../b", "v"})})}},
+      {{"op", "batch"}, {"params", json::array({json::array({"p", std::string(mlf::kMaxParamValueLength + 1, 'v')})})}},
+  };
+  for (const auto& batch : bad_batches) {
+    write_journal(run_, {start_record(store_), batch, end_record()});
+    const SyncResult r = sync(run_);
+    EXPECT_EQ(r.code, 2) << batch.dump().substr(0, 200) << "\n" << r.out << r.err;
+    EXPECT_NE(r.err.find(line(2)), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("not valid in MLflow"), std::string::npos) << r.err;
+    expect_nothing_sent();
+    EXPECT_FALSE(fs::exists(tmp_ / "escape"));
+  }
+  // The error names the key and what is allowed.
+  write_journal(run_, {start_record(store_), bad_batches[1], end_record()});
+  const SyncResult r = sync(run_);
+  EXPECT_NE(r.err.find("metric key 'odd|key'"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("letters, digits"), std::string::npos) << r.err;
+}
+
+TEST_F(UntrustedJournal, AValidJournalIsStillSent) {
+  write_journal(run_, {start_record(store_),
+                       {{"op", "batch"}, {"metrics", json::array({json::array({"train/loss", 0.5, 1000, 1})})}},
+                       {{"op", "artifact"}, {"file", "config.toml"}, {"path", "configs/config.toml"}}, end_record()});
+  const SyncResult r = sync(run_);
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const auto p = mlf::read_progress(mlf::journal_dir(run_), store_);
+  ASSERT_FALSE(p.run_id.empty());
+  const std::string run = tmp_ / ("mlruns/" + p.experiment_id + "/" + p.run_id);
+  EXPECT_EQ(read_file(run + "/artifacts/configs/config.toml"), "[run]\n");
+  EXPECT_EQ(read_file(run + "/metrics/train/loss"), "1000 0.5 1\n");
+}
+
+TEST_F(UntrustedJournal, AContinueRecordPointingAtAnotherRunDirectoryIsRefused) {
+  // The other directory holds a journal of its own, and the MLflow run it says it sent to.
+  const std::string other = tmp_ / "other";
+  write_journal(other, {start_record(store_),
+                        {{"op", "batch"}, {"metrics", json::array({json::array({"leaked", 1.0, 1000, 1})})}}});
+  json cont = start_record(store_);
+  cont["op"] = "continue";
+  cont["previous_run_dir"] = other;
+  write_journal(run_, {cont, end_record()});
+  const SyncResult r = sync(run_);
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find(line(1)), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(other), std::string::npos) << r.err;
+  expect_nothing_sent();
+  EXPECT_TRUE(mlf::read_progress(mlf::journal_dir(other), store_).run_id.empty());  // its journal was not sent
+}
+
+TEST_F(UntrustedJournal, AContinueRecordMayNameARunDirectoryTheUserGave) {
+  const std::string other = tmp_ / "other";
+  write_journal(other, {start_record(store_),
+                        {{"op", "batch"}, {"metrics", json::array({json::array({"before", 1.0, 1000, 1})})}}});
+  json cont = start_record(store_);
+  cont["op"] = "continue";
+  cont["previous_run_dir"] = other;
+  write_journal(run_, {cont, {{"op", "batch"}, {"metrics", json::array({json::array({"after", 2.0, 2000, 2})})}},
+                       end_record()});
+  std::ostringstream out, err;
+  ASSERT_EQ(mlf::sync_run_dir(run_, "", out, err, {other}), 0) << out.str() << err.str();
+  // One MLflow run: the previous directory's records first, then this one's.
+  const auto p = mlf::read_progress(mlf::journal_dir(run_), store_);
+  EXPECT_EQ(mlf::read_progress(mlf::journal_dir(other), store_).run_id, p.run_id);
+  const std::string run = tmp_ / ("mlruns/" + p.experiment_id + "/" + p.run_id);
+  EXPECT_EQ(read_file(run + "/metrics/before"), "1000 1 1\n");
+  EXPECT_EQ(read_file(run + "/metrics/after"), "2000 2 2\n");
+}
+
+TEST_F(UntrustedJournal, ABadRecordInTheNamedPreviousRunDirectoryIsRefusedToo) {
+  const std::string other = tmp_ / "other";
+  write_journal(other, {start_record(store_),
+                        {{"op", "artifact"}, {"file", "../secret.txt"}, {"path", "stolen.txt"}}});
+  json cont = start_record(store_);
+  cont["op"] = "continue";
+  cont["previous_run_dir"] = other;
+  write_journal(run_, {cont, end_record()});
+  std::ostringstream out, err;
+  EXPECT_EQ(mlf::sync_run_dir(run_, "", out, err, {other}), 2) << out.str() << err.str();
+  EXPECT_NE(err.str().find((mlf::journal_dir(other) / "journal.jsonl").string() + ":2"), std::string::npos) << err.str();
+  expect_nothing_sent();
+}
+
+TEST_F(UntrustedJournal, ThePluginsOwnSenderKeepsABadRecordAsideUnsent) {
+  const std::string store = "file:" + (tmp_ / "mlruns");
+  mlf::ExportOptions o;
+  o.background = false;
+  mlf::Exporter e(mlf::open_backend(store), run_, o, nullptr);
+  e.record(start_record(store));
+  e.record({{"op", "artifact"}, {"file", "config.toml"}, {"path", "../../x"}});
+  e.record({{"op", "artifact"}, {"file", secret_}, {"path", "x"}});
+  e.record(end_record());
+  EXPECT_EQ(e.close(1.0), 0);
+  EXPECT_EQ(read_lines((mlf::journal_dir(run_) / "rejected.jsonl").string()).size(), 2u);
+  for (const auto& f : files_under(tmp_.str())) {
+    EXPECT_NE(fs::path(f).filename(), "x") << f;
+    EXPECT_EQ(f.find("/artifacts/"), std::string::npos) << f;
+  }
+}
+
+TEST_F(UntrustedJournal, CredentialsGoOnlyToATrackingUriTheUserGave) {
+  ScriptedServer server({{200, "{}"}, {200, "{}"}, {200, "{}"}});
+  write_journal(run_, {start_record(server.uri()), end_record()});
+  EnvVar token("MLFLOW_TRACKING_TOKEN", std::string("secret-token"));
+  {
+    // The user's server is another one: which did they mean? Neither is sent to.
+    EnvVar user_uri("MLFLOW_TRACKING_URI", std::string("http://127.0.0.1:9"));
+    const SyncResult r = sync(run_);
+    EXPECT_EQ(r.code, 2) << r.out << r.err;
+    EXPECT_NE(r.err.find(server.uri()), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("http://127.0.0.1:9"), std::string::npos) << r.err;
+  }
+  {
+    // No URI from the user: the journal's alone does not get the token.
+    const SyncResult r = sync(run_);
+    EXPECT_EQ(r.code, 2) << r.out << r.err;
+    EXPECT_NE(r.err.find(server.uri()), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("--tracking-uri"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("MLFLOW_TRACKING_URI"), std::string::npos) << r.err;
+  }
+  {
+    EnvVar user("MLFLOW_TRACKING_USERNAME", std::string("ana"));
+    EnvVar password("MLFLOW_TRACKING_PASSWORD", std::string("pw"));
+    EnvVar no_token("MLFLOW_TRACKING_TOKEN", std::nullopt);
+    const SyncResult r = sync(run_);
+    EXPECT_EQ(r.code, 2) << r.out << r.err;
+  }
+  EXPECT_TRUE(server.requests.empty()) << server.requests.front();
+}
+
+TEST_F(UntrustedJournal, CredentialsGoToTheServerTheUserNamed) {
+  ScriptedServer server({{200, "{\"experiment\":{\"experiment_id\":\"3\",\"lifecycle_stage\":\"active\"}}"},
+                         {200, "{}"},  // runs/search
+                         {200, "{\"run\":{\"info\":{\"run_id\":\"r9\",\"experiment_id\":\"3\"}}}"},
+                         {200, "{}"}});  // runs/update
+  write_journal(run_, {start_record(server.uri()), end_record()});
+  EnvVar token("MLFLOW_TRACKING_TOKEN", std::string("secret-token"));
+  EnvVar user_uri("MLFLOW_TRACKING_URI", server.uri());
+  const SyncResult r = sync(run_);
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  ASSERT_EQ(server.requests.size(), 4u);
+  for (const auto& req : server.requests) EXPECT_NE(req.find("Authorization: Bearer secret-token"), std::string::npos);
+}
+
+// ---- the file store writes nothing outside its root ----------------------------------------
+
+class FileStoreRoot : public ::testing::Test {
+ protected:
+  TempDir tmp_;
+  const std::string outside_ = tmp_ / "outside";
+  std::unique_ptr<mlf::Backend> store_ = mlf::open_backend("file:" + (tmp_ / "a/b/mlruns"));
+  mlf::RunInfo run_;
+
+  void SetUp() override {
+    fs::create_directories(outside_);
+    write_file(tmp_ / "artifact.txt", "data\n");
+    run_ = store_->create_run(store_->experiment_id("e"), "r", "u", 1, {});
+  }
+  fs::path run_dir() const { return fs::path(tmp_ / "a/b/mlruns") / run_.experiment_id / run_.run_id; }
+  void expect_outside_untouched() const { EXPECT_TRUE(files_under(outside_).empty()) << files_under(outside_).front(); }
+};
+
+TEST_F(FileStoreRoot, KeysThatClimbOutOfTheRunAreRefused) {
+  const std::string up = "../../../../../../outside/x";  // from <run>/metrics to <tmp>
+  EXPECT_THROW(store_->log_batch(run_.run_id, {{up, 1.0, 1, 1}}, {}, {}), mlf::RejectedError);
+  EXPECT_THROW(store_->log_batch(run_.run_id, {}, {{up, "v"}}, {}), mlf::RejectedError);
+  EXPECT_THROW(store_->log_batch(run_.run_id, {}, {}, {{up, "v"}}), mlf::RejectedError);
+  EXPECT_THROW(store_->create_run(run_.experiment_id, "r2", "u", 1, {{up, "v"}}), mlf::RejectedError);
+  expect_outside_untouched();
+}
+
+TEST_F(FileStoreRoot, ArtifactPathsThatClimbOutOrAreAbsoluteAreRefused) {
+  for (const std::string& path : {std::string("../../../../../../outside/x"), outside_ + "/x", std::string("a/../../../../../../outside/x")}) {
+    EXPECT_THROW(store_->log_artifact(run_, tmp_ / "artifact.txt", path), mlf::RejectedError) << path;
+  }
+  expect_outside_untouched();
+}
+
+TEST_F(FileStoreRoot, RunAndExperimentIdsThatNameOtherDirectoriesAreRefused) {
+  write_file(outside_ + "/meta.yaml", "run_id: x\nexperiment_id: '0'\nstatus: 1\n");
+  const std::string before = read_file(outside_ + "/meta.yaml");
+  // A run is looked for in each experiment's directory, an experiment in the root.
+  for (const std::string& id : {std::string("../../../../outside"), outside_}) {
+    EXPECT_THROW(store_->update_run(id, "FAILED", 5), mlf::RejectedError) << id;
+    EXPECT_THROW(store_->log_batch(id, {{"m", 1.0, 1, 1}}, {}, {}), mlf::RejectedError) << id;
+  }
+  for (const std::string& id : {std::string("../../../outside"), outside_}) {
+    EXPECT_THROW(store_->create_run(id, "r", "u", 1, {}), mlf::RejectedError) << id;
+  }
+  EXPECT_EQ(read_file(outside_ + "/meta.yaml"), before);
+  EXPECT_EQ(files_under(outside_).size(), 1u);
+}
+
+TEST_F(FileStoreRoot, ASymlinkOutOfTheStoreIsNotFollowed) {
+  // A file of the store that is a link out of it (a dangling one: writing would create its
+  // target) is not written through ...
+  fs::create_symlink(outside_ + "/m", run_dir() / "metrics" / "m");
+  EXPECT_THROW(store_->log_batch(run_.run_id, {{"m", 1.0, 1, 1}}, {}, {}), mlf::RejectedError);
+  fs::create_symlink(outside_ + "/t", run_dir() / "tags" / "t.tmp");
+  EXPECT_THROW(store_->log_batch(run_.run_id, {}, {}, {{"t", "v"}}), mlf::RejectedError);
+  // ... nor a directory that is one.
+  fs::remove_all(run_dir() / "artifacts");
+  fs::create_directory_symlink(outside_, run_dir() / "artifacts");
+  EXPECT_THROW(store_->log_artifact(run_, tmp_ / "artifact.txt", "x.txt"), mlf::RejectedError);
+  fs::remove_all(run_dir() / "metrics");
+  fs::create_directory_symlink(outside_, run_dir() / "metrics");
+  EXPECT_THROW(store_->log_batch(run_.run_id, {{"n", 1.0, 1, 1}}, {}, {}), mlf::RejectedError);
+  expect_outside_untouched();
+}
+
+TEST_F(FileStoreRoot, ValidKeysAndPathsStillNestAsMlflowDoes) {
+  store_->log_batch(run_.run_id, {{"train/loss", 0.25, 7, 2}}, {{"training.batch_size", "32"}}, {{"team", "vision"}});
+  store_->log_artifact(run_, tmp_ / "artifact.txt", "checkpoints/step_1.pt");
+  EXPECT_EQ(read_file((run_dir() / "metrics/train/loss").string()), "7 0.25 2\n");
+  EXPECT_EQ(read_file((run_dir() / "params/training.batch_size").string()), "32");
+  EXPECT_EQ(read_file((run_dir() / "tags/team").string()), "vision");
+  EXPECT_EQ(read_file((run_dir() / "artifacts/checkpoints/step_1.pt").string()), "data\n");
 }
 
 }  // namespace

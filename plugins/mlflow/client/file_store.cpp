@@ -1,4 +1,7 @@
 // The file-store backend: MLflow's FileStore layout (mlflow/store/tracking/file_store.py).
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -22,6 +25,12 @@ namespace {
 
 
 std::string yaml_quote(const std::string& s) {
+  // A line break or other control character would end a single-quoted scalar's line and
+  // start a key of its own: such a text is written double-quoted, with JSON's escapes (which
+  // YAML's double-quoted scalars share).
+  for (char c : s) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) return json(s).dump(-1, ' ', true, json::error_handler_t::replace);
+  }
   std::string out = "'";
   for (char c : s) out += (c == '\'') ? std::string("''") : std::string(1, c);
   return out + "'";
@@ -58,20 +67,6 @@ std::string read_text(const fs::path& p) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
-}
-
-/// Writes `text` to `p` through a temporary file and a rename: readers see the old or the new
-/// file, never half of one.
-void write_atomically(const fs::path& p, const std::string& text) {
-  fs::create_directories(p.parent_path());
-  const fs::path tmp = p.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) throw RejectedError("cannot write " + tmp.string());
-  }
-  fs::rename(tmp, p);
 }
 
 const char* kStatuses[] = {"", "RUNNING", "SCHEDULED", "FINISHED", "FAILED", "KILLED"};
@@ -133,6 +128,8 @@ class FileBackend final : public Backend {
 
   RunInfo create_run(const std::string& experiment_id, const std::string& run_name, const std::string& user,
                      std::int64_t start_ms, const std::vector<KeyValue>& tags) override {
+    check_id(experiment_id, "experiment");
+    for (const auto& t : tags) check_key(t.key, "tag");
     const fs::path exp = root_ / experiment_id;
     if (!fs::exists(exp / "meta.yaml")) {
       throw RejectedError("no MLflow experiment " + experiment_id + " in " + root_.string());
@@ -142,7 +139,7 @@ class FileBackend final : public Backend {
     r.experiment_id = experiment_id;
     r.artifact_uri = file_uri(exp / r.run_id / "artifacts");
     r.status = "RUNNING";
-    const fs::path dir = exp / r.run_id;
+    const fs::path dir = inside(exp / r.run_id);
     for (const char* sub : {"metrics", "params", "tags", "artifacts"}) fs::create_directories(dir / sub);
     std::vector<KeyValue> all = tags;
     bool has_name = false;
@@ -157,6 +154,8 @@ class FileBackend final : public Backend {
   RunInfo get_run(const std::string& run_id) override { return read_run_meta(run_dir(run_id)).info; }
 
   RunInfo find_run_by_tag(const std::string& experiment_id, const std::string& key, const std::string& value) override {
+    check_id(experiment_id, "experiment");
+    check_key(key, "tag");
     const fs::path exp = root_ / experiment_id;
     if (!fs::exists(exp)) return {};
     for (const auto& entry : fs::directory_iterator(exp)) {
@@ -170,9 +169,12 @@ class FileBackend final : public Backend {
 
   void log_batch(const std::string& run_id, const std::vector<Metric>& metrics, const std::vector<KeyValue>& params,
                  const std::vector<KeyValue>& tags) override {
+    for (const auto& m : metrics) check_key(m.key, "metric");
+    for (const auto& p : params) check_key(p.key, "param");
+    for (const auto& t : tags) check_key(t.key, "tag");
     const fs::path dir = run_dir(run_id);
     for (const auto& p : params) {
-      const fs::path f = dir / "params" / p.key;
+      const fs::path f = inside(dir / "params" / p.key);
       if (fs::exists(f)) {
         const std::string old = read_text(f);
         if (old != p.value) {
@@ -213,10 +215,17 @@ class FileBackend final : public Backend {
   }
 
   void log_artifact(const RunInfo& run, const std::string& local_path, const std::string& artifact_path) override {
-    const fs::path dest = run_dir(run.run_id) / "artifacts" / artifact_path;
+    if (!valid_artifact_path(artifact_path)) {
+      throw RejectedError("artifact path '" + artifact_path +
+                          "' is not a relative path of parts other than empty, . and ..; refused by the MLflow file "
+                          "store " + root_.string());
+    }
+    const fs::path dest = inside(run_dir(run.run_id) / "artifacts" / artifact_path);
     fs::create_directories(dest.parent_path());
-    const fs::path tmp = dest.string() + ".tmp";
+    const fs::path tmp = inside(dest.string() + ".tmp");
     std::error_code ec;
+    fs::remove(tmp, ec);  // a stale one, or a link: never written through
+    ec.clear();
     fs::copy_file(local_path, tmp, fs::copy_options::overwrite_existing, ec);
     if (ec) throw RejectedError("cannot copy artifact " + local_path + " to " + dest.string() + ": " + ec.message());
     fs::rename(tmp, dest);
@@ -239,9 +248,15 @@ class FileBackend final : public Backend {
     auto it = files_.find(f.string());
     if (it != files_.end()) return it->second;
     if (files_.size() >= 256) close_files();
+    inside(f);
     fs::create_directories(f.parent_path());
-    std::FILE* out = std::fopen(f.c_str(), "ab");
-    if (!out) throw RejectedError("cannot append to " + f.string());
+    // O_NOFOLLOW: a link put there after the check is not followed either.
+    const int fd = ::open(f.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+    std::FILE* out = fd < 0 ? nullptr : ::fdopen(fd, "ab");
+    if (!out) {
+      if (fd >= 0) ::close(fd);
+      throw RejectedError("cannot append to " + f.string());
+    }
     files_[f.string()] = out;
     return out;
   }
@@ -251,6 +266,56 @@ class FileBackend final : public Backend {
   }
 
   static std::string file_uri(const fs::path& p) { return "file://" + p.string(); }
+
+  static void check_id(const std::string& id, const char* what) {
+    if (!valid_id(id)) {
+      throw RejectedError(std::string("MLflow ") + what + " id '" + id +
+                          "' cannot name a file-store directory (1-64 letters, digits, _ or -)");
+    }
+  }
+  static void check_key(const std::string& key, const char* what) {
+    if (!valid_key(key)) {
+      throw RejectedError(std::string(what) + " key '" + key + "' is not valid in MLflow (1-" +
+                          std::to_string(kMaxKeyLength) +
+                          " characters of letters, digits, _ - . space : /, a path without empty, . or .. parts)");
+    }
+  }
+
+  /// `p`, when writing it stays inside the store: the directories on its way, symlinks
+  /// followed, lie under the root, and so does where `p` leads when it is a symlink (a dangling
+  /// one included: writing through it would create its target). Else a RejectedError.
+  fs::path inside(const fs::path& p) const {
+    const fs::path root = fs::weakly_canonical(root_);
+    fs::path real = fs::weakly_canonical(p);
+    std::error_code ec;
+    for (int hops = 0; hops < 40 && fs::is_symlink(fs::symlink_status(real, ec)); ++hops) {
+      const fs::path target = fs::read_symlink(real, ec);
+      if (ec) break;
+      real = fs::weakly_canonical(target.is_absolute() ? target : real.parent_path() / target);
+    }
+    if (!detail::is_within(real, root)) {
+      throw RejectedError("MLflow file store " + root.string() + ": " + p.string() + " leads to " + real.string() +
+                          ", outside the store; not written");
+    }
+    return p;
+  }
+
+  /// Writes `text` to `p` through a temporary file and a rename: readers see the old or the
+  /// new file, never half of one. Neither `p` nor the temporary file may lead out of the store.
+  void write_atomically(const fs::path& p, const std::string& text) const {
+    inside(p);
+    fs::create_directories(p.parent_path());
+    const fs::path tmp = inside(p.string() + ".tmp");
+    std::error_code ec;
+    fs::remove(tmp, ec);  // a stale one, or a link: never written through
+    {
+      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+      out << text;
+      out.flush();
+      if (!out) throw RejectedError("cannot write " + tmp.string());
+    }
+    fs::rename(tmp, p);
+  }
 
   void ensure_root() {
     if (fs::exists(root_ / "0" / "meta.yaml")) return;
@@ -267,6 +332,7 @@ class FileBackend final : public Backend {
   }
 
   fs::path run_dir(const std::string& run_id) {
+    check_id(run_id, "run");
     if (auto it = run_dirs_.find(run_id); it != run_dirs_.end() && fs::exists(it->second)) return it->second;
     if (fs::exists(root_)) {
       for (const auto& entry : fs::directory_iterator(root_)) {
@@ -277,7 +343,7 @@ class FileBackend final : public Backend {
     throw RejectedError("no MLflow run " + run_id + " in " + root_.string());
   }
 
-  static void write_run_meta(const fs::path& dir, const Meta& m) {
+  void write_run_meta(const fs::path& dir, const Meta& m) const {
     // run_uuid beside run_id: MLflow 2.x requires it, 3.x ignores it.
     std::string y = "artifact_uri: " + m.info.artifact_uri + "\n";
     y += "end_time: " + (m.end_ms > 0 ? std::to_string(m.end_ms) : std::string("null")) + "\n";

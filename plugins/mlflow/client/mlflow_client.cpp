@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <iterator>
 
 namespace fs = std::filesystem;
 
@@ -67,6 +68,15 @@ std::vector<std::string> split(const std::string& s, char sep) {
   return parts;
 }
 
+bool is_within(const fs::path& path, const fs::path& base) {
+  auto p = path.begin();
+  for (auto b = base.begin(); b != base.end(); ++b, ++p) {
+    if (b->empty() && std::next(b) == base.end()) break;  // a trailing "/" in base
+    if (p == path.end() || *p != *b) return false;
+  }
+  return true;
+}
+
 }  // namespace detail
 
 namespace {
@@ -96,6 +106,27 @@ bool valid_key(const std::string& key) {
   // posixpath.normpath(key) == key: no empty, "." or ".." parts, no leading or trailing "/".
   for (const auto& part : detail::split(key, '/')) {
     if (part.empty() || part == "." || part == "..") return false;
+  }
+  return true;
+}
+
+bool valid_artifact_path(const std::string& path) {
+  if (path.empty() || path.size() > kMaxArtifactPathLength || path.front() == '/') return false;
+  for (char c : path) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f || c == '\\') return false;
+  }
+  for (const auto& part : detail::split(path, '/')) {
+    if (part.empty() || part == "." || part == "..") return false;
+  }
+  return true;
+}
+
+bool valid_id(const std::string& id) {
+  if (id.empty() || id.size() > 64) return false;
+  for (char c : id) {
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-')) {
+      return false;
+    }
   }
   return true;
 }

@@ -19,6 +19,7 @@ inline constexpr std::size_t kMaxEntitiesPerBatch = 1000;
 inline constexpr std::size_t kMaxKeyLength = 250;
 inline constexpr std::size_t kMaxParamValueLength = 6000;
 inline constexpr std::size_t kMaxTagValueLength = 8000;
+inline constexpr std::size_t kMaxArtifactPathLength = 1000;
 
 struct Metric {
   std::string key;
@@ -105,6 +106,13 @@ std::unique_ptr<Backend> open_backend(const std::string& tracking_uri, const Cre
 /// ASCII letters, digits, `_ - . space : /`, and a path that normalises to itself (no leading
 /// or trailing `/`, no `//`, no `.` or `..` part).
 bool valid_key(const std::string& key);
+/// Whether `path` can name a run's artifact: a relative path of `/`-separated parts, none
+/// of them empty, `.` or `..`, without control characters or `\`, at most 1000 characters.
+/// Anything else could leave the run's artifact root.
+bool valid_artifact_path(const std::string& path);
+/// Whether `id` can name a run or an experiment in a file store (one directory name): 1 to 64
+/// ASCII letters, digits, `_` or `-`.
+bool valid_id(const std::string& id);
 /// `key` made valid: each character MLflow refuses becomes `_`, empty parts of a path are
 /// dropped, `.`/`..` parts become `_`/`__`, and a key longer than 250 characters keeps its
 /// first 241 and a `-` and 8 hex digits of its hash. Equal to `key` when it was valid.

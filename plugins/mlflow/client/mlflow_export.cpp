@@ -1,5 +1,6 @@
 #include "mlflow_export.h"
 
+#include "backends.h"
 #include "journal_io.h"
 
 #include <fcntl.h>
@@ -7,6 +8,7 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -96,6 +98,153 @@ using detail::for_each_record;
 using detail::kJournal;
 using detail::kRejected;
 
+// ---- a journal record, checked ------------------------------------------------------------
+
+namespace {
+
+/// `j` for a message: its JSON, cut at 80 characters.
+std::string shown(const json& j) {
+  std::string s = j.dump(-1, ' ', false, json::error_handler_t::replace);
+  return s.size() > 80 ? s.substr(0, 77) + "..." : s;
+}
+
+[[noreturn]] void refuse(const std::string& where, const std::string& what) {
+  throw JournalError(where + ": " + what);
+}
+
+const std::string kKeyRule = "1-" + std::to_string(kMaxKeyLength) +
+                             " characters of letters, digits, _ - . space : /, a path without empty, . or .. parts";
+
+void check_key(const json& k, const char* what, const std::string& where) {
+  if (!k.is_string()) refuse(where, std::string(what) + " key " + shown(k) + " is not a string");
+  const std::string key = k.get<std::string>();
+  if (!valid_key(key)) {
+    refuse(where, std::string(what) + " key '" + key + "' is not valid in MLflow (" + kKeyRule +
+                      "; the plugin logs such a key under a valid name)");
+  }
+}
+
+/// [[key, value], ...]: params or tags.
+void check_key_values(const json& rec, const char* field, const char* what, std::size_t max_count,
+                      std::size_t max_value, const std::string& where) {
+  if (!rec.contains(field)) return;
+  const json& a = rec[field];
+  if (!a.is_array()) refuse(where, std::string(field) + " is not an array of [key, value]");
+  if (a.size() > max_count) {
+    refuse(where, std::string(field) + " holds " + std::to_string(a.size()) + " entries, not valid in MLflow (at most " +
+                      std::to_string(max_count) + " per request)");
+  }
+  for (const auto& kv : a) {
+    if (!kv.is_array() || kv.size() != 2) refuse(where, std::string(what) + " " + shown(kv) + " is not [key, value]");
+    check_key(kv[0], what, where);
+    if (!kv[1].is_string()) refuse(where, std::string(what) + " '" + kv[0].get<std::string>() + "' has no string value");
+    const std::size_t n = kv[1].get_ref<const std::string&>().size();
+    if (n > max_value) {
+      refuse(where, std::string(what) + " '" + kv[0].get<std::string>() + "' has a value of " + std::to_string(n) +
+                        " characters, not valid in MLflow (at most " + std::to_string(max_value) +
+                        "; the plugin cuts longer values)");
+    }
+  }
+}
+
+void check_string(const json& rec, const char* field, bool required, const std::string& where) {
+  if (!rec.contains(field)) {
+    if (required) refuse(where, std::string("the ") + rec.value("op", std::string()) + " record has no " + field);
+    return;
+  }
+  if (!rec[field].is_string()) refuse(where, std::string(field) + " " + shown(rec[field]) + " is not a string");
+}
+
+void check_integer(const json& rec, const char* field, const std::string& where) {
+  if (rec.contains(field) && !rec[field].is_number_integer()) {
+    refuse(where, std::string(field) + " " + shown(rec[field]) + " is not an integer");
+  }
+}
+
+}  // namespace
+
+void validate_record(const json& rec, const std::string& where) {
+  if (!rec.is_object()) refuse(where, "not a journal record (a JSON object)");
+  if (!rec.contains("op") || !rec["op"].is_string()) refuse(where, "a journal record without an op");
+  const std::string op = rec["op"].get<std::string>();
+  check_integer(rec, "seq", where);
+  if (op == "start" || op == "continue") {
+    check_string(rec, "experiment", true, where);
+    if (rec["experiment"].get_ref<const std::string&>().empty()) refuse(where, "the experiment name is empty");
+    for (const char* f : {"tracking_uri", "run_name", "user", "journal_id"}) check_string(rec, f, false, where);
+    for (const char* f : {"run_name", "user"}) {
+      if (rec.contains(f) && rec[f].get_ref<const std::string&>().size() > kMaxTagValueLength) {
+        refuse(where, std::string(f) + " is longer than " + std::to_string(kMaxTagValueLength) + " characters");
+      }
+    }
+    if (rec.contains("journal_id") && !valid_id(rec["journal_id"].get<std::string>())) {
+      refuse(where, "journal_id " + shown(rec["journal_id"]) + " is not 1-64 letters, digits, _ or -");
+    }
+    check_integer(rec, "start_time", where);
+    check_key_values(rec, "tags", "tag", kMaxEntitiesPerBatch, kMaxTagValueLength, where);
+    if (op == "continue") {
+      check_string(rec, "previous_run_dir", true, where);
+      if (!fs::path(rec["previous_run_dir"].get<std::string>()).is_absolute()) {
+        refuse(where, "previous_run_dir " + shown(rec["previous_run_dir"]) + " is not an absolute path");
+      }
+    }
+  } else if (op == "batch") {
+    if (rec.contains("metrics")) {
+      const json& ms = rec["metrics"];
+      if (!ms.is_array()) refuse(where, "metrics is not an array of [key, value, timestamp, step]");
+      if (ms.size() > kMaxMetricsPerBatch) {
+        refuse(where, "metrics holds " + std::to_string(ms.size()) + " points, not valid in MLflow (at most " +
+                          std::to_string(kMaxMetricsPerBatch) + " per request)");
+      }
+      for (const auto& m : ms) {
+        if (!m.is_array() || m.size() != 4) refuse(where, "metric " + shown(m) + " is not [key, value, timestamp, step]");
+        check_key(m[0], "metric", where);
+        const bool special = m[1].is_string() && (m[1] == "NaN" || m[1] == "Infinity" || m[1] == "-Infinity");
+        if (!m[1].is_number() && !special) {
+          refuse(where, "metric '" + m[0].get<std::string>() + "' has the value " + shown(m[1]) +
+                            ": a number, \"NaN\", \"Infinity\" or \"-Infinity\" is allowed");
+        }
+        if (!m[2].is_number_integer() || !m[3].is_number_integer()) {
+          refuse(where, "metric '" + m[0].get<std::string>() + "': timestamp and step must be integers");
+        }
+      }
+    }
+    check_key_values(rec, "params", "param", kMaxParamsTagsPerBatch, kMaxParamValueLength, where);
+    check_key_values(rec, "tags", "tag", kMaxParamsTagsPerBatch, kMaxTagValueLength, where);
+  } else if (op == "artifact") {
+    check_string(rec, "file", true, where);
+    check_string(rec, "path", true, where);
+    if (rec["file"].get_ref<const std::string&>().empty()) refuse(where, "the artifact record names no file");
+    const std::string path = rec["path"].get<std::string>();
+    if (!valid_artifact_path(path)) {
+      refuse(where, "artifact path '" + path +
+                        "' is not valid: a relative path of /-separated parts, none empty, . or .., at most " +
+                        std::to_string(kMaxArtifactPathLength) + " characters");
+    }
+  } else if (op == "end") {
+    check_string(rec, "status", true, where);
+    const std::string status = rec["status"].get<std::string>();
+    if (status != "FINISHED" && status != "FAILED" && status != "KILLED") {
+      refuse(where, "status '" + status + "' is not FINISHED, FAILED or KILLED");
+    }
+    check_integer(rec, "end_time", where);
+  } else {
+    refuse(where, "unknown journal record '" + op + "' (start, continue, batch, artifact and end are written)");
+  }
+}
+
+fs::path artifact_source(const fs::path& run_dir, const std::string& file, const std::string& where) {
+  const fs::path base = fs::weakly_canonical(fs::absolute(run_dir));
+  fs::path p = file;
+  if (p.is_relative()) p = base / p;
+  const fs::path real = fs::weakly_canonical(p);
+  if (!detail::is_within(real, base) || real == base) {
+    refuse(where, "artifact file '" + file + "' leads to " + real.string() +
+                      ": an artifact's file must lie inside the run directory " + base.string());
+  }
+  return real;
+}
+
 std::string canonical_uri(const std::string& uri) {
   if (uri.rfind("file:", 0) != 0) return uri;
   std::string path = uri.substr(5);
@@ -183,31 +332,70 @@ std::pair<std::int64_t, std::int64_t> Sender::pending() const {
   return {records, metrics};
 }
 
+void Sender::trust_only(std::vector<fs::path> run_dirs) {
+  strict_ = true;
+  trusted_.clear();
+  for (const auto& d : run_dirs) trusted_.push_back(fs::weakly_canonical(fs::absolute(d)));
+}
+
+namespace {
+
+/// A record's `seq`, or `fallback` when it has none (or not an integer).
+std::int64_t seq_of(const json& rec, std::int64_t fallback) {
+  return rec.is_object() && rec.contains("seq") && rec["seq"].is_number_integer() ? rec["seq"].get<std::int64_t>()
+                                                                                  : fallback;
+}
+
+/// Lines of `journal` before byte `offset` (offsets always follow a newline).
+std::int64_t lines_before(const fs::path& journal, std::int64_t offset) {
+  std::ifstream in(journal, std::ios::binary);
+  std::int64_t lines = 0;
+  char buf[65536];
+  while (offset > 0 && in) {
+    in.read(buf, static_cast<std::streamsize>(std::min<std::int64_t>(offset, sizeof buf)));
+    const std::streamsize n = in.gcount();
+    if (n <= 0) break;
+    lines += std::count(buf, buf + n, '\n');
+    offset -= n;
+  }
+  return lines;
+}
+
+}  // namespace
+
 bool Sender::send_pending(std::string* error) {
   bool ok = true;
+  // Untrusted journals are named by line in errors; the plugin's own by record.
+  std::int64_t line_no = strict_ ? lines_before(dir_ / kJournal, progress_.offset) : 0;
   for_each_record(dir_ / kJournal, progress_.offset, [&](const std::string& line, std::int64_t end) {
     const json rec = json::parse(line, nullptr, false);
+    ++line_no;
+    const std::string where =
+        (dir_ / kJournal).string() +
+        (strict_ ? ":" + std::to_string(line_no) : " record " + std::to_string(seq_of(rec, progress_.seq + 1)));
     try {
-      if (!rec.is_object() || !rec.contains("op")) {
-        throw RejectedError("journal line at byte " + std::to_string(progress_.offset) + " is not a record");
-      }
-      apply(rec);
+      validate_record(rec, where);
+      apply(rec, where);
       ++sent_records_;
       if (rec.contains("metrics")) sent_metrics_ += static_cast<std::int64_t>(rec["metrics"].size());
     } catch (const TransientError& e) {
       if (error) *error = e.what();
       ok = false;
       return false;
+    } catch (const JournalError& e) {
+      if (strict_) throw;
+      ++rejected_;
+      log_->error("mlflow: {}; not sent, kept in {}", e.what(), (dir_ / kRejected).string());
+      std::ofstream(dir_ / kRejected, std::ios::app) << line << "\n";
     } catch (const std::exception& e) {
       // Refused for what it holds: sending it again cannot help. Kept aside, reported, passed.
       ++rejected_;
-      log_->error("mlflow: {} refused journal record {} ({}): {}; kept in {}", backend_.uri(),
-                  rec.is_object() ? rec.value("seq", std::int64_t{0}) : std::int64_t{0},
-                  rec.is_object() ? rec.value("op", std::string("?")) : std::string("?"), e.what(),
-                  (dir_ / kRejected).string());
+      const bool has_op = rec.is_object() && rec.contains("op") && rec["op"].is_string();
+      log_->error("mlflow: {} refused journal record {} ({}): {}; kept in {}", backend_.uri(), seq_of(rec, 0),
+                  has_op ? rec["op"].get<std::string>() : std::string("?"), e.what(), (dir_ / kRejected).string());
       std::ofstream(dir_ / kRejected, std::ios::app) << line << "\n";
     }
-    progress_.seq = rec.is_object() ? rec.value("seq", progress_.seq + 1) : progress_.seq + 1;
+    progress_.seq = seq_of(rec, progress_.seq + 1);
     progress_.offset = end;
     save_progress();
     return true;
@@ -215,7 +403,7 @@ bool Sender::send_pending(std::string* error) {
   return ok;
 }
 
-void Sender::apply(const json& rec) {
+void Sender::apply(const json& rec, const std::string& where) {
   const std::string op = rec.at("op").get<std::string>();
   const fs::path run_dir = dir_.parent_path();
   auto need_run = [&] {
@@ -242,11 +430,26 @@ void Sender::apply(const json& rec) {
     if (progress_.run_id.empty()) create();
   } else if (op == "continue") {
     if (progress_.run_id.empty()) {
-      const fs::path prev = journal_dir(rec.value("previous_run_dir", std::string()));
+      fs::path prev = journal_dir(rec.value("previous_run_dir", std::string()));
+      if (strict_) {
+        // The previous run's journal would be sent and its sent.json would say which MLflow
+        // run to write to: only a directory the user named may be used.
+        const fs::path named = fs::weakly_canonical(prev.parent_path());
+        const bool own = named == fs::weakly_canonical(fs::absolute(run_dir));
+        if (!own && std::find(trusted_.begin(), trusted_.end(), named) == trusted_.end()) {
+          throw JournalError(where + ": a continue record names the run directory " + named.string() +
+                             ", which was not given on the command line; name it after the run directory if it is "
+                             "the run this one resumed: trainer mlflow sync " + run_dir.string() + " " +
+                             named.string());
+        }
+        prev = journal_dir(named.string());
+        if (own) prev = dir_;
+      }
       if (!prev.empty() && prev != dir_ && fs::exists(prev / kJournal)) {
         if (JournalLock::is_free(prev)) {
           // What the interrupted run could not send goes first, in order.
           Sender before(backend_, prev, log_);
+          if (strict_) before.trust_only(trusted_);
           std::string err;
           if (!before.send_pending(&err)) throw TransientError(err);
           if (before.sent_records() > 0) {
@@ -281,9 +484,9 @@ void Sender::apply(const json& rec) {
                        key_values(rec.value("tags", json::array())));
   } else if (op == "artifact") {
     need_run();
-    fs::path file = rec.at("file").get<std::string>();
-    if (file.is_relative()) file = run_dir / file;
+    const fs::path file = artifact_source(run_dir, rec.at("file").get<std::string>(), where);
     if (!fs::exists(file)) throw RejectedError("artifact file " + file.string() + " no longer exists");
+    if (!fs::is_regular_file(file)) throw RejectedError("artifact file " + file.string() + " is not a regular file");
     RunInfo run;
     run.run_id = progress_.run_id;
     run.experiment_id = progress_.experiment_id;
@@ -313,7 +516,7 @@ Exporter::Exporter(std::unique_ptr<Backend> backend, const std::string& run_dir,
   // A run directory used again (--run-dir of an earlier run) goes on numbering its journal.
   for_each_record(dir_ / kJournal, 0, [&](const std::string& line, std::int64_t) {
     const json rec = json::parse(line, nullptr, false);
-    if (rec.is_object()) next_seq_ = std::max(next_seq_, rec.value("seq", std::int64_t{0}) + 1);
+    next_seq_ = std::max(next_seq_, seq_of(rec, 0) + 1);
     return true;
   });
   journal_ = std::fopen((dir_ / kJournal).c_str(), "ab");

@@ -25,12 +25,35 @@
 #include <vector>
 
 #include "mlflow_client.h"
+#include "trainer/error.h"
 
 namespace spdlog {
 class logger;
 }
 
 namespace trainer::mlflow {
+
+/// A journal record trainer does not write (a journal edited, or copied from someone else):
+/// the message names the journal file and line, what is wrong and what is allowed.
+/// `trainer mlflow sync` exits with 2.
+class JournalError : public trainer::UsageError {
+ public:
+  using trainer::UsageError::UsageError;
+};
+
+/// Checks a journal record against the rules the plugin follows when it writes one, so that a
+/// journal from elsewhere can send nothing the plugin would not: a known `op`; metric, param
+/// and tag keys valid in MLflow (valid_key) and values within MLflow's limits; batches within
+/// MLflow's per-request limits; an artifact's `path` a valid_artifact_path; a `continue`'s
+/// `previous_run_dir` absolute; an `end`'s status FINISHED, FAILED or KILLED. Throws
+/// JournalError starting with `where` (`RUN_DIR/mlflow/journal.jsonl:12`).
+void validate_record(const nlohmann::json& rec, const std::string& where);
+
+/// The file an artifact record names (`file`, relative to `run_dir` or absolute), symlinks
+/// resolved; it must lie inside `run_dir` (also resolved). Throws JournalError starting with
+/// `where` otherwise. The file need not exist.
+std::filesystem::path artifact_source(const std::filesystem::path& run_dir, const std::string& file,
+                                      const std::string& where);
 
 /// RUN_DIR/mlflow: the journal, sent.json, rejected.jsonl and the lock.
 std::filesystem::path journal_dir(const std::string& run_dir);
@@ -63,9 +86,14 @@ struct Progress {
 class Sender {
  public:
   Sender(Backend& backend, std::filesystem::path dir, std::shared_ptr<spdlog::logger> log);
+  /// Treats the journal as untrusted (`trainer mlflow sync`): a record validate_record()
+  /// refuses, an artifact outside the run directory, or a `continue` record naming a run
+  /// directory other than this one and `run_dirs` throws JournalError from send_pending()
+  /// (the record is not sent) instead of being kept aside.
+  void trust_only(std::vector<std::filesystem::path> run_dirs);
   /// Sends records until the journal's end (true) or a TransientError (false, `error` set;
-  /// what was sent is kept). A record the backend refuses is reported, kept in
-  /// rejected.jsonl and passed over.
+  /// what was sent is kept). A record the backend refuses, or that validate_record() refuses,
+  /// is reported, kept in rejected.jsonl and passed over (see trust_only()).
   bool send_pending(std::string* error = nullptr);
   /// Records in the journal after the acknowledged ones, and the metrics they hold.
   std::pair<std::int64_t, std::int64_t> pending() const;
@@ -81,8 +109,10 @@ class Sender {
   Progress progress_;
   std::int64_t sent_records_ = 0, sent_metrics_ = 0, rejected_ = 0;
   nlohmann::json sent_;  ///< sent.json as last written (null until the first write)
+  bool strict_ = false;  ///< trust_only() was called
+  std::vector<std::filesystem::path> trusted_;  ///< canonical run directories a `continue` may name
 
-  void apply(const nlohmann::json& rec);
+  void apply(const nlohmann::json& rec, const std::string& where);
   void save_progress();
 };
 
@@ -149,10 +179,21 @@ class Exporter {
   std::chrono::steady_clock::time_point retry_at_{};
 };
 
-/// `trainer mlflow sync RUN_DIR [--tracking-uri URI]`: sends what RUN_DIR's journal holds
-/// that `uri` (default: the one the run used) has not acknowledged. A run whose process ended
-/// without closing it (kill -9, a crash) is marked FAILED. Exit code: 0 all sent, 2 usage (no
-/// journal, a trainer still writing it), 3 the destination could not be reached (records left).
-int sync_run_dir(const std::string& run_dir, const std::string& uri, std::ostream& out, std::ostream& err);
+/// `trainer mlflow sync RUN_DIR [PREVIOUS_RUN_DIR...] [--tracking-uri URI]`: sends what
+/// RUN_DIR's journal holds that `uri` has not acknowledged. A run whose process ended without
+/// closing it (kill -9, a crash) is marked FAILED.
+///
+/// The journal is untrusted (a run directory copied from someone else): every record is
+/// checked first (validate_record, artifact_source) and nothing is sent when one fails; a
+/// `continue` record not yet sent may name only RUN_DIR or one of `previous_run_dirs`. The
+/// destination is `uri`, else $MLFLOW_TRACKING_URI, else the journal's; credentials
+/// (MLFLOW_TRACKING_TOKEN, MLFLOW_TRACKING_USERNAME/PASSWORD) go only to a URI the user gave:
+/// $MLFLOW_TRACKING_URI differing from the journal's, or credentials set with a URI from the
+/// journal alone, are refused.
+///
+/// Exit code: 0 all sent, 2 usage (no journal, a trainer still writing it, a record refused,
+/// a tracking URI in doubt), 3 the destination could not be reached (records left).
+int sync_run_dir(const std::string& run_dir, const std::string& uri, std::ostream& out, std::ostream& err,
+                 const std::vector<std::string>& previous_run_dirs = {});
 
 }  // namespace trainer::mlflow

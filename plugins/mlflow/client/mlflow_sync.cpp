@@ -1,9 +1,13 @@
 // `trainer mlflow sync RUN_DIR`: what a run's journal holds that its destination has not
-// acknowledged, sent; a run whose process died is marked FAILED.
+// acknowledged, sent; a run whose process died is marked FAILED. The journal may come from
+// someone else (a copied run directory): it is checked whole before anything is sent, and
+// credentials go only to a tracking URI the user gave.
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -21,7 +25,95 @@ using detail::for_each_record;
 using detail::kJournal;
 using detail::kRejected;
 
-int sync_run_dir(const std::string& run_dir, const std::string& uri_override, std::ostream& out, std::ostream& err) {
+namespace {
+
+/// What the check of a journal found.
+struct Scan {
+  std::string uri;        ///< the tracking URI of its last start or continue record
+  std::string uri_where;  ///< that record's file:line
+  bool closed = false;    ///< an end record after the last start or continue
+  std::int64_t last_seq = 0;
+  struct Continue {
+    std::string where;
+    fs::path previous;
+    std::int64_t end_offset = 0;
+  };
+  std::vector<Continue> continues;
+};
+
+/// Checks every record of `run_dir`'s journal as the plugin checks what it writes
+/// (validate_record; an artifact's file inside `run_dir`). Throws JournalError naming the
+/// first that fails.
+Scan scan_journal(const fs::path& run_dir) {
+  Scan s;
+  const fs::path journal = journal_dir(run_dir.string()) / kJournal;
+  std::int64_t line_no = 0;
+  for_each_record(journal, 0, [&](const std::string& line, std::int64_t end) {
+    const std::string where = journal.string() + ":" + std::to_string(++line_no);
+    const json rec = json::parse(line, nullptr, false);
+    validate_record(rec, where);
+    const std::string op = rec["op"].get<std::string>();
+    if (op == "start" || op == "continue") {
+      if (rec.contains("tracking_uri") && !rec["tracking_uri"].get_ref<const std::string&>().empty()) {
+        s.uri = rec["tracking_uri"].get<std::string>();
+        s.uri_where = where;
+      }
+      s.closed = false;
+    }
+    if (op == "continue") s.continues.push_back({where, rec["previous_run_dir"].get<std::string>(), end});
+    if (op == "artifact") artifact_source(run_dir, rec["file"].get<std::string>(), where);
+    if (op == "end") s.closed = true;
+    if (rec.contains("seq")) s.last_seq = std::max(s.last_seq, rec["seq"].get<std::int64_t>());
+    return true;
+  });
+  return s;
+}
+
+/// The continue records of `scan` that `uri` has not acknowledged may name only `run_dir`
+/// or a directory of `trusted` (canonical): sync would send that directory's journal first
+/// and continue the MLflow run its sent.json names. The journals they name are checked too.
+void check_continues(const fs::path& run_dir, const Scan& scan, const std::string& uri,
+                     const std::vector<fs::path>& trusted, std::vector<fs::path>& seen) {
+  const std::int64_t acknowledged = read_progress(journal_dir(run_dir.string()), uri).offset;
+  const fs::path own = fs::weakly_canonical(fs::absolute(run_dir));
+  for (const auto& c : scan.continues) {
+    if (c.end_offset <= acknowledged) continue;
+    const fs::path prev = fs::weakly_canonical(c.previous);
+    if (prev == own) continue;
+    if (std::find(trusted.begin(), trusted.end(), prev) == trusted.end()) {
+      throw JournalError(c.where + ": a continue record names the run directory " + prev.string() +
+                         ", which was not given on the command line (sync would send its journal and continue the "
+                         "MLflow run its sent.json names); if it is the run this one resumed, name it: trainer "
+                         "mlflow sync " + own.string() + " " + prev.string());
+    }
+    if (std::find(seen.begin(), seen.end(), prev) != seen.end()) continue;
+    seen.push_back(prev);
+    if (fs::exists(journal_dir(prev.string()) / kJournal)) {
+      check_continues(prev, scan_journal(prev), uri, trusted, seen);
+    }
+  }
+}
+
+/// Two tracking URIs that name the same destination (file: URIs made absolute, a trailing
+/// `/` dropped).
+bool same_uri(const std::string& a, const std::string& b) {
+  auto norm = [](std::string u) {
+    u = canonical_uri(u);
+    while (u.size() > 1 && u.back() == '/') u.pop_back();
+    return u;
+  };
+  return norm(a) == norm(b);
+}
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::string(v) : std::string();
+}
+
+}  // namespace
+
+int sync_run_dir(const std::string& run_dir, const std::string& uri_override, std::ostream& out, std::ostream& err,
+                 const std::vector<std::string>& previous_run_dirs) {
   const fs::path dir = journal_dir(run_dir);
   if (!fs::is_directory(run_dir)) {
     err << "trainer mlflow sync: " << run_dir << " is not a directory\n";
@@ -31,6 +123,14 @@ int sync_run_dir(const std::string& run_dir, const std::string& uri_override, st
     err << "trainer mlflow sync: " << run_dir << " has no MLflow journal (" << (dir / kJournal).string()
         << "): the run did not use the mlflow plugin\n";
     return 2;
+  }
+  std::vector<fs::path> trusted;
+  for (const auto& d : previous_run_dirs) {
+    if (!fs::is_directory(d)) {
+      err << "trainer mlflow sync: " << d << " (a previous run directory) is not a directory\n";
+      return 2;
+    }
+    trusted.push_back(fs::weakly_canonical(fs::absolute(d)));
   }
   std::unique_ptr<JournalLock> lock;
   try {
@@ -43,24 +143,57 @@ int sync_run_dir(const std::string& run_dir, const std::string& uri_override, st
     out << "trainer mlflow sync: dropped the journal's last record, cut short when its process died (" << cut
         << " bytes)\n";
   }
-  // The destination the run used, unless another is asked for; whether the run was closed.
+  // The journal is checked whole before anything is sent or written: a run directory may come
+  // from someone else.
+  const char* untrusted =
+      "; the journal holds what trainer does not write (edited, or not a trainer journal): nothing was sent\n";
+  Scan scan;
+  try {
+    scan = scan_journal(run_dir);
+  } catch (const JournalError& e) {
+    err << "trainer mlflow sync: " << e.what() << untrusted;
+    return 2;
+  }
+  // The destination: the user's (--tracking-uri, else $MLFLOW_TRACKING_URI), else the
+  // journal's. Credentials go only to a URI the user gave: a journal may name any server.
+  Credentials credentials = Credentials::from_env();
+  const std::string env_uri = env("MLFLOW_TRACKING_URI");
   std::string uri = uri_override;
-  bool closed = false;
-  std::int64_t last_seq = 0;
-  for_each_record(dir / kJournal, 0, [&](const std::string& line, std::int64_t) {
-    const json rec = json::parse(line, nullptr, false);
-    if (!rec.is_object()) return true;
-    const std::string op = rec.value("op", std::string());
-    if (op == "start" || op == "continue") {
-      if (uri_override.empty()) uri = rec.value("tracking_uri", uri);
-      closed = false;
+  if (uri.empty() && !env_uri.empty()) {
+    if (!scan.uri.empty() && !same_uri(scan.uri, env_uri)) {
+      err << "trainer mlflow sync: the journal of " << run_dir << " names the tracking URI " << scan.uri << " ("
+          << scan.uri_where << "), MLFLOW_TRACKING_URI is " << env_uri
+          << ": pass --tracking-uri with the one to send to\n";
+      return 2;
     }
-    if (op == "end") closed = true;
-    last_seq = std::max(last_seq, rec.value("seq", std::int64_t{0}));
-    return true;
-  });
+    uri = env_uri;
+  }
   if (uri.empty()) {
-    err << "trainer mlflow sync: the journal of " << run_dir << " names no tracking URI; pass --tracking-uri\n";
+    if (scan.uri.empty()) {
+      err << "trainer mlflow sync: the journal of " << run_dir << " names no tracking URI; pass --tracking-uri\n";
+      return 2;
+    }
+    uri = scan.uri;
+    const bool remote = uri.rfind("file:", 0) != 0;
+    const std::string set = !credentials.token.empty() ? "MLFLOW_TRACKING_TOKEN"
+                            : !credentials.username.empty() || !credentials.password.empty()
+                                ? "MLFLOW_TRACKING_USERNAME/PASSWORD"
+                                : "";
+    if (remote && !set.empty()) {
+      err << "trainer mlflow sync: " << set << " is set, and the tracking URI " << uri << " comes from the journal of "
+          << run_dir << " alone (" << scan.uri_where
+          << "); credentials are sent only to a server you name, as a copied run directory may name any: pass "
+             "--tracking-uri "
+          << uri << " or set MLFLOW_TRACKING_URI=" << uri << "\n";
+      return 2;
+    }
+    credentials = {};
+  }
+  try {
+    std::vector<fs::path> seen;
+    check_continues(run_dir, scan, uri, trusted, seen);
+  } catch (const JournalError& e) {
+    err << "trainer mlflow sync: " << e.what() << "; nothing was sent\n";
     return 2;
   }
   auto log = spdlog::get("trainer-mlflow-sync");
@@ -70,12 +203,12 @@ int sync_run_dir(const std::string& run_dir, const std::string& uri_override, st
   }
   std::unique_ptr<Backend> backend;
   try {
-    backend = open_backend(uri, Credentials::from_env());
+    backend = open_backend(uri, credentials);
   } catch (const std::exception& e) {
     err << "trainer mlflow sync: " << e.what() << "\n";
     return 2;
   }
-  if (!closed) {
+  if (!scan.closed) {
     // Its process is gone (the lock was free) and never closed the run: a kill -9, a crash, the
     // machine going down. The run is marked FAILED at the journal's last write.
     std::error_code ec;
@@ -90,16 +223,24 @@ int sync_run_dir(const std::string& run_dir, const std::string& uri_override, st
     const std::string reason =
         "the trainer process ended without closing the run (killed, or the machine went down); marked FAILED by "
         "trainer mlflow sync";
-    j << json{{"seq", last_seq + 1}, {"op", "batch"}, {"tags", json::array({json::array({"trainer.end_reason", reason})})}}
+    j << json{{"seq", scan.last_seq + 1}, {"op", "batch"}, {"tags", json::array({json::array({"trainer.end_reason", reason})})}}
              .dump()
       << "\n"
-      << json{{"seq", last_seq + 2}, {"op", "end"}, {"status", "FAILED"}, {"end_time", end}}.dump() << "\n";
+      << json{{"seq", scan.last_seq + 2}, {"op", "end"}, {"status", "FAILED"}, {"end_time", end}}.dump() << "\n";
     out << "trainer mlflow sync: " << run_dir << ": the run was not closed by its process; marking it FAILED\n";
   }
   Sender sender(*backend, dir, log);
+  sender.trust_only(trusted);
   std::string error;
   const auto [records, metrics] = sender.pending();
-  const bool ok = sender.send_pending(&error);
+  bool ok = false;
+  try {
+    ok = sender.send_pending(&error);
+  } catch (const JournalError& e) {
+    err << "trainer mlflow sync: " << e.what() << "; " << sender.sent_records()
+        << " records before it were sent, it and the rest were not\n";
+    return 2;
+  }
   const auto [left, left_metrics] = sender.pending();
   out << "trainer mlflow sync: sent " << sender.sent_records() << " of " << records << " records (" << sender.sent_metrics()
       << " of " << metrics << " metrics) to " << uri;

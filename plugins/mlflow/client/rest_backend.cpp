@@ -186,6 +186,10 @@ class RestBackend final : public Backend {
   }
 
   void log_artifact(const RunInfo& run, const std::string& local_path, const std::string& artifact_path) override {
+    if (!valid_artifact_path(artifact_path)) {
+      throw RejectedError("artifact path '" + artifact_path +
+                          "' is not a relative path of parts other than empty, . and ..; not uploaded to " + uri_);
+    }
     // Served artifacts: mlflow-artifacts:/<experiment>/<run>/artifacts (or mlflow-artifacts://host/...).
     const std::string scheme = "mlflow-artifacts:";
     if (run.artifact_uri.rfind(scheme, 0) != 0) {
