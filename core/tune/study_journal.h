@@ -13,6 +13,13 @@
 
 namespace trainer::tune {
 
+/// One whole line of the journal as read back.
+struct JournalLine {
+  std::int64_t line = 0;    ///< 1-based, for messages
+  nlohmann::json record;    ///< null when the line is not JSON
+  std::string parse_error;  ///< why it is not JSON; "" when it is
+};
+
 /// Every event of a study as one JSON line, each made durable (fsync) before the study goes
 /// on. A study killed at any moment keeps every line it wrote whole: a line cut short (a kill
 /// or a full disk in the middle of a write) is dropped before the next append and skipped
@@ -22,8 +29,10 @@ class StudyJournal {
   explicit StudyJournal(std::string path) : path_(std::move(path)) {}
   /// Appends `record`; throws trainer::Error naming the file when it cannot be written.
   void append(const nlohmann::json& record);
-  /// The records written so far, in order.
-  std::vector<nlohmann::json> read() const;
+  /// The whole lines written so far, in order, empty lines left out; a last line without its
+  /// newline (cut short) is not one of them. A line that is not JSON is returned with its
+  /// parse_error: replay() names it.
+  std::vector<JournalLine> read() const;
   const std::string& path() const { return path_; }
 
  private:
@@ -32,7 +41,9 @@ class StudyJournal {
 };
 
 // The records, one per event:
-//   {"event":"study", recipe, overrides, objective, direction, sampler, seed, n_trials, space}
+//   {"event":"study", version, recipe, config_hash, config, overrides, objective, direction,
+//    sampler, seed, n_trials, settings, space}            what a resume must find unchanged
+//   (a journal of an earlier trainer has no version, config_hash, config nor settings)
 //   {"event":"mlflow", run_id, tracking_uri}          the study's MLflow run
 //   {"event":"trial", number, params, internal}       a trial sampled (before it runs)
 //   {"event":"report", number, value}                 an intermediate value of its objective
@@ -51,20 +62,40 @@ nlohmann::json report_record(std::int64_t number, double value);
 nlohmann::json end_record(const TrialRecord& t);
 nlohmann::json mlflow_record(const StudyRun& run);
 
+/// The version of the study record this trainer writes (absent in an earlier trainer's).
+inline constexpr std::int64_t kStudyRecordVersion = 2;
+
 /// What a journal says, read in order.
 struct Replayed {
-  nlohmann::json study;  ///< the study record; null when the journal has none (a new study)
+  nlohmann::json study;  ///< the (last) study record; null when the journal has none (a new study)
   StudyRun mlflow;
   /// Every trial sampled: as it ended, or RUNNING (begun, not ended: its reports are dropped,
   /// it starts over).
   std::map<std::int64_t, TrialRecord> trials;
   std::int64_t ended = 0;
 };
-Replayed replay(const std::vector<nlohmann::json>& records, const SearchSpace& space);
 
-/// What differs between two study records that matters to a resume ("the sampler (tpe, now
-/// random)"); "" when they are the same study. n_trials may differ.
-std::string study_difference(const nlohmann::json& past, const nlohmann::json& now);
+/// Replays the journal at `path` (named in messages). The journal is untrusted input (a study
+/// directory may come from anyone): every record is checked before it is used (JSON, a known
+/// event, each field it needs there and of its type, a trial number that a trial record
+/// began, the study record first). Throws UsageError listing each bad record as
+/// "<path>:<line>: <what is wrong>".
+Replayed replay(const std::vector<JournalLine>& lines, const SearchSpace& space, const std::string& path);
+
+/// Every difference between the journal's study record `past` and this study's `now` that a
+/// resume must not accept, one item each: "sweep.pruner: journal has \"median\", now
+/// \"none\"", "override optim.lr: journal has optim.lr=0.01, now nothing". n_trials,
+/// sweep.parallel and sweep.dir may change (also as overrides). A record of an earlier trainer
+/// (no version) is compared on what it holds: objective, direction, sampler, seed, overrides
+/// and space. Empty when nothing differs.
+std::vector<std::string> study_differences(const nlohmann::json& past, const nlohmann::json& now);
+
+/// Whether the override `text` sets a [sweep] key a resumed study may change: sweep.n_trials,
+/// sweep.parallel, sweep.dir.
+bool resume_may_change(const std::string& override_text);
+
+/// The content hash of a resolved config's TOML text: "fnv1a64:<16 hex digits>".
+std::string config_hash(const std::string& toml_text);
 
 /// STUDY/study.lock, held (flock) by a study process and inherited by the trials and estimates
 /// it starts, so that it is released only when all of them are gone.

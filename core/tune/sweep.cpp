@@ -100,9 +100,10 @@ struct Running {
   pid_t pid = -1;
   std::chrono::steady_clock::time_point start;
   std::streamoff metrics_offset = 0;
-  std::string prune_reason;   ///< set when the pruner stopped it
-  std::size_t pruned_at = 0;  ///< the report it was pruned at
-  std::string diverged;       ///< set when it reported a value that is not finite
+  std::string prune_reason;      ///< set when the pruner stopped it
+  std::size_t pruned_at = 0;     ///< the report it was pruned at
+  std::string diverged;          ///< set when it reported a value that is not finite
+  std::optional<int> exit_code;  ///< set once it has ended (and been reaped: its pid is no longer its)
 };
 
 /// The study's state and the steps of a trial's life.
@@ -159,14 +160,7 @@ class Study {
       poll();
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
-    if (interrupt_requested()) {
-      // Ctrl-C or SIGTERM: the trials (in process groups of their own) get SIGINT and stop at a
-      // safe point. Nothing is recorded for them: a resumed study runs them again.
-      // One SIGINT each: a trainer takes a second one as "stop now", without its checkpoint.
-      for (auto& r : running_) ::kill(r.pid, SIGINT);
-      for (auto& r : running_) wait_exit(r.pid);
-      running_.clear();
-    }
+    if (interrupt_requested()) stop_running();
     out.interrupted = interrupt_requested();
     for (auto& [n, t] : trials_) out.trials.push_back(t);
     for (std::size_t i = 0; i < out.trials.size(); ++i) {
@@ -314,19 +308,48 @@ class Study {
     return nullptr;
   }
 
+  /// Ctrl-C or SIGTERM: the running trials (in process groups of their own) stop at a safe
+  /// point. One SIGINT each: a trainer takes a second one as "stop now", without its
+  /// checkpoint, so a trial the pruner or a divergence is stopping gets none. What ended before
+  /// the interrupt (it exited, or the pruner or a divergence had stopped it) is recorded as it
+  /// ended; a trial this stopped is not: a resumed study runs it again.
+  void stop_running() {
+    std::vector<bool> stopped_here;
+    for (auto& r : running_) {
+      if (const auto rc = poll_exit(r.pid)) {
+        r.exit_code = rc;
+      } else if (r.prune_reason.empty() && r.diverged.empty()) {
+        ::kill(r.pid, SIGINT);
+        stopped_here.push_back(true);
+        continue;
+      }
+      stopped_here.push_back(false);
+    }
+    for (std::size_t i = 0; i < running_.size(); ++i) {
+      Running& r = running_[i];
+      if (!r.exit_code) r.exit_code = wait_exit(r.pid);
+      // 0: it finished before the SIGINT reached it (an interrupted trainer exits 130).
+      if (stopped_here[i] && *r.exit_code != 0) continue;
+      read_reports(r);
+      r.rec.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - r.start).count();
+      classify(r, *r.exit_code);
+    }
+    running_.clear();
+  }
+
   /// New objective values of the running trials, the pruner, and the trials that ended.
   void poll() {
     for (auto it = running_.begin(); it != running_.end();) {
       Running& r = *it;
       read_reports(r);
-      const auto rc = poll_exit(r.pid);
-      if (!rc) {
+      r.exit_code = poll_exit(r.pid);
+      if (!r.exit_code) {
         ++it;
         continue;
       }
       read_reports(r);
       r.rec.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - r.start).count();
-      classify(r, *rc);
+      classify(r, *r.exit_code);
       it = running_.erase(it);
     }
   }
@@ -353,7 +376,7 @@ class Study {
         // trial whose objective is not a number.
         r.diverged = s_.objective + " is " + j["value"].get<std::string>() + " at report " +
                      std::to_string(r.rec.intermediate.size() + 1) + " (diverged)";
-        ::kill(r.pid, SIGINT);
+        if (!r.exit_code) ::kill(r.pid, SIGINT);
         progress_ << trial_name(r.rec.number) << ": stopping (" << r.diverged << ")\n";
         continue;
       }
@@ -365,7 +388,7 @@ class Study {
         if (!why.empty()) {
           r.prune_reason = why;
           r.pruned_at = r.rec.intermediate.size() - 1;
-          ::kill(r.pid, SIGINT);  // it stops at its next safe point
+          if (!r.exit_code) ::kill(r.pid, SIGINT);  // it stops at its next safe point
           progress_ << trial_name(r.rec.number) << ": pruning (" << why << ")\n";
         }
       }
@@ -419,32 +442,76 @@ class Study {
     progress_ << "\n";
   }
 
+  /// This study as the journal's study record holds it: everything a resume must find
+  /// unchanged (study_differences), and n_trials.
+  json study_record() const {
+    const PreparedRun base = prepare_run(req_.recipe, req_.overrides, req_.plugin_dirs);
+    // The resolved config (groups, recipe, overrides; [sweep] is not in it), key by key, and
+    // its content hash.
+    json config = json::object();
+    for (const auto& k : base.config.leaf_keys()) config[k] = config_value_to_toml(base.config.value(k));
+    // The [sweep] settings besides objective, direction, sampler, seed and space (compared on
+    // their own): the trials' budget, what admits a trial, and the settings of the pruner and
+    // sampler in use. n_trials, parallel and dir may change.
+    json settings{{"sweep.budget_epochs", s_.budget_epochs},
+                  {"sweep.budget_steps", s_.budget_steps},
+                  {"sweep.estimate", s_.estimate},
+                  {"sweep.margin", s_.margin},
+                  {"sweep.pruner", s_.pruner}};
+    if (s_.pruner == "median") {
+      settings["sweep.pruner_warmup"] = s_.pruner_warmup;
+      settings["sweep.pruner_min_trials"] = s_.pruner_min_trials;
+    } else if (s_.pruner == "successive_halving") {
+      settings["sweep.reduction_factor"] = s_.reduction_factor;
+      settings["sweep.min_resource"] = s_.min_resource;
+    }
+    if (s_.sampler == "tpe") settings["sweep.tpe_startup"] = s_.tpe_startup;
+    std::error_code ec;
+    fs::path recipe = fs::weakly_canonical(fs::absolute(req_.recipe), ec);
+    if (ec) recipe = fs::absolute(req_.recipe).lexically_normal();
+    return json{{"event", "study"},
+                {"version", kStudyRecordVersion},
+                {"recipe", recipe.string()},
+                {"config_hash", config_hash(base.config.to_toml())},
+                {"config", config},
+                {"overrides", req_.overrides},
+                {"objective", s_.objective},
+                {"direction", s_.direction},
+                {"sampler", s_.sampler},
+                {"seed", seed_},
+                {"n_trials", s_.n_trials},
+                {"settings", settings},
+                {"space", space_record(space_)}};
+  }
+
   /// Reads the journal of an earlier run of this study: what ended stays as it ended; what
-  /// was running starts over.
+  /// was running starts over. A study that would not be the same is refused (UsageError).
   void resume() {
     seed_ = s_.seed
                 ? *s_.seed
                 : RunSettings::from(prepare_run(req_.recipe, req_.overrides, req_.plugin_dirs).config.sub("run")).seed;
     study_name_ = fs::path(req_.study_dir).filename().string();
-    const json study{{"event", "study"},
-                     {"recipe", req_.recipe},
-                     {"overrides", req_.overrides},
-                     {"objective", s_.objective},
-                     {"direction", s_.direction},
-                     {"sampler", s_.sampler},
-                     {"seed", seed_},
-                     {"n_trials", s_.n_trials},
-                     {"space", space_record(space_)}};
-    Replayed past = replay(journal_.read(), space_);
+    const json study = study_record();
+    Replayed past = replay(journal_.read(), space_, journal_.path());
     if (past.study.is_null()) {
       journal_.append(study);
       return;
     }
-    // The trials of another objective, space, sampler or seed would be mixed into this study's
-    // history (and a re-run trial would lose a parameter of the new space).
-    const std::string what = study_difference(past.study, study);
-    TRAINER_CHECK_T(UsageError, what.empty(), req_.study_dir, " holds a study with another ", what,
-                    ": give another --study-dir, or the same [sweep] settings (n_trials may change)");
+    // A changed recipe, override, budget, pruner, sampler, objective or space would mix trials
+    // of another study into this one's history (and the sampler and pruner learn from it).
+    const auto differences = study_differences(past.study, study);
+    TRAINER_CHECK_T(UsageError, differences.empty(), req_.study_dir, " holds a study that differs from this one (",
+                    journal_.path(), "):\n  ", detail::join(differences, "\n  "),
+                    "\na resumed study cannot change: sweep.n_trials, sweep.parallel and sweep.dir may, nothing "
+                    "else; resume it as it was, or give another --study-dir");
+    if (!past.study.contains("version")) {
+      // An earlier trainer recorded the objective, sampler, seed, overrides and space only.
+      progress_ << journal_.path()
+                << " was written by an earlier trainer sweep, which did not record the resolved config, the "
+                   "budget or the pruner: they cannot be checked against the trials that ran; recorded now, "
+                   "later resumes check them\n";
+      journal_.append(study);
+    }
     trials_ = std::move(past.trials);
     mlflow_ = past.mlflow;
     progress_ << "resuming " << journal_.path() << ": " << past.ended << " trials ended, "

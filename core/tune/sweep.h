@@ -91,8 +91,11 @@ struct StudyResult {
 /// problem, with file:line).
 std::pair<SweepSettings, SearchSpace> load_sweep(const std::string& recipe, const std::vector<std::string>& overrides);
 
-/// Runs (or resumes) the study; progress lines go to `progress`. Stops early, recording
-/// nothing for the trials it stops, when SIGINT/SIGTERM arrive (interrupt_requested()).
+/// Runs (or resumes) the study; progress lines go to `progress`. Stops early when SIGINT/SIGTERM
+/// arrive (interrupt_requested()): trials that had ended (or that the pruner was stopping) are
+/// recorded as they ended, the trials it stops are not (a resume runs them again). A resume
+/// whose recipe, overrides or [sweep] settings differ from the journal's is a UsageError
+/// naming each difference; so is a journal record that is not as trainer sweep writes it.
 StudyResult run_sweep(const SweepRequest& request, std::ostream& progress);
 
 /// Writes the study's table: one row per trial (number, state, objective, each parameter,

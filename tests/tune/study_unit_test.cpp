@@ -1,6 +1,7 @@
 // The parts of `trainer sweep` that need no trial process: the pruners on recorded reports,
-// what a memory estimate lets a trial do, the journal's repair of a cut line, which overrides
-// share an estimate, and the estimate's JSON read back as the sweep reads it.
+// what a memory estimate lets a trial do, the journal's repair of a cut line, the checks of a
+// replayed journal (each bad record named by its line), what a resume compares, which
+// overrides share an estimate, and the estimate's JSON read back as the sweep reads it.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -12,6 +13,8 @@
 #include "study_journal.h"
 #include "support/test_util.h"
 #include "sweep.h"
+#include "trainer/config.h"
+#include "trainer/error.h"
 
 namespace {
 
@@ -164,8 +167,131 @@ TEST(StudyJournal, ALineCutShortIsDroppedAndDoesNotSwallowTheNext) {
   j.append({{"event", "end"}, {"number", 0}});
   const auto records = j.read();
   ASSERT_EQ(records.size(), 2u);
-  EXPECT_EQ(records[1]["event"], "end");
-  EXPECT_EQ(records[1]["number"], 0);
+  EXPECT_EQ(records[1].record["event"], "end");
+  EXPECT_EQ(records[1].record["number"], 0);
+  EXPECT_EQ(records[1].line, 2);
+}
+
+/// A space of one choice parameter, optim.lr in {0.01, 0.1}.
+trainer::tune::SearchSpace lr_space() {
+  return trainer::tune::SearchSpace::from_config(
+      trainer::Config::parse("[optim.lr]\ntype = \"choice\"\nvalues = [0.01, 0.1]\n", "space.toml"), "sweep.space");
+}
+
+/// The message of the UsageError replay() throws for `text` as the journal ("" when none).
+std::string replay_error(const std::string& text) {
+  TempDir tmp;
+  const std::string path = tmp / "study.jsonl";
+  write_file(path, text);
+  try {
+    trainer::tune::replay(trainer::tune::StudyJournal(path).read(), lr_space(), path);
+  } catch (const trainer::UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+/// The journal text of `records`, one a line.
+std::string lines(std::initializer_list<std::string> records) {
+  std::string out;
+  for (const auto& r : records) out += r + "\n";
+  return out;
+}
+
+const std::string kStudyLine =
+    R"({"event":"study","recipe":"r.toml","overrides":[],"objective":"eval/accuracy","direction":"maximize",)"
+    R"("sampler":"grid","seed":42,"n_trials":2})";
+const std::string kTrialLine = R"({"event":"trial","number":0,"params":{"optim.lr":"0.01"},"internal":{"optim.lr":0}})";
+
+TEST(StudyJournal, AWholeJournalReplaysAndACutLastLineIsLeftOut) {
+  TempDir tmp;
+  const std::string path = tmp / "study.jsonl";
+  write_file(path, lines({kStudyLine, kTrialLine, R"({"event":"report","number":0,"value":0.5})",
+                          R"({"event":"end","number":0,"state":"COMPLETE","value":0.5})"}) +
+                       R"({"event":"end","num)");
+  const auto r = trainer::tune::replay(trainer::tune::StudyJournal(path).read(), lr_space(), path);
+  ASSERT_EQ(r.trials.size(), 1u);
+  EXPECT_EQ(r.trials.at(0).state, "COMPLETE");
+  EXPECT_EQ(r.trials.at(0).params.get("optim.lr"), "0.01");
+  EXPECT_EQ(r.ended, 1);
+}
+
+TEST(StudyJournal, EachBadRecordIsNamedByItsLine) {
+  const std::string e = replay_error(lines({
+      kStudyLine,                                                                            // 1
+      kTrialLine,                                                                            // 2
+      R"({"event":"report","number":0})",                                                    // 3
+      "not json",                                                                            // 4
+      R"({"event":"end","number":"0","state":"COMPLETE"})",                                  // 5
+      R"({"event":"end","number":0,"state":"DONE"})",                                        // 6
+      R"({"event":"end","number":1,"state":"PRUNED"})",                                      // 7
+      R"({"event":"ending","number":0})",                                                    // 8
+      R"([1,2])",                                                                            // 9
+      R"({"event":"trial","number":1,"params":{"optim.lr":"7"},"internal":{"optim.lr":5}})"  // 10
+  }));
+  const auto has = [&](const std::string& what) { return e.find(what) != std::string::npos; };
+  EXPECT_TRUE(has("study.jsonl:3: \"report\" record: \"value\" is missing (a number)")) << e;
+  EXPECT_TRUE(has("study.jsonl:4: not a JSON record")) << e;
+  EXPECT_TRUE(has("study.jsonl:5: \"end\" record: \"number\" must be an integer >= 0, not \"0\" (a string)")) << e;
+  EXPECT_TRUE(has("study.jsonl:6: \"end\" record: \"state\" must be one of COMPLETE, PRUNED, FAILED, SKIPPED")) << e;
+  EXPECT_TRUE(has("study.jsonl:7: \"end\" record: trial 1 has no \"trial\" record before it")) << e;
+  EXPECT_TRUE(has("study.jsonl:8: unknown event \"ending\"")) << e;
+  EXPECT_TRUE(has("study.jsonl:9: a record is a JSON object")) << e;
+  EXPECT_TRUE(has("study.jsonl:10: \"trial\" record: \"params\": optim.lr = \"7\" (a string) is none of its values"))
+      << e;
+  EXPECT_TRUE(has("is not the index of one of its values")) << e;
+  EXPECT_FALSE(has("study.jsonl:1:")) << e;
+  EXPECT_FALSE(has("study.jsonl:2:")) << e;
+}
+
+TEST(StudyJournal, AJournalThatDoesNotStartWithTheStudyRecordIsRefused) {
+  const std::string e = replay_error(lines({kTrialLine, kStudyLine}));
+  EXPECT_NE(e.find("study.jsonl:1: \"trial\" record: the journal's first record must be the study's"),
+            std::string::npos)
+      << e;
+  const std::string bad_study = replay_error(lines({R"({"event":"study","objective":1})"}));
+  EXPECT_NE(bad_study.find("\"objective\" must be a string, not 1 (an integer)"), std::string::npos) << bad_study;
+}
+
+TEST(StudyJournal, EveryDifferenceOfTwoStudyRecordsIsNamedButTheTrialCountMayChange) {
+  using nlohmann::json;
+  const json past{{"event", "study"},
+                  {"version", 2},
+                  {"recipe", "/a/r.toml"},
+                  {"config_hash", "fnv1a64:1"},
+                  {"config", {{"training.epochs", "1"}, {"memory.limit_mb", "100.0"}}},
+                  {"overrides", {"sweep.n_trials=3", "optim.lr=0.1", "sweep.parallel=2"}},
+                  {"objective", "eval/accuracy"},
+                  {"direction", "maximize"},
+                  {"sampler", "tpe"},
+                  {"seed", 42},
+                  {"n_trials", 3},
+                  {"settings", {{"sweep.pruner", "median"}, {"sweep.budget_steps", 0}}},
+                  {"space", json::array()}};
+  json now = past;
+  now["overrides"] = {"optim.lr=0.1", "sweep.n_trials=30"};
+  now["n_trials"] = 30;
+  EXPECT_TRUE(trainer::tune::study_differences(past, now).empty());
+  now["recipe"] = "/b/r.toml";
+  now["config"]["memory.limit_mb"] = "200.0";
+  now["config_hash"] = "fnv1a64:2";
+  now["overrides"] = {"optim.lr=0.2"};
+  now["settings"]["sweep.pruner"] = "none";
+  now["settings"]["sweep.budget_steps"] = 5;
+  now["sampler"] = "random";
+  const auto d = trainer::tune::study_differences(past, now);
+  const std::vector<std::string> want{"recipe: journal has /a/r.toml, now /b/r.toml",
+                                      "memory.limit_mb: journal has 100.0, now 200.0",
+                                      "override optim.lr: journal has optim.lr=0.1, now optim.lr=0.2",
+                                      "sweep.sampler: journal has tpe, now random",
+                                      "sweep.budget_steps: journal has 0, now 5",
+                                      "sweep.pruner: journal has median, now none"};
+  EXPECT_EQ(d, want);
+  // The hash alone differs: said as such.
+  now = past;
+  now["config_hash"] = "fnv1a64:2";
+  EXPECT_EQ(trainer::tune::study_differences(past, now),
+            std::vector<std::string>{"resolved config (content hash): journal has fnv1a64:1, now fnv1a64:2"});
 }
 
 TEST(StudyLock, OneStudyProcessPerDirectory) {

@@ -1,7 +1,9 @@
 // `trainer sweep`: studies on a slice of the real Fashion-MNIST under a 100 MiB budget, each
 // trial a real `trainer` process. Configs that cannot fit are skipped (predicted) or pruned
 // (a real out-of-memory error) and the study goes on; the median pruner stops a hopeless trial;
-// a study killed with kill -9 resumes without re-running finished trials; MLflow nesting.
+// a study killed with kill -9 resumes without re-running finished trials; a resume of a changed
+// study or a journal with a bad record is refused (exit 2); trials that ended before a Ctrl-C
+// are recorded; MLflow nesting.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -9,6 +11,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
 #include <thread>
 
@@ -327,9 +331,242 @@ TEST(Sweep, AStudyDirectoryOfAnotherSpaceIsRefused) {
     study(recipe(tmp, "[]", space("[0.01, 0.1]")), tmp / "s", {"training.max_steps=2"});
     FAIL() << "no error";
   } catch (const trainer::UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find("holds a study with another search space [sweep.space]"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("holds a study that differs from this one"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("search space [sweep.space] optim.lr: journal has"), std::string::npos)
         << e.what();
   }
+}
+
+/// A study of one 2-step trial, unestimated (quick): the journal a resume is checked against.
+std::string one_trial_study(const TempDir& tmp) {
+  return recipe(tmp, "[]", R"(
+[sweep]
+sampler = "grid"
+pruner = "median"
+estimate = false
+[sweep.space.optim.lr]
+type = "choice"
+values = [0.01]
+)");
+}
+
+/// The UsageError's message of a study that must be refused ("" when it ran).
+std::string refusal(const std::string& recipe_path, const std::string& dir, std::vector<std::string> overrides) {
+  try {
+    study(recipe_path, dir, std::move(overrides));
+  } catch (const trainer::UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Sweep, AResumeWithAnotherRecipeOverrideBudgetOrPrunerIsRefusedNamingEachDifference) {
+  TempDir tmp;
+  const std::string r = one_trial_study(tmp);
+  const std::string dir = tmp / "s";
+  ASSERT_EQ(study(r, dir, {"training.max_steps=2"}).count("COMPLETE"), 1);
+  const auto has = [](const std::string& text, const std::string& what) {
+    return text.find(what) != std::string::npos;
+  };
+  // The recipe's content.
+  const std::string text = read_file(r);
+  write_file(r, std::regex_replace(text, std::regex("batch_size = 64"), "batch_size = 32"));
+  std::string e = refusal(r, dir, {"training.max_steps=2"});
+  EXPECT_TRUE(has(e, "holds a study that differs from this one")) << e;
+  EXPECT_TRUE(has(e, "training.batch_size: journal has 64, now 32")) << e;
+  write_file(r, text);
+  // An override.
+  e = refusal(r, dir, {"training.max_steps=3"});
+  EXPECT_TRUE(has(e, "override training.max_steps: journal has training.max_steps=2, now training.max_steps=3")) << e;
+  EXPECT_TRUE(has(e, "training.max_steps: journal has 2, now 3")) << e;
+  // The budget: the memory limit and the trials' step budget; and the pruner. Each is named.
+  e = refusal(r, dir, {"training.max_steps=2", "memory.limit_mb=200", "+sweep.budget_steps=1", "sweep.pruner=none"});
+  EXPECT_TRUE(has(e, "memory.limit_mb: journal has 100")) << e;
+  EXPECT_TRUE(has(e, "sweep.budget_steps: journal has 0, now 1")) << e;
+  EXPECT_TRUE(has(e, "sweep.pruner: journal has median, now none")) << e;
+  e = refusal(r, dir, {"training.max_steps=2", "+sweep.pruner_min_trials=5"});
+  EXPECT_TRUE(has(e, "sweep.pruner_min_trials: journal has 3, now 5")) << e;
+  // Nothing ran meanwhile.
+  EXPECT_EQ(count_of(read_file(tmp / "s/study.jsonl"), R"({"event":"trial")"), 1);
+  // The trial count, sweep.parallel and the study directory may change.
+  const auto more = study(r, dir, {"training.max_steps=2", "+sweep.n_trials=1", "+sweep.parallel=2"});
+  EXPECT_EQ(more.count("COMPLETE"), 1);
+  // The command line: exit 2, each difference named.
+  const auto cli = trainer::testing::run_command(std::string(TRAINER_CLI) + " sweep --recipe " + r + " --study-dir " +
+                                                 dir + " training.max_steps=2 sweep.pruner=none");
+  EXPECT_EQ(cli.code, 2) << cli.text;
+  EXPECT_TRUE(has(cli.text, "sweep.pruner: journal has median, now none")) << cli.text;
+}
+
+TEST(Sweep, AJournalRecordWithAMissingFieldOrAWrongTypeIsRefusedNamingItsLine) {
+  TempDir tmp;
+  const std::string r = one_trial_study(tmp);
+  const std::string dir = tmp / "s";
+  ASSERT_EQ(study(r, dir, {"training.max_steps=2"}).count("COMPLETE"), 1);
+  // study, trial, report, end
+  auto lines = read_lines(dir + "/study.jsonl");
+  ASSERT_EQ(lines.size(), 4u);
+  ASSERT_EQ(lines[2].rfind(R"({"event":"report")", 0), 0u) << lines[2];
+  lines[2] = R"({"event":"report","number":0})";
+  lines[3] = std::regex_replace(lines[3], std::regex(R"("state":"COMPLETE")"), R"("state":7)");
+  std::string text;
+  for (const auto& l : lines) text += l + "\n";
+  write_file(dir + "/study.jsonl", text);
+  const auto cli = trainer::testing::run_command(std::string(TRAINER_CLI) + " sweep --recipe " + r + " --study-dir " +
+                                                 dir + " training.max_steps=2");
+  EXPECT_EQ(cli.code, 2) << cli.text;
+  EXPECT_NE(cli.text.find("study.jsonl:3: \"report\" record: \"value\" is missing"), std::string::npos) << cli.text;
+  EXPECT_NE(cli.text.find("study.jsonl:4: \"end\" record: \"state\" must be a string, not 7"), std::string::npos)
+      << cli.text;
+}
+
+TEST(Sweep, AJournalOfAnEarlierTrainerResumesWithAWarningAndIsCheckedFromThenOn) {
+  TempDir tmp;
+  const std::string r = one_trial_study(tmp);
+  const std::string dir = tmp / "s";
+  ASSERT_EQ(study(r, dir, {"training.max_steps=2"}).count("COMPLETE"), 1);
+  // The study record as an earlier trainer wrote it: no version, resolved config nor settings.
+  auto lines = read_lines(dir + "/study.jsonl");
+  auto head = nlohmann::json::parse(lines[0]);
+  for (const char* k : {"version", "config", "config_hash", "settings"}) head.erase(k);
+  lines[0] = head.dump();
+  std::string text;
+  for (const auto& l : lines) text += l + "\n";
+  write_file(dir + "/study.jsonl", text);
+  // What it holds is still compared.
+  EXPECT_NE(refusal(r, dir, {"training.max_steps=2", "sweep.sampler=random"})
+                .find("sweep.sampler: journal has grid, now random"),
+            std::string::npos);
+  trainer::tune::SweepRequest req;
+  req.recipe = r;
+  req.overrides = {"training.max_steps=2"};
+  req.study_dir = dir;
+  req.trainer_exe = TRAINER_CLI;
+  std::ostringstream progress;
+  EXPECT_EQ(trainer::tune::run_sweep(req, progress).count("COMPLETE"), 1);
+  EXPECT_NE(progress.str().find("was written by an earlier trainer sweep"), std::string::npos) << progress.str();
+  // Recorded now: a later resume with another pruner is refused.
+  EXPECT_NE(
+      refusal(r, dir, {"training.max_steps=2", "sweep.pruner=none"}).find("sweep.pruner: journal has median, now none"),
+      std::string::npos);
+}
+
+TEST(Sweep, ATrialPrunedBeforeCtrlCIsRecordedAndNotRunAgain) {
+  TempDir tmp;
+  // A stand-in for the trainer: trial 0 reports 0.9 and finishes; trial 1 reports 0.1, which
+  // the median pruner stops (SIGINT); it then takes a while to reach its safe point, during
+  // which the study gets Ctrl-C. It counts the SIGINTs it gets, and a second one stops it at
+  // once (as a trainer takes a second SIGINT: stop now).
+  const std::string exe = tmp / "fake-trainer";
+  write_file(exe, R"(#!/bin/sh
+dir=""; prev=""
+for a in "$@"; do [ "$prev" = "--run-dir" ] && dir="$a"; prev="$a"; done
+case "$dir" in
+  *trial-0000) printf '{"name":"eval/accuracy","step":1,"value":0.9}\n' > "$dir/metrics.jsonl"; exit 0 ;;
+esac
+n=0
+trap 'n=$((n+1)); echo $n > "$dir/sigints"' INT
+printf '{"name":"eval/accuracy","step":1,"value":0.1}\n' > "$dir/metrics.jsonl"
+i=0
+while [ $n -eq 0 ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
+i=0
+while [ $n -eq 1 ] && [ $i -lt 30 ]; do sleep 0.1; i=$((i+1)); done
+exit 130
+)");
+  fs::permissions(exe, fs::perms::owner_all);
+  ::setenv("TRAINER_CONFIG_PATH", TRAINER_SOURCE_DIR "/configs", 1);
+  trainer::tune::SweepRequest req;
+  req.recipe = recipe(tmp, "[]", R"(
+[sweep]
+sampler = "grid"
+pruner = "median"
+pruner_min_trials = 1
+estimate = false
+[sweep.space.optim.lr]
+type = "choice"
+values = [0.01, 0.001]
+)");
+  req.study_dir = tmp / "s";
+  req.trainer_exe = exe;
+  std::thread ctrl_c([&] {
+    trainer::testing::wait_for_text(tmp / "s/trials/trial-0001/sigints", "1");
+    trainer::request_interrupt();
+  });
+  std::ostringstream progress;
+  const auto r = trainer::tune::run_sweep(req, progress);
+  ctrl_c.join();
+  trainer::clear_interrupt();
+  EXPECT_TRUE(r.interrupted);
+  ASSERT_EQ(r.trials.size(), 2u) << progress.str();
+  EXPECT_EQ(r.trials[0].state, "COMPLETE");
+  EXPECT_EQ(r.trials[1].state, "PRUNED") << progress.str();
+  EXPECT_NE(r.trials[1].reason.find("worse than the median"), std::string::npos) << r.trials[1].reason;
+  // It was stopped by the pruner's SIGINT alone, not a second one that skips its safe point.
+  EXPECT_EQ(read_file(tmp / "s/trials/trial-0001/sigints"), "1\n");
+  EXPECT_EQ(count_of(read_file(tmp / "s/study.jsonl"), R"({"event":"end")"), 2);
+  // Resumed: both ended, nothing runs again.
+  std::ostringstream again;
+  const auto resumed = trainer::tune::run_sweep(req, again);
+  EXPECT_NE(again.str().find("2 trials ended, 0 to run again"), std::string::npos) << again.str();
+  EXPECT_EQ(again.str().find(": running"), std::string::npos) << again.str();
+  EXPECT_EQ(resumed.count("PRUNED"), 1);
+}
+
+TEST(Sweep, ATrialThatFinishesAsCtrlCArrivesIsRecordedAndNotRunAgain) {
+  TempDir tmp;
+  // A stand-in for the trainer: a trial reports 0.9; while `hold` exists, it is at its end
+  // when the study's SIGINT comes, and exits 0 (finished), as a trainer does whose last step
+  // has run.
+  const std::string exe = tmp / "fake-trainer";
+  const std::string hold = tmp / "hold";
+  write_file(exe, R"(#!/bin/sh
+dir=""; prev=""
+for a in "$@"; do [ "$prev" = "--run-dir" ] && dir="$a"; prev="$a"; done
+got=no
+trap 'got=yes' INT
+printf '{"name":"eval/accuracy","step":1,"value":0.9}\n' > "$dir/metrics.jsonl"
+echo waiting > "$dir/waiting"
+i=0
+while [ -e ")" + hold +
+                      R"(" ] && [ $got = no ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
+exit 0
+)");
+  fs::permissions(exe, fs::perms::owner_all);
+  write_file(hold, "");
+  ::setenv("TRAINER_CONFIG_PATH", TRAINER_SOURCE_DIR "/configs", 1);
+  trainer::tune::SweepRequest req;
+  req.recipe = recipe(tmp, "[]", R"(
+[sweep]
+sampler = "grid"
+pruner = "none"
+estimate = false
+[sweep.space.optim.lr]
+type = "choice"
+values = [0.01, 0.001]
+)");
+  req.study_dir = tmp / "s";
+  req.trainer_exe = exe;
+  std::thread ctrl_c([&] {
+    trainer::testing::wait_for_text(tmp / "s/trials/trial-0000/waiting", "waiting");
+    trainer::request_interrupt();
+  });
+  std::ostringstream progress;
+  const auto r = trainer::tune::run_sweep(req, progress);
+  ctrl_c.join();
+  trainer::clear_interrupt();
+  EXPECT_TRUE(r.interrupted);
+  ASSERT_EQ(r.trials.size(), 1u) << progress.str();
+  EXPECT_EQ(r.trials[0].state, "COMPLETE") << progress.str();
+  ASSERT_TRUE(r.trials[0].value.has_value());
+  EXPECT_EQ(*r.trials[0].value, 0.9);
+  EXPECT_EQ(count_of(read_file(tmp / "s/study.jsonl"), R"({"event":"end")"), 1);
+  // Resumed: trial 0 is not run again; trial 1 is.
+  fs::remove(hold);
+  std::ostringstream again;
+  const auto resumed = trainer::tune::run_sweep(req, again);
+  EXPECT_NE(again.str().find("1 trials ended, 0 to run again"), std::string::npos) << again.str();
+  EXPECT_EQ(again.str().find("trial-0000: running"), std::string::npos) << again.str();
+  EXPECT_EQ(resumed.count("COMPLETE"), 2) << again.str();
 }
 
 TEST(Sweep, AStepBudgetEndingMidEpochIsEvaluated) {
