@@ -1,14 +1,22 @@
 // A reader of torch.save's zip format: data.pkl (a pickle, protocol 2 by default) whose tensors
 // point at raw storages in data/<key>. Only the data subset of pickle is interpreted; a call to
 // anything but the tensor and dict constructors torch.save uses is kept as an opaque object.
+// The file is untrusted: every size it declares is checked before anything is allocated for it.
 #include "model/torch_save.h"
 
 #include <ATen/ATen.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstring>
-#include <tuple>
 #include <map>
 #include <sstream>
+#include <unordered_map>
+#include <unordered_set>
 
 namespace trainer::detail {
 
@@ -50,15 +58,247 @@ PyValue::~PyValue() {
   }
 }
 
+// ---- The zip archive ---------------------------------------------------------------------
+
+namespace {
+
+constexpr std::uint32_t kLocalSignature = 0x04034b50, kCentralSignature = 0x02014b50, kEndSignature = 0x06054b50,
+                        kZip64EndSignature = 0x06064b50, kZip64LocatorSignature = 0x07064b50;
+constexpr std::uint64_t kLocalHeaderBytes = 30, kCentralHeaderBytes = 46, kEndBytes = 22, kZip64LocatorBytes = 20,
+                        kZip64EndBytes = 56;
+/// The end record is the last 22 bytes but for a comment of at most 65535: where it is looked for.
+constexpr std::uint64_t kEndSearchBytes = kEndBytes + 0xFFFF;
+/// 32-bit fields at this value are in the entry's zip64 extra field.
+constexpr std::uint64_t kZip64Marker = 0xFFFFFFFF;
+
+std::uint64_t little_endian(const unsigned char* p, int n) {
+  std::uint64_t v = 0;
+  for (int i = 0; i < n; ++i) v |= std::uint64_t(p[i]) << (8 * i);
+  return v;
+}
+
+/// An entry's name as shown in a message: at most kMaxNameBytes of it.
+std::string shown(const std::string& name) {
+  return "'" + (name.size() > kMaxNameBytes ? name.substr(0, kMaxNameBytes) + "..." : name) + "'";
+}
+
+[[noreturn]] void refuse_zip(const std::string& what) { throw TorchSaveError("a damaged zip archive: " + what); }
+
+}  // namespace
+
+ZipArchive::~ZipArchive() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void ZipArchive::pread_all(std::uint64_t offset, void* dst, std::uint64_t n) const {
+  auto* out = static_cast<char*>(dst);
+  while (n > 0) {
+    const std::size_t chunk = static_cast<std::size_t>(std::min<std::uint64_t>(n, 1ull << 30));
+    const ssize_t got = ::pread(fd_, out, chunk, static_cast<off_t>(offset));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      throw TorchSaveError("the file ends before the " + std::to_string(n) + " bytes at byte " + std::to_string(offset) +
+                           " its zip directory points to (" +
+                           (got < 0 ? std::string(std::strerror(errno)) : "changed while being read?") + ")");
+    }
+    out += got;
+    offset += static_cast<std::uint64_t>(got);
+    n -= static_cast<std::uint64_t>(got);
+  }
+}
+
+std::unique_ptr<ZipArchive> ZipArchive::open(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw TorchSaveError(std::string("cannot be opened (") + std::strerror(errno) + ")");
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw TorchSaveError("is not a regular file");
+  }
+  std::unique_ptr<ZipArchive> zip(new ZipArchive(fd, static_cast<std::uint64_t>(st.st_size)));
+  const std::uint64_t file = zip->file_size_;
+  unsigned char head[4];
+  if (file < sizeof head) return nullptr;
+  zip->pread_all(0, head, sizeof head);
+  if (little_endian(head, 4) != kLocalSignature) return nullptr;
+
+  // The end record: the last one in the file's tail, as miniz (LibTorch's reader) takes it.
+  const std::uint64_t tail_bytes = std::min(file, kEndSearchBytes);
+  std::string tail(tail_bytes, '\0');
+  zip->pread_all(file - tail_bytes, tail.data(), tail_bytes);
+  const auto* t = reinterpret_cast<const unsigned char*>(tail.data());
+  std::uint64_t end_at = 0;
+  bool found = false;
+  for (std::uint64_t i = tail_bytes >= kEndBytes ? tail_bytes - kEndBytes + 1 : 0; i-- > 0;) {
+    if (little_endian(t + i, 4) == kEndSignature) {
+      end_at = file - tail_bytes + i;
+      found = true;
+      break;
+    }
+  }
+  if (!found) refuse_zip("no end-of-central-directory record in its last 64 KiB (a truncated file?)");
+  const unsigned char* end = t + (end_at - (file - tail_bytes));
+  std::uint64_t count = little_endian(end + 10, 2), directory_size = little_endian(end + 12, 4),
+                directory_at = little_endian(end + 16, 4), directory_limit = end_at;
+  // Zip64 (archives past 4 GiB or 65535 entries): a locator just before the end record.
+  if (end_at >= kZip64LocatorBytes) {
+    unsigned char locator[kZip64LocatorBytes];
+    zip->pread_all(end_at - kZip64LocatorBytes, locator, sizeof locator);
+    if (little_endian(locator, 4) == kZip64LocatorSignature) {
+      const std::uint64_t at = little_endian(locator + 8, 8);
+      if (at > end_at - kZip64LocatorBytes || end_at - kZip64LocatorBytes - at < kZip64EndBytes) {
+        refuse_zip("its zip64 end record (at byte " + std::to_string(at) + ") is not before its locator");
+      }
+      unsigned char end64[kZip64EndBytes];
+      zip->pread_all(at, end64, sizeof end64);
+      if (little_endian(end64, 4) != kZip64EndSignature) refuse_zip("no zip64 end record where its locator points");
+      count = little_endian(end64 + 32, 8);
+      directory_size = little_endian(end64 + 40, 8);
+      directory_at = little_endian(end64 + 48, 8);
+      directory_limit = at;
+    }
+  }
+  if (directory_at > directory_limit || directory_size > directory_limit - directory_at) {
+    refuse_zip("its central directory (" + std::to_string(directory_size) + " bytes at byte " +
+               std::to_string(directory_at) + ") reaches past its end record (byte " + std::to_string(directory_limit) +
+               " of " + std::to_string(file) + ")");
+  }
+  if (count > directory_size / kCentralHeaderBytes) {
+    refuse_zip(std::to_string(count) + " entries declared in a central directory of " + std::to_string(directory_size) +
+               " bytes (" + std::to_string(kCentralHeaderBytes) + " at least each)");
+  }
+  std::string directory(directory_size, '\0');  // at most the file's size: checked above
+  zip->pread_all(directory_at, directory.data(), directory_size);
+  const auto* d = reinterpret_cast<const unsigned char*>(directory.data());
+
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> spans;  // [local header, end of data) of each entry
+  spans.reserve(count);
+  std::string folder;
+  std::uint64_t at = 0, inflated = 0;
+  for (std::uint64_t i = 0; i < count; ++i) {
+    const unsigned char* h = d + at;
+    if (directory_size - at < kCentralHeaderBytes || little_endian(h, 4) != kCentralSignature) {
+      refuse_zip("central directory entry " + std::to_string(i) + " (at byte " + std::to_string(directory_at + at) +
+                 ") is not one");
+    }
+    const std::uint64_t flags = little_endian(h + 8, 2), method = little_endian(h + 10, 2),
+                        name_bytes = little_endian(h + 28, 2), extra_bytes = little_endian(h + 30, 2),
+                        comment_bytes = little_endian(h + 32, 2);
+    const auto crc = static_cast<std::uint32_t>(little_endian(h + 16, 4));
+    std::uint64_t packed = little_endian(h + 20, 4), size = little_endian(h + 24, 4), local = little_endian(h + 42, 4);
+    if (directory_size - at - kCentralHeaderBytes < name_bytes + extra_bytes + comment_bytes) {
+      refuse_zip("central directory entry " + std::to_string(i) + " is cut short");
+    }
+    const std::string name(reinterpret_cast<const char*>(h + kCentralHeaderBytes), name_bytes);
+    // Zip64 extra field (id 1): the 64-bit values of the fields marked 0xFFFFFFFF, in this order.
+    for (const unsigned char *e = h + kCentralHeaderBytes + name_bytes, *e_end = e + extra_bytes; e_end - e >= 4;) {
+      const std::uint64_t id = little_endian(e, 2), len = little_endian(e + 2, 2);
+      if (len > static_cast<std::uint64_t>(e_end - e - 4)) refuse_zip("the extra field of entry " + shown(name) + " is cut short");
+      if (id == 1) {
+        const unsigned char* v = e + 4;
+        std::uint64_t left = len;
+        for (std::uint64_t* field : {&size, &packed, &local}) {
+          if (*field != kZip64Marker) continue;
+          if (left < 8) refuse_zip("the zip64 field of entry " + shown(name) + " is cut short");
+          *field = little_endian(v, 8);
+          v += 8;
+          left -= 8;
+        }
+      }
+      e += 4 + len;
+    }
+    const std::string entry = "entry " + shown(name);
+    if (flags & 1) refuse_zip(entry + " is encrypted");
+    if (method == 8) {
+      if (size > kMaxInflatedBytes - inflated) {
+        refuse_zip(entry + " is deflated to " + std::to_string(size) + " declared bytes, past the " +
+                   std::to_string(kMaxInflatedBytes) + " that compressed entries may declare together (torch.save " +
+                   "compresses nothing; LibTorch only a trainer checkpoint's few KiB of code)");
+      }
+      inflated += size;
+    } else if (method != 0) {
+      refuse_zip(entry + " is compressed with method " + std::to_string(method) +
+                 "; torch.save stores its records, LibTorch deflates a few");
+    } else if (packed != size) {
+      refuse_zip(entry + " is stored but says it is " + std::to_string(packed) + " bytes in the archive and " +
+                 std::to_string(size) + " bytes read out");
+    }
+    if (local > directory_at || directory_at - local < kLocalHeaderBytes) {
+      refuse_zip(entry + "'s local header (at byte " + std::to_string(local) + ") is not before the central directory");
+    }
+    unsigned char lh[kLocalHeaderBytes];
+    zip->pread_all(local, lh, sizeof lh);
+    if (little_endian(lh, 4) != kLocalSignature) refuse_zip("no local header where " + entry + " says (byte " + std::to_string(local) + ")");
+    const std::uint64_t data = local + kLocalHeaderBytes + little_endian(lh + 26, 2) + little_endian(lh + 28, 2);
+    if (data > directory_at || packed > directory_at - data) {
+      refuse_zip(entry + " declares " + std::to_string(packed) + " bytes at byte " + std::to_string(data) +
+                 ", past the end of the records (byte " + std::to_string(directory_at) + " of a file of " +
+                 std::to_string(file) + " bytes)");
+    }
+    spans.emplace_back(local, data + packed);
+    // Records are named under the first entry's folder, as LibTorch's reader names them.
+    if (i == 0) {
+      const std::size_t slash = name.find('/');
+      if (slash == std::string::npos) refuse_zip("its first " + entry + " is not in a folder, as torch.save's are");
+      folder = name.substr(0, slash + 1);
+    }
+    if (name.compare(0, folder.size(), folder) == 0 &&
+        !zip->entries_.emplace(name.substr(folder.size()), Entry{data, size, crc, method == 8}).second) {
+      refuse_zip("two entries named " + shown(name));
+    }
+    at += kCentralHeaderBytes + name_bytes + extra_bytes + comment_bytes;
+  }
+  // Disjoint entries: together they hold at most the file's bytes, however many there are.
+  std::sort(spans.begin(), spans.end());
+  for (std::size_t i = 1; i < spans.size(); ++i) {
+    if (spans[i].first < spans[i - 1].second) {
+      refuse_zip("two entries overlap (bytes " + std::to_string(spans[i - 1].first) + " to " +
+                 std::to_string(spans[i - 1].second) + " and from " + std::to_string(spans[i].first) +
+                 "): one stretch of the file read as several records");
+    }
+  }
+  return zip;
+}
+
+const ZipArchive::Entry& ZipArchive::entry(const std::string& name) const {
+  const auto it = entries_.find(name);
+  if (it == entries_.end()) throw TorchSaveError("no " + shown(name) + " in the archive");
+  return it->second;
+}
+
+bool ZipArchive::has(const std::string& name) const { return entries_.count(name) > 0; }
+
+std::uint64_t ZipArchive::size(const std::string& name) const { return entry(name).size; }
+
+void ZipArchive::read(const std::string& name, void* dst) const {
+  const Entry& e = entry(name);
+  if (e.deflated) throw TorchSaveError("record " + shown(name) + " is compressed; torch.save stores its records");
+  pread_all(e.offset, dst, e.size);
+  uLong crc = ::crc32(0L, Z_NULL, 0);
+  for (std::uint64_t done = 0; done < e.size;) {
+    const auto n = static_cast<uInt>(std::min<std::uint64_t>(e.size - done, 1u << 30));
+    crc = ::crc32(crc, static_cast<const Bytef*>(dst) + done, n);
+    done += n;
+  }
+  if (static_cast<std::uint32_t>(crc) != e.crc32) {
+    std::ostringstream os;
+    os << "record " << shown(name) << " is damaged (its CRC-32 is " << std::hex << crc << ", the archive says "
+       << e.crc32 << ")";
+    throw TorchSaveError(os.str());
+  }
+}
+
+std::string ZipArchive::read(const std::string& name) const {
+  std::string out(size(name), '\0');
+  read(name, out.data());
+  return out;
+}
+
+// ---- The pickle --------------------------------------------------------------------------
+
 namespace {
 
 using Kind = PyValue::Kind;
-
-PyRef make(Kind k) {
-  auto v = std::make_shared<PyValue>();
-  v->kind = k;
-  return v;
-}
 
 c10::ScalarType storage_dtype(const std::string& name) {
   static const std::map<std::string, c10::ScalarType> types = {
@@ -75,7 +315,19 @@ c10::ScalarType storage_dtype(const std::string& name) {
 
 class Unpickler {
  public:
-  Unpickler(caffe2::serialize::PyTorchStreamReader& zip, std::string pickle) : zip_(zip), data_(std::move(pickle)) {}
+  Unpickler(const ZipArchive& zip, std::string pickle) : zip_(zip), data_(std::move(pickle)) {}
+  Unpickler(const Unpickler&) = delete;
+  Unpickler& operator=(const Unpickler&) = delete;
+  /// Breaks what the result does not hold (everything, after an error): lists and dicts
+  /// that were made to contain themselves are freed too.
+  ~Unpickler() {
+    for (const auto& weak : containers_) {
+      if (auto v = weak.lock(); v && !reachable_.count(v.get())) {
+        v->items.clear();
+        v->entries.clear();
+      }
+    }
+  }
 
   PyRef run() {
     for (;;) {
@@ -83,8 +335,18 @@ class Unpickler {
       switch (op) {
         case 0x80: u8(); break;          // PROTO
         case 0x95: take(8); break;       // FRAME (protocol 4)
-        case '.': return pop();          // STOP
-        case '(': marks_.push_back(stack_.size()); break;
+        case '.': {                      // STOP
+          PyRef result = pop();
+          check_nesting(result);
+          return result;
+        }
+        case '(':                        // MARK
+          if (marks_.size() >= static_cast<std::size_t>(kMaxPickleNesting)) {
+            throw TorchSaveError("data.pkl nests more than " + std::to_string(kMaxPickleNesting) +
+                                 " MARKs (at byte " + std::to_string(pos_ - 1) + "); Python's pickle never writes that deep");
+          }
+          marks_.push_back(stack_.size());
+          break;
         case '0': pop(); break;          // POP
         case '1': pop_mark(); break;     // POP_MARK
         case '2': push(top()); break;    // DUP
@@ -102,13 +364,14 @@ class Unpickler {
         case 0x8d: push(string(Kind::String, le(8))); break;               // BINUNICODE8
         case 'B': push(string(Kind::Bytes, le(4))); break;                 // BINBYTES
         case 'C': push(string(Kind::Bytes, u8())); break;                  // SHORT_BINBYTES
+        case 0x8e: push(string(Kind::Bytes, le(8))); break;                // BINBYTES8
         case ')': push(make(Kind::Tuple)); break;
         case 0x85: case 0x86: case 0x87: push(tuple_of(pop_n(op - 0x84))); break;  // TUPLE1..3
         case 't': push(tuple_of(pop_mark())); break;
         case ']': push(make(Kind::List)); break;
-        case 'l': { auto l = make(Kind::List); l->items = pop_mark(); push(l); break; }  // LIST
-        case 'a': { auto v = pop(); list(top())->items.push_back(v); break; }           // APPEND
-        case 'e': { auto vs = pop_mark(); auto& l = list(top())->items; l.insert(l.end(), vs.begin(), vs.end()); break; }
+        case 'l': { auto l = make(Kind::List); add_items(*l, pop_mark()); push(l); break; }  // LIST
+        case 'a': { auto v = pop(); add_items(*list(top()), {v}); break; }                   // APPEND
+        case 'e': { auto vs = pop_mark(); add_items(*list(top()), vs); break; }              // APPENDS
         case '}': push(make(Kind::Dict)); break;
         case 'd': { auto d = make(Kind::Dict); set_items(*d, pop_mark()); push(d); break; }  // DICT
         case 's': { auto v = pop(); auto k = pop(); set_items(*dict(top()), {k, v}); break; }
@@ -126,17 +389,17 @@ class Unpickler {
         case 0x93: {                           // STACK_GLOBAL
           auto name = pop(), module = pop();
           if (module->kind != Kind::String || name->kind != Kind::String) malformed("STACK_GLOBAL without strings");
-          push(global(module->text + "." + name->text));
+          push(global(module->text.substr(0, kMaxNameBytes) + "." + name->text.substr(0, kMaxNameBytes)));
           break;
         }
         case 'R': { auto args = pop(); auto fn = pop(); push(reduce(*fn, *args)); break; }  // REDUCE
-        case 0x81: { pop(); auto cls = pop(); push(object(cls->text)); break; }            // NEWOBJ
+        case 0x81: { pop(); auto cls = pop(); push(object(name_of(*cls))); break; }        // NEWOBJ
         case 'b': pop(); break;  // BUILD: an object's state; nothing of it is needed
         // Protocol 4/5 containers and constructors that a state_dict never holds: kept opaque.
         case 0x8f: push(object("set")); break;                        // EMPTY_SET
         case 0x90: pop_mark(); top(); break;                          // ADDITEMS
         case 0x91: pop_mark(); push(object("frozenset")); break;      // FROZENSET
-        case 0x92: { pop(); pop(); auto cls = pop(); push(object(cls->text)); break; }  // NEWOBJ_EX
+        case 0x92: { pop(); pop(); auto cls = pop(); push(object(name_of(*cls))); break; }  // NEWOBJ_EX
         case 0x96: push(string(Kind::Bytes, le(8))); break;           // BYTEARRAY8
         case 'Q': push(storage(*pop())); break;  // BINPERSID
         default: {
@@ -169,11 +432,38 @@ class Unpickler {
   std::string line() {
     const std::size_t end = data_.find('\n', pos_);
     if (end == std::string::npos) malformed("GLOBAL without a newline");
-    std::string s = data_.substr(pos_, end - pos_);
+    std::string s = data_.substr(pos_, std::min(end - pos_, kMaxNameBytes));
     pos_ = end + 1;
     return s;
   }
 
+  /// Every value counts against kMaxPickleValues; lists, tuples and dicts are remembered so
+  /// that the destructor can break what the result does not hold.
+  PyRef make(Kind k) {
+    auto v = std::make_shared<PyValue>();
+    v->kind = k;
+    if (v->is_container()) {
+      v->nesting = 1;
+      containers_.push_back(v);
+    }
+    return v;
+  }
+  /// `container` now holds `child`: its nesting is at least one more than the child's. (A
+  /// container already inside another does not pass this on; check_nesting() finds the rest.)
+  static void nest(PyValue& container, const PyValue& child) {
+    if (child.nesting >= container.nesting) {
+      container.nesting = child.nesting + 1;
+      if (container.nesting > kMaxPickleNesting) too_deep();
+    }
+  }
+  [[noreturn]] static void too_deep() {
+    throw TorchSaveError("data.pkl nests lists, tuples and dicts more than " + std::to_string(kMaxPickleNesting) +
+                         " deep; Python's pickle never writes that deep");
+  }
+  void add_items(PyValue& l, const std::vector<PyRef>& items) {
+    for (const auto& i : items) nest(l, *i);
+    l.items.insert(l.items.end(), items.begin(), items.end());
+  }
   PyRef boolean(bool b) {
     auto v = make(Kind::Bool);
     v->boolean = b;
@@ -184,9 +474,14 @@ class Unpickler {
     v->integer = i;
     return v;
   }
-  /// LONG1/LONG4: n little-endian two's-complement bytes; up to 8 fit an int64.
+  /// LONG1/LONG4: n little-endian two's-complement bytes; up to 8 fit an int64. Longer ones
+  /// (a seed of 2^64 - 1 in a training checkpoint) are kept opaque, unread.
   PyRef long_int(std::uint64_t n) {
-    if (n > 8) malformed("an integer of " + std::to_string(n) + " bytes");
+    if (n > 8) {
+      if (n > data_.size() - pos_) malformed("an integer of " + std::to_string(n) + " bytes past the end");
+      take(n);
+      return object("int of " + std::to_string(n) + " bytes");
+    }
     std::uint64_t v = le(n);
     if (n > 0 && n < 8 && (v >> (8 * n - 1)) & 1) v |= ~std::uint64_t(0) << (8 * n);  // sign-extend
     return integer(static_cast<std::int64_t>(v));
@@ -201,28 +496,47 @@ class Unpickler {
     v->real = d;
     return v;
   }
+  /// A string or bytes of `n` bytes, checked against what is left of data.pkl before anything
+  /// is allocated for it.
   PyRef string(Kind k, std::uint64_t n) {
+    if (n > data_.size() - pos_) {
+      malformed((k == Kind::String ? "a string of " : "bytes of ") + std::to_string(n) + " bytes, " +
+                std::to_string(data_.size() - pos_) + " left in data.pkl,");
+    }
     auto v = make(k);
     v->text.assign(take(n), n);
     return v;
   }
   PyRef global(const std::string& name) {
     auto v = make(Kind::Global);
-    v->text = name;
+    v->text = name.substr(0, kMaxNameBytes);
     return v;
   }
   PyRef object(const std::string& name) {
     auto v = make(Kind::Object);
-    v->text = name;
+    v->text = name.substr(0, kMaxNameBytes);
     return v;
   }
-  static PyRef tuple_of(std::vector<PyRef> items) {
+  /// The class name of NEWOBJ's class argument (a global, normally), never a copy of a string.
+  static std::string name_of(const PyValue& cls) {
+    return cls.kind == Kind::Global || cls.kind == Kind::Object ? cls.text : cls.type_name();
+  }
+  PyRef tuple_of(std::vector<PyRef> items) {
     auto v = make(Kind::Tuple);
-    v->items = std::move(items);
+    add_items(*v, items);
     return v;
   }
 
-  void push(PyRef v) { stack_.push_back(std::move(v)); }
+  void push(PyRef v) {
+    count_value();
+    stack_.push_back(std::move(v));
+  }
+  void count_value() {
+    if (++values_ > kMaxPickleValues) {
+      throw TorchSaveError("data.pkl makes more than " + std::to_string(kMaxPickleValues) + " values (at byte " +
+                           std::to_string(pos_) + "), more than a state_dict or training checkpoint holds");
+    }
+  }
   PyRef top() {
     if (stack_.empty() || (!marks_.empty() && stack_.size() <= marks_.back())) malformed("stack underflow");
     return stack_.back();
@@ -258,46 +572,112 @@ class Unpickler {
   void set_items(PyValue& d, const std::vector<PyRef>& kvs) {
     if (kvs.size() % 2 != 0) malformed("an odd number of dict items");
     if (d.kind != Kind::Dict) return;
-    for (std::size_t i = 0; i < kvs.size(); i += 2) d.entries.emplace_back(kvs[i], kvs[i + 1]);
+    for (std::size_t i = 0; i < kvs.size(); i += 2) {
+      nest(d, *kvs[i]);
+      nest(d, *kvs[i + 1]);
+      d.entries.emplace_back(kvs[i], kvs[i + 1]);
+    }
   }
-  void memo(std::uint64_t index) { memo_[index] = top(); }
+  void memo(std::uint64_t index) {
+    PyRef v = top();
+    count_value();
+    memo_[index] = std::move(v);
+  }
   PyRef recall(std::uint64_t index) {
     const auto it = memo_.find(index);
     if (it == memo_.end()) malformed("memo entry " + std::to_string(index) + " read before it is written");
     return it->second;
   }
 
-  /// ('storage', torch.<Type>Storage, key, location, numel): the raw bytes of data/<key>.
-  PyRef storage(const PyValue& pid) {
-    if (pid.kind != Kind::Tuple || pid.items.size() < 3 || pid.items[0]->text != "storage" ||
-        pid.items[1]->kind != Kind::Global || pid.items[2]->kind != Kind::String) {
-      malformed("a persistent id that is not a storage");
-    }
-    const std::string& key = pid.items[2]->text;
-    auto& cached = storages_[key];
-    if (!cached) {
-      const c10::ScalarType dtype = storage_dtype(pid.items[1]->text);
-      const std::string record = "data/" + key;
-      if (!zip_.hasRecord(record)) throw TorchSaveError("no " + record + " in the archive for a tensor's storage");
-      at::DataPtr ptr;
-      std::size_t bytes = 0;
-      try {
-        std::tie(ptr, bytes) = zip_.getRecord(record);
-      } catch (const c10::Error& e) {
-        throw TorchSaveError(record + " cannot be read (" + e.what_without_backtrace() + ")");
+  /// Refuses a result that contains itself (a list appended to itself: it would never be
+  /// freed) or nests lists, tuples and dicts deeper than kMaxPickleNesting, and remembers what
+  /// it holds for the destructor. Iterative, each container visited once.
+  void check_nesting(const PyRef& root) {
+    if (!root->is_container()) return;
+    struct Frame {
+      const PyValue* value;
+      std::size_t next = 0;      // the next child to look at: items, then keys and values
+      std::int64_t below = 0;    // the deepest nesting seen below it
+    };
+    const auto child = [](const PyValue& v, std::size_t i) -> const PyValue* {
+      if (i < v.items.size()) return v.items[i].get();
+      i -= v.items.size();
+      if (i / 2 < v.entries.size()) return (i % 2 == 0 ? v.entries[i / 2].first : v.entries[i / 2].second).get();
+      return nullptr;
+    };
+    std::unordered_map<const PyValue*, std::int64_t> depth;  // finished containers: levels, themselves included
+    std::unordered_set<const PyValue*> on_path;
+    std::vector<Frame> path{{root.get()}};
+    on_path.insert(root.get());
+    while (!path.empty()) {
+      Frame& f = path.back();
+      if (const PyValue* c = child(*f.value, f.next++)) {
+        if (!c->is_container()) continue;
+        if (on_path.count(c)) throw TorchSaveError("data.pkl holds a " + c->type_name() + " that contains itself");
+        if (const auto it = depth.find(c); it != depth.end()) {
+          f.below = std::max(f.below, it->second);
+          if (static_cast<std::int64_t>(path.size()) + it->second > kMaxPickleNesting) too_deep();
+          continue;
+        }
+        if (static_cast<std::int64_t>(path.size()) >= kMaxPickleNesting) too_deep();
+        on_path.insert(c);
+        path.push_back({c});
+        continue;
       }
-      const std::size_t item = c10::elementSize(dtype);
-      if (bytes % item != 0) throw TorchSaveError(record + " is not a whole number of " + c10::toString(dtype));
-      at::Tensor flat = at::empty({static_cast<std::int64_t>(bytes / item)}, at::TensorOptions().dtype(dtype));
-      if (bytes > 0) std::memcpy(flat.data_ptr(), ptr.get(), bytes);
-      cached = make(Kind::Storage);
-      cached->tensor = flat;
+      const std::int64_t levels = f.below + 1;
+      depth.emplace(f.value, levels);
+      on_path.erase(f.value);
+      path.pop_back();
+      if (!path.empty()) path.back().below = std::max(path.back().below, levels);
     }
-    return cached;
+    for (const auto& [v, levels] : depth) reachable_.insert(v);
+  }
+
+  /// ('storage', torch.<Type>Storage, key, location, numel): the raw bytes of data/<key>, which
+  /// must be numel elements of the type exactly.
+  PyRef storage(const PyValue& pid) {
+    if (pid.kind != Kind::Tuple || pid.items.size() != 5 || pid.items[0]->kind != Kind::String ||
+        pid.items[0]->text != "storage" || pid.items[1]->kind != Kind::Global || pid.items[2]->kind != Kind::String ||
+        pid.items[4]->kind != Kind::Int) {
+      malformed("a persistent id that is not ('storage', type, key, location, size)");
+    }
+    const c10::ScalarType dtype = storage_dtype(pid.items[1]->text);
+    const std::string& key = pid.items[2]->text;
+    const std::string record = "data/" + key;
+    const std::int64_t numel = pid.items[4]->integer;
+    const auto it = storages_.find(key);
+    if (it != storages_.end()) {
+      const at::Tensor& flat = it->second->tensor;
+      if (flat.scalar_type() != dtype || flat.numel() != numel) {
+        throw TorchSaveError(record + " is declared as " + std::to_string(flat.numel()) + " " +
+                             c10::toString(flat.scalar_type()) + " and as " + std::to_string(numel) + " " +
+                             c10::toString(dtype));
+      }
+      return it->second;
+    }
+    if (!zip_.has(record)) throw TorchSaveError("no " + record + " in the archive for a tensor's storage");
+    const std::uint64_t bytes = zip_.size(record);  // no more than the file: ZipArchive checked it
+    const std::uint64_t item = c10::elementSize(dtype);
+    std::uint64_t declared = 0;
+    if (numel < 0 || __builtin_mul_overflow(static_cast<std::uint64_t>(numel), item, &declared) || declared != bytes) {
+      throw TorchSaveError(record + " holds " + std::to_string(bytes) + " bytes, but its storage declares " +
+                           std::to_string(numel) + " elements of " + c10::toString(dtype) + " (" +
+                           std::to_string(item) + " bytes each)");
+    }
+    at::Tensor flat = at::empty({numel}, at::TensorOptions().dtype(dtype));
+    if (bytes > 0) zip_.read(record, flat.data_ptr());
+    auto v = make(Kind::Storage);
+    v->tensor = flat;
+    storages_.emplace(key, v);
+    return v;
   }
 
   static std::vector<std::int64_t> ints(const PyValue& t, const char* what) {
     if (t.kind != Kind::Tuple) throw TorchSaveError(std::string("a tensor whose ") + what + " is not a tuple");
+    if (t.items.size() > static_cast<std::size_t>(kMaxTensorDims)) {
+      throw TorchSaveError("a tensor of " + std::to_string(t.items.size()) + " dimensions (at most " +
+                           std::to_string(kMaxTensorDims) + ")");
+    }
     std::vector<std::int64_t> out;
     for (const auto& i : t.items) {
       if (i->kind != Kind::Int) throw TorchSaveError(std::string("a tensor whose ") + what + " holds a " + i->type_name());
@@ -317,20 +697,21 @@ class Unpickler {
     const auto size = ints(*args.items[2], "size"), stride = ints(*args.items[3], "stride");
     if (size.size() != stride.size()) throw TorchSaveError("a tensor with " + std::to_string(size.size()) +
                                                            " sizes and " + std::to_string(stride.size()) + " strides");
-    // The last element's index, offset + sum((size - 1) * stride), without overflowing.
+    // The last element's index, offset + sum((size - 1) * stride), and the number of elements,
+    // without overflowing.
     const std::string past = "a tensor that reaches past its storage (" + std::to_string(flat.numel()) + " elements)";
-    std::int64_t last = offset;
-    bool empty = false;
+    std::int64_t last = offset, numel = 1;
     for (std::size_t d = 0; d < size.size(); ++d) {
+      count_value();  // each dimension too: past 5 the tensor keeps its sizes and strides on the heap
       if (size[d] < 0 || stride[d] < 0) throw TorchSaveError("a tensor with a negative size or stride");
-      if (size[d] == 0) empty = true;
+      if (__builtin_mul_overflow(numel, size[d], &numel)) throw TorchSaveError("a tensor of more than 2^63 elements");
       std::int64_t span = 0;
       if (size[d] > 0 && (__builtin_mul_overflow(size[d] - 1, stride[d], &span) ||
                           __builtin_add_overflow(last, span, &last))) {
         throw TorchSaveError(past);
       }
     }
-    if (offset < 0 || offset > flat.numel() || (!empty && last >= flat.numel())) throw TorchSaveError(past);
+    if (offset < 0 || offset > flat.numel() || (numel > 0 && last >= flat.numel())) throw TorchSaveError(past);
     auto v = make(Kind::Tensor);
     v->tensor = flat.as_strided(size, stride, offset);
     return v;
@@ -351,33 +732,29 @@ class Unpickler {
     return object(name);  // never called: only named
   }
 
-  caffe2::serialize::PyTorchStreamReader& zip_;
+  const ZipArchive& zip_;
   std::string data_;
   std::size_t pos_ = 0;
   std::vector<PyRef> stack_;
   std::vector<std::size_t> marks_;
   std::map<std::uint64_t, PyRef> memo_;
   std::map<std::string, PyRef> storages_;
+  std::int64_t values_ = 0;                          ///< pushes and memo entries so far
+  std::vector<std::weak_ptr<PyValue>> containers_;   ///< every list, tuple and dict made
+  std::unordered_set<const PyValue*> reachable_;     ///< the containers the result holds
 };
 
 }  // namespace
 
-PyRef read_torch_save(caffe2::serialize::PyTorchStreamReader& zip) {
-  if (!zip.hasRecord("data.pkl")) throw TorchSaveError("a zip archive without data.pkl: not written by torch.save");
-  std::string pickle;
-  try {
-    if (zip.hasRecord("byteorder")) {  // written since PyTorch 2.1
-      auto [order, n] = zip.getRecord("byteorder");
-      if (std::string(static_cast<const char*>(order.get()), n) != "little") {
-        throw TorchSaveError("tensors stored big-endian; re-save the file on a little-endian machine");
-      }
+PyRef read_torch_save(const ZipArchive& zip) {
+  if (!zip.has("data.pkl")) throw TorchSaveError("a zip archive without data.pkl: not written by torch.save");
+  if (zip.has("byteorder")) {  // written since PyTorch 2.1
+    if (zip.size("byteorder") > 16 || zip.read("byteorder") != "little") {
+      throw TorchSaveError("tensors stored big-endian; re-save the file on a little-endian machine");
     }
-    auto [ptr, bytes] = zip.getRecord("data.pkl");
-    pickle.assign(static_cast<const char*>(ptr.get()), bytes);
-  } catch (const c10::Error& e) {
-    throw TorchSaveError(std::string("a damaged archive (") + e.what_without_backtrace() + ")");
   }
   try {
+    std::string pickle = zip.read("data.pkl");  // no larger than the file: ZipArchive checked it
     return Unpickler(zip, std::move(pickle)).run();
   } catch (const c10::Error& e) {
     throw TorchSaveError(std::string("data LibTorch refuses (") + e.what_without_backtrace() + ")");

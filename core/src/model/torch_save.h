@@ -5,10 +5,16 @@
 // NOTE: LibTorch 1.13's torch::jit::pickle_load turns collections.OrderedDict into None, so it
 // cannot read a state_dict saved with torch.save(model.state_dict(), path); this reader can,
 // and reads only data: dicts, lists, tuples, numbers, strings and tensors.
+//
+// Weight files come from the internet: everything here is bounded. A file of N bytes makes the
+// reader allocate at most its records (each checked against the file before it is allocated,
+// so together at most N) plus the unpickled values (at most kMaxPickleValues, under 200 bytes
+// each) plus the central directory's index (a small multiple of its size, itself part of N).
+// The caps below are named where they apply.
 #include <ATen/core/Tensor.h>
-#include <caffe2/serialize/inline_container.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -17,12 +23,41 @@
 
 namespace trainer::detail {
 
+/// Values (every push onto the unpickler's stack, every memo entry, and each dimension of a
+/// tensor) one data.pkl may create. A state_dict takes about 35 per tensor (ResNet-50's 320
+/// tensors: 10,898 opcodes), a training checkpoint with AdamW's state about 130 per tensor
+/// (ViT-B/16 with its optimizer: 19,586 opcodes): a million is 50 times that, and keeps the
+/// unpickler's own memory to about 200 MB whatever the file says (measured: a million empty
+/// lists, the costliest values per byte of pickle, take 172 MB).
+inline constexpr std::int64_t kMaxPickleValues = 1'000'000;
+
+/// Nesting of lists, tuples and dicts (and of pickle's MARKs). Python's pickle recurses per
+/// level and stops at its recursion limit (1000 frames, several per level), so nothing
+/// torch.save wrote is this deep.
+inline constexpr std::int64_t kMaxPickleNesting = 1000;
+
+/// Dimensions of one tensor. LibTorch's CUDA kernels take at most 25; no model has more than a
+/// handful. Bounds the size and stride vectors each tensor copies out of the pickle.
+inline constexpr std::int64_t kMaxTensorDims = 64;
+
+/// Bytes kept of a global's or an object's name ("collections.OrderedDict"); longer names are
+/// cut. Such names are only shown in messages or compared with the few this reader knows (all
+/// shorter), and a name built from two memoized strings must not copy megabytes per opcode.
+inline constexpr std::size_t kMaxNameBytes = 100;
+
+/// Bytes that the deflated (compressed) entries of one archive may declare, together. torch.save
+/// stores every record uncompressed; LibTorch compresses only the TorchScript code and debug
+/// records of a trainer checkpoint (a few KiB). A deflated entry's declared size is what miniz
+/// allocates before inflating it, whatever the file's size (deflate packs up to ~1000:1).
+inline constexpr std::uint64_t kMaxInflatedBytes = 64ull << 20;
+
 /// One unpickled value. Calls to anything but the few constructors of tensors and dicts that
 /// torch.save uses become an opaque Object named after the callable (never run).
 struct PyValue {
   enum class Kind { None, Bool, Int, Float, String, Bytes, Tuple, List, Dict, Tensor, Storage, Global, Object };
   Kind kind = Kind::None;
   bool boolean = false;
+  std::int32_t nesting = 0;  ///< levels of lists, tuples and dicts, itself included, as far as the reader has seen
   std::int64_t integer = 0;
   double real = 0.0;
   std::string text;                                                         ///< String, Bytes; Global/Object: "module.name"
@@ -32,13 +67,15 @@ struct PyValue {
 
   /// Python's name of the type ("dict", "Tensor", "int" ...; an Object's class name).
   std::string type_name() const;
+  /// True for Tuple, List and Dict: the kinds that hold other values.
+  bool is_container() const { return kind == Kind::Tuple || kind == Kind::List || kind == Kind::Dict; }
 
   PyValue() = default;
   PyValue(const PyValue&) = delete;
   PyValue& operator=(const PyValue&) = delete;
   /// Releases nested values iteratively: a file of a million nested tuples must not overflow
-  /// the stack when it is freed. (A value that contains itself, built through the memo, is
-  /// not freed; its memory is bounded by the file's size.)
+  /// the stack when it is freed. (Values that contain themselves are refused, and their
+  /// cycles broken, by read_torch_save.)
   ~PyValue();
 };
 using PyRef = std::shared_ptr<PyValue>;
@@ -49,9 +86,55 @@ class TorchSaveError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-/// The object torch.save wrote into the opened archive `zip`. Throws TorchSaveError (no
-/// data.pkl, a damaged record, a pickle opcode outside the data subset, a tensor outside its
-/// storage, a storage type that is not a tensor dtype).
-PyRef read_torch_save(caffe2::serialize::PyTorchStreamReader& zip);
+/// The records of a zip archive as torch.save and LibTorch write it, under one folder
+/// ("resnet50/data.pkl"). Read without miniz: the end record, the central directory and every
+/// local header are checked against the file before anything is allocated, and a record's
+/// bytes are checked against its CRC-32 when read. Refused: encrypted entries, methods other
+/// than stored and deflate, deflated entries declaring more than kMaxInflatedBytes together
+/// (they are never read here, only by LibTorch for a trainer checkpoint), a stored entry whose
+/// two sizes differ, an entry that reaches past the records, entries that overlap (one
+/// stretch of the file read as many records), two entries of the same name.
+class ZipArchive {
+ public:
+  /// Opens `path`. nullptr when it is not a zip archive at all (it does not start with a local
+  /// file header, as torch.save's pre-1.6 format does not); throws TorchSaveError for a zip
+  /// archive it refuses, saying what is wrong.
+  static std::unique_ptr<ZipArchive> open(const std::string& path);
+  ~ZipArchive();
+  ZipArchive(const ZipArchive&) = delete;
+  ZipArchive& operator=(const ZipArchive&) = delete;
+
+  /// Whether `name` (under the archive's folder: "data.pkl", "data/0") is a record.
+  bool has(const std::string& name) const;
+  /// The size of record `name` in bytes (no larger than the file; checked when opened).
+  std::uint64_t size(const std::string& name) const;
+  /// Reads record `name` into `dst` (size(name) bytes) and checks its CRC-32. A deflated
+  /// record is refused: torch.save stores its records.
+  void read(const std::string& name, void* dst) const;
+  /// Record `name` as bytes.
+  std::string read(const std::string& name) const;
+
+ private:
+  struct Entry {
+    std::uint64_t offset = 0;  ///< of the data, in the file
+    std::uint64_t size = 0;    ///< read out (deflated: declared)
+    std::uint32_t crc32 = 0;
+    bool deflated = false;
+  };
+  ZipArchive(int fd, std::uint64_t file_size) : fd_(fd), file_size_(file_size) {}
+  void pread_all(std::uint64_t offset, void* dst, std::uint64_t n) const;
+  const Entry& entry(const std::string& name) const;
+
+  int fd_ = -1;
+  std::uint64_t file_size_ = 0;
+  std::map<std::string, Entry> entries_;  ///< by name under the folder
+};
+
+/// The object torch.save wrote into the archive `zip`. Throws TorchSaveError (no data.pkl, a
+/// damaged record, a pickle opcode outside the data subset, more than kMaxPickleValues values
+/// or kMaxPickleNesting levels, a value that contains itself, a storage whose declared size
+/// is not its record's, a tensor outside its storage, a storage type that is not a tensor
+/// dtype).
+PyRef read_torch_save(const ZipArchive& zip);
 
 }  // namespace trainer::detail

@@ -1,7 +1,6 @@
 // Initial weights from a file the user already has: a state_dict saved in Python with
 // torch.save (torchvision's names), or a checkpoint trainer wrote.
 #include <ATen/ATen.h>
-#include <caffe2/serialize/inline_container.h>
 #include <fnmatch.h>
 #include <torch/serialize/input-archive.h>
 
@@ -55,7 +54,7 @@ Tensors read_trainer_checkpoint(const std::string& file) {
 
 /// The dict of name -> tensor in what torch.save wrote: the object itself, or its "state_dict"
 /// or "model" entry when it is a training checkpoint that wraps one.
-Tensors read_state_dict(const std::string& file, caffe2::serialize::PyTorchStreamReader& zip) {
+Tensors read_state_dict(const std::string& file, const detail::ZipArchive& zip) {
   detail::PyRef v;
   try {
     v = detail::read_torch_save(zip);
@@ -80,7 +79,10 @@ Tensors read_state_dict(const std::string& file, caffe2::serialize::PyTorchStrea
                     key->type_name(), ", not a name");
     TRAINER_CHECK_T(UsageError, value->kind == Kind::Tensor, "model.weights = \"", file, "\": '", key->text,
                     "' is a ", value->type_name(), ", not a tensor");
-    out[key->text] = value->tensor;
+    // A dict Python wrote has each key once; a file that repeats one could show one tensor to
+    // a reader that keeps the first and load another.
+    TRAINER_CHECK_T(UsageError, out.emplace(key->text, value->tensor).second, "model.weights = \"", file, "\": '",
+                    key->text, "' is in the state_dict twice");
   }
   return out;
 }
@@ -93,21 +95,24 @@ WeightsReport load_weights(Model& model, const std::string& file, const std::vec
                   "internet: python3 -c 'import torch, torchvision; torch.save(torchvision.models.resnet50(weights=\"DEFAULT\")"
                   ".state_dict(), \"resnet50.pt\")' (vit_b_16, resnet18 alike; docs/transfer-learning.md)");
   WeightsReport report;
-  std::unique_ptr<caffe2::serialize::PyTorchStreamReader> reader;
+  // The file comes from anywhere: its zip structure is checked (every size against the file,
+  // compressed entries capped, none overlapping) before LibTorch's reader or trainer's reads it.
+  std::unique_ptr<detail::ZipArchive> zip;
   try {
-    reader = std::make_unique<caffe2::serialize::PyTorchStreamReader>(file);
-  } catch (const c10::Error&) {
-    throw UsageError(detail::str(
-        "model.weights = \"", file,
-        "\" is not a zip archive: neither torch.save's format (PyTorch >= 1.6) nor a trainer checkpoint; "
-        "re-save it in Python with torch.save(model.state_dict(), path)"));
+    zip = detail::ZipArchive::open(file);
+  } catch (const detail::TorchSaveError& e) {
+    throw UsageError(detail::str("model.weights = \"", file, "\": ", e.what(),
+                                 "; download or save it again (torch.save(model.state_dict(), path))"));
   }
+  TRAINER_CHECK_T(UsageError, zip != nullptr, "model.weights = \"", file,
+                  "\" is not a zip archive: neither torch.save's format (PyTorch >= 1.6) nor a trainer checkpoint; "
+                  "re-save it in Python with torch.save(model.state_dict(), path)");
   // A trainer checkpoint is a TorchScript archive (torch::serialize): it has constants.pkl,
   // torch.save's archives do not.
-  const bool checkpoint = reader->hasRecord("constants.pkl");
+  const bool checkpoint = zip->has("constants.pkl");
   report.format = checkpoint ? "trainer checkpoint" : "torch.save state_dict";
-  Tensors from = checkpoint ? read_trainer_checkpoint(file) : read_state_dict(file, *reader);
-  reader.reset();
+  Tensors from = checkpoint ? read_trainer_checkpoint(file) : read_state_dict(file, *zip);
+  zip.reset();
 
   Tensors into;
   for (const auto& p : model.named_parameters(/*recurse=*/true)) into[p.key()] = p.value();
