@@ -6,11 +6,17 @@
 #include <gtest/gtest.h>
 #include <matio.h>
 #include <png.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <torch/torch.h>
 #include <turbojpeg.h>
+#include <unistd.h>
+#include <zlib.h>
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <limits>
 
 #include "support/test_util.h"
 #include "trainer/data.h"
@@ -84,6 +90,97 @@ void write_mat(const std::string& path, const std::map<std::string, std::vector<
     Mat_VarFree(v);
   }
   Mat_Close(mat);
+}
+
+/// A MAT 5 file of one uint8 row vector `name` of `count` ones (and ones padding it to 8 bytes),
+/// written byte by byte so that a huge one streams through zlib instead of being held in memory.
+/// `compressed`: the variable in a miCOMPRESSED element, as MATLAB and scipy write it. `stored`
+/// (uncompressed only): how many bytes of its data are written, for a file that holds less
+/// than its variable declares.
+void write_uint8_mat(const std::string& path, const std::string& name, std::uint64_t count, bool compressed,
+                     std::uint64_t stored = std::numeric_limits<std::uint64_t>::max()) {
+  auto le32 = [](std::uint64_t v) {
+    std::string b(4, '\0');
+    for (int i = 0; i < 4; ++i) b[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+    return b;
+  };
+  auto pad8 = [](std::string b) { return b + std::string((8 - b.size() % 8) % 8, '\0'); };
+  const std::uint64_t padded = (count + 7) / 8 * 8;
+  const std::string head = le32(14) + le32(16 + 16 + 8 + pad8(name).size() + 8 + padded) +  // miMATRIX
+                           le32(6) + le32(8) + le32(9) + le32(0) +                          // flags: mxUINT8_CLASS
+                           le32(5) + le32(8) + le32(1) + le32(count) +                      // dims: 1 x count
+                           le32(1) + le32(name.size()) + pad8(name) +                       // name
+                           le32(2) + le32(count);                                           // miUINT8 data
+  std::string header = "MATLAB 5.0 MAT-file, written by trainer's tests";
+  header.resize(116, ' ');
+  header += std::string(8, '\0') + std::string("\x00\x01IM", 4);
+  std::ofstream out(path, std::ios::binary);
+  out << header;
+  if (!compressed) {
+    out << head << std::string(std::min(stored, padded), '\1');
+    return;
+  }
+  z_stream z{};
+  ASSERT_EQ(deflateInit(&z, Z_BEST_SPEED), Z_OK);
+  std::string packed, chunk(1 << 20, '\1'), buf(1 << 16, '\0');
+  auto feed = [&](const char* p, std::size_t n, int flush) {
+    z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(p));
+    z.avail_in = static_cast<uInt>(n);
+    do {
+      z.next_out = reinterpret_cast<Bytef*>(buf.data());
+      z.avail_out = static_cast<uInt>(buf.size());
+      deflate(&z, flush);
+      packed.append(buf.data(), buf.size() - z.avail_out);
+    } while (z.avail_out == 0);
+  };
+  feed(head.data(), head.size(), Z_NO_FLUSH);
+  for (std::uint64_t left = padded; left > 0;) {
+    const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(left, chunk.size()));
+    left -= n;
+    feed(chunk.data(), n, left == 0 ? Z_FINISH : Z_NO_FLUSH);
+  }
+  deflateEnd(&z);
+  out << le32(15) << le32(packed.size()) << packed;  // miCOMPRESSED
+}
+
+/// What `load` throws as a UsageError, run in a child process whose address space may grow by
+/// 1 GiB at most: a reader that allocates what a file declares runs out of memory there (or is
+/// stopped after a minute) instead of taking the machine's. "loaded" when it throws nothing.
+std::string usage_error_within_1gib(const std::function<void()>& load) {
+  int fds[2];
+  if (::pipe(fds) != 0) return "pipe failed";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(fds[0]);
+    std::ifstream status("/proc/self/status");
+    std::uint64_t vm_kib = 0;
+    for (std::string line; std::getline(status, line);) {
+      if (line.rfind("VmSize:", 0) == 0) vm_kib = std::stoull(line.substr(7));
+    }
+    const rlim_t limit = (vm_kib << 10) + (1ull << 30);
+    const rlimit rl{limit, limit};
+    ::setrlimit(RLIMIT_AS, &rl);
+    ::alarm(60);
+    std::string msg = "loaded";
+    try {
+      load();
+    } catch (const UsageError& e) {
+      msg = e.what();
+    } catch (const std::exception& e) {
+      msg = std::string("another exception: ") + e.what();
+    }
+    (void)!::write(fds[1], msg.data(), msg.size());
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  std::string msg;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) msg.append(buf, static_cast<std::size_t>(n));
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  if (WIFSIGNALED(status)) msg += " (the child was killed by signal " + std::to_string(WTERMSIG(status)) + ")";
+  return msg;
 }
 
 std::vector<std::int64_t> labels(const at::Tensor& t) {
@@ -271,6 +368,38 @@ TEST(ImageDatasets, Flowers102ReadsTheOfficialSplitsFromTheMatFiles) {
   EXPECT_NE(err.find("not Flowers102's layout"), std::string::npos) << err;
   EXPECT_NE(err.find("imagelabels.mat, jpg"), std::string::npos) << err;  // what was found instead
   EXPECT_NE(err.find("robots.ox.ac.uk"), std::string::npos) << err;
+}
+
+TEST(ImageDatasets, AFlowers102MatVariableDeclaringMoreElementsThanAllowedIsRefusedBeforeItIsRead) {
+  TempDir tmp;
+  write_jpeg(tmp / "jpg/image_00001.jpg", 40, 40, 30);
+  write_jpeg(tmp / "jpg/image_00002.jpg", 40, 40, 60);
+  write_mat(tmp / "setid.mat", {{"trnid", {1, 2}}, {"valid", {1}}, {"tstid", {2}}});
+  const std::string toml = "name = \"flowers102\"\nroot = \"" + tmp.str() + "\"\nimage_size = 16\nresize = 20\n";
+  const std::string file = tmp / "imagelabels.mat";
+  // The crafted files are ones matio reads: two labels of 1, compressed and not.
+  for (const bool compressed : {true, false}) {
+    write_uint8_mat(file, "labels", 2, compressed);
+    EXPECT_EQ(labels(dataset(toml, Split::Train)->get(torch::arange(2)).targets), (std::vector<std::int64_t>{0, 0}));
+  }
+
+  // 200,000,000 labels in a file of about 200 KB: matio would allocate 200 MB for them, and the
+  // reader 1.6 GB more for their int64 copy, before any check of the labels.
+  write_uint8_mat(file, "labels", 200'000'000, true);
+  EXPECT_LT(fs::file_size(file), 1u << 20);
+  const std::string huge = usage_error_within_1gib([&] { dataset(toml, Split::Train); });
+  EXPECT_NE(huge.find(file + ": 'labels' declares 1 x 200000000 elements, past the 10000000 a Flowers102 .mat "
+                             "variable may hold"),
+            std::string::npos)
+      << huge;
+
+  // Under the cap, but stored uncompressed in a file that cannot hold it.
+  write_uint8_mat(file, "labels", 9'000'000, false, 16);
+  const std::string past = usage_error_within_1gib([&] { dataset(toml, Split::Train); });
+  EXPECT_NE(past.find(file + ": 'labels' declares 1 x 9000000 elements, stored uncompressed in a file of " +
+                      std::to_string(fs::file_size(file)) + " bytes"),
+            std::string::npos)
+      << past;
 }
 
 TEST(ImageDatasets, Cub200ReadsItsIndexFilesAndCropsToTheBox) {

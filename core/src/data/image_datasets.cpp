@@ -290,19 +290,39 @@ std::shared_ptr<Dataset> image_folder(const Config& c, Split split) {
   return make("image_folder " + dir.string(), std::move(samples), static_cast<std::int64_t>(classes.size()), s, split);
 }
 
+/// Elements one variable of a Flowers102 .mat file may declare. The files are untrusted and
+/// matio allocates a variable's data from its declared dimensions before reading it (a
+/// compressed variable of a billion zeros fits in a 1 MB file). Flowers102 has 8189 images;
+/// ten million is over a thousand times that, and bounds what a read allocates to 160 MB
+/// (matio's doubles, then the int64 copy).
+constexpr std::uint64_t kMaxMatElements = 10'000'000;
+
 /// A numeric variable of a .mat file as int64 values (any numeric class), row-major flattening
-/// of a vector.
+/// of a vector. Its shape, class and size are checked (Mat_VarReadInfo) before its data is read.
 std::vector<std::int64_t> mat_vector(const fs::path& file, const char* var) {
   mat_t* mat = Mat_Open(file.string().c_str(), MAT_ACC_RDONLY);
   TRAINER_CHECK_T(UsageError, mat != nullptr, file.string(), ": not a readable .mat file (matio)");
   std::unique_ptr<mat_t, int (*)(mat_t*)> closer(mat, Mat_Close);
-  matvar_t* v = Mat_VarRead(mat, var);
+  matvar_t* v = Mat_VarReadInfo(mat, var);
   TRAINER_CHECK_T(UsageError, v != nullptr, file.string(), ": no variable '", var, "'");
   std::unique_ptr<matvar_t, void (*)(matvar_t*)> freer(v, Mat_VarFree);
-  TRAINER_CHECK_T(UsageError, v->rank == 2 && (v->dims[0] == 1 || v->dims[1] == 1) && v->data != nullptr &&
-                      !v->isComplex,
+  TRAINER_CHECK_T(UsageError, v->rank == 2 && (v->dims[0] == 1 || v->dims[1] == 1) && !v->isComplex,
                   file.string(), ": '", var, "' is not a real vector");
-  const std::size_t n = v->dims[0] * v->dims[1];
+  const std::set<matio_classes> numeric = {MAT_C_DOUBLE, MAT_C_SINGLE, MAT_C_UINT8,  MAT_C_INT16,
+                                           MAT_C_UINT16, MAT_C_INT32,  MAT_C_UINT32, MAT_C_INT64};
+  TRAINER_CHECK_T(UsageError, numeric.count(v->class_type) > 0, file.string(), ": '", var, "' is not numeric");
+  const std::uint64_t n = static_cast<std::uint64_t>(v->dims[0]) * v->dims[1];  // one of them is 1
+  const std::string declared = detail::str("'", var, "' declares ", v->dims[0], " x ", v->dims[1], " elements");
+  TRAINER_CHECK_T(UsageError, n <= kMaxMatElements, file.string(), ": ", declared, ", past the ", kMaxMatElements,
+                  " a Flowers102 .mat variable may hold (the data set has 8189 images)");
+  // Stored uncompressed, each element takes at least a byte of the file (a .mat file may store
+  // a double array's elements as uint8, never in less).
+  std::error_code ec;
+  const std::uint64_t file_bytes = fs::file_size(file, ec);
+  TRAINER_CHECK_T(UsageError, v->compression != MAT_COMPRESSION_NONE || ec || n <= file_bytes, file.string(), ": ",
+                  declared, ", stored uncompressed in a file of ", file_bytes, " bytes (at least one byte each)");
+  TRAINER_CHECK_T(UsageError, Mat_VarReadDataAll(mat, v) == 0 && v->data != nullptr, file.string(), ": '", var,
+                  "' is damaged (matio could not read its data)");
   std::vector<std::int64_t> out(n);
   for (std::size_t i = 0; i < n; ++i) {
     double x = 0;

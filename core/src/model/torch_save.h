@@ -8,18 +8,18 @@
 //
 // Weight files come from the internet: everything here is bounded. A file of N bytes makes the
 // reader allocate at most its records (each checked against the file before it is allocated,
-// so together at most N) plus the unpickled values (at most kMaxPickleValues, under 200 bytes
-// each) plus the central directory's index (a small multiple of its size, itself part of N).
-// The caps below are named where they apply.
+// so together at most N: see zip_archive.h) plus the unpickled values (at most
+// kMaxPickleValues, under 200 bytes each) plus the central directory's index (a small multiple
+// of its size, itself part of N). The caps below are named where they apply.
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
-#include <map>
 #include <memory>
-#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "model/zip_archive.h"  // the ZipArchive read_torch_save reads; TorchSaveError, which both throw
 
 namespace trainer::detail {
 
@@ -44,12 +44,6 @@ inline constexpr std::int64_t kMaxTensorDims = 64;
 /// cut. Such names are only shown in messages or compared with the few this reader knows (all
 /// shorter), and a name built from two memoized strings must not copy megabytes per opcode.
 inline constexpr std::size_t kMaxNameBytes = 100;
-
-/// Bytes that the deflated (compressed) entries of one archive may declare, together. torch.save
-/// stores every record uncompressed; LibTorch compresses only the TorchScript code and debug
-/// records of a trainer checkpoint (a few KiB). A deflated entry's declared size is what miniz
-/// allocates before inflating it, whatever the file's size (deflate packs up to ~1000:1).
-inline constexpr std::uint64_t kMaxInflatedBytes = 64ull << 20;
 
 /// One unpickled value. Calls to anything but the few constructors of tensors and dicts that
 /// torch.save uses become an opaque Object named after the callable (never run).
@@ -79,56 +73,6 @@ struct PyValue {
   ~PyValue();
 };
 using PyRef = std::shared_ptr<PyValue>;
-
-/// A file that is not what torch.save writes, or that holds something this reader refuses.
-class TorchSaveError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-/// The records of a zip archive as torch.save and LibTorch write it, under one folder
-/// ("resnet50/data.pkl"). Read without miniz: the end record, the central directory and every
-/// local header are checked against the file before anything is allocated, and a record's
-/// bytes are checked against its CRC-32 when read. Refused: encrypted entries, methods other
-/// than stored and deflate, deflated entries declaring more than kMaxInflatedBytes together
-/// (they are never read here, only by LibTorch for a trainer checkpoint), a stored entry whose
-/// two sizes differ, an entry that reaches past the records, entries that overlap (one
-/// stretch of the file read as many records), two entries of the same name.
-class ZipArchive {
- public:
-  /// Opens `path`. nullptr when it is not a zip archive at all (it does not start with a local
-  /// file header, as torch.save's pre-1.6 format does not); throws TorchSaveError for a zip
-  /// archive it refuses, saying what is wrong.
-  static std::unique_ptr<ZipArchive> open(const std::string& path);
-  ~ZipArchive();
-  ZipArchive(const ZipArchive&) = delete;
-  ZipArchive& operator=(const ZipArchive&) = delete;
-
-  /// Whether `name` (under the archive's folder: "data.pkl", "data/0") is a record.
-  bool has(const std::string& name) const;
-  /// The size of record `name` in bytes (no larger than the file; checked when opened).
-  std::uint64_t size(const std::string& name) const;
-  /// Reads record `name` into `dst` (size(name) bytes) and checks its CRC-32. A deflated
-  /// record is refused: torch.save stores its records.
-  void read(const std::string& name, void* dst) const;
-  /// Record `name` as bytes.
-  std::string read(const std::string& name) const;
-
- private:
-  struct Entry {
-    std::uint64_t offset = 0;  ///< of the data, in the file
-    std::uint64_t size = 0;    ///< read out (deflated: declared)
-    std::uint32_t crc32 = 0;
-    bool deflated = false;
-  };
-  ZipArchive(int fd, std::uint64_t file_size) : fd_(fd), file_size_(file_size) {}
-  void pread_all(std::uint64_t offset, void* dst, std::uint64_t n) const;
-  const Entry& entry(const std::string& name) const;
-
-  int fd_ = -1;
-  std::uint64_t file_size_ = 0;
-  std::map<std::string, Entry> entries_;  ///< by name under the folder
-};
 
 /// The object torch.save wrote into the archive `zip`. Throws TorchSaveError (no data.pkl, a
 /// damaged record, a pickle opcode outside the data subset, more than kMaxPickleValues values
