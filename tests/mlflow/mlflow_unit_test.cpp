@@ -3,6 +3,10 @@
 // someone else (and the file store outside its root).
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+#include <sys/resource.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -189,7 +193,9 @@ TEST(MlflowJournal, ASecondWriterIsRefusedNamingTheFirst) {
 /// and keeps the requests it got.
 class ScriptedServer {
  public:
-  explicit ScriptedServer(std::vector<std::pair<int, std::string>> answers) : answers_(std::move(answers)) {
+  /// `location`: the Location header of each 3xx answer.
+  explicit ScriptedServer(std::vector<std::pair<int, std::string>> answers, std::string location = "")
+      : answers_(std::move(answers)), location_(std::move(location)) {
     fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
@@ -213,6 +219,7 @@ class ScriptedServer {
  private:
   int fd_ = -1, port_ = 0;
   std::vector<std::pair<int, std::string>> answers_;
+  std::string location_;
   std::thread thread_;
 
   void serve() {
@@ -238,6 +245,7 @@ class ScriptedServer {
       requests.push_back(req);
       const std::string reply = "HTTP/1.1 " + std::to_string(status) + " X\r\nContent-Type: application/json\r\n" +
                                 (status == 429 ? "Retry-After: 7\r\n" : "") +
+                                (status >= 300 && status < 400 ? "Location: " + location_ + "\r\n" : "") +
                                 "Content-Length: " + std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" +
                                 body;
       [[maybe_unused]] const ssize_t w = ::write(c, reply.data(), reply.size());
@@ -620,6 +628,161 @@ TEST_F(UntrustedJournal, CredentialsGoToTheServerTheUserNamed) {
   EXPECT_EQ(r.code, 0) << r.out << r.err;
   ASSERT_EQ(server.requests.size(), 4u);
   for (const auto& req : server.requests) EXPECT_NE(req.find("Authorization: Bearer secret-token"), std::string::npos);
+}
+
+// ---- a refused run: nothing after it is marked as delivered -------------------------------
+
+/// What MLflow answers to experiments/get-by-name for an active experiment 3.
+const std::pair<int, std::string> kActive{200, "{\"experiment\":{\"experiment_id\":\"3\",\"lifecycle_stage\":\"active\"}}"};
+
+/// A journal of a start, two metric batches and an end, refused at the run's start by a first
+/// sync (`refusal`: the answers up to and including the refusal), then sent by a second one
+/// after the fix. Returns the first sync's result; `requests` gets what the server received.
+SyncResult refused_then_sent(const std::string& run, std::vector<std::pair<int, std::string>> refusal,
+                             std::vector<std::string>& requests, SyncResult& second, const std::string& location = "") {
+  std::vector<std::pair<int, std::string>> answers = std::move(refusal);
+  for (const auto& a : std::vector<std::pair<int, std::string>>{
+           kActive,
+           {200, "{}"},  // runs/search: none with this journal id
+           {200, "{\"run\":{\"info\":{\"run_id\":\"r9\",\"experiment_id\":\"3\"}}}"},
+           {200, "{}"},    // log-batch
+           {200, "{}"},    // log-batch
+           {200, "{}"}}) {  // runs/update
+    answers.push_back(a);
+  }
+  ScriptedServer server(answers, location);
+  auto batch = [](double v) {
+    return json{{"op", "batch"}, {"metrics", json::array({json::array({"train/loss", v, 1000, 1})})}};
+  };
+  write_journal(run, {start_record(server.uri()), batch(0.5), batch(0.25), end_record()});
+  SyncResult first = sync(run, server.uri());
+  const auto p = mlf::read_progress(mlf::journal_dir(run), server.uri());
+  EXPECT_EQ(p.seq, 0) << "a record after the refused start was marked as delivered";
+  EXPECT_EQ(p.offset, 0);
+  EXPECT_TRUE(p.run_id.empty());
+  EXPECT_FALSE(fs::exists(mlf::journal_dir(run) / "rejected.jsonl"));
+  second = sync(run, server.uri());
+  requests = server.requests;
+  EXPECT_EQ(mlf::read_progress(mlf::journal_dir(run), server.uri()).seq, 4);
+  return first;
+}
+
+/// How many of `requests` were `line` (`POST /api/2.0/mlflow/runs/log-batch`).
+int count(const std::vector<std::string>& requests, const std::string& line) {
+  int n = 0;
+  for (const auto& r : requests) n += r.rfind(line + " HTTP/1.1", 0) == 0 ? 1 : 0;
+  return n;
+}
+
+/// The second sync delivered every record once.
+void expect_delivered_once(const std::vector<std::string>& requests, const SyncResult& second) {
+  EXPECT_EQ(second.code, 0) << second.out << second.err;
+  EXPECT_EQ(count(requests, "POST /api/2.0/mlflow/runs/create"), 2);  // the refused one, then the run
+  EXPECT_EQ(count(requests, "POST /api/2.0/mlflow/runs/log-batch"), 2);
+  EXPECT_EQ(count(requests, "POST /api/2.0/mlflow/runs/update"), 1);
+}
+
+TEST_F(UntrustedJournal, ARunStartRefusedWithA404FromAProxyStopsSyncAndALaterSyncSendsEachRecordOnce) {
+  std::vector<std::string> requests;
+  SyncResult second;
+  const SyncResult r = refused_then_sent(run_, {kActive, {200, "{}"}, {404, "<html>Not Found</html>"}}, requests, second);
+  EXPECT_EQ(r.code, 3) << r.out << r.err;
+  EXPECT_NE(r.err.find("HTTP 404"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("/api/2.0/mlflow/runs/create"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("path prefix"), std::string::npos) << r.err;
+  expect_delivered_once(requests, second);
+}
+
+TEST_F(UntrustedJournal, ARedirectIsNotFollowedAndSyncNamesTheUriToUse) {
+  std::vector<std::string> requests;
+  SyncResult second;
+  const SyncResult r = refused_then_sent(run_, {kActive, {200, "{}"}, {302, ""}}, requests, second,
+                                         "https://mlflow.example/team/api/2.0/mlflow/runs/create");
+  EXPECT_EQ(r.code, 3) << r.out << r.err;
+  EXPECT_NE(r.err.find("HTTP 302"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("use https://mlflow.example/team as the tracking URI"), std::string::npos) << r.err;
+  expect_delivered_once(requests, second);
+}
+
+TEST_F(UntrustedJournal, RefusedCredentialsStopSyncSayingWhatToCheck) {
+  std::vector<std::string> requests;
+  SyncResult second;
+  const SyncResult r = refused_then_sent(run_, {kActive, {200, "{}"}, {403, "{\"error_code\":\"PERMISSION_DENIED\"}"}},
+                                         requests, second);
+  EXPECT_EQ(r.code, 3) << r.out << r.err;
+  EXPECT_NE(r.err.find("HTTP 403"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("MLFLOW_TRACKING_TOKEN"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("fix that, then run this again"), std::string::npos) << r.err;
+  expect_delivered_once(requests, second);
+}
+
+TEST_F(UntrustedJournal, ADeletedExperimentStopsSyncAtTheStartAndARestoreLetsTheNextSyncSendAll) {
+  std::vector<std::string> requests;
+  SyncResult second;
+  const SyncResult r = refused_then_sent(
+      run_, {{200, "{\"experiment\":{\"experiment_id\":\"3\",\"lifecycle_stage\":\"deleted\"}}"}}, requests, second);
+  EXPECT_EQ(r.code, 3) << r.out << r.err;
+  EXPECT_NE(r.err.find("is deleted"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("restore"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(line(1)), std::string::npos) << r.err;  // the start record's journal line
+  EXPECT_EQ(count(requests, "POST /api/2.0/mlflow/runs/log-batch"), 2);
+  EXPECT_EQ(count(requests, "POST /api/2.0/mlflow/runs/update"), 1);
+  EXPECT_EQ(second.code, 0) << second.out << second.err;
+}
+
+/// Lowers the process's file size limit (RLIMIT_FSIZE) to `bytes` for the scope, with SIGXFSZ
+/// ignored: a write past it fails with EFBIG, as on a full disk.
+class FileSizeLimit {
+ public:
+  explicit FileSizeLimit(rlim_t bytes) {
+    ::getrlimit(RLIMIT_FSIZE, &old_);
+    old_handler_ = ::signal(SIGXFSZ, SIG_IGN);
+    rlimit lower = old_;
+    lower.rlim_cur = bytes;
+    EXPECT_EQ(::setrlimit(RLIMIT_FSIZE, &lower), 0);
+  }
+  ~FileSizeLimit() {
+    ::setrlimit(RLIMIT_FSIZE, &old_);
+    ::signal(SIGXFSZ, old_handler_);
+  }
+
+ private:
+  rlimit old_{};
+  void (*old_handler_)(int) = nullptr;
+};
+
+TEST(MlflowJournal, AFailedJournalWriteIsReportedAndTheNextRecordIsALineOfItsOwn) {
+  TempDir tmp;
+  std::ostringstream log_text;
+  auto log = std::make_shared<spdlog::logger>("journal-full", std::make_shared<spdlog::sinks::ostream_sink_mt>(log_text));
+  const std::string store = "file:" + (tmp / "mlruns");
+  const fs::path journal = mlf::journal_dir(tmp.str()) / "journal.jsonl";
+  mlf::ExportOptions o;
+  o.background = false;
+  {
+    mlf::Exporter e(mlf::open_backend(store), tmp.str(), o, log);
+    e.record({{"op", "start"}, {"experiment", "e"}, {"run_name", "r"}, {"tracking_uri", store}});
+    {
+      // Room for part of the next record only (1000 metrics, tens of kilobytes).
+      FileSizeLimit limit(fs::file_size(journal) + 100);
+      e.metrics(points(1000));
+    }
+    e.metrics(points(3, 2));
+    e.record({{"op", "end"}, {"status", "FINISHED"}, {"end_time", 5}});
+    EXPECT_EQ(e.close(1.0), 0);
+  }
+  EXPECT_NE(log_text.str().find("cannot append record 2 to " + journal.string()), std::string::npos) << log_text.str();
+  EXPECT_NE(log_text.str().find("(errno " + std::to_string(EFBIG) + ")"), std::string::npos) << log_text.str();
+  const auto lines = read_lines(journal.string());
+  std::vector<std::string> ops;
+  for (const auto& l : lines) {
+    const json rec = json::parse(l, nullptr, false);
+    ASSERT_TRUE(rec.is_object()) << "not one record: " << l.substr(0, 200);
+    ops.push_back(rec["op"].get<std::string>());
+    EXPECT_EQ(rec["seq"], static_cast<int>(ops.size()));
+  }
+  EXPECT_EQ(ops, (std::vector<std::string>{"start", "batch", "end"}));  // the record that failed is lost
+  EXPECT_EQ(json::parse(lines[1])["metrics"].size(), 3u);
 }
 
 // ---- the file store writes nothing outside its root ----------------------------------------

@@ -48,6 +48,17 @@ class TransientError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// The destination refused a request for a reason that is not the record's own and that
+/// waiting alone will not fix: refused credentials (401/403), a 404 that is not MLflow's
+/// answer (a tracking URI missing a path prefix), a redirect (3xx, not followed: credentials
+/// would go along), the run's start or continue refused (a deleted experiment). Like any
+/// TransientError, sending stops at the record and it stays in the journal; the message names
+/// the cause and what to fix.
+class RefusedError : public TransientError {
+ public:
+  using TransientError::TransientError;
+};
+
 /// The backend refused the request for what it holds (a 4xx other than 401/403/408/429, a
 /// local file that cannot be read): sending it again cannot succeed.
 class RejectedError : public std::runtime_error {

@@ -1,6 +1,7 @@
 #include "mlflow_export.h"
 
 #include "backends.h"
+#include "journal_check.h"
 #include "journal_io.h"
 
 #include <fcntl.h>
@@ -9,7 +10,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -97,153 +100,6 @@ using detail::drop_incomplete_tail;
 using detail::for_each_record;
 using detail::kJournal;
 using detail::kRejected;
-
-// ---- a journal record, checked ------------------------------------------------------------
-
-namespace {
-
-/// `j` for a message: its JSON, cut at 80 characters.
-std::string shown(const json& j) {
-  std::string s = j.dump(-1, ' ', false, json::error_handler_t::replace);
-  return s.size() > 80 ? s.substr(0, 77) + "..." : s;
-}
-
-[[noreturn]] void refuse(const std::string& where, const std::string& what) {
-  throw JournalError(where + ": " + what);
-}
-
-const std::string kKeyRule = "1-" + std::to_string(kMaxKeyLength) +
-                             " characters of letters, digits, _ - . space : /, a path without empty, . or .. parts";
-
-void check_key(const json& k, const char* what, const std::string& where) {
-  if (!k.is_string()) refuse(where, std::string(what) + " key " + shown(k) + " is not a string");
-  const std::string key = k.get<std::string>();
-  if (!valid_key(key)) {
-    refuse(where, std::string(what) + " key '" + key + "' is not valid in MLflow (" + kKeyRule +
-                      "; the plugin logs such a key under a valid name)");
-  }
-}
-
-/// [[key, value], ...]: params or tags.
-void check_key_values(const json& rec, const char* field, const char* what, std::size_t max_count,
-                      std::size_t max_value, const std::string& where) {
-  if (!rec.contains(field)) return;
-  const json& a = rec[field];
-  if (!a.is_array()) refuse(where, std::string(field) + " is not an array of [key, value]");
-  if (a.size() > max_count) {
-    refuse(where, std::string(field) + " holds " + std::to_string(a.size()) + " entries, not valid in MLflow (at most " +
-                      std::to_string(max_count) + " per request)");
-  }
-  for (const auto& kv : a) {
-    if (!kv.is_array() || kv.size() != 2) refuse(where, std::string(what) + " " + shown(kv) + " is not [key, value]");
-    check_key(kv[0], what, where);
-    if (!kv[1].is_string()) refuse(where, std::string(what) + " '" + kv[0].get<std::string>() + "' has no string value");
-    const std::size_t n = kv[1].get_ref<const std::string&>().size();
-    if (n > max_value) {
-      refuse(where, std::string(what) + " '" + kv[0].get<std::string>() + "' has a value of " + std::to_string(n) +
-                        " characters, not valid in MLflow (at most " + std::to_string(max_value) +
-                        "; the plugin cuts longer values)");
-    }
-  }
-}
-
-void check_string(const json& rec, const char* field, bool required, const std::string& where) {
-  if (!rec.contains(field)) {
-    if (required) refuse(where, std::string("the ") + rec.value("op", std::string()) + " record has no " + field);
-    return;
-  }
-  if (!rec[field].is_string()) refuse(where, std::string(field) + " " + shown(rec[field]) + " is not a string");
-}
-
-void check_integer(const json& rec, const char* field, const std::string& where) {
-  if (rec.contains(field) && !rec[field].is_number_integer()) {
-    refuse(where, std::string(field) + " " + shown(rec[field]) + " is not an integer");
-  }
-}
-
-}  // namespace
-
-void validate_record(const json& rec, const std::string& where) {
-  if (!rec.is_object()) refuse(where, "not a journal record (a JSON object)");
-  if (!rec.contains("op") || !rec["op"].is_string()) refuse(where, "a journal record without an op");
-  const std::string op = rec["op"].get<std::string>();
-  check_integer(rec, "seq", where);
-  if (op == "start" || op == "continue") {
-    check_string(rec, "experiment", true, where);
-    if (rec["experiment"].get_ref<const std::string&>().empty()) refuse(where, "the experiment name is empty");
-    for (const char* f : {"tracking_uri", "run_name", "user", "journal_id"}) check_string(rec, f, false, where);
-    for (const char* f : {"run_name", "user"}) {
-      if (rec.contains(f) && rec[f].get_ref<const std::string&>().size() > kMaxTagValueLength) {
-        refuse(where, std::string(f) + " is longer than " + std::to_string(kMaxTagValueLength) + " characters");
-      }
-    }
-    if (rec.contains("journal_id") && !valid_id(rec["journal_id"].get<std::string>())) {
-      refuse(where, "journal_id " + shown(rec["journal_id"]) + " is not 1-64 letters, digits, _ or -");
-    }
-    check_integer(rec, "start_time", where);
-    check_key_values(rec, "tags", "tag", kMaxEntitiesPerBatch, kMaxTagValueLength, where);
-    if (op == "continue") {
-      check_string(rec, "previous_run_dir", true, where);
-      if (!fs::path(rec["previous_run_dir"].get<std::string>()).is_absolute()) {
-        refuse(where, "previous_run_dir " + shown(rec["previous_run_dir"]) + " is not an absolute path");
-      }
-    }
-  } else if (op == "batch") {
-    if (rec.contains("metrics")) {
-      const json& ms = rec["metrics"];
-      if (!ms.is_array()) refuse(where, "metrics is not an array of [key, value, timestamp, step]");
-      if (ms.size() > kMaxMetricsPerBatch) {
-        refuse(where, "metrics holds " + std::to_string(ms.size()) + " points, not valid in MLflow (at most " +
-                          std::to_string(kMaxMetricsPerBatch) + " per request)");
-      }
-      for (const auto& m : ms) {
-        if (!m.is_array() || m.size() != 4) refuse(where, "metric " + shown(m) + " is not [key, value, timestamp, step]");
-        check_key(m[0], "metric", where);
-        const bool special = m[1].is_string() && (m[1] == "NaN" || m[1] == "Infinity" || m[1] == "-Infinity");
-        if (!m[1].is_number() && !special) {
-          refuse(where, "metric '" + m[0].get<std::string>() + "' has the value " + shown(m[1]) +
-                            ": a number, \"NaN\", \"Infinity\" or \"-Infinity\" is allowed");
-        }
-        if (!m[2].is_number_integer() || !m[3].is_number_integer()) {
-          refuse(where, "metric '" + m[0].get<std::string>() + "': timestamp and step must be integers");
-        }
-      }
-    }
-    check_key_values(rec, "params", "param", kMaxParamsTagsPerBatch, kMaxParamValueLength, where);
-    check_key_values(rec, "tags", "tag", kMaxParamsTagsPerBatch, kMaxTagValueLength, where);
-  } else if (op == "artifact") {
-    check_string(rec, "file", true, where);
-    check_string(rec, "path", true, where);
-    if (rec["file"].get_ref<const std::string&>().empty()) refuse(where, "the artifact record names no file");
-    const std::string path = rec["path"].get<std::string>();
-    if (!valid_artifact_path(path)) {
-      refuse(where, "artifact path '" + path +
-                        "' is not valid: a relative path of /-separated parts, none empty, . or .., at most " +
-                        std::to_string(kMaxArtifactPathLength) + " characters");
-    }
-  } else if (op == "end") {
-    check_string(rec, "status", true, where);
-    const std::string status = rec["status"].get<std::string>();
-    if (status != "FINISHED" && status != "FAILED" && status != "KILLED") {
-      refuse(where, "status '" + status + "' is not FINISHED, FAILED or KILLED");
-    }
-    check_integer(rec, "end_time", where);
-  } else {
-    refuse(where, "unknown journal record '" + op + "' (start, continue, batch, artifact and end are written)");
-  }
-}
-
-fs::path artifact_source(const fs::path& run_dir, const std::string& file, const std::string& where) {
-  const fs::path base = fs::weakly_canonical(fs::absolute(run_dir));
-  fs::path p = file;
-  if (p.is_relative()) p = base / p;
-  const fs::path real = fs::weakly_canonical(p);
-  if (!detail::is_within(real, base) || real == base) {
-    refuse(where, "artifact file '" + file + "' leads to " + real.string() +
-                      ": an artifact's file must lie inside the run directory " + base.string());
-  }
-  return real;
-}
 
 std::string canonical_uri(const std::string& uri) {
   if (uri.rfind("file:", 0) != 0) return uri;
@@ -365,6 +221,7 @@ std::int64_t lines_before(const fs::path& journal, std::int64_t offset) {
 
 bool Sender::send_pending(std::string* error) {
   bool ok = true;
+  blocked_ = false;
   // Untrusted journals are named by line in errors; the plugin's own by record.
   std::int64_t line_no = strict_ ? lines_before(dir_ / kJournal, progress_.offset) : 0;
   for_each_record(dir_ / kJournal, progress_.offset, [&](const std::string& line, std::int64_t end) {
@@ -380,6 +237,7 @@ bool Sender::send_pending(std::string* error) {
       if (rec.contains("metrics")) sent_metrics_ += static_cast<std::int64_t>(rec["metrics"].size());
     } catch (const TransientError& e) {
       if (error) *error = e.what();
+      blocked_ = dynamic_cast<const RefusedError*>(&e) != nullptr;
       ok = false;
       return false;
     } catch (const JournalError& e) {
@@ -388,9 +246,21 @@ bool Sender::send_pending(std::string* error) {
       log_->error("mlflow: {}; not sent, kept in {}", e.what(), (dir_ / kRejected).string());
       std::ofstream(dir_ / kRejected, std::ios::app) << line << "\n";
     } catch (const std::exception& e) {
+      const bool has_op = rec.is_object() && rec.contains("op") && rec["op"].is_string();
+      const std::string op = has_op ? rec["op"].get<std::string>() : std::string();
+      if (op == "start" || op == "continue") {
+        // Every record after it belongs to that run: passing it over would mark them all as
+        // delivered. Sending stops here; the record stays in the journal.
+        if (error) {
+          *error = backend_.uri() + " refused the run's " + op + " (" + where + "): " + e.what() +
+                   "; nothing after it was sent";
+        }
+        blocked_ = true;
+        ok = false;
+        return false;
+      }
       // Refused for what it holds: sending it again cannot help. Kept aside, reported, passed.
       ++rejected_;
-      const bool has_op = rec.is_object() && rec.contains("op") && rec["op"].is_string();
       log_->error("mlflow: {} refused journal record {} ({}): {}; kept in {}", backend_.uri(), seq_of(rec, 0),
                   has_op ? rec["op"].get<std::string>() : std::string("?"), e.what(), (dir_ / kRejected).string());
       std::ofstream(dir_ / kRejected, std::ios::app) << line << "\n";
@@ -451,7 +321,10 @@ void Sender::apply(const json& rec, const std::string& where) {
           Sender before(backend_, prev, log_);
           if (strict_) before.trust_only(trusted_);
           std::string err;
-          if (!before.send_pending(&err)) throw TransientError(err);
+          if (!before.send_pending(&err)) {
+            if (before.blocked()) throw RefusedError(err);
+            throw TransientError(err);
+          }
           if (before.sent_records() > 0) {
             log_->info("mlflow: sent {} records of {} left unsent by the run this one resumes", before.sent_records(),
                        prev.parent_path().string());
@@ -519,15 +392,17 @@ Exporter::Exporter(std::unique_ptr<Backend> backend, const std::string& run_dir,
     next_seq_ = std::max(next_seq_, seq_of(rec, 0) + 1);
     return true;
   });
-  journal_ = std::fopen((dir_ / kJournal).c_str(), "ab");
-  if (!journal_) throw std::runtime_error("cannot open " + (dir_ / kJournal).string() + " for appending");
+  journal_fd_ = ::open((dir_ / kJournal).c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  if (journal_fd_ < 0) {
+    throw std::runtime_error("cannot open " + (dir_ / kJournal).string() + " for appending: " + std::strerror(errno));
+  }
   sender_ = std::make_unique<Sender>(*backend_, dir_, log_);
   if (options_.background) thread_ = std::thread([this] { run(); });
 }
 
 Exporter::~Exporter() {
   if (thread_.joinable()) close(0.0);
-  if (journal_) std::fclose(journal_);
+  if (journal_fd_ >= 0) ::close(journal_fd_);
 }
 
 void Exporter::metrics(std::vector<Metric> points) {
@@ -564,10 +439,51 @@ std::int64_t Exporter::metrics_sent() const {
 }
 
 void Exporter::append(json rec) {
-  rec["seq"] = next_seq_++;
-  const std::string line = rec.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
-  if (std::fwrite(line.data(), 1, line.size(), journal_) != line.size()) {
-    log_->error("mlflow: cannot append to {}", (dir_ / kJournal).string());
+  const fs::path path = dir_ / kJournal;
+  const std::string seq = std::to_string(next_seq_);
+  if (tail_dirty_) {
+    // A failed write left part of a line that could not be cut then: cut it before appending,
+    // or append nothing (a record appended to it would merge with it into one line).
+    try {
+      drop_incomplete_tail(path);
+      tail_dirty_ = false;
+    } catch (const std::exception&) {
+    }
+  }
+  int err = 0;
+  if (!tail_dirty_) {
+    rec["seq"] = next_seq_;
+    const std::string line = rec.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+    const off_t before = ::lseek(journal_fd_, 0, SEEK_END);
+    std::size_t done = 0;
+    while (done < line.size()) {
+      const ssize_t n = ::write(journal_fd_, line.data() + done, line.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        err = n < 0 ? errno : EIO;
+        break;
+      }
+      done += static_cast<std::size_t>(n);
+    }
+    if (done == line.size()) {
+      ++next_seq_;
+      if (lost_records_ > 0) {
+        log_->warn("mlflow: {} takes records again; {} records could not be written to it and are lost", path.string(),
+                   lost_records_);
+        lost_records_ = 0;
+      }
+      return;
+    }
+    // Part of the line may be on disk: cut back to the last complete line.
+    if (done > 0 && (before < 0 || ::ftruncate(journal_fd_, before) != 0)) tail_dirty_ = true;
+  } else {
+    err = EIO;
+  }
+  if (lost_records_++ == 0) {
+    log_->error("mlflow: cannot append record {} to {}: {} (errno {}); it is lost, neither journaled nor sent{}; "
+                "free space there (or fix the file's permissions)",
+                seq, path.string(), std::strerror(err), err,
+                tail_dirty_ ? "; the partial line it left is cut before the next record is written" : "");
   }
 }
 
@@ -595,7 +511,6 @@ void Exporter::journal(std::deque<Item>& items) {
   }
   flush_metrics();
   items.clear();
-  std::fflush(journal_);
 }
 
 bool Exporter::try_send() {

@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "journal_check.h"
 #include "mlflow_client.h"
 #include "trainer/error.h"
 
@@ -32,28 +33,6 @@ class logger;
 }
 
 namespace trainer::mlflow {
-
-/// A journal record trainer does not write (a journal edited, or copied from someone else):
-/// the message names the journal file and line, what is wrong and what is allowed.
-/// `trainer mlflow sync` exits with 2.
-class JournalError : public trainer::UsageError {
- public:
-  using trainer::UsageError::UsageError;
-};
-
-/// Checks a journal record against the rules the plugin follows when it writes one, so that a
-/// journal from elsewhere can send nothing the plugin would not: a known `op`; metric, param
-/// and tag keys valid in MLflow (valid_key) and values within MLflow's limits; batches within
-/// MLflow's per-request limits; an artifact's `path` a valid_artifact_path; a `continue`'s
-/// `previous_run_dir` absolute; an `end`'s status FINISHED, FAILED or KILLED. Throws
-/// JournalError starting with `where` (`RUN_DIR/mlflow/journal.jsonl:12`).
-void validate_record(const nlohmann::json& rec, const std::string& where);
-
-/// The file an artifact record names (`file`, relative to `run_dir` or absolute), symlinks
-/// resolved; it must lie inside `run_dir` (also resolved). Throws JournalError starting with
-/// `where` otherwise. The file need not exist.
-std::filesystem::path artifact_source(const std::filesystem::path& run_dir, const std::string& file,
-                                      const std::string& where);
 
 /// RUN_DIR/mlflow: the journal, sent.json, rejected.jsonl and the lock.
 std::filesystem::path journal_dir(const std::string& run_dir);
@@ -93,8 +72,14 @@ class Sender {
   void trust_only(std::vector<std::filesystem::path> run_dirs);
   /// Sends records until the journal's end (true) or a TransientError (false, `error` set;
   /// what was sent is kept). A record the backend refuses, or that validate_record() refuses,
-  /// is reported, kept in rejected.jsonl and passed over (see trust_only()).
+  /// is reported, kept in rejected.jsonl and passed over (see trust_only()); but a refused
+  /// `start` or `continue`, and a RefusedError (credentials, a 404 not from MLflow, a
+  /// redirect), stop sending at that record (false, blocked() true): the records after it
+  /// belong to that run, and none is marked as delivered.
   bool send_pending(std::string* error = nullptr);
+  /// Whether the last send_pending() stopped at a refusal that needs a fix (its `error` says
+  /// which), not at a server that did not answer.
+  bool blocked() const { return blocked_; }
   /// Records in the journal after the acknowledged ones, and the metrics they hold.
   std::pair<std::int64_t, std::int64_t> pending() const;
   const Progress& progress() const { return progress_; }
@@ -110,6 +95,7 @@ class Sender {
   std::int64_t sent_records_ = 0, sent_metrics_ = 0, rejected_ = 0;
   nlohmann::json sent_;  ///< sent.json as last written (null until the first write)
   bool strict_ = false;  ///< trust_only() was called
+  bool blocked_ = false;  ///< the last send_pending() stopped at a refusal
   std::vector<std::filesystem::path> trusted_;  ///< canonical run directories a `continue` may name
 
   void apply(const nlohmann::json& rec, const std::string& where);
@@ -154,8 +140,10 @@ class Exporter {
   std::shared_ptr<spdlog::logger> log_;
   std::unique_ptr<JournalLock> lock_;
   std::unique_ptr<Sender> sender_;
-  std::FILE* journal_ = nullptr;
+  int journal_fd_ = -1;  ///< the journal, opened for appending
   std::int64_t next_seq_ = 1;
+  bool tail_dirty_ = false;     ///< a failed append left a partial line that could not be cut yet
+  std::int64_t lost_records_ = 0;  ///< records not journaled since the last append that worked
 
   mutable std::mutex mu_;
   std::condition_variable cv_, idle_cv_;
@@ -172,6 +160,8 @@ class Exporter {
   void run();
   /// Journals what is queued; then sends unless waiting after a failure.
   void journal(std::deque<Item>& items);
+  /// Appends `rec` as one line. A write that fails (a full disk) is reported and cut back to
+  /// the last complete line, so that the next record starts a line of its own; the record is lost.
   void append(nlohmann::json rec);
   bool try_send();
   bool outage_ = false;
@@ -192,7 +182,9 @@ class Exporter {
 /// journal alone, are refused.
 ///
 /// Exit code: 0 all sent, 2 usage (no journal, a trainer still writing it, a record refused,
-/// a tracking URI in doubt), 3 the destination could not be reached (records left).
+/// a tracking URI in doubt), 3 records left: the destination could not be reached, or it
+/// refused the run's start/continue or every request (credentials, a 404 not from MLflow, a
+/// redirect), the message saying what to fix.
 int sync_run_dir(const std::string& run_dir, const std::string& uri, std::ostream& out, std::ostream& err,
                  const std::vector<std::string>& previous_run_dirs = {});
 

@@ -12,6 +12,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "journal_check.h"
 #include "journal_io.h"
 #include "mlflow_export.h"
 
@@ -249,6 +250,12 @@ int sync_run_dir(const std::string& run_dir, const std::string& uri_override, st
   if (sender.rejected_records() > 0) {
     out << "trainer mlflow sync: " << sender.rejected_records() << " records were refused; they are kept in "
         << (dir / kRejected).string() << "\n";
+  }
+  if (!ok && sender.blocked()) {
+    err << "trainer mlflow sync: " << error << "; " << left << " records (" << left_metrics
+        << " metrics) are left in the journal, from the one refused on: fix that, then run this again (each is sent "
+           "once)\n";
+    return 3;
   }
   if (!ok) {
     err << "trainer mlflow sync: " << error << "; " << left << " records (" << left_metrics

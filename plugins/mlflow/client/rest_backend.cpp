@@ -68,23 +68,29 @@ std::size_t append_body(char* data, std::size_t size, std::size_t n, void* out) 
 
 struct Response {
   long code = 0;
+  std::string url;  ///< what was asked
   std::string body;
   std::string retry_after;
+  std::string location;  ///< a redirect's target
 };
 
+/// Whether `line` is the header `name` (lower case, with its colon); its value, trimmed, in `value`.
+bool header_value(const std::string& line, const std::string& name, std::string& value) {
+  if (line.size() <= name.size()) return false;
+  std::string lower = line.substr(0, name.size());
+  for (auto& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (lower != name) return false;
+  std::string v = line.substr(name.size());
+  while (!v.empty() && (v.back() == '\r' || v.back() == '\n' || v.back() == ' ')) v.pop_back();
+  while (!v.empty() && v.front() == ' ') v.erase(0, 1);
+  value = v;
+  return true;
+}
+
 std::size_t read_header(char* data, std::size_t size, std::size_t n, void* out) {
-  std::string line(data, size * n);
-  const std::string name = "retry-after:";
-  if (line.size() > name.size()) {
-    std::string lower = line.substr(0, name.size());
-    for (auto& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    if (lower == name) {
-      std::string v = line.substr(name.size());
-      while (!v.empty() && (v.back() == '\r' || v.back() == '\n' || v.back() == ' ')) v.pop_back();
-      while (!v.empty() && v.front() == ' ') v.erase(0, 1);
-      static_cast<Response*>(out)->retry_after = v;
-    }
-  }
+  const std::string line(data, size * n);
+  auto* r = static_cast<Response*>(out);
+  if (!header_value(line, "retry-after:", r->retry_after)) header_value(line, "location:", r->location);
   return size * n;
 }
 
@@ -240,6 +246,7 @@ class RestBackend final : public Backend {
     curl_easy_reset(c);
     Response r;
     const std::string url = base_ + path;
+    r.url = url;
     curl_easy_setopt(c, CURLOPT_URL, url.c_str());
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(http_.connect_timeout_s * 1000));
@@ -301,7 +308,23 @@ class RestBackend final : public Backend {
                              (message.empty() ? "" : ": " + message) +
                              (r.retry_after.empty() ? "" : " (Retry-After " + r.retry_after + ")");
     if (r.code == 401 || r.code == 403) {
-      throw TransientError(text + " (check MLFLOW_TRACKING_TOKEN or MLFLOW_TRACKING_USERNAME/PASSWORD)");
+      throw RefusedError(text + " (check MLFLOW_TRACKING_TOKEN or MLFLOW_TRACKING_USERNAME/PASSWORD)");
+    }
+    if (r.code >= 300 && r.code < 400) {
+      // Not followed: credentials would go along to wherever it points.
+      std::string target = r.location;
+      const auto api = target.find("/api/2.0/");
+      if (api != std::string::npos) target = target.substr(0, api);
+      throw RefusedError(what + " on " + uri_ + ": HTTP " + std::to_string(r.code) + " redirects " + r.url + " to " +
+                         (r.location.empty() ? std::string("(no Location)") : r.location) +
+                         "; redirects are not followed: use " +
+                         (target.empty() ? std::string("the URI it points to") : target) +
+                         " as the tracking URI (plugins.mlflow.tracking_uri, MLFLOW_TRACKING_URI or --tracking-uri)");
+    }
+    if (r.code == 404 && (!j.is_object() || !j.contains("error_code"))) {
+      // MLflow's own 404 names an error_code (RESOURCE_DOES_NOT_EXIST); this came from elsewhere.
+      throw RefusedError(text + "; that is not MLflow's answer: nothing serves MLflow's API at " + r.url +
+                         ": is the tracking URI missing a path prefix (http://host/prefix)?");
     }
     if (r.code == 408 || r.code == 429 || r.code >= 500 || r.code < 200) throw TransientError(text);
     throw RejectedError(text);
