@@ -3,6 +3,8 @@
 # Builds the `fuzz` CMake preset (clang; build-fuzz/) and runs one target, tests/fuzz/<NAME>_fuzz.cpp:
 #   recipe      the recipe and override parser (the default)
 #   torch_save  the torch.save reader behind model.weights
+#   study_journal  a study's journal (study.jsonl) as `trainer sweep` resumes from it
+#   report      `trainer report`'s reading of a run directory (metrics.jsonl, status.json, trainer.log)
 # It starts from the target's committed corpus (tests/fuzz/corpus for recipe,
 # tests/fuzz/corpus_<NAME> for the others), writes new inputs to build-fuzz/corpus
 # (build-fuzz/corpus_<NAME>) and a crashing input to build-fuzz/artifacts/. Exits non-zero on a

@@ -20,6 +20,9 @@ struct JournalLine {
   std::string parse_error;  ///< why it is not JSON; "" when it is
 };
 
+/// How deep a record's arrays and objects may nest when read back (the study's own nest 6 deep).
+inline constexpr std::int64_t kMaxRecordNesting = 64;
+
 /// Every event of a study as one JSON line, each made durable (fsync) before the study goes
 /// on. A study killed at any moment keeps every line it wrote whole: a line cut short (a kill
 /// or a full disk in the middle of a write) is dropped before the next append and skipped
@@ -30,8 +33,8 @@ class StudyJournal {
   /// Appends `record`; throws trainer::Error naming the file when it cannot be written.
   void append(const nlohmann::json& record);
   /// The whole lines written so far, in order, empty lines left out; a last line without its
-  /// newline (cut short) is not one of them. A line that is not JSON is returned with its
-  /// parse_error: replay() names it.
+  /// newline (cut short) is not one of them. A line that is not JSON, or whose arrays and objects
+  /// nest deeper than kMaxRecordNesting, is returned with its parse_error: replay() names it.
   std::vector<JournalLine> read() const;
   const std::string& path() const { return path_; }
 
@@ -74,6 +77,9 @@ struct Replayed {
   std::map<std::int64_t, TrialRecord> trials;
   std::int64_t ended = 0;
 };
+
+// Reading it back (study_record_check.cpp): each record checked, and the study record
+// compared with this study's.
 
 /// Replays the journal at `path` (named in messages). The journal is untrusted input (a study
 /// directory may come from anyone): every record is checked before it is used (JSON, a known

@@ -253,6 +253,16 @@ TEST(StudyJournal, AJournalThatDoesNotStartWithTheStudyRecordIsRefused) {
   EXPECT_NE(bad_study.find("\"objective\" must be a string, not 1 (an integer)"), std::string::npos) << bad_study;
 }
 
+TEST(StudyJournal, ARecordNestedTooDeepIsRefusedNotPrinted) {
+  // Found beside tests/fuzz/study_journal_fuzz.cpp: printing it in the message overflowed the stack.
+  const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+  const std::string e = replay_error(lines({kStudyLine, deep, R"({"event":"report","number":0,"value":[[["]]]]"]]]})"}));
+  EXPECT_NE(e.find("study.jsonl:2: not a JSON record (arrays and objects nested 200000 levels deep, more than the 64"),
+            std::string::npos)
+      << e.substr(0, 500);
+  EXPECT_EQ(e.find("study.jsonl:3: not a JSON record"), std::string::npos) << e.substr(0, 500);  // "]]]]" in a string
+}
+
 TEST(StudyJournal, EveryDifferenceOfTwoStudyRecordsIsNamedButTheTrialCountMayChange) {
   using nlohmann::json;
   const json past{{"event", "study"},
