@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "report.h"
+#include "support/bounded_child.h"
 
 namespace {
 
@@ -73,64 +74,15 @@ std::size_t count(const std::string& text, const std::string& part) {
   return n;
 }
 
-/// What a child process said and how it ended.
-struct Child {
-  int code = -1;       ///< its exit code, or 128 + the signal that ended it
-  std::string report;  ///< what `body` returned: empty when everything held
-};
-
-/// Runs `body` in a child process that is killed after `seconds` (SIGALRM) and may map at most 1 GiB more
-/// than this process has mapped; returns the child's exit code and the text `body` returned.
-Child run_bounded(const std::function<std::string()>& body, unsigned seconds = 60) {
-  int fds[2];
-  if (::pipe(fds) != 0) return {};
-  std::fflush(nullptr);
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::close(fds[0]);
-    long pages = 0;
-    if (FILE* f = std::fopen("/proc/self/statm", "r")) {
-      if (std::fscanf(f, "%ld", &pages) != 1) pages = 0;
-      std::fclose(f);
-    }
-    const rlim_t limit = rlim_t(pages) * ::sysconf(_SC_PAGESIZE) + kGiB;
-    const rlimit rl{limit, limit};
-    ::setrlimit(RLIMIT_AS, &rl);
-    ::alarm(seconds);
-    std::string report;
-    int code = 0;
-    try {
-      report = body();
-    } catch (const std::bad_alloc&) {
-      report = "out of memory (more than 1 GiB allocated)", code = 3;
-    } catch (const std::exception& e) {
-      report = std::string("exception: ") + e.what(), code = 4;
-    }
-    for (std::size_t at = 0; at < report.size();) {
-      const ssize_t n = ::write(fds[1], report.data() + at, report.size() - at);
-      if (n <= 0) break;
-      at += std::size_t(n);
-    }
-    ::_exit(code);
-  }
-  ::close(fds[1]);
-  Child child;
-  char buf[4096];
-  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) child.report.append(buf, std::size_t(n));
-  ::close(fds[0]);
-  int status = 0;
-  if (pid > 0 && ::waitpid(pid, &status, 0) == pid) {
-    child.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
-  return child;
-}
+using trainer::testing::BoundedChild;
+using trainer::testing::run_bounded;
 
 /// Expects the child to have ended normally with nothing to report.
 #define EXPECT_HELD(child)                                                                                         \
   do {                                                                                                             \
-    const Child c_ = (child);                                                                                      \
-    EXPECT_EQ(c_.code, 0) << (c_.code == 128 + SIGALRM ? "it did not end (killed by the time limit)" : c_.report); \
-    EXPECT_EQ(c_.report, "");                                                                                      \
+    const BoundedChild c_ = (child);                                                                                      \
+    EXPECT_EQ(c_.code, 0) << (c_.code == 128 + SIGALRM ? "it did not end (killed by the time limit)" : c_.text); \
+    EXPECT_EQ(c_.text, "");                                                                                      \
   } while (0)
 
 /// What is wrong with `ticks` for [lo, hi] (empty: nothing): at least two, at most `max_ticks`, finite,

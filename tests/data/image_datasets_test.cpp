@@ -18,6 +18,7 @@
 #include <functional>
 #include <limits>
 
+#include "support/bounded_child.h"
 #include "support/test_util.h"
 #include "trainer/data.h"
 #include "trainer/error.h"
@@ -147,40 +148,15 @@ void write_uint8_mat(const std::string& path, const std::string& name, std::uint
 /// 1 GiB at most: a reader that allocates what a file declares runs out of memory there (or is
 /// stopped after a minute) instead of taking the machine's. "loaded" when it throws nothing.
 std::string usage_error_within_1gib(const std::function<void()>& load) {
-  int fds[2];
-  if (::pipe(fds) != 0) return "pipe failed";
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::close(fds[0]);
-    std::ifstream status("/proc/self/status");
-    std::uint64_t vm_kib = 0;
-    for (std::string line; std::getline(status, line);) {
-      if (line.rfind("VmSize:", 0) == 0) vm_kib = std::stoull(line.substr(7));
-    }
-    const rlim_t limit = (vm_kib << 10) + (1ull << 30);
-    const rlimit rl{limit, limit};
-    ::setrlimit(RLIMIT_AS, &rl);
-    ::alarm(60);
-    std::string msg = "loaded";
-    try {
-      load();
-    } catch (const UsageError& e) {
-      msg = e.what();
-    } catch (const std::exception& e) {
-      msg = std::string("another exception: ") + e.what();
-    }
-    (void)!::write(fds[1], msg.data(), msg.size());
-    ::_exit(0);
-  }
-  ::close(fds[1]);
-  std::string msg;
-  char buf[4096];
-  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) msg.append(buf, static_cast<std::size_t>(n));
-  ::close(fds[0]);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  if (WIFSIGNALED(status)) msg += " (the child was killed by signal " + std::to_string(WTERMSIG(status)) + ")";
-  return msg;
+  return testing::run_bounded([&] {
+           try {
+             load();
+           } catch (const UsageError& e) {
+             return std::string(e.what());
+           }
+           return std::string("loaded");
+         })
+      .text;
 }
 
 std::vector<std::int64_t> labels(const at::Tensor& t) {

@@ -15,6 +15,7 @@
 #include <limits>
 #include <torch/torch.h>
 
+#include "support/bounded_child.h"
 #include "support/test_util.h"
 #include "trainer/error.h"
 #include "trainer/model.h"
@@ -189,39 +190,7 @@ std::string refusal(const std::string& path) {
 /// that allocates what the file declares, or a multiple of the file per opcode, runs out there
 /// (or is stopped after a minute) instead of taking the machine's memory.
 std::string refusal_within_1gib(const std::string& path) {
-  int fds[2];
-  if (::pipe(fds) != 0) return "pipe failed";
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::close(fds[0]);
-    std::ifstream status("/proc/self/status");
-    std::string line;
-    std::uint64_t vm_kib = 0;
-    while (std::getline(status, line)) {
-      if (line.rfind("VmSize:", 0) == 0) vm_kib = std::stoull(line.substr(7));
-    }
-    const rlim_t limit = (vm_kib << 10) + (1ull << 30);
-    const rlimit rl{limit, limit};
-    ::setrlimit(RLIMIT_AS, &rl);
-    ::alarm(60);
-    std::string msg;
-    try {
-      msg = "refusal: " + refusal(path);
-    } catch (const std::exception& e) {
-      msg = std::string("another exception: ") + e.what();
-    }
-    (void)!::write(fds[1], msg.data(), msg.size());
-    ::_exit(0);
-  }
-  ::close(fds[1]);
-  std::string msg;
-  char buf[4096];
-  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) msg.append(buf, static_cast<std::size_t>(n));
-  ::close(fds[0]);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  if (WIFSIGNALED(status)) msg += " (the child was killed by signal " + std::to_string(WTERMSIG(status)) + ")";
-  return msg;
+  return testing::run_bounded([&] { return "refusal: " + refusal(path); }).text;
 }
 
 TEST_F(TorchSaveBounds, AWellFormedCraftedFileLoads) {
