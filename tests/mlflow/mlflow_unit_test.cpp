@@ -436,6 +436,9 @@ class UntrustedJournal : public ::testing::Test {
   void SetUp() override {
     write_file(secret_, "not for MLflow\n");
     write_file(run_ + "/config.toml", "[run]\n");
+    // The store exists, as after the run that wrote the journal: sync writes a file store the
+    // journal alone names only where one already is.
+    mlf::open_backend(store_)->experiment_id("e");
   }
   /// The journal file and the line of the record that sync names, as it names them.
   std::string line(int n) const { return (mlf::journal_dir(run_) / "journal.jsonl").string() + ":" + std::to_string(n); }
@@ -517,6 +520,68 @@ TEST_F(UntrustedJournal, AValidJournalIsStillSent) {
   const std::string run = tmp_ / ("mlruns/" + p.experiment_id + "/" + p.run_id);
   EXPECT_EQ(read_file(run + "/artifacts/configs/config.toml"), "[run]\n");
   EXPECT_EQ(read_file(run + "/metrics/train/loss"), "1000 0.5 1\n");
+}
+
+TEST_F(UntrustedJournal, AFileStoreNamedByTheJournalAloneIsWrittenOnlyWhereOneIs) {
+  const std::string elsewhere = tmp_ / "home/.config";
+  write_journal(run_, {start_record("file://" + elsewhere), end_record()});
+  const SyncResult r = sync(run_);
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find(line(1)), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("is not an MLflow file store"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--tracking-uri file://" + elsewhere), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(tmp_ / "home")) << "sync created a directory the journal named";
+  // Named by the user, it is created and written.
+  const SyncResult named = sync(run_, "file://" + elsewhere);
+  EXPECT_EQ(named.code, 0) << named.out << named.err;
+  EXPECT_TRUE(fs::exists(elsewhere + "/0/meta.yaml"));
+}
+
+/// Writes RUN_DIR/mlflow/sent.json saying that `uri` acknowledged the journal's first
+/// `records` records, into the run `run_id` (experiment 7, artifacts at `artifact_uri`).
+void write_sent(const std::string& run_dir, const std::string& uri, int records, const std::string& run_id,
+                const std::string& artifact_uri) {
+  const std::string journal = read_file((mlf::journal_dir(run_dir) / "journal.jsonl").string());
+  std::size_t offset = 0;
+  for (int i = 0; i < records; ++i) offset = journal.find('\n', offset) + 1;
+  const json sent{{"destinations",
+                   {{mlf::canonical_uri(uri),
+                     {{"seq", records}, {"offset", offset}, {"experiment_id", "7"}, {"run_id", run_id},
+                      {"artifact_uri", artifact_uri}}}}}};
+  write_file((mlf::journal_dir(run_dir) / "sent.json").string(), sent.dump());
+}
+
+TEST_F(UntrustedJournal, ARunThatSentJsonNamesAndTheDestinationLacksStopsSyncNamingSentJson) {
+  write_journal(run_, {start_record(store_),
+                       {{"op", "batch"}, {"metrics", json::array({json::array({"train/loss", 0.5, 1000, 1})})}},
+                       end_record()});
+  const std::string run_id(32, 'a');
+  write_sent(run_, store_, 1, run_id, "file://" + secret_);
+  const SyncResult r = sync(run_);
+  EXPECT_EQ(r.code, 3) << r.out << r.err;
+  EXPECT_NE(r.err.find("sent.json"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(run_id), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("remove its entry"), std::string::npos) << r.err;
+  EXPECT_EQ(mlf::read_progress(mlf::journal_dir(run_), store_).seq, 1) << "a record was marked as delivered";
+  for (const auto& f : files_under(tmp_ / "mlruns")) EXPECT_EQ(f.find("/metrics/"), std::string::npos) << f;
+}
+
+TEST_F(UntrustedJournal, ArtifactsGoWhereTheDestinationSaysNotWhereSentJsonSays) {
+  ScriptedServer server({{200, "{\"run\":{\"info\":{\"run_id\":\"r9\",\"experiment_id\":\"3\",\"artifact_uri\":"
+                          "\"mlflow-artifacts:/3/r9/artifacts\"}}}"},  // runs/get
+                         {200, "{}"},                                   // the upload
+                         {200, "{}"}});                                 // runs/update
+  write_journal(run_, {start_record(server.uri()),
+                       {{"op", "artifact"}, {"file", "config.toml"}, {"path", "configs/config.toml"}}, end_record()});
+  // The run is the journal's, but the artifact location is another run's.
+  write_sent(run_, server.uri(), 1, "r9", "mlflow-artifacts:/1/victim/artifacts");
+  const SyncResult r = sync(run_, server.uri());
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  ASSERT_EQ(server.requests.size(), 3u);
+  EXPECT_EQ(server.requests[0].rfind("GET /api/2.0/mlflow/runs/get?run_id=r9 HTTP/1.1", 0), 0u) << server.requests[0];
+  EXPECT_EQ(server.requests[1].rfind("PUT /api/2.0/mlflow-artifacts/artifacts/3/r9/artifacts/configs/config.toml", 0), 0u)
+      << server.requests[1];
+  for (const auto& req : server.requests) EXPECT_EQ(req.find("victim"), std::string::npos) << req;
 }
 
 TEST_F(UntrustedJournal, AContinueRecordPointingAtAnotherRunDirectoryIsRefused) {
@@ -728,6 +793,51 @@ TEST_F(UntrustedJournal, ADeletedExperimentStopsSyncAtTheStartAndARestoreLetsThe
   EXPECT_EQ(count(requests, "POST /api/2.0/mlflow/runs/log-batch"), 2);
   EXPECT_EQ(count(requests, "POST /api/2.0/mlflow/runs/update"), 1);
   EXPECT_EQ(second.code, 0) << second.out << second.err;
+}
+
+TEST_F(UntrustedJournal, ARunStartRefusedDuringTrainingKeepsEveryRecordForALaterSync) {
+  // The plugin's exporter, on the training process's side: its start is refused (a proxy's
+  // 404) at the first try and at each retry; nothing after it may be marked as delivered.
+  std::vector<std::pair<int, std::string>> refusals;
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    for (const auto& a : std::vector<std::pair<int, std::string>>{kActive, {200, "{}"}, {404, "<html>Not Found</html>"}}) {
+      refusals.push_back(a);
+    }
+  }
+  std::ostringstream log_text;
+  auto log = std::make_shared<spdlog::logger>("refused-start", std::make_shared<spdlog::sinks::ostream_sink_mt>(log_text));
+  std::int64_t left = 0;
+  {
+    ScriptedServer proxy(refusals);
+    mlf::ExportOptions o;
+    o.background = false;
+    mlf::Exporter e(mlf::open_backend(proxy.uri()), run_, o, log);
+    e.record(start_record(proxy.uri()));
+    e.metrics({{"train/loss", 0.5, 1000, 1}});
+    e.metrics({{"train/loss", 0.25, 2000, 2}});
+    e.record(end_record());
+    left = e.close(0.0);
+    const auto p = mlf::read_progress(mlf::journal_dir(run_), proxy.uri());
+    EXPECT_EQ(p.seq, 0) << "a record after the refused start was marked as delivered";
+    EXPECT_EQ(p.offset, 0);
+  }
+  EXPECT_EQ(left, 4);
+  EXPECT_FALSE(fs::exists(mlf::journal_dir(run_) / "rejected.jsonl"));
+  EXPECT_NE(log_text.str().find("HTTP 404"), std::string::npos) << log_text.str();
+  EXPECT_NE(log_text.str().find("path prefix"), std::string::npos) << log_text.str();
+  EXPECT_NE(log_text.str().find("then `trainer mlflow sync " + run_ + "`"), std::string::npos) << log_text.str();
+  // After the fix (the right URI), sync sends each record once, into one run.
+  ScriptedServer server({kActive,
+                         {200, "{}"},  // runs/search: none with this journal id
+                         {200, "{\"run\":{\"info\":{\"run_id\":\"r9\",\"experiment_id\":\"3\"}}}"},
+                         {200, "{}"},
+                         {200, "{}"},
+                         {200, "{}"}});
+  const SyncResult r = sync(run_, server.uri());
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_EQ(count(server.requests, "POST /api/2.0/mlflow/runs/create"), 1);
+  EXPECT_EQ(count(server.requests, "POST /api/2.0/mlflow/runs/log-batch"), 2);
+  EXPECT_EQ(count(server.requests, "POST /api/2.0/mlflow/runs/update"), 1);
 }
 
 /// Lowers the process's file size limit (RLIMIT_FSIZE) to `bytes` for the scope, with SIGXFSZ

@@ -273,11 +273,34 @@ bool Sender::send_pending(std::string* error) {
   return ok;
 }
 
+void Sender::confirm_run() {
+  if (!strict_ || confirmed_ || progress_.run_id.empty()) return;
+  // sent.json came with the run directory, from whoever wrote it: its run must exist at the
+  // destination, and where artifacts go is the destination's answer, not the file's.
+  RunInfo run;
+  try {
+    run = backend_.get_run(progress_.run_id);
+  } catch (const RejectedError& e) {
+    throw RefusedError((dir_ / kSent).string() + " says the journal's run at " + backend_.uri() + " is " +
+                       progress_.run_id + ", which " + backend_.uri() + " does not have (" + e.what() +
+                       "): sent.json does not belong to this destination's runs; remove its entry for " +
+                       canonical_uri(backend_.uri()) + " to send the whole journal as a new run");
+  }
+  if (run.run_id != progress_.run_id) {
+    throw RefusedError(backend_.uri() + " answered run " + run.run_id + " when asked for " + progress_.run_id +
+                       " (named by " + (dir_ / kSent).string() + ")");
+  }
+  progress_.experiment_id = run.experiment_id;
+  progress_.artifact_uri = run.artifact_uri;
+  confirmed_ = true;
+}
+
 void Sender::apply(const json& rec, const std::string& where) {
   const std::string op = rec.at("op").get<std::string>();
   const fs::path run_dir = dir_.parent_path();
   auto need_run = [&] {
     if (progress_.run_id.empty()) throw RejectedError("no MLflow run to log to (the journal's start record was refused)");
+    confirm_run();
   };
   auto create = [&] {
     const std::string exp = backend_.experiment_id(rec.at("experiment").get<std::string>());
@@ -294,6 +317,7 @@ void Sender::apply(const json& rec, const std::string& where) {
     progress_.experiment_id = run.experiment_id.empty() ? exp : run.experiment_id;
     progress_.run_id = run.run_id;
     progress_.artifact_uri = run.artifact_uri;
+    confirmed_ = true;
     log_->info("mlflow: run {} in experiment {} at {}", run.run_id, progress_.experiment_id, backend_.uri());
   };
   if (op == "start") {
@@ -339,12 +363,14 @@ void Sender::apply(const json& rec, const std::string& where) {
         progress_.experiment_id = run.experiment_id;
         progress_.run_id = run.run_id;
         progress_.artifact_uri = run.artifact_uri;
+        confirmed_ = true;
         log_->info("mlflow: continuing run {} at {}", run.run_id, backend_.uri());
       } else {
         log_->warn("mlflow: the resumed run's MLflow run is unknown at {}; starting a new one", backend_.uri());
         create();
       }
     }
+    confirm_run();
     backend_.update_run(progress_.run_id, "RUNNING", 0);
   } else if (op == "batch") {
     need_run();
@@ -532,7 +558,13 @@ bool Exporter::try_send() {
     return true;
   }
   if (options_.abort->load()) return false;
-  if (!outage_) {
+  if (!outage_ && sender_->blocked()) {
+    // Refused for a cause waiting alone does not fix (a wrong URI, credentials, a deleted
+    // experiment): said as such, with the way to deliver what is kept.
+    log_->error("mlflow: {}; records are kept in {}: fix that, then `trainer mlflow sync {}` sends each once (this "
+                "run keeps trying meanwhile)",
+                err, (dir_ / kJournal).string(), dir_.parent_path().string());
+  } else if (!outage_) {
     log_->warn("mlflow: cannot send to {} ({}); records are kept in {} and sent when it answers", backend_->uri(), err,
                (dir_ / kJournal).string());
   }

@@ -68,7 +68,10 @@ class Sender {
   /// Treats the journal as untrusted (`trainer mlflow sync`): a record validate_record()
   /// refuses, an artifact outside the run directory, or a `continue` record naming a run
   /// directory other than this one and `run_dirs` throws JournalError from send_pending()
-  /// (the record is not sent) instead of being kept aside.
+  /// (the record is not sent) instead of being kept aside. sent.json came with the journal:
+  /// the run it names is looked up on the destination before the first record is sent to it,
+  /// and the destination's experiment and artifact location are used, not the file's; a run
+  /// the destination does not have stops sending (a RefusedError naming sent.json).
   void trust_only(std::vector<std::filesystem::path> run_dirs);
   /// Sends records until the journal's end (true) or a TransientError (false, `error` set;
   /// what was sent is kept). A record the backend refuses, or that validate_record() refuses,
@@ -96,9 +99,12 @@ class Sender {
   nlohmann::json sent_;  ///< sent.json as last written (null until the first write)
   bool strict_ = false;  ///< trust_only() was called
   bool blocked_ = false;  ///< the last send_pending() stopped at a refusal
+  bool confirmed_ = false;  ///< progress_'s run was looked up on the destination (or created there)
   std::vector<std::filesystem::path> trusted_;  ///< canonical run directories a `continue` may name
 
   void apply(const nlohmann::json& rec, const std::string& where);
+  /// Strict mode: looks up progress_'s run (from sent.json) on the destination, once.
+  void confirm_run();
   void save_progress();
 };
 

@@ -180,6 +180,20 @@ int sync_run_dir(const std::string& run_dir, const std::string& uri_override, st
                             : !credentials.username.empty() || !credentials.password.empty()
                                 ? "MLFLOW_TRACKING_USERNAME/PASSWORD"
                                 : "";
+    if (!remote) {
+      // A file store is written where the journal says only where one already is (its Default
+      // experiment's 0/meta.yaml, as MLflow and trainer create it): a copied journal may name
+      // any directory.
+      const fs::path root = canonical_uri(uri).substr(7);
+      if (!fs::exists(root / "0" / "meta.yaml")) {
+        err << "trainer mlflow sync: the tracking URI " << uri << " comes from the journal of " << run_dir
+            << " alone (" << scan.uri_where << ") and " << root.string()
+            << " is not an MLflow file store (no 0/meta.yaml); sync creates one only where you say: pass "
+               "--tracking-uri "
+            << uri << " or set MLFLOW_TRACKING_URI=" << uri << "\n";
+        return 2;
+      }
+    }
     if (remote && !set.empty()) {
       err << "trainer mlflow sync: " << set << " is set, and the tracking URI " << uri << " comes from the journal of "
           << run_dir << " alone (" << scan.uri_where
