@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "support/test_util.h"
+#include "support/zip_patch.h"
 #include "trainer/error.h"
 #include "trainer/layers.h"
 #include "trainer/lora.h"
@@ -246,6 +247,20 @@ TEST(Lora, AdapterFilesRoundTripAndAreSmall) {
   EXPECT_THROW(load_adapters(*ranked, file), UsageError);
   EXPECT_THROW(load_adapters(*tiny_vit(), file), UsageError);
   EXPECT_THROW(load_adapters(*other, tmp / "missing.pt"), UsageError);
+
+  // A file from elsewhere whose TorchScript code declares 4 GiB: refused before LibTorch's
+  // reader allocates that much to read it out.
+  const std::string bomb = tmp / "bomb.pt";
+  std::filesystem::copy_file(file, bomb);
+  ASSERT_EQ(testing::declare_zip_entry_size(bomb, "/code/__torch__.py", 0xfffffff0u), 2);
+  try {
+    load_adapters(*other, bomb);
+    FAIL() << "an archive declaring 4 GiB was given to LibTorch's reader";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("LoRA adapters \"" + bomb + "\": its archive is refused"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("4294967280 bytes read out"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Lora, TheAdapterTermIsAlphaOverRankTimesBAOfTheDroppedOutInput) {

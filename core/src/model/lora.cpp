@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "model/tensor_archive.h"
+#include "model/zip_archive.h"
 #include "trainer/error.h"
 #include "trainer/layers.h"
 
@@ -253,6 +254,9 @@ std::int64_t load_adapters(Model& model, const std::string& file) {
   for (const auto& l : layers) {  // its weight holds the current adapter's product: new factors would not undo it
     TRAINER_CHECK_T(UsageError, !l.layer->merged(), "LoRA adapters \"", file, "\": layer '", l.name,
                     "' has its adapter merged into its weight; unmerge the adapters before loading others");
+  }
+  if (const auto problem = detail::archive_problem(file)) {
+    throw UsageError(detail::str("LoRA adapters \"", file, "\": ", *problem));
   }
   torch::serialize::InputArchive ar, inner;
   at::Tensor rank, alpha;

@@ -253,4 +253,13 @@ std::string ZipArchive::read(const std::string& name) const {
   return out;
 }
 
+std::optional<std::string> archive_problem(const std::string& path) {
+  try {
+    if (!ZipArchive::open(path)) return std::string("it is not a zip archive (the format LibTorch writes)");
+  } catch (const TorchSaveError& e) {
+    return std::string("its archive is refused: ") + e.what();
+  }
+  return std::nullopt;
+}
+
 }  // namespace trainer::detail

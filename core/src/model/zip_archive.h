@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -68,5 +69,12 @@ class ZipArchive {
   std::uint64_t file_size_ = 0;
   std::map<std::string, Entry> entries_;  ///< by name under the folder
 };
+
+/// Why LibTorch's archive reader must not be given `path`, or nullopt when ZipArchive accepts
+/// it. LibTorch's reader (miniz) allocates what an entry declares before reading it; trainer
+/// checkpoints and adapter files come with run directories from elsewhere, so each is checked
+/// here first: a file that is not a zip archive, and every refusal of ZipArchive::open, are
+/// named.
+std::optional<std::string> archive_problem(const std::string& path);
 
 }  // namespace trainer::detail

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "model/zip_archive.h"
 #include "trainer/error.h"
 #include "util/durable_file.h"
 
@@ -86,7 +87,7 @@ std::optional<std::string> checkpoint_problem(const std::string& file) {
   if (!fs::is_regular_file(file, ec)) return std::string("the file does not exist");
   const auto size = fs::file_size(file, ec);
   if (ec || size == 0) return std::string("the file is empty");
-  if (!fs::exists(file + ".sum")) return std::nullopt;
+  if (!fs::exists(file + ".sum")) return detail::archive_problem(file);
   const auto expected = read_digest(file + ".sum");
   if (!expected) return "its digest " + file + ".sum cannot be read";
   const detail::FileDigest actual = detail::digest_of(file);
@@ -94,7 +95,9 @@ std::optional<std::string> checkpoint_problem(const std::string& file) {
     return detail::str("it has ", actual.size, " bytes, its digest says ", expected->size, " (truncated?)");
   }
   if (actual.crc32 != expected->crc32) return std::string("its CRC-32 differs from its digest (damaged)");
-  return std::nullopt;
+  // A digest beside it says the file arrived whole, not who wrote it: a run directory may come
+  // from someone else.
+  return detail::archive_problem(file);
 }
 
 ResumeCandidates resume_candidates(const std::string& path, const std::string& setting) {

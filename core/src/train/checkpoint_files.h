@@ -26,9 +26,9 @@ void point_latest(const std::string& dir, const std::string& name);
 /// Removes a checkpoint and its digest.
 void remove_checkpoint(const std::string& file);
 
-/// Why `file` cannot be a complete checkpoint (missing, empty, or its contents differ from
-/// its digest), or nullopt when nothing says so (a file without a digest is judged by
-/// loading it).
+/// Why `file` cannot be a complete checkpoint (missing, empty, its contents differ from its
+/// digest, or an archive that LibTorch's reader must not be given: detail::archive_problem),
+/// or nullopt when nothing says so.
 std::optional<std::string> checkpoint_problem(const std::string& file);
 
 /// What `--resume PATH` may load, most wanted first. A file: that file only (`explicit_file`).
