@@ -104,7 +104,7 @@ class MlflowPlugin final : public trainer::Plugin {
   }
   std::vector<trainer::Event> events() const override {
     using E = trainer::Event;
-    return {E::Init, E::FitStart, E::Checkpoint, E::Exception, E::Shutdown};
+    return {E::Init, E::Resume, E::FitStart, E::Checkpoint, E::Exception, E::Shutdown};
   }
   std::vector<trainer::KeySpec> config_keys() const override { return MlflowSettings::keys(); }
   // What can fail here fails before training: a tracking URI that cannot be used (exit code 2),
@@ -143,12 +143,30 @@ class MlflowPlugin final : public trainer::Plugin {
     resumed_run_dir_ = state.get_string("run_dir");
   }
 
+  /// The run directory the loaded checkpoint is in (RUN/checkpoints/step_N.pt): where its
+  /// journal and sent.json are, wherever the user moved it. The directory the checkpoint's
+  /// state names came with the file (it may come from someone else): it is only compared.
+  std::string previous_run_dir() const {
+    if (resumed_checkpoint_.empty()) return resumed_run_dir_;
+    fs::path dir = fs::absolute(resumed_checkpoint_).lexically_normal().parent_path();
+    if (dir.filename() == "checkpoints") dir = dir.parent_path();
+    std::error_code ec;
+    if (!fs::equivalent(dir, resumed_run_dir_, ec)) {
+      logger_->info("mlflow: the checkpoint was written in {}; its run's journal is read where it was loaded from, {}",
+                    resumed_run_dir_, dir.string());
+    }
+    return dir.string();
+  }
+
   void on_event(trainer::EventContext& ctx, trainer::Control&) override {
     // A data-parallel run is one MLflow run: rank 0's, whose metrics are the run's.
     if (trainer::rank_of_this_process() != 0) return;
     switch (ctx.event) {
       case trainer::Event::Init:
         open(ctx);
+        break;
+      case trainer::Event::Resume:
+        if (ctx.resume) resumed_checkpoint_ = ctx.resume->checkpoint;
         break;
       case trainer::Event::FitStart:
         start(ctx);
@@ -173,6 +191,7 @@ class MlflowPlugin final : public trainer::Plugin {
   std::string uri_, experiment_, parent_, run_dir_;
   std::vector<mlf::KeyValue> extra_tags_;
   std::string resumed_uri_, resumed_run_dir_;
+  std::string resumed_checkpoint_;  ///< the file --resume loaded
   std::unique_ptr<mlf::Exporter> exporter_;
   std::shared_ptr<Sink> sink_;
   bool started_ = false, finished_ = false;
@@ -275,9 +294,13 @@ class MlflowPlugin final : public trainer::Plugin {
              {"start_time", mlf::now_ms()},
              {"tags", tag_list},
              {"journal_id", random_id()}};
-    if (resuming) rec["previous_run_dir"] = resumed_run_dir_;
+    std::string previous;
+    if (resuming) {
+      previous = previous_run_dir();
+      rec["previous_run_dir"] = previous;
+    }
     exporter_->record(rec);
-    if (resuming) logger_->info("mlflow: this resumed run continues the MLflow run of {}", resumed_run_dir_);
+    if (resuming) logger_->info("mlflow: this resumed run continues the MLflow run of {}", previous);
     if (s_.log_params && !resuming) {
       json params = json::array();
       auto flush = [&] {

@@ -469,6 +469,33 @@ TEST_F(Mlflow, AResumedRunContinuesItsMlflowRun) {
   EXPECT_TRUE(resumed_config) << run["artifacts"].dump();
 }
 
+TEST_F(Mlflow, AResumedRunContinuesTheMlflowRunOfTheDirectoryItsCheckpointWasLoadedFrom) {
+  // A run directory moved after it ended (or copied from another machine): its journal and
+  // sent.json are where the checkpoint was loaded from, not where its state says it was written.
+  const std::string uri = "file:" + (tmp_ / "mlruns");
+  const auto first = train(uri, {"training.epochs=1"}, "first");
+  ASSERT_EQ(first.status, "FINISHED") << first.message;
+  const std::string moved = tmp_ / "moved";
+  fs::rename(first.run_dir, moved);
+  auto o = mlflow_overrides(uri);
+  o.push_back("training.epochs=2");
+  auto options = options_for(kRun, o, "second");
+  options.resume = moved;
+  options.log_level = "info";
+  const auto second = trainer::Trainer(std::move(options)).fit();
+  ASSERT_EQ(second.status, "FINISHED") << second.message;
+  const std::string id = run_id_of(moved, uri);
+  ASSERT_FALSE(id.empty());
+  EXPECT_EQ(run_id_of(second.run_dir, uri), id);
+  const auto journal = read_lines((mlf::journal_dir(second.run_dir) / "journal.jsonl").string());
+  ASSERT_FALSE(journal.empty());
+  const json cont = json::parse(journal.front());
+  EXPECT_EQ(cont["op"], "continue");
+  EXPECT_EQ(cont["previous_run_dir"], moved);
+  const std::string log = read_file(second.run_dir + "/trainer.log");
+  EXPECT_NE(log.find("the checkpoint was written in " + first.run_dir), std::string::npos) << log;
+}
+
 TEST_F(Mlflow, TheFileStoreIsReadByMlflowAndSyncsToAServer) {
   const std::string store = tmp_ / "mlruns";
   const std::string uri = "file:" + store;

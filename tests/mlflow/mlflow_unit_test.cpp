@@ -651,6 +651,43 @@ TEST_F(UntrustedJournal, ThePluginsOwnSenderKeepsABadRecordAsideUnsent) {
   }
 }
 
+TEST_F(UntrustedJournal, ThePluginFollowsOnlyTheContinueOfTheRunItResumed) {
+  // <tmp>/older was resumed into <tmp>/other, which this run resumed; nothing of <tmp>/other was
+  // sent. Its continue record names <tmp>/older: a directory this run's user never named.
+  const std::string older = tmp_ / "older";
+  const std::string other = tmp_ / "other";
+  write_journal(older, {start_record(store_),
+                        {{"op", "batch"}, {"metrics", json::array({json::array({"older", 1.0, 1000, 1})})}}});
+  json cont = start_record(store_);
+  cont["op"] = "continue";
+  cont["previous_run_dir"] = older;
+  write_journal(other, {cont, {{"op", "batch"}, {"metrics", json::array({json::array({"other", 2.0, 2000, 2})})}}});
+  cont["previous_run_dir"] = other;
+  std::ostringstream log_text;
+  auto log = std::make_shared<spdlog::logger>("nested", std::make_shared<spdlog::sinks::ostream_sink_mt>(log_text));
+  mlf::ExportOptions o;
+  o.background = false;
+  std::int64_t left = 0;
+  {
+    mlf::Exporter e(mlf::open_backend(store_), run_, o, log);
+    e.record(cont);
+    e.metrics({{"train/loss", 0.5, 3000, 3}});
+    left = e.close(0.0);
+  }
+  EXPECT_EQ(left, 2);
+  EXPECT_NE(log_text.str().find("trainer mlflow sync " + other + " " + older), std::string::npos) << log_text.str();
+  EXPECT_TRUE(mlf::read_progress(mlf::journal_dir(older), store_).run_id.empty()) << "the older journal was sent";
+  expect_nothing_sent();
+  // Named by the user, in order, all three arrive in one run.
+  std::ostringstream out, err;
+  ASSERT_EQ(mlf::sync_run_dir(run_, "", out, err, {other, older}), 0) << out.str() << err.str();
+  const auto p = mlf::read_progress(mlf::journal_dir(run_), store_);
+  const std::string run = tmp_ / ("mlruns/" + p.experiment_id + "/" + p.run_id);
+  EXPECT_EQ(read_file(run + "/metrics/older"), "1000 1 1\n");
+  EXPECT_EQ(read_file(run + "/metrics/other"), "2000 2 2\n");
+  EXPECT_EQ(read_file(run + "/metrics/train/loss"), "3000 0.5 3\n");
+}
+
 TEST_F(UntrustedJournal, CredentialsGoOnlyToATrackingUriTheUserGave) {
   ScriptedServer server({{200, "{}"}, {200, "{}"}, {200, "{}"}});
   write_journal(run_, {start_record(server.uri()), end_record()});

@@ -339,10 +339,20 @@ void Sender::apply(const json& rec, const std::string& where) {
         prev = journal_dir(named.string());
         if (own) prev = dir_;
       }
+      if (!strict_ && nested_ && !prev.empty() && prev != dir_) {
+        // The plugin's sender follows one continue record, its own run's: the run directory the
+        // user resumed from. That directory's journal may name any other (it may come from
+        // someone else); only the user can say that one is the run before it.
+        throw RefusedError(where + " continues the MLflow run of " + prev.parent_path().string() +
+                           ", which this run did not resume from, and that run's records are not all sent: send "
+                           "them in order with trainer mlflow sync " + run_dir.string() + " " +
+                           prev.parent_path().string());
+      }
       if (!prev.empty() && prev != dir_ && fs::exists(prev / kJournal)) {
         if (JournalLock::is_free(prev)) {
           // What the interrupted run could not send goes first, in order.
           Sender before(backend_, prev, log_);
+          before.nested_ = true;
           if (strict_) before.trust_only(trusted_);
           std::string err;
           if (!before.send_pending(&err)) {

@@ -99,6 +99,7 @@ class Sender {
   nlohmann::json sent_;  ///< sent.json as last written (null until the first write)
   bool strict_ = false;  ///< trust_only() was called
   bool blocked_ = false;  ///< the last send_pending() stopped at a refusal
+  bool nested_ = false;  ///< sends the journal of the run a `continue` record names, before it
   bool confirmed_ = false;  ///< progress_'s run was looked up on the destination (or created there)
   std::vector<std::filesystem::path> trusted_;  ///< canonical run directories a `continue` may name
 
