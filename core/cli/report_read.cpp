@@ -3,6 +3,7 @@
 // than a line's limit, files that are not regular files are not opened, and what was left out is
 // recorded for the page.
 #include "report.h"
+#include "trainer/json.h"
 
 #include <nlohmann/json.hpp>
 
@@ -129,33 +130,10 @@ bool read_start(const fs::path& path, std::string& out, std::size_t max_bytes) {
   return !in.bad();
 }
 
-/// Metric lines are flat objects: a line nested deeper than this is not one (and is not parsed).
-bool nested_deeper_than(const std::string& text, int limit) {
-  int depth = 0;
-  bool in_string = false, escaped = false;
-  for (const char c : text) {
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > limit) return true;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return false;
-}
 
 /// One metrics.jsonl line; false when it is not a metric (bad JSON, missing or mistyped field).
 bool parse_metric_line(const std::string& line, std::string& name, Point& p) {
-  if (nested_deeper_than(line, 8)) return false;
+  if (json_nesting(line) > 8) return false;  // metric lines are flat objects: not one, not parsed
   const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return false;
   const auto step = j.find("step"), nm = j.find("name"), value = j.find("value"), time = j.find("time");
@@ -254,7 +232,7 @@ void read_status(const fs::path& path, RunData& data) {
     data.status_error = path.string() + " is more than the " + size_text(kMaxStatusBytes) + " read: not read";
     return;
   }
-  const json j = nested_deeper_than(text, 64) ? json(json::value_t::discarded) : json::parse(text, nullptr, false);
+  const json j = json_nesting(text) > 64 ? json(json::value_t::discarded) : json::parse(text, nullptr, false);
   if (j.is_discarded() || !j.is_object()) {
     data.status_error = path.string() + " is not a JSON object";
     return;

@@ -16,6 +16,7 @@
 #include "journal_io.h"
 #include "trainer/error.h"
 #include "trainer/interrupt.h"
+#include "trainer/json.h"
 #include "trial_process.h"
 
 namespace trainer::tune {
@@ -40,33 +41,6 @@ void StudyJournal::append(const json& record) {
   }
 }
 
-namespace {
-
-/// How deep the arrays and objects of a JSON text nest (brackets in strings not counted).
-std::int64_t nesting(const std::string& text) {
-  std::int64_t depth = 0, most = 0;
-  bool in_string = false, escaped = false;
-  for (const char c : text) {
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      most = std::max(most, ++depth);
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return most;
-}
-
-}  // namespace
 
 std::vector<JournalLine> StudyJournal::read() const {
   std::vector<JournalLine> out;
@@ -79,7 +53,7 @@ std::vector<JournalLine> StudyJournal::read() const {
     l.line = number;
     // nlohmann::json prints and compares values recursively: a record nested a few hundred
     // thousand levels deep would overflow the stack where a message shows it.
-    if (const std::int64_t depth = nesting(line); depth > kMaxRecordNesting) {
+    if (const std::int64_t depth = json_nesting(line); depth > kMaxRecordNesting) {
       l.parse_error = "arrays and objects nested " + std::to_string(depth) + " levels deep, more than the " +
                       std::to_string(kMaxRecordNesting) + " a record may";
       out.push_back(std::move(l));
