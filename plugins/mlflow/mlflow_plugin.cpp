@@ -147,11 +147,15 @@ class MlflowPlugin final : public trainer::Plugin {
   /// journal and sent.json are, wherever the user moved it. The directory the checkpoint's
   /// state names came with the file (it may come from someone else): it is only compared.
   std::string previous_run_dir() const {
-    if (resumed_checkpoint_.empty()) return resumed_run_dir_;
     fs::path dir = fs::absolute(resumed_checkpoint_).lexically_normal().parent_path();
     if (dir.filename() == "checkpoints") dir = dir.parent_path();
     std::error_code ec;
-    if (!fs::equivalent(dir, resumed_run_dir_, ec)) {
+    if (!fs::exists(mlf::journal_dir(dir.string()) / "journal.jsonl", ec)) {
+      logger_->warn(
+          "mlflow: the checkpoint {} is not in a run directory with an MLflow journal ({} has none): this run starts "
+          "a new MLflow run; to continue a run's, resume from its run directory or a checkpoint in its checkpoints/",
+          resumed_checkpoint_, dir.string());
+    } else if (!fs::equivalent(dir, resumed_run_dir_, ec)) {
       logger_->info("mlflow: the checkpoint was written in {}; its run's journal is read where it was loaded from, {}",
                     resumed_run_dir_, dir.string());
     }
@@ -285,7 +289,7 @@ class MlflowPlugin final : public trainer::Plugin {
       const std::string k = key(t.key, "tag");
       tag_list.push_back(json::array({k, value(k, t.value, mlf::kMaxTagValueLength, "tag")}));
     }
-    const bool resuming = !resumed_uri_.empty() && resumed_uri_ == mlf::canonical_uri(uri_);
+    const bool resuming = !resumed_checkpoint_.empty() && !resumed_uri_.empty() && resumed_uri_ == mlf::canonical_uri(uri_);
     json rec{{"op", resuming ? "continue" : "start"},
              {"tracking_uri", mlf::canonical_uri(uri_)},
              {"experiment", experiment_},

@@ -4,6 +4,7 @@
 // differs (data order, parameter shapes), out of memory while loading reported as such.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#include <zlib.h>
 
 #include <filesystem>
 #include <fstream>
@@ -163,13 +164,32 @@ TEST_F(Resume, ACompressedRecordDeclaringGigabytesIsRefusedBeforeLibTorchInflate
   ASSERT_EQ(run({"+checkpoint.every_steps=1", "checkpoint.keep_last=4"}, "part").exit_code, kExitOk);
   const std::string file = checkpoint("part", 8);
   ASSERT_EQ(testing::declare_zip_entry_size(file, "/code/__torch__.py", 0xfffffff0u), 2);
-  fs::remove(file + ".sum");
+  // A digest that matches the edited file: it says the file arrived whole, not who wrote it.
+  const std::string bytes = read_file(file);
+  char sum[64];
+  std::snprintf(sum, sizeof sum, "size %zu crc32 %08lx\n", bytes.size(),
+                ::crc32(0L, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(bytes.size())));
+  write_file(file + ".sum", sum);
   const RunResult r = run({}, "resumed", file);
   EXPECT_EQ(r.exit_code, kExitUsage);
   EXPECT_NE(r.message.find("checkpoint " + file + " is truncated or damaged: its archive is refused: a damaged zip archive: entry"),
             std::string::npos)
       << r.message;
   EXPECT_NE(r.message.find("is deflated to 4294967280 declared bytes"), std::string::npos) << r.message;
+}
+
+TEST_F(Resume, ALatestThatNamesAFileOutsideItsDirectoryIsRefused) {
+  ASSERT_EQ(run({"+checkpoint.every_steps=1", "checkpoint.keep_last=2", "training.max_steps=2"}, "other").exit_code,
+            kExitOk);
+  ASSERT_EQ(run({"+checkpoint.every_steps=1", "checkpoint.keep_last=2"}, "part").exit_code, kExitOk);
+  // A run directory from elsewhere whose latest points into another run.
+  write_file(tmp_ / "part/checkpoints/latest", "../../other/checkpoints/step_00000002.pt\n");
+  const RunResult r = run({}, "resumed", tmp_ / "part");
+  EXPECT_EQ(r.exit_code, kExitUsage);
+  EXPECT_NE(r.message.find(tmp_ / "part/checkpoints/latest" + " names '../../other/checkpoints/step_00000002.pt', "
+                                                                "not a step_<N>.pt file beside it"),
+            std::string::npos)
+      << r.message;
 }
 
 TEST_F(Resume, AnotherBatchSizeContinuesAtTheNextSample) {

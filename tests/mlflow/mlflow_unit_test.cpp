@@ -444,9 +444,14 @@ class UntrustedJournal : public ::testing::Test {
   std::string line(int n) const { return (mlf::journal_dir(run_) / "journal.jsonl").string() + ":" + std::to_string(n); }
   /// Nothing of the journal reached the store: no run was created, no file copied.
   void expect_nothing_sent() const {
-    for (const auto& f : files_under(tmp_ / "mlruns")) {
+    const fs::path root = tmp_ / "mlruns";
+    for (const auto& f : files_under(root)) {
       EXPECT_EQ(f.find("/artifacts/"), std::string::npos) << f;
       EXPECT_EQ(f.find("/metrics/"), std::string::npos) << f;
+      // <root>/<experiment>/meta.yaml are experiments; a run's is a level down.
+      const fs::path rel = fs::path(f).lexically_relative(root);
+      const auto parts = std::distance(rel.begin(), rel.end());
+      EXPECT_LT(parts, 3) << "a run was created: " << f;
     }
     EXPECT_TRUE(mlf::read_progress(mlf::journal_dir(run_), store_).run_id.empty());
   }
@@ -584,6 +589,78 @@ TEST_F(UntrustedJournal, ArtifactsGoWhereTheDestinationSaysNotWhereSentJsonSays)
   for (const auto& req : server.requests) EXPECT_EQ(req.find("victim"), std::string::npos) << req;
 }
 
+TEST_F(UntrustedJournal, AnAnswerWithoutTheRunStopsSyncInsteadOfPassingRecordsOver) {
+  ScriptedServer server({{200, "{}"}});  // runs/get: no run in the answer
+  write_journal(run_, {start_record(server.uri()),
+                       {{"op", "batch"}, {"metrics", json::array({json::array({"train/loss", 0.5, 1000, 1})})}},
+                       end_record()});
+  write_sent(run_, server.uri(), 1, "r9", "mlflow-artifacts:/3/r9/artifacts");
+  const SyncResult r = sync(run_, server.uri());
+  EXPECT_EQ(r.code, 3) << r.out << r.err;
+  EXPECT_NE(r.err.find("asking " + server.uri() + " for run r9"), std::string::npos) << r.err;
+  EXPECT_EQ(mlf::read_progress(mlf::journal_dir(run_), server.uri()).seq, 1) << "a record was passed over";
+  EXPECT_FALSE(fs::exists(mlf::journal_dir(run_) / "rejected.jsonl"));
+}
+
+TEST_F(UntrustedJournal, TheRunResumedFromSendsItsArtifactsWhereTheDestinationSays) {
+  // The plugin's side: this run resumed from <tmp>/other, a directory from elsewhere whose
+  // sent.json names its run's artifact location as another run's.
+  ScriptedServer server({{200, "{\"run\":{\"info\":{\"run_id\":\"r9\",\"experiment_id\":\"3\",\"artifact_uri\":"
+                          "\"mlflow-artifacts:/3/r9/artifacts\"}}}"},  // runs/get, before other's artifact
+                         {200, "{}"},                                   // the upload
+                         {200, "{\"run\":{\"info\":{\"run_id\":\"r9\",\"experiment_id\":\"3\",\"artifact_uri\":"
+                          "\"mlflow-artifacts:/3/r9/artifacts\"}}}"},  // runs/get, for this run's continue
+                         {200, "{}"}});                                 // runs/update: RUNNING
+  const std::string other = tmp_ / "other";
+  write_file(other + "/config.toml", "[run]\n");
+  write_journal(other, {start_record(server.uri()),
+                        {{"op", "artifact"}, {"file", "config.toml"}, {"path", "configs/config.toml"}}});
+  write_sent(other, server.uri(), 1, "r9", "mlflow-artifacts:/1/victim/artifacts");
+  json cont = start_record(server.uri());
+  cont["op"] = "continue";
+  cont["previous_run_dir"] = other;
+  mlf::ExportOptions o;
+  o.background = false;
+  {
+    mlf::Exporter e(mlf::open_backend(server.uri()), run_, o, nullptr);
+    e.record(cont);
+    EXPECT_EQ(e.close(0.0), 0);
+  }
+  ASSERT_EQ(server.requests.size(), 4u);
+  EXPECT_EQ(server.requests[0].rfind("GET /api/2.0/mlflow/runs/get?run_id=r9 HTTP/1.1", 0), 0u) << server.requests[0];
+  EXPECT_EQ(server.requests[1].rfind("PUT /api/2.0/mlflow-artifacts/artifacts/3/r9/artifacts/configs/config.toml", 0), 0u)
+      << server.requests[1];
+  for (const auto& req : server.requests) EXPECT_EQ(req.find("victim"), std::string::npos) << req;
+}
+
+TEST_F(UntrustedJournal, TheRunResumedFromWaitsWhileAnotherProcessSendsItsJournal) {
+  // A `trainer mlflow sync` of the directory this run resumed from, running meanwhile: its
+  // records are not sent twice, nor this run's into a run of its own.
+  const std::string other = tmp_ / "other";
+  write_journal(other, {start_record(store_),
+                        {{"op", "batch"}, {"metrics", json::array({json::array({"before", 1.0, 1000, 1})})}}});
+  json cont = start_record(store_);
+  cont["op"] = "continue";
+  cont["previous_run_dir"] = other;
+  std::ostringstream log_text;
+  auto log = std::make_shared<spdlog::logger>("held", std::make_shared<spdlog::sinks::ostream_sink_mt>(log_text));
+  mlf::ExportOptions o;
+  o.background = false;
+  {
+    mlf::JournalLock sync_holds(mlf::journal_dir(other));
+    mlf::Exporter e(mlf::open_backend(store_), run_, o, log);
+    e.record(cont);
+    EXPECT_EQ(e.close(0.0), 1);
+  }
+  EXPECT_NE(log_text.str().find("is being written by another process"), std::string::npos) << log_text.str();
+  expect_nothing_sent();
+  // Once it is free, both arrive in one run.
+  std::ostringstream out, err;
+  ASSERT_EQ(mlf::sync_run_dir(run_, "", out, err, {other}), 0) << out.str() << err.str();
+  EXPECT_EQ(mlf::read_progress(mlf::journal_dir(other), store_).run_id,
+            mlf::read_progress(mlf::journal_dir(run_), store_).run_id);
+}
+
 TEST_F(UntrustedJournal, AContinueRecordPointingAtAnotherRunDirectoryIsRefused) {
   // The other directory holds a journal of its own, and the MLflow run it says it sent to.
   const std::string other = tmp_ / "other";
@@ -675,7 +752,11 @@ TEST_F(UntrustedJournal, ThePluginFollowsOnlyTheContinueOfTheRunItResumed) {
     left = e.close(0.0);
   }
   EXPECT_EQ(left, 2);
-  EXPECT_NE(log_text.str().find("trainer mlflow sync " + other + " " + older), std::string::npos) << log_text.str();
+  EXPECT_NE(log_text.str().find("after this run ends, send them in order with trainer mlflow sync " + run_ + " " +
+                                other + " " + older),
+            std::string::npos)
+      << log_text.str();
+  EXPECT_EQ(log_text.str().find("fix that, then"), std::string::npos) << log_text.str();
   EXPECT_TRUE(mlf::read_progress(mlf::journal_dir(older), store_).run_id.empty()) << "the older journal was sent";
   expect_nothing_sent();
   // Named by the user, in order, all three arrive in one run.

@@ -113,7 +113,13 @@ ResumeCandidates resume_candidates(const std::string& path, const std::string& s
   const fs::path dir = fs::is_directory(p / "checkpoints") ? p / "checkpoints" : p;
   std::ifstream in(dir / "latest");
   std::string latest;
-  if (in && std::getline(in, latest) && !latest.empty()) out.files.push_back((dir / latest).string());
+  if (in && std::getline(in, latest) && !latest.empty()) {
+    // `latest` names a file beside it, as the checkpointer writes it: a run directory from
+    // elsewhere must not send the resume (and the MLflow run it continues) to another directory.
+    TRAINER_CHECK_T(UsageError, step_of(latest) >= 0, setting, " ", path, ": ", (dir / "latest").string(), " names '",
+                    latest, "', not a step_<N>.pt file beside it; resume from a checkpoint file instead");
+    out.files.push_back((dir / latest).string());
+  }
   std::vector<std::pair<std::int64_t, std::string>> steps;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();

@@ -274,17 +274,24 @@ bool Sender::send_pending(std::string* error) {
 }
 
 void Sender::confirm_run() {
-  if (!strict_ || confirmed_ || progress_.run_id.empty()) return;
-  // sent.json came with the run directory, from whoever wrote it: its run must exist at the
-  // destination, and where artifacts go is the destination's answer, not the file's.
+  if (!(strict_ || nested_) || confirmed_ || progress_.run_id.empty()) return;
+  // sent.json came with the run directory (sync's, or the one a resumed run resumed from), from
+  // whoever wrote it: its run must exist at the destination, and where artifacts go is the
+  // destination's answer, not the file's. Whatever stops the lookup stops sending: a record
+  // passed over here would be marked as delivered.
   RunInfo run;
   try {
     run = backend_.get_run(progress_.run_id);
+  } catch (const TransientError&) {
+    throw;
   } catch (const RejectedError& e) {
     throw RefusedError((dir_ / kSent).string() + " says the journal's run at " + backend_.uri() + " is " +
                        progress_.run_id + ", which " + backend_.uri() + " does not have (" + e.what() +
                        "): sent.json does not belong to this destination's runs; remove its entry for " +
                        canonical_uri(backend_.uri()) + " to send the whole journal as a new run");
+  } catch (const std::exception& e) {
+    throw RefusedError("asking " + backend_.uri() + " for run " + progress_.run_id + " (named by " +
+                       (dir_ / kSent).string() + ") failed: " + e.what());
   }
   if (run.run_id != progress_.run_id) {
     throw RefusedError(backend_.uri() + " answered run " + run.run_id + " when asked for " + progress_.run_id +
@@ -341,30 +348,36 @@ void Sender::apply(const json& rec, const std::string& where) {
       }
       if (!strict_ && nested_ && !prev.empty() && prev != dir_) {
         // The plugin's sender follows one continue record, its own run's: the run directory the
-        // user resumed from. That directory's journal may name any other (it may come from
-        // someone else); only the user can say that one is the run before it.
-        throw RefusedError(where + " continues the MLflow run of " + prev.parent_path().string() +
-                           ", which this run did not resume from, and that run's records are not all sent: send "
-                           "them in order with trainer mlflow sync " + run_dir.string() + " " +
+        // user resumed from. That directory's own continue record (not sent yet) may name any
+        // other (the directory may come from someone else); only the user can say that one is
+        // the run before it.
+        throw RefusedError(where + " continues the MLflow run of " + prev.parent_path().string() + ", a directory " +
+                           resumed_by_.string() + " did not resume from; " + run_dir.string() +
+                           "'s records go first and wait for it: after this run ends, send them in order with "
+                           "trainer mlflow sync " + resumed_by_.string() + " " + run_dir.string() + " " +
                            prev.parent_path().string());
       }
       if (!prev.empty() && prev != dir_ && fs::exists(prev / kJournal)) {
-        if (JournalLock::is_free(prev)) {
-          // What the interrupted run could not send goes first, in order.
-          Sender before(backend_, prev, log_);
-          before.nested_ = true;
-          if (strict_) before.trust_only(trusted_);
-          std::string err;
-          if (!before.send_pending(&err)) {
-            if (before.blocked()) throw RefusedError(err);
-            throw TransientError(err);
-          }
-          if (before.sent_records() > 0) {
-            log_->info("mlflow: sent {} records of {} left unsent by the run this one resumes", before.sent_records(),
-                       prev.parent_path().string());
-          }
-        } else {
-          log_->warn("mlflow: {} is still being written by another process; not sending its journal", prev.string());
+        // What the interrupted run could not send goes first, in order, under its journal's
+        // lock: a sync of that directory meanwhile would send them too, or into another run.
+        std::unique_ptr<JournalLock> held;
+        try {
+          held = std::make_unique<JournalLock>(prev);
+        } catch (const std::exception& e) {
+          throw TransientError(std::string(e.what()) + "; its records go before this run's: tried again later");
+        }
+        Sender before(backend_, prev, log_);
+        before.nested_ = true;
+        before.resumed_by_ = run_dir;
+        if (strict_) before.trust_only(trusted_);
+        std::string err;
+        if (!before.send_pending(&err)) {
+          if (before.blocked()) throw RefusedError(err);
+          throw TransientError(err);
+        }
+        if (before.sent_records() > 0) {
+          log_->info("mlflow: sent {} records of {} left unsent by the run this one resumes", before.sent_records(),
+                     prev.parent_path().string());
         }
       }
       const Progress p = read_progress(prev, backend_.uri());
@@ -570,10 +583,13 @@ bool Exporter::try_send() {
   if (options_.abort->load()) return false;
   if (!outage_ && sender_->blocked()) {
     // Refused for a cause waiting alone does not fix (a wrong URI, credentials, a deleted
-    // experiment): said as such, with the way to deliver what is kept.
-    log_->error("mlflow: {}; records are kept in {}: fix that, then `trainer mlflow sync {}` sends each once (this "
-                "run keeps trying meanwhile)",
-                err, (dir_ / kJournal).string(), dir_.parent_path().string());
+    // experiment): said as such, with the way to deliver what is kept (unless the cause named it).
+    const std::string fix = err.find("trainer mlflow sync") != std::string::npos
+                                ? std::string()
+                                : ": fix that, then `trainer mlflow sync " + dir_.parent_path().string() +
+                                      "` sends each once";
+    log_->error("mlflow: {}; records are kept in {}{} (this run keeps trying meanwhile)", err,
+                (dir_ / kJournal).string(), fix);
   } else if (!outage_) {
     log_->warn("mlflow: cannot send to {} ({}); records are kept in {} and sent when it answers", backend_->uri(), err,
                (dir_ / kJournal).string());

@@ -100,11 +100,12 @@ class Sender {
   bool strict_ = false;  ///< trust_only() was called
   bool blocked_ = false;  ///< the last send_pending() stopped at a refusal
   bool nested_ = false;  ///< sends the journal of the run a `continue` record names, before it
+  std::filesystem::path resumed_by_;  ///< nested: the run directory whose `continue` record named this one
   bool confirmed_ = false;  ///< progress_'s run was looked up on the destination (or created there)
   std::vector<std::filesystem::path> trusted_;  ///< canonical run directories a `continue` may name
 
   void apply(const nlohmann::json& rec, const std::string& where);
-  /// Strict mode: looks up progress_'s run (from sent.json) on the destination, once.
+  /// Strict or nested: looks up progress_'s run (from sent.json) on the destination, once.
   void confirm_run();
   void save_progress();
 };
