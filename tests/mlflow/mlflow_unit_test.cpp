@@ -440,6 +440,21 @@ class UntrustedJournal : public ::testing::Test {
     // journal alone names only where one already is.
     mlf::open_backend(store_)->experiment_id("e");
   }
+  /// <tmp>/<name> holding a journal of a start and a batch of `metric` (1 at step 1), sent to
+  /// the store: a run this one may have resumed. Returns its path.
+  std::string previous_run(const std::string& name, const std::string& metric) const {
+    const std::string dir = tmp_ / name;
+    write_journal(dir, {start_record(store_),
+                        {{"op", "batch"}, {"metrics", json::array({json::array({metric, 1.0, 1000, 1})})}}});
+    return dir;
+  }
+  /// The record a run resumed from `previous` starts its journal with.
+  static json continue_record(const std::string& uri, const std::string& previous) {
+    json cont = start_record(uri);
+    cont["op"] = "continue";
+    cont["previous_run_dir"] = previous;
+    return cont;
+  }
   /// The journal file and the line of the record that sync names, as it names them.
   std::string line(int n) const { return (mlf::journal_dir(run_) / "journal.jsonl").string() + ":" + std::to_string(n); }
   /// Nothing of the journal reached the store: no run was created, no file copied.
@@ -616,9 +631,7 @@ TEST_F(UntrustedJournal, TheRunResumedFromSendsItsArtifactsWhereTheDestinationSa
   write_journal(other, {start_record(server.uri()),
                         {{"op", "artifact"}, {"file", "config.toml"}, {"path", "configs/config.toml"}}});
   write_sent(other, server.uri(), 1, "r9", "mlflow-artifacts:/1/victim/artifacts");
-  json cont = start_record(server.uri());
-  cont["op"] = "continue";
-  cont["previous_run_dir"] = other;
+  json cont = continue_record(server.uri(), other);
   mlf::ExportOptions o;
   o.background = false;
   {
@@ -636,12 +649,8 @@ TEST_F(UntrustedJournal, TheRunResumedFromSendsItsArtifactsWhereTheDestinationSa
 TEST_F(UntrustedJournal, TheRunResumedFromWaitsWhileAnotherProcessSendsItsJournal) {
   // A `trainer mlflow sync` of the directory this run resumed from, running meanwhile: its
   // records are not sent twice, nor this run's into a run of its own.
-  const std::string other = tmp_ / "other";
-  write_journal(other, {start_record(store_),
-                        {{"op", "batch"}, {"metrics", json::array({json::array({"before", 1.0, 1000, 1})})}}});
-  json cont = start_record(store_);
-  cont["op"] = "continue";
-  cont["previous_run_dir"] = other;
+  const std::string other = previous_run("other", "before");
+  json cont = continue_record(store_, other);
   std::ostringstream log_text;
   auto log = std::make_shared<spdlog::logger>("held", std::make_shared<spdlog::sinks::ostream_sink_mt>(log_text));
   mlf::ExportOptions o;
@@ -663,12 +672,8 @@ TEST_F(UntrustedJournal, TheRunResumedFromWaitsWhileAnotherProcessSendsItsJourna
 
 TEST_F(UntrustedJournal, AContinueRecordPointingAtAnotherRunDirectoryIsRefused) {
   // The other directory holds a journal of its own, and the MLflow run it says it sent to.
-  const std::string other = tmp_ / "other";
-  write_journal(other, {start_record(store_),
-                        {{"op", "batch"}, {"metrics", json::array({json::array({"leaked", 1.0, 1000, 1})})}}});
-  json cont = start_record(store_);
-  cont["op"] = "continue";
-  cont["previous_run_dir"] = other;
+  const std::string other = previous_run("other", "leaked");
+  json cont = continue_record(store_, other);
   write_journal(run_, {cont, end_record()});
   const SyncResult r = sync(run_);
   EXPECT_EQ(r.code, 2) << r.out << r.err;
@@ -679,12 +684,8 @@ TEST_F(UntrustedJournal, AContinueRecordPointingAtAnotherRunDirectoryIsRefused) 
 }
 
 TEST_F(UntrustedJournal, AContinueRecordMayNameARunDirectoryTheUserGave) {
-  const std::string other = tmp_ / "other";
-  write_journal(other, {start_record(store_),
-                        {{"op", "batch"}, {"metrics", json::array({json::array({"before", 1.0, 1000, 1})})}}});
-  json cont = start_record(store_);
-  cont["op"] = "continue";
-  cont["previous_run_dir"] = other;
+  const std::string other = previous_run("other", "before");
+  json cont = continue_record(store_, other);
   write_journal(run_, {cont, {{"op", "batch"}, {"metrics", json::array({json::array({"after", 2.0, 2000, 2})})}},
                        end_record()});
   std::ostringstream out, err;
@@ -701,9 +702,7 @@ TEST_F(UntrustedJournal, ABadRecordInTheNamedPreviousRunDirectoryIsRefusedToo) {
   const std::string other = tmp_ / "other";
   write_journal(other, {start_record(store_),
                         {{"op", "artifact"}, {"file", "../secret.txt"}, {"path", "stolen.txt"}}});
-  json cont = start_record(store_);
-  cont["op"] = "continue";
-  cont["previous_run_dir"] = other;
+  json cont = continue_record(store_, other);
   write_journal(run_, {cont, end_record()});
   std::ostringstream out, err;
   EXPECT_EQ(mlf::sync_run_dir(run_, "", out, err, {other}), 2) << out.str() << err.str();
@@ -731,15 +730,11 @@ TEST_F(UntrustedJournal, ThePluginsOwnSenderKeepsABadRecordAsideUnsent) {
 TEST_F(UntrustedJournal, ThePluginFollowsOnlyTheContinueOfTheRunItResumed) {
   // <tmp>/older was resumed into <tmp>/other, which this run resumed; nothing of <tmp>/other was
   // sent. Its continue record names <tmp>/older: a directory this run's user never named.
-  const std::string older = tmp_ / "older";
+  const std::string older = previous_run("older", "older");
   const std::string other = tmp_ / "other";
-  write_journal(older, {start_record(store_),
-                        {{"op", "batch"}, {"metrics", json::array({json::array({"older", 1.0, 1000, 1})})}}});
-  json cont = start_record(store_);
-  cont["op"] = "continue";
-  cont["previous_run_dir"] = older;
-  write_journal(other, {cont, {{"op", "batch"}, {"metrics", json::array({json::array({"other", 2.0, 2000, 2})})}}});
-  cont["previous_run_dir"] = other;
+  write_journal(other, {continue_record(store_, older),
+                        {{"op", "batch"}, {"metrics", json::array({json::array({"other", 2.0, 2000, 2})})}}});
+  const json cont = continue_record(store_, other);
   std::ostringstream log_text;
   auto log = std::make_shared<spdlog::logger>("nested", std::make_shared<spdlog::sinks::ostream_sink_mt>(log_text));
   mlf::ExportOptions o;
