@@ -64,7 +64,7 @@ added=()
 while true; do
   missing=()
   while IFS= read -r -d '' f; do
-    file -b "$f" | grep -q '^ELF' || continue
+    readelf -h "$f" >/dev/null 2>&1 || continue  # ELF files only
     while read -r soname; do
       [[ $soname =~ $base_sonames ]] && continue
       [ -n "$(find "$stage" -name "$soname" -print -quit)" ] && continue
