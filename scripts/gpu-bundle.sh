@@ -93,9 +93,10 @@ while true; do
 done
 
 # matio.pc links -lhdf5 from HDF5's serial folder, whose unversioned name only libhdf5-dev
-# (headers and static libraries trainer does not use) would bring.
+# (headers and static libraries trainer does not use) would bring, and names that folder's
+# include/ (matio's headers include nothing from it; CMake refuses a folder that is not there).
 if [ -e "$stage/$arch_lib/libhdf5_serial.so.103" ]; then
-  mkdir -p "$stage/$arch_lib/hdf5/serial/lib"
+  mkdir -p "$stage/$arch_lib/hdf5/serial/lib" "$stage/$arch_lib/hdf5/serial/include"
   ln -sf ../../../libhdf5_serial.so.103 "$stage/$arch_lib/hdf5/serial/lib/libhdf5.so"
 fi
 

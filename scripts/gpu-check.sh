@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# Builds trainer on a GPU machine that has CUDA, CMake, ninja, a compiler and a CUDA PyTorch but
+# no network and none of Debian's -dev packages, against the LibTorch of its python3 and the
+# archive of scripts/gpu-bundle.sh; then runs the test suite. From the repository root:
+#
+#   scripts/gpu-check.sh build [OUT_DIR]   unpack the bundle, configure, build (ninja, every core)
+#   scripts/gpu-check.sh run [OUT_DIR]     the test suite, with its log and a summary
+#   scripts/gpu-check.sh [OUT_DIR]         both
+#   scripts/gpu-check.sh prove [OUT_DIR]   on the CPU machine: both, with the files of the
+#                                          packages the bundle carries hidden (a mount
+#                                          namespace), so that what the bundle lacks fails
+#
+# OUT_DIR (default: $OUT when set, else gpu-check-out) receives build.log, test.log and
+# summary.txt (one line per check: PASS or FAIL, and its figure). The exit status is non-zero
+# when anything failed. Nothing is written outside the repository, OUT_DIR and
+# $TRAINER_GPU_WORK (default /tmp/trainer-gpu: the unpacked prefix, the build).
+#
+# Settings: TRAINER_GPU_BUNDLE (the archive; default .gpu-bundle/trainer-gpu-bundle.tar.xz),
+# TORCH_DIR (a torch package directory; default: the one python3 imports).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+what=all
+case "${1:-}" in build | run | prove) what=$1 && shift ;; esac
+out=$(realpath -m "${1:-${OUT:-$root/gpu-check-out}}")
+work=${TRAINER_GPU_WORK:-/tmp/trainer-gpu}
+bundle=${TRAINER_GPU_BUNDLE:-$root/.gpu-bundle/trainer-gpu-bundle.tar.xz}
+prefix=$work/prefix
+build=$work/build
+mkdir -p "$out" "$work"
+summary=$out/summary.txt
+ignore_system=()
+
+check() {  # check NAME FIGURE STATUS: one line of the summary
+  printf '%s %s %s\n' "$([ "$3" -eq 0 ] && echo PASS || echo FAIL)" "$1" "$2" | tee -a "$summary"
+}
+
+if [ "$what" = prove ]; then
+  # The files of every package the bundle carries (scripts/deps.list's `bundle` rows), hidden
+  # by empty files and folders mounted over them: headers, CMake and pkg-config files, the
+  # libraries to link. Libraries loaded at run time stay (the system's tools need them); the
+  # tests load the bundle's first (LD_LIBRARY_PATH). The data set stays where the tests look
+  # for it (/usr/share/datasets).
+  [ "$(id -u)" -eq 0 ] || { echo "gpu-check prove: needs root (a mount namespace)" >&2; exit 2; }
+  if [ -z "${TRAINER_GPU_HIDDEN:-}" ]; then
+    export TRAINER_GPU_HIDDEN=1
+    exec unshare --mount --propagation private bash "$0" prove "$out"
+  fi
+  empty=$work/empty
+  mkdir -p "$empty/dir"
+  : >"$empty/file"
+  hidden=0
+  for p in $(awk '!/^#/ && $2 == "bundle" { print $1 }' scripts/deps.list); do
+    while read -r f; do
+      case $f in
+        /usr/include/* | /usr/lib/* | /usr/share/cmake/* | /usr/share/pkgconfig/*) ;;
+        *) continue ;;
+      esac
+      case $f in /usr/lib/*.so.[0-9]*) continue ;; esac  # run-time libraries stay
+      # A mount over a symbolic link lands on what it leads to (a run-time library): links
+      # stay, and CMake is told to search no system prefix (below).
+      if [ -f "$f" ] && [ ! -L "$f" ]; then
+        mount --bind "$empty/file" "$f" 2>/dev/null && hidden=$((hidden + 1))
+      fi
+    done < <(dpkg -L "$p")
+  done
+  for d in /usr/include/boost /usr/include/gtest /usr/include/gmock /usr/include/spdlog /usr/include/fmt \
+    /usr/include/nlohmann /usr/include/toml /usr/include/gloo /usr/include/benchmark; do
+    [ -d "$d" ] && mount --bind "$empty/dir" "$d"
+  done
+  echo "gpu-check prove: $hidden files of the bundled packages hidden"
+  ignore_system=(-DCMAKE_IGNORE_PREFIX_PATH=/usr\;/usr/local -DCMAKE_SYSTEM_IGNORE_PREFIX_PATH=/usr\;/usr/local)
+  what=all
+fi
+
+: >"$summary"
+if [ "$what" = all ] || [ "$what" = build ]; then
+  [ -f "$bundle" ] || { echo "gpu-check: no bundle at $bundle: run scripts/gpu-bundle.sh on a machine with Debian's archive" >&2; exit 2; }
+  if [ ! -f "$prefix/.unpacked" ] || [ "$bundle" -nt "$prefix/.unpacked" ]; then
+    rm -rf "$prefix"
+    mkdir -p "$prefix"
+    tar -C "$prefix" -xJf "$bundle"
+    touch "$prefix/.unpacked"
+  fi
+  torch_dir=${TORCH_DIR:-$(python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))')}
+  [ -f "$torch_dir/share/cmake/Torch/TorchConfig.cmake" ] || {
+    echo "gpu-check: no LibTorch CMake package under $torch_dir" >&2
+    exit 2
+  }
+  # The wheel's CUDA libraries (site-packages/nvidia/*/lib) and the bundle's, for linking
+  # (-rpath-link: what the libraries linked need in turn) and for running (env.sh).
+  nvidia=$(find -L "$(dirname "$torch_dir")" -path '*/nvidia/*' -name 'lib*.so*' -printf '%h\n' 2>/dev/null | sort -u |
+    tr '\n' ':')
+  libs="${nvidia}$prefix/usr/lib/x86_64-linux-gnu:$prefix/usr/lib"
+  link_flags=""
+  IFS=: read -ra dirs <<<"$libs"
+  for d in "${dirs[@]}"; do [ -n "$d" ] && link_flags+=" -Wl,-rpath-link,$d"; done
+  cat >"$work/env.sh" <<ENV
+# Generated by scripts/gpu-check.sh: the libraries of the bundle and of $torch_dir.
+export LD_LIBRARY_PATH="$libs\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
+export PATH="$prefix/usr/bin:\$PATH"
+export PKG_CONFIG="$prefix/usr/bin/pkgconf"
+export PKG_CONFIG_LIBDIR="$prefix/usr/lib/x86_64-linux-gnu/pkgconfig:$prefix/usr/share/pkgconfig"
+export PKG_CONFIG_SYSROOT_DIR="$prefix"
+ENV
+  # shellcheck disable=SC1091
+  source "$work/env.sh"
+  generator=()
+  command -v ninja >/dev/null && generator=(-G Ninja)
+  start=$(date +%s)
+  status=0
+  {
+    cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      "-DCMAKE_PREFIX_PATH=$torch_dir/share/cmake;$prefix/usr" "-DCMAKE_EXE_LINKER_FLAGS=$link_flags" \
+      "-DCMAKE_SHARED_LINKER_FLAGS=$link_flags" "${ignore_system[@]}" &&
+      cmake --build "$build" -j"$(nproc)"
+  } >"$out/build.log" 2>&1 || status=$?
+  check build "$(($(date +%s) - start))s" "$status"
+  [ "$status" -eq 0 ] || { tail -40 "$out/build.log" >&2; exit 1; }
+fi
+
+if [ "$what" = all ] || [ "$what" = run ]; then
+  # shellcheck disable=SC1091
+  source "$work/env.sh"
+  start=$(date +%s)
+  status=0
+  # install.* builds a plugin against an installed trainer with the system's packages.
+  ctest --test-dir "$build" --output-on-failure -j"$(nproc)" -E '^install\.' >"$out/test.log" 2>&1 || status=$?
+  check tests "$(grep -Eo '[0-9]+% tests passed, [0-9]+ tests failed out of [0-9]+' "$out/test.log" | tail -1 |
+    sed 's/ /_/g')_in_$(($(date +%s) - start))s" "$status"
+  exit "$status"
+fi
