@@ -17,6 +17,7 @@
 
 #include "estimate.h"
 #include "short_run.h"
+#include "support/bench_smoke.h"
 
 namespace {
 
@@ -48,8 +49,10 @@ void BM_Estimate(benchmark::State& state, const std::string& model, std::vector<
   if (done[model]) return;
   done[model] = true;
   // Held out: none of these (batch, micro-batch) was probed (probes: 32, 64, 128 and 128 of 512).
-  const std::vector<std::pair<std::int64_t, std::int64_t>> held_out{{48, 48},     {96, 96},    {256, 256}, {512, 512},
-                                                                    {1024, 1024}, {1024, 256}, {768, 96}};
+  // A smoke run checks one of them.
+  const std::vector<std::pair<std::int64_t, std::int64_t>> held_out =
+      trainer::bench::full_or_smoke<std::vector<std::pair<std::int64_t, std::int64_t>>>(
+          {{48, 48}, {96, 96}, {256, 256}, {512, 512}, {1024, 1024}, {1024, 256}, {768, 96}}, {{48, 48}});
   for (const auto& [batch, micro] : held_out) {
     trainer::tune::ShortRunSpec spec;
     spec.recipe = kRecipe;
@@ -100,6 +103,12 @@ BENCHMARK_CAPTURE(BM_Estimate, vit_tiny, std::string("vit_tiny"), std::vector<st
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A smoke run estimates the MLP alone (the three models take a minute, more on a busy machine).
+  std::vector<char*> args(argv, argv + argc);
+  std::string only_mlp = "--benchmark_filter=/mlp/";
+  if (trainer::bench::smoke()) args.push_back(only_mlp.data());
+  argc = static_cast<int>(args.size());
+  argv = args.data();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();
