@@ -38,9 +38,9 @@ check() {  # check NAME FIGURE STATUS: one line of the summary
 if [ "$what" = prove ]; then
   # The files of every package the bundle carries (scripts/deps.list's `bundle` rows), hidden
   # by empty files and folders mounted over them: headers, CMake and pkg-config files, the
-  # libraries to link. Libraries loaded at run time stay (the system's tools need them); the
-  # tests load the bundle's first (LD_LIBRARY_PATH). The data set stays where the tests look
-  # for it (/usr/share/datasets).
+  # libraries to link, the data set (found through TRAINER_DATASETS_DIR). Libraries loaded at
+  # run time stay (the system's tools need them); the tests load the bundle's first
+  # (LD_LIBRARY_PATH).
   [ "$(id -u)" -eq 0 ] || { echo "gpu-check prove: needs root (a mount namespace)" >&2; exit 2; }
   if [ -z "${TRAINER_GPU_HIDDEN:-}" ]; then
     export TRAINER_GPU_HIDDEN=1
@@ -53,7 +53,7 @@ if [ "$what" = prove ]; then
   for p in $(awk '!/^#/ && $2 == "bundle" { print $1 }' scripts/deps.list); do
     while read -r f; do
       case $f in
-        /usr/include/* | /usr/lib/* | /usr/share/cmake/* | /usr/share/pkgconfig/*) ;;
+        /usr/include/* | /usr/lib/* | /usr/share/cmake/* | /usr/share/pkgconfig/* | /usr/share/datasets/*) ;;
         *) continue ;;
       esac
       case $f in /usr/lib/*.so.[0-9]*) continue ;; esac  # run-time libraries stay
@@ -102,6 +102,7 @@ export PATH="$prefix/usr/bin:\$PATH"
 export PKG_CONFIG="$prefix/usr/bin/pkgconf"
 export PKG_CONFIG_LIBDIR="$prefix/usr/lib/x86_64-linux-gnu/pkgconfig:$prefix/usr/share/pkgconfig"
 export PKG_CONFIG_SYSROOT_DIR="$prefix"
+export TRAINER_DATASETS_DIR="$prefix/usr/share/datasets"
 ENV
   # shellcheck disable=SC1091
   source "$work/env.sh"

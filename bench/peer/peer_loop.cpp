@@ -29,8 +29,15 @@
 
 namespace {
 
+/// Debian's Fashion-MNIST, under $TRAINER_DATASETS_DIR in place of /usr/share/datasets when that
+/// is set (as trainer looks for it).
+std::string default_root() {
+  const char* moved = std::getenv("TRAINER_DATASETS_DIR");
+  return std::string(moved != nullptr && *moved != '\0' ? moved : "/usr/share/datasets") + "/fashion-mnist";
+}
+
 struct Options {
-  std::string root = "/usr/share/datasets/fashion-mnist";
+  std::string root = default_root();
   std::string out_dir = "peer_cpp_run";
   std::string precision = "fp32";
   std::int64_t epochs = 4, batch_size = 128, eval_batch_size = 1000, warmup = 100, seed = 42;

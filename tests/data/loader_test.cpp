@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <future>
 #include <set>
 #include <thread>
@@ -195,6 +196,36 @@ TEST_F(LoaderRuns, EndBitIdenticalWithZeroOneAndTwoWorkers) {
     }
     EXPECT_EQ(r.final_metrics.at("eval/loss"), loss) << workers;
     for (std::size_t i = 0; i < params.size(); ++i) EXPECT_TRUE(torch::equal(params[i], reference[i])) << workers;
+  }
+}
+
+TEST_F(LoaderRuns, DebiansDatasetsAreFoundUnderTrainerDatasetsDirWhenItIsSet) {
+  // A machine with Debian's dataset files elsewhere (the GPU bundle unpacked under /tmp): a
+  // root under /usr/share/datasets is looked up there.
+  namespace fs = std::filesystem;
+  const std::string moved = tmp_ / "datasets";
+  fs::create_directories(moved + "/fashion-mnist");
+  for (const auto& e : fs::directory_iterator("/usr/share/datasets/fashion-mnist")) {
+    fs::create_symlink(e.path(), moved + "/fashion-mnist/" + e.path().filename().string());
+  }
+  struct Env {
+    explicit Env(const std::string& v) { ::setenv("TRAINER_DATASETS_DIR", v.c_str(), 1); }
+    ~Env() { ::unsetenv("TRAINER_DATASETS_DIR"); }
+  };
+  {
+    Env env(moved);
+    Trainer t(options_for(kRun, {"training.epochs=1"}, "moved"));
+    const RunResult r = t.fit();
+    EXPECT_EQ(r.exit_code, kExitOk) << r.message;
+  }
+  {
+    Env env(tmp_ / "empty");
+    Trainer t(options_for(kRun, {"training.epochs=1"}, "empty"));
+    const RunResult r = t.fit();
+    EXPECT_NE(r.exit_code, kExitOk);
+    EXPECT_NE(r.message.find("in " + tmp_ / "empty/fashion-mnist ($TRAINER_DATASETS_DIR in place of /usr/share/datasets)"),
+              std::string::npos)
+        << r.message;
   }
 }
 

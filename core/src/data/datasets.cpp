@@ -1,6 +1,7 @@
 #include <ATen/ATen.h>
 #include <zlib.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <set>
 
@@ -74,12 +75,29 @@ class IdxImageDataset final : public Dataset {
   std::int64_t classes_;
 };
 
-std::string find_idx(const std::string& root, const std::string& stem) {
+/// Where Debian's dataset packages install their files.
+constexpr const char* kDebianDatasets = "/usr/share/datasets";
+
+/// `root`, or where it is on this machine: a root under /usr/share/datasets is looked up under
+/// $TRAINER_DATASETS_DIR when that is set (a machine with Debian's dataset files elsewhere, as
+/// the GPU bundle of scripts/gpu-bundle.sh unpacks them).
+std::string dataset_root(const std::string& root) {
+  const char* moved = std::getenv("TRAINER_DATASETS_DIR");
+  const fs::path p = fs::path(root).lexically_normal();
+  if (moved == nullptr || *moved == '\0') return root;
+  const fs::path rel = p.lexically_relative(kDebianDatasets);
+  if (rel.empty() || *rel.begin() == "..") return root;
+  return (fs::path(moved) / rel).string();
+}
+
+std::string find_idx(const std::string& configured_root, const std::string& stem) {
+  const std::string root = dataset_root(configured_root);
   for (const char* ext : {".gz", ""}) {
     const fs::path p = fs::path(root) / (stem + ext);
     if (fs::is_regular_file(p)) return p.string();
   }
-  throw Error(detail::str("Fashion-MNIST not found: no ", stem, ".gz (or ", stem, ") in ", root,
+  const std::string moved = root == configured_root ? "" : " ($TRAINER_DATASETS_DIR in place of /usr/share/datasets)";
+  throw Error(detail::str("Fashion-MNIST not found: no ", stem, ".gz (or ", stem, ") in ", root, moved,
                           ". Install Debian's dataset-fashion-mnist package (scripts/install-deps.sh does) "
                           "or point dataset.root at a directory holding the IDX files."));
 }
