@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 
 namespace trainer::mlflow::detail {
@@ -24,6 +25,12 @@ void for_each_record(const std::filesystem::path& journal, std::int64_t offset, 
     offset += static_cast<std::int64_t>(line.size()) + 1;
     if (!fn(line, offset)) return;
   }
+}
+
+/// A record's `seq`, or `fallback` when it has none (or not an integer).
+inline std::int64_t seq_of(const nlohmann::json& rec, std::int64_t fallback) {
+  return rec.is_object() && rec.contains("seq") && rec["seq"].is_number_integer() ? rec["seq"].get<std::int64_t>()
+                                                                                  : fallback;
 }
 
 /// Cuts a last line without its newline (a process died writing it: never complete, so

@@ -47,8 +47,6 @@ class JournalLock {
   ~JournalLock();
   JournalLock(const JournalLock&) = delete;
   JournalLock& operator=(const JournalLock&) = delete;
-  /// Whether `dir`'s lock is free (nobody writes that journal).
-  static bool is_free(const std::filesystem::path& dir);
 
  private:
   int fd_ = -1;
