@@ -14,6 +14,7 @@
 #include <benchmark/benchmark.h>
 #include <torch/torch.h>
 #include <turbojpeg.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>

@@ -203,23 +203,37 @@ TEST_F(LoaderRuns, DebiansDatasetsAreFoundUnderTrainerDatasetsDirWhenItIsSet) {
   // A machine with Debian's dataset files elsewhere (the GPU bundle unpacked under /tmp): a
   // root under /usr/share/datasets is looked up there.
   namespace fs = std::filesystem;
+  // Where the files are on this machine: Debian's folder, or the one the environment already
+  // names (scripts/gpu-check.sh, whose bundle carries them).
+  const char* set = std::getenv("TRAINER_DATASETS_DIR");
+  const std::string before = set != nullptr ? set : "";
+  const std::string source = before.empty() ? "/usr/share/datasets" : before;
   const std::string moved = tmp_ / "datasets";
   fs::create_directories(moved + "/fashion-mnist");
-  for (const auto& e : fs::directory_iterator("/usr/share/datasets/fashion-mnist")) {
+  for (const auto& e : fs::directory_iterator(source + "/fashion-mnist")) {
     fs::create_symlink(e.path(), moved + "/fashion-mnist/" + e.path().filename().string());
   }
   struct Env {
-    explicit Env(const std::string& v) { ::setenv("TRAINER_DATASETS_DIR", v.c_str(), 1); }
-    ~Env() { ::unsetenv("TRAINER_DATASETS_DIR"); }
+    Env(const std::string& v, std::string before) : before_(std::move(before)) {
+      ::setenv("TRAINER_DATASETS_DIR", v.c_str(), 1);
+    }
+    ~Env() {
+      if (before_.empty()) {
+        ::unsetenv("TRAINER_DATASETS_DIR");
+      } else {
+        ::setenv("TRAINER_DATASETS_DIR", before_.c_str(), 1);
+      }
+    }
+    std::string before_;
   };
   {
-    Env env(moved);
+    Env env(moved, before);
     Trainer t(options_for(kRun, {"training.epochs=1"}, "moved"));
     const RunResult r = t.fit();
     EXPECT_EQ(r.exit_code, kExitOk) << r.message;
   }
   {
-    Env env(tmp_ / "empty");
+    Env env(tmp_ / "empty", before);
     Trainer t(options_for(kRun, {"training.epochs=1"}, "empty"));
     const RunResult r = t.fit();
     EXPECT_NE(r.exit_code, kExitOk);

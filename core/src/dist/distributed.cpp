@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <condition_variable>
 #include <cstdlib>
+#include <future>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -137,6 +138,10 @@ struct ProcessGroup::Impl {
   std::chrono::milliseconds timeout{0};
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo;
+  // Where the store is, for the connections of their own that the heartbeat and the liveness
+  // probe open.
+  std::string store_addr, store_prefix;
+  c10d::TCPStoreOptions store_options;
 
   // The heartbeat: every rank counts up its key in the store twice a second, on a connection of
   // its own, so that after a failed collective the survivors can tell which ranks are gone. Its
@@ -205,17 +210,34 @@ struct ProcessGroup::Impl {
   static constexpr const char* kStoreGone =
       "the group's store does not answer: rank 0, which hosts it, died, was killed or is stopped";
 
+  /// Whether the store answers within `limit`. Asked on a connection of its own from a thread
+  /// of its own, which is left behind when the answer does not come: the server of a stopped
+  /// rank 0 leaves any store call waiting for ever (even a wait with a timeout: LibTorch 2.x
+  /// then waits for the server to acknowledge the cancel), and the run's own connection must
+  /// stay usable.
+  bool store_answers(std::chrono::milliseconds limit) const {
+    auto answer = std::make_shared<std::promise<bool>>();
+    std::future<bool> answered = answer->get_future();
+    std::thread([answer, addr = store_addr, options = store_options, prefix = store_prefix] {
+      bool ok = false;
+      try {
+        c10d::TCPStoreOptions o = options;
+        o.isServer = false;
+        c10d::PrefixStore probe(prefix, c10::make_intrusive<c10d::TCPStore>(addr, o));
+        ok = probe.check({"joined/0"});
+      } catch (const std::exception&) {
+        ok = false;
+      }
+      answer->set_value(ok);
+    }).detach();
+    return answered.wait_for(limit) == std::future_status::ready && answered.get();
+  }
+
   /// The ranks whose heartbeat stopped: their counts, read twice 2.5 beats apart, did not move;
   /// with `behind`, also those alive that started fewer collectives than this one. Said as a
   /// sentence for an error message; empty when every rank still beats (and is in step).
   std::string lost_ranks(bool behind = true) {
-    try {
-      // First whether the store answers at all (a wait has a timeout; a stopped rank 0's server
-      // would leave a plain read waiting for ever).
-      store->wait({"joined/0"}, kBeat * 2);
-    } catch (const std::exception&) {
-      return kStoreGone;
-    }
+    if (!store_answers(kBeat * 2)) return kStoreGone;
     try {
       std::vector<std::int64_t> before(static_cast<std::size_t>(size));
       for (std::int64_t r = 0; r < size; ++r) before[static_cast<std::size_t>(r)] = store->add(beat_key(r), 0);
@@ -301,6 +323,9 @@ ProcessGroup::ProcessGroup(const DistEnv& env, std::chrono::milliseconds timeout
     store = c10::make_intrusive<c10d::PrefixStore>(prefix, c10::make_intrusive<c10d::TCPStore>(env.master_addr, o));
     store->set("joined/" + std::to_string(env.rank), std::vector<std::uint8_t>{1});
     impl_->store = store;
+    impl_->store_addr = env.master_addr;
+    impl_->store_prefix = prefix;
+    impl_->store_options = o;
     impl_->start_heartbeat(env.master_addr, o, prefix);
   } catch (const std::exception& e) {
     impl_->stop_heartbeat();

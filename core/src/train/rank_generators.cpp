@@ -27,7 +27,10 @@ at::Tensor state_of(const c10::Device& device) {
 void set_state(const c10::Device& device, const at::Tensor& state) {
   at::Generator g = generator_of(device);  // a handle sharing the default generator
   std::lock_guard<std::mutex> lock(g.mutex());
-  g.set_state(state.cpu());
+  // A tensor of its own: `state` may be a row of the checkpoint's per-rank table, and LibTorch
+  // 2.x's set_state reads the storage from its start, ignoring a view's offset (rank 1's row
+  // crashed the CPU generator).
+  g.set_state(state.to(at::kCPU).clone(at::MemoryFormat::Contiguous));
 }
 
 /// Each rank's `state` (a byte tensor), by rank.
