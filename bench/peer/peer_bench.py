@@ -19,7 +19,10 @@ comparison is of speed alone.
 
 Usage: bench/peer/peer_bench.py [--recipe FILE] [--build-dir DIR] [--no-build] [--repeats N]
            [--epochs N] [--limit N] [--precision auto|fp32|bf16] [--target ACC]
-           [--tune-peer-malloc] [--only trainer,cpp,python] [--out-dir DIR] [--json FILE]
+           [--tune-peer-malloc] [--only trainer,cpp,python] [--device cpu|cuda:N] [--out-dir DIR]
+           [--json FILE]
+--device cuda:N runs trainer and the C++ loop on that GPU (scripts/gpu-check.sh does); the
+Python loop stays on the CPU, so leave it out there (--only trainer,cpp).
 See docs/benchmarks.md for the figures and the command that produced them.
 """
 import argparse
@@ -83,7 +86,7 @@ def resolved_config(args, overrides):
     return tomllib.loads(out.stdout)
 
 
-def check_same_job(c):
+def check_same_job(c, device="cpu"):
     """The peers implement exactly this job; anything else would not be a like-for-like
     comparison. Returns the list of differences (empty when it is the job)."""
     expect = {
@@ -93,7 +96,7 @@ def check_same_job(c):
         ("optim", "betas"): [0.9, 0.999], ("optim", "eps"): 1e-8, ("sched", "name"): "cosine",
         ("sched", "min_lr_ratio"): 0.0, ("training", "grad_clip_norm"): 0.0, ("training", "drop_last"): False,
         ("training", "shuffle"): True, ("training", "max_steps"): 0, ("eval", "every_epochs"): 1,
-        ("runtime", "device"): "cpu", ("runtime", "tune_malloc"): True, ("checkpoint", "every_epochs"): 1,
+        ("runtime", "device"): device, ("runtime", "tune_malloc"): True, ("checkpoint", "every_epochs"): 1,
         ("checkpoint", "every_steps"): 0, ("checkpoint", "keep_last"): 2, ("metrics", "jsonl"): True,
     }
     default = {("model", "weights"): ""}  # keys an older build does not print
@@ -122,7 +125,8 @@ def peer_args(c, args, out_dir):
             "--lr", repr(c["optim"]["lr"]), "--weight-decay", repr(c["optim"]["weight_decay"]),
             "--warmup", str(c["sched"]["warmup_steps"]), "--seed", str(c["run"]["seed"]),
             "--limit", str(c["dataset"]["limit"]), "--eval-limit", str(c["dataset"]["eval_limit"]),
-            "--threads", str(threads), "--log-every", str(t["log_every"]), "--precision", args.precision]
+            "--threads", str(threads), "--log-every", str(t["log_every"]), "--precision", args.precision,
+            "--device", args.device]
 
 
 def trainer_result(metrics_file, batch_size, n_train):
@@ -252,25 +256,30 @@ def main():
     p.add_argument("--tune-peer-malloc", action="store_true",
                    help="give the peers trainer's runtime.tune_malloc glibc settings (through MALLOC_*_ env)")
     p.add_argument("--only", default="trainer,cpp,python", help="comma list of trainer, cpp, python")
+    p.add_argument("--device", default="cpu",
+                   help="cpu (default) or cuda:N, for trainer (runtime.device) and the C++ loop; "
+                        "the Python loop runs on the CPU only")
     p.add_argument("--out-dir", default=os.path.join(ROOT, "build/peer_bench"))
     p.add_argument("--json", help="also write the results to this file")
     args = p.parse_args()
     which = [w for w in args.only.split(",") if w]
     if not which or set(which) - set(NAMES) or len(set(which)) != len(which):
         p.error("--only takes a comma list of trainer, cpp, python")
+    if args.device != "cpu" and "python" in which:
+        p.error("--device other than cpu: the Python loop runs on the CPU only (--only trainer,cpp)")
     if args.repeats < 1 or args.epochs < 0 or args.limit < 0 or not 0 < args.target <= 1:
         p.error("--repeats >= 1; --epochs and --limit >= 0; 0 < --target <= 1")
     args.build_dir = os.path.abspath(args.build_dir)
     args.out_dir = os.path.abspath(args.out_dir)
 
     ensure_ready(args, which)
-    overrides = []
+    overrides = [] if args.device == "cpu" else [f"runtime.device={args.device}"]
     if args.epochs:
         overrides.append(f"training.epochs={args.epochs}")
     if args.limit:
         overrides.append(f"dataset.limit={args.limit}")
     c = resolved_config(args, overrides)
-    wrong = check_same_job(c)
+    wrong = check_same_job(c, args.device)
     if wrong:
         fail("the recipe is not the job the peers implement:\n  " + "\n  ".join(wrong))
     why = f"--precision {args.precision}"

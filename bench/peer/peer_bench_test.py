@@ -89,6 +89,12 @@ class CheckSameJob(unittest.TestCase):
                      "runtime.tune_malloc = False"):
             self.assertIn(what, wrong)
 
+    def test_the_device_is_the_one_asked_for(self):
+        c = default_config()
+        c["runtime"]["device"] = "cuda:0"
+        self.assertEqual(peer_bench.check_same_job(c, "cuda:0"), [])
+        self.assertIn("runtime.device = 'cuda:0'", "\n".join(peer_bench.check_same_job(c)))
+
     def test_train_size_follows_the_limit(self):
         c = default_config()
         self.assertEqual(peer_bench.train_size(c), 60000)

@@ -3,7 +3,8 @@
 // (conv32-conv64 with BatchNorm, fc128, dropout 0.25), same data and normalisation, same
 // seed, data order, AdamW settings, LR warm-up + cosine, batch sizes, evaluation and
 // checkpoint every epoch; with --precision bf16, bf16 autocast around each forward and loss
-// (as trainer's mixed_precision plugin). bench/peer/peer_bench.py runs it beside trainer and
+// (as trainer's mixed_precision plugin). --device cuda:N trains there: the model on the GPU,
+// each batch gathered on the host and copied over (as trainer's loader does). bench/peer/peer_bench.py runs it beside trainer and
 // the Python loop. The one trainer header it includes is the LibTorch 1.13 / 2.x autocast shim.
 //
 // Prints one JSON object per line on stdout:
@@ -40,6 +41,7 @@ struct Options {
   std::string root = default_root();
   std::string out_dir = "peer_cpp_run";
   std::string precision = "fp32";
+  std::string device = "cpu";
   std::int64_t epochs = 4, batch_size = 128, eval_batch_size = 1000, warmup = 100, seed = 42;
   std::int64_t limit = 0, eval_limit = 0, threads = 0, log_every = 100;
   double lr = 1e-3, weight_decay = 0.01;
@@ -49,7 +51,7 @@ struct Options {
   std::cerr << "peer_loop: " << why
             << "\nusage: peer_loop [--root DIR] [--out-dir DIR] [--epochs N] [--batch-size N] [--eval-batch-size N]"
                " [--lr X] [--weight-decay X] [--warmup N] [--seed N] [--limit N] [--eval-limit N] [--threads N]"
-               " [--log-every N] [--precision fp32|bf16]\n";
+               " [--log-every N] [--precision fp32|bf16] [--device cpu|cuda:N]\n";
   std::exit(2);
 }
 
@@ -76,6 +78,7 @@ Options parse(int argc, char** argv) {
       if (a == "--root") o.root = v;
       else if (a == "--out-dir") o.out_dir = v;
       else if (a == "--precision") o.precision = v;
+      else if (a == "--device") o.device = v;
       else if (a == "--epochs") o.epochs = integer();
       else if (a == "--batch-size") o.batch_size = integer();
       else if (a == "--eval-batch-size") o.eval_batch_size = integer();
@@ -171,21 +174,23 @@ double lr_at(const Options& o, std::int64_t step, std::int64_t total) {
   return o.lr * cosine;
 }
 
-/// CPU bf16 autocast for one forward (and loss) when `on`; off again, cast cache cleared, at exit.
+/// bf16 autocast on `type` (kCPU or kCUDA) for one forward (and loss) when `on`; off again,
+/// cast cache cleared, at exit.
 struct Autocast {
-  explicit Autocast(bool on) : on(on) {
+  Autocast(bool on, c10::DeviceType type) : on(on), type(type) {
     if (!on) return;
-    trainer::compat::set_autocast_dtype(c10::kCPU, c10::kBFloat16);
-    trainer::compat::set_autocast_enabled(c10::kCPU, true);
+    trainer::compat::set_autocast_dtype(type, c10::kBFloat16);
+    trainer::compat::set_autocast_enabled(type, true);
   }
   ~Autocast() {
     if (!on) return;
-    trainer::compat::set_autocast_enabled(c10::kCPU, false);
+    trainer::compat::set_autocast_enabled(type, false);
     at::autocast::clear_cache();
   }
   Autocast(const Autocast&) = delete;
   Autocast& operator=(const Autocast&) = delete;
   bool on;
+  c10::DeviceType type;
 };
 
 double unix_now() {
@@ -200,9 +205,11 @@ int main(int argc, char** argv) {
   try {
     if (o.threads > 0) torch::set_num_threads(static_cast<int>(o.threads));
     torch::manual_seed(static_cast<std::uint64_t>(o.seed));
+    const torch::Device device(o.device);
     auto [train_x, train_y] = load(o, "train", o.limit);
     auto [test_x, test_y] = load(o, "t10k", o.eval_limit);
     Net model;
+    model->to(device);
     torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(o.lr)
                                                      .betas({0.9, 0.999})
                                                      .eps(1e-8)
@@ -223,14 +230,14 @@ int main(int argc, char** argv) {
       double window_loss = 0;
       for (std::int64_t b = 0; b < steps_per_epoch; ++b, ++step) {
         const torch::Tensor idx = order.narrow(0, b * o.batch_size, std::min(o.batch_size, n - b * o.batch_size));
-        const torch::Tensor x = train_x.index_select(0, idx), y = train_y.index_select(0, idx);
+        const torch::Tensor x = train_x.index_select(0, idx).to(device), y = train_y.index_select(0, idx).to(device);
         for (auto& g : opt.param_groups()) g.options().set_lr(lr_at(o, step, total));
         // Gradients dropped, not zeroed (as trainer and zero_grad(set_to_none=True) in Python):
         // LibTorch 1.13's Optimizer::zero_grad() fills them with zeros.
         for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
         torch::Tensor loss;
         {
-          Autocast autocast(bf16);
+          Autocast autocast(bf16, device.type());
           loss = torch::nn::functional::cross_entropy(model->forward(x), y);
         }
         loss.backward();
@@ -251,11 +258,11 @@ int main(int argc, char** argv) {
         torch::NoGradGuard no_grad;
         for (std::int64_t i = 0; i < test_x.size(0); i += o.eval_batch_size) {
           const std::int64_t len = std::min(o.eval_batch_size, test_x.size(0) - i);
-          const torch::Tensor y = test_y.narrow(0, i, len);
+          const torch::Tensor y = test_y.narrow(0, i, len).to(device);
           torch::Tensor out, loss;
           {
-            Autocast autocast(bf16);
-            out = model->forward(test_x.narrow(0, i, len));
+            Autocast autocast(bf16, device.type());
+            out = model->forward(test_x.narrow(0, i, len).to(device));
             loss = torch::nn::functional::cross_entropy(
                 out, y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
           }

@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""The figures of scripts/gpu-check.sh, read from what its commands wrote into OUT_DIR.
+
+  gpu_figures.py cuda-tests LOG      the `cuda` tests: how many ran, passed, skipped (exit 1 if any
+                                     skipped or failed, or none ran)
+  gpu_figures.py mem JSON            `trainer mem --json`: the GPUs NVML lists (exit 1 if none)
+  gpu_figures.py peer JSON           bench/peer/peer_bench.py --json: trainer's samples/s over the
+                                     hand-written LibTorch loop's (ratio of medians)
+  gpu_figures.py bench CSV           a `trainer bench --csv`: samples/s, step time and peak per cell
+                                     (exit 1 if a cell did not run)
+  gpu_figures.py estimate CSV        a `trainer bench --csv` over micro-batches: predicted against
+                                     measured peak (exit 1 if a cell is off by more than 10 %)
+  gpu_figures.py json OUT_DIR        OUT_DIR/figures.json: the machine and every check of
+                                     OUT_DIR/summary.txt with its figure
+
+Each command but `json` prints one line, the figure, for the summary.
+"""
+import csv
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+
+
+def fail(figure):
+    print(figure)
+    sys.exit(1)
+
+
+def cuda_tests(log):
+    text = open(log, errors="replace").read()
+    # ctest: "  3/15 Test  #7: Devices/OnDevice.X/cuda0 ....***Skipped   0.01 sec"
+    #   "  4/16 Test #229: Devices/OnDevice.X/cuda0  # GetParam() = "cuda:0" ....***Skipped   0.4 sec"
+    rows = re.findall(r"Test\s+#\d+: (\S+)[^\n]*?\.\s*\**(Passed|Skipped|Failed|Not Run \(Disabled\)|Not Run|"
+                      r"Exception|Timeout)", text)
+    ran = [name for name, state in rows if state == "Passed"]
+    skipped = [name for name, state in rows if state == "Skipped"]
+    failed = [name for name, state in rows if state not in ("Passed", "Skipped", "Not Run (Disabled)")]
+    figure = f"{len(ran)}_passed_{len(skipped)}_skipped_{len(failed)}_failed"
+    if skipped:
+        figure += "_skipped:" + ",".join(skipped[:5])
+    if failed:
+        figure += "_failed:" + ",".join(failed[:5])
+    if not ran or skipped or failed:
+        fail(figure)
+    print(figure)
+
+
+def mem(path):
+    data = json.load(open(path))
+    gpus = [d for d in data.get("devices", []) if d.get("device", "").startswith("cuda:")]
+    if data.get("source") != "nvml" or not gpus:
+        fail(f"source_{data.get('source')}_{len(gpus)}_GPUs:{';'.join(data.get('notes', []))[:200]}")
+    print(",".join(f"{g['device']}={g['name'].replace(' ', '_')}:{g['uuid']}:{g['total_bytes'] >> 20}MiB_total:"
+                   f"{g['free_bytes'] >> 20}MiB_free" for g in gpus))
+
+
+def peer(path):
+    data = json.load(open(path))
+    r = data["results"]
+    med = {w: statistics.median(x["samples_per_s"] for x in r[w]) for w in r}
+    print(f"trainer_{med['trainer']:.0f}_samples/s_cpp_{med['cpp']:.0f}_ratio_{med['trainer'] / med['cpp']:.3f}")
+
+
+def rows_of(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def cell_name(row, keys):
+    return "/".join(f"{k.split('.')[-1]}={row[k]}" for k in keys)
+
+
+def bench(path):
+    rows = rows_of(path)
+    keys = [k for k in rows[0] if k not in RESULT_COLUMNS] if rows else []
+    parts, bad = [], False
+    for row in rows:
+        if row["status"] != "ok":
+            bad = True
+            parts.append(f"{cell_name(row, keys)}:{row['status']}")
+            continue
+        parts.append(f"{cell_name(row, keys)}:{float(row['samples_per_s']):.0f}_samples/s,"
+                     f"{float(row['step_ms_median']):.2f}_ms,{float(row['peak_mib']):.0f}_MiB_peak")
+    if not rows or bad:
+        fail(";".join(parts) or "no_cells")
+    print(";".join(parts))
+
+
+def estimate(path):
+    rows = rows_of(path)
+    keys = [k for k in rows[0] if k not in RESULT_COLUMNS] if rows else []
+    parts, bad = [], not rows
+    for row in rows:
+        if row["status"] != "ok" or not row["predicted_peak_mib"] or not row["peak_mib"]:
+            bad = True
+            parts.append(f"{cell_name(row, keys)}:{row['status']}")
+            continue
+        predicted, measured = float(row["predicted_peak_mib"]), float(row["peak_mib"])
+        error = (predicted - measured) / measured
+        bad = bad or abs(error) > 0.10
+        parts.append(f"{cell_name(row, keys)}:predicted_{predicted:.0f}_measured_{measured:.0f}_MiB_({error:+.1%})")
+    if bad:
+        fail(";".join(parts) or "no_cells")
+    print(";".join(parts))
+
+
+RESULT_COLUMNS = {"status", "micro_batch_used", "samples_per_s", "step_ms_median", "step_ms_min", "step_ms_max",
+                  "peak_mib", "predicted_peak_mib", "out_of_memory", "measured_steps", "note"}
+
+
+def machine():
+    m = {}
+    try:
+        q = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=60)
+        m["gpus"] = [line.strip() for line in q.stdout.splitlines() if line.strip()]
+        v = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=60)
+        cuda = re.search(r"CUDA Version: ([\d.]+)", v.stdout)
+        m["driver_cuda"] = cuda.group(1) if cuda else ""
+    except (OSError, subprocess.TimeoutExpired) as e:
+        m["gpus"] = []
+        m["nvidia_smi"] = str(e)
+    try:
+        t = subprocess.run([sys.executable, "-c", "import torch; print(torch.__version__, torch.version.cuda)"],
+                           capture_output=True, text=True, timeout=120)
+        m["torch"] = t.stdout.strip()
+    except (OSError, subprocess.TimeoutExpired) as e:
+        m["torch"] = str(e)
+    m["host"] = os.uname().nodename
+    return m
+
+
+def to_json(out_dir):
+    checks = []
+    with open(os.path.join(out_dir, "summary.txt")) as f:
+        for line in f:
+            status, name, figure = (line.rstrip("\n").split(" ", 2) + ["", ""])[:3]
+            checks.append({"check": name, "status": status, "figure": figure})
+    with open(os.path.join(out_dir, "figures.json"), "w") as f:
+        json.dump({"machine": machine(), "checks": checks}, f, indent=1)
+        f.write("\n")
+
+
+def main():
+    commands = {"cuda-tests": cuda_tests, "mem": mem, "peer": peer, "bench": bench, "estimate": estimate,
+                "json": to_json}
+    if len(sys.argv) != 3 or sys.argv[1] not in commands:
+        sys.exit(__doc__)
+    try:
+        commands[sys.argv[1]](sys.argv[2])
+    except (OSError, ValueError, KeyError, IndexError, ZeroDivisionError, statistics.StatisticsError) as e:
+        fail(f"unreadable_{os.path.basename(sys.argv[2])}:{type(e).__name__}:{e}".replace(" ", "_")[:300])
+
+
+if __name__ == "__main__":
+    main()

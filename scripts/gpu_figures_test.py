@@ -1,0 +1,99 @@
+#!/usr/bin/python3
+"""Unit tests of scripts/gpu_figures.py: what scripts/gpu-check.sh reads its figures with, on
+files shaped as ctest, `trainer mem --json`, `trainer bench --csv` and peer_bench.py write them.
+Run: /usr/bin/python3 scripts/gpu_figures_test.py"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_figures.py")
+
+CTEST = """Test project /tmp/trainer-gpu/build
+      Start 218: OnGpu.NvmlListsTheGpuTheCudaRuntimeUsesWithThisProcessOnIt
+ 1/4 Test #218: OnGpu.NvmlListsTheGpuTheCudaRuntimeUsesWithThisProcessOnIt ........   Passed    1.20 sec
+ 2/4 Test #223: GpuHog.HoldsMemory ..........................................***Not Run (Disabled)   0.00 sec
+ 3/4 Test #229: Devices/OnDevice.OutOfMemoryInTheForward/cuda0  # GetParam() = "cuda:0" ....{state}   2.10 sec
+ 4/4 Test #230: Devices/OnDevice.OutOfMemoryInTheForward/cpu  # GetParam() = "cpu" ...........   Passed    3.00 sec
+"""
+
+CSV_HEADER = ("training.micro_batch_size,status,micro_batch_used,samples_per_s,step_ms_median,step_ms_min,"
+              "step_ms_max,peak_mib,predicted_peak_mib,out_of_memory,measured_steps,note\n")
+
+
+class GpuFigures(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+
+    def tearDown(self):
+        self.dir.cleanup()
+
+    def write(self, name, text):
+        path = os.path.join(self.dir.name, name)
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    def figure(self, *args):
+        r = subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True)
+        return r.returncode, r.stdout.strip()
+
+    def test_cuda_tests_pass_only_when_none_skipped(self):
+        code, fig = self.figure("cuda-tests", self.write("ok.log", CTEST.format(state="   Passed")))
+        self.assertEqual((code, fig), (0, "3_passed_0_skipped_0_failed"))
+        code, fig = self.figure("cuda-tests", self.write("skip.log", CTEST.format(state="***Skipped")))
+        self.assertEqual(code, 1)
+        self.assertIn("1_skipped", fig)
+        self.assertIn("OnDevice.OutOfMemoryInTheForward/cuda0", fig)
+        code, fig = self.figure("cuda-tests", self.write("fail.log", CTEST.format(state="***Failed")))
+        self.assertEqual(code, 1)
+        self.assertIn("1_failed", fig)
+        self.assertEqual(self.figure("cuda-tests", self.write("none.log", "No tests were found!!!\n"))[0], 1)
+
+    def test_mem_needs_a_gpu_from_nvml(self):
+        gpu = {"device": "cuda:0", "name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-1234", "total_bytes": 85 << 30,
+               "free_bytes": 80 << 30}
+        code, fig = self.figure("mem", self.write("m.json", json.dumps({"source": "nvml", "devices": [gpu]})))
+        self.assertEqual(code, 0)
+        self.assertIn("cuda:0=NVIDIA_H100_80GB_HBM3:GPU-1234", fig)
+        none = {"source": "none", "notes": ["NVML: cannot load libnvidia-ml.so.1"], "devices": [{"device": "cpu"}]}
+        code, fig = self.figure("mem", self.write("n.json", json.dumps(none)))
+        self.assertEqual(code, 1)
+        self.assertIn("cannot load", fig)
+
+    def test_bench_and_estimate_read_the_csv(self):
+        csv = self.write("b.csv", CSV_HEADER + "512,ok,512,9000.5,56.1,50,60,1000,1050,false,5,\n"
+                                              "4096,ok,4096,12000,300,290,310,4000,4100,false,5,\n")
+        code, fig = self.figure("bench", csv)
+        self.assertEqual(code, 0)
+        self.assertIn("micro_batch_size=512:9000_samples/s,56.10_ms,1000_MiB_peak", fig)
+        code, fig = self.figure("estimate", csv)
+        self.assertEqual(code, 0)
+        self.assertIn("micro_batch_size=4096:predicted_4100_measured_4000_MiB_(+2.5%)", fig)
+        off = self.write("off.csv", CSV_HEADER + "4096,ok,4096,12000,300,290,310,4000,5000,false,5,\n")
+        self.assertEqual(self.figure("estimate", off)[0], 1)  # 25 % off
+        oom = self.write("oom.csv", CSV_HEADER + "4096,out of memory,,,,,,,,true,0,\n")
+        self.assertEqual(self.figure("bench", oom)[0], 1)
+        self.assertEqual(self.figure("bench", self.write("missing.csv", "garbage\n"))[0], 1)
+
+    def test_peer_is_the_ratio_of_medians(self):
+        peer = {"results": {"trainer": [{"samples_per_s": s} for s in (90, 100, 110)],
+                            "cpp": [{"samples_per_s": s} for s in (120, 125, 130)]}}
+        self.assertEqual(self.figure("peer", self.write("p.json", json.dumps(peer))),
+                         (0, "trainer_100_samples/s_cpp_125_ratio_0.800"))
+
+    def test_json_gathers_the_summary(self):
+        self.write("summary.txt", "PASS build 51s\nSKIP tests:chromium no headless Chromium\nFAIL cuda-tests 1_skipped\n")
+        self.assertEqual(self.figure("json", self.dir.name)[0], 0)
+        with open(os.path.join(self.dir.name, "figures.json")) as f:
+            data = json.load(f)
+        self.assertEqual([c["status"] for c in data["checks"]], ["PASS", "SKIP", "FAIL"])
+        self.assertEqual(data["checks"][1], {"check": "tests:chromium", "status": "SKIP",
+                                             "figure": "no headless Chromium"})
+        self.assertIn("machine", data)
+
+
+if __name__ == "__main__":
+    unittest.main()

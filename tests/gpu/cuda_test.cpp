@@ -1,0 +1,591 @@
+// trainer's CUDA paths, run for real on a GPU by scripts/gpu-check.sh (label `cuda`).
+//
+// The tests parameterised by device run on the CPU too (through the memory budget), so every
+// `make test` exercises their own logic and a GPU visit finds no bug in the test itself; their
+// `cuda:0` instances, and the tests that only mean something on a GPU, skip where LibTorch
+// sees no GPU (every CPU machine), and gpu-check.sh fails when any of them skipped there.
+//
+// Exactness on CUDA: cuDNN runs its deterministic algorithms without TF32 (cudnn.benchmark
+// off), and cuBLAS without TF32, so that two runs with the same micro-batch split are
+// bit-identical, as on the CPU, and runs with different splits differ only by fp32 summation
+// order.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/file.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <thread>
+
+#include "support/test_util.h"
+#include "trainer/devices.h"
+#include "trainer/lease.h"
+#include "trainer/memory.h"
+#include "trainer/precision.h"
+#include "trainer/trainer.h"
+
+namespace trainer {
+namespace {
+
+using testing::metric_by_step;
+using testing::read_file;
+using testing::write_file;
+
+const c10::Device kCpu(c10::kCPU);
+const c10::Device kCuda(c10::kCUDA, 0);
+
+bool have_gpu() { return torch::cuda::is_available() && has_memory_backend(kCuda); }
+constexpr const char* kNoGpu = "no GPU visible to this LibTorch (runs on a GPU machine: scripts/gpu-check.sh)";
+
+void deterministic_kernels() {
+  auto& ctx = at::globalContext();
+  ctx.setBenchmarkCuDNN(false);
+  ctx.setDeterministicCuDNN(true);
+  ctx.setAllowTF32CuDNN(false);
+  ctx.setAllowTF32CuBLAS(false);
+}
+
+/// Leaves `d` no memory to spare: the next allocation that needs more from it fails with a real
+/// out-of-memory error. CPU: a budget of what is in use plus 1 KiB. CUDA: the caching
+/// allocator's cache emptied, then a cap of what it holds from the device plus 1 KiB, so that
+/// an allocation the free parts of its segments cannot serve needs a new segment and is refused.
+void squeeze(const c10::Device& d) {
+  if (d.is_cuda()) {
+    clear_memory(d, true);
+    set_memory_limit(d, memory_stats(d).reserved + 1024);
+  } else {
+    set_memory_limit(d, memory_stats(d).allocated + 1024);
+  }
+}
+
+// A CNN without BatchNorm (accumulation is exact up to summation order) whose activations
+// (micro-batch 64: 6.4 MB per conv1 output) and hidden layer (3136 x 1024: 12.8 MB) are large:
+// on CUDA they need segments of their own, so a squeezed forward, backward or AdamW step (whose
+// temporaries have the hidden layer's size) asks the device for more and is refused.
+constexpr const char* kRecipe = R"(
+[run]
+seed = 11
+[model]
+name = "cnn"
+channels = [32, 64]
+hidden = 1024
+batch_norm = false
+dropout = 0.0
+[dataset]
+name = "synthetic"
+size = 256
+eval_size = 64
+[training]
+epochs = 1
+batch_size = 64
+micro_batch_size = 64
+log_every = 1
+[optim]
+name = "adamw"
+lr = 0.001
+[eval]
+every_epochs = 0
+[metrics]
+console = false
+[plugins]
+load = ["oom_backoff", "recording"]
+)";
+
+/// Squeezes the run's device at `at` (first attempt only) in the steps listed, lifts the cap at
+/// OutOfMemory, and records each OOM's phase and the counters at every BatchEnd. With
+/// `restore`, each batch starts again at the configured micro-batch (oom_backoff would
+/// otherwise keep halving it, one OOM after the other).
+class Squeeze final : public Plugin {
+ public:
+  Squeeze(Event at, std::set<std::int64_t> steps, bool restore = false)
+      : at_(at), steps_(std::move(steps)), restore_(restore) {}
+  std::string name() const override { return "squeeze"; }
+  std::vector<Event> events() const override { return {at_, Event::OutOfMemory, Event::BatchStart, Event::BatchEnd}; }
+  int default_priority() const override { return -10; }  // before oom_backoff
+  void on_event(EventContext& ctx, Control& c) override {
+    if (ctx.event == Event::OutOfMemory) {
+      set_memory_limit(ctx.device, 0);
+      phases.push_back(ctx.oom->phase);
+      messages.push_back(ctx.oom->message);
+      return;
+    }
+    if (ctx.event == Event::BatchStart) {
+      attempted_ = false;
+      if (configured_ == 0) configured_ = ctx.state.micro_batch_size;
+      if (restore_) c.micro_batch_size = configured_;
+    }
+    if (ctx.event == Event::BatchEnd) {
+      const MemoryStats s = memory_stats(ctx.device);
+      allocated.push_back(s.allocated);
+      reserved.push_back(s.reserved);
+      num_ooms.push_back(s.num_ooms);
+    }
+    const bool per_micro = at_ == Event::BeforeForward || at_ == Event::BeforeBackward;
+    if (ctx.event == at_ && !attempted_ && steps_.count(ctx.state.global_step) &&
+        (!per_micro || ctx.state.micro_batch_index == 0)) {
+      attempted_ = true;
+      squeeze(ctx.device);
+    }
+  }
+  std::vector<std::string> phases, messages;
+  std::vector<std::int64_t> allocated, reserved, num_ooms;
+
+ private:
+  Event at_;
+  std::set<std::int64_t> steps_;
+  bool restore_ = false;
+  bool attempted_ = false;
+  std::int64_t configured_ = 0;
+};
+
+/// The dataset indices that reached each committed optimizer step, in order.
+class SampleLedger final : public Plugin {
+ public:
+  std::string name() const override { return "ledger"; }
+  std::vector<Event> events() const override {
+    return {Event::BatchStart, Event::AfterBackward, Event::OutOfMemory, Event::AfterOptimizerStep};
+  }
+  void on_event(EventContext& ctx, Control&) override {
+    switch (ctx.event) {
+      case Event::BatchStart:
+      case Event::OutOfMemory:
+        pending_.clear();  // a failed attempt contributes nothing
+        break;
+      case Event::AfterBackward: {
+        const at::Tensor idx = ctx.indices->cpu();
+        for (std::int64_t i = 0; i < idx.size(0); ++i) pending_.push_back(idx[i].item<std::int64_t>());
+        break;
+      }
+      case Event::AfterOptimizerStep:
+        steps.push_back(pending_);
+        pending_.clear();
+        break;
+      default:
+        break;
+    }
+  }
+  std::vector<std::vector<std::int64_t>> steps;
+
+ private:
+  std::vector<std::int64_t> pending_;
+};
+
+/// Where the model, its buffers and AdamW's state live at FitEnd, and how often the model moved.
+class Whereabouts final : public Plugin {
+ public:
+  std::string name() const override { return "whereabouts"; }
+  std::vector<Event> events() const override { return {Event::ModelToDevice, Event::FitEnd}; }
+  void on_event(EventContext& ctx, Control&) override {
+    if (ctx.event == Event::ModelToDevice) {
+      moves.push_back(ctx.device.str());
+      return;
+    }
+    for (const auto& p : ctx.model->parameters()) devices.insert(p.device().str());
+    for (const auto& b : ctx.model->buffers()) devices.insert(b.device().str());
+    for (const auto& [key, state] : ctx.optimizer->state()) {
+      if (const auto* s = dynamic_cast<const torch::optim::AdamWParamState*>(state.get())) {
+        devices.insert(s->exp_avg().device().str());
+        devices.insert(s->exp_avg_sq().device().str());
+        ++optimizer_states;
+      }
+    }
+  }
+  std::vector<std::string> moves;
+  std::set<std::string> devices;
+  int optimizer_states = 0;
+};
+
+class OnDevice : public testing::TrainerTest, public ::testing::WithParamInterface<std::string> {
+ protected:
+  void SetUp() override {
+    TrainerTest::SetUp();
+    device_ = c10::Device(GetParam());
+    if (device_.is_cuda() && !have_gpu()) GTEST_SKIP() << kNoGpu;
+    if (device_.is_cpu()) install_cpu_tracking_allocator();  // counts from the test's first tensor
+    deterministic_kernels();
+  }
+  void TearDown() override {
+    set_memory_limit(kCpu, 0);
+    if (have_gpu()) set_memory_limit(kCuda, 0);
+  }
+  RunResult run(const std::string& name, std::vector<std::string> overrides,
+                std::vector<std::shared_ptr<Plugin>> extra = {}, const std::string& recipe = kRecipe) {
+    overrides.push_back("runtime.device=" + device_.str());
+    TrainerOptions o = options_for(recipe, overrides, name, extra);
+    o.log_level = log_level_;
+    params_.clear();  // the last run's parameters (CPU copies) would count in this one's CPU memory
+    Trainer t(std::move(o));
+    RunResult r = t.fit();
+    if (t.model()) {
+      for (const auto& p : t.model()->parameters()) params_.push_back(p.detach().cpu().clone());
+    }
+    return r;
+  }
+  /// Runs that differ only in the micro-batch split sum the same fp32 products in another
+  /// order: ~1e-7 relative per sum, ~1e-6 after four AdamW steps of lr 1e-3 on either device
+  /// (TF32 off). A lost, doubled or stale gradient moves a parameter by the step size, 1e-3.
+  void expect_params_close(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+    ASSERT_EQ(a.size(), b.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      EXPECT_TRUE(torch::allclose(a[i], b[i], 1e-5, 1e-5))
+          << "param " << i << " max diff " << (a[i] - b[i]).abs().max().item<double>();
+    }
+  }
+  c10::Device device_ = kCpu;
+  std::string log_level_ = "error";
+  std::vector<at::Tensor> params_;
+};
+
+std::string device_name(const ::testing::TestParamInfo<std::string>& info) {
+  return info.param == "cpu" ? "cpu" : "cuda0";
+}
+
+TEST_P(OnDevice, TheMemoryBackendCountsCapsAndClears) {
+  clear_memory(device_, true);
+  const MemoryStats before = memory_stats(device_);
+  {
+    auto t = torch::empty({16 << 20}, torch::TensorOptions().dtype(torch::kFloat).device(device_));  // 64 MiB
+    const MemoryStats with = memory_stats(device_);
+    EXPECT_GE(with.allocated - before.allocated, std::int64_t{64} << 20);
+    EXPECT_GE(with.reserved, with.allocated);
+    // A cap below what the next tensor needs refuses it with a real out-of-memory error.
+    set_memory_limit(device_, with.reserved + (std::int64_t{1} << 20));
+    EXPECT_EQ(memory_stats(device_).limit, with.reserved + (std::int64_t{1} << 20));
+    try {
+      auto big = torch::empty({16 << 20}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
+      ADD_FAILURE() << "64 MiB allocated past a cap of 1 MiB more than in use";
+    } catch (const std::exception& e) {
+      EXPECT_TRUE(is_out_of_memory(e)) << e.what();
+    }
+    EXPECT_EQ(memory_stats(device_).num_ooms, with.num_ooms + 1);
+    set_memory_limit(device_, 0);
+    EXPECT_EQ(memory_stats(device_).limit, 0);
+    EXPECT_NO_THROW(torch::empty({16 << 20}, torch::TensorOptions().dtype(torch::kFloat).device(device_)));
+  }
+  // What the freed tensors held goes back (CUDA: emptyCache gives the cached segments back).
+  clear_memory(device_, true);
+  const MemoryStats after = memory_stats(device_);
+  EXPECT_EQ(after.allocated, before.allocated);
+  EXPECT_LE(after.reserved, before.reserved + (std::int64_t{2} << 20));
+}
+
+TEST_P(OnDevice, TheRunsMemoryLimitIsInForceDuringTheRunAndEndsWithIt) {
+  class LimitProbe final : public Plugin {
+   public:
+    std::string name() const override { return "limit_probe"; }
+    std::vector<Event> events() const override { return {Event::BatchEnd}; }
+    void on_event(EventContext& ctx, Control&) override { limits.push_back(memory_stats(ctx.device).limit); }
+    std::vector<std::int64_t> limits;
+  };
+  auto probe = std::make_shared<LimitProbe>();
+  const RunResult r = run("run", {"+memory.limit_mb=2048"}, {probe});
+  ASSERT_EQ(r.exit_code, kExitOk) << r.message;
+  ASSERT_EQ(probe->limits.size(), 4u);
+  // CUDA keeps the cap as a fraction of the device's total: within a byte of 2 GiB.
+  for (auto l : probe->limits) EXPECT_NEAR(static_cast<double>(l), static_cast<double>(std::int64_t{2048} << 20), 1.0);
+  EXPECT_EQ(memory_stats(device_).limit, 0);
+}
+
+TEST_P(OnDevice, OutOfMemoryInTheForwardTheBackwardAndTheStepIsRecoveredWithTheSameSamplesAndResult) {
+  auto clean_ledger = std::make_shared<SampleLedger>();
+  ASSERT_EQ(run("clean", {}, {clean_ledger}).exit_code, kExitOk);
+  const auto reference = params_;
+  ASSERT_EQ(clean_ledger->steps.size(), 4u);
+  for (const auto& [event, phase] : std::vector<std::pair<Event, std::string>>{
+           {Event::BeforeForward, "forward"},
+           {Event::BeforeBackward, "backward"},
+           {Event::BeforeOptimizerStep, "optimizer_step"}}) {
+    SCOPED_TRACE(phase);
+    auto squeeze = std::make_shared<Squeeze>(event, std::set<std::int64_t>{1, 2});
+    auto ledger = std::make_shared<SampleLedger>();
+    const RunResult r = run(phase, {}, {squeeze, ledger});
+    ASSERT_EQ(r.exit_code, kExitOk) << r.message;
+    EXPECT_EQ(r.global_step, 4);
+    EXPECT_EQ(squeeze->phases, (std::vector<std::string>{phase, phase}));
+    for (const auto& m : squeeze->messages) EXPECT_NE(m.find("out of memory"), std::string::npos) << m;
+    // The same samples in the same order, 64 to every step: the effective batch is kept.
+    EXPECT_EQ(ledger->steps, clean_ledger->steps);
+    // Two real out-of-memory errors counted by the device's allocator.
+    ASSERT_EQ(squeeze->num_ooms.size(), 4u);
+    EXPECT_EQ(squeeze->num_ooms.back() - squeeze->num_ooms.front(), 2);
+    expect_params_close(params_, reference);
+  }
+}
+
+TEST_P(OnDevice, TwentyRecoveriesLeaveNoMemoryBehind) {
+  std::string recipe = kRecipe;
+  const std::string size = "size = 256";
+  recipe.replace(recipe.find(size), size.size(), "size = 1344");  // 21 steps
+  auto clean = std::make_shared<Squeeze>(Event::BeforeForward, std::set<std::int64_t>{});
+  ASSERT_EQ(run("clean", {}, {clean}, recipe).exit_code, kExitOk);
+  std::set<std::int64_t> steps;
+  for (std::int64_t s = 1; s <= 20; ++s) steps.insert(s);
+  auto squeeze = std::make_shared<Squeeze>(Event::BeforeForward, steps, true);
+  const RunResult r = run("oom", {}, {squeeze}, recipe);
+  ASSERT_EQ(r.exit_code, kExitOk) << r.message;
+  EXPECT_EQ(squeeze->phases.size(), 20u);
+  ASSERT_EQ(squeeze->allocated.size(), 21u);
+  EXPECT_EQ(squeeze->num_ooms.back() - squeeze->num_ooms.front(), 20);
+  // After each recovery the memory in use is back where step 0 left it, and what the device's
+  // allocator holds never exceeds what the run without errors held.
+  const std::int64_t most = *std::max_element(clean->reserved.begin(), clean->reserved.end());
+  for (std::size_t s = 1; s < 21; ++s) {
+    EXPECT_EQ(squeeze->allocated[s], squeeze->allocated[0]) << s;
+    EXPECT_LE(squeeze->reserved[s], most) << s;
+  }
+}
+
+TEST_P(OnDevice, TheDeviceGeneratorIsRestoredByAResume) {
+  // Dropout draws from the run device's generator (CUDA: its Philox state): a resume that
+  // did not restore it would draw other masks and the losses would differ.
+  const std::vector<std::string> common = {"+model.dropout=0.2", "training.epochs=3", "training.batch_size=16",
+                                           "training.micro_batch_size=16", "optim.name=adamw"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.end(), common.begin(), common.end());
+    return extra;
+  };
+  ASSERT_EQ(run("straight", with({}), {}, testing::kSmallRun).exit_code, kExitOk);
+  const auto straight = metric_by_step(tmp_ / "straight/metrics.jsonl", "train/loss");
+  ASSERT_EQ(straight.size(), 12u);
+  ASSERT_EQ(run("part", with({"training.max_steps=6"}), {}, testing::kSmallRun).exit_code, kExitOk);
+  TrainerOptions o = options_for(testing::kSmallRun, with({"runtime.device=" + device_.str()}), "resumed");
+  o.resume = tmp_ / "part";
+  o.log_level = "error";
+  ASSERT_EQ(Trainer(std::move(o)).fit().exit_code, kExitOk);
+  const auto resumed = metric_by_step(tmp_ / "resumed/metrics.jsonl", "train/loss");
+  ASSERT_EQ(resumed.size(), 6u);
+  for (const auto& [step, loss] : resumed) {
+    ASSERT_TRUE(straight.count(step)) << step;
+    EXPECT_DOUBLE_EQ(loss, straight.at(step)) << "step " << step;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, OnDevice, ::testing::Values(std::string("cpu"), std::string("cuda:0")),
+                         device_name);
+
+/// The GPU-only paths: each skips without a GPU.
+class OnGpu : public testing::TrainerTest {
+ protected:
+  void SetUp() override {
+    TrainerTest::SetUp();
+    if (!have_gpu()) GTEST_SKIP() << kNoGpu;
+    deterministic_kernels();
+  }
+  void TearDown() override {
+    set_memory_limit(kCpu, 0);
+    if (have_gpu()) set_memory_limit(kCuda, 0);
+  }
+  RunResult run(const std::string& name, const std::vector<std::string>& overrides,
+                std::vector<std::shared_ptr<Plugin>> extra = {}, const std::string& log_level = "error") {
+    TrainerOptions o = options_for(kRecipe, overrides, name, extra);
+    o.log_level = log_level;
+    Trainer t(std::move(o));
+    return t.fit();
+  }
+};
+
+/// Squeezes the GPU before every forward from step 1 on, so no micro-batch fits there.
+class GpuAlwaysTight final : public Plugin {
+ public:
+  std::string name() const override { return "gpu_always_tight"; }
+  std::vector<Event> events() const override { return {Event::BeforeForward, Event::OutOfMemory}; }
+  int default_priority() const override { return -10; }
+  void on_event(EventContext& ctx, Control&) override {
+    if (ctx.event == Event::OutOfMemory) {
+      if (ctx.device.is_cuda()) set_memory_limit(ctx.device, 0);
+      return;
+    }
+    if (ctx.device.is_cuda() && ctx.state.global_step >= 1) squeeze(ctx.device);
+  }
+};
+
+TEST_F(OnGpu, WhenBackingOffIsExhaustedTheRunMovesToTheCpuOnceAndFinishesThere) {
+  auto where = std::make_shared<Whereabouts>();
+  const RunResult r = run("run",
+                          {"runtime.device=cuda:0", "+plugins.oom_backoff.min_micro_batch=32",
+                           "+plugins.oom_backoff.fallback_devices=[\"cpu\"]"},
+                          {std::make_shared<GpuAlwaysTight>(), where}, "info");
+  ASSERT_EQ(r.exit_code, kExitOk) << r.message;
+  EXPECT_EQ(r.global_step, 4);
+  EXPECT_EQ(where->moves, (std::vector<std::string>{"cuda:0", "cpu"}));
+  EXPECT_EQ(where->devices, (std::set<std::string>{"cpu"}));  // parameters, buffers, AdamW's state
+  EXPECT_GT(where->optimizer_states, 0);
+  const std::string log = read_file(tmp_ / "run/trainer.log");
+  EXPECT_NE(log.find("oom_backoff: cuda:0 exhausted at micro-batch 32, falling back to cpu"), std::string::npos)
+      << log;
+}
+
+/// Puts an inf into the first parameter's gradient in the backward of step `step`, before the
+/// scaler unscales, and snapshots the parameters around that batch; records the autocast state
+/// inside the forwards.
+class InjectInf final : public Plugin {
+ public:
+  explicit InjectInf(std::int64_t step) : step_(step) {}
+  std::string name() const override { return "inject_inf"; }
+  std::vector<Event> events() const override { return {Event::BatchStart, Event::AfterBackward, Event::BatchEnd}; }
+  // AfterBackward is a closing event: above mixed_precision's 1000 it runs before the
+  // unscaling; and this forward scope opens inside mixed_precision's.
+  int default_priority() const override { return 2000; }
+  std::unique_ptr<ForwardScope> forward_scope(const EventContext& ctx) override {
+    if (ctx.event == Event::BeforeForward) autocast.push_back(autocast_state());
+    return nullptr;
+  }
+  void on_event(EventContext& ctx, Control&) override {
+    // A skipped step keeps global_step: the batch index tells the next batch apart.
+    if (ctx.state.global_step != step_ || ctx.state.batch_in_epoch != step_) return;
+    if (ctx.event == Event::AfterBackward) {
+      ctx.model->parameters().front().mutable_grad().view(-1)[0] = std::numeric_limits<float>::infinity();
+      return;
+    }
+    auto& into = ctx.event == Event::BatchStart ? before : after;
+    into.clear();
+    for (const auto& p : ctx.model->parameters()) into.push_back(p.detach().cpu().clone());
+  }
+  std::vector<at::Tensor> before, after;
+  std::vector<AutocastState> autocast;
+
+ private:
+  std::int64_t step_;
+};
+
+TEST_F(OnGpu, Bf16AndFp16AutocastTrainOnTheGpuAndTheScalerSkipsAnInfStep) {
+  for (const std::string precision : {"bf16", "fp16"}) {
+    SCOPED_TRACE(precision);
+    auto inject = std::make_shared<InjectInf>(1);
+    const RunResult r = run(precision,
+                            {"runtime.device=cuda:0", "plugins.load=[\"mixed_precision\", \"recording\"]",
+                             "+plugins.mixed_precision.precision=\"" + precision + "\"",
+                             "+plugins.mixed_precision.grad_scaler=\"on\"", "+plugins.mixed_precision.init_scale=1024"},
+                            {inject});
+    ASSERT_EQ(r.status, "FINISHED") << r.message;
+    ASSERT_FALSE(inject->autocast.empty());
+    for (const auto& s : inject->autocast) {
+      EXPECT_TRUE(s.cuda_enabled);
+      EXPECT_EQ(s.cuda_dtype, precision == "bf16" ? c10::kBFloat16 : c10::kHalf);
+    }
+    // The inf reached the scaler's CUDA unscale: the step was skipped, nothing changed, and
+    // the scale halved.
+    ASSERT_EQ(inject->before.size(), inject->after.size());
+    ASSERT_FALSE(inject->before.empty());
+    for (std::size_t i = 0; i < inject->before.size(); ++i)
+      EXPECT_TRUE(torch::equal(inject->before[i], inject->after[i])) << "parameter " << i << " changed";
+    EXPECT_EQ(r.global_step, 3);  // 4 batches, one step skipped
+    EXPECT_EQ(r.final_metrics.at("amp/loss_scale"), 512.0);
+    EXPECT_EQ(r.final_metrics.at("amp/skipped_steps"), 1.0);
+    EXPECT_TRUE(std::isfinite(r.final_metrics.at("train/loss")));
+  }
+}
+
+TEST_F(OnGpu, NvmlListsTheGpuTheCudaRuntimeUsesWithThisProcessOnIt) {
+  const InventorySnapshot before = system_inventory()->snapshot();
+  ASSERT_EQ(before.source, "nvml") << "NVML could not be loaded: " << (before.notes.empty() ? "" : before.notes[0]);
+  ASSERT_FALSE(before.gpus.empty());
+  const DeviceInfo& g0 = before.gpus[0];
+  EXPECT_EQ(g0.id, "cuda:0");
+  EXPECT_FALSE(g0.name.empty());
+  EXPECT_EQ(g0.uuid.rfind("GPU-", 0), 0u) << g0.uuid;
+  EXPECT_GT(g0.total, 0);
+  EXPECT_GE(g0.free, 0);
+  EXPECT_LE(g0.free, g0.total);
+  EXPECT_TRUE(g0.error.empty()) << g0.error;
+  // 1 GiB on LibTorch's cuda:0 shows in NVML's cuda:0 (used memory, and this process among its
+  // compute processes): the two number the GPUs alike.
+  auto block = torch::empty({std::int64_t{1} << 30}, torch::TensorOptions().dtype(torch::kUInt8).device(kCuda));
+  torch::cuda::synchronize();
+  const InventorySnapshot after = system_inventory()->snapshot();
+  ASSERT_FALSE(after.gpus.empty());
+  EXPECT_GE(after.gpus[0].used - g0.used, std::int64_t{1} << 30);
+  const auto& procs = after.gpus[0].processes;
+  EXPECT_TRUE(std::any_of(procs.begin(), procs.end(), [](const GpuProcess& p) { return p.pid == ::getpid(); }))
+      << procs.size() << " process(es) listed, not pid " << ::getpid()
+      << " (a PID namespace of its own hides the host's pids)";
+}
+
+/// At FitStart: the run's device, and whether its GPU's lease is held by this process.
+class LeaseProbe final : public Plugin {
+ public:
+  explicit LeaseProbe(std::string dir) : dir_(std::move(dir)) {}
+  std::string name() const override { return "lease_probe"; }
+  std::vector<Event> events() const override { return {Event::FitStart}; }
+  void on_event(EventContext& ctx, Control&) override {
+    device = ctx.device.str();
+    const InventorySnapshot s = device_inventory()->snapshot();
+    if (s.gpus.empty()) return;
+    const LeaseState st = DeviceLease::probe(dir_, s.gpus[0].uuid);
+    held = st.held && std::any_of(st.holders.begin(), st.holders.end(),
+                                  [](const LeaseHolder& h) { return h.pid == ::getpid(); });
+  }
+  std::string device;
+  bool held = false;
+
+ private:
+  std::string dir_;
+};
+
+TEST_F(OnGpu, DeviceSelectPicksTheGpuWithItsLeaseAndFallsBackToTheCpuWhenAnotherProcessTakesIt) {
+  const std::string leases = tmp_ / "leases";
+  const std::vector<std::string> select = {"plugins.load=[\"device_select\", \"recording\"]",
+                                           "+plugins.device_select.device=\"auto\"",
+                                           "+plugins.device_select.lease_dir=\"" + leases + "\""};
+  auto probe = std::make_shared<LeaseProbe>(leases);
+  RunResult r = run("free", select, {probe}, "info");
+  ASSERT_EQ(r.exit_code, kExitOk) << r.message;
+  EXPECT_EQ(probe->device, "cuda:0");
+  EXPECT_TRUE(probe->held) << "no lease of cuda:0 held by this process in " << leases;
+  EXPECT_NE(read_file(tmp_ / "free/trainer.log").find("device_select: chose cuda:0"), std::string::npos);
+
+  // A second process takes 60 % of the GPU; a run that needs half of it waits 2 s, then runs on
+  // the CPU.
+  clear_memory(kCuda, true);
+  const std::int64_t total = device_inventory()->snapshot().gpus.at(0).total;
+  const std::string ready = tmp_ / "hog.ready";
+  testing::Child hog("TRAINER_HOG_MB=" + std::to_string(total * 6 / 10 >> 20) + " TRAINER_HOG_READY=" + ready + " " +
+                     std::filesystem::read_symlink("/proc/self/exe").string() +
+                     " --gtest_also_run_disabled_tests --gtest_filter=GpuHog.DISABLED_HoldsMemory >/dev/null 2>&1");
+  ASSERT_TRUE(hog.started());
+  ASSERT_TRUE(testing::wait_for_text(ready, "ready", std::chrono::seconds(120))) << "the hog did not start";
+  auto later = select;
+  later.push_back("+plugins.device_select.min_free_mb=" + std::to_string(total / 2 >> 20));
+  later.push_back("+plugins.device_select.wait_for_gpu=true");
+  later.push_back("+plugins.device_select.check_interval_s=0.5");
+  later.push_back("+plugins.device_select.timeout_min=0.033");
+  auto probe2 = std::make_shared<LeaseProbe>(leases);
+  r = run("busy", later, {probe2}, "info");
+  ASSERT_EQ(r.exit_code, kExitOk) << r.message;
+  EXPECT_EQ(probe2->device, "cpu");
+  EXPECT_FALSE(probe2->held);
+  const std::string log = read_file(tmp_ / "busy/trainer.log");
+  EXPECT_NE(log.find("below min_free_mb"), std::string::npos) << log;
+  EXPECT_NE(log.find("falling back to the CPU"), std::string::npos) << log;
+}
+
+/// The memory hog of the test above, run as a separate process of this binary: holds
+/// $TRAINER_HOG_MB MiB of cuda:0 until killed (at most 5 minutes).
+TEST(GpuHog, DISABLED_HoldsMemory) {
+  const char* mb = std::getenv("TRAINER_HOG_MB");
+  const char* ready = std::getenv("TRAINER_HOG_READY");
+  ASSERT_TRUE(mb && ready && have_gpu());
+  auto block = torch::empty({std::atoll(mb) << 20}, torch::TensorOptions().dtype(torch::kUInt8).device(kCuda));
+  torch::cuda::synchronize();
+  write_file(ready, "ready");
+  std::this_thread::sleep_for(std::chrono::minutes(5));
+}
+
+TEST_F(OnGpu, TwoDataParallelRanksOnTheOneGpuAreAUsageError) {
+  write_file(tmp_ / "dp.toml", testing::kSmallRun);
+  const auto out = testing::run_command(std::string(TRAINER_CLI) + " launch --nproc 2 -- --recipe " +
+                                        (tmp_ / "dp.toml") + " runtime.device=cuda:0 run.dir=" +
+                                        (tmp_ / "runs"));
+  EXPECT_EQ(out.code, kExitUsage) << out.text;
+  EXPECT_NE(out.text.find("ranks 0 and 1 both use cuda:0"), std::string::npos) << out.text;
+}
+
+}  // namespace
+}  // namespace trainer
