@@ -79,7 +79,11 @@ if [ "$what" = prove ]; then
   what=all
 fi
 
-: >"$summary"
+# A stage run on its own (run, bench) adds its lines to those of the stages before it.
+case $what in all | build) : >"$summary" ;; esac
+# The checks assume the caching allocator's default segments (expandable segments would make
+# the squeezes of the cuda tests land elsewhere).
+unset PYTORCH_CUDA_ALLOC_CONF
 if [ "$what" = all ] || [ "$what" = build ]; then
   [ -f "$bundle" ] || { echo "gpu-check: no bundle at $bundle: run scripts/gpu-bundle.sh on a machine with Debian's archive" >&2; exit 2; }
   if [ ! -f "$prefix/.unpacked" ] || [ "$bundle" -nt "$prefix/.unpacked" ]; then
@@ -158,15 +162,9 @@ if [ "$what" = all ] || [ "$what" = run ]; then
     exclude+='|^fixture\.mlflow_|^Mlflow\.'
     skip tests:mlflow_server "the MLflow server comes from PyPI (set TRAINER_GPU_PYPI=1 where PyPI is reachable)"
   fi
-  start=$(date +%s)
-  status=0
-  ctest --test-dir "$build" --output-on-failure -j"$(nproc)" -LE '^cuda$' -E "$exclude" >"$out/test.log" 2>&1 ||
-    status=$?
-  record tests "$(grep -Eo '[0-9]+% tests passed, [0-9]+ tests failed out of [0-9]+' "$out/test.log" | tail -1 |
-    sed 's/ /_/g')_in_$(($(date +%s) - start))s" "$status"
-
-  # The `cuda` tests on their own, one at a time (they measure the GPU's memory): on a GPU none
-  # may skip; on the CPU (prove) their CPU instances run and the GPU ones skip.
+  # The `cuda` tests first (the visit's point), on their own, one at a time (they measure the
+  # GPU's memory): on a GPU none may skip; on the CPU (prove) their CPU instances run and the
+  # GPU ones skip.
   start=$(date +%s)
   status=0
   ctest --test-dir "$build" --output-on-failure -L '^cuda$' >"$out/cuda-tests.log" 2>&1 || status=$?
@@ -174,19 +172,29 @@ if [ "$what" = all ] || [ "$what" = run ]; then
     # Here the GPU instances skip by design: the figure counts them, the status is ctest's.
     figure=$(python3 "$root/scripts/gpu_figures.py" cuda-tests "$out/cuda-tests.log") || true
     record cuda-tests-cpu-instances "${figure}_in_$(($(date +%s) - start))s" "$status"
+  else
+    figure=$(python3 "$root/scripts/gpu_figures.py" cuda-tests "$out/cuda-tests.log") || status=1
+    record cuda-tests "${figure}_in_$(($(date +%s) - start))s" "$status"
+    cli=$build/core/cli/trainer
+    status=0
+    "$cli" mem --json >"$out/mem.json" 2>"$out/mem.err" || status=$?
+    "$cli" mem >"$out/mem.txt" 2>&1 || true
+    figure=$(python3 "$root/scripts/gpu_figures.py" mem "$out/mem.json") || status=1
+    record trainer-mem "$figure" "$status"
+  fi
+
+  start=$(date +%s)
+  status=0
+  ctest --test-dir "$build" --output-on-failure -j"$(nproc)" -LE '^cuda$' -E "$exclude" >"$out/test.log" 2>&1 ||
+    status=$?
+  record tests "$(grep -Eo '[0-9]+% tests passed, [0-9]+ tests failed out of [0-9]+' "$out/test.log" | tail -1 |
+    sed 's/ /_/g')_in_$(($(date +%s) - start))s" "$status"
+
+  if [ "$proving" -eq 1 ]; then
     skip gpu-checks "prove runs on the CPU: the GPU checks run on a GPU only"
     python3 "$root/scripts/gpu_figures.py" json "$out"
     exit "$failed"
   fi
-  figure=$(python3 "$root/scripts/gpu_figures.py" cuda-tests "$out/cuda-tests.log") || status=1
-  record cuda-tests "${figure}_in_$(($(date +%s) - start))s" "$status"
-
-  cli=$build/core/cli/trainer
-  status=0
-  "$cli" mem --json >"$out/mem.json" 2>"$out/mem.err" || status=$?
-  "$cli" mem >"$out/mem.txt" 2>&1 || true
-  figure=$(python3 "$root/scripts/gpu_figures.py" mem "$out/mem.json") || status=1
-  record trainer-mem "$figure" "$status"
 
   [ "$what" = all ] || { python3 "$root/scripts/gpu_figures.py" json "$out"; exit "$failed"; }
 fi

@@ -33,11 +33,11 @@ def cuda_tests(log):
     text = open(log, errors="replace").read()
     # ctest: "  3/15 Test  #7: Devices/OnDevice.X/cuda0 ....***Skipped   0.01 sec"
     #   "  4/16 Test #229: Devices/OnDevice.X/cuda0  # GetParam() = "cuda:0" ....***Skipped   0.4 sec"
-    rows = re.findall(r"Test\s+#\d+: (\S+)[^\n]*?\.\s*\**(Passed|Skipped|Failed|Not Run \(Disabled\)|Not Run|"
-                      r"Exception|Timeout)", text)
+    #   "  5/16 Test #230: X/cpu .....Subprocess aborted***Exception   0.2 sec"
+    rows = re.findall(r"Test\s+#\d+: (\S+)[^\n]*?(Passed|\*\*\*[^\n]*?)\s+[\d.]+ sec", text)
     ran = [name for name, state in rows if state == "Passed"]
-    skipped = [name for name, state in rows if state == "Skipped"]
-    failed = [name for name, state in rows if state not in ("Passed", "Skipped", "Not Run (Disabled)")]
+    skipped = [name for name, state in rows if state == "***Skipped"]
+    failed = [name for name, state in rows if state not in ("Passed", "***Skipped", "***Not Run (Disabled)")]
     figure = f"{len(ran)}_passed_{len(skipped)}_skipped_{len(failed)}_failed"
     if skipped:
         figure += "_skipped:" + ",".join(skipped[:5])

@@ -50,6 +50,9 @@ class GpuFigures(unittest.TestCase):
         code, fig = self.figure("cuda-tests", self.write("fail.log", CTEST.format(state="***Failed")))
         self.assertEqual(code, 1)
         self.assertIn("1_failed", fig)
+        code, fig = self.figure("cuda-tests", self.write("abort.log", CTEST.format(state="Subprocess aborted***Exception")))
+        self.assertEqual(code, 1)
+        self.assertIn("1_failed", fig)
         self.assertEqual(self.figure("cuda-tests", self.write("none.log", "No tests were found!!!\n"))[0], 1)
 
     def test_mem_needs_a_gpu_from_nvml(self):

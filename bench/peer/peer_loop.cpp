@@ -249,6 +249,7 @@ int main(int argc, char** argv) {
           window_loss = 0;
         }
       }
+      if (device.is_cuda()) torch::cuda::synchronize();  // the last step's kernels, inside the epoch's time
       train_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
       model->eval();

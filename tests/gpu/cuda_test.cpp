@@ -9,13 +9,13 @@
 // off), and cuBLAS without TF32, so that two runs with the same micro-batch split are
 // bit-identical, as on the CPU, and runs with different splits differ only by fp32 summation
 // order.
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <sys/file.h>
+#include <signal.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -238,6 +238,13 @@ class OnDevice : public testing::TrainerTest, public ::testing::WithParamInterfa
           << "param " << i << " max diff " << (a[i] - b[i]).abs().max().item<double>();
     }
   }
+  void expect_oom_count(std::int64_t counted, std::int64_t recoveries) const {
+    if (device_.is_cuda()) {
+      EXPECT_GE(counted, recoveries);
+    } else {
+      EXPECT_EQ(counted, recoveries);
+    }
+  }
   c10::Device device_ = kCpu;
   std::string log_level_ = "error";
   std::vector<at::Tensor> params_;
@@ -303,7 +310,9 @@ TEST_P(OnDevice, OutOfMemoryInTheForwardTheBackwardAndTheStepIsRecoveredWithTheS
            {Event::BeforeBackward, "backward"},
            {Event::BeforeOptimizerStep, "optimizer_step"}}) {
     SCOPED_TRACE(phase);
-    auto squeeze = std::make_shared<Squeeze>(event, std::set<std::int64_t>{1, 2});
+    // Each squeezed batch starts at micro-batch 64 again, so that the second squeeze meets the
+    // same sizes as the first (at 32, a CUDA forward may fit in what the segments have left).
+    auto squeeze = std::make_shared<Squeeze>(event, std::set<std::int64_t>{1, 2}, true);
     auto ledger = std::make_shared<SampleLedger>();
     const RunResult r = run(phase, {}, {squeeze, ledger});
     ASSERT_EQ(r.exit_code, kExitOk) << r.message;
@@ -312,9 +321,10 @@ TEST_P(OnDevice, OutOfMemoryInTheForwardTheBackwardAndTheStepIsRecoveredWithTheS
     for (const auto& m : squeeze->messages) EXPECT_NE(m.find("out of memory"), std::string::npos) << m;
     // The same samples in the same order, 64 to every step: the effective batch is kept.
     EXPECT_EQ(ledger->steps, clean_ledger->steps);
-    // Two real out-of-memory errors counted by the device's allocator.
+    // Two real out-of-memory errors counted by the device's allocator (CUDA: at least two, as
+    // cuDNN catches a refused workspace and tries another algorithm, and each refusal counts).
     ASSERT_EQ(squeeze->num_ooms.size(), 4u);
-    EXPECT_EQ(squeeze->num_ooms.back() - squeeze->num_ooms.front(), 2);
+    expect_oom_count(squeeze->num_ooms.back() - squeeze->num_ooms.front(), 2);
     expect_params_close(params_, reference);
   }
 }
@@ -332,13 +342,20 @@ TEST_P(OnDevice, TwentyRecoveriesLeaveNoMemoryBehind) {
   ASSERT_EQ(r.exit_code, kExitOk) << r.message;
   EXPECT_EQ(squeeze->phases.size(), 20u);
   ASSERT_EQ(squeeze->allocated.size(), 21u);
-  EXPECT_EQ(squeeze->num_ooms.back() - squeeze->num_ooms.front(), 20);
-  // After each recovery the memory in use is back where step 0 left it, and what the device's
-  // allocator holds never exceeds what the run without errors held.
+  expect_oom_count(squeeze->num_ooms.back() - squeeze->num_ooms.front(), 20);
+  // After each recovery the memory in use is back where step 0 left it. What the allocator
+  // holds does not grow: on the CPU never more than the run without errors held; on CUDA at
+  // most one large segment (20 MiB) more than after the first recovery, as a retry after the
+  // cache was emptied may spread its blocks over one more segment; a leak of one activation
+  // per recovery would add 20 x 6 MiB.
   const std::int64_t most = *std::max_element(clean->reserved.begin(), clean->reserved.end());
   for (std::size_t s = 1; s < 21; ++s) {
     EXPECT_EQ(squeeze->allocated[s], squeeze->allocated[0]) << s;
-    EXPECT_LE(squeeze->reserved[s], most) << s;
+    if (device_.is_cuda()) {
+      EXPECT_LE(squeeze->reserved[s], squeeze->reserved[1] + (std::int64_t{20} << 20)) << s;
+    } else {
+      EXPECT_LE(squeeze->reserved[s], most) << s;
+    }
   }
 }
 
@@ -503,9 +520,18 @@ TEST_F(OnGpu, NvmlListsTheGpuTheCudaRuntimeUsesWithThisProcessOnIt) {
   ASSERT_FALSE(after.gpus.empty());
   EXPECT_GE(after.gpus[0].used - g0.used, std::int64_t{1} << 30);
   const auto& procs = after.gpus[0].processes;
-  EXPECT_TRUE(std::any_of(procs.begin(), procs.end(), [](const GpuProcess& p) { return p.pid == ::getpid(); }))
-      << procs.size() << " process(es) listed, not pid " << ::getpid()
-      << " (a PID namespace of its own hides the host's pids)";
+  const bool listed =
+      std::any_of(procs.begin(), procs.end(), [](const GpuProcess& p) { return p.pid == ::getpid(); });
+  if (!listed) {
+    // In a container with a PID namespace of its own NVML reports the host's pids: then this
+    // process is the one holding at least the 1 GiB whose pid this namespace does not have.
+    const bool host_pid = std::any_of(procs.begin(), procs.end(), [](const GpuProcess& p) {
+      return p.used_bytes >= (std::int64_t{1} << 30) && ::kill(static_cast<pid_t>(p.pid), 0) != 0 && errno == ESRCH;
+    });
+    EXPECT_TRUE(host_pid) << procs.size() << " process(es) listed, none pid " << ::getpid()
+                          << " nor a pid of another namespace holding 1 GiB";
+    RecordProperty("nvml_pid", "another PID namespace: NVML lists the host's pid");
+  }
 }
 
 /// At FitStart: the run's device, and whether its GPU's lease is held by this process.
@@ -546,7 +572,8 @@ TEST_F(OnGpu, DeviceSelectPicksTheGpuWithItsLeaseAndFallsBackToTheCpuWhenAnother
   clear_memory(kCuda, true);
   const std::int64_t total = device_inventory()->snapshot().gpus.at(0).total;
   const std::string ready = tmp_ / "hog.ready";
-  testing::Child hog("TRAINER_HOG_MB=" + std::to_string(total * 6 / 10 >> 20) + " TRAINER_HOG_READY=" + ready + " " +
+  // `env`: the Child execs its command, and exec takes no VAR=value words.
+  testing::Child hog("env TRAINER_HOG_MB=" + std::to_string(total * 6 / 10 >> 20) + " TRAINER_HOG_READY=" + ready + " " +
                      std::filesystem::read_symlink("/proc/self/exe").string() +
                      " --gtest_also_run_disabled_tests --gtest_filter=GpuHog.DISABLED_HoldsMemory >/dev/null 2>&1");
   ASSERT_TRUE(hog.started());
@@ -584,7 +611,8 @@ TEST_F(OnGpu, TwoDataParallelRanksOnTheOneGpuAreAUsageError) {
                                         (tmp_ / "dp.toml") + " runtime.device=cuda:0 run.dir=" +
                                         (tmp_ / "runs"));
   EXPECT_EQ(out.code, kExitUsage) << out.text;
-  EXPECT_NE(out.text.find("ranks 0 and 1 both use cuda:0"), std::string::npos) << out.text;
+  // "cuda:0", or the GPU's entry in CUDA_VISIBLE_DEVICES where that is set.
+  EXPECT_NE(out.text.find("ranks 0 and 1 both use "), std::string::npos) << out.text;
 }
 
 }  // namespace

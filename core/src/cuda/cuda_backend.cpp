@@ -56,19 +56,34 @@ MemoryStats cuda_memory_stats(int device) {
 
 void cuda_reset_peak(int device) { alloc::resetPeakStats(static_cast<c10::DeviceIndex>(device)); }
 
-void cuda_set_fraction(int device, double fraction) {
-  TRAINER_CHECK(fraction > 0.0 && fraction <= 1.0, "memory fraction ", fraction, " is outside (0, 1]");
+namespace {
+
+/// Caps the caching allocator at `fraction` of the device and records `limit` bytes as the
+/// budget memory_stats reports (0 = none).
+void apply_fraction(int device, double fraction, std::int64_t limit) {
   alloc::setMemoryFraction(fraction, static_cast<c10::DeviceIndex>(device));
   std::lock_guard<std::mutex> lock(g_mutex);
   if (g_limits.size() <= static_cast<std::size_t>(device)) g_limits.resize(static_cast<std::size_t>(device) + 1, 0);
-  g_limits[static_cast<std::size_t>(device)] =
-      fraction >= 1.0 ? 0 : static_cast<std::int64_t>(fraction * static_cast<double>(total_memory(device)));
+  g_limits[static_cast<std::size_t>(device)] = limit;
+}
+
+}  // namespace
+
+void cuda_set_fraction(int device, double fraction) {
+  TRAINER_CHECK(fraction > 0.0 && fraction <= 1.0, "memory fraction ", fraction, " is outside (0, 1]");
+  apply_fraction(device, fraction,
+                 fraction >= 1.0 ? 0 : static_cast<std::int64_t>(fraction * static_cast<double>(total_memory(device))));
 }
 
 void cuda_set_limit(int device, std::int64_t bytes) {
   const std::int64_t total = total_memory(device);
   TRAINER_CHECK(bytes <= total, "memory limit ", bytes, " bytes exceeds cuda:", device, "'s ", total, " bytes");
-  cuda_set_fraction(device, bytes <= 0 ? 1.0 : static_cast<double>(bytes) / static_cast<double>(total));
+  // The budget reported is the one asked for: bytes / total * total can come out a byte short.
+  if (bytes <= 0) {
+    apply_fraction(device, 1.0, 0);
+  } else {
+    apply_fraction(device, static_cast<double>(bytes) / static_cast<double>(total), bytes);
+  }
 }
 
 void cuda_clear(int device, bool force) {
