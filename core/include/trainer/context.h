@@ -50,15 +50,16 @@ struct RunState {
 
 /// What failed, for the OutOfMemory event.
 struct OomInfo {
-  std::string phase;                  ///< data, forward, backward, optimizer_step, eval, checkpoint
+  std::string phase;                  ///< data, forward, backward, all_reduce, optimizer_step, eval, checkpoint
   std::string message;                ///< the error's message
   std::int64_t requested_bytes = 0;   ///< the refused allocation (0 when unknown)
   std::int64_t micro_batch_size = 0;  ///< micro-batch (eval: eval batch) of the failed attempt
   std::int64_t batch_size = 0;        ///< samples of the batch being retried (eval: the test set)
   std::int64_t attempt = 0;           ///< 0 for the first failure of this batch, then 1, 2, ...
   /// Whether a smaller micro-batch (eval batch) can need less memory here: false in "data"
-  /// (the batch is read whole on the host before it is split), "optimizer_step" (parameters,
-  /// gradients, optimizer state and the step's temporaries) and "checkpoint".
+  /// (the batch is read whole on the host before it is split), "all_reduce" (a data-parallel
+  /// rank's flat copy of every gradient), "optimizer_step" (parameters, gradients, optimizer
+  /// state and the step's temporaries) and "checkpoint".
   bool micro_batch_helps = true;
   MemoryStats stats;  ///< device counters right after the failed attempt was dropped
 };

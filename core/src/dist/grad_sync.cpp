@@ -7,31 +7,12 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
-#include <array>
 #include <exception>
 
 #include "trainer/distributed.h"
 #include "trainer/error.h"
 
 namespace trainer {
-
-namespace {
-
-constexpr std::array<const char*, 6> kPhases = {"", "data", "forward", "backward", "all_reduce", "optimizer_step"};
-
-}  // namespace
-
-std::int64_t phase_code(const std::string& phase) {
-  for (std::size_t i = 1; i < kPhases.size(); ++i) {
-    if (phase == kPhases[i]) return static_cast<std::int64_t>(i);
-  }
-  return 2;  // a phase without a code of its own counts as the forward (a micro-batch can help)
-}
-
-const char* phase_name(std::int64_t code) {
-  return code > 0 && code < static_cast<std::int64_t>(kPhases.size()) ? kPhases[static_cast<std::size_t>(code)]
-                                                                      : "forward";
-}
 
 std::vector<std::vector<std::size_t>> gradient_buckets(const std::vector<at::Tensor>& params,
                                                        std::int64_t bucket_bytes) {

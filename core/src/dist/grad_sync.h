@@ -74,7 +74,7 @@ class GradientSync {
     std::int64_t correct = 0;       ///< summed over the ranks
     bool skip = false;              ///< any rank asked to skip the step
     std::int64_t failed_rank = -1;  ///< the lowest rank that failed, -1 when none did
-    std::int64_t failed_phase = 0;  ///< its phase code (see phase_code)
+    std::int64_t failed_phase = 0;  ///< its phase's wire code (train/oom_phase.h)
   };
   /// One collective: every rank's loss, correct count, skip request, failure (a phase code, 0
   /// for none), which parameters have a gradient and whether a gradient changed after its
@@ -139,9 +139,5 @@ class GradientSync {
   struct Hook;
   std::vector<Hook> hooks_;
 };
-
-/// The phases of a step's local half as numbers for the agreement (0 = no failure).
-std::int64_t phase_code(const std::string& phase);
-const char* phase_name(std::int64_t code);
 
 }  // namespace trainer

@@ -205,7 +205,7 @@ std::string Checkpointer::save(Position next, bool together) {
 }
 
 void Checkpointer::write(Position next, const GeneratorStates& generators) {
-  oom_.enter("checkpoint");
+  oom_.enter(OomPhase::Checkpoint);
   torch::serialize::OutputArchive ar, m, o;
   parts_.model->save(m);
   parts_.optim->save(o);

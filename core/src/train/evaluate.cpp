@@ -62,7 +62,7 @@ std::map<std::string, double> Evaluator::run() {
             // each sample once.
             loss_sum = 0.0;
             correct = 0;
-            oom_.enter("eval");
+            oom_.enter(OomPhase::Eval);
             hooks_.fire(Event::EvalStart);
             at::NoGradGuard no_grad;
             for (std::int64_t begin = first, len = 0; begin < last;

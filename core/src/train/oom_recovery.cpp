@@ -14,36 +14,6 @@ namespace trainer {
 
 using detail::error_text;
 
-namespace {
-
-/// What to change when out-of-memory recovery gave up in `phase`.
-std::string advice_for(const std::string& phase) {
-  if (phase == "data") {
-    return "the batch is read whole before it is split into micro-batches, so only a smaller "
-           "training.batch_size (or more host memory) helps here";
-  }
-  if (phase == "all_reduce") {
-    return "a data-parallel rank keeps a flat copy of every gradient for their all-reduce, whatever the "
-           "micro-batch or distributed.bucket_mb: a smaller model or a larger memory.limit_mb";
-  }
-  if (phase == "optimizer_step") {
-    return "parameters, gradients, optimizer state and the step's temporaries do not depend on the micro-batch: "
-           "a smaller model, an optimizer with less state (sgd keeps none without momentum, adamw two tensors "
-           "per parameter), a larger memory.limit_mb, or another device (plugins.oom_backoff.fallback_devices)";
-  }
-  return std::string(phase == "eval" ? "a smaller eval.batch_size"
-                                     : "a smaller training.micro_batch_size (gradient accumulation keeps the "
-                                       "effective batch)") +
-         ", a smaller model, or a larger memory.limit_mb; mixed precision and activation checkpointing also cut "
-         "activation memory (plugins mixed_precision, grad_checkpoint); trainer estimate predicts what fits";
-}
-
-}  // namespace
-
-bool micro_batch_helps(const std::string& phase) {
-  return phase != "data" && phase != "optimizer_step" && phase != "checkpoint" && phase != "all_reduce";
-}
-
 void drop_gradients(Model& model) {
   for (auto& p : model.parameters()) {
     if (p.grad().defined()) p.mutable_grad() = at::Tensor();
@@ -55,12 +25,12 @@ Control OomRecovery::report(const std::exception& e, std::int64_t size, std::int
   clear_memory(parts_.device, force_clear);
   ++state_.oom_recoveries;
   OomInfo info;
-  info.phase = phase_;
+  info.phase = oom_phase_name(phase_);
   info.message = error_text(e);
   info.micro_batch_size = size;
   info.batch_size = samples;
   info.attempt = attempt;
-  info.micro_batch_helps = micro_batch_helps(phase_);
+  info.micro_batch_helps = oom_phase_info(phase_).micro_batch_helps;
   info.stats = has_memory_backend(parts_.device) ? memory_stats(parts_.device) : MemoryStats{};
   info.requested_bytes = info.stats.last_failed_request;
   // One point per out-of-memory error, for every sink (MLflow, the report's memory plot).
@@ -80,9 +50,10 @@ std::int64_t OomRecovery::recover(const std::exception& e, OomRetry rule, std::i
   }
   drop_gradients(*parts_.model);
   tried.push_back(micro);
-  const std::string phase = phase_;
+  const OomPhase phase = phase_;
   const std::string message = error_text(e);
-  log_.warn("out of memory in {} (micro-batch {}, attempt {}): {}", phase, micro, attempt + 1, message);
+  log_.warn("out of memory in {} (micro-batch {}, attempt {}): {}", oom_phase_name(phase), micro, attempt + 1,
+            message);
   const Control c = report(e, micro, samples, attempt, /*force_clear=*/false);
   bool again = (c.switch_device || c.retry_with_micro_batch) && attempt + 1 < kMaxAttempts;
   std::int64_t next = std::clamp<std::int64_t>(c.retry_with_micro_batch.value_or(micro), 1, samples);
@@ -109,7 +80,7 @@ std::int64_t OomRecovery::recover(const std::exception& e, OomRetry rule, std::i
       if (parts_.device != from) moves_.push_back(from.str() + " -> " + parts_.device.str());
       where = " on " + parts_.device.str();
     }
-    log_.warn("retrying the same {}{} with micro-batches of {} ({}){}", phase == "eval" ? "evaluation" : "batch", where,
+    log_.warn("retrying the same {}{} with micro-batches of {} ({}){}", phase == OomPhase::Eval ? "evaluation" : "batch", where,
               next, next < micro ? "smaller" : "same size or larger", c.reason.empty() ? "" : ": " + c.reason);
     return next;
   }
@@ -118,17 +89,17 @@ std::int64_t OomRecovery::recover(const std::exception& e, OomRetry rule, std::i
   const std::string why =
       !why_not.empty()           ? why_not
       : c.retry_with_micro_batch ? " (retry limit reached)"
-      : micro_batch_helps(phase)
+      : oom_phase_info(phase).micro_batch_helps
           ? " (no plugin asked for another retry; oom_backoff retries down to its min_micro_batch)"
           : " (a smaller micro-batch cannot help in this phase; oom_backoff retries once at the same size, then moves "
             "to its fallback_devices)";
   std::string msg = message;
   while (!msg.empty() && (msg.back() == '.' || msg.back() == '\n')) msg.pop_back();
   const std::string moves = detail::join(moves_);
-  throw OomFailure(detail::str("out of memory in ", phase, " on ", parts_.device.str(), " after ", tried.size(),
+  throw OomFailure(detail::str("out of memory in ", oom_phase_name(phase), " on ", parts_.device.str(), " after ", tried.size(),
                                " attempt(s) with micro-batches ", sizes,
                                moves.empty() ? "" : " (device fallback: " + moves + ")", why, ": ", msg,
-                               ". What to change: ", advice_for(phase)));
+                               ". What to change: ", oom_advice(phase)));
 }
 
 void OomRecovery::move_run_to(const c10::Device& to, const std::string& reason) {

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "train/oom_phase.h"
 #include "train/setup.h"
 #include "trainer/context.h"
 #include "trainer/control.h"
@@ -46,9 +47,6 @@ struct RanksOutOfMemory : Error {
 /// Sets every parameter's gradient to undefined (a failed attempt's partial gradients go).
 void drop_gradients(Model& model);
 
-/// Whether a smaller micro-batch can need less memory in `phase` (OomInfo::micro_batch_helps).
-bool micro_batch_helps(const std::string& phase);
-
 class OomRecovery {
  public:
   /// At most this many attempts per batch (evaluation), whatever plugins ask.
@@ -57,10 +55,9 @@ class OomRecovery {
   OomRecovery(RunParts& parts, RunState& state, Hooks& hooks, spdlog::logger& log)
       : parts_(parts), state_(state), hooks_(hooks), log_(log) {}
 
-  /// Names what the loop is doing ("data", "forward", "backward", "optimizer_step", "eval",
-  /// "checkpoint"): the phase an out-of-memory error is reported in.
-  void enter(const char* phase) { phase_ = phase; }
-  const char* phase() const { return phase_; }
+  /// Names what the loop is doing: the phase an out-of-memory error is reported in.
+  void enter(OomPhase phase) { phase_ = phase; }
+  OomPhase phase() const { return phase_; }
 
   /// Runs `attempt(size)` until one returns. After an out-of-memory error the attempt is
   /// dropped and reported, then run again as `rule` says: `size` is the micro-batch (eval
@@ -106,7 +103,7 @@ class OomRecovery {
   RunState& state_;
   Hooks& hooks_;
   spdlog::logger& log_;
-  const char* phase_ = "setup";
+  OomPhase phase_ = OomPhase::Data;  // every path that recovers enters its phase first
   std::vector<std::string> moves_;  ///< "cuda:0 -> cpu" per device fallback, for the give-up summary
 };
 

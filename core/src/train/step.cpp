@@ -130,7 +130,7 @@ bool TrainStep::run(const at::Tensor& indices, std::int64_t global_size, Positio
         // From here on the memory needed does not depend on the micro-batch.
         std::optional<LocalOom> failed;
         try {
-          oom_.enter("optimizer_step");
+          oom_.enter(OomPhase::OptimizerStep);
           if (sync_) sync_->unpack();
           if (!skip) skip = hooks_.fire(Event::GradientsAccumulated).skip_step;
           if (!skip) {
@@ -176,7 +176,7 @@ bool TrainStep::run(const at::Tensor& indices, std::int64_t global_size, Positio
 TrainStep::Accumulated TrainStep::forward_backward(const at::Tensor& indices, std::int64_t micro,
                                                    std::int64_t global_size) {
   const std::int64_t n = indices.size(0);
-  oom_.enter("data");
+  oom_.enter(OomPhase::Data);
   // On the host, read ahead by the loader's workers; micro-batches move one at a time. (A rank
   // whose part of a short last batch is empty reads nothing and adds nothing.)
   const Batch full = n == 0          ? Batch{}
@@ -195,7 +195,7 @@ TrainStep::Accumulated TrainStep::agreed_forward_backward(const at::Tensor& indi
   std::optional<LocalOom> failed;
   try {
     local = forward_backward(indices, micro, global_size);
-    oom_.enter("all_reduce");
+    oom_.enter(OomPhase::AllReduce);
     sync_->pack();
   } catch (const std::exception& e) {
     if (!is_out_of_memory(e)) throw;
@@ -212,10 +212,10 @@ TrainStep::Accumulated TrainStep::agreed_forward_backward(const at::Tensor& indi
     sync_->abandon();
   }
   CommTimer timer(metrics_);
-  const auto agreed = sync_->agree(local.loss, local.correct, local.skip, failed ? phase_code(failed->phase) : 0);
+  const auto agreed = sync_->agree(local.loss, local.correct, local.skip, failed ? oom_phase_info(failed->phase).wire_code : 0);
   if (agreed.failed_rank >= 0) {
     sync_->wait_started();
-    throw_ranks_out_of_memory(failed, agreed.failed_rank, phase_name(agreed.failed_phase));
+    throw_ranks_out_of_memory(failed, agreed.failed_rank, oom_phase_of_wire(agreed.failed_phase));
   }
   if (sync_->overlapping() && !overlap_reported_) {
     overlap_reported_ = true;
@@ -245,21 +245,22 @@ bool TrainStep::agree_before_step(const std::optional<LocalOom>& failed, bool sk
   // with every other rank; a skip asked on any rank is every rank's.
   const std::int64_t size = parts_.group->size(), rank = parts_.group->rank();
   // The lowest failing rank wins the max: (phase, size - 1 - rank).
-  const std::int64_t code = failed ? phase_code(failed->phase) * size + (size - 1 - rank) : 0;
+  const std::int64_t code = failed ? oom_phase_info(failed->phase).wire_code * size + (size - 1 - rank) : 0;
   const auto agreed = parts_.group->all_reduce_max({code, skip ? 1 : 0});
   if (agreed[0] > 0) {
     drop_gradients(*parts_.model);
-    throw_ranks_out_of_memory(failed, size - 1 - agreed[0] % size, phase_name(agreed[0] / size));
+    throw_ranks_out_of_memory(failed, size - 1 - agreed[0] % size, oom_phase_of_wire(agreed[0] / size));
   }
   return agreed[1] > 0;
 }
 
-void TrainStep::throw_ranks_out_of_memory(const std::optional<LocalOom>& failed, std::int64_t rank, const char* phase) {
+void TrainStep::throw_ranks_out_of_memory(const std::optional<LocalOom>& failed, std::int64_t rank,
+                                          OomPhase phase) {
   // Every rank reports the failing rank's phase, so every rank's plugins answer alike.
   oom_.enter(phase);
   if (failed) throw RanksOutOfMemory(detail::str("on this rank (", parts_.group->rank(), "): ", failed->message));
   throw RanksOutOfMemory(
-      detail::str("rank ", rank, " ran out of memory in ", phase, " (every rank drops the attempt)"));
+      detail::str("rank ", rank, " ran out of memory in ", oom_phase_name(phase), " (every rank drops the attempt)"));
 }
 
 TrainStep::Accumulated TrainStep::accumulate(const Batch& full, const at::Tensor& indices, std::int64_t micro,
@@ -274,7 +275,7 @@ TrainStep::Accumulated TrainStep::accumulate(const Batch& full, const at::Tensor
     const at::Tensor idx = whole ? indices : indices.narrow(0, begin, len);
     state_.micro_batch_index = i;
     // Only the micro-batch being computed is on the device: its memory shrinks with it.
-    oom_.enter("forward");
+    oom_.enter(OomPhase::Forward);
     const Batch mb =
         to_device(parts_, whole ? full : Batch{full.inputs.narrow(0, begin, len), full.targets.narrow(0, begin, len)});
     skip |= hooks_.fire(Event::BeforeForward, EventArgs::micro_batch(mb, idx)).skip_step;
@@ -295,7 +296,7 @@ TrainStep::Accumulated TrainStep::accumulate(const Batch& full, const at::Tensor
                   backward_loss.defined() ? "with " + std::to_string(backward_loss.numel()) + " elements"
                                           : std::string("undefined"),
                   " in BeforeBackward; it must stay a one-element tensor");
-    oom_.enter("backward");
+    oom_.enter(OomPhase::Backward);
     // The last micro-batch's backward completes the gradients: a data-parallel run may start
     // their all-reduce inside it.
     if (sync_ && i + 1 == state_.num_micro_batches) sync_->arm();
@@ -313,7 +314,7 @@ TrainStep::Accumulated TrainStep::accumulate(const Batch& full, const at::Tensor
 }
 
 void TrainStep::prepare_step() {
-  oom_.enter("optimizer_step");
+  oom_.enter(OomPhase::OptimizerStep);
   if (!state_materialized_) state_materialized_ = materialize_optimizer_state(*parts_.optim);
   { at::Tensor reserve = at::empty({reserve_}, at::TensorOptions(at::kByte).device(parts_.device)); }
 }

@@ -10,6 +10,7 @@
 #include <string>
 #include <utility>
 
+#include "train/oom_phase.h"
 #include "trainer/context.h"
 #include "trainer/control.h"
 #include "trainer/core_settings.h"
@@ -79,7 +80,7 @@ class TrainStep {
 
   /// An out-of-memory error on this rank, held until the ranks agree on it.
   struct LocalOom {
-    std::string phase;
+    OomPhase phase;
     std::string message;
   };
   /// A data-parallel step's first half: forward_backward() and the gradients packed on every
@@ -90,7 +91,7 @@ class TrainStep {
   /// rank when one failed since the first; returns whether any rank asks to skip the step.
   bool agree_before_step(const std::optional<LocalOom>& failed, bool skip);
   [[noreturn]] void throw_ranks_out_of_memory(const std::optional<LocalOom>& failed, std::int64_t rank,
-                                              const char* phase);
+                                              OomPhase phase);
   /// The optimizer's state created and its temporaries reserved: after this, optimizer.step()
   /// has the memory it needs, so an out-of-memory error leaves parameters and optimizer state
   /// as they were.

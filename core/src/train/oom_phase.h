@@ -1,0 +1,59 @@
+#pragma once
+// The phases an out-of-memory error is recovered in, as one table: each phase's name (what
+// OomInfo::phase, the log and docs/events.md say), whether a smaller micro-batch can need less
+// memory there, what to change when recovery gives up, and its code in the ranks' agreement.
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace trainer {
+
+enum class OomPhase : std::uint8_t { Data, Forward, Backward, AllReduce, OptimizerStep, Eval, Checkpoint };
+
+struct OomPhaseInfo {
+  OomPhase phase;
+  const char* name;
+  /// Whether a smaller micro-batch (eval batch) can need less memory here (OomInfo).
+  bool micro_batch_helps;
+  /// The code a data-parallel rank sends when its attempt failed here (0: not in a training
+  /// step's agreement). Ordered so that the larger wins the ranks' max.
+  std::int64_t wire_code;
+  /// What to change when recovery gave up here (the run's failure message).
+  const char* advice;
+};
+
+inline constexpr const char* kActivationAdvice =
+    ", a smaller model, or a larger memory.limit_mb; mixed precision and activation checkpointing also cut "
+    "activation memory (plugins mixed_precision, grad_checkpoint); trainer estimate predicts what fits";
+
+inline constexpr std::array<OomPhaseInfo, 7> kOomPhaseTable = {{
+    {OomPhase::Data, "data", false, 1,
+     "the batch is read whole before it is split into micro-batches, so only a smaller training.batch_size (or more "
+     "host memory) helps here"},
+    {OomPhase::Forward, "forward", true, 2, nullptr},
+    {OomPhase::Backward, "backward", true, 3, nullptr},
+    {OomPhase::AllReduce, "all_reduce", false, 4,
+     "a data-parallel rank keeps a flat copy of every gradient for their all-reduce, whatever the micro-batch or "
+     "distributed.bucket_mb: a smaller model or a larger memory.limit_mb"},
+    {OomPhase::OptimizerStep, "optimizer_step", false, 5,
+     "parameters, gradients, optimizer state and the step's temporaries do not depend on the micro-batch: a smaller "
+     "model, an optimizer with less state (sgd keeps none without momentum, adamw two tensors per parameter), a "
+     "larger memory.limit_mb, or another device (plugins.oom_backoff.fallback_devices)"},
+    {OomPhase::Eval, "eval", true, 0, nullptr},
+    {OomPhase::Checkpoint, "checkpoint", false, 0, nullptr},
+}};
+
+/// The table's row of `phase`.
+const OomPhaseInfo& oom_phase_info(OomPhase phase);
+/// The phase's name: "optimizer_step".
+inline const char* oom_phase_name(OomPhase phase) { return oom_phase_info(phase).name; }
+/// The phase named `name`; nullopt for a name not in the table.
+std::optional<OomPhase> oom_phase_named(std::string_view name);
+/// The phase of a wire code; a code without a phase (0, or another build's) counts as the
+/// forward, where a smaller micro-batch can help.
+OomPhase oom_phase_of_wire(std::int64_t code);
+/// What to change when out-of-memory recovery gave up in `phase`.
+std::string_view oom_advice(OomPhase phase);
+
+}  // namespace trainer
