@@ -1,8 +1,6 @@
 #include "launch.h"
 
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -11,6 +9,7 @@
 #include <iostream>
 #include <thread>
 
+#include "trainer/distributed.h"
 #include "trainer/error.h"
 #include "trial_process.h"
 
@@ -23,21 +22,6 @@ volatile std::sig_atomic_t g_last_signal = 0;  ///< the last one
 extern "C" void on_launch_signal(int sig) {
   g_last_signal = sig;
   g_signals = g_signals + 1;
-}
-
-/// A port nobody listens on now on 127.0.0.1 (the kernel's pick).
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  TRAINER_CHECK(fd >= 0, "trainer launch: no socket for a free port");
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
-  ::close(fd);
-  TRAINER_CHECK(ok, "trainer launch: cannot find a free port on 127.0.0.1; set MASTER_PORT");
-  return ntohs(a.sin_port);
 }
 
 }  // namespace
@@ -66,7 +50,8 @@ int launch(const std::string& self, const std::vector<std::string>& args) {
                   "trainer launch: the trainer's arguments follow '--': trainer launch --nproc ", nproc,
                   " -- --recipe FILE [OVERRIDE...]");
   const char* port_env = std::getenv("MASTER_PORT");
-  const std::string port = port_env && *port_env ? std::string(port_env) : std::to_string(free_port());
+  const std::string port =
+      port_env && *port_env ? std::string(port_env) : std::to_string(trainer::free_loopback_port());
   std::vector<std::string> command{self};
   command.insert(command.end(), args.begin() + static_cast<std::ptrdiff_t>(i) + 1, args.end());
 

@@ -14,7 +14,6 @@
 
 namespace {
 
-using trainer::testing::free_port;
 
 using trainer::testing::read_file;
 using trainer::testing::TempDir;
@@ -90,7 +89,7 @@ std::string rank_command(const TempDir& tmp, int rank, int port, const std::stri
 
 TEST(ProcessGroup, TwoRanksOverLoopbackSumBroadcastAndAverageGradients) {
   TempDir tmp;
-  const int port = free_port();
+  const int port = trainer::free_loopback_port();
   trainer::testing::Child r0("env " + rank_command(tmp, 0, port, "collectives", 60000));
   trainer::testing::Child r1("env " + rank_command(tmp, 1, port, "collectives", 60000));
   EXPECT_EQ(WEXITSTATUS(r0.wait()), 0) << read_file(tmp / "rank0.err");
@@ -111,7 +110,7 @@ TEST(ProcessGroup, TwoRanksOverLoopbackSumBroadcastAndAverageGradients) {
 
 TEST(ProcessGroup, ARankThatLeavesMakesTheOtherFailInsteadOfWaiting) {
   TempDir tmp;
-  const int port = free_port();
+  const int port = trainer::free_loopback_port();
   trainer::testing::Child r0("env " + rank_command(tmp, 0, port, "collectives", 5000));
   trainer::testing::Child r1("env " + rank_command(tmp, 1, port, "leave", 5000));
   EXPECT_EQ(WEXITSTATUS(r1.wait()), 0) << read_file(tmp / "rank1.err");
@@ -123,7 +122,7 @@ TEST(ProcessGroup, ARankThatLeavesMakesTheOtherFailInsteadOfWaiting) {
 
 TEST(ProcessGroup, ARankThatNeverComesMakesTheOthersJoinFail) {
   TempDir tmp;
-  const int port = free_port();
+  const int port = trainer::free_loopback_port();
   trainer::testing::Child r0("env " + rank_command(tmp, 0, port, "collectives", 2000));
   EXPECT_EQ(WEXITSTATUS(r0.wait()), 3);
   const std::string err = read_file(tmp / "rank0.err");

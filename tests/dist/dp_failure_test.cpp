@@ -8,6 +8,7 @@
 
 #include "dist/dp_util.h"
 #include "support/test_util.h"
+#include "trainer/distributed.h"
 
 namespace {
 
@@ -16,7 +17,6 @@ using trainer::testing::exit_code_within;
 using trainer::testing::largest_difference;
 using trainer::testing::expect_same_losses;
 using trainer::testing::metric_by_step;
-using trainer::testing::free_port;
 using trainer::testing::rank_env;
 using trainer::testing::read_file;
 using trainer::testing::TempDir;
@@ -62,7 +62,7 @@ grow_after = 3
 struct Ranks {
   Ranks(const std::string& recipe, const std::string& dir, const std::string& rank0_args,
         const std::string& rank1_args) {
-    const int port = free_port();
+    const int port = trainer::free_loopback_port();
     const std::string cmd = std::string("env TRAINER_CONFIG_PATH=") + TRAINER_SOURCE_DIR + "/configs ";
     const std::string run = std::string(TRAINER_CLI) + " --recipe " + recipe + " --run-dir " + dir + " ";
     r0.emplace(cmd + rank_env(0, 2, port) + run + rank0_args + " > " + dir + ".r0 2>&1");

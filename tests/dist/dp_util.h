@@ -4,9 +4,6 @@
 #include <gtest/gtest.h>
 #include <torch/serialize.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -78,19 +75,6 @@ inline void expect_same_training(const std::string& a, const std::string& b, std
                                  const std::string& checkpoint) {
   expect_same_losses(a, b, steps);
   EXPECT_EQ(largest_difference(a + "/" + checkpoint, b + "/" + checkpoint), 0.0) << b;
-}
-
-/// A port nobody listens on now on 127.0.0.1 (the kernel's pick).
-inline int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
-  ::close(fd);
-  return ok ? ntohs(a.sin_port) : 29500;
 }
 
 /// The environment torchrun gives rank `rank` of `world` on this host, as a command prefix.

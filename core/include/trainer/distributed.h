@@ -39,6 +39,11 @@ namespace trainer {
 /// 0 only.
 TRAINER_API std::int64_t rank_of_this_process();
 
+/// A TCP port nobody listens on now on 127.0.0.1, the kernel's pick: the group's port for a
+/// launch on one host (`trainer launch` without MASTER_PORT). Throws trainer::Error when none
+/// can be had.
+TRAINER_API int free_loopback_port();
+
 /// This process's rank on its host (LOCAL_RANK) in a data-parallel launch, -1 in a run of one.
 /// A device setting of plain `cuda` means `cuda:<LOCAL_RANK>` in a launch, as torchrun's
 /// scripts use it: each rank of a host its own GPU.

@@ -6,12 +6,16 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
 #include <cstdlib>
+#include <cstring>
 #include <future>
 #include <mutex>
 #include <optional>
@@ -131,6 +135,20 @@ DistEnv DistEnv::from_env() {
                      "LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT: " + all);
   }
   return env;
+}
+
+int free_loopback_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  TRAINER_CHECK(fd >= 0, "no socket to find a free port on 127.0.0.1: ", std::strerror(errno));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+  ::close(fd);
+  TRAINER_CHECK(ok, "cannot find a free port on 127.0.0.1; set MASTER_PORT");
+  return ntohs(a.sin_port);
 }
 
 struct ProcessGroup::Impl {
