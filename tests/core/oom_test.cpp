@@ -8,6 +8,7 @@
 #include <cmath>
 #include <set>
 
+#include "support/sample_ledger.h"
 #include "support/test_util.h"
 #include "trainer/memory.h"
 #include "trainer/trainer.h"
@@ -16,6 +17,7 @@ namespace trainer {
 namespace {
 
 using testing::read_file;
+using testing::SampleLedger;
 using testing::write_file;
 
 const c10::Device kCpu(c10::kCPU);
@@ -100,38 +102,6 @@ class Squeeze final : public Plugin {
   std::int64_t configured_ = 0;
 };
 
-/// Records which dataset indices contributed to committed optimizer steps.
-class SampleLedger final : public Plugin {
- public:
-  std::string name() const override { return "ledger"; }
-  std::vector<Event> events() const override {
-    return {Event::BatchStart, Event::AfterBackward, Event::OutOfMemory, Event::AfterOptimizerStep};
-  }
-  void on_event(EventContext& ctx, Control&) override {
-    switch (ctx.event) {
-      case Event::BatchStart:
-      case Event::OutOfMemory:
-        pending_.clear();  // a failed attempt contributes nothing
-        break;
-      case Event::AfterBackward: {
-        const at::Tensor idx = *ctx.indices;
-        for (std::int64_t i = 0; i < idx.size(0); ++i) pending_.push_back(idx[i].item<std::int64_t>());
-        break;
-      }
-      case Event::AfterOptimizerStep:
-        committed.insert(committed.end(), pending_.begin(), pending_.end());
-        pending_.clear();
-        break;
-      default:
-        break;
-    }
-  }
-  std::vector<std::int64_t> committed;
-
- private:
-  std::vector<std::int64_t> pending_;
-};
-
 /// Snapshots the parameters at BeforeOptimizerStep and compares them at OutOfMemory.
 class StepGuardProbe final : public Plugin {
  public:
@@ -209,10 +179,10 @@ TEST_F(Oom, EverySampleContributesExactlyOncePerEpoch) {
   ASSERT_EQ(r.exit_code, kExitOk) << r.message;
   EXPECT_EQ(squeeze->phases.size(), 4u);
   EXPECT_EQ(r.global_step, 8);  // no step lost or doubled
-  ASSERT_EQ(ledger->committed.size(), 512u);
+  const std::vector<std::int64_t> committed = ledger->committed();
+  ASSERT_EQ(committed.size(), 512u);
   for (int epoch = 0; epoch < 2; ++epoch) {
-    std::vector<std::int64_t> seen(ledger->committed.begin() + epoch * 256,
-                                   ledger->committed.begin() + (epoch + 1) * 256);
+    std::vector<std::int64_t> seen(committed.begin() + epoch * 256, committed.begin() + (epoch + 1) * 256);
     std::sort(seen.begin(), seen.end());
     for (std::int64_t i = 0; i < 256; ++i) ASSERT_EQ(seen[i], i) << "epoch " << epoch;
   }

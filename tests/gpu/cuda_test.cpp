@@ -24,6 +24,7 @@
 #include <set>
 #include <thread>
 
+#include "support/sample_ledger.h"
 #include "support/test_util.h"
 #include "trainer/devices.h"
 #include "trainer/lease.h"
@@ -36,6 +37,7 @@ namespace {
 
 using testing::metric_by_step;
 using testing::read_file;
+using testing::SampleLedger;
 using testing::write_file;
 
 const c10::Device kCpu(c10::kCPU);
@@ -143,38 +145,6 @@ class Squeeze final : public Plugin {
   bool restore_ = false;
   bool attempted_ = false;
   std::int64_t configured_ = 0;
-};
-
-/// The dataset indices that reached each committed optimizer step, in order.
-class SampleLedger final : public Plugin {
- public:
-  std::string name() const override { return "ledger"; }
-  std::vector<Event> events() const override {
-    return {Event::BatchStart, Event::AfterBackward, Event::OutOfMemory, Event::AfterOptimizerStep};
-  }
-  void on_event(EventContext& ctx, Control&) override {
-    switch (ctx.event) {
-      case Event::BatchStart:
-      case Event::OutOfMemory:
-        pending_.clear();  // a failed attempt contributes nothing
-        break;
-      case Event::AfterBackward: {
-        const at::Tensor idx = ctx.indices->cpu();
-        for (std::int64_t i = 0; i < idx.size(0); ++i) pending_.push_back(idx[i].item<std::int64_t>());
-        break;
-      }
-      case Event::AfterOptimizerStep:
-        steps.push_back(pending_);
-        pending_.clear();
-        break;
-      default:
-        break;
-    }
-  }
-  std::vector<std::vector<std::int64_t>> steps;
-
- private:
-  std::vector<std::int64_t> pending_;
 };
 
 /// Where the model, its buffers and AdamW's state live at FitEnd, and how often the model moved.
