@@ -24,6 +24,7 @@
 #include <set>
 #include <thread>
 
+#include "support/inject_inf.h"
 #include "support/sample_ledger.h"
 #include "support/test_util.h"
 #include "trainer/devices.h"
@@ -35,6 +36,7 @@
 namespace trainer {
 namespace {
 
+using testing::InjectInf;
 using testing::metric_by_step;
 using testing::read_file;
 using testing::SampleLedger;
@@ -408,39 +410,6 @@ TEST_F(OnGpu, WhenBackingOffIsExhaustedTheRunMovesToTheCpuOnceAndFinishesThere) 
   EXPECT_NE(log.find("oom_backoff: cuda:0 exhausted at micro-batch 32, falling back to cpu"), std::string::npos)
       << log;
 }
-
-/// Puts an inf into the first parameter's gradient in the backward of step `step`, before the
-/// scaler unscales, and snapshots the parameters around that batch; records the autocast state
-/// inside the forwards.
-class InjectInf final : public Plugin {
- public:
-  explicit InjectInf(std::int64_t step) : step_(step) {}
-  std::string name() const override { return "inject_inf"; }
-  std::vector<Event> events() const override { return {Event::BatchStart, Event::AfterBackward, Event::BatchEnd}; }
-  // AfterBackward is a closing event: above mixed_precision's 1000 it runs before the
-  // unscaling; and this forward scope opens inside mixed_precision's.
-  int default_priority() const override { return 2000; }
-  std::unique_ptr<ForwardScope> forward_scope(const EventContext& ctx) override {
-    if (ctx.event == Event::BeforeForward) autocast.push_back(autocast_state());
-    return nullptr;
-  }
-  void on_event(EventContext& ctx, Control&) override {
-    // A skipped step keeps global_step: the batch index tells the next batch apart.
-    if (ctx.state.global_step != step_ || ctx.state.batch_in_epoch != step_) return;
-    if (ctx.event == Event::AfterBackward) {
-      ctx.model->parameters().front().mutable_grad().view(-1)[0] = std::numeric_limits<float>::infinity();
-      return;
-    }
-    auto& into = ctx.event == Event::BatchStart ? before : after;
-    into.clear();
-    for (const auto& p : ctx.model->parameters()) into.push_back(p.detach().cpu().clone());
-  }
-  std::vector<at::Tensor> before, after;
-  std::vector<AutocastState> autocast;
-
- private:
-  std::int64_t step_;
-};
 
 TEST_F(OnGpu, Bf16AndFp16AutocastTrainOnTheGpuAndTheScalerSkipsAnInfStep) {
   for (const std::string precision : {"bf16", "fp16"}) {

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <limits>
 
+#include "support/inject_inf.h"
 #include "support/test_util.h"
 #include "trainer/memory.h"
 #include "trainer/precision.h"
@@ -18,6 +19,7 @@
 namespace trainer {
 namespace {
 
+using testing::InjectInf;
 using testing::max_abs_diff;
 using testing::metric_by_step;
 
@@ -123,31 +125,6 @@ class Squeeze final : public Plugin {
   bool half_;
   std::int64_t configured_ = 0;
   bool done_this_batch_ = false;
-};
-
-/// Puts an inf into the first parameter's gradient in the backward of step `step`, and
-/// snapshots the parameters at that batch's start and end.
-class InjectInf final : public Plugin {
- public:
-  explicit InjectInf(std::int64_t step) : step_(step) {}
-  std::string name() const override { return "inject_inf"; }
-  std::vector<Event> events() const override { return {Event::BatchStart, Event::AfterBackward, Event::BatchEnd}; }
-  // AfterBackward is a closing event: above mixed_precision's 1000 it runs before the unscaling.
-  int default_priority() const override { return 2000; }
-  void on_event(EventContext& ctx, Control&) override {
-    if (ctx.state.global_step != step_ || ctx.state.batch_in_epoch != step_) return;
-    if (ctx.event == Event::AfterBackward) {
-      ctx.model->parameters().front().mutable_grad().view(-1)[0] = std::numeric_limits<float>::infinity();
-      return;
-    }
-    auto& into = ctx.event == Event::BatchStart ? before : after;
-    into.clear();
-    for (const auto& p : ctx.model->parameters()) into.push_back(p.detach().clone());
-  }
-  std::vector<at::Tensor> before, after;
-
- private:
-  std::int64_t step_;
 };
 
 /// Draws the head at random in ModelCreated: the ViT starts it at zero (as torchvision), and
