@@ -69,7 +69,7 @@ std::optional<StopCause> EpochLoop::train_epochs() {
       state_.batch_in_epoch = batch_index(n, begin);
       const bool stepped = step_.run(local(order.slice(0, begin, end)), end - begin,
                                      last ? Position{epoch + 1, 0} : Position{epoch, end});
-      step_.resize(hooks_.fire(Event::BatchEnd));
+      step_.apply_micro_batch_request(hooks_.fire(Event::BatchEnd));
       after_batch(stepped, last);
       if (!last) window_.commit();  // the epoch's last step is committed after its end (eval, EpochEnd)
       // A stop on the last batch of an epoch still finishes the epoch (eval, EpochEnd).

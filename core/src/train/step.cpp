@@ -6,9 +6,8 @@
 #include <torch/optim/optimizer.h>
 
 #include <algorithm>
-#include <chrono>
 
-#include "dist/grad_sync.h"
+#include "dist/rank_sync.h"
 #include "train/hooks.h"
 #include "train/oom_recovery.h"
 #include "train/setup.h"
@@ -20,22 +19,12 @@
 
 namespace trainer {
 
-namespace {
-
-/// Adds the time of a data-parallel step's collectives to the window's dist/comm_s.
-class CommTimer {
- public:
-  explicit CommTimer(TrainMetrics& m) : m_(m) {}
-  ~CommTimer() { m_.add_comm(std::chrono::duration<double>(TrainMetrics::Clock::now() - t0_).count()); }
-  CommTimer(const CommTimer&) = delete;
-  CommTimer& operator=(const CommTimer&) = delete;
-
- private:
-  TrainMetrics& m_;
-  TrainMetrics::Clock::time_point t0_ = TrainMetrics::Clock::now();
-};
-
-}  // namespace
+std::unique_ptr<StepSync> make_step_sync(RunParts& parts, Hooks& hooks, OomRecovery& oom, TrainMetrics& metrics,
+                                         spdlog::logger& log) {
+  if (!parts.group) return std::make_unique<LocalSync>();
+  return std::make_unique<RankGroupSync>(*parts.group, *parts.model, parts.bucket_bytes, parts.overlap,
+                                         hooks.wants(Event::AfterBackward), oom, metrics, log);
+}
 
 TrainStep::TrainStep(const TrainingSettings& training, RunParts& parts, RunState& state, Hooks& hooks, OomRecovery& oom,
                      TrainMetrics& metrics, spdlog::logger& log)
@@ -52,55 +41,14 @@ TrainStep::TrainStep(const TrainingSettings& training, RunParts& parts, RunState
   std::int64_t largest = 0;
   for (const auto& p : parts_.model->parameters()) largest = std::max<std::int64_t>(largest, p.nbytes());
   reserve_ = optimizer_step_temporaries(*parts_.optim) * largest + (64 << 10);
-  if (parts_.group) {
-    // A plugin handling AfterBackward may change the gradients there (mixed_precision unscales
-    // them), after an overlapped all-reduce would have sent them: then it waits for the
-    // backward's end. The ranks agree, so that they all start the same collectives.
-    bool overlap = parts_.overlap;
-    if (overlap && hooks_.wants(Event::AfterBackward)) {
-      log_.info(
-          "gradients: the all-reduce starts after the backward, not inside it: a plugin handles AfterBackward, "
-          "where it may change them");
-      overlap = false;
-    }
-    overlap = parts_.group->all_reduce_max(overlap ? 0 : 1) == 0;
-    sync_ = std::make_unique<GradientSync>(*parts_.group, parts_.model->parameters(), parts_.bucket_bytes, overlap);
-    log_.info("gradients: {} bucket{} of up to {:g} MiB{}", sync_->num_buckets(), sync_->num_buckets() == 1 ? "" : "s",
-              static_cast<double>(parts_.bucket_bytes) / (1 << 20),
-              overlap ? ", each all-reduced inside the backward once its gradients are complete (from the second step)"
-                      : ", all-reduced after the backward");
-  }
+  sync_ = make_step_sync(parts_, hooks_, oom_, metrics_, log_);
 }
 
 TrainStep::~TrainStep() = default;
 
 bool TrainStep::run(const at::Tensor& indices, std::int64_t global_size, Position next) {
-  const std::int64_t n = indices.size(0);
   next_ = next;
-  // BatchStart reports the micro-batch setting; attempts report the size they really use
-  // (capped at the batch, which is shorter at the end of an epoch).
-  state_.micro_batch_size = micro_batch_;
-  state_.num_micro_batches = n / micro_batch_ + (n % micro_batch_ != 0);  // no n + micro - 1 to overflow
-  state_.micro_batch_index = 0;
-  const Control start = hooks_.fire(Event::BatchStart);
-  resize(start);
-  bool skip_batch = start.skip_step;
-  if (parts_.group) {
-    // A data-parallel run skips a batch on every rank or on none (the others would wait in its
-    // all-reduce), and every rank uses the smallest micro-batch any rank asks for (oom_backoff
-    // growing back hears the same events on every rank, so they normally ask the same).
-    const auto agreed = [&] {
-      CommTimer timer(metrics_);
-      return parts_.group->all_reduce_max({skip_batch ? 1 : 0, -micro_batch_});
-    }();
-    skip_batch = agreed[0] > 0;
-    if (-agreed[1] != micro_batch_) {
-      log_.info("micro-batch {} -> {} (agreed by the ranks)", micro_batch_, -agreed[1]);
-      micro_batch_ = -agreed[1];
-    }
-    state_.micro_batch_size = micro_batch_;
-  }
-  if (skip_batch) {
+  if (!start_batch(indices.size(0))) {
     log_.debug("batch {} skipped at BatchStart", state_.batch_in_epoch);
     advance();
     return false;
@@ -112,53 +60,14 @@ bool TrainStep::run(const at::Tensor& indices, std::int64_t global_size, Positio
       if (loader) loader->release();
     }
   } release{parts_.loader.get()};
-  bool skipped = false;
-  double batch_loss = 0.0;
-  std::int64_t batch_correct = 0;
-  // The samples an attempt covers: in a data-parallel run the largest part any rank holds, so
-  // that every rank reports the same sizes to its plugins (parts differ by one at most).
-  const std::int64_t part = parts_.group ? (global_size + parts_.group->size() - 1) / parts_.group->size() : n;
+  const std::int64_t samples = sync_->attempt_samples(indices.size(0), global_size);
+  AttemptResult done;
   const auto settled = oom_.retry(
-      OomRetry::AskPlugins, std::max<std::int64_t>(1, std::min(micro_batch_, part)), std::max<std::int64_t>(1, part),
-      [&](std::int64_t micro) {
-        state_.micro_batch_size = micro;
-        auto [loss, correct, skip] = parts_.group ? agreed_forward_backward(indices, micro, global_size)
-                                                  : forward_backward(indices, micro, global_size);
-        state_.loss = loss;
-        state_.lr = parts_.schedule->lr_at(state_.global_step);
-        state_.grad_norm = 0.0;
-        // From here on the memory needed does not depend on the micro-batch.
-        std::optional<LocalOom> failed;
-        try {
-          oom_.enter(OomPhase::OptimizerStep);
-          if (sync_) sync_->unpack();
-          if (!skip) skip = hooks_.fire(Event::GradientsAccumulated).skip_step;
-          if (!skip) {
-            if (training_.grad_clip_norm > 0) {
-              state_.grad_norm =
-                  torch::nn::utils::clip_grad_norm_(parts_.model->parameters(), training_.grad_clip_norm);
-            }
-            set_learning_rate(*parts_.optim, state_.lr);
-            skip = hooks_.fire(Event::BeforeOptimizerStep).skip_step;
-          }
-          if (!skip) prepare_step();
-        } catch (const std::exception& e) {
-          if (!parts_.group || !is_out_of_memory(e)) throw;
-          failed = LocalOom{oom_.phase(), detail::error_text(e)};
-        }
-        if (parts_.group) {
-          CommTimer timer(metrics_);
-          skip = agree_before_step(failed, skip);
-        }
-        skipped = skip;
-        if (skip) return;
-        take_step();
-        batch_loss = loss;
-        batch_correct = correct;
-      },
-      parts_.group.get());
+      OomRetry::AskPlugins, std::max<std::int64_t>(1, std::min(micro_batch_, samples)),
+      std::max<std::int64_t>(1, samples), [&](std::int64_t micro) { done = attempt(indices, micro, global_size); },
+      sync_->ranks());
   if (settled) micro_batch_ = *settled;  // later batches keep the size that worked (oom_backoff grows it back)
-  if (skipped) {
+  if (done.skipped) {
     drop_gradients(*parts_.model);
     log_.debug("optimizer step skipped at batch {}", state_.batch_in_epoch);
     advance();
@@ -168,13 +77,51 @@ bool TrainStep::run(const at::Tensor& indices, std::int64_t global_size, Positio
   state_.samples_seen += global_size;
   advance();
   hooks_.fire(Event::AfterOptimizerStep);
-  metrics_.add_step(batch_loss, global_size, batch_correct, state_.micro_batch_size,
+  metrics_.add_step(done.loss, global_size, done.correct, state_.micro_batch_size,
                     training_.grad_clip_norm > 0 ? std::optional<double>(state_.grad_norm) : std::nullopt);
   return true;
 }
 
-TrainStep::Accumulated TrainStep::forward_backward(const at::Tensor& indices, std::int64_t micro,
-                                                   std::int64_t global_size) {
+bool TrainStep::start_batch(std::int64_t n) {
+  // BatchStart reports the micro-batch setting; attempts report the size they really use
+  // (capped at the batch, which is shorter at the end of an epoch).
+  state_.micro_batch_size = micro_batch_;
+  state_.num_micro_batches = n / micro_batch_ + (n % micro_batch_ != 0);  // no n + micro - 1 to overflow
+  state_.micro_batch_index = 0;
+  const Control start = hooks_.fire(Event::BatchStart);
+  apply_micro_batch_request(start);
+  const StepSync::BatchPlan plan = sync_->start_batch(start.skip_step, micro_batch_);
+  micro_batch_ = plan.micro_batch;
+  state_.micro_batch_size = micro_batch_;
+  return !plan.skip;
+}
+
+TrainStep::AttemptResult TrainStep::attempt(const at::Tensor& indices, std::int64_t micro, std::int64_t global_size) {
+  state_.micro_batch_size = micro;
+  const StepTotals totals = sync_->gradients([&] { return forward_backward(indices, micro, global_size); });
+  state_.loss = totals.loss;
+  state_.lr = parts_.schedule->lr_at(state_.global_step);
+  state_.grad_norm = 0.0;
+  // From here on the memory needed does not depend on the micro-batch.
+  oom_.enter(OomPhase::OptimizerStep);
+  if (sync_->before_step([&] { return before_optimizer_step(totals.skip); })) return {true, 0.0, 0};
+  take_step();
+  return {false, totals.loss, totals.correct};
+}
+
+bool TrainStep::before_optimizer_step(bool skip) {
+  if (!skip) skip = hooks_.fire(Event::GradientsAccumulated).skip_step;
+  if (skip) return true;
+  if (training_.grad_clip_norm > 0) {
+    state_.grad_norm = torch::nn::utils::clip_grad_norm_(parts_.model->parameters(), training_.grad_clip_norm);
+  }
+  set_learning_rate(*parts_.optim, state_.lr);
+  if (hooks_.fire(Event::BeforeOptimizerStep).skip_step) return true;
+  prepare_step();
+  return false;
+}
+
+StepTotals TrainStep::forward_backward(const at::Tensor& indices, std::int64_t micro, std::int64_t global_size) {
   const std::int64_t n = indices.size(0);
   oom_.enter(OomPhase::Data);
   // On the host, read ahead by the loader's workers; micro-batches move one at a time. (A rank
@@ -186,85 +133,8 @@ TrainStep::Accumulated TrainStep::forward_backward(const at::Tensor& indices, st
   return accumulate(full, indices, micro, global_size);
 }
 
-TrainStep::Accumulated TrainStep::agreed_forward_backward(const at::Tensor& indices, std::int64_t micro,
-                                                          std::int64_t global_size) {
-  // The local half: this rank's forward and backward, its gradients into the buckets. An
-  // out-of-memory error here is held until every rank has said how its half went: then all
-  // drop the attempt together, and none is left waiting in an all-reduce.
-  Accumulated local;
-  std::optional<LocalOom> failed;
-  try {
-    local = forward_backward(indices, micro, global_size);
-    oom_.enter(OomPhase::AllReduce);
-    sync_->pack();
-  } catch (const std::exception& e) {
-    if (!is_out_of_memory(e)) throw;
-    failed = LocalOom{oom_.phase(), detail::error_text(e)};
-    drop_gradients(*parts_.model);
-    // The buckets the other ranks start inside their backward, this rank starts too (as they
-    // are: the attempt is dropped everywhere), so that none waits in a collective.
-    if (sync_->overlapping()) {
-      log_.info("all-reduce: {} of {} buckets started inside the backward before it failed; the other {} start as "
-                "they are, and every rank drops the attempt",
-                sync_->started_in_backward(), sync_->num_buckets(),
-                sync_->num_buckets() - sync_->started_in_backward());
-    }
-    sync_->abandon();
-  }
-  CommTimer timer(metrics_);
-  const auto agreed = sync_->agree(local.loss, local.correct, local.skip, failed ? oom_phase_info(failed->phase).wire_code : 0);
-  if (agreed.failed_rank >= 0) {
-    sync_->wait_started();
-    throw_ranks_out_of_memory(failed, agreed.failed_rank, oom_phase_of_wire(agreed.failed_phase));
-  }
-  if (sync_->overlapping() && !overlap_reported_) {
-    overlap_reported_ = true;
-    log_.info("all-reduce: {} of {} buckets started inside the backward of the first overlapped step",
-              sync_->started_in_backward(), sync_->num_buckets());
-  }
-  // Every rank steps with the global batch's mean gradient (each loss was divided by the
-  // global batch), and reports the global batch's loss.
-  {
-    const auto t0 = TrainMetrics::Clock::now();
-    sync_->reduce(1.0);
-    metrics_.add_all_reduce(std::chrono::duration<double>(TrainMetrics::Clock::now() - t0).count());
-  }
-  if (sync_->regraded() && !regraded_reported_) {
-    regraded_reported_ = true;
-    log_.warn(
-        "all-reduce: a gradient was accumulated again after its bucket had started (a backward inside the "
-        "backward?): every bucket is reduced again after the backward, at the cost of the overlap "
-        "(distributed.overlap = false avoids the double work)");
-  }
-  return {agreed.loss, agreed.correct, agreed.skip};
-}
-
-bool TrainStep::agree_before_step(const std::optional<LocalOom>& failed, bool skip) {
-  // After the gradients' all-reduce, before the optimizer step: a rank that ran out of memory
-  // here (a plugin's unscaling, clipping, the optimizer's state or reserve) retries the batch
-  // with every other rank; a skip asked on any rank is every rank's.
-  const std::int64_t size = parts_.group->size(), rank = parts_.group->rank();
-  // The lowest failing rank wins the max: (phase, size - 1 - rank).
-  const std::int64_t code = failed ? oom_phase_info(failed->phase).wire_code * size + (size - 1 - rank) : 0;
-  const auto agreed = parts_.group->all_reduce_max({code, skip ? 1 : 0});
-  if (agreed[0] > 0) {
-    drop_gradients(*parts_.model);
-    throw_ranks_out_of_memory(failed, size - 1 - agreed[0] % size, oom_phase_of_wire(agreed[0] / size));
-  }
-  return agreed[1] > 0;
-}
-
-void TrainStep::throw_ranks_out_of_memory(const std::optional<LocalOom>& failed, std::int64_t rank,
-                                          OomPhase phase) {
-  // Every rank reports the failing rank's phase, so every rank's plugins answer alike.
-  oom_.enter(phase);
-  if (failed) throw RanksOutOfMemory(detail::str("on this rank (", parts_.group->rank(), "): ", failed->message));
-  throw RanksOutOfMemory(
-      detail::str("rank ", rank, " ran out of memory in ", oom_phase_name(phase), " (every rank drops the attempt)"));
-}
-
-TrainStep::Accumulated TrainStep::accumulate(const Batch& full, const at::Tensor& indices, std::int64_t micro,
-                                             std::int64_t global_size) {
+StepTotals TrainStep::accumulate(const Batch& full, const at::Tensor& indices, std::int64_t micro,
+                                 std::int64_t global_size) {
   const std::int64_t n = full.inputs.defined() ? full.size() : 0;
   state_.num_micro_batches = n / micro + (n % micro != 0);
   bool skip = false;
@@ -299,7 +169,7 @@ TrainStep::Accumulated TrainStep::accumulate(const Batch& full, const at::Tensor
     oom_.enter(OomPhase::Backward);
     // The last micro-batch's backward completes the gradients: a data-parallel run may start
     // their all-reduce inside it.
-    if (sync_ && i + 1 == state_.num_micro_batches) sync_->arm();
+    if (i + 1 == state_.num_micro_batches) sync_->before_last_backward();
     backward_loss.backward();
     skip |= hooks_.fire(Event::AfterBackward, EventArgs::micro_batch(mb, idx, nullptr, &loss)).skip_step;
     loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach();
@@ -337,7 +207,7 @@ void TrainStep::take_step() {
   }
 }
 
-void TrainStep::resize(const Control& c) {
+void TrainStep::apply_micro_batch_request(const Control& c) {
   if (!c.micro_batch_size) return;
   const std::int64_t next = std::clamp<std::int64_t>(*c.micro_batch_size, 1, training_.batch_size);
   if (next == micro_batch_) return;

@@ -6,11 +6,8 @@
 
 #include <cstdint>
 #include <memory>
-#include <optional>
-#include <string>
-#include <utility>
 
-#include "train/oom_phase.h"
+#include "train/step_sync.h"
 #include "trainer/context.h"
 #include "trainer/control.h"
 #include "trainer/core_settings.h"
@@ -22,7 +19,6 @@ class logger;
 
 namespace trainer {
 
-class GradientSync;
 class Hooks;
 class OomRecovery;
 class TrainMetrics;
@@ -43,9 +39,9 @@ class TrainStep {
             TrainMetrics& metrics, spdlog::logger& log);
   ~TrainStep();
 
-  /// Trains one batch, the samples `indices` (BatchStart … AfterOptimizerStep). An
-  /// out-of-memory error drops the attempt and, as the plugins ask, re-runs the same samples
-  /// in other micro-batches. In a data-parallel run `indices` are this rank's part of a global
+  /// Trains one batch, the samples `indices`: BatchStart, then attempt() until one is not
+  /// dropped for an out-of-memory error (the same samples again in the micro-batches the
+  /// plugins ask), then AfterOptimizerStep. In a data-parallel run `indices` are this rank's part of a global
   /// batch of `global_size` samples: each sample's loss is divided by the global size and the
   /// gradients are summed over the ranks, so every rank steps with the global batch's mean
   /// gradient. `next` is the position once this batch is consumed. Returns whether an
@@ -54,7 +50,7 @@ class TrainStep {
 
   /// Control.micro_batch_size (BatchStart, BatchEnd): the micro-batch from now on, clamped to
   /// [1, batch_size].
-  void resize(const Control& c);
+  void apply_micro_batch_request(const Control& c);
 
   /// The batch after the last one consumed (trained or skipped).
   Position position() const { return position_; }
@@ -66,32 +62,28 @@ class TrainStep {
   bool params_consistent() const { return params_consistent_; }
 
  private:
-  /// The batch's loss, its correctly classified samples, and whether a plugin asked to skip.
-  struct Accumulated {
+  /// BatchStart and the ranks' plan for the batch (StepSync::start_batch): returns false
+  /// when the batch is skipped.
+  bool start_batch(std::int64_t samples);
+  /// How an attempt ended: the optimizer step skipped, or taken with the batch's loss and
+  /// correct count.
+  struct AttemptResult {
+    bool skipped = false;
     double loss = 0.0;
     std::int64_t correct = 0;
-    bool skip = false;
   };
+  /// One attempt at the batch in micro-batches of `micro`: forward and backward (the gradients
+  /// summed over the ranks), GradientsAccumulated … BeforeOptimizerStep, the optimizer step.
+  /// Throws an out-of-memory error (RanksOutOfMemory in a rank group) for the retry.
+  AttemptResult attempt(const at::Tensor& indices, std::int64_t micro, std::int64_t global_size);
+  /// Reads the batch (this rank's part) and runs accumulate() on it.
+  StepTotals forward_backward(const at::Tensor& indices, std::int64_t micro, std::int64_t global_size);
   /// Forward and backward over the micro-batches of `full`: the summed (batch-normalised) loss,
   /// the correct count and whether a plugin asked to skip the step.
-  Accumulated accumulate(const Batch& full, const at::Tensor& indices, std::int64_t micro, std::int64_t global_size);
-  /// Reads the batch (this rank's part) and runs accumulate() on it.
-  Accumulated forward_backward(const at::Tensor& indices, std::int64_t micro, std::int64_t global_size);
-
-  /// An out-of-memory error on this rank, held until the ranks agree on it.
-  struct LocalOom {
-    OomPhase phase;
-    std::string message;
-  };
-  /// A data-parallel step's first half: forward_backward() and the gradients packed on every
-  /// rank, one agreement (an out-of-memory error on any rank throws RanksOutOfMemory on all),
-  /// then the gradients' all-reduce. Returns the global batch's loss, correct count and skip.
-  Accumulated agreed_forward_backward(const at::Tensor& indices, std::int64_t micro, std::int64_t global_size);
-  /// The second agreement, just before the optimizer step: throws RanksOutOfMemory on every
-  /// rank when one failed since the first; returns whether any rank asks to skip the step.
-  bool agree_before_step(const std::optional<LocalOom>& failed, bool skip);
-  [[noreturn]] void throw_ranks_out_of_memory(const std::optional<LocalOom>& failed, std::int64_t rank,
-                                              OomPhase phase);
+  StepTotals accumulate(const Batch& full, const at::Tensor& indices, std::int64_t micro, std::int64_t global_size);
+  /// GradientsAccumulated, clipping, the learning rate, BeforeOptimizerStep and prepare_step(),
+  /// unless skipped (`skip` or a plugin's request); returns whether the step is skipped.
+  bool before_optimizer_step(bool skip);
   /// The optimizer's state created and its temporaries reserved: after this, optimizer.step()
   /// has the memory it needs, so an out-of-memory error leaves parameters and optimizer state
   /// as they were.
@@ -113,9 +105,7 @@ class TrainStep {
   std::int64_t reserve_ = 0;         ///< bytes the optimizer step may allocate for temporaries
   bool state_materialized_ = false;  ///< optimizer state created before the first step
   bool params_consistent_ = true;
-  std::unique_ptr<GradientSync> sync_;  ///< a data-parallel run's gradient buckets
-  bool overlap_reported_ = false;       ///< the first overlapped step was logged
-  bool regraded_reported_ = false;      ///< a bucket reduced again was logged
+  std::unique_ptr<StepSync> sync_;  ///< where the ranks agree (nothing to agree in a run of one)
   Position position_;
   Position next_;  ///< position_ once the current batch is consumed
 };
