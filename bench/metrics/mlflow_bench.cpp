@@ -66,7 +66,7 @@ struct PluginRun {
     fire(trainer::Event::FitStart);
   }
   ~PluginRun() {
-    ctx.status = "FINISHED";
+    ctx.status = trainer::RunStatus::Finished;
     fire(trainer::Event::Shutdown);
     fs::remove_all(dir);
   }
@@ -96,7 +96,8 @@ void BM_LogStep(benchmark::State& state) {
     return;
   }
   std::unique_ptr<PluginRun> run;
-  trainer::MetricsLogger bare(std::make_shared<spdlog::logger>("bare", std::make_shared<spdlog::sinks::null_sink_mt>()));
+  trainer::MetricsLogger bare(
+      std::make_shared<spdlog::logger>("bare", std::make_shared<spdlog::sinks::null_sink_mt>()));
   if (state.range(0) == 1) run = std::make_unique<PluginRun>(uri, "rest");
   if (state.range(0) == 2) {
     run = std::make_unique<PluginRun>(
@@ -107,8 +108,8 @@ void BM_LogStep(benchmark::State& state) {
   std::int64_t step = 0;
   for (auto _ : state) log_step(m, ++step);
   state.SetItemsProcessed(state.iterations() * 8);
-  state.counters["s_per_metric"] =
-      benchmark::Counter(static_cast<double>(state.iterations() * 8), benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  state.counters["s_per_metric"] = benchmark::Counter(static_cast<double>(state.iterations() * 8),
+                                                      benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
   run.reset();
   fs::remove_all(fs::temp_directory_path() / ("trainer_mlflow_bench_store_" + std::to_string(::getpid())));
 }

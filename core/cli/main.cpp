@@ -12,9 +12,9 @@
 
 #include "bench_suite.h"
 #include "estimate.h"
+#include "launch.h"
 #include "mlflow_export.h"
 #include "report.h"
-#include "launch.h"
 #include "sweep.h"
 #include "trainer/config_spec.h"
 #include "trainer/devices.h"
@@ -229,7 +229,7 @@ int bench(const po::variables_map& vm, const std::vector<std::string>& overrides
   if (csv) trainer::tune::write_bench_csv(r, *csv);
   if (md) trainer::tune::write_bench_markdown(r, *md);
   for (const auto& c : r.cells) {
-    if (c.status == "failed") return trainer::kExitTrainingFailed;
+    if (c.status == trainer::tune::CellStatus::Failed) return trainer::kExitTrainingFailed;
   }
   return trainer::kExitOk;
 }
@@ -254,7 +254,7 @@ int sweep(const po::variables_map& vm, const std::vector<std::string>& overrides
   const trainer::tune::StudyResult r = trainer::tune::run_sweep(req, std::cerr);
   trainer::tune::print_study(r, settings.objective, std::cout);
   if (r.interrupted) return trainer::kExitInterrupted;
-  return r.count("COMPLETE") > 0 ? trainer::kExitOk : trainer::kExitTrainingFailed;
+  return r.count(trainer::tune::TrialState::Complete) > 0 ? trainer::kExitOk : trainer::kExitTrainingFailed;
 }
 
 int run(int argc, char** argv) {
@@ -401,7 +401,8 @@ int run(int argc, char** argv) {
   trainer::Trainer t(std::move(options));
   const trainer::RunResult r = t.fit();
   if (r.exit_code != trainer::kExitOk) {
-    std::cerr << "trainer: run " << r.status << " (exit " << r.exit_code << "): " << r.message << "\n"
+    std::cerr << "trainer: run " << trainer::run_status_name(r.status) << " (exit " << r.exit_code << "): " << r.message
+              << "\n"
               << "trainer: run directory " << r.run_dir << "\n";
   }
   return r.exit_code;

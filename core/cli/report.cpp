@@ -211,7 +211,7 @@ std::string join(const std::vector<std::string>& parts, const std::string& sep) 
 void render_header(const RunData& d, double t_first, double t_last, std::ostringstream& h) {
   std::string status, badge;
   if (d.status) {
-    status = d.status->status;
+    status = run_status_name(d.status->status);
     std::string lower = status;
     for (auto& ch : lower) ch = char(std::tolower(static_cast<unsigned char>(ch)));
     badge = lower == "finished" || lower == "failed" || lower == "killed" ? "s-" + lower : "s-unknown";
@@ -223,10 +223,15 @@ void render_header(const RunData& d, double t_first, double t_last, std::ostring
     badge = "s-running";
   }
   h << "<header class=\"card\"><h1>" << html_escape(d.name) << "<span class=\"badge " << badge << "\">"
-    << html_escape(d.status ? d.status->status : status.substr(0, status.find(' '))) << "</span></h1>\n"
+    << html_escape(status.substr(0, status.find(' '))) << "</span></h1>\n"
     << "<div class=\"path\">" << html_escape(d.dir) << "</div>\n<dl class=\"facts\">\n";
   h << fact("Status", html_escape(status));
   if (d.status) h << fact("Exit code", std::to_string(d.status->exit_code));
+  if (d.status && d.status->status == RunStatus::Failed && d.status->failure != FailureKind::None) {
+    h << fact("Failure", html_escape(std::string(failure_kind_name(d.status->failure)) +
+                                     (d.status->oom_phase ? std::string(" in ") + oom_phase_name(*d.status->oom_phase)
+                                                          : std::string())));
+  }
 
   double last_step = -std::numeric_limits<double>::infinity();
   for (const auto& [name, points] : d.metrics) {

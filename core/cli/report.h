@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "trainer/run_records.h"
+
 namespace trainer::report {
 
 // What the report reads of a run directory at most. A larger file is cut (or, for status.json,
@@ -43,17 +45,6 @@ struct Point {
   double step = 0;
   double value = 0;
   double time = 0;
-};
-
-/// status.json, written when a run ends (absent while it runs, or after kill -9).
-struct RunStatus {
-  std::string status;  ///< FINISHED, FAILED or KILLED
-  int exit_code = 0;
-  long long global_step = 0;
-  long long epoch = 0;  ///< the epoch the run was in, from 0
-  std::string message;
-  std::string last_checkpoint;
-  double time = 0;  ///< when the run ended, seconds since the Unix epoch
 };
 
 /// An out-of-memory error: a point of `oom/micro_batch_size`.
@@ -85,9 +76,11 @@ struct RunData {
   std::optional<std::string> config_toml;           ///< config.toml verbatim (its start when cut), when present
   bool config_cut = false;                          ///< config.toml is larger than kMaxConfigBytes
   std::string config_error;                         ///< why config.toml could not be read (it exists)
-  std::optional<RunStatus> status;                  ///< status.json, when present and readable
-  std::string status_error;                         ///< why status.json could not be read (it exists)
-  std::string log_error;                            ///< why trainer.log could not be read (it exists)
+  /// status.json, written when a run starts and ends, when present and readable (absent after
+  /// kill -9 before the first write).
+  std::optional<RunStatusRecord> status;
+  std::string status_error;               ///< why status.json could not be read (it exists)
+  std::string log_error;                  ///< why trainer.log could not be read (it exists)
   std::vector<std::string> read_notes;    ///< what reading left out (a file cut at its limit), a sentence each
   std::vector<std::string> log_problems;  ///< the last warning/error lines of trainer.log
   std::size_t log_warnings = 0;           ///< warning lines in trainer.log

@@ -4,6 +4,7 @@
 // recorded for the page.
 #include "report.h"
 #include "trainer/json.h"
+#include "trainer/run_records.h"
 
 #include <nlohmann/json.hpp>
 
@@ -130,7 +131,6 @@ bool read_start(const fs::path& path, std::string& out, std::size_t max_bytes) {
   return !in.bad();
 }
 
-
 /// One metrics.jsonl line; false when it is not a metric (bad JSON, missing or mistyped field).
 bool parse_metric_line(const std::string& line, std::string& name, Point& p) {
   if (json_nesting(line) > 8) return false;  // metric lines are flat objects: not one, not parsed
@@ -195,26 +195,6 @@ void read_metrics(const fs::path& path, RunData& data) {
   }
 }
 
-/// The integer `key` of `j` as T, or `fallback` when it is missing, not a number or out of T's range.
-template <class T>
-T integer_of(const json& j, const char* key, T fallback) {
-  const auto it = j.find(key);
-  if (it == j.end() || !it->is_number()) return fallback;
-  if (it->is_number_unsigned()) {
-    const auto v = it->get<std::uint64_t>();
-    return v <= std::uint64_t(std::numeric_limits<T>::max()) ? T(v) : fallback;
-  }
-  if (it->is_number_integer()) {
-    const auto v = it->get<std::int64_t>();
-    return v >= std::int64_t(std::numeric_limits<T>::min()) && v <= std::int64_t(std::numeric_limits<T>::max())
-               ? T(v)
-               : fallback;
-  }
-  const double v = it->get<double>();
-  // A double converted to an integer it cannot hold is undefined behaviour: check the range first.
-  return v >= double(std::numeric_limits<T>::min()) && v < -double(std::numeric_limits<T>::min()) ? T(v) : fallback;
-}
-
 void read_status(const fs::path& path, RunData& data) {
   std::uintmax_t size = 0;
   if (!regular_file(path, data.status_error, size)) return;
@@ -232,30 +212,11 @@ void read_status(const fs::path& path, RunData& data) {
     data.status_error = path.string() + " is more than the " + size_text(kMaxStatusBytes) + " read: not read";
     return;
   }
-  const json j = json_nesting(text) > 64 ? json(json::value_t::discarded) : json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) {
-    data.status_error = path.string() + " is not a JSON object";
-    return;
+  try {
+    data.status = decode_status(text);
+  } catch (const std::exception& e) {
+    data.status_error = path.string() + " " + e.what();
   }
-  const auto status = j.find("status");
-  if (status == j.end() || !status->is_string()) {
-    data.status_error = path.string() + " has no \"status\" string";
-    return;
-  }
-  RunStatus s;
-  s.status = status->get<std::string>();
-  auto text_of = [&](const char* key) {
-    const auto it = j.find(key);
-    return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
-  };
-  s.exit_code = integer_of(j, "exit_code", 0);
-  s.global_step = integer_of(j, "global_step", 0LL);
-  s.epoch = integer_of(j, "epoch", 0LL);
-  const auto time = j.find("time");
-  s.time = time != j.end() && time->is_number() ? time->get<double>() : kNaN;
-  s.message = text_of("message");
-  s.last_checkpoint = text_of("last_checkpoint");
-  data.status = s;
 }
 
 bool is_warning(const std::string& level) { return level == "warning" || level == "warn"; }

@@ -17,6 +17,13 @@
 #include "trainer/recipe.h"
 
 namespace trainer::tune {
+
+const char* cell_status_name(CellStatus status) {
+  static constexpr const char* kNames[] = {"ok", "oom", "predicted_oom", "failed"};  // CellStatus's order
+  return kNames[static_cast<std::size_t>(status)];
+}
+
+std::ostream& operator<<(std::ostream& os, CellStatus status) { return os << cell_status_name(status); }
 namespace {
 
 std::string value_of(const std::string& override_text) {
@@ -35,7 +42,7 @@ std::string fixed(double v, int digits) {
 /// The columns of a cell's row after its grid values.
 std::vector<std::string> result_columns(const BenchCell& c) {
   const bool ran = c.measured_steps > 0;
-  return {c.status,
+  return {cell_status_name(c.status),
           std::to_string(c.micro_batch_used > 0 ? c.micro_batch_used : c.micro_batch),
           ran ? fixed(c.samples_per_s, 1) : "",
           ran ? fixed(c.step_ms_median, 2) : "",
@@ -172,6 +179,7 @@ BenchReport run_bench(const BenchRequest& req, std::ostream& progress) {
   std::map<std::string, std::string> failed_estimates;  // a group whose estimate failed: why
   for (std::size_t i = 0; i < report.cells.size(); ++i) {
     BenchCell& c = report.cells[i];
+    bool predicted_oom = false;
     std::vector<std::string> all = req.overrides;
     all.insert(all.end(), c.overrides.begin(), c.overrides.end());
     if (req.estimate) {
@@ -193,7 +201,8 @@ BenchReport run_bench(const BenchRequest& req, std::ostream& progress) {
           if (report.device.empty()) report.device = e.device;
           c.predicted_peak = e.peak > 0 ? e.predict(c.batch_size, c.micro_batch) : -1;
           if (e.peak == 0 || !e.fits_at(c.batch_size, c.micro_batch)) {
-            c.status = "predicted_oom";
+            c.status = CellStatus::PredictedOom;
+            predicted_oom = true;
             c.message = e.peak == 0
                             ? "the smallest probe ran out of memory"
                             : "predicted " +
@@ -211,7 +220,7 @@ BenchReport run_bench(const BenchRequest& req, std::ostream& progress) {
       }
       if (failed_estimates.count(key)) c.message = "not estimated: " + failed_estimates[key];
     }
-    if (c.status.empty()) {
+    if (!predicted_oom) {
       ShortRunSpec spec;
       spec.recipe = req.recipe;
       spec.overrides = all;
@@ -242,25 +251,26 @@ BenchReport run_bench(const BenchRequest& req, std::ostream& progress) {
         c.samples_per_s = seconds > 0 ? double(samples) / seconds : 0;
       }
       if (r.exit_code != 0) {
-        c.status = r.out_of_memory ? "oom" : "failed";
+        c.status = r.out_of_memory ? CellStatus::Oom : CellStatus::Failed;
         c.message = (c.message.empty() ? "" : c.message + "; ") + r.message;
       } else if (c.measured_steps < req.steps) {
-        c.status = "failed";
+        c.status = CellStatus::Failed;
         c.message = "ran " + std::to_string(r.steps.size()) + " of " + std::to_string(spec.steps) +
                     " steps: the training set or training.epochs is too small for --warmup + --steps";
       } else {
-        c.status = "ok";
+        c.status = CellStatus::Ok;
         if (r.out_of_memory) {
           c.message = (c.message.empty() ? "" : c.message + "; ") + "ran out of memory at micro-batch " +
-                      std::to_string(r.oom_micro_batch) + " (" + r.oom_phase + "), went on at " +
-                      std::to_string(c.micro_batch_used);
+                      std::to_string(r.oom_micro_batch) + " (" + (r.oom_phase ? oom_phase_name(*r.oom_phase) : "?") +
+                      "), went on at " + std::to_string(c.micro_batch_used);
         }
       }
     }
     progress << "cell " << (i + 1) << "/" << report.cells.size() << ":";
     for (const auto& o : c.overrides) progress << " " << o;
     progress << " -> " << c.status;
-    if (c.status == "ok") progress << ", " << fixed(c.samples_per_s, 1) << " samples/s, peak " << format_bytes(c.peak);
+    if (c.status == CellStatus::Ok)
+      progress << ", " << fixed(c.samples_per_s, 1) << " samples/s, peak " << format_bytes(c.peak);
     if (!c.message.empty()) progress << " (" << c.message << ")";
     progress << "\n";
   }
@@ -309,7 +319,7 @@ void write_bench_csv(const BenchReport& r, std::ostream& out) {
     for (const auto& o : c.overrides) row.push_back(value_of(o));
     const bool ran = c.measured_steps > 0;
     for (const auto& v : std::vector<std::string>{
-             c.status, std::to_string(c.micro_batch_used > 0 ? c.micro_batch_used : c.micro_batch),
+             cell_status_name(c.status), std::to_string(c.micro_batch_used > 0 ? c.micro_batch_used : c.micro_batch),
              ran ? fixed(c.samples_per_s, 3) : "", ran ? fixed(c.step_ms_median, 3) : "",
              ran ? fixed(c.step_ms_min, 3) : "", ran ? fixed(c.step_ms_max, 3) : "",
              c.peak > 0 ? fixed(mib(c.peak), 3) : "", c.predicted_peak >= 0 ? fixed(mib(c.predicted_peak), 3) : "",

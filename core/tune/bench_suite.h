@@ -37,10 +37,21 @@ struct BenchRequest {
   std::string work_dir;     ///< the cells' run directories (removed after each cell)
 };
 
+/// How a bench cell ended; its name ("predicted_oom") is the table's status column.
+enum class CellStatus : std::uint8_t {
+  Ok,            ///< "ok": measured
+  Oom,           ///< "oom": ran out of memory and did not recover
+  PredictedOom,  ///< "predicted_oom": skipped, predicted not to fit
+  Failed,        ///< "failed"
+};
+/// "predicted_oom".
+const char* cell_status_name(CellStatus status);
+std::ostream& operator<<(std::ostream& os, CellStatus status);
+
 struct BenchCell {
   std::vector<std::string> overrides;  ///< the cell's grid values
-  std::string status;   ///< "ok", "oom" (ran out of memory and did not recover), "predicted_oom", "failed"
-  std::string message;  ///< why it failed, what the prediction said
+  CellStatus status = CellStatus::Ok;
+  std::string message;                           ///< why it failed, what the prediction said
   std::int64_t batch_size = 0, micro_batch = 0;  ///< as configured
   std::int64_t micro_batch_used = 0;             ///< at the last step (oom_backoff may have lowered it)
   bool out_of_memory = false;                    ///< an out-of-memory error happened (recovered or not)

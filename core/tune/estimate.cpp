@@ -249,7 +249,7 @@ MemoryEstimate estimate_once(const EstimateRequest& request, const RecipeFacts& 
     // Out of memory in the evaluation after all its steps ran (a device: the probes have no
     // budget): the steps are measured all the same; the evaluation at that size cannot fit.
     const bool steps_ran = static_cast<std::int64_t>(r.steps.size()) >= request.probe_steps;
-    const bool eval_oom = r.out_of_memory && r.oom_phase == "eval" && steps_ran;
+    const bool eval_oom = r.out_of_memory && r.oom_phase == OomPhase::Eval && steps_ran;
     if (eval_oom) {
       p.out_of_memory = false;
       e.notes.push_back("the evaluation at eval.batch_size " + std::to_string(spec.eval_batch) +

@@ -18,7 +18,7 @@ std::string prune_reason(const SweepSettings& s, const TrialRecord& t,
   if (s.pruner == "median") {
     if (static_cast<std::int64_t>(k + 1) < s.pruner_warmup) return {};
     for (const auto& [n, o] : trials) {
-      if (n != t.number && o.state == "COMPLETE" && o.intermediate.size() > k)
+      if (n != t.number && o.state == TrialState::Complete && o.intermediate.size() > k)
         others.push_back(loss_of(o.intermediate[k]));
     }
     if (static_cast<std::int64_t>(others.size()) < s.pruner_min_trials) return {};

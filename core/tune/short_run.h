@@ -4,8 +4,11 @@
 // real Trainer run in this process, with its plugins, on the device they choose; only what
 // would leave a trace is turned off (checkpoints, metric files, MLflow, the console plugin).
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "trainer/states.h"
 
 namespace trainer::tune {
 
@@ -48,12 +51,12 @@ struct StepRecord {
 /// How the run went and what it held.
 struct ShortRunResult {
   int exit_code = 0;
-  std::string status;   ///< FINISHED, FAILED, KILLED
+  RunStatus status = RunStatus::Finished;
   std::string message;  ///< why it failed
   std::string device;   ///< where it ran ("cpu", "cuda:0")
   std::vector<StepRecord> steps;
   bool out_of_memory = false;           ///< an OutOfMemory event fired
-  std::string oom_phase;                ///< phase of the first out-of-memory error
+  std::optional<OomPhase> oom_phase;    ///< phase of the first out-of-memory error
   std::int64_t oom_micro_batch = 0;     ///< micro-batch of the first out-of-memory error
   std::int64_t parameter_bytes = 0;     ///< parameters and buffers of the model
   std::int64_t gradient_bytes = 0;      ///< parameters that require grad (their .grad)

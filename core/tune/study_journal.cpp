@@ -41,7 +41,6 @@ void StudyJournal::append(const json& record) {
   }
 }
 
-
 std::vector<JournalLine> StudyJournal::read() const {
   std::vector<JournalLine> out;
   std::int64_t number = 0;
@@ -114,7 +113,7 @@ json end_record(const TrialRecord& t) {
   for (const auto& [k, v] : t.oom) oom[k] = v;
   return json{{"event", "end"},
               {"number", t.number},
-              {"state", t.state},
+              {"state", trial_state_name(t.state)},
               {"reason", t.reason},
               {"seconds", t.seconds},
               {"out_of_memory", t.out_of_memory},

@@ -47,10 +47,10 @@ void finish_study_run(const StudyRun& run, const StudyResult& r, const std::stri
   try {
     auto backend = mlflow::open_backend(run.tracking_uri, mlflow::Credentials::from_env());
     const std::int64_t now = mlflow::now_ms();
-    std::vector<mlflow::Metric> metrics{{"study/complete", double(r.count("COMPLETE")), now, 0},
-                                        {"study/pruned", double(r.count("PRUNED")), now, 0},
-                                        {"study/failed", double(r.count("FAILED")), now, 0},
-                                        {"study/skipped", double(r.count("SKIPPED")), now, 0},
+    std::vector<mlflow::Metric> metrics{{"study/complete", double(r.count(TrialState::Complete)), now, 0},
+                                        {"study/pruned", double(r.count(TrialState::Pruned)), now, 0},
+                                        {"study/failed", double(r.count(TrialState::Failed)), now, 0},
+                                        {"study/skipped", double(r.count(TrialState::Skipped)), now, 0},
                                         {"study/out_of_memory", double(r.out_of_memory()), now, 0}};
     std::vector<mlflow::KeyValue> tags;
     if (r.best) {

@@ -177,8 +177,6 @@ void check_point(const json& params, const json& internal, const SearchSpace& sp
   }
 }
 
-const std::set<std::string> kEndStates{"COMPLETE", "PRUNED", "FAILED", "SKIPPED"};
-
 }  // namespace
 
 Replayed replay(const std::vector<JournalLine>& lines, const SearchSpace& space, const std::string& path) {
@@ -251,7 +249,7 @@ Replayed replay(const std::vector<JournalLine>& lines, const SearchSpace& space,
       if (!c.ok()) continue;
       TrialRecord t;
       t.number = j["number"].get<std::int64_t>();
-      t.state = "RUNNING";
+      t.state = TrialState::Running;
       t.params = params_from(j, space);
       out.trials[t.number] = t;
     } else {  // report, end
@@ -265,8 +263,12 @@ Replayed replay(const std::vector<JournalLine>& lines, const SearchSpace& space,
         if (c.need("value", Want::Number)) out.trials[n].intermediate.push_back(j["value"].get<double>());
         continue;
       }
-      if (c.need("state", Want::String) && !kEndStates.count(j["state"].get<std::string>())) {
-        c.fail("\"state\" must be one of COMPLETE, PRUNED, FAILED, SKIPPED, not " + shown(j["state"]));
+      std::optional<TrialState> state;
+      if (c.need("state", Want::String)) {
+        state = trial_state_named(j["state"].get<std::string>());
+        if (!state || !trial_ended(*state)) {
+          c.fail("\"state\" must be one of COMPLETE, PRUNED, FAILED, SKIPPED, not " + shown(j["state"]));
+        }
       }
       c.may("reason", Want::String);
       c.may("run_dir", Want::String);
@@ -282,7 +284,7 @@ Replayed replay(const std::vector<JournalLine>& lines, const SearchSpace& space,
       }
       if (!c.ok()) continue;
       TrialRecord& t = out.trials[n];
-      t.state = j["state"].get<std::string>();
+      t.state = *state;
       t.reason = j.value("reason", "");
       t.seconds = j.value("seconds", 0.0);
       t.out_of_memory = j.value("out_of_memory", false);
@@ -304,7 +306,7 @@ Replayed replay(const std::vector<JournalLine>& lines, const SearchSpace& space,
                      "--study-dir");
   }
   for (auto& [n, t] : out.trials) {
-    if (t.state == "RUNNING") {
+    if (t.state == TrialState::Running) {
       t.intermediate.clear();
     } else {
       ++out.ended;

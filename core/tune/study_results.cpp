@@ -17,7 +17,7 @@ using json = nlohmann::json;
 namespace fs = std::filesystem;
 constexpr std::int64_t kMiB = 1024 * 1024;
 
-std::int64_t StudyResult::count(const std::string& state) const {
+std::int64_t StudyResult::count(TrialState state) const {
   return std::count_if(trials.begin(), trials.end(), [&](const TrialRecord& t) { return t.state == state; });
 }
 
@@ -48,9 +48,10 @@ void write_results_csv(const StudyResult& r, const std::string& objective, const
 }
 
 void print_study(const StudyResult& r, const std::string& objective, std::ostream& out) {
-  out << "study " << r.study_dir << ": " << r.trials.size() << " trials: " << r.count("COMPLETE") << " complete, "
-      << r.count("PRUNED") << " pruned (" << r.out_of_memory() << " out of memory), " << r.count("FAILED")
-      << " failed, " << r.count("SKIPPED") << " skipped (predicted out of memory)";
+  out << "study " << r.study_dir << ": " << r.trials.size() << " trials: " << r.count(TrialState::Complete)
+      << " complete, " << r.count(TrialState::Pruned) << " pruned (" << r.out_of_memory() << " out of memory), "
+      << r.count(TrialState::Failed) << " failed, " << r.count(TrialState::Skipped)
+      << " skipped (predicted out of memory)";
   if (r.interrupted) out << "; interrupted: run the same command again to resume";
   out << "\n";
   if (r.best) {

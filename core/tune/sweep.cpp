@@ -32,6 +32,7 @@
 #include "trainer/memory.h"
 #include "trainer/plugin.h"
 #include "trainer/recipe.h"
+#include "trainer/run_records.h"
 #include "trial_outcome.h"
 #include "trial_process.h"
 
@@ -135,7 +136,7 @@ class Study {
     sampler_ = s_.sampler == "tpe" ? tpe_sampler(TpeSettings{s_.tpe_startup}) : make_sampler(s_.sampler);
     std::vector<std::int64_t> todo;  // trials begun before a crash, then new ones
     for (const auto& [n, t] : trials_) {
-      if (t.state == "RUNNING") todo.push_back(n);
+      if (t.state == TrialState::Running) todo.push_back(n);
     }
     std::int64_t next = trials_.empty() ? 0 : trials_.rbegin()->first + 1;
     while (!interrupt_requested()) {
@@ -148,7 +149,7 @@ class Study {
           n = next++;
           trials_[n] = TrialRecord{};
           trials_[n].number = n;
-          trials_[n].state = "RUNNING";
+          trials_[n].state = TrialState::Running;
           trials_[n].params = propose(n);
           journal_.append(trial_record(trials_[n]));
         } else {
@@ -165,7 +166,7 @@ class Study {
     for (auto& [n, t] : trials_) out.trials.push_back(t);
     for (std::size_t i = 0; i < out.trials.size(); ++i) {
       const auto& t = out.trials[i];
-      if (t.state != "COMPLETE" || !t.value) continue;
+      if (t.state != TrialState::Complete || !t.value) continue;
       if (!out.best || better(*t.value, *out.trials[*out.best].value)) out.best = static_cast<std::int64_t>(i);
     }
     write_results_csv(out, s_.objective, space_, req_.study_dir + "/results.csv");
@@ -184,9 +185,10 @@ class Study {
   std::vector<Observation> history() const {
     std::vector<Observation> h;
     for (const auto& [n, t] : trials_) {
-      if (t.state == "SKIPPED" || (t.state == "PRUNED" && t.out_of_memory) || (t.state == "FAILED" && t.diverged)) {
+      if (t.state == TrialState::Skipped || (t.state == TrialState::Pruned && t.out_of_memory) ||
+          (t.state == TrialState::Failed && t.diverged)) {
         h.push_back({t.params.internal, 1e300});
-      } else if ((t.state == "COMPLETE" || t.state == "PRUNED") && t.value) {
+      } else if ((t.state == TrialState::Complete || t.state == TrialState::Pruned) && t.value) {
         h.push_back({t.params.internal, loss_of(*t.value)});
       }
     }
@@ -235,7 +237,7 @@ class Study {
         shape.backoff_floor = p.config.get<std::int64_t>("plugins.oom_backoff.min_micro_batch");
       }
     } catch (const Error& e) {
-      return end(t, "FAILED", std::string("config: ") + e.what());
+      return end(t, TrialState::Failed, std::string("config: ") + e.what());
     }
     Admission admit;
     if (s_.estimate) {
@@ -243,7 +245,7 @@ class Study {
     }
     if (interrupt_requested()) return;  // stays RUNNING: a resumed study begins it again
     t.predicted_peak = admit.predicted_peak;
-    if (!admit.run) return end(t, "SKIPPED", admit.reason);
+    if (!admit.run) return end(t, TrialState::Skipped, admit.reason);
     t.reason = admit.reason;
     Running r;
     r.rec = t;
@@ -397,41 +399,43 @@ class Study {
 
   void classify(Running& r, int rc) {
     TrialRecord& t = r.rec;
-    json status;
+    // A trial that died before writing status.json (or wrote a damaged one) has no failure
+    // kind: it is FAILED with the last lines of its output.
+    std::optional<RunStatusRecord> status;
     try {
-      status = json::parse(read_text(t.run_dir + "/status.json"));
-    } catch (const json::exception&) {
+      status = decode_status(read_text(t.run_dir + "/status.json"));
+    } catch (const std::exception&) {
     }
-    const std::string message = status.is_object() ? status.value("message", "") : "";
+    const std::string message = status ? status->message : "";
     if (!t.intermediate.empty()) t.value = t.intermediate.back();
     if (!r.diverged.empty()) {
       t.diverged = true;
       t.value.reset();
-      return end(t, "FAILED", r.diverged);
+      return end(t, TrialState::Failed, r.diverged);
     }
     if (!r.prune_reason.empty() && (rc == 130 || rc == 0)) {
       // Its value is the one it was judged by (it may log more before it stops).
       t.value = t.intermediate[r.pruned_at];
-      return end(t, "PRUNED", r.prune_reason);
+      return end(t, TrialState::Pruned, r.prune_reason);
     }
     if (rc == 0) {
       if (!t.value) {
-        return end(t, "FAILED",
+        return end(t, TrialState::Failed,
                    "the objective metric '" + s_.objective + "' was never logged (see " + t.run_dir +
                        "/metrics.jsonl for the names)");
       }
-      return end(t, "COMPLETE", "");
+      return end(t, TrialState::Complete, "");
     }
-    if (message.find("out of memory") != std::string::npos) {
+    if (status && status->failure == FailureKind::OutOfMemory) {
       t.out_of_memory = true;
-      t.oom = oom_details(t.run_dir, message);
-      return end(t, "PRUNED", message);
+      t.oom = oom_details(t.run_dir, *status);
+      return end(t, TrialState::Pruned, message);
     }
-    end(t, "FAILED",
+    end(t, TrialState::Failed,
         "exit " + std::to_string(rc) + ": " + (message.empty() ? last_lines(t.run_dir + ".out", 3) : message));
   }
 
-  void end(TrialRecord& t, const std::string& state, const std::string& reason) {
+  void end(TrialRecord& t, TrialState state, const std::string& reason) {
     t.state = state;
     t.reason = t.reason.empty() || reason.empty() ? t.reason + reason : t.reason + "; " + reason;
     journal_.append(end_record(t));

@@ -25,6 +25,7 @@
 
 #include "search_space.h"
 #include "trainer/settings.h"
+#include "trial_state.h"
 
 namespace trainer::tune {
 
@@ -63,7 +64,7 @@ struct SweepRequest {
 struct TrialRecord {
   std::int64_t number = 0;
   Assignment params;
-  std::string state;   ///< RUNNING, COMPLETE, PRUNED, FAILED, SKIPPED
+  TrialState state = TrialState::Running;
   std::string reason;  ///< why it was pruned, failed or skipped
   bool out_of_memory = false;
   bool diverged = false;             ///< FAILED: the objective it reported was NaN or infinite
@@ -83,7 +84,7 @@ struct StudyResult {
   std::optional<std::int64_t> best;  ///< index into trials of the best COMPLETE trial
   std::string mlflow_run_id;         ///< the parent run, when the recipe logs to MLflow
   bool interrupted = false;
-  std::int64_t count(const std::string& state) const;
+  std::int64_t count(TrialState state) const;
   std::int64_t out_of_memory() const;
 };
 

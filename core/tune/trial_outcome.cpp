@@ -20,10 +20,11 @@ std::optional<double> metric_value(const json& v) {
   return std::nullopt;
 }
 
-std::map<std::string, std::string> oom_details(const std::string& run_dir, const std::string& message) {
+std::map<std::string, std::string> oom_details(const std::string& run_dir, const RunStatusRecord& status) {
   std::map<std::string, std::string> d;
+  const std::string& message = status.message;
   std::smatch m;
-  if (std::regex_search(message, m, std::regex("out of memory in ([a-z_]+) on"))) d["phase"] = m[1];
+  if (status.oom_phase) d["phase"] = oom_phase_name(*status.oom_phase);
   if (std::regex_search(message, m, std::regex("with micro-batches ([0-9 >-]+)"))) {
     std::string list = m[1];
     const auto last = list.find_last_of("0123456789");

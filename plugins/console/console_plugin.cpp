@@ -102,7 +102,7 @@ class ConsolePlugin final : public trainer::Plugin {
         end_line();
         const double secs = std::chrono::duration<double>(Clock::now() - start_).count();
         std::printf("done: %lld steps in %s (%s)\n", static_cast<long long>(s.global_step), hms(secs).c_str(),
-                    ctx.status.c_str());
+                    trainer::run_status_name(ctx.status));
         std::fflush(stdout);
         break;
       }

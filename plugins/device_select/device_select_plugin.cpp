@@ -176,7 +176,7 @@ class DeviceSelectPlugin final : public trainer::Plugin {
       choose_cpu(ctx, control, "fallback: no usable GPU");
       return;
     }
-    throw trainer::ExitRequest(trainer::kExitNoDevice, "FAILED",
+    throw trainer::ExitRequest(trainer::kExitNoDevice, trainer::RunStatus::Failed,
                                "device_select: no usable GPU" + waited + " (" + reasons +
                                    "); allow_cpu_fallback = false, so the run ends. Options: " +
                                    (wait_ ? "a longer timeout_min" : "wait_for_gpu = true") +
@@ -334,7 +334,8 @@ class DeviceSelectPlugin final : public trainer::Plugin {
     const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
     while (std::chrono::steady_clock::now() < until) {
       if (trainer::interrupt_requested()) {
-        throw trainer::ExitRequest(trainer::kExitInterrupted, "KILLED", "interrupted while waiting for a GPU");
+        throw trainer::ExitRequest(trainer::kExitInterrupted, trainer::RunStatus::Killed,
+                                   "interrupted while waiting for a GPU");
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }

@@ -25,8 +25,8 @@ class MemoryLogPlugin final : public trainer::Plugin {
   std::string description() const override { return "Logs allocated/reserved/peak memory as log lines and metrics"; }
   std::vector<trainer::Event> events() const override {
     using E = trainer::Event;
-    return {E::Init,     E::ModelToDevice, E::OptimizerCreated, E::FitStart, E::EpochStart,
-            E::OutOfMemory, E::BatchEnd,   E::FitEnd,           E::Exception};
+    return {E::Init,        E::ModelToDevice, E::OptimizerCreated, E::FitStart, E::EpochStart,
+            E::OutOfMemory, E::BatchEnd,      E::FitEnd,           E::Exception};
   }
   std::vector<trainer::KeySpec> config_keys() const override { return MemoryLogSettings::keys(); }
   void configure(const trainer::Config& section, std::shared_ptr<spdlog::logger> logger) override {
@@ -42,17 +42,17 @@ class MemoryLogPlugin final : public trainer::Plugin {
     max_peak_ = std::max(max_peak_, s.peak_allocated);
     if (fit_started_) fit_peak_ = std::max(fit_peak_, s.peak_allocated);
     if (e == trainer::Event::FitEnd || e == trainer::Event::Exception) {  // the summary, also for a failed run
-      const std::string training =
-          fit_started_ ? trainer::format_bytes(fit_peak_) + " while training (" +
-                             trainer::format_bytes(fit_peak_ - fit_base_) + " above its start), "
-                       : std::string();
+      const std::string training = fit_started_
+                                       ? trainer::format_bytes(fit_peak_) + " while training (" +
+                                             trainer::format_bytes(fit_peak_ - fit_base_) + " above its start), "
+                                       : std::string();
       logger_->info("memory summary ({}): peak {} allocated, {}{} now, {} out-of-memory errors, budget {}",
                     ctx.device.str(), trainer::format_bytes(max_peak_), training, trainer::format_bytes(s.allocated),
                     s.num_ooms, s.limit > 0 ? trainer::format_bytes(s.limit) : std::string("none"));
     } else if (e == trainer::Event::OutOfMemory && ctx.oom) {
-      logger_->warn("memory at OutOfMemory ({}, micro-batch {}): {} allocated, {} requested, budget {}", ctx.oom->phase,
-                    ctx.oom->micro_batch_size, trainer::format_bytes(s.allocated),
-                    trainer::format_bytes(ctx.oom->requested_bytes),
+      logger_->warn("memory at OutOfMemory ({}, micro-batch {}): {} allocated, {} requested, budget {}",
+                    trainer::oom_phase_name(ctx.oom->phase), ctx.oom->micro_batch_size,
+                    trainer::format_bytes(s.allocated), trainer::format_bytes(ctx.oom->requested_bytes),
                     s.limit > 0 ? trainer::format_bytes(s.limit) : std::string("none"));
     } else {
       logger_->info("memory at {}: {} allocated, {} reserved, {} peak", trainer::event_name(e),

@@ -289,7 +289,8 @@ class MlflowPlugin final : public trainer::Plugin {
       const std::string k = key(t.key, "tag");
       tag_list.push_back(json::array({k, value(k, t.value, mlf::kMaxTagValueLength, "tag")}));
     }
-    const bool resuming = !resumed_checkpoint_.empty() && !resumed_uri_.empty() && resumed_uri_ == mlf::canonical_uri(uri_);
+    const bool resuming =
+        !resumed_checkpoint_.empty() && !resumed_uri_.empty() && resumed_uri_ == mlf::canonical_uri(uri_);
     json rec{{"op", resuming ? "continue" : "start"},
              {"tracking_uri", mlf::canonical_uri(uri_)},
              {"experiment", experiment_},
@@ -333,8 +334,12 @@ class MlflowPlugin final : public trainer::Plugin {
   void finish(trainer::EventContext& ctx) {
     if (!exporter_) return;
     ctx.metrics->flush();  // the last group of points reaches the sink before the run is closed
-    std::string status = ctx.status;
-    if (status != "FINISHED" && status != "KILLED") status = "FAILED";
+    // MLflow's run statuses have the same names; a run still Running here (an event fired out
+    // of order) ends as FAILED.
+    const trainer::RunStatus ended = ctx.status;
+    const std::string status = trainer::run_status_name(
+        ended == trainer::RunStatus::Finished || ended == trainer::RunStatus::Killed ? ended
+                                                                                     : trainer::RunStatus::Failed);
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!started_ || finished_) return;
@@ -342,7 +347,7 @@ class MlflowPlugin final : public trainer::Plugin {
       json tags = json::array();
       if (!error_.empty())
         tags.push_back(json::array({"trainer.error", value("trainer.error", error_, mlf::kMaxTagValueLength, "tag")}));
-      tags.push_back(json::array({"trainer.status", ctx.status}));
+      tags.push_back(json::array({"trainer.status", trainer::run_status_name(ctx.status)}));
       exporter_->record({{"op", "batch"}, {"tags", tags}});
       if (s_.log_checkpoint && !last_checkpoint_.empty() && fs::exists(last_checkpoint_)) {
         // Relative to the run directory (where checkpoints are): a copied run directory still

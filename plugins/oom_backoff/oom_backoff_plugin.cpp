@@ -104,7 +104,7 @@ class OomBackoffPlugin final : public trainer::Plugin {
         const std::int64_t cur = ctx.state.micro_batch_size;
         good_ = std::max(good_, cur);
         if (bad_ > 0 && cur >= bad_) bad_ = 0;  // the ceiling was stale: memory freed up
-        if (grew_) patience_ = s_.grow_after;     // a grow that worked resets the patience
+        if (grew_) patience_ = s_.grow_after;   // a grow that worked resets the patience
         grew_ = false;
         ++clean_steps_;
         break;
@@ -115,8 +115,8 @@ class OomBackoffPlugin final : public trainer::Plugin {
           // The first batch after a resume: the micro-batch that worked before the checkpoint.
           if (restored_micro_ < current_) {
             control.micro_batch_size = restored_micro_;
-            control.reason = "resuming at micro-batch " + std::to_string(restored_micro_) +
-                             ", learnt before the checkpoint";
+            control.reason =
+                "resuming at micro-batch " + std::to_string(restored_micro_) + ", learnt before the checkpoint";
             current_ = restored_micro_;
           }
           restored_micro_ = 0;
@@ -143,8 +143,8 @@ class OomBackoffPlugin final : public trainer::Plugin {
   void on_oom(trainer::EventContext& ctx, trainer::Control& control) {
     const trainer::OomInfo& oom = *ctx.oom;
     ++ooms_;
-    if (oom.phase == "checkpoint") return;  // the core retries a checkpoint once by itself
-    const bool eval = oom.phase == "eval";
+    if (oom.phase == trainer::OomPhase::Checkpoint) return;  // the core retries a checkpoint once by itself
+    const bool eval = oom.phase == trainer::OomPhase::Eval;
     if (eval && !s_.eval) return;
     if (oom.attempt == 0) retries_base_ = 0;  // a new batch (or evaluation)
     if (!oom.micro_batch_helps) {
@@ -153,12 +153,13 @@ class OomBackoffPlugin final : public trainer::Plugin {
       // no ceiling is learnt from it.
       if (oom.attempt - retries_base_ == 0) {
         control.retry_with_micro_batch = oom.micro_batch_size;
-        control.reason = "out of memory in " + oom.phase + ", which the micro-batch does not change; " +
-                         "retrying once after freeing cached memory";
+        control.reason = std::string("out of memory in ") + trainer::oom_phase_name(oom.phase) +
+                         ", which the micro-batch does not change; " + "retrying once after freeing cached memory";
         return;
       }
       if (fall_back(ctx, control, oom, eval)) return;
-      logger_->error("oom_backoff: out of memory in {} again; a smaller micro-batch cannot help there", oom.phase);
+      logger_->error("oom_backoff: out of memory in {} again; a smaller micro-batch cannot help there",
+                     trainer::oom_phase_name(oom.phase));
       return;
     }
     if (oom.attempt - retries_base_ >= s_.max_retries) {
@@ -193,7 +194,8 @@ class OomBackoffPlugin final : public trainer::Plugin {
   /// Backing off is exhausted: move to the next device of fallback_devices that is not the
   /// current one, starting over at the configured micro-batch (eval: the same eval batch).
   bool fall_back(const trainer::EventContext& ctx, trainer::Control& control, const trainer::OomInfo& oom, bool eval) {
-    while (next_fallback_ < s_.fallback_devices.size() && s_.fallback_devices[next_fallback_] == ctx.device.str()) ++next_fallback_;
+    while (next_fallback_ < s_.fallback_devices.size() && s_.fallback_devices[next_fallback_] == ctx.device.str())
+      ++next_fallback_;
     if (next_fallback_ >= s_.fallback_devices.size()) return false;
     const std::string to = s_.fallback_devices[next_fallback_++];
     control.switch_device = to;
@@ -230,14 +232,14 @@ class OomBackoffPlugin final : public trainer::Plugin {
 
   OomBackoffSettings s_;
   std::int64_t configured_ = 0;  ///< training.micro_batch_size as it resolves (0 = batch_size)
-  std::int64_t good_ = 0;  ///< largest micro-batch that completed a step since the last failure at it
-  std::int64_t bad_ = 0;   ///< smallest micro-batch that ran out of memory (0 = none known)
+  std::int64_t good_ = 0;        ///< largest micro-batch that completed a step since the last failure at it
+  std::int64_t bad_ = 0;         ///< smallest micro-batch that ran out of memory (0 = none known)
   std::int64_t clean_steps_ = 0, patience_ = 50, ooms_ = 0;
   bool grew_ = false;
-  std::size_t next_fallback_ = 0;  ///< fallback_devices already used
-  std::int64_t retries_base_ = 0;  ///< attempt at which retries on the current device began
-  std::int64_t current_ = 0;       ///< the micro-batch in use (the one a checkpoint records)
-  bool restored_ = false;          ///< load_state() ran: a resumed run
+  std::size_t next_fallback_ = 0;         ///< fallback_devices already used
+  std::int64_t retries_base_ = 0;         ///< attempt at which retries on the current device began
+  std::int64_t current_ = 0;              ///< the micro-batch in use (the one a checkpoint records)
+  bool restored_ = false;                 ///< load_state() ran: a resumed run
   std::int64_t restored_micro_ = 0;       ///< the micro-batch to resume at (0 once applied)
   std::int64_t restored_configured_ = 0;  ///< training.micro_batch_size when it was saved
 };

@@ -98,7 +98,9 @@ class RecordingPlugin final : public trainer::Plugin {
       for (const auto& n : ctx.resume->restored_plugins) names += (names.empty() ? "" : ",") + trainer::json_quote(n);
       line += ",\"checkpoint\":" + trainer::json_quote(ctx.resume->checkpoint) + ",\"restored\":[" + names + "]";
     }
-    if (!ctx.status.empty()) line += ",\"status\":" + trainer::json_quote(ctx.status);
+    if (ctx.status != trainer::RunStatus::Running) {
+      line += ",\"status\":" + trainer::json_quote(trainer::run_status_name(ctx.status));
+    }
     line += "}\n";
     std::fwrite(line.data(), 1, line.size(), out_);
     if (ctx.event == trainer::Event::Shutdown || ctx.event == trainer::Event::Checkpoint ||

@@ -74,9 +74,9 @@ class MemoryFormat : public testing::TrainerTest {
 
 TEST_F(MemoryFormat, ChannelsLastConvertsTheConvWeightsAndTrainsToTheContiguousRunsParameters) {
   auto nchw = std::make_shared<SetupProbe>(), nhwc = std::make_shared<SetupProbe>();
-  ASSERT_EQ(run("nchw", {}, nchw).status, "FINISHED");  // the CNN's default: contiguous
+  ASSERT_EQ(run("nchw", {}, nchw).status, RunStatus::Finished);  // the CNN's default: contiguous
   const auto contiguous = params;
-  ASSERT_EQ(run("nhwc", {"model.memory_format=\"channels_last\""}, nhwc).status, "FINISHED");
+  ASSERT_EQ(run("nhwc", {"model.memory_format=\"channels_last\""}, nhwc).status, RunStatus::Finished);
   EXPECT_EQ(nchw->channels_last, (std::vector<bool>{false}));
   EXPECT_EQ(nhwc->channels_last, (std::vector<bool>{true}));
   ASSERT_EQ(params.size(), contiguous.size());
@@ -87,9 +87,9 @@ TEST_F(MemoryFormat, ChannelsLastConvertsTheConvWeightsAndTrainsToTheContiguousR
 
 TEST_F(MemoryFormat, AutoMeasuresBothAndLeavesNoTraceInTheRun) {
   auto plain = std::make_shared<SetupProbe>(), probed = std::make_shared<SetupProbe>();
-  ASSERT_EQ(run("plain", {}, plain).status, "FINISHED");
+  ASSERT_EQ(run("plain", {}, plain).status, RunStatus::Finished);
   const RunResult r = run("auto", {"model.memory_format=\"auto\""}, probed);
-  ASSERT_EQ(r.status, "FINISHED") << r.message;
+  ASSERT_EQ(r.status, RunStatus::Finished) << r.message;
   const std::string log = read_file(tmp_ / "auto/trainer.log");
   EXPECT_NE(log.find("(model.memory_format = auto: forward+backward "), std::string::npos) << log;
   EXPECT_TRUE(probed->buffers_fresh) << "the probe moved BatchNorm's running statistics";

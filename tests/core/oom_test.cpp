@@ -11,6 +11,7 @@
 #include "support/sample_ledger.h"
 #include "support/test_util.h"
 #include "trainer/memory.h"
+#include "trainer/run_records.h"
 #include "trainer/trainer.h"
 
 namespace trainer {
@@ -72,7 +73,7 @@ class Squeeze final : public Plugin {
   void on_event(EventContext& ctx, Control& c) override {
     if (ctx.event == Event::OutOfMemory) {
       set_memory_limit(kCpu, 0);
-      phases.push_back(ctx.oom->phase);
+      phases.push_back(oom_phase_name(ctx.oom->phase));
       if (policy_ == Policy::Half) c.retry_with_micro_batch = std::max<std::int64_t>(1, ctx.oom->micro_batch_size / 2);
       if (policy_ == Policy::Same) c.retry_with_micro_batch = ctx.oom->micro_batch_size;
       return;
@@ -114,7 +115,7 @@ class StepGuardProbe final : public Plugin {
       for (const auto& p : ctx.model->parameters()) before_.push_back(p.detach().clone());
       return;
     }
-    if (ctx.oom->phase != "optimizer_step") return;
+    if (ctx.oom->phase != OomPhase::OptimizerStep) return;
     ++checked;
     std::size_t i = 0;
     for (const auto& p : ctx.model->parameters()) identical = identical && torch::equal(p, before_.at(i++));
@@ -317,13 +318,20 @@ class AlwaysTight final : public Plugin {
 TEST_F(Oom, GivesUpCleanlyAtTheMinimumMicroBatch) {
   const RunResult r = run("run", {"+plugins.oom_backoff.min_micro_batch=16"}, {std::make_shared<AlwaysTight>()});
   EXPECT_EQ(r.exit_code, kExitTrainingFailed);
-  EXPECT_EQ(r.status, "FAILED");
+  EXPECT_EQ(r.status, RunStatus::Failed);
   EXPECT_NE(r.message.find("out of memory in forward on cpu after 3 attempt(s) with micro-batches 64 -> 32 -> 16"),
             std::string::npos)
       << r.message;
   EXPECT_NE(r.message.find("What to change"), std::string::npos) << r.message;
   EXPECT_NE(r.last_checkpoint.find("step_00000001.pt"), std::string::npos) << r.last_checkpoint;
   EXPECT_NE(read_file(tmp_ / "run/status.json").find("\"status\":\"FAILED\""), std::string::npos);
+  // What failed, typed: tools (trainer sweep) read this, not the message's words.
+  EXPECT_EQ(r.failure, FailureKind::OutOfMemory);
+  EXPECT_EQ(r.oom_phase, OomPhase::Forward);
+  const RunStatusRecord s = decode_status(read_file(tmp_ / "run/status.json"));
+  EXPECT_EQ(s.failure, FailureKind::OutOfMemory);
+  EXPECT_EQ(s.oom_phase, OomPhase::Forward);
+  EXPECT_EQ(s.message, r.message);
 }
 
 TEST_F(Oom, WhenBackingOffIsExhaustedTheRunFallsBackToTheNextDevice) {

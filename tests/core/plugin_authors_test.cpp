@@ -124,7 +124,7 @@ TEST_F(PluginAuthors, EarlyStoppingStopsAndStatusJsonSaysWhoAndWhy) {
   // min_delta 100: only the first evaluation is ever an improvement.
   const RunResult r = run(plateau(2), "run");
   ASSERT_EQ(r.exit_code, kExitOk) << r.message;
-  EXPECT_EQ(r.status, "FINISHED");
+  EXPECT_EQ(r.status, RunStatus::Finished);
   EXPECT_EQ(r.epochs_completed, 3);  // best at epoch 1, then 2 evaluations without improvement
   EXPECT_EQ(r.stopped_by, "early_stopping");
   EXPECT_NE(r.stop_reason.find("no improvement of eval/loss (min) for 2 evaluation(s); best"), std::string::npos)
@@ -215,8 +215,8 @@ TEST_F(PluginAuthors, PluginsSeeTheGradientBeforeClippingAndTheCoreLogsItsNorm) 
   const auto logged = testing::metric_by_step(tmp_ / "run/metrics.jsonl", "train/grad_norm");
   ASSERT_EQ(logged.size(), 4u);  // log_every = 1: one per step
   for (std::size_t i = 0; i < 4; ++i) {
-    EXPECT_GT(probe->unclipped[i], 0.01);                        // the whole accumulated gradient
-    EXPECT_NEAR(probe->clipped[i], 0.001, 1e-5);                 // clipped to training.grad_clip_norm
+    EXPECT_GT(probe->unclipped[i], 0.01);         // the whole accumulated gradient
+    EXPECT_NEAR(probe->clipped[i], 0.001, 1e-5);  // clipped to training.grad_clip_norm
     EXPECT_NEAR(probe->reported[i], probe->unclipped[i], 1e-4 * probe->unclipped[i]);
     EXPECT_NEAR(logged.at(static_cast<long>(i + 1)), probe->unclipped[i], 1e-4 * probe->unclipped[i]);
   }
@@ -285,8 +285,8 @@ TEST_F(PluginAuthors, PluginsComputeEvalMetricsFromTheBatchesAndTheyAreLoggedWit
   // evaluates at 4 from the start.
   auto resumed = std::make_shared<EvalAccuracy>();
   resumed->squeeze = false;
-  const RunResult b = run({"+eval.batch_size=8", "+plugins.load=[\"oom_backoff\"]", "training.epochs=4"}, "b",
-                          {resumed}, tmp_ / "run");
+  const RunResult b =
+      run({"+eval.batch_size=8", "+plugins.load=[\"oom_backoff\"]", "training.epochs=4"}, "b", {resumed}, tmp_ / "run");
   ASSERT_EQ(b.exit_code, kExitOk) << b.message;
   EXPECT_NE(read_file(tmp_ / "b/trainer.log").find("evaluation batch 4 (eval.batch_size 8)"), std::string::npos);
   EXPECT_EQ(resumed->batch_sizes, (std::vector<std::int64_t>(8, 4)));  // 32 samples in batches of 4

@@ -98,7 +98,7 @@ TEST_F(Reliability, AFailureInsideTheOptimizerStepIsNeverCheckpointed) {
                              "checkpoint.every_epochs=0", "+checkpoint.every_steps=2", "+memory.limit_mb=1024"},
                             failure);
     EXPECT_EQ(r.exit_code, kExitTrainingFailed);
-    EXPECT_EQ(r.status, "FAILED");
+    EXPECT_EQ(r.status, RunStatus::Failed);
     EXPECT_EQ(r.global_step, 3);
     const char* expected = failure == "error"       ? "torn_sgd failed half-way"
                            : failure == "bad_alloc" ? "bad_alloc"
@@ -198,7 +198,7 @@ class StarveTheOptimizerStep final : public Plugin {
   void on_event(EventContext& ctx, Control&) override {
     const c10::Device cpu(c10::kCPU);
     if (ctx.event == Event::OutOfMemory) {
-      ooms.emplace_back(ctx.oom->phase, ctx.oom->micro_batch_size);
+      ooms.emplace_back(oom_phase_name(ctx.oom->phase), ctx.oom->micro_batch_size);
       helps.push_back(ctx.oom->micro_batch_helps);
       return;
     }

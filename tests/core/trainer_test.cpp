@@ -219,7 +219,7 @@ TEST_F(TrainerRun, EssentialPluginFailureFailsTheRunCleanly) {
       run({"plugins.load=[\"recording\", \"throwing\"]", "+plugins.throwing.event=\"AfterOptimizerStep\"",
            "+plugins.throwing.at_step=3", "+plugins.throwing.policy=\"essential\""});
   EXPECT_EQ(r.exit_code, kExitTrainingFailed);
-  EXPECT_EQ(r.status, "FAILED");
+  EXPECT_EQ(r.status, RunStatus::Failed);
   EXPECT_NE(r.message.find("plugin 'throwing' failed in AfterOptimizerStep: injected failure at step 3"),
             std::string::npos)
       << r.message;
@@ -257,7 +257,7 @@ TEST_F(TrainerRun, SigintStopsAtASafePointWithACheckpoint) {
   const RunResult r = run({"training.epochs=3"}, "run", "", {std::make_shared<SignalAtStep>(3)}, /*signals=*/true);
   clear_interrupt();
   EXPECT_EQ(r.exit_code, kExitInterrupted);
-  EXPECT_EQ(r.status, "KILLED");
+  EXPECT_EQ(r.status, RunStatus::Killed);
   EXPECT_EQ(r.global_step, 3);
   EXPECT_NE(r.last_checkpoint.find("step_00000003.pt"), std::string::npos) << r.last_checkpoint;
   EXPECT_EQ(events().back(), "Shutdown");

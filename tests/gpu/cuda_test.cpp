@@ -116,7 +116,7 @@ class Squeeze final : public Plugin {
   void on_event(EventContext& ctx, Control& c) override {
     if (ctx.event == Event::OutOfMemory) {
       set_memory_limit(ctx.device, 0);
-      phases.push_back(ctx.oom->phase);
+      phases.push_back(oom_phase_name(ctx.oom->phase));
       messages.push_back(ctx.oom->message);
       return;
     }
@@ -277,10 +277,10 @@ TEST_P(OnDevice, OutOfMemoryInTheForwardTheBackwardAndTheStepIsRecoveredWithTheS
   ASSERT_EQ(run("clean", {}, {clean_ledger}).exit_code, kExitOk);
   const auto reference = params_;
   ASSERT_EQ(clean_ledger->steps.size(), 4u);
-  for (const auto& [event, phase] : std::vector<std::pair<Event, std::string>>{
-           {Event::BeforeForward, "forward"},
-           {Event::BeforeBackward, "backward"},
-           {Event::BeforeOptimizerStep, "optimizer_step"}}) {
+  for (const auto& [event, phase] :
+       std::vector<std::pair<Event, std::string>>{{Event::BeforeForward, "forward"},
+                                                  {Event::BeforeBackward, "backward"},
+                                                  {Event::BeforeOptimizerStep, "optimizer_step"}}) {
     SCOPED_TRACE(phase);
     // Each squeezed batch starts at micro-batch 64 again, so that the second squeeze meets the
     // same sizes as the first (at 32, a CUDA forward may fit in what the segments have left).
@@ -356,8 +356,7 @@ TEST_P(OnDevice, TheDeviceGeneratorIsRestoredByAResume) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Devices, OnDevice, ::testing::Values(std::string("cpu"), std::string("cuda:0")),
-                         device_name);
+INSTANTIATE_TEST_SUITE_P(Devices, OnDevice, ::testing::Values(std::string("cpu"), std::string("cuda:0")), device_name);
 
 /// The GPU-only paths: each skips without a GPU.
 class OnGpu : public testing::TrainerTest {
@@ -407,8 +406,7 @@ TEST_F(OnGpu, WhenBackingOffIsExhaustedTheRunMovesToTheCpuOnceAndFinishesThere) 
   EXPECT_EQ(where->devices, (std::set<std::string>{"cpu"}));  // parameters, buffers, AdamW's state
   EXPECT_GT(where->optimizer_states, 0);
   const std::string log = read_file(tmp_ / "run/trainer.log");
-  EXPECT_NE(log.find("oom_backoff: cuda:0 exhausted at micro-batch 32, falling back to cpu"), std::string::npos)
-      << log;
+  EXPECT_NE(log.find("oom_backoff: cuda:0 exhausted at micro-batch 32, falling back to cpu"), std::string::npos) << log;
 }
 
 TEST_F(OnGpu, Bf16AndFp16AutocastTrainOnTheGpuAndTheScalerSkipsAnInfStep) {
@@ -420,7 +418,7 @@ TEST_F(OnGpu, Bf16AndFp16AutocastTrainOnTheGpuAndTheScalerSkipsAnInfStep) {
                              "+plugins.mixed_precision.precision=\"" + precision + "\"",
                              "+plugins.mixed_precision.grad_scaler=\"on\"", "+plugins.mixed_precision.init_scale=1024"},
                             {inject});
-    ASSERT_EQ(r.status, "FINISHED") << r.message;
+    ASSERT_EQ(r.status, RunStatus::Finished) << r.message;
     ASSERT_FALSE(inject->autocast.empty());
     for (const auto& s : inject->autocast) {
       EXPECT_TRUE(s.cuda_enabled);
@@ -459,8 +457,7 @@ TEST_F(OnGpu, NvmlListsTheGpuTheCudaRuntimeUsesWithThisProcessOnIt) {
   ASSERT_FALSE(after.gpus.empty());
   EXPECT_GE(after.gpus[0].used - g0.used, std::int64_t{1} << 30);
   const auto& procs = after.gpus[0].processes;
-  const bool listed =
-      std::any_of(procs.begin(), procs.end(), [](const GpuProcess& p) { return p.pid == ::getpid(); });
+  const bool listed = std::any_of(procs.begin(), procs.end(), [](const GpuProcess& p) { return p.pid == ::getpid(); });
   if (!listed) {
     // In a container with a PID namespace of its own NVML reports the host's pids: then this
     // process is the one holding at least the 1 GiB whose pid this namespace does not have.
@@ -484,8 +481,8 @@ class LeaseProbe final : public Plugin {
     const InventorySnapshot s = device_inventory()->snapshot();
     if (s.gpus.empty()) return;
     const LeaseState st = DeviceLease::probe(dir_, s.gpus[0].uuid);
-    held = st.held && std::any_of(st.holders.begin(), st.holders.end(),
-                                  [](const LeaseHolder& h) { return h.pid == ::getpid(); });
+    held = st.held &&
+           std::any_of(st.holders.begin(), st.holders.end(), [](const LeaseHolder& h) { return h.pid == ::getpid(); });
   }
   std::string device;
   bool held = false;
@@ -512,8 +509,8 @@ TEST_F(OnGpu, DeviceSelectPicksTheGpuWithItsLeaseAndFallsBackToTheCpuWhenAnother
   const std::int64_t total = device_inventory()->snapshot().gpus.at(0).total;
   const std::string ready = tmp_ / "hog.ready";
   // `env`: the Child execs its command, and exec takes no VAR=value words.
-  testing::Child hog("env TRAINER_HOG_MB=" + std::to_string(total * 6 / 10 >> 20) + " TRAINER_HOG_READY=" + ready + " " +
-                     std::filesystem::read_symlink("/proc/self/exe").string() +
+  testing::Child hog("env TRAINER_HOG_MB=" + std::to_string(total * 6 / 10 >> 20) + " TRAINER_HOG_READY=" + ready +
+                     " " + std::filesystem::read_symlink("/proc/self/exe").string() +
                      " --gtest_also_run_disabled_tests --gtest_filter=GpuHog.DISABLED_HoldsMemory >/dev/null 2>&1");
   ASSERT_TRUE(hog.started());
   ASSERT_TRUE(testing::wait_for_text(ready, "ready", std::chrono::seconds(120))) << "the hog did not start";
@@ -547,8 +544,7 @@ TEST(GpuHog, DISABLED_HoldsMemory) {
 TEST_F(OnGpu, TwoDataParallelRanksOnTheOneGpuAreAUsageError) {
   write_file(tmp_ / "dp.toml", testing::kSmallRun);
   const auto out = testing::run_command(std::string(TRAINER_CLI) + " launch --nproc 2 -- --recipe " +
-                                        (tmp_ / "dp.toml") + " runtime.device=cuda:0 run.dir=" +
-                                        (tmp_ / "runs"));
+                                        (tmp_ / "dp.toml") + " runtime.device=cuda:0 run.dir=" + (tmp_ / "runs"));
   EXPECT_EQ(out.code, kExitUsage) << out.text;
   // "cuda:0", or the GPU's entry in CUDA_VISIBLE_DEVICES where that is set.
   EXPECT_NE(out.text.find("ranks 0 and 1 both use "), std::string::npos) << out.text;

@@ -155,7 +155,7 @@ class OddValues final : public trainer::Plugin {
 TEST_F(Mlflow, AFinishedRunHasEveryParamMetricTagAndArtifact) {
   const std::string uri = shared_uri();
   const auto r = train(uri, {"+plugins.mlflow.tags=[\"team=vision\"]"}, "run");
-  ASSERT_EQ(r.status, "FINISHED") << r.message;
+  ASSERT_EQ(r.status, trainer::RunStatus::Finished) << r.message;
   const std::string id = run_id_of(r.run_dir, uri);
   ASSERT_FALSE(id.empty());
   const json run = mlflow_read("run " + uri + " " + id);
@@ -187,7 +187,7 @@ TEST_F(Mlflow, AFinishedRunHasEveryParamMetricTagAndArtifact) {
 TEST_F(Mlflow, SpecialValuesAndARefusedKeyArriveAsMlflowStoresThem) {
   const std::string uri = shared_uri();
   const auto r = train(uri, {}, "run", {std::make_shared<OddValues>()});
-  ASSERT_EQ(r.status, "FINISHED") << r.message;
+  ASSERT_EQ(r.status, trainer::RunStatus::Finished) << r.message;
   const json run = mlflow_read("run " + uri + " " + run_id_of(r.run_dir, uri));
   const json& m = run["metrics"];
   ASSERT_TRUE(m.contains("odd/nan"));
@@ -210,7 +210,7 @@ TEST_F(Mlflow, OverLongValuesAreReportedAndCutToMlflowsLimits) {
   auto options = options_for(kRun, o, "run");
   options.log_level = "warn";
   const auto r = trainer::Trainer(std::move(options)).fit();
-  ASSERT_EQ(r.status, "FINISHED") << r.message;
+  ASSERT_EQ(r.status, trainer::RunStatus::Finished) << r.message;
   const json run = mlflow_read("run " + uri + " " + run_id_of(r.run_dir, uri));
   // The tag list is a param too: over 6000 characters as TOML.
   EXPECT_EQ(run["params"]["plugins.mlflow.tags"].get<std::string>().size(), mlf::kMaxParamValueLength);
@@ -224,7 +224,7 @@ TEST_F(Mlflow, OverLongValuesAreReportedAndCutToMlflowsLimits) {
 TEST_F(Mlflow, ArtifactsAreTheResolvedConfigAndTheLastCheckpoint) {
   const std::string uri = shared_uri();
   const auto r = train(uri, {"+plugins.mlflow.log_checkpoint=true"}, "run");
-  ASSERT_EQ(r.status, "FINISHED") << r.message;
+  ASSERT_EQ(r.status, trainer::RunStatus::Finished) << r.message;
   const json run = mlflow_read("run " + uri + " " + run_id_of(r.run_dir, uri));
   std::map<std::string, long> artifacts;
   for (const auto& a : run["artifacts"]) artifacts[a["path"].get<std::string>()] = a["size"].get<long>();
@@ -253,7 +253,7 @@ class FailAt final : public trainer::Plugin {
 TEST_F(Mlflow, AFailedRunIsFailedWithItsError) {
   const std::string uri = shared_uri();
   const auto r = train(uri, {}, "run", {std::make_shared<FailAt>(3)});
-  ASSERT_EQ(r.status, "FAILED");
+  ASSERT_EQ(r.status, trainer::RunStatus::Failed);
   const json run = mlflow_read("run " + uri + " " + run_id_of(r.run_dir, uri));
   EXPECT_EQ(run["info"]["status"], "FAILED");
   EXPECT_GT(run["info"]["end_time"].get<long>(), 0);
@@ -402,7 +402,7 @@ TEST_F(Mlflow, ServerStoppedMidRunThenSyncSendsEveryMetricOnce) {
                        {"training.epochs=3", "+plugins.mlflow.flush_interval_s=0.05",
                         "+plugins.mlflow.shutdown_timeout_s=1", "+plugins.mlflow.request_timeout_s=2"},
                        "run", {stopper});
-  ASSERT_EQ(r.status, "FINISHED") << r.message;  // the outage did not fail the run
+  ASSERT_EQ(r.status, trainer::RunStatus::Finished) << r.message;  // the outage did not fail the run
   ASSERT_GT(stopper->stopped_at_seq, 0);
   const std::string id = run_id_of(r.run_dir, uri);
   ASSERT_FALSE(id.empty());
@@ -430,8 +430,8 @@ TEST_F(Mlflow, NestedRunsHaveTheirParentAndTheirOwnStatus) {
   const auto a = train(uri, {"+plugins.mlflow.parent_run_id=\"" + parent.run_id + "\""}, "trial_a");
   const auto b =
       train(uri, {"+plugins.mlflow.parent_run_id=\"" + parent.run_id + "\""}, "trial_b", {std::make_shared<FailAt>(2)});
-  ASSERT_EQ(a.status, "FINISHED");
-  ASSERT_EQ(b.status, "FAILED");
+  ASSERT_EQ(a.status, trainer::RunStatus::Finished);
+  ASSERT_EQ(b.status, trainer::RunStatus::Failed);
   mlf::end_run(*backend, parent.run_id, "FINISHED");
   const json found = mlflow_read("search " + uri + " '" + experiment() + "'");
   std::map<std::string, json> by_name;
@@ -448,13 +448,13 @@ TEST_F(Mlflow, NestedRunsHaveTheirParentAndTheirOwnStatus) {
 TEST_F(Mlflow, AResumedRunContinuesItsMlflowRun) {
   const std::string uri = shared_uri();
   const auto first = train(uri, {"training.epochs=1"}, "first");
-  ASSERT_EQ(first.status, "FINISHED") << first.message;
+  ASSERT_EQ(first.status, trainer::RunStatus::Finished) << first.message;
   auto o = mlflow_overrides(uri);
   o.push_back("training.epochs=2");
   auto options = options_for(kRun, o, "second");
   options.resume = first.run_dir;
   const auto second = trainer::Trainer(std::move(options)).fit();
-  ASSERT_EQ(second.status, "FINISHED") << second.message;
+  ASSERT_EQ(second.status, trainer::RunStatus::Finished) << second.message;
   const std::string id = run_id_of(first.run_dir, uri);
   EXPECT_EQ(run_id_of(second.run_dir, uri), id);
   const json found = mlflow_read("search " + uri + " '" + experiment() + "'");
@@ -474,7 +474,7 @@ TEST_F(Mlflow, AResumedRunContinuesTheMlflowRunOfTheDirectoryItsCheckpointWasLoa
   // sent.json are where the checkpoint was loaded from, not where its state says it was written.
   const std::string uri = "file:" + (tmp_ / "mlruns");
   const auto first = train(uri, {"training.epochs=1"}, "first");
-  ASSERT_EQ(first.status, "FINISHED") << first.message;
+  ASSERT_EQ(first.status, trainer::RunStatus::Finished) << first.message;
   const std::string moved = tmp_ / "moved";
   fs::rename(first.run_dir, moved);
   auto o = mlflow_overrides(uri);
@@ -483,7 +483,7 @@ TEST_F(Mlflow, AResumedRunContinuesTheMlflowRunOfTheDirectoryItsCheckpointWasLoa
   options.resume = moved;
   options.log_level = "info";
   const auto second = trainer::Trainer(std::move(options)).fit();
-  ASSERT_EQ(second.status, "FINISHED") << second.message;
+  ASSERT_EQ(second.status, trainer::RunStatus::Finished) << second.message;
   const std::string id = run_id_of(moved, uri);
   ASSERT_FALSE(id.empty());
   EXPECT_EQ(run_id_of(second.run_dir, uri), id);
@@ -500,7 +500,7 @@ TEST_F(Mlflow, TheFileStoreIsReadByMlflowAndSyncsToAServer) {
   const std::string store = tmp_ / "mlruns";
   const std::string uri = "file:" + store;
   const auto r = train(uri, {}, "run", {std::make_shared<OddValues>()});
-  ASSERT_EQ(r.status, "FINISHED") << r.message;
+  ASSERT_EQ(r.status, trainer::RunStatus::Finished) << r.message;
   const std::string id = run_id_of(r.run_dir, uri);
   ASSERT_FALSE(id.empty());
   ASSERT_TRUE(fs::exists(store + "/0/meta.yaml"));  // MLflow's Default experiment, as its FileStore makes it

@@ -100,7 +100,7 @@ class Squeeze final : public Plugin {
   void on_event(EventContext& ctx, Control& c) override {
     if (ctx.event == Event::OutOfMemory) {
       set_memory_limit(kCpu, 0);
-      phases.push_back(ctx.oom->phase);
+      phases.push_back(oom_phase_name(ctx.oom->phase));
       at_oom.push_back(autocast_state());
       c.retry_with_micro_batch = half_ ? ctx.oom->micro_batch_size / 2 : ctx.oom->micro_batch_size;
       return;
@@ -160,7 +160,7 @@ class PrecisionPlugins : public testing::TrainerTest {
 TEST_F(PrecisionPlugins, Bf16AutocastCoversEveryForwardTrainingAndEvaluationAndNothingElse) {
   auto probe = std::make_shared<AutocastProbe>();
   const RunResult r = run("bf16", {"+plugins.mixed_precision.precision=\"bf16\""}, {probe});
-  ASSERT_EQ(r.status, "FINISHED") << r.message;
+  ASSERT_EQ(r.status, RunStatus::Finished) << r.message;
   ASSERT_EQ(probe->inside_train.size(), 4u);
   for (const auto& s : probe->inside_train) EXPECT_TRUE(s.cpu_enabled && s.cpu_dtype == c10::kBFloat16);
   ASSERT_FALSE(probe->inside_eval.empty());
@@ -178,7 +178,7 @@ TEST_F(PrecisionPlugins, AutoRunsBf16ExactlyWhereTheCpuHasNativeBf16) {
   auto probe = std::make_shared<AutocastProbe>();
   const bool native = native_bf16(kCpu);
   const RunResult r = run("auto", {}, {probe});  // precision = "auto" by default
-  ASSERT_EQ(r.status, "FINISHED") << r.message;
+  ASSERT_EQ(r.status, RunStatus::Finished) << r.message;
   for (const auto& s : probe->inside_train) EXPECT_EQ(s.cpu_enabled, native);
   for (auto t : probe->train_outputs) EXPECT_EQ(t, native ? c10::kBFloat16 : c10::kFloat);
 }
@@ -187,7 +187,7 @@ TEST_F(PrecisionPlugins, AnOomInsideTheForwardLeavesAutocastOffForTheRetryAndThe
   auto probe = std::make_shared<AutocastProbe>();
   auto squeeze = std::make_shared<Squeeze>(Event::BeforeForward, 1, /*half=*/true);
   const RunResult r = run("oom", {"+plugins.mixed_precision.precision=\"bf16\""}, {squeeze, probe});
-  ASSERT_EQ(r.status, "FINISHED") << r.message;
+  ASSERT_EQ(r.status, RunStatus::Finished) << r.message;
   ASSERT_EQ(squeeze->phases, std::vector<std::string>{"forward"});
   EXPECT_FALSE(squeeze->at_oom.at(0).cpu_enabled);
   for (const auto& s : probe->elsewhere) EXPECT_FALSE(s.cpu_enabled);  // OutOfMemory, EvalStart, BatchEnd
@@ -203,7 +203,7 @@ TEST_F(PrecisionPlugins, AnInfGradientSkipsTheStepWithParametersBitIdenticalAndH
                           {"+plugins.mixed_precision.precision=\"fp32\"", "+plugins.mixed_precision.grad_scaler=\"on\"",
                            "+plugins.mixed_precision.init_scale=1024"},
                           {inject});
-  ASSERT_EQ(r.status, "FINISHED") << r.message;
+  ASSERT_EQ(r.status, RunStatus::Finished) << r.message;
   ASSERT_FALSE(inject->before.empty());
   ASSERT_EQ(inject->before.size(), inject->after.size());
   for (std::size_t i = 0; i < inject->before.size(); ++i) {
@@ -221,11 +221,11 @@ TEST_F(PrecisionPlugins, TheScaleGrowsAfterTheIntervalAndARetriedBatchCountsOnce
       "+plugins.mixed_precision.precision=\"fp32\"", "+plugins.mixed_precision.grad_scaler=\"on\"",
       "+plugins.mixed_precision.init_scale=8", "+plugins.mixed_precision.growth_interval=2"};
   const RunResult clean = run("clean", scaler);
-  ASSERT_EQ(clean.status, "FINISHED") << clean.message;
+  ASSERT_EQ(clean.status, RunStatus::Finished) << clean.message;
   const auto clean_params = params_;
   auto squeeze = std::make_shared<Squeeze>(Event::BeforeOptimizerStep, 0, /*half=*/false);
   const RunResult r = run("grow", scaler, {squeeze});
-  ASSERT_EQ(r.status, "FINISHED") << r.message;
+  ASSERT_EQ(r.status, RunStatus::Finished) << r.message;
   ASSERT_EQ(squeeze->phases, std::vector<std::string>{"optimizer_step"});
   const auto scale = metric_by_step(tmp_ / "grow/metrics.jsonl", "amp/loss_scale");
   EXPECT_EQ(scale.at(1), 8.0) << "the retried batch counted as two clean steps";
@@ -246,17 +246,17 @@ TEST_F(PrecisionPlugins, TheScalersStateRoundTripsThroughACheckpoint) {
   };
   // 2 steps per epoch: growth at the third clean step, which the resumed run takes.
   const RunResult whole = run("whole", with({"training.epochs=2"}));
-  ASSERT_EQ(whole.status, "FINISHED") << whole.message;
+  ASSERT_EQ(whole.status, RunStatus::Finished) << whole.message;
   EXPECT_EQ(whole.final_metrics.at("amp/loss_scale"), 16.0);
   const auto whole_params = params_;
   const RunResult first = run("split", with({"training.epochs=1"}));
-  ASSERT_EQ(first.status, "FINISHED") << first.message;
+  ASSERT_EQ(first.status, RunStatus::Finished) << first.message;
   EXPECT_EQ(first.final_metrics.at("amp/loss_scale"), 8.0);
   TrainerOptions o = options_for(kRecipe, with({"training.epochs=2"}), "resumed");
   o.resume = tmp_ / "split";
   Trainer t(std::move(o));
   const RunResult resumed = t.fit();
-  ASSERT_EQ(resumed.status, "FINISHED") << resumed.message;
+  ASSERT_EQ(resumed.status, RunStatus::Finished) << resumed.message;
   EXPECT_EQ(resumed.final_metrics.at("amp/loss_scale"), 16.0) << "the growth count did not survive the resume";
   std::size_t i = 0;
   for (const auto& p : t.model()->parameters()) EXPECT_TRUE(torch::equal(p, whole_params.at(i++)));
@@ -264,7 +264,7 @@ TEST_F(PrecisionPlugins, TheScalersStateRoundTripsThroughACheckpoint) {
 
 TEST_F(PrecisionPlugins, Fp16OnTheCpuIsAUsageErrorNamingWhatToUse) {
   const RunResult r = run("fp16", {"+plugins.mixed_precision.precision=\"fp16\""});
-  EXPECT_EQ(r.status, "FAILED");
+  EXPECT_EQ(r.status, RunStatus::Failed);
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.message.find("needs a CUDA device"), std::string::npos) << r.message;
 }
@@ -272,12 +272,12 @@ TEST_F(PrecisionPlugins, Fp16OnTheCpuIsAUsageErrorNamingWhatToUse) {
 TEST_F(PrecisionPlugins, CheckpointedTrainingWithDropoutEqualsPlainTraining) {
   const std::vector<std::string> dropout = {"model.dropout=0.1", "model.attention_dropout=0.1", "plugins.load=[]"};
   const RunResult plain = run("plain", dropout, {std::make_shared<RandomHead>()});
-  ASSERT_EQ(plain.status, "FINISHED") << plain.message;
+  ASSERT_EQ(plain.status, RunStatus::Finished) << plain.message;
   const auto plain_params = params_;
   auto ckpt_overrides = dropout;
   ckpt_overrides.back() = "plugins.load=[\"grad_checkpoint\"]";
   const RunResult ckpt = run("ckpt", ckpt_overrides, {std::make_shared<RandomHead>()});
-  ASSERT_EQ(ckpt.status, "FINISHED") << ckpt.message;
+  ASSERT_EQ(ckpt.status, RunStatus::Finished) << ckpt.message;
   EXPECT_LE(max_abs_diff(plain_params, params_), 1e-6);
   EXPECT_NEAR(plain.final_metrics.at("eval/loss"), ckpt.final_metrics.at("eval/loss"), 1e-6);
 }
@@ -287,7 +287,7 @@ TEST_F(PrecisionPlugins, GradCheckpointOnAModelWithoutBlocksIsAUsageError) {
   cnn.replace(cnn.find("name = \"vit\""), cnn.find("[dataset]") - cnn.find("name = \"vit\""), "name = \"cnn\"\n");
   Trainer t(options_for(cnn, {"plugins.load=[\"grad_checkpoint\"]"}, "cnn"));
   const RunResult r = t.fit();
-  EXPECT_EQ(r.status, "FAILED");
+  EXPECT_EQ(r.status, RunStatus::Failed);
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.message.find("model 'cnn' exposes no blocks"), std::string::npos) << r.message;
 }
@@ -296,12 +296,12 @@ TEST_F(PrecisionPlugins, AnOomRetryWithBothPluginsGivesTheParametersOfARunWithou
   const std::vector<std::string> both = {"plugins.load=[\"mixed_precision\", \"grad_checkpoint\"]",
                                          "+plugins.mixed_precision.precision=\"bf16\""};
   const RunResult clean = run("clean", both, {std::make_shared<RandomHead>()});
-  ASSERT_EQ(clean.status, "FINISHED") << clean.message;
+  ASSERT_EQ(clean.status, RunStatus::Finished) << clean.message;
   const auto clean_params = params_;
   // Out of memory inside the second batch's checkpointed forward under autocast; retried.
   auto squeeze = std::make_shared<Squeeze>(Event::BeforeForward, 1, /*half=*/false);
   const RunResult retried = run("retried", both, {squeeze, std::make_shared<RandomHead>()});
-  ASSERT_EQ(retried.status, "FINISHED") << retried.message;
+  ASSERT_EQ(retried.status, RunStatus::Finished) << retried.message;
   ASSERT_EQ(squeeze->phases, std::vector<std::string>{"forward"});
   EXPECT_LE(max_abs_diff(clean_params, params_), 1e-6);
   // Half the micro-batch (gradient accumulation) in float32: the same up to summation order.
@@ -311,7 +311,7 @@ TEST_F(PrecisionPlugins, AnOomRetryWithBothPluginsGivesTheParametersOfARunWithou
   const auto clean32 = params_;
   auto halve = std::make_shared<Squeeze>(Event::BeforeForward, 1, /*half=*/true);
   const RunResult halved = run("halved", fp32, {halve, std::make_shared<RandomHead>()});
-  ASSERT_EQ(halved.status, "FINISHED") << halved.message;
+  ASSERT_EQ(halved.status, RunStatus::Finished) << halved.message;
   ASSERT_EQ(halve->phases, std::vector<std::string>{"forward"});
   EXPECT_LE(max_abs_diff(clean32, params_), 1e-5);
 }

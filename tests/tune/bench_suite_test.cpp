@@ -63,7 +63,7 @@ TEST(Bench, EveryCellIsRunOrMarkedAndPredictedOutOfMemoryCellsAreNotRun) {
   EXPECT_EQ(r.device, "cpu");
   for (std::size_t i : {0, 1, 2}) {
     const auto& c = r.cells[i];
-    EXPECT_EQ(c.status, "ok") << i << ": " << c.message;
+    EXPECT_EQ(c.status, trainer::tune::CellStatus::Ok) << i << ": " << c.message;
     EXPECT_EQ(c.measured_steps, 3);
     EXPECT_GT(c.samples_per_s, 0);
     EXPECT_LE(c.step_ms_min, c.step_ms_median);
@@ -74,7 +74,7 @@ TEST(Bench, EveryCellIsRunOrMarkedAndPredictedOutOfMemoryCellsAreNotRun) {
     EXPECT_FALSE(c.out_of_memory);
   }
   // The CNN at batch 512 needs about 294 MiB: predicted, marked, not run.
-  EXPECT_EQ(r.cells[3].status, "predicted_oom");
+  EXPECT_EQ(r.cells[3].status, trainer::tune::CellStatus::PredictedOom);
   EXPECT_EQ(r.cells[3].measured_steps, 0);
   EXPECT_NE(r.cells[3].message.find("usable (memory.limit_mb = 100)"), std::string::npos) << r.cells[3].message;
   EXPECT_NE(progress.str().find("cell 4/4: model=cnn training.batch_size=512 -> predicted_oom"), std::string::npos)
@@ -106,13 +106,13 @@ TEST(Bench, WithoutTheEstimateAnOutOfMemoryCellRunsAndSaysSo) {
   const auto r = trainer::tune::run_bench(req, progress);
   ASSERT_EQ(r.cells.size(), 2u);
   // With oom_backoff: recovered at a smaller micro-batch, measured, marked.
-  EXPECT_EQ(r.cells[0].status, "ok") << r.cells[0].message;
+  EXPECT_EQ(r.cells[0].status, trainer::tune::CellStatus::Ok) << r.cells[0].message;
   EXPECT_TRUE(r.cells[0].out_of_memory);
   EXPECT_LT(r.cells[0].micro_batch_used, 256);
   EXPECT_NE(r.cells[0].message.find("ran out of memory at micro-batch 256"), std::string::npos);
   EXPECT_EQ(r.cells[0].predicted_peak, -1);
   // Without: the run fails with the out-of-memory error.
-  EXPECT_EQ(r.cells[1].status, "oom");
+  EXPECT_EQ(r.cells[1].status, trainer::tune::CellStatus::Oom);
   EXPECT_TRUE(r.cells[1].out_of_memory);
   EXPECT_NE(r.cells[1].message.find("out of memory"), std::string::npos);
 }

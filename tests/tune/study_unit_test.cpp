@@ -23,13 +23,14 @@ using trainer::testing::write_file;
 using trainer::tune::MemoryEstimate;
 using trainer::tune::SweepSettings;
 using trainer::tune::TrialRecord;
+using trainer::tune::TrialState;
 
 constexpr std::int64_t kMiB = 1024 * 1024;
 
 TrialRecord trial(std::int64_t n, const std::string& state, std::vector<double> reports) {
   TrialRecord t;
   t.number = n;
-  t.state = state;
+  t.state = *trainer::tune::trial_state_named(state);
   t.intermediate = std::move(reports);
   return t;
 }
@@ -211,7 +212,7 @@ TEST(StudyJournal, AWholeJournalReplaysAndACutLastLineIsLeftOut) {
                        R"({"event":"end","num)");
   const auto r = trainer::tune::replay(trainer::tune::StudyJournal(path).read(), lr_space(), path);
   ASSERT_EQ(r.trials.size(), 1u);
-  EXPECT_EQ(r.trials.at(0).state, "COMPLETE");
+  EXPECT_EQ(r.trials.at(0).state, TrialState::Complete);
   EXPECT_EQ(r.trials.at(0).params.get("optim.lr"), "0.01");
   EXPECT_EQ(r.ended, 1);
 }
@@ -256,7 +257,8 @@ TEST(StudyJournal, AJournalThatDoesNotStartWithTheStudyRecordIsRefused) {
 TEST(StudyJournal, ARecordNestedTooDeepIsRefusedNotPrinted) {
   // Found beside tests/fuzz/study_journal_fuzz.cpp: printing it in the message overflowed the stack.
   const std::string deep = std::string(200000, '[') + std::string(200000, ']');
-  const std::string e = replay_error(lines({kStudyLine, deep, R"({"event":"report","number":0,"value":[[["]]]]"]]]})"}));
+  const std::string e =
+      replay_error(lines({kStudyLine, deep, R"({"event":"report","number":0,"value":[[["]]]]"]]]})"}));
   EXPECT_NE(e.find("study.jsonl:2: not a JSON record (arrays and objects nested 200000 levels deep, more than the 64"),
             std::string::npos)
       << e.substr(0, 500);
@@ -344,6 +346,22 @@ TEST(EstimateJson, ReadsBackWhatItWrites) {
   EXPECT_TRUE(r.probes[1].out_of_memory);
   EXPECT_EQ(r.notes, e.notes);
   EXPECT_THROW(trainer::tune::estimate_from_json("{\"device\":\"cpu\"}"), trainer::Error);
+}
+
+}  // namespace
+
+namespace {
+
+TEST(TrialStates, EveryNameReadsBackAndOnlyRunningDoesNotEndATrial) {
+  using trainer::tune::trial_state_name;
+  using trainer::tune::trial_state_named;
+  for (auto s : {TrialState::Running, TrialState::Complete, TrialState::Pruned, TrialState::Failed,
+                 TrialState::Skipped}) {
+    EXPECT_EQ(trial_state_named(trial_state_name(s)), s) << trial_state_name(s);
+    EXPECT_EQ(trainer::tune::trial_ended(s), s != TrialState::Running) << trial_state_name(s);
+  }
+  EXPECT_STREQ(trial_state_name(TrialState::Complete), "COMPLETE");  // Optuna's name, in the journal
+  EXPECT_FALSE(trial_state_named("complete"));
 }
 
 }  // namespace

@@ -28,6 +28,7 @@ using trainer::testing::read_file;
 using trainer::testing::read_lines;
 using trainer::testing::TempDir;
 using trainer::testing::write_file;
+using trainer::tune::TrialState;
 
 /// A recipe of a small study: the MLP (or CNN) on 2000 training images, 1 epoch per trial.
 std::string recipe(const TempDir& tmp, const std::string& plugins, const std::string& sweep) {
@@ -94,18 +95,18 @@ TEST(Sweep, AConfigPredictedNotToFitIsSkippedAndTheStudyCompletes) {
   const auto r = study(recipe(tmp, "[]", model_batch_grid()), tmp / "s");
   ASSERT_EQ(r.trials.size(), 4u);
   // The CNN at batch 512: skipped, nothing trained.
-  EXPECT_EQ(r.trials[0].state, "SKIPPED");
+  EXPECT_EQ(r.trials[0].state, TrialState::Skipped);
   EXPECT_NE(r.trials[0].reason.find("predicted out of memory"), std::string::npos) << r.trials[0].reason;
   EXPECT_NE(r.trials[0].reason.find("memory.limit_mb = 100"), std::string::npos);
   EXPECT_FALSE(fs::exists(r.trials[0].run_dir + "/metrics.jsonl"));
   for (int i : {1, 2, 3}) {
-    EXPECT_EQ(r.trials[std::size_t(i)].state, "COMPLETE") << i << ": " << r.trials[std::size_t(i)].reason;
+    EXPECT_EQ(r.trials[std::size_t(i)].state, TrialState::Complete) << i << ": " << r.trials[std::size_t(i)].reason;
     EXPECT_TRUE(r.trials[std::size_t(i)].value.has_value());
     EXPECT_GT(r.trials[std::size_t(i)].predicted_peak, 0);
   }
-  EXPECT_EQ(r.count("COMPLETE"), 3);
-  EXPECT_EQ(r.count("SKIPPED"), 1);
-  EXPECT_EQ(r.count("PRUNED") + r.count("FAILED") + r.out_of_memory(), 0);
+  EXPECT_EQ(r.count(TrialState::Complete), 3);
+  EXPECT_EQ(r.count(TrialState::Skipped), 1);
+  EXPECT_EQ(r.count(TrialState::Pruned) + r.count(TrialState::Failed) + r.out_of_memory(), 0);
   ASSERT_TRUE(r.best.has_value());
   for (const auto& t : r.trials) {
     if (t.value) EXPECT_GE(*r.trials[std::size_t(*r.best)].value, *t.value);
@@ -123,7 +124,7 @@ TEST(Sweep, AnOutOfMemoryTrialIsPrunedWithItsConfigAndTheNextTrialRuns) {
   const auto r = study(recipe(tmp, "[]", model_batch_grid("estimate = false")), tmp / "s");
   ASSERT_EQ(r.trials.size(), 4u);
   const auto& oom = r.trials[0];
-  EXPECT_EQ(oom.state, "PRUNED") << oom.reason;
+  EXPECT_EQ(oom.state, TrialState::Pruned) << oom.reason;
   EXPECT_TRUE(oom.out_of_memory);
   EXPECT_NE(oom.reason.find("out of memory"), std::string::npos);
   EXPECT_EQ(oom.oom.at("model"), "cnn");
@@ -131,8 +132,8 @@ TEST(Sweep, AnOutOfMemoryTrialIsPrunedWithItsConfigAndTheNextTrialRuns) {
   EXPECT_EQ(oom.oom.at("micro_batch_size"), "512");
   EXPECT_TRUE(oom.oom.at("phase") == "forward" || oom.oom.at("phase") == "backward") << oom.oom.at("phase");
   // Each trial is its own process: memory is clean for the next one, which fits and runs.
-  EXPECT_EQ(r.trials[1].state, "COMPLETE") << r.trials[1].reason;
-  EXPECT_EQ(r.count("COMPLETE"), 3);
+  EXPECT_EQ(r.trials[1].state, TrialState::Complete) << r.trials[1].reason;
+  EXPECT_EQ(r.count(TrialState::Complete), 3);
   EXPECT_EQ(r.out_of_memory(), 1);
   const auto journal = read_file(tmp / "s/study.jsonl");
   EXPECT_NE(
@@ -158,7 +159,7 @@ values = [512]
 )"),
                        tmp / "s");
   ASSERT_EQ(r.trials.size(), 1u);
-  EXPECT_EQ(r.trials[0].state, "COMPLETE") << r.trials[0].reason;
+  EXPECT_EQ(r.trials[0].state, TrialState::Complete) << r.trials[0].reason;
   EXPECT_NE(r.trials[0].reason.find("micro-batch 512 -> "), std::string::npos) << r.trials[0].reason;
   EXPECT_LE(r.trials[0].predicted_peak, 90 * 1024 * 1024);
   const auto config = read_file(r.trials[0].run_dir + "/config.toml");
@@ -180,8 +181,8 @@ values = [0.01, 0.003, 0.001, 1e-9]
 )"),
                        tmp / "s");
   ASSERT_EQ(r.trials.size(), 4u);
-  for (int i : {0, 1, 2}) EXPECT_EQ(r.trials[std::size_t(i)].state, "COMPLETE");
-  EXPECT_EQ(r.trials[3].state, "PRUNED");
+  for (int i : {0, 1, 2}) EXPECT_EQ(r.trials[std::size_t(i)].state, TrialState::Complete);
+  EXPECT_EQ(r.trials[3].state, TrialState::Pruned);
   EXPECT_FALSE(r.trials[3].out_of_memory);
   EXPECT_NE(r.trials[3].reason.find("worse than the median"), std::string::npos) << r.trials[3].reason;
   EXPECT_EQ(r.trials[0].intermediate.size(), 2u);  // one report per epoch of the budget
@@ -204,8 +205,8 @@ values = [0.003, 1e-9, 0.01]
   ASSERT_EQ(r.trials.size(), 3u);
   // Rung 1 (1 report): trial 0 is alone and goes on; trial 1 (nothing learnt) is not in the
   // better half of two and stops.
-  EXPECT_EQ(r.trials[0].state, "COMPLETE");
-  EXPECT_EQ(r.trials[1].state, "PRUNED");
+  EXPECT_EQ(r.trials[0].state, TrialState::Complete);
+  EXPECT_EQ(r.trials[1].state, TrialState::Pruned);
   EXPECT_NE(r.trials[1].reason.find("successive halving"), std::string::npos) << r.trials[1].reason;
 }
 
@@ -221,7 +222,7 @@ type = "choice"
 values = [0.01, 0.003, 0.001, 0.0003]
 )"),
                        tmp / "s", {"runtime.num_threads=1"});
-  EXPECT_EQ(r.count("COMPLETE"), 4);
+  EXPECT_EQ(r.count(TrialState::Complete), 4);
   // The second trial began before the first ended.
   const auto lines = read_lines(tmp / "s/study.jsonl");
   std::vector<std::string> events;
@@ -364,7 +365,7 @@ TEST(Sweep, AResumeWithAnotherRecipeOverrideBudgetOrPrunerIsRefusedNamingEachDif
   TempDir tmp;
   const std::string r = one_trial_study(tmp);
   const std::string dir = tmp / "s";
-  ASSERT_EQ(study(r, dir, {"training.max_steps=2"}).count("COMPLETE"), 1);
+  ASSERT_EQ(study(r, dir, {"training.max_steps=2"}).count(TrialState::Complete), 1);
   const auto has = [](const std::string& text, const std::string& what) {
     return text.find(what) != std::string::npos;
   };
@@ -390,7 +391,7 @@ TEST(Sweep, AResumeWithAnotherRecipeOverrideBudgetOrPrunerIsRefusedNamingEachDif
   EXPECT_EQ(count_of(read_file(tmp / "s/study.jsonl"), R"({"event":"trial")"), 1);
   // The trial count, sweep.parallel and the study directory may change.
   const auto more = study(r, dir, {"training.max_steps=2", "+sweep.n_trials=1", "+sweep.parallel=2"});
-  EXPECT_EQ(more.count("COMPLETE"), 1);
+  EXPECT_EQ(more.count(TrialState::Complete), 1);
   // The command line: exit 2, each difference named.
   const auto cli = trainer::testing::run_command(std::string(TRAINER_CLI) + " sweep --recipe " + r + " --study-dir " +
                                                  dir + " training.max_steps=2 sweep.pruner=none");
@@ -402,7 +403,7 @@ TEST(Sweep, AJournalRecordWithAMissingFieldOrAWrongTypeIsRefusedNamingItsLine) {
   TempDir tmp;
   const std::string r = one_trial_study(tmp);
   const std::string dir = tmp / "s";
-  ASSERT_EQ(study(r, dir, {"training.max_steps=2"}).count("COMPLETE"), 1);
+  ASSERT_EQ(study(r, dir, {"training.max_steps=2"}).count(TrialState::Complete), 1);
   // study, trial, report, end
   auto lines = read_lines(dir + "/study.jsonl");
   ASSERT_EQ(lines.size(), 4u);
@@ -424,7 +425,7 @@ TEST(Sweep, AJournalOfAnEarlierTrainerResumesWithAWarningAndIsCheckedFromThenOn)
   TempDir tmp;
   const std::string r = one_trial_study(tmp);
   const std::string dir = tmp / "s";
-  ASSERT_EQ(study(r, dir, {"training.max_steps=2"}).count("COMPLETE"), 1);
+  ASSERT_EQ(study(r, dir, {"training.max_steps=2"}).count(TrialState::Complete), 1);
   // The study record as an earlier trainer wrote it: no version, resolved config nor settings.
   auto lines = read_lines(dir + "/study.jsonl");
   auto head = nlohmann::json::parse(lines[0]);
@@ -443,7 +444,7 @@ TEST(Sweep, AJournalOfAnEarlierTrainerResumesWithAWarningAndIsCheckedFromThenOn)
   req.study_dir = dir;
   req.trainer_exe = TRAINER_CLI;
   std::ostringstream progress;
-  EXPECT_EQ(trainer::tune::run_sweep(req, progress).count("COMPLETE"), 1);
+  EXPECT_EQ(trainer::tune::run_sweep(req, progress).count(TrialState::Complete), 1);
   EXPECT_NE(progress.str().find("was written by an earlier trainer sweep"), std::string::npos) << progress.str();
   // Recorded now: a later resume with another pruner is refused.
   EXPECT_NE(
@@ -498,8 +499,8 @@ values = [0.01, 0.001]
   trainer::clear_interrupt();
   EXPECT_TRUE(r.interrupted);
   ASSERT_EQ(r.trials.size(), 2u) << progress.str();
-  EXPECT_EQ(r.trials[0].state, "COMPLETE");
-  EXPECT_EQ(r.trials[1].state, "PRUNED") << progress.str();
+  EXPECT_EQ(r.trials[0].state, TrialState::Complete);
+  EXPECT_EQ(r.trials[1].state, TrialState::Pruned) << progress.str();
   EXPECT_NE(r.trials[1].reason.find("worse than the median"), std::string::npos) << r.trials[1].reason;
   // It was stopped by the pruner's SIGINT alone, not a second one that skips its safe point.
   EXPECT_EQ(read_file(tmp / "s/trials/trial-0001/sigints"), "1\n");
@@ -509,7 +510,7 @@ values = [0.01, 0.001]
   const auto resumed = trainer::tune::run_sweep(req, again);
   EXPECT_NE(again.str().find("2 trials ended, 0 to run again"), std::string::npos) << again.str();
   EXPECT_EQ(again.str().find(": running"), std::string::npos) << again.str();
-  EXPECT_EQ(resumed.count("PRUNED"), 1);
+  EXPECT_EQ(resumed.count(TrialState::Pruned), 1);
 }
 
 TEST(Sweep, ATrialThatFinishesAsCtrlCArrivesIsRecordedAndNotRunAgain) {
@@ -556,7 +557,7 @@ values = [0.01, 0.001]
   trainer::clear_interrupt();
   EXPECT_TRUE(r.interrupted);
   ASSERT_EQ(r.trials.size(), 1u) << progress.str();
-  EXPECT_EQ(r.trials[0].state, "COMPLETE") << progress.str();
+  EXPECT_EQ(r.trials[0].state, TrialState::Complete) << progress.str();
   ASSERT_TRUE(r.trials[0].value.has_value());
   EXPECT_EQ(*r.trials[0].value, 0.9);
   EXPECT_EQ(count_of(read_file(tmp / "s/study.jsonl"), R"({"event":"end")"), 1);
@@ -566,7 +567,7 @@ values = [0.01, 0.001]
   const auto resumed = trainer::tune::run_sweep(req, again);
   EXPECT_NE(again.str().find("1 trials ended, 0 to run again"), std::string::npos) << again.str();
   EXPECT_EQ(again.str().find("trial-0000: running"), std::string::npos) << again.str();
-  EXPECT_EQ(resumed.count("COMPLETE"), 2) << again.str();
+  EXPECT_EQ(resumed.count(TrialState::Complete), 2) << again.str();
 }
 
 TEST(Sweep, AStepBudgetEndingMidEpochIsEvaluated) {
@@ -582,7 +583,7 @@ type = "choice"
 values = [0.01, 0.001]
 )"),
                        tmp / "s");
-  ASSERT_EQ(r.count("COMPLETE"), 2) << r.trials[0].reason;
+  ASSERT_EQ(r.count(TrialState::Complete), 2) << r.trials[0].reason;
   for (const auto& t : r.trials) {
     ASSERT_TRUE(t.value.has_value());
     const auto acc = trainer::testing::metric_by_step(t.run_dir + "/metrics.jsonl", "eval/accuracy");
@@ -605,12 +606,12 @@ values = [1e30, 0.01]
 )"),
                        tmp / "s", {"optim=sgd"});
   ASSERT_EQ(r.trials.size(), 2u);
-  EXPECT_EQ(r.trials[0].state, "FAILED");
+  EXPECT_EQ(r.trials[0].state, TrialState::Failed);
   EXPECT_TRUE(r.trials[0].diverged);
   EXPECT_FALSE(r.trials[0].value.has_value());
   EXPECT_NE(r.trials[0].reason.find("eval/loss is NaN at report 1 (diverged)"), std::string::npos)
       << r.trials[0].reason;
-  EXPECT_EQ(r.trials[1].state, "COMPLETE");
+  EXPECT_EQ(r.trials[1].state, TrialState::Complete);
   ASSERT_TRUE(r.best.has_value());
   EXPECT_EQ(*r.best, 1);
 }
@@ -662,7 +663,7 @@ TEST(Sweep, CtrlCWhileATrialIsEstimatedStopsTheEstimateAndStartsNoTrial) {
   EXPECT_TRUE(r.interrupted);
   EXPECT_EQ(read_file(tmp / "got-sigint"), "interrupted\n");
   ASSERT_EQ(r.trials.size(), 1u);
-  EXPECT_EQ(r.trials[0].state, "RUNNING");  // a resumed study begins it again
+  EXPECT_EQ(r.trials[0].state, TrialState::Running);  // a resumed study begins it again
   EXPECT_FALSE(fs::exists(tmp / "s/trials/trial-0000.out")) << progress.str();
 }
 
@@ -680,7 +681,7 @@ type = "choice"
 values = [0.01, 0.001]
 )"),
                        tmp / "s");
-  ASSERT_EQ(r.count("COMPLETE"), 2);
+  ASSERT_EQ(r.count(TrialState::Complete), 2);
   ASSERT_FALSE(r.mlflow_run_id.empty());
   int children = 0;
   bool parent_found = false;

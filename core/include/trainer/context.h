@@ -15,6 +15,7 @@
 #include "trainer/metrics.h"
 #include "trainer/model.h"
 #include "trainer/plugin_state.h"
+#include "trainer/states.h"
 
 namespace spdlog {
 class logger;
@@ -50,16 +51,16 @@ struct RunState {
 
 /// What failed, for the OutOfMemory event.
 struct OomInfo {
-  std::string phase;                  ///< data, forward, backward, all_reduce, optimizer_step, eval, checkpoint
-  std::string message;                ///< the error's message
-  std::int64_t requested_bytes = 0;   ///< the refused allocation (0 when unknown)
-  std::int64_t micro_batch_size = 0;  ///< micro-batch (eval: eval batch) of the failed attempt
-  std::int64_t batch_size = 0;        ///< samples of the batch being retried (eval: the test set)
-  std::int64_t attempt = 0;           ///< 0 for the first failure of this batch, then 1, 2, ...
-  /// Whether a smaller micro-batch (eval batch) can need less memory here: false in "data"
-  /// (the batch is read whole on the host before it is split), "all_reduce" (a data-parallel
-  /// rank's flat copy of every gradient), "optimizer_step" (parameters, gradients, optimizer
-  /// state and the step's temporaries) and "checkpoint".
+  OomPhase phase = OomPhase::Forward;  ///< where it failed; oom_phase_name(phase) is "optimizer_step" …
+  std::string message;                 ///< the error's message
+  std::int64_t requested_bytes = 0;    ///< the refused allocation (0 when unknown)
+  std::int64_t micro_batch_size = 0;   ///< micro-batch (eval: eval batch) of the failed attempt
+  std::int64_t batch_size = 0;         ///< samples of the batch being retried (eval: the test set)
+  std::int64_t attempt = 0;            ///< 0 for the first failure of this batch, then 1, 2, ...
+  /// Whether a smaller micro-batch (eval batch) can need less memory here: false in Data
+  /// (the batch is read whole on the host before it is split), AllReduce (a data-parallel
+  /// rank's flat copy of every gradient), OptimizerStep (parameters, gradients, optimizer
+  /// state and the step's temporaries) and Checkpoint.
   bool micro_batch_helps = true;
   MemoryStats stats;  ///< device counters right after the failed attempt was dropped
 };
@@ -98,7 +99,9 @@ struct TRAINER_API EventContext {
   const ResumeInfo* resume = nullptr;  ///< Resume: what was restored
   std::string checkpoint_path;         ///< Checkpoint: the file just written; Resume: the file loaded
   std::exception_ptr exception;        ///< Exception: what failed
-  std::string status;                  ///< FitEnd: FINISHED or KILLED; Exception: FAILED; Shutdown: any
+  /// Running until FitEnd (Finished or Killed) or Exception (Failed, or Killed when interrupted
+  /// while waiting for a device); Shutdown: any. run_status_name(status) is "FINISHED" ….
+  RunStatus status = RunStatus::Running;
   /// The ranks of a data-parallel run (trainer/distributed.h), null in a run of one. Each rank
   /// evaluates its part of the test split, and EvalMetrics fires on every rank at the same
   /// point: a plugin sums its partial counts there (group->all_reduce_sum) so its metric covers

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "trainer/export.h"
+#include "trainer/states.h"
 
 namespace trainer {
 
@@ -51,14 +52,14 @@ class TRAINER_API PluginError : public Error {
 /// device_select throws it with kExitNoDevice when no device can be had.
 class TRAINER_API ExitRequest : public Error {
  public:
-  ExitRequest(int exit_code, std::string status, const std::string& message)
-      : Error(message), exit_code_(exit_code), status_(std::move(status)) {}
+  ExitRequest(int exit_code, RunStatus status, const std::string& message)
+      : Error(message), exit_code_(exit_code), status_(status) {}
   int exit_code() const noexcept { return exit_code_; }
-  const std::string& status() const noexcept { return status_; }  ///< FAILED or KILLED
+  RunStatus status() const noexcept { return status_; }  ///< Failed or Killed
 
  private:
   int exit_code_;
-  std::string status_;
+  RunStatus status_;
 };
 
 namespace detail {

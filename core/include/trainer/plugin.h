@@ -20,7 +20,7 @@ class logger;
 }
 
 /// Bumped whenever a public header changes a layout or a virtual table plugins rely on.
-#define TRAINER_ABI_VERSION 9
+#define TRAINER_ABI_VERSION 10
 
 namespace trainer {
 
@@ -88,8 +88,8 @@ class TRAINER_API Plugin {
 };
 
 /// The structs that cross the plugin boundary, in the order of AbiDescriptor::struct_sizes.
-inline constexpr const char* kAbiStructNames[] = {"EventContext", "Control",    "RunState",    "OomInfo",
-                                                  "MemoryStats",  "Batch",      "KeySpec",     "Plugin",
+inline constexpr const char* kAbiStructNames[] = {"EventContext", "Control",    "RunState",     "OomInfo",
+                                                  "MemoryStats",  "Batch",      "KeySpec",      "Plugin",
                                                   "PluginState",  "ResumeInfo", "ControlReason"};
 inline constexpr std::size_t kAbiStructCount = sizeof kAbiStructNames / sizeof kAbiStructNames[0];
 
@@ -121,8 +121,8 @@ inline AbiDescriptor this_abi() {
 #else
   std::snprintf(d.compiler, sizeof d.compiler, "unknown");
 #endif
-  const std::size_t sizes[] = {sizeof(EventContext), sizeof(Control),    sizeof(RunState), sizeof(OomInfo),
-                               sizeof(MemoryStats),  sizeof(Batch),      sizeof(KeySpec),  sizeof(Plugin),
+  const std::size_t sizes[] = {sizeof(EventContext), sizeof(Control),    sizeof(RunState),     sizeof(OomInfo),
+                               sizeof(MemoryStats),  sizeof(Batch),      sizeof(KeySpec),      sizeof(Plugin),
                                sizeof(PluginState),  sizeof(ResumeInfo), sizeof(ControlReason)};
   static_assert(sizeof sizes / sizeof sizes[0] == kAbiStructCount, "one size per name in kAbiStructNames");
   for (std::size_t i = 0; i < kAbiStructCount; ++i) d.struct_sizes[i] = static_cast<std::uint32_t>(sizes[i]);

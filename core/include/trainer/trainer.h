@@ -2,6 +2,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,7 +37,10 @@ struct TrainerOptions {
 /// How a run ended.
 struct RunResult {
   int exit_code = kExitOk;  ///< kExitOk, kExitUsage, kExitTrainingFailed, kExitNoDevice, kExitInterrupted
-  std::string status;       ///< FINISHED, FAILED, KILLED
+  RunStatus status = RunStatus::Finished;  ///< Finished, Failed, Killed (run_status_name: "FINISHED" …)
+  /// What ended a Failed run (None otherwise), and for OutOfMemory the phase it was in.
+  FailureKind failure = FailureKind::None;
+  std::optional<OomPhase> oom_phase;
   std::string run_dir;
   std::string message;  ///< why it failed, empty on success
   std::int64_t global_step = 0;

@@ -103,11 +103,12 @@ std::map<std::string, double> Evaluator::run() {
     s[1] = static_cast<double>(correct);
     s[2 + parts_.group->rank()] = gave_up ? 1.0 : 0.0;
     parts_.group->all_reduce_sum(sums);
-    if (gave_up) throw OomFailure(*gave_up);
+    if (gave_up) throw OomFailure(*gave_up, OomPhase::Eval);
     for (std::int64_t r = 0; r < ranks; ++r) {
       if (s[2 + r] > 0) {
         throw OomFailure(detail::str("rank ", r, " ran out of memory in eval and gave up (its log says what was tried)",
-                                     "; every rank stops"));
+                                     "; every rank stops"),
+                         OomPhase::Eval);
       }
     }
     loss_sum = s[0];

@@ -30,7 +30,7 @@ std::optional<StopCause> EpochLoop::run() {
   // Not after a signal or a plugin's stop (they stop now); not when this process trained
   // nothing (a resumed run that was already done).
   const bool ended =
-      (!why && !interrupt_requested() && !hooks_.stop_requested()) || (why && why->by == "training.max_steps");
+      (!why && !interrupt_requested() && !hooks_.stop_requested()) || (why && why->kind == StopKind::MaxSteps);
   bool at_end = s_.eval.at_end && ended && state_.global_step > first_step && evaluated_at_ != state_.global_step;
   // An evaluation is collective in a data-parallel run: every rank or none.
   if (s_.eval.at_end && parts_.group) at_end = parts_.group->all_reduce_max(at_end ? 0 : 1) == 0;
@@ -141,24 +141,29 @@ std::optional<StopCause> EpochLoop::stop_reason() const {
   // collective for those that stopped. A stop on any rank is every rank's, and the strongest
   // cause wins: a signal (the run is KILLED on every rank), a plugin's stop, training.max_steps.
   const auto code = [](const std::optional<StopCause>& c) -> std::int64_t {
-    if (!c) return 0;
-    return c->by == "signal" ? 3 : c->by == "training.max_steps" ? 1 : 2;
+    return c ? static_cast<std::int64_t>(c->kind) : 0;
   };
   constexpr std::int64_t kRanks = 1 << 20;
   const std::int64_t agreed = parts_.group->all_reduce_max(code(why) * kRanks + parts_.group->rank());
   const std::int64_t cause = agreed / kRanks, rank = agreed % kRanks;
   if (cause <= code(why)) return why;
   const std::string where = " on rank " + std::to_string(rank);
-  if (cause == 3) return StopCause{"signal", "interrupted by a signal" + where};
-  if (cause == 2) return StopCause{"rank " + std::to_string(rank), "a plugin stopped the run" + where};
-  return StopCause{"training.max_steps", "training.max_steps reached" + where};
+  switch (static_cast<StopKind>(cause)) {
+    case StopKind::Signal:
+      return StopCause{StopKind::Signal, "signal", "interrupted by a signal" + where};
+    case StopKind::Plugin:
+      return StopCause{StopKind::Plugin, "rank " + std::to_string(rank), "a plugin stopped the run" + where};
+    case StopKind::MaxSteps:
+      break;
+  }
+  return StopCause{StopKind::MaxSteps, "training.max_steps", "training.max_steps reached" + where};
 }
 
 std::optional<StopCause> EpochLoop::local_stop_reason() const {
-  if (interrupt_requested()) return StopCause{"signal", "interrupted by a signal"};
-  if (hooks_.stop_requested()) return StopCause{hooks_.stopped_by(), hooks_.stop_reason()};
+  if (interrupt_requested()) return StopCause{StopKind::Signal, "signal", "interrupted by a signal"};
+  if (hooks_.stop_requested()) return StopCause{StopKind::Plugin, hooks_.stopped_by(), hooks_.stop_reason()};
   if (s_.training.max_steps > 0 && state_.global_step >= s_.training.max_steps) {
-    return StopCause{"training.max_steps",
+    return StopCause{StopKind::MaxSteps, "training.max_steps",
                      "training.max_steps = " + std::to_string(s_.training.max_steps) + " reached"};
   }
   return std::nullopt;

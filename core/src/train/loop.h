@@ -27,9 +27,15 @@ struct LoopSettings {
   std::int64_t seed = 0;  ///< run.seed: the shuffle order of each epoch
 };
 
+/// What stopped a run before its last epoch, weakest first: the value is the cause's strength
+/// when the ranks of a data-parallel run agree on one (the strongest wins; a signal makes the
+/// run KILLED on every rank).
+enum class StopKind : std::uint8_t { MaxSteps = 1, Plugin = 2, Signal = 3 };
+
 /// Why a run stopped before its last epoch.
 struct StopCause {
-  std::string by;      ///< a plugin's name, "training.max_steps" or "signal"
+  StopKind kind;
+  std::string by;      ///< "training.max_steps", a plugin's name ("rank N" for another rank's), "signal"
   std::string reason;  ///< what it said
 };
 

@@ -1,15 +1,16 @@
 #pragma once
-// The phases an out-of-memory error is recovered in, as one table: each phase's name (what
-// OomInfo::phase, the log and docs/events.md say), whether a smaller micro-batch can need less
-// memory there, what to change when recovery gives up, and its code in the ranks' agreement.
+// The phases an out-of-memory error is recovered in (OomPhase, public in trainer/states.h), as
+// one table: each phase's name (what OomInfo, status.json, the log and docs/events.md say),
+// whether a smaller micro-batch can need less memory there, what to change when recovery gives
+// up, and its code in the ranks' agreement.
 #include <array>
 #include <cstdint>
 #include <optional>
 #include <string_view>
 
-namespace trainer {
+#include "trainer/states.h"
 
-enum class OomPhase : std::uint8_t { Data, Forward, Backward, AllReduce, OptimizerStep, Eval, Checkpoint };
+namespace trainer {
 
 struct OomPhaseInfo {
   OomPhase phase;
@@ -46,10 +47,6 @@ inline constexpr std::array<OomPhaseInfo, 7> kOomPhaseTable = {{
 
 /// The table's row of `phase`.
 const OomPhaseInfo& oom_phase_info(OomPhase phase);
-/// The phase's name: "optimizer_step".
-inline const char* oom_phase_name(OomPhase phase) { return oom_phase_info(phase).name; }
-/// The phase named `name`; nullopt for a name not in the table.
-std::optional<OomPhase> oom_phase_named(std::string_view name);
 /// The phase of a wire code; a code without a phase (0, or another build's) counts as the
 /// forward, where a smaller micro-batch can help.
 OomPhase oom_phase_of_wire(std::int64_t code);

@@ -25,7 +25,7 @@ Control OomRecovery::report(const std::exception& e, std::int64_t size, std::int
   clear_memory(parts_.device, force_clear);
   ++state_.oom_recoveries;
   OomInfo info;
-  info.phase = oom_phase_name(phase_);
+  info.phase = phase_;
   info.message = error_text(e);
   info.micro_batch_size = size;
   info.batch_size = samples;
@@ -44,7 +44,7 @@ std::int64_t OomRecovery::recover(const std::exception& e, OomRetry rule, std::i
     // The plugins hear of it, but a checkpoint has no size to change: the core retries it once
     // after freeing every cached block.
     report(e, 0, 0, attempt, /*force_clear=*/true);
-    if (attempt >= 1) throw OomFailure("out of memory while writing it twice: " + error_text(e));
+    if (attempt >= 1) throw OomFailure("out of memory while writing it twice: " + error_text(e), phase_);
     log_.warn("out of memory while writing a checkpoint; retrying once after freeing memory");
     return micro;
   }
@@ -52,8 +52,7 @@ std::int64_t OomRecovery::recover(const std::exception& e, OomRetry rule, std::i
   tried.push_back(micro);
   const OomPhase phase = phase_;
   const std::string message = error_text(e);
-  log_.warn("out of memory in {} (micro-batch {}, attempt {}): {}", oom_phase_name(phase), micro, attempt + 1,
-            message);
+  log_.warn("out of memory in {} (micro-batch {}, attempt {}): {}", oom_phase_name(phase), micro, attempt + 1, message);
   const Control c = report(e, micro, samples, attempt, /*force_clear=*/false);
   bool again = (c.switch_device || c.retry_with_micro_batch) && attempt + 1 < kMaxAttempts;
   std::int64_t next = std::clamp<std::int64_t>(c.retry_with_micro_batch.value_or(micro), 1, samples);
@@ -80,8 +79,9 @@ std::int64_t OomRecovery::recover(const std::exception& e, OomRetry rule, std::i
       if (parts_.device != from) moves_.push_back(from.str() + " -> " + parts_.device.str());
       where = " on " + parts_.device.str();
     }
-    log_.warn("retrying the same {}{} with micro-batches of {} ({}){}", phase == OomPhase::Eval ? "evaluation" : "batch", where,
-              next, next < micro ? "smaller" : "same size or larger", c.reason.empty() ? "" : ": " + c.reason);
+    log_.warn("retrying the same {}{} with micro-batches of {} ({}){}",
+              phase == OomPhase::Eval ? "evaluation" : "batch", where, next,
+              next < micro ? "smaller" : "same size or larger", c.reason.empty() ? "" : ": " + c.reason);
     return next;
   }
   std::string sizes;
@@ -96,10 +96,11 @@ std::int64_t OomRecovery::recover(const std::exception& e, OomRetry rule, std::i
   std::string msg = message;
   while (!msg.empty() && (msg.back() == '.' || msg.back() == '\n')) msg.pop_back();
   const std::string moves = detail::join(moves_);
-  throw OomFailure(detail::str("out of memory in ", oom_phase_name(phase), " on ", parts_.device.str(), " after ", tried.size(),
-                               " attempt(s) with micro-batches ", sizes,
-                               moves.empty() ? "" : " (device fallback: " + moves + ")", why, ": ", msg,
-                               ". What to change: ", oom_advice(phase)));
+  throw OomFailure(
+      detail::str("out of memory in ", oom_phase_name(phase), " on ", parts_.device.str(), " after ", tried.size(),
+                  " attempt(s) with micro-batches ", sizes, moves.empty() ? "" : " (device fallback: " + moves + ")",
+                  why, ": ", msg, ". What to change: ", oom_advice(phase)),
+      phase);
 }
 
 void OomRecovery::move_run_to(const c10::Device& to, const std::string& reason) {

@@ -35,7 +35,8 @@ enum class OomRetry {
 
 /// An out-of-memory error that was not recovered from; the message says what was tried.
 struct OomFailure : Error {
-  using Error::Error;
+  OomFailure(const std::string& message, OomPhase where) : Error(message), phase(where) {}
+  OomPhase phase;  ///< where it happened (status.json's "phase")
 };
 
 /// In a data-parallel step: some rank ran out of memory (this one, or another), and every rank
@@ -104,7 +105,7 @@ class OomRecovery {
   Hooks& hooks_;
   spdlog::logger& log_;
   OomPhase phase_ = OomPhase::Data;  // every path that recovers enters its phase first
-  std::vector<std::string> moves_;  ///< "cuda:0 -> cpu" per device fallback, for the give-up summary
+  std::vector<std::string> moves_;   ///< "cuda:0 -> cpu" per device fallback, for the give-up summary
 };
 
 }  // namespace trainer

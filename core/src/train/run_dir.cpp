@@ -3,7 +3,6 @@
 #include <filesystem>
 
 #include "trainer/error.h"
-#include "trainer/json.h"
 #include "trainer/metrics.h"
 #include "util/local_time.h"
 
@@ -29,16 +28,10 @@ RunDir::RunDir(std::string path) : path_(std::move(path)) {
   TRAINER_CHECK_T(UsageError, !ec, "cannot create run directory ", path_, ": ", ec.message());
 }
 
-std::string RunDir::write_status(const RunStatus& s) const {
+std::string RunDir::write_status(RunStatusRecord s) const {
   try {
-    const std::string text =
-        "{\"status\":" + json_quote(s.status) +
-        ",\"exit_code\":" + (s.status == "RUNNING" ? std::string("null") : std::to_string(s.exit_code)) +
-        ",\"global_step\":" + std::to_string(s.global_step) + ",\"epoch\":" + std::to_string(s.epoch) +
-        ",\"message\":" + json_quote(s.message) + ",\"last_checkpoint\":" + json_quote(s.last_checkpoint) +
-        (s.stopped_by.empty() ? std::string()
-                              : ",\"stopped_by\":" + json_quote(s.stopped_by) + ",\"reason\":" + json_quote(s.reason)) +
-        ",\"time\":" + json_number(wall_time_s()) + "}\n";
+    s.time = wall_time_s();
+    const std::string text = encode_status(s);
     write_atomic(path_ + "/status.json", text);
     return {};
   } catch (const std::exception& e) {

@@ -5,25 +5,12 @@
 #include <string>
 
 #include "trainer/core_settings.h"
+#include "trainer/run_records.h"
 #include "util/durable_file.h"
 
 namespace trainer {
 
 using detail::write_atomic;
-
-/// What status.json says: the run's outcome so far.
-struct RunStatus {
-  std::string status;  ///< RUNNING, FINISHED, FAILED, KILLED
-  int exit_code = 0;   ///< written as null while RUNNING
-  std::int64_t global_step = 0;
-  std::int64_t epoch = 0;
-  std::string message;
-  std::string last_checkpoint;
-  /// A run that stopped before its last epoch: who asked ("early_stopping", "training.max_steps",
-  /// "signal") and why. Both are left out of status.json when empty.
-  std::string stopped_by;
-  std::string reason;
-};
 
 /// `<run.dir>/<run.name>-<YYYYmmdd-HHMMSS>[-N]` (or the directory asked for) with its
 /// `checkpoints/` subdirectory.
@@ -39,8 +26,9 @@ class RunDir {
   const std::string& path() const { return path_; }
   std::string checkpoints() const { return path_ + "/checkpoints"; }
 
-  /// Writes status.json; an I/O error is returned as text (a run never fails over it).
-  std::string write_status(const RunStatus& s) const;
+  /// Writes status.json (with the time now); an I/O error is returned as text (a run never
+  /// fails over it).
+  std::string write_status(RunStatusRecord s) const;
 
  private:
   std::string path_;

@@ -198,9 +198,10 @@ void TrainStep::take_step() {
     // retry nor a checkpoint of them is safe.
     params_consistent_ = false;
     if (!is_out_of_memory(e)) throw;
-    throw Error(detail::str(
-        "out of memory inside the optimizer step after its reserve (", format_bytes(reserve_),
-        "); parameters may be partly updated, so the run stops without a final checkpoint: ", detail::error_text(e)));
+    throw OomFailure(detail::str("out of memory inside the optimizer step after its reserve (", format_bytes(reserve_),
+                                 "); parameters may be partly updated, so the run stops without a final checkpoint: ",
+                                 detail::error_text(e)),
+                     OomPhase::OptimizerStep);
   } catch (...) {
     params_consistent_ = false;
     throw;

@@ -85,7 +85,8 @@ struct Trainer::Impl {
   RunResult fit() {
     if (fitted) {
       RunResult r;
-      r.status = "FAILED";
+      r.status = RunStatus::Failed;
+      r.failure = FailureKind::Usage;
       r.exit_code = kExitUsage;
       r.message = "Trainer::fit() was already called; a Trainer runs once (construct another for the next run)";
       return r;
@@ -122,7 +123,7 @@ struct Trainer::Impl {
     if (parts.group) log_as_rank(*log, dir->path(), parts.group->rank());
     if (parts.writer()) write_atomic(dir->path() + "/config.toml", cfg.to_toml());
     RunResult running;
-    running.status = "RUNNING";
+    running.status = RunStatus::Running;
     write_status(running);
     auto metric_settings = MetricsSettings::from(cfg.sub("metrics"));
     if (!parts.writer()) metric_settings.jsonl = metric_settings.console = false;  // rank 0 reports the run
@@ -224,15 +225,16 @@ struct Trainer::Impl {
     hooks->fire(Event::FitStart);
     const std::optional<StopCause> stopped = rooms->loop.run();
     // A signal on any rank of a data-parallel run interrupts every rank (they agree on it).
-    const bool interrupted = stopped && (interrupt_requested() || stopped->by == "signal");
+    const bool interrupted = stopped && (interrupt_requested() || stopped->kind == StopKind::Signal);
     RunResult r;
-    r.status = interrupted ? "KILLED" : "FINISHED";
+    r.status = interrupted ? RunStatus::Killed : RunStatus::Finished;
     r.exit_code = interrupted ? kExitInterrupted : kExitOk;
     if (stopped) {
       r.message = interrupted ? "interrupted by a signal" : "";
       r.stopped_by = stopped->by;
       r.stop_reason = stopped->reason;
-      log->info("stopping: {}", stopped->by == "signal" ? stopped->reason : stopped->by + ": " + stopped->reason);
+      log->info("stopping: {}",
+                stopped->kind == StopKind::Signal ? stopped->reason : stopped->by + ": " + stopped->reason);
     }
     final_checkpoint(true);
     hooks->context().status = r.status;
@@ -244,18 +246,31 @@ struct Trainer::Impl {
   /// message. Then the final checkpoint and Exception.
   RunResult failed(const std::exception_ptr& failure) {
     RunResult r;
-    r.status = "FAILED";
+    r.status = RunStatus::Failed;
+    r.failure = FailureKind::Error;
     r.exit_code = kExitTrainingFailed;
     try {
       std::rethrow_exception(failure);
     } catch (const ExitRequest& e) {
       r.exit_code = e.exit_code();
       r.status = e.status();
+      r.failure = r.status != RunStatus::Failed    ? FailureKind::None
+                  : e.exit_code() == kExitNoDevice ? FailureKind::NoDevice
+                  : e.exit_code() == kExitUsage    ? FailureKind::Usage
+                                                   : FailureKind::Error;
       r.message = e.what();
     } catch (const UsageError& e) {
       r.exit_code = kExitUsage;
+      r.failure = FailureKind::Usage;
+      r.message = e.what();
+    } catch (const OomFailure& e) {
+      r.failure = FailureKind::OutOfMemory;
+      r.oom_phase = e.phase;
       r.message = e.what();
     } catch (const c10::Error& e) {
+      // An out-of-memory error outside any recovery (the model's move, the optimizer's
+      // creation, loading a checkpoint): no phase of the loop.
+      if (is_out_of_memory(e)) r.failure = FailureKind::OutOfMemory;
       r.message = e.what_without_backtrace();
     } catch (const std::exception& e) {
       r.message = e.what();
@@ -287,7 +302,7 @@ struct Trainer::Impl {
       }
     }
     budget.reset();  // the budget is the run's: the process gets its previous limit back
-    if (metrics) guarded("closing the metric sinks", [&] { metrics->close(r.status); });
+    if (metrics) guarded("closing the metric sinks", [&] { metrics->close(run_status_name(r.status)); });
     write_status(r);
     r.run_dir = dir ? dir->path() : attempted_dir;
     r.global_step = state.global_step;
@@ -297,7 +312,7 @@ struct Trainer::Impl {
     const std::string stop = r.stopped_by.empty() || r.stopped_by == "signal"
                                  ? std::string()
                                  : " (stopped by " + r.stopped_by + ": " + r.stop_reason + ")";
-    log->info("run {}: {} steps, status {}{}", r.run_dir, state.global_step, r.status, stop);
+    log->info("run {}: {} steps, status {}{}", r.run_dir, state.global_step, run_status_name(r.status), stop);
     log->flush();
   }
 
@@ -326,8 +341,18 @@ struct Trainer::Impl {
 
   void write_status(const RunResult& r) {
     if (!dir || !parts.writer()) return;
-    const std::string error = dir->write_status({r.status, r.exit_code, state.global_step, state.epoch, r.message,
-                                                 last_checkpoint(), r.stopped_by, r.stop_reason});
+    RunStatusRecord s;
+    s.status = r.status;
+    s.exit_code = r.exit_code;
+    s.global_step = state.global_step;
+    s.epoch = state.epoch;
+    s.message = r.message;
+    s.last_checkpoint = last_checkpoint();
+    s.stopped_by = r.stopped_by;
+    s.reason = r.stop_reason;
+    s.failure = r.failure;
+    s.oom_phase = r.oom_phase;
+    const std::string error = dir->write_status(s);
     if (!error.empty()) log->error("cannot write run status: {}", error);
   }
 };

@@ -1,0 +1,93 @@
+#include "trainer/run_records.h"
+
+#include <nlohmann/json.hpp>
+
+#include <limits>
+
+#include "trainer/error.h"
+#include "trainer/json.h"
+
+namespace trainer {
+
+namespace {
+
+using ordered = nlohmann::ordered_json;
+using json = nlohmann::json;
+
+/// The integer `key` of `j` as T (a fraction dropped), or `fallback` when it is missing, not a
+/// number or out of T's range.
+template <class T>
+T integer_of(const json& j, const char* key, T fallback) {
+  const auto it = j.find(key);
+  if (it == j.end() || !it->is_number()) return fallback;
+  if (it->is_number_unsigned()) {
+    const auto v = it->get<std::uint64_t>();
+    return v <= std::uint64_t(std::numeric_limits<T>::max()) ? T(v) : fallback;
+  }
+  if (it->is_number_integer()) {
+    const auto v = it->get<std::int64_t>();
+    return v >= std::int64_t(std::numeric_limits<T>::min()) && v <= std::int64_t(std::numeric_limits<T>::max())
+               ? T(v)
+               : fallback;
+  }
+  const double v = it->get<double>();
+  // A double converted to an integer it cannot hold is undefined behaviour: check the range first.
+  return v >= double(std::numeric_limits<T>::min()) && v < -double(std::numeric_limits<T>::min()) ? T(v) : fallback;
+}
+
+std::string text_of(const json& j, const char* key) {
+  const auto it = j.find(key);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+}  // namespace
+
+std::string encode_status(const RunStatusRecord& s) {
+  ordered j;
+  j["status"] = run_status_name(s.status);
+  j["exit_code"] = s.status == RunStatus::Running ? ordered(nullptr) : ordered(s.exit_code);
+  j["global_step"] = s.global_step;
+  j["epoch"] = s.epoch;
+  j["message"] = s.message;
+  j["last_checkpoint"] = s.last_checkpoint;
+  if (!s.stopped_by.empty()) {
+    j["stopped_by"] = s.stopped_by;
+    j["reason"] = s.reason;
+  }
+  if (s.status == RunStatus::Failed) {
+    j["failure"] = failure_kind_name(s.failure);
+    if (s.oom_phase) j["phase"] = oom_phase_name(*s.oom_phase);
+  }
+  if (std::isfinite(s.time)) j["time"] = s.time;
+  // Invalid UTF-8 in a message (an OS error's text) is replaced, not thrown.
+  return j.dump(-1, ' ', false, ordered::error_handler_t::replace) + "\n";
+}
+
+RunStatusRecord decode_status(std::string_view text) {
+  const std::string owned(text);
+  const json j = json_nesting(owned) > 64 ? json(json::value_t::discarded) : json::parse(owned, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) throw Error("is not a JSON object");
+  const auto status = j.find("status");
+  if (status == j.end() || !status->is_string()) throw Error("has no \"status\" string");
+  RunStatusRecord s;
+  const auto named = run_status_named(status->get<std::string>());
+  if (!named) {
+    throw Error("has \"status\" \"" + status->get<std::string>() +
+                "\", which is not one of RUNNING, FINISHED, FAILED, KILLED");
+  }
+  s.status = *named;
+  s.exit_code = integer_of(j, "exit_code", 0);
+  s.global_step = integer_of<std::int64_t>(j, "global_step", 0);
+  s.epoch = integer_of<std::int64_t>(j, "epoch", 0);
+  s.message = text_of(j, "message");
+  s.last_checkpoint = text_of(j, "last_checkpoint");
+  s.stopped_by = text_of(j, "stopped_by");
+  s.reason = text_of(j, "reason");
+  if (const auto kind = failure_kind_named(text_of(j, "failure"))) s.failure = *kind;
+  s.oom_phase = oom_phase_named(text_of(j, "phase"));
+  const auto time = j.find("time");
+  if (time != j.end() && time->is_number()) s.time = time->get<double>();
+  return s;
+}
+
+}  // namespace trainer
