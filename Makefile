@@ -3,6 +3,8 @@ BUILD ?= build
 JOBS ?= 2
 RECIPE ?= recipes/fashion_mnist.toml
 ARGS ?=
+# Extra CMake arguments for the configure step (.ci/run: -DTRAINER_WERROR=ON).
+CMAKE_ARGS ?=
 
 .PHONY: run test build deps install-check clean
 
@@ -10,7 +12,7 @@ deps:
 	@bash scripts/install-deps.sh
 
 build: deps
-	@cmake --preset default -B $(BUILD) >/dev/null
+	@cmake --preset default -B $(BUILD) $(CMAKE_ARGS) >/dev/null
 	@cmake --build $(BUILD) -j$(JOBS)
 
 run: build

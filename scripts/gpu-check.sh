@@ -145,10 +145,12 @@ if [ "$what" = all ] || [ "$what" = run ]; then
   source "$work/env.sh"
   # Tests that need what a GPU node lacks, left out there (and named in the summary):
   # install.* builds against the system's packages, fuzz.* builds with clang and the system's
-  # -dev packages; the rest only where their tool is missing.
-  exclude='^install\.|^fuzz\.'
+  # -dev packages, format.* checks the sources' formatting (clang-format, no GPU path in it);
+  # the rest only where their tool is missing.
+  exclude='^install\.|^fuzz\.|^format\.'
   skip() { printf 'SKIP %s %s\n' "$1" "$2" | tee -a "$summary"; }
   skip tests:install,fuzz "they build against the system's -dev packages (fuzz: with clang)"
+  skip tests:format "the formatting check needs clang-format and no GPU; it runs on the CPU machine"
   test_python=$(sed -n 's/^TRAINER_TEST_PYTHON:FILEPATH=//p' "$build/CMakeCache.txt")
   if ! "$test_python" -c 'import torchvision' 2>/dev/null; then
     exclude+='|^fixture\.torchvision_files$|^Resnet\.|^Weights\.|^WeightsRun\.|^interop\.'

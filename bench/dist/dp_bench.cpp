@@ -59,13 +59,13 @@ void BM_DataParallel(benchmark::State& state) {
   const std::string recipe = dir.string() + ".toml";
   std::ofstream(recipe) << "defaults = [\"model/mlp\", \"dataset/fashion_mnist\", \"optim/adamw\"]\n"
                            "[run]\nname = \"dp_bench\"\nseed = 1\n";
-  const std::string args = " --recipe " + recipe + " " + model + " training.batch_size=" + std::to_string(batch) +
-                           " training.max_steps=" + std::to_string(kSteps) +
-                           " training.log_every=" + std::to_string(kLogEvery) +
-                           " dataset.limit=" + std::to_string(batch * kSteps) +
-                           " eval.every_epochs=0 checkpoint.at_end=false metrics.console=false runtime.num_threads=" +
-                           std::to_string(threads) + " distributed.bucket_mb=0.25 distributed.overlap=" +
-                           (overlap ? "true" : "false") + " --log-level warn --run-dir " + dir.string();
+  const std::string args =
+      " --recipe " + recipe + " " + model + " training.batch_size=" + std::to_string(batch) +
+      " training.max_steps=" + std::to_string(kSteps) + " training.log_every=" + std::to_string(kLogEvery) +
+      " dataset.limit=" + std::to_string(batch * kSteps) +
+      " eval.every_epochs=0 checkpoint.at_end=false metrics.console=false runtime.num_threads=" +
+      std::to_string(threads) + " distributed.bucket_mb=0.25 distributed.overlap=" + (overlap ? "true" : "false") +
+      " --log-level warn --run-dir " + dir.string();
   const std::string cmd = "TRAINER_CONFIG_PATH=" TRAINER_SOURCE_DIR "/configs " TRAINER_CLI +
                           (ranks > 1 ? " launch --nproc " + std::to_string(ranks) + " --" : std::string()) + args +
                           " > " + dir.string() + ".out 2>&1";

@@ -9,11 +9,11 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "support/bench_smoke.h"
 #include "trainer/memory.h"
 #include "trainer/plugin_host.h"
 #include "trainer/recipe.h"
 #include "trainer/trainer.h"
-#include "support/bench_smoke.h"
 
 namespace {
 

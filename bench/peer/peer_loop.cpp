@@ -4,8 +4,8 @@
 // seed, data order, AdamW settings, LR warm-up + cosine, batch sizes, evaluation and
 // checkpoint every epoch; with --precision bf16, bf16 autocast around each forward and loss
 // (as trainer's mixed_precision plugin). --device cuda:N trains there: the model on the GPU,
-// each batch gathered on the host and copied over (as trainer's loader does). bench/peer/peer_bench.py runs it beside trainer and
-// the Python loop. The one trainer header it includes is the LibTorch 1.13 / 2.x autocast shim.
+// each batch gathered on the host and copied over (as trainer's loader does). bench/peer/peer_bench.py runs it beside
+// trainer and the Python loop. The one trainer header it includes is the LibTorch 1.13 / 2.x autocast shim.
 //
 // Prints one JSON object per line on stdout:
 //   {"event":"eval","epoch":E,"step":S,"accuracy":A,"loss":L,"time":UNIX_SECONDS}
@@ -75,22 +75,38 @@ Options parse(int argc, char** argv) {
       return d;
     };
     try {
-      if (a == "--root") o.root = v;
-      else if (a == "--out-dir") o.out_dir = v;
-      else if (a == "--precision") o.precision = v;
-      else if (a == "--device") o.device = v;
-      else if (a == "--epochs") o.epochs = integer();
-      else if (a == "--batch-size") o.batch_size = integer();
-      else if (a == "--eval-batch-size") o.eval_batch_size = integer();
-      else if (a == "--warmup") o.warmup = integer();
-      else if (a == "--seed") o.seed = integer();
-      else if (a == "--limit") o.limit = integer();
-      else if (a == "--eval-limit") o.eval_limit = integer();
-      else if (a == "--threads") o.threads = integer();
-      else if (a == "--log-every") o.log_every = integer();
-      else if (a == "--lr") o.lr = real();
-      else if (a == "--weight-decay") o.weight_decay = real();
-      else usage("unknown option " + a);
+      if (a == "--root")
+        o.root = v;
+      else if (a == "--out-dir")
+        o.out_dir = v;
+      else if (a == "--precision")
+        o.precision = v;
+      else if (a == "--device")
+        o.device = v;
+      else if (a == "--epochs")
+        o.epochs = integer();
+      else if (a == "--batch-size")
+        o.batch_size = integer();
+      else if (a == "--eval-batch-size")
+        o.eval_batch_size = integer();
+      else if (a == "--warmup")
+        o.warmup = integer();
+      else if (a == "--seed")
+        o.seed = integer();
+      else if (a == "--limit")
+        o.limit = integer();
+      else if (a == "--eval-limit")
+        o.eval_limit = integer();
+      else if (a == "--threads")
+        o.threads = integer();
+      else if (a == "--log-every")
+        o.log_every = integer();
+      else if (a == "--lr")
+        o.lr = real();
+      else if (a == "--weight-decay")
+        o.weight_decay = real();
+      else
+        usage("unknown option " + a);
     } catch (const std::logic_error&) {
       usage("not a number: " + a + " " + v);
     }
@@ -193,9 +209,7 @@ struct Autocast {
   c10::DeviceType type;
 };
 
-double unix_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
+double unix_now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 
 }  // namespace
 
@@ -210,10 +224,9 @@ int main(int argc, char** argv) {
     auto [test_x, test_y] = load(o, "t10k", o.eval_limit);
     Net model;
     model->to(device);
-    torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(o.lr)
-                                                     .betas({0.9, 0.999})
-                                                     .eps(1e-8)
-                                                     .weight_decay(o.weight_decay));
+    torch::optim::AdamW opt(
+        model->parameters(),
+        torch::optim::AdamWOptions(o.lr).betas({0.9, 0.999}).eps(1e-8).weight_decay(o.weight_decay));
     std::filesystem::create_directories(o.out_dir);
 
     const std::int64_t n = train_x.size(0);

@@ -7,12 +7,12 @@
 #include <chrono>
 #include <filesystem>
 
+#include "support/bench_smoke.h"
 #include "trainer/data.h"
 #include "trainer/optim.h"
 #include "trainer/recipe.h"
 #include "trainer/runtime.h"
 #include "trainer/trainer.h"
-#include "support/bench_smoke.h"
 
 namespace {
 

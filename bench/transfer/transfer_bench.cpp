@@ -20,12 +20,12 @@
 #include <fstream>
 #include <thread>
 
+#include "support/bench_smoke.h"
 #include "trainer/data.h"
 #include "trainer/loader.h"
 #include "trainer/lora.h"
 #include "trainer/memory.h"
 #include "trainer/model.h"
-#include "support/bench_smoke.h"
 
 namespace {
 
@@ -51,7 +51,8 @@ const std::string& jpeg_tree() {
       tjCompress2(tj, px.data_ptr<std::uint8_t>(), w, 0, h, TJPF_RGB, &out, &size, TJSAMP_420, 90, 0);
       const fs::path file = dir / "train" / ("c" + std::to_string(i % 4)) / (std::to_string(i) + ".jpg");
       fs::create_directories(file.parent_path());
-      std::ofstream(file, std::ios::binary).write(reinterpret_cast<const char*>(out), static_cast<std::streamsize>(size));
+      std::ofstream(file, std::ios::binary)
+          .write(reinterpret_cast<const char*>(out), static_cast<std::streamsize>(size));
       tjFree(out);
     }
     tjDestroy(tj);
@@ -68,7 +69,8 @@ void BM_Loader(benchmark::State& state) {
   const auto ds = trainer::dataset_registry().get("image_folder").factory(c, trainer::Split::Train);
   trainer::BatchLoader loader(ds, state.range(0), 4);
   std::vector<at::Tensor> batches;
-  for (std::int64_t b = 0; b < kImages; b += kBatch) batches.push_back(at::arange(b, std::min(kImages, b + kBatch), at::kLong));
+  for (std::int64_t b = 0; b < kImages; b += kBatch)
+    batches.push_back(at::arange(b, std::min(kImages, b + kBatch), at::kLong));
   std::int64_t epoch = 0, images = 0;
   for (auto _ : state) {
     loader.plan(epoch++, batches);

@@ -31,7 +31,7 @@ std::string value_of(const std::string& override_text) {
   return eq == std::string::npos ? override_text : override_text.substr(eq + 1);
 }
 
-double mib(std::int64_t bytes) { return double(bytes) / (1024.0 * 1024.0); }
+double in_mib(std::int64_t bytes) { return double(bytes) / (1024.0 * 1024.0); }
 
 std::string fixed(double v, int digits) {
   std::ostringstream s;
@@ -47,8 +47,8 @@ std::vector<std::string> result_columns(const BenchCell& c) {
           ran ? fixed(c.samples_per_s, 1) : "",
           ran ? fixed(c.step_ms_median, 2) : "",
           ran ? fixed(c.step_ms_min, 2) + "-" + fixed(c.step_ms_max, 2) : "",
-          c.peak > 0 ? fixed(mib(c.peak), 1) : "",
-          c.predicted_peak >= 0 ? fixed(mib(c.predicted_peak), 1) : "",
+          c.peak > 0 ? fixed(in_mib(c.peak), 1) : "",
+          c.predicted_peak >= 0 ? fixed(in_mib(c.predicted_peak), 1) : "",
           c.out_of_memory ? "yes" : "no",
           c.message};
 }
@@ -158,6 +158,7 @@ BenchReport run_bench(const BenchRequest& req, std::ostream& progress) {
   // Every cell's config is checked before anything runs: a typo in the last cell is not found
   // after an hour of the others.
   const auto cells = grid_cells(req.grid);
+  std::vector<std::string> memory_keys;  // per cell: what its memory estimate depends on
   for (const auto& overrides : cells) {
     BenchCell c;
     c.overrides = overrides;
@@ -167,14 +168,19 @@ BenchReport run_bench(const BenchRequest& req, std::ostream& progress) {
     const auto t = TrainingSettings::from(p.config.sub("training"));
     c.batch_size = t.batch_size;
     c.micro_batch = t.micro_batch();
+    std::vector<SectionSpec> sections = core_config_sections(p.config);
+    const auto plugin_sections = plugin_config_sections(p.plugins);
+    sections.insert(sections.end(), plugin_sections.begin(), plugin_sections.end());
+    memory_keys.push_back(memory_key(overrides, sections));
     report.cells.push_back(std::move(c));
   }
   const std::string base = req.work_dir.empty() ? std::filesystem::temp_directory_path().string() : req.work_dir;
-  // Cells that differ only in their batch sizes share one estimate (its fit covers every
-  // size), probed for the largest micro-batch among them.
-  const auto group_of = [](const BenchCell& c) { return memory_key(c.overrides); };
+  // Cells that differ only in their batch sizes (and keys that change no memory) share one
+  // estimate (its fit covers every size), probed for the largest micro-batch among them.
   std::map<std::string, std::int64_t> largest_micro;
-  for (const auto& c : report.cells) largest_micro[group_of(c)] = std::max(largest_micro[group_of(c)], c.micro_batch);
+  for (std::size_t i = 0; i < report.cells.size(); ++i) {
+    largest_micro[memory_keys[i]] = std::max(largest_micro[memory_keys[i]], report.cells[i].micro_batch);
+  }
   std::map<std::string, MemoryEstimate> estimates;
   std::map<std::string, std::string> failed_estimates;  // a group whose estimate failed: why
   for (std::size_t i = 0; i < report.cells.size(); ++i) {
@@ -183,7 +189,7 @@ BenchReport run_bench(const BenchRequest& req, std::ostream& progress) {
     std::vector<std::string> all = req.overrides;
     all.insert(all.end(), c.overrides.begin(), c.overrides.end());
     if (req.estimate) {
-      const std::string key = group_of(c);
+      const std::string& key = memory_keys[i];
       try {
         auto it = estimates.find(key);
         if (it == estimates.end() && !failed_estimates.count(key)) {
@@ -322,8 +328,9 @@ void write_bench_csv(const BenchReport& r, std::ostream& out) {
              cell_status_name(c.status), std::to_string(c.micro_batch_used > 0 ? c.micro_batch_used : c.micro_batch),
              ran ? fixed(c.samples_per_s, 3) : "", ran ? fixed(c.step_ms_median, 3) : "",
              ran ? fixed(c.step_ms_min, 3) : "", ran ? fixed(c.step_ms_max, 3) : "",
-             c.peak > 0 ? fixed(mib(c.peak), 3) : "", c.predicted_peak >= 0 ? fixed(mib(c.predicted_peak), 3) : "",
-             c.out_of_memory ? "true" : "false", std::to_string(c.measured_steps), c.message}) {
+             c.peak > 0 ? fixed(in_mib(c.peak), 3) : "",
+             c.predicted_peak >= 0 ? fixed(in_mib(c.predicted_peak), 3) : "", c.out_of_memory ? "true" : "false",
+             std::to_string(c.measured_steps), c.message}) {
       row.push_back(v);
     }
     for (std::size_t i = 0; i < row.size(); ++i) out << (i ? "," : "") << csv_field(row[i]);

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "short_run.h"
+#include "trainer/config_spec.h"
 
 namespace trainer::tune {
 
@@ -60,12 +61,17 @@ struct Probe {
 /// The prediction and what it rests on.
 struct MemoryEstimate {
   std::string device;
-  std::int64_t batch_size = 0;    ///< the recipe's training.batch_size
-  std::int64_t micro_batch = 0;   ///< the recipe's micro-batch
-  double a = 0, b = 0, c = 0;     ///< forward and backward: a + b * micro + c * (batch - micro) (bytes)
-  double a2 = 0, c2 = 0;          ///< optimizer step: a2 + c2 * batch (bytes)
-  double slack0 = 0, slack1 = 0;  ///< reserved - peak = slack0 + slack1 * micro (allocator slack)
-  double fit_residual = 0;        ///< largest |measured - fitted| / measured over the probes
+  std::int64_t batch_size = 0;   ///< the recipe's training.batch_size
+  std::int64_t micro_batch = 0;  ///< the recipe's micro-batch
+  // The fit, in bytes (the header's a, b, c, a2, c2; "fit" in the JSON keeps those names).
+  double held = 0;                   ///< a: held throughout the forward and backward
+  double per_sample = 0;             ///< b: per sample of a micro-batch
+  double per_batch_sample = 0;       ///< c: per further sample of a batch split into micro-batches
+  double step_held = 0;              ///< a2: held during the optimizer step
+  double step_per_batch_sample = 0;  ///< c2: per sample of the batch during the optimizer step
+  double slack = 0;                  ///< reserved - peak = slack + slack_per_sample * micro (allocator slack)
+  double slack_per_sample = 0;
+  double fit_residual = 0;  ///< largest |measured - fitted| / measured over the probes
   std::vector<Probe> probes;
   std::vector<std::string> plugins;  ///< plugins active in the probes
   std::vector<std::string> notes;    ///< how the probes were run, where that matters
@@ -141,14 +147,15 @@ void print_estimate_json(const MemoryEstimate& e, std::ostream& out);
 /// `trainer sweep` does with `trainer estimate --json`; throws trainer::Error when unreadable.
 MemoryEstimate estimate_from_json(const std::string& text);
 
-/// What of `overrides` can change a step's memory beyond its batch sizes, as one string:
-/// configs with equal keys share one estimate (its fit covers every batch and micro-batch).
-/// Left out: training.batch_size, training.micro_batch_size and eval.batch_size (the fit covers
-/// them), and keys that change no allocation (optim.lr, sched.*, run.seed, training.epochs,
-/// training.max_steps, training.log_every, checkpoint.*, plugins.mlflow.*). optim.momentum and
-/// optim.weight_decay are not among them: SGD keeps a momentum buffer only when momentum is
-/// not 0, and weight decay adds a temporary to its step.
-std::string memory_key(const std::vector<std::string>& overrides);
+/// What a memory estimate depends on among `overrides` ("key=value", "+key=value"): configs
+/// with equal keys share one estimate. Left out: the keys whose KeySpec in `sections` (the
+/// config's core and plugin sections) is memory_neutral(): the batch sizes (the fit covers
+/// them), the learning rate, the schedule, run.seed, training.epochs, max_steps, log_every,
+/// checkpoint.* and plugins.mlflow.*, each declared so beside its key. A key not found there
+/// (a section's own name, `model=cnn`) counts, as do optim.momentum and optim.weight_decay: SGD
+/// keeps a momentum buffer only when momentum is not 0, and weight decay adds a temporary to its
+/// step.
+std::string memory_key(const std::vector<std::string>& overrides, const std::vector<SectionSpec>& sections);
 
 /// "peak = 50 MiB + 412 KiB x micro-batch + 3 KiB x batch": the fitted model, for messages.
 std::string describe_fit(const MemoryEstimate& e);

@@ -15,18 +15,17 @@ namespace {
 
 using json = nlohmann::json;
 
-std::string mib(std::int64_t bytes) { return format_bytes(bytes); }
-
 }  // namespace
 
 std::string describe_fit(const MemoryEstimate& e) {
   const auto term = [](double v, const char* what) {
-    return std::fabs(v) < 1.0 ? std::string() : (v >= 0 ? " + " : " - ") + mib(std::llround(std::fabs(v))) + what;
+    return std::fabs(v) < 1.0 ? std::string()
+                              : (v >= 0 ? " + " : " - ") + format_bytes(std::llround(std::fabs(v))) + what;
   };
   std::ostringstream s;
-  s << "peak = the larger of forward/backward " << mib(std::llround(e.a)) << term(e.b, " x micro-batch")
-    << term(e.c, " x (batch - micro-batch)") << " and optimizer step " << mib(std::llround(e.a2))
-    << term(e.c2, " x batch");
+  s << "peak = the larger of forward/backward " << format_bytes(std::llround(e.held))
+    << term(e.per_sample, " x micro-batch") << term(e.per_batch_sample, " x (batch - micro-batch)")
+    << " and optimizer step " << format_bytes(std::llround(e.step_held)) << term(e.step_per_batch_sample, " x batch");
   return s.str();
 }
 
@@ -36,8 +35,8 @@ void print_estimate(const MemoryEstimate& e, std::ostream& out) {
   for (const auto& p : e.probes) {
     out << "\n    micro-batch " << std::setw(5) << p.micro_batch << ", batch " << std::setw(5) << p.batch_size << ": ";
     if (p.error.empty()) {
-      out << mib(p.peak) << " peak (forward/backward " << mib(p.peak_forward_backward) << ", optimizer step "
-          << mib(p.peak_optimizer_step) << ")";
+      out << format_bytes(p.peak) << " peak (forward/backward " << format_bytes(p.peak_forward_backward)
+          << ", optimizer step " << format_bytes(p.peak_optimizer_step) << ")";
     } else {
       out << (p.out_of_memory ? "out of memory: " : "failed: ") << p.error;
     }
@@ -56,7 +55,7 @@ void print_estimate(const MemoryEstimate& e, std::ostream& out) {
   out << "  fit: " << describe_fit(e) << " (largest probe residual " << std::fixed << std::setprecision(2)
       << 100.0 * e.fit_residual << " %)\n\n";
   const auto row = [&out](const std::string& what, std::int64_t bytes, const std::string& note = "") {
-    out << "  " << std::left << std::setw(34) << what << std::right << std::setw(12) << mib(bytes)
+    out << "  " << std::left << std::setw(34) << what << std::right << std::setw(12) << format_bytes(bytes)
         << (note.empty() ? "" : "   " + note) << "\n";
   };
   row("parameters and buffers", e.parameters);
@@ -69,8 +68,8 @@ void print_estimate(const MemoryEstimate& e, std::ostream& out) {
   row("predicted reserved", e.reserved, "with the allocator's slack");
   if (e.eval_batch > 0) {
     row("evaluation peak", e.eval_peak,
-        "eval.batch_size " + std::to_string(e.eval_batch) + ": " + mib(std::llround(e.eval_base)) + " + " +
-            mib(std::llround(e.eval_per_sample)) + " x sample");
+        "eval.batch_size " + std::to_string(e.eval_batch) + ": " + format_bytes(std::llround(e.eval_base)) + " + " +
+            format_bytes(std::llround(e.eval_per_sample)) + " x sample");
   }
   row("predicted run peak", e.run_peak, "memory_log's memory/peak_mb (steps and evaluations)");
   out << "\n";
@@ -78,18 +77,19 @@ void print_estimate(const MemoryEstimate& e, std::ostream& out) {
     out << "  limit: unknown (no budget, and the device does not report its free memory)\n";
   } else {
     const auto budget = static_cast<std::int64_t>(double(e.limit) * (1.0 - e.margin));
-    out << "  limit: " << mib(e.limit) << " (" << e.limit_source << "), margin " << std::setprecision(0)
-        << 100.0 * e.margin << " % -> " << mib(budget) << " usable" << (e.limit_on_reserved ? " (reserved)" : "")
-        << "\n";
+    out << "  limit: " << format_bytes(e.limit) << " (" << e.limit_source << "), margin " << std::setprecision(0)
+        << 100.0 * e.margin << " % -> " << format_bytes(budget) << " usable"
+        << (e.limit_on_reserved ? " (reserved)" : "") << "\n";
     const bool step_fits = e.fits_at(e.batch_size, e.micro_batch);
     out << "  the recipe's micro-batch " << e.micro_batch << (step_fits ? " fits" : " does NOT fit") << ": predicted "
-        << mib(e.limit_on_reserved ? e.reserved : e.peak) << (step_fits ? " <= " : " > ") << mib(budget) << "\n";
+        << format_bytes(e.limit_on_reserved ? e.reserved : e.peak) << (step_fits ? " <= " : " > ")
+        << format_bytes(budget) << "\n";
     out << "  largest micro-batch that fits: " << e.max_micro_batch << " (batch = micro-batch); at batch_size "
         << e.batch_size << ": " << e.max_micro_at_batch << "\n";
     if (e.eval_batch > 0) {
       const bool ok = e.eval_fits_at(e.eval_batch);
       out << "  evaluation at eval.batch_size " << e.eval_batch << (ok ? " fits" : " does NOT fit") << ": predicted "
-          << mib(e.eval_peak) << (ok ? " <= " : " > ") << mib(budget)
+          << format_bytes(e.eval_peak) << (ok ? " <= " : " > ") << format_bytes(budget)
           << "; largest eval.batch_size that fits: " << e.max_eval_batch() << "\n";
     }
   }
@@ -105,8 +105,14 @@ void print_estimate_json(const MemoryEstimate& e, std::ostream& out) {
   j["device"] = e.device;
   j["batch_size"] = e.batch_size;
   j["micro_batch_size"] = e.micro_batch;
-  j["fit"] = {{"a", e.a},   {"b", e.b},           {"c", e.c},           {"a2", e.a2},
-              {"c2", e.c2}, {"slack0", e.slack0}, {"slack1", e.slack1}, {"residual", e.fit_residual}};
+  j["fit"] = {{"a", e.held},
+              {"b", e.per_sample},
+              {"c", e.per_batch_sample},
+              {"a2", e.step_held},
+              {"c2", e.step_per_batch_sample},
+              {"slack0", e.slack},
+              {"slack1", e.slack_per_sample},
+              {"residual", e.fit_residual}};
   j["probes"] = json::array();
   for (const auto& p : e.probes) {
     j["probes"].push_back({{"batch_size", p.batch_size},
@@ -151,8 +157,9 @@ MemoryEstimate estimate_from_json(const std::string& text) {
     e.batch_size = j.at("batch_size");
     e.micro_batch = j.at("micro_batch_size");
     const json& f = j.at("fit");
-    e.a = f.at("a"), e.b = f.at("b"), e.c = f.at("c"), e.a2 = f.at("a2"), e.c2 = f.at("c2");
-    e.slack0 = f.at("slack0"), e.slack1 = f.at("slack1"), e.fit_residual = f.at("residual");
+    e.held = f.at("a"), e.per_sample = f.at("b"), e.per_batch_sample = f.at("c");
+    e.step_held = f.at("a2"), e.step_per_batch_sample = f.at("c2");
+    e.slack = f.at("slack0"), e.slack_per_sample = f.at("slack1"), e.fit_residual = f.at("residual");
     for (const auto& p : j.at("probes")) {
       Probe q;
       q.batch_size = p.at("batch_size");

@@ -78,8 +78,8 @@ struct Replayed {
   std::int64_t ended = 0;
 };
 
-// Reading it back (study_record_check.cpp): each record checked, and the study record
-// compared with this study's.
+// Reading it back (study_record_check.cpp; the study records compared in study_differences.cpp): each record checked,
+// and the study record compared with this study's.
 
 /// Replays the journal at `path` (named in messages). The journal is untrusted input (a study
 /// directory may come from anyone): every record is checked before it is used (JSON, a known

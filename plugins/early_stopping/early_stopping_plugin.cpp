@@ -65,15 +65,21 @@ class EarlyStoppingPlugin final : public trainer::Plugin {
     s_ = EarlyStoppingSettings::from(section);
   }
 
+  /// What a resume restores, each member named once.
+  trainer::StateFields progress() {
+    return trainer::StateFields()
+        .add("has_best", has_best_)
+        .add("best", best_)
+        .add("best_step", best_step_)
+        .add("wait", wait_)
+        .add("stopped", stopped_)
+        .add("best_checkpoint", best_checkpoint_);
+  }
   void save_state(trainer::PluginState& state) override {
+    // What was watched, so that a resume that watches something else starts afresh.
     state.set_string("monitor", s_.monitor);
     state.set_string("mode", s_.mode);
-    state.set_bool("has_best", has_best_);
-    state.set_double("best", best_);
-    state.set_int("best_step", best_step_);
-    state.set_int("wait", wait_);
-    state.set_bool("stopped", stopped_);
-    state.set_string("best_checkpoint", best_checkpoint_);
+    progress().save(state);
   }
   void load_state(const trainer::PluginState& state) override {
     const std::string monitored = state.get_string("monitor"), mode = state.get_string("mode", s_.mode);
@@ -82,12 +88,7 @@ class EarlyStoppingPlugin final : public trainer::Plugin {
                     monitored, mode, s_.monitor, s_.mode);
       return;
     }
-    has_best_ = state.get_bool("has_best");
-    best_ = state.get_double("best");
-    best_step_ = state.get_int("best_step");
-    wait_ = state.get_int("wait");
-    stopped_ = state.get_bool("stopped");
-    best_checkpoint_ = state.get_string("best_checkpoint");
+    progress().load(state);
   }
 
   void on_event(trainer::EventContext& ctx, trainer::Control& control) override {

@@ -42,28 +42,37 @@ struct MlflowSettings : trainer::Settings<MlflowSettings> {
   static void declare(trainer::SettingsSchema<MlflowSettings>& s) {
     s.add(&MlflowSettings::tracking_uri, "tracking_uri",
           "http(s)://host:port of an MLflow tracking server, or file:./mlruns (MLflow's file store); empty: "
-          "$MLFLOW_TRACKING_URI");
+          "$MLFLOW_TRACKING_URI")
+        .memory_neutral();
     s.add(&MlflowSettings::experiment, "experiment",
-          "Experiment name, created when missing; empty: $MLFLOW_EXPERIMENT_NAME, else Default");
-    s.add(&MlflowSettings::run_name, "run_name", "MLflow run name; empty: the run directory's name");
+          "Experiment name, created when missing; empty: $MLFLOW_EXPERIMENT_NAME, else Default")
+        .memory_neutral();
+    s.add(&MlflowSettings::run_name, "run_name", "MLflow run name; empty: the run directory's name").memory_neutral();
     s.add(&MlflowSettings::parent_run_id, "parent_run_id",
-          "Nest the run under this MLflow run (tag mlflow.parentRunId); empty: $MLFLOW_PARENT_RUN_ID, else none");
-    s.add(&MlflowSettings::tags, "tags", "Extra run tags, each \"key=value\"");
-    s.add(&MlflowSettings::log_params, "log_params", "Log the flattened resolved config as params");
-    s.add(&MlflowSettings::log_config, "log_config", "Upload the resolved config (config.toml) as an artifact");
+          "Nest the run under this MLflow run (tag mlflow.parentRunId); empty: $MLFLOW_PARENT_RUN_ID, else none")
+        .memory_neutral();
+    s.add(&MlflowSettings::tags, "tags", "Extra run tags, each \"key=value\"").memory_neutral();
+    s.add(&MlflowSettings::log_params, "log_params", "Log the flattened resolved config as params").memory_neutral();
+    s.add(&MlflowSettings::log_config, "log_config", "Upload the resolved config (config.toml) as an artifact")
+        .memory_neutral();
     s.add(&MlflowSettings::log_checkpoint, "log_checkpoint",
-          "Upload the run's last checkpoint as an artifact (checkpoints/<file>) when the run ends");
+          "Upload the run's last checkpoint as an artifact (checkpoints/<file>) when the run ends")
+        .memory_neutral();
     s.add(&MlflowSettings::flush_interval_s, "flush_interval_s",
           "Longest a metric waits before it is journaled and sent (sooner at 1000 queued)")
-        .min(0.01);
+        .min(0.01)
+        .memory_neutral();
     s.add(&MlflowSettings::shutdown_timeout_s, "shutdown_timeout_s",
           "At the end of the run, how long to wait for the server to take what is queued; the rest stays in "
           "the journal for `trainer mlflow sync`")
-        .min(0);
+        .min(0)
+        .memory_neutral();
     s.add(&MlflowSettings::max_backoff_s, "max_backoff_s", "Longest wait between retries while the server is away")
-        .min(0.5);
+        .min(0.5)
+        .memory_neutral();
     s.add(&MlflowSettings::request_timeout_s, "request_timeout_s", "Timeout of one request (uploads: of a stall)")
-        .min(1);
+        .min(1)
+        .memory_neutral();
   }
 };
 

@@ -56,27 +56,30 @@ class OomBackoffPlugin final : public trainer::Plugin {
     s_ = OomBackoffSettings::from(section);
   }
 
+  /// The counters a resume restores as they were, each named once.
+  trainer::StateFields counters() {
+    return trainer::StateFields()
+        .add("good", good_)
+        .add("bad", bad_)
+        .add("clean_steps", clean_steps_)
+        .add("ooms", ooms_);
+  }
   void save_state(trainer::PluginState& state) override {
+    counters().save(state);
     // Not applied yet (a resumed run that checkpoints before its first batch): what was restored.
     state.set_int("micro_batch", restored_micro_ > 0 ? restored_micro_ : current_);
     state.set_int("configured", configured_);
     state.set_int("grow_after", s_.grow_after);
-    state.set_int("good", good_);
-    state.set_int("bad", bad_);
     state.set_int("patience", patience_);
-    state.set_int("clean_steps", clean_steps_);
-    state.set_int("ooms", ooms_);
   }
   void load_state(const trainer::PluginState& state) override {
+    counters().load(state);
+    // Applied at Resume, against this run's settings.
     restored_micro_ = state.get_int("micro_batch");
     restored_configured_ = state.get_int("configured");
-    good_ = state.get_int("good");
-    bad_ = state.get_int("bad");
     // The patience grows after failed grows; a changed grow_after setting starts it afresh.
     patience_ = state.get_int("grow_after", s_.grow_after) == s_.grow_after ? state.get_int("patience", s_.grow_after)
                                                                             : s_.grow_after;
-    clean_steps_ = state.get_int("clean_steps");
-    ooms_ = state.get_int("ooms");
     restored_ = true;
   }
 

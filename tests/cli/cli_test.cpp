@@ -46,6 +46,52 @@ TEST(Cli, HelpAndVersion) {
 
 TEST(Cli, UnknownOptionIsAUsageError) { EXPECT_EQ(run_cli("--frobnicate").code, 2); }
 
+TEST(Cli, EachCommandShowsAndTakesOnlyItsOwnOptions) {
+  // The general help lists every command; a command's help only its options.
+  const auto all = run_cli("--help");
+  for (const char* c :
+       {"trainer plugins", "trainer mem", "trainer estimate", "trainer bench", "trainer launch", "trainer sweep",
+        "trainer report", "trainer mlflow sync", "trainer help", "trainer completion"}) {
+    EXPECT_NE(all.text.find(c), std::string::npos) << c;
+  }
+  for (const std::string how : {"help estimate", "estimate --help"}) {
+    const auto o = run_cli(how);
+    EXPECT_EQ(o.code, 0) << how;
+    EXPECT_NE(o.text.find("--probe-sizes"), std::string::npos) << how << ": " << o.text;
+    EXPECT_EQ(o.text.find("--grid"), std::string::npos) << how << ": bench's option in " << o.text;
+    EXPECT_EQ(o.text.find("--run-dir"), std::string::npos) << how << ": training's option in " << o.text;
+  }
+  // Another command's option is refused, naming it.
+  const auto wrong = run_cli("mem --grid x");
+  EXPECT_EQ(wrong.code, 2);
+  EXPECT_NE(wrong.text.find("trainer mem: "), std::string::npos) << wrong.text;
+  EXPECT_NE(wrong.text.find("grid"), std::string::npos) << wrong.text;
+  const auto nosuch = run_cli("help frobnicate");
+  EXPECT_EQ(nosuch.code, 2);
+  EXPECT_NE(nosuch.text.find("no command 'frobnicate'"), std::string::npos) << nosuch.text;
+}
+
+TEST(Cli, BashCompletionIsGeneratedFromTheCommandTable) {
+  TempDir tmp;
+  const auto script = run_cli("completion bash");
+  ASSERT_EQ(script.code, 0) << script.text;
+  write_file(tmp / "completion.bash", script.text);
+  // What bash offers after `trainer ` + WORD and `trainer estimate --pr`.
+  const auto complete = [&](const std::string& words, int cword) {
+    const std::string sh = "bash -c 'source " + (tmp / "completion.bash") + "; COMP_WORDS=(" + words +
+                           "); COMP_CWORD=" + std::to_string(cword) + "; _trainer; echo \"${COMPREPLY[*]}\"'";
+    return trainer::testing::run_command(sh).text;
+  };
+  const std::string first = complete("trainer es", 1);
+  EXPECT_NE(first.find("estimate"), std::string::npos) << first;
+  const std::string option = complete("trainer estimate --pr", 2);
+  EXPECT_NE(option.find("--probe-sizes"), std::string::npos) << option;
+  EXPECT_EQ(option.find("--print-config"), std::string::npos) << option;  // training's, not estimate's
+  EXPECT_NE(complete("trainer mlflow s", 2).find("sync"), std::string::npos);
+  const std::string train = complete("trainer --pr", 1);
+  EXPECT_NE(train.find("--print-config"), std::string::npos) << train;
+}
+
 TEST(Cli, MissingRecipeIsAUsageError) {
   const auto o = run_cli("");
   EXPECT_EQ(o.code, 2);
@@ -132,7 +178,8 @@ TEST(Cli, SigintStopsWithACheckpointAndExitCode130) {
   trainer::testing::Child cli(std::string(TRAINER_CLI) + " --recipe " + kRecipe + " --run-dir " + (tmp / "run") +
                               " plugins.console.mode=plain training.log_every=1 >" + out + " 2>&1");
   ASSERT_TRUE(cli.started());
-  ASSERT_TRUE(trainer::testing::wait_for_text(tmp / "run/metrics.jsonl", "train/loss")) << trainer::testing::read_file(out);
+  ASSERT_TRUE(trainer::testing::wait_for_text(tmp / "run/metrics.jsonl", "train/loss"))
+      << trainer::testing::read_file(out);
   ASSERT_TRUE(cli.signal(SIGINT));
   const int status = cli.wait();
   const std::string text = trainer::testing::read_file(out);
@@ -187,8 +234,9 @@ TEST(Cli, MemListsGpusAndTheirProcessesFromNvml) {
 TEST(Cli, RobustPresetAddsItsPluginsToTheRecipes) {
   const auto o = run_cli("--recipe " + kRecipe + " --print-config robust");
   EXPECT_EQ(o.code, 0) << o.text;
-  EXPECT_NE(o.text.find("load = [\"console\", \"mixed_precision\", \"device_select\", \"oom_backoff\", \"memory_log\"]"),
-            std::string::npos)
+  EXPECT_NE(
+      o.text.find("load = [\"console\", \"mixed_precision\", \"device_select\", \"oom_backoff\", \"memory_log\"]"),
+      std::string::npos)
       << o.text;
   EXPECT_NE(o.text.find("wait_for_gpu = true"), std::string::npos) << o.text;
 }

@@ -78,9 +78,9 @@ using trainer::testing::BoundedChild;
 using trainer::testing::run_bounded;
 
 /// Expects the child to have ended normally with nothing to report.
-#define EXPECT_HELD(child)                                                                                         \
-  do {                                                                                                             \
-    const BoundedChild c_ = (child);                                                                                      \
+#define EXPECT_HELD(child)                                                                                       \
+  do {                                                                                                           \
+    const BoundedChild c_ = (child);                                                                             \
     EXPECT_EQ(c_.code, 0) << (c_.code == 128 + SIGALRM ? "it did not end (killed by the time limit)" : c_.text); \
     EXPECT_EQ(c_.text, "");                                                                                      \
   } while (0)

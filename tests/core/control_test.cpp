@@ -42,10 +42,10 @@ class Misplaced final : public Plugin {
     return {Event::EpochStart, Event::BatchStart, Event::AfterOptimizerStep, Event::FitEnd};
   }
   void on_event(EventContext& ctx, Control& c) override {
-    if (ctx.event == Event::EpochStart) c.micro_batch_size = 4;         // honoured in BatchStart/BatchEnd
-    if (ctx.event == Event::BatchStart) c.retry_with_micro_batch = 4;   // honoured in OutOfMemory
-    if (ctx.event == Event::AfterOptimizerStep) c.skip_step = true;     // too late: silently ignored
-    if (ctx.event == Event::FitEnd) c.stop_training = true;             // the loop is over
+    if (ctx.event == Event::EpochStart) c.micro_batch_size = 4;        // honoured in BatchStart/BatchEnd
+    if (ctx.event == Event::BatchStart) c.retry_with_micro_batch = 4;  // honoured in OutOfMemory
+    if (ctx.event == Event::AfterOptimizerStep) c.skip_step = true;    // too late: silently ignored
+    if (ctx.event == Event::FitEnd) c.stop_training = true;            // the loop is over
   }
 };
 
@@ -58,7 +58,9 @@ TEST_F(ControlTable, FieldsAnEventDoesNotHonourChangeNothing) {
   ASSERT_EQ(r.exit_code, kExitOk) << r.message;
   EXPECT_EQ(r.global_step, 2);  // both steps taken: skip_step in AfterOptimizerStep did nothing
   for (const auto& line : read_lines(tmp_ / "run/events.jsonl")) {
-    if (testing::json_str(line, "event") == "BeforeForward") EXPECT_EQ(*json_num(line, "micro_batch_size"), 16);
+    if (testing::json_str(line, "event") == "BeforeForward") {
+      EXPECT_EQ(*json_num(line, "micro_batch_size"), 16);
+    }
   }
   const std::string log = read_file(tmp_ / "run/trainer.log");
   EXPECT_NE(log.find("micro_batch_size is honoured in BatchStart and BatchEnd only; ignored in EpochStart"),

@@ -102,7 +102,9 @@ TEST_F(Memory, ModelsAreBuiltInTheirTargetDtype) {
       bytes += p.nbytes();
     }
     for (const auto& b : model->named_buffers()) {
-      if (b.key().find("num_batches_tracked") == std::string::npos) EXPECT_EQ(b.value().scalar_type(), dtype);
+      if (b.key().find("num_batches_tracked") == std::string::npos) {
+        EXPECT_EQ(b.value().scalar_type(), dtype);
+      }
       bytes += b.value().nbytes();
     }
     // Built in place: no float32 copy existed on the way (that would be 2x or 3x the bytes).
@@ -130,7 +132,7 @@ TEST_F(Memory, MovingOptimizerStateCopiesNothingTwiceAndLeavesNothingBehind) {
   EXPECT_EQ(move.peak_delta(), 0);                               // nothing allocated on the source
   EXPECT_EQ(move.delta(), -2 * param_bytes);                     // both moments left it
   EXPECT_EQ(move_optimizer_state(*opt, meta), 0);                // a second move moves nothing
-  EXPECT_EQ(opt->state().size(), model->parameters().size());  // every parameter keeps its state
+  EXPECT_EQ(opt->state().size(), model->parameters().size());    // every parameter keeps its state
   for (const auto& [key, st] : opt->state()) {
     EXPECT_TRUE(static_cast<torch::optim::AdamWParamState&>(*st).exp_avg().is_meta());
   }

@@ -69,7 +69,9 @@ TEST(OomPhaseTable, WireCodesAreDistinctAndOnlyForTheTrainingStep) {
   for (const auto& row : kOomPhaseTable) {
     const bool in_step = row.phase != OomPhase::Eval && row.phase != OomPhase::Checkpoint;
     EXPECT_EQ(row.wire_code > 0, in_step) << row.name;
-    if (row.wire_code > 0) EXPECT_TRUE(codes.insert(row.wire_code).second) << row.name;
+    if (row.wire_code > 0) {
+      EXPECT_TRUE(codes.insert(row.wire_code).second) << row.name;
+    }
   }
 }
 

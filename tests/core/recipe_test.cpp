@@ -197,7 +197,7 @@ TEST_F(LoadRecipe, TheSectionOfAPluginLeftOutOfPluginsLoadIsInert) {
              "[plugins.recording]\nevents = [\"FitEnd\"]\n[plugins.console]\nevery_steps = 5\nno_such_key = 1\n");
   // Switched off from the command line: its section stays, unchecked, and a note says so.
   const PreparedRun off = prepare_run(tmp_ / "recipes/p.toml", {"plugins.load=[]", "plugins.console.mode=plain"},
-                                     {TRAINER_BUILD_PLUGIN_DIR});
+                                      {TRAINER_BUILD_PLUGIN_DIR});
   EXPECT_TRUE(off.plugins.empty());
   EXPECT_EQ(off.config.get<std::string>("plugins.console.mode"), "plain");  // kept, unchecked
   ASSERT_EQ(off.notes.size(), 2u);
@@ -212,7 +212,7 @@ TEST_F(LoadRecipe, TheSectionOfAPluginLeftOutOfPluginsLoadIsInert) {
     FAIL();
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find(tmp_ / "recipes/q.toml:5: [plugins.recordin] configures plugin 'recordin', "
-                                                 "which is neither loaded nor found; did you mean [plugins.recording]?"),
+                                                "which is neither loaded nor found; did you mean [plugins.recording]?"),
               std::string::npos)
         << e.what();
   }
@@ -255,8 +255,9 @@ std::string problems_of(const std::string& recipe, const std::vector<std::string
 TEST_F(LoadRecipe, NumbersOutsideTheirTypeAreErrorsNamingTheSourceAndTheRange) {
   const std::string max = std::to_string(std::numeric_limits<std::int64_t>::max());
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"training.epochs=99999999999999999999", "override 'training.epochs=99999999999999999999': "
-                                               "99999999999999999999 is outside the integer range"},
+      {"training.epochs=99999999999999999999",
+       "override 'training.epochs=99999999999999999999': "
+       "99999999999999999999 is outside the integer range"},
       {"training.epochs=-99999999999999999999", "is outside the integer range [-9223372036854775808, " + max + "]"},
       {"optim.lr=nan", "override 'optim.lr=nan': optim.lr = nan: not a finite number"},
       {"optim.lr=-inf", "optim.lr = -inf: not a finite number"},

@@ -54,7 +54,8 @@ class Resume : public testing::TrainerTest {
   RunResult run(const std::vector<std::string>& overrides, const std::string& name, const std::string& resume = "",
                 std::vector<std::shared_ptr<Plugin>> extra = {}) {
     // Dropout (the random stream must resume) and AdamW (its state must), batches of 16.
-    std::vector<std::string> all = {"+model.dropout=0.2", "training.batch_size=16", "optim.name=adamw", "optim.lr=0.01"};
+    std::vector<std::string> all = {"+model.dropout=0.2", "training.batch_size=16", "optim.name=adamw",
+                                    "optim.lr=0.01"};
     all.insert(all.end(), overrides.begin(), overrides.end());
     TrainerOptions o = options_for(testing::kSmallRun, all, name, extra);
     o.resume = resume;
@@ -94,9 +95,9 @@ class Resume : public testing::TrainerTest {
 TEST_F(Resume, CheckpointsArePublishedWithTheirDigestAndNoTemporaryFile) {
   ASSERT_EQ(run({"+checkpoint.every_steps=3", "checkpoint.keep_last=2"}, "run").exit_code, kExitOk);
   // Steps 3, 4 (epoch), 6, 8 (epoch): the newest two remain, with their digests.
-  EXPECT_EQ(files_in(tmp_ / "run/checkpoints"), (std::vector<std::string>{"latest", "step_00000006.pt",
-                                                                          "step_00000006.pt.sum", "step_00000008.pt",
-                                                                          "step_00000008.pt.sum"}));
+  EXPECT_EQ(files_in(tmp_ / "run/checkpoints"),
+            (std::vector<std::string>{"latest", "step_00000006.pt", "step_00000006.pt.sum", "step_00000008.pt",
+                                      "step_00000008.pt.sum"}));
   EXPECT_EQ(read_file(tmp_ / "run/checkpoints/latest"), "step_00000008.pt\n");
   const std::string sum = read_file(checkpoint("run", 8) + ".sum");
   EXPECT_EQ(sum.rfind("size " + std::to_string(fs::file_size(checkpoint("run", 8))) + " crc32 ", 0), 0u) << sum;
@@ -123,7 +124,7 @@ TEST_F(Resume, FromARunDirectoryFallsBackToTheNewestCompleteCheckpoint) {
   const auto straight = metric_by_step(tmp_ / "straight/metrics.jsonl", "train/loss");
   ASSERT_EQ(run({"+checkpoint.every_steps=1", "checkpoint.keep_last=4", "training.max_steps=6"}, "part").exit_code,
             kExitOk);
-  truncate_to_half(checkpoint("part", 6));        // caught by its digest
+  truncate_to_half(checkpoint("part", 6));           // caught by its digest
   flip_a_byte_in_the_middle(checkpoint("part", 5));  // same size, other contents
   log_level_ = "warn";
   const RunResult r = run({}, "resumed", tmp_ / "part");
@@ -136,8 +137,7 @@ TEST_F(Resume, FromARunDirectoryFallsBackToTheNewestCompleteCheckpoint) {
   const std::string log = read_file(tmp_ / "resumed/trainer.log");
   EXPECT_NE(log.find("step_00000006.pt is truncated or damaged: it has "), std::string::npos) << log;
   EXPECT_NE(log.find("step_00000005.pt is truncated or damaged: its CRC-32 differs"), std::string::npos) << log;
-  EXPECT_NE(log.find("resuming from " + checkpoint("part", 4) + ", the newest complete checkpoint"),
-            std::string::npos)
+  EXPECT_NE(log.find("resuming from " + checkpoint("part", 4) + ", the newest complete checkpoint"), std::string::npos)
       << log;
 }
 
@@ -152,8 +152,10 @@ TEST_F(Resume, ADamagedCheckpointAskedForByNameIsRefused) {
   fs::remove(checkpoint("part", 8) + ".sum");
   r = run({}, "resumed2", checkpoint("part", 8));
   EXPECT_EQ(r.exit_code, kExitUsage);
-  EXPECT_NE(r.message.find("is truncated or damaged: its archive is refused: a damaged zip archive: no end-of-central-directory record"),
-            std::string::npos)
+  EXPECT_NE(
+      r.message.find(
+          "is truncated or damaged: its archive is refused: a damaged zip archive: no end-of-central-directory record"),
+      std::string::npos)
       << r.message;
 }
 
@@ -172,7 +174,8 @@ TEST_F(Resume, ACompressedRecordDeclaringGigabytesIsRefusedBeforeLibTorchInflate
   write_file(file + ".sum", sum);
   const RunResult r = run({}, "resumed", file);
   EXPECT_EQ(r.exit_code, kExitUsage);
-  EXPECT_NE(r.message.find("checkpoint " + file + " is truncated or damaged: its archive is refused: a damaged zip archive: entry"),
+  EXPECT_NE(r.message.find("checkpoint " + file +
+                           " is truncated or damaged: its archive is refused: a damaged zip archive: entry"),
             std::string::npos)
       << r.message;
   EXPECT_NE(r.message.find("is deflated to 4294967280 declared bytes"), std::string::npos) << r.message;
@@ -187,7 +190,7 @@ TEST_F(Resume, ALatestThatNamesAFileOutsideItsDirectoryIsRefused) {
   const RunResult r = run({}, "resumed", tmp_ / "part");
   EXPECT_EQ(r.exit_code, kExitUsage);
   EXPECT_NE(r.message.find(tmp_ / "part/checkpoints/latest" + " names '../../other/checkpoints/step_00000002.pt', "
-                                                                "not a step_<N>.pt file beside it"),
+                                                              "not a step_<N>.pt file beside it"),
             std::string::npos)
       << r.message;
 }
@@ -212,8 +215,7 @@ TEST_F(Resume, AChangeThatReordersTheDataIsRefusedNamingEachKey) {
   ASSERT_EQ(run({"training.max_steps=3"}, "part").exit_code, kExitOk);
   RunResult r = run({"run.seed=8"}, "seed", tmp_ / "part");
   EXPECT_EQ(r.exit_code, kExitUsage);
-  EXPECT_NE(r.message.find("order of the training samples would change: run.seed = 7 there, 8 now"),
-            std::string::npos)
+  EXPECT_NE(r.message.find("order of the training samples would change: run.seed = 7 there, 8 now"), std::string::npos)
       << r.message;
   r = run({"training.shuffle=false", "dataset.size=80", "training.drop_last=true"}, "more", tmp_ / "part");
   EXPECT_EQ(r.exit_code, kExitUsage);

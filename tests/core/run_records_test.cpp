@@ -15,8 +15,8 @@ TEST(States, EveryNameReadsBackAsItsValueAndUnknownNamesAreNone) {
   for (auto s : {RunStatus::Running, RunStatus::Finished, RunStatus::Failed, RunStatus::Killed}) {
     EXPECT_EQ(run_status_named(run_status_name(s)), s) << run_status_name(s);
   }
-  for (auto k : {FailureKind::None, FailureKind::OutOfMemory, FailureKind::Usage, FailureKind::NoDevice,
-                 FailureKind::Error}) {
+  for (auto k :
+       {FailureKind::None, FailureKind::OutOfMemory, FailureKind::Usage, FailureKind::NoDevice, FailureKind::Error}) {
     EXPECT_EQ(failure_kind_named(failure_kind_name(k)), k) << failure_kind_name(k);
   }
   for (auto p : {OomPhase::Data, OomPhase::Forward, OomPhase::Backward, OomPhase::AllReduce, OomPhase::OptimizerStep,

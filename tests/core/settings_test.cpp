@@ -122,8 +122,8 @@ TEST(DeviceSetting, KeysWithTheCheckRejectOtherValuesWithTheGrammar) {
   ASSERT_EQ(ps.size(), 1u);
   EXPECT_EQ(ps[0], "r.toml:2: runtime.device = \"gpu0\": must be cpu, cuda or cuda:N");
   Config list = Config::parse("devices = [\"cpu\", \"cuda:1\", \"tpu\"]\n", "l.toml");
-  const auto lp = validate_config(
-      list, {{"", {KeySpec("devices", ValueType::StringList, "d").check(device_setting_check())}, ""}});
+  const auto lp =
+      validate_config(list, {{"", {KeySpec("devices", ValueType::StringList, "d").check(device_setting_check())}, ""}});
   ASSERT_EQ(lp.size(), 1u);
   EXPECT_NE(lp[0].find("must be cpu, cuda or cuda:N"), std::string::npos) << lp[0];
 }

@@ -113,10 +113,18 @@ TEST_F(TrainerRun, ContextHoldsModelAndOptimizerFromTheirEventsOn) {
     const std::string e = json_str(l, "event");
     const bool has_model = l.find("\"has_model\":true") != std::string::npos;
     const bool has_opt = l.find("\"has_optimizer\":true") != std::string::npos;
-    if (e == "Init" || e == "SelectDevice") EXPECT_FALSE(has_model) << l;
-    if (e == "ModelCreated") EXPECT_TRUE(has_model && !has_opt) << l;
-    if (e == "BatchStart") EXPECT_TRUE(has_model && has_opt) << l;
-    if (e == "AfterForward") EXPECT_TRUE(json_num(l, "loss").has_value()) << l;
+    if (e == "Init" || e == "SelectDevice") {
+      EXPECT_FALSE(has_model) << l;
+    }
+    if (e == "ModelCreated") {
+      EXPECT_TRUE(has_model && !has_opt) << l;
+    }
+    if (e == "BatchStart") {
+      EXPECT_TRUE(has_model && has_opt) << l;
+    }
+    if (e == "AfterForward") {
+      EXPECT_TRUE(json_num(l, "loss").has_value()) << l;
+    }
   }
 }
 

@@ -84,8 +84,8 @@ void write_mat(const std::string& path, const std::map<std::string, std::vector<
   ASSERT_NE(mat, nullptr);
   for (const auto& [name, values] : vars) {
     size_t dims[2] = {1, values.size()};
-    matvar_t* v = Mat_VarCreate(name.c_str(), MAT_C_DOUBLE, MAT_T_DOUBLE, 2, dims,
-                                const_cast<double*>(values.data()), 0);
+    matvar_t* v =
+        Mat_VarCreate(name.c_str(), MAT_C_DOUBLE, MAT_T_DOUBLE, 2, dims, const_cast<double*>(values.data()), 0);
     ASSERT_NE(v, nullptr);
     ASSERT_EQ(Mat_VarWrite(mat, v, MAT_COMPRESSION_NONE), 0);
     Mat_VarFree(v);
@@ -218,7 +218,9 @@ TEST(Images, FilesThatAreNotImagesAreNamedInTheError) {
       ADD_FAILURE() << f << " decoded";
     } catch (const ImageError& e) {
       EXPECT_NE(std::string(e.what()).find(tmp / f), std::string::npos) << e.what();
-      if (f == "cmyk.jpg") EXPECT_NE(std::string(e.what()).find("a CMYK JPEG"), std::string::npos) << e.what();
+      if (f == "cmyk.jpg") {
+        EXPECT_NE(std::string(e.what()).find("a CMYK JPEG"), std::string::npos) << e.what();
+      }
     }
   }
 }
@@ -227,7 +229,8 @@ TEST(ImageDatasets, EvaluationDecodesJpegsAtTheScaleItsResizeNeeds) {
   TempDir tmp;
   write_jpeg(tmp / "train/a/big.jpg", 400, 300, 10);
   write_jpeg(tmp / "val/a/big.jpg", 400, 300, 10);
-  const auto test = dataset("name = \"image_folder\"\nroot = \"" + tmp.str() + "\"\nimage_size = 16\nresize = 80\n", Split::Test);
+  const auto test =
+      dataset("name = \"image_folder\"\nroot = \"" + tmp.str() + "\"\nimage_size = 16\nresize = 80\n", Split::Test);
   ImageTransform t;
   t.size = 16;
   t.resize = 80;
@@ -242,7 +245,8 @@ TEST(ImageDatasets, EvaluationDecodesJpegsAtTheScaleItsResizeNeeds) {
 TEST(ImageDatasets, LimitsSpreadOverTheClasses) {
   TempDir tmp;
   for (int c = 0; c < 3; ++c) {
-    for (int i = 0; i < 4; ++i) write_png(tmp / ("train/c" + std::to_string(c) + "/" + std::to_string(i) + ".png"), 8, 8, c);
+    for (int i = 0; i < 4; ++i)
+      write_png(tmp / ("train/c" + std::to_string(c) + "/" + std::to_string(i) + ".png"), 8, 8, c);
     for (const char* f : {"/x.png", "/y.png"}) write_png(tmp / ("val/c" + std::to_string(c) + f), 8, 8, c);
   }
   const std::string toml = "name = \"image_folder\"\nroot = \"" + tmp.str() + "\"\nimage_size = 8\nresize = 8\n";
@@ -268,9 +272,10 @@ TEST(Images, TransformsAreTorchvisionsImageNetRecipe) {
   EXPECT_NEAR(flat[0][5][5].item<double>(), (128.0 / 255 - 0.485) / 0.229, 1e-5);
   EXPECT_NEAR(flat[2][5][5].item<double>(), (128.0 / 255 - 0.406) / 0.225, 1e-5);
   std::mt19937_64 a(1), b(1), c(2);
-  const at::Tensor ta = transform_image(image, t, &a), tb = transform_image(image, t, &b), tc = transform_image(image, t, &c);
+  const at::Tensor ta = transform_image(image, t, &a), tb = transform_image(image, t, &b),
+                   tc = transform_image(image, t, &c);
   EXPECT_EQ(ta.sizes().vec(), (std::vector<std::int64_t>{3, 32, 32}));
-  EXPECT_TRUE(torch::equal(ta, tb));   // the draws come from the generator alone
+  EXPECT_TRUE(torch::equal(ta, tb));  // the draws come from the generator alone
   EXPECT_FALSE(torch::equal(ta, tc));
 }
 
@@ -300,10 +305,12 @@ TEST(ImageDatasets, ImageFolderLabelsAreTheSortedClassFolders) {
   const at::Tensor idx = torch::tensor({2, 0}, torch::kLong);
   EXPECT_TRUE(torch::equal(train->get_in_epoch(idx, 4).inputs, train->get_in_epoch(idx, 4).inputs));
   EXPECT_FALSE(torch::equal(train->get_in_epoch(idx, 4).inputs, train->get_in_epoch(idx, 5).inputs));
-  EXPECT_TRUE(torch::equal(train->get_in_epoch(idx, 4).inputs[1], train->get_in_epoch(torch::tensor({0}), 4).inputs[0]));
+  EXPECT_TRUE(
+      torch::equal(train->get_in_epoch(idx, 4).inputs[1], train->get_in_epoch(torch::tensor({0}), 4).inputs[0]));
   EXPECT_TRUE(torch::equal(test->get_in_epoch(torch::arange(2), 7).inputs, test->get(torch::arange(2)).inputs));
 
-  const std::string err = expect_usage_error([&] { dataset("name = \"image_folder\"\nroot = \"" + (tmp / "nope") + "\"\n", Split::Train); });
+  const std::string err = expect_usage_error(
+      [&] { dataset("name = \"image_folder\"\nroot = \"" + (tmp / "nope") + "\"\n", Split::Train); });
   EXPECT_NE(err.find("does not exist"), std::string::npos) << err;
   EXPECT_NE(err.find("<root>/train/<class>/<image>"), std::string::npos) << err;
 
@@ -336,7 +343,8 @@ TEST(ImageDatasets, Flowers102ReadsTheOfficialSplitsFromTheMatFiles) {
   const auto val = dataset(toml + "test_split = \"val\"\n", Split::Test);
   EXPECT_EQ(labels(val->get(torch::arange(1)).targets), (std::vector<std::int64_t>{0}));
   EXPECT_EQ(dataset(toml + "train_with_val = true\n", Split::Train)->size(), 3);
-  const std::string same = expect_usage_error([&] { dataset(toml + "train_with_val = true\ntest_split = \"val\"\n", Split::Test); });
+  const std::string same =
+      expect_usage_error([&] { dataset(toml + "train_with_val = true\ntest_split = \"val\"\n", Split::Test); });
   EXPECT_NE(same.find("would evaluate on images it trained on"), std::string::npos) << same;
 
   fs::remove(tmp / "setid.mat");
@@ -402,7 +410,8 @@ TEST(ImageDatasets, Cub200ReadsItsIndexFilesAndCropsToTheBox) {
   write_file(tmp / "image_class_labels.txt", "1 1\n2 1\n3 20O\n");
   const std::string err = expect_usage_error([&] { dataset(toml, Split::Train); });
   EXPECT_NE(err.find("label \"20O\" of image 3 outside 1..200"), std::string::npos) << err;
-  const std::string layout = expect_usage_error([&] { dataset("name = \"cub200\"\nroot = \"" + (tmp / "images") + "\"\n", Split::Train); });
+  const std::string layout =
+      expect_usage_error([&] { dataset("name = \"cub200\"\nroot = \"" + (tmp / "images") + "\"\n", Split::Train); });
   EXPECT_NE(layout.find("not CUB-200-2011's layout"), std::string::npos) << layout;
 }
 
@@ -442,8 +451,10 @@ TEST(FashionMnist, ClassesKeepsThoseSamplesRelabelledInTheOrderListed) {
 
 TEST(ImageDatasets, TheLoaderGivesTheSameBatchesWithOneAndTwoWorkers) {
   TempDir tmp;
-  for (int i = 0; i < 24; ++i) write_jpeg(tmp / ("train/c" + std::to_string(i % 3) + "/" + std::to_string(i) + ".jpg"), 40 + i, 36, i * 10);
-  const auto ds = dataset("name = \"image_folder\"\nroot = \"" + tmp.str() + "\"\nimage_size = 16\nresize = 18\n", Split::Train);
+  for (int i = 0; i < 24; ++i)
+    write_jpeg(tmp / ("train/c" + std::to_string(i % 3) + "/" + std::to_string(i) + ".jpg"), 40 + i, 36, i * 10);
+  const auto ds =
+      dataset("name = \"image_folder\"\nroot = \"" + tmp.str() + "\"\nimage_size = 16\nresize = 18\n", Split::Train);
   auto gen = at::detail::createCPUGenerator(3);
   const at::Tensor order = at::randperm(24, gen, at::TensorOptions(at::kLong));
   std::vector<at::Tensor> batches;

@@ -51,7 +51,8 @@ class Numbers final : public Dataset {
 
 std::vector<at::Tensor> batches_of(const at::Tensor& order, std::int64_t batch) {
   std::vector<at::Tensor> out;
-  for (std::int64_t b = 0; b < order.size(0); b += batch) out.push_back(order.slice(0, b, std::min(order.size(0), b + batch)));
+  for (std::int64_t b = 0; b < order.size(0); b += batch)
+    out.push_back(order.slice(0, b, std::min(order.size(0), b + batch)));
   return out;
 }
 
@@ -78,7 +79,8 @@ TEST(BatchLoader, SameBatchesInTheSameOrderWhateverTheWorkers) {
       reference = got;
     } else {
       ASSERT_EQ(got.size(), reference.size());
-      for (std::size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(torch::equal(got[i], reference[i])) << workers << " " << i;
+      for (std::size_t i = 0; i < got.size(); ++i)
+        EXPECT_TRUE(torch::equal(got[i], reference[i])) << workers << " " << i;
     }
   }
   EXPECT_EQ(reference[7][0].item<double>(), 1000.0 + order[16 * 0].item<double>());  // epoch 1's first batch
@@ -118,7 +120,7 @@ TEST(BatchLoader, SkippingBatchesPastTheReadAheadWindowGivesTheOneAskedFor) {
   }
   EXPECT_TRUE(torch::equal(got.get().targets, batches[7]));
   EXPECT_TRUE(torch::equal(loader->next(batches[8]).targets, batches[8]));  // and reads on from there
-  loader->next(batches[15]);  // to the last one
+  loader->next(batches[15]);                                                // to the last one
   loader.reset();
 }
 
@@ -237,8 +239,9 @@ TEST_F(LoaderRuns, DebiansDatasetsAreFoundUnderTrainerDatasetsDirWhenItIsSet) {
     Trainer t(options_for(kRun, {"training.epochs=1"}, "empty"));
     const RunResult r = t.fit();
     EXPECT_NE(r.exit_code, kExitOk);
-    EXPECT_NE(r.message.find("in " + tmp_ / "empty/fashion-mnist ($TRAINER_DATASETS_DIR in place of /usr/share/datasets)"),
-              std::string::npos)
+    EXPECT_NE(
+        r.message.find("in " + tmp_ / "empty/fashion-mnist ($TRAINER_DATASETS_DIR in place of /usr/share/datasets)"),
+        std::string::npos)
         << r.message;
   }
 }

@@ -90,8 +90,8 @@ TEST(DataParallel, TwoRanksTrainAsOneProcessWithTheSameGlobalBatch) {
   auto one = run_command(trainer_cmd() + " --recipe " + r + " --run-dir " + (tmp / "one") + " --log-level warn");
   ASSERT_EQ(one.code, 0) << one.text;
   // Buckets of 50 KiB (4 for the MLP): the first ones' all-reduce starts inside the backward.
-  auto two = run_command(trainer_cmd() + " launch --nproc 2 -- --recipe " + r + " distributed.bucket_mb=0.05 --run-dir " +
-                         (tmp / "two"));
+  auto two = run_command(trainer_cmd() + " launch --nproc 2 -- --recipe " + r +
+                         " distributed.bucket_mb=0.05 --run-dir " + (tmp / "two"));
   ASSERT_EQ(two.code, 0) << two.text;
   EXPECT_TRUE(std::regex_search(read_file(tmp / "two/trainer.log"),
                                 std::regex("all-reduce: [1-9][0-9]* of 4 buckets started inside the backward")))

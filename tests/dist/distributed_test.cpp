@@ -14,7 +14,6 @@
 
 namespace {
 
-
 using trainer::testing::read_file;
 using trainer::testing::TempDir;
 

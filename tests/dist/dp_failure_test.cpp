@@ -14,8 +14,8 @@ namespace {
 
 using trainer::testing::Child;
 using trainer::testing::exit_code_within;
-using trainer::testing::largest_difference;
 using trainer::testing::expect_same_losses;
+using trainer::testing::largest_difference;
 using trainer::testing::metric_by_step;
 using trainer::testing::rank_env;
 using trainer::testing::read_file;
@@ -96,8 +96,10 @@ long steps_before_the_drop(const std::string& dir, std::size_t steps, double bef
   EXPECT_EQ(sizes.size(), steps) << dir;
   long k = 0;
   for (const auto& [step, size] : sizes) {
-    if (size == before && k == step - 1) k = step;
-    else if (size != after) return -1;
+    if (size == before && k == step - 1)
+      k = step;
+    else if (size != after)
+      return -1;
   }
   return sizes.size() == steps ? k : -1;
 }
@@ -156,9 +158,9 @@ TEST(DataParallelFailures, OutOfMemoryOnOneRankIsRecoveredByEveryRankTogether) {
   const long k = steps_before_the_drop(tmp / "inside", 10, 32, 16);
   ASSERT_GE(k, 0) << read_file(tmp / "inside/metrics.jsonl");
   ASSERT_LT(k, 10);
-  const std::string halves = "training.micro_batch_size=16" +
-                             (k == 0 ? std::string() : " --resume " + (tmp / "clean/checkpoints/") + "step_0000000" +
-                                                           std::to_string(k) + ".pt");
+  const std::string halves = "training.micro_batch_size=16" + (k == 0 ? std::string()
+                                                                      : " --resume " + (tmp / "clean/checkpoints/") +
+                                                                            "step_0000000" + std::to_string(k) + ".pt");
   {
     Ranks reference(r, tmp / "reference", halves, halves);
     ASSERT_EQ(exit_code_within(*reference.r0, std::chrono::seconds(300)), 0) << read_file(tmp / "reference.r0");
@@ -171,9 +173,9 @@ TEST(DataParallelFailures, OutOfMemoryOnOneRankIsRecoveredByEveryRankTogether) {
   for (const auto& [s, loss] : losses) {
     EXPECT_EQ(loss, s <= k ? clean_losses.at(s) : reference_losses.at(s)) << "step " << s;
   }
-  EXPECT_EQ(largest_difference(tmp / "reference/checkpoints/step_00000010.pt",
-                               tmp / "inside/checkpoints/step_00000010.pt"),
-            0.0);
+  EXPECT_EQ(
+      largest_difference(tmp / "reference/checkpoints/step_00000010.pt", tmp / "inside/checkpoints/step_00000010.pt"),
+      0.0);
 
   // Below what any micro-batch needs: rank 1 gives up, and every rank fails with it.
   Ranks hopeless(r, tmp / "hopeless", "", "memory.limit_mb=" + std::to_string(peak - step + 1.0));

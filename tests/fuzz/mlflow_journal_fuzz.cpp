@@ -18,7 +18,8 @@
 namespace fs = std::filesystem;
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  static const fs::path root = fs::temp_directory_path() / ("trainer-mlflow-journal-fuzz-" + std::to_string(::getpid()));
+  static const fs::path root =
+      fs::temp_directory_path() / ("trainer-mlflow-journal-fuzz-" + std::to_string(::getpid()));
   static const bool quiet = [] {
     spdlog::set_level(spdlog::level::off);
     return true;

@@ -47,9 +47,8 @@ high = 3
 )";
 
 const trainer::tune::SearchSpace& space() {
-  static const trainer::tune::SearchSpace s =
-      trainer::tune::SearchSpace::from_config(trainer::Config::parse(kSpace, "fuzz.toml").sub("sweep.space"),
-                                              "fuzz.toml");
+  static const trainer::tune::SearchSpace s = trainer::tune::SearchSpace::from_config(
+      trainer::Config::parse(kSpace, "fuzz.toml").sub("sweep.space"), "fuzz.toml");
   return s;
 }
 

@@ -3,22 +3,22 @@
 // someone else (and the file store outside its root).
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cmath>
 #include <cstdlib>
-#include <thread>
 #include <fstream>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
-#include <nlohmann/json.hpp>
+#include <thread>
 
 #include "mlflow_client.h"
 #include "mlflow_export.h"
@@ -76,7 +76,8 @@ TEST(MlflowUris, UnsupportedUrisAreRefusedNamingThem) {
 
 std::vector<json> journal_records(const std::string& run_dir) {
   std::vector<json> out;
-  for (const auto& l : read_lines((mlf::journal_dir(run_dir) / "journal.jsonl").string())) out.push_back(json::parse(l));
+  for (const auto& l : read_lines((mlf::journal_dir(run_dir) / "journal.jsonl").string()))
+    out.push_back(json::parse(l));
   return out;
 }
 
@@ -254,12 +255,13 @@ class ScriptedServer {
 };
 
 TEST(MlflowRest, ServerErrorsAreTransientAndRefusalsAreRejected) {
-  ScriptedServer server({{503, "{}"},
-                         {429, "{}"},
-                         {500, "<html>gateway</html>"},
-                         {401, "{\"error_code\":\"UNAUTHENTICATED\"}"},
-                         {400, "{\"error_code\":\"INVALID_PARAMETER_VALUE\",\"message\":\"Changing param values is not allowed\"}"},
-                         {200, "{}"}});
+  ScriptedServer server(
+      {{503, "{}"},
+       {429, "{}"},
+       {500, "<html>gateway</html>"},
+       {401, "{\"error_code\":\"UNAUTHENTICATED\"}"},
+       {400, "{\"error_code\":\"INVALID_PARAMETER_VALUE\",\"message\":\"Changing param values is not allowed\"}"},
+       {200, "{}"}});
   mlf::Credentials cred;
   cred.token = "secret-token";
   auto b = mlf::open_backend(server.uri(), cred);
@@ -306,7 +308,11 @@ TEST(MlflowRest, TheExporterRetriesAfter503And429AndSendsEachRecordOnce) {
   std::int64_t left = -1;
   {
     mlf::Exporter e(mlf::open_backend(server.uri()), tmp.str(), o, nullptr);
-    e.record({{"op", "start"}, {"experiment", "e"}, {"run_name", "r"}, {"journal_id", "j1"}, {"tracking_uri", server.uri()}});
+    e.record({{"op", "start"},
+              {"experiment", "e"},
+              {"run_name", "r"},
+              {"journal_id", "j1"},
+              {"tracking_uri", server.uri()}});
     e.metrics(points(5));
     e.record({{"op", "end"}, {"status", "FINISHED"}, {"end_time", 5}});
     left = e.close(30.0);
@@ -315,11 +321,12 @@ TEST(MlflowRest, TheExporterRetriesAfter503And429AndSendsEachRecordOnce) {
   EXPECT_EQ(left, 0);
   std::vector<std::string> lines;
   for (const auto& r : server.requests) lines.push_back(r.substr(0, r.find(" HTTP/1.1")));
-  EXPECT_EQ(lines, (std::vector<std::string>{"GET /api/2.0/mlflow/experiments/get-by-name?experiment_name=e",
-                                             "GET /api/2.0/mlflow/experiments/get-by-name?experiment_name=e",
-                                             "POST /api/2.0/mlflow/runs/search", "POST /api/2.0/mlflow/runs/create",
-                                             "POST /api/2.0/mlflow/runs/log-batch",
-                                             "POST /api/2.0/mlflow/runs/log-batch", "POST /api/2.0/mlflow/runs/update"}));
+  EXPECT_EQ(lines,
+            (std::vector<std::string>{"GET /api/2.0/mlflow/experiments/get-by-name?experiment_name=e",
+                                      "GET /api/2.0/mlflow/experiments/get-by-name?experiment_name=e",
+                                      "POST /api/2.0/mlflow/runs/search", "POST /api/2.0/mlflow/runs/create",
+                                      "POST /api/2.0/mlflow/runs/log-batch", "POST /api/2.0/mlflow/runs/log-batch",
+                                      "POST /api/2.0/mlflow/runs/update"}));
   EXPECT_NE(server.requests[3].find("\"trainer.journal_id\""), std::string::npos);
   const auto p = mlf::read_progress(mlf::journal_dir(tmp.str()), server.uri());
   EXPECT_EQ(p.run_id, "r9");
@@ -455,7 +462,9 @@ class UntrustedJournal : public ::testing::Test {
     return cont;
   }
   /// The journal file and the line of the record that sync names, as it names them.
-  std::string line(int n) const { return (mlf::journal_dir(run_) / "journal.jsonl").string() + ":" + std::to_string(n); }
+  std::string line(int n) const {
+    return (mlf::journal_dir(run_) / "journal.jsonl").string() + ":" + std::to_string(n);
+  }
   /// Nothing of the journal reached the store: no run was created, no file copied.
   void expect_nothing_sent() const {
     const fs::path root = tmp_ / "mlruns";
@@ -472,8 +481,10 @@ class UntrustedJournal : public ::testing::Test {
 };
 
 TEST_F(UntrustedJournal, AnArtifactSourceOutsideTheRunDirectoryIsRefusedNamingItsLine) {
-  for (const std::string& file : {std::string("../secret.txt"), secret_, std::string("../../../../../../../etc/passwd")}) {
-    write_journal(run_, {start_record(store_), {{"op", "artifact"}, {"file", file}, {"path", "stolen.txt"}}, end_record()});
+  for (const std::string& file :
+       {std::string("../secret.txt"), secret_, std::string("../../../../../../../etc/passwd")}) {
+    write_journal(run_,
+                  {start_record(store_), {{"op", "artifact"}, {"file", file}, {"path", "stolen.txt"}}, end_record()});
     const SyncResult r = sync(run_);
     EXPECT_EQ(r.code, 2) << file << "\n" << r.out << r.err;
     EXPECT_NE(r.err.find(line(2)), std::string::npos) << r.err;
@@ -485,7 +496,8 @@ TEST_F(UntrustedJournal, AnArtifactSourceOutsideTheRunDirectoryIsRefusedNamingIt
 
 TEST_F(UntrustedJournal, AnArtifactSourceSymlinkedOutOfTheRunDirectoryIsRefused) {
   fs::create_symlink(secret_, run_ + "/link.toml");
-  write_journal(run_, {start_record(store_), {{"op", "artifact"}, {"file", "link.toml"}, {"path", "config.toml"}}, end_record()});
+  write_journal(
+      run_, {start_record(store_), {{"op", "artifact"}, {"file", "link.toml"}, {"path", "config.toml"}}, end_record()});
   const SyncResult r = sync(run_);
   EXPECT_EQ(r.code, 2) << r.out << r.err;
   EXPECT_NE(r.err.find(line(2)), std::string::npos) << r.err;
@@ -494,8 +506,9 @@ TEST_F(UntrustedJournal, AnArtifactSourceSymlinkedOutOfTheRunDirectoryIsRefused)
 }
 
 TEST_F(UntrustedJournal, AnArtifactDestinationThatIsNotARelativePathIsRefused) {
-  for (const std::string& path : {"../x", "a/../../x", "/abs/x", "a//b", "./x", ""}) {
-    write_journal(run_, {start_record(store_), {{"op", "artifact"}, {"file", "config.toml"}, {"path", path}}, end_record()});
+  for (const std::string path : {"../x", "a/../../x", "/abs/x", "a//b", "./x", ""}) {
+    write_journal(run_,
+                  {start_record(store_), {{"op", "artifact"}, {"file", "config.toml"}, {"path", path}}, end_record()});
     const SyncResult r = sync(run_);
     EXPECT_EQ(r.code, 2) << "'" << path << "'\n" << r.out << r.err;
     EXPECT_NE(r.err.find(line(2)), std::string::npos) << r.err;
@@ -531,7 +544,8 @@ TEST_F(UntrustedJournal, KeysAreValidatedAgainAsOnTheWayIn) {
 TEST_F(UntrustedJournal, AValidJournalIsStillSent) {
   write_journal(run_, {start_record(store_),
                        {{"op", "batch"}, {"metrics", json::array({json::array({"train/loss", 0.5, 1000, 1})})}},
-                       {{"op", "artifact"}, {"file", "config.toml"}, {"path", "configs/config.toml"}}, end_record()});
+                       {{"op", "artifact"}, {"file", "config.toml"}, {"path", "configs/config.toml"}},
+                       end_record()});
   const SyncResult r = sync(run_);
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   const auto p = mlf::read_progress(mlf::journal_dir(run_), store_);
@@ -565,7 +579,10 @@ void write_sent(const std::string& run_dir, const std::string& uri, int records,
   for (int i = 0; i < records; ++i) offset = journal.find('\n', offset) + 1;
   const json sent{{"destinations",
                    {{mlf::canonical_uri(uri),
-                     {{"seq", records}, {"offset", offset}, {"experiment_id", "7"}, {"run_id", run_id},
+                     {{"seq", records},
+                      {"offset", offset},
+                      {"experiment_id", "7"},
+                      {"run_id", run_id},
                       {"artifact_uri", artifact_uri}}}}}};
   write_file((mlf::journal_dir(run_dir) / "sent.json").string(), sent.dump());
 }
@@ -586,19 +603,22 @@ TEST_F(UntrustedJournal, ARunThatSentJsonNamesAndTheDestinationLacksStopsSyncNam
 }
 
 TEST_F(UntrustedJournal, ArtifactsGoWhereTheDestinationSaysNotWhereSentJsonSays) {
-  ScriptedServer server({{200, "{\"run\":{\"info\":{\"run_id\":\"r9\",\"experiment_id\":\"3\",\"artifact_uri\":"
+  ScriptedServer server({{200,
+                          "{\"run\":{\"info\":{\"run_id\":\"r9\",\"experiment_id\":\"3\",\"artifact_uri\":"
                           "\"mlflow-artifacts:/3/r9/artifacts\"}}}"},  // runs/get
-                         {200, "{}"},                                   // the upload
-                         {200, "{}"}});                                 // runs/update
+                         {200, "{}"},                                  // the upload
+                         {200, "{}"}});                                // runs/update
   write_journal(run_, {start_record(server.uri()),
-                       {{"op", "artifact"}, {"file", "config.toml"}, {"path", "configs/config.toml"}}, end_record()});
+                       {{"op", "artifact"}, {"file", "config.toml"}, {"path", "configs/config.toml"}},
+                       end_record()});
   // The run is the journal's, but the artifact location is another run's.
   write_sent(run_, server.uri(), 1, "r9", "mlflow-artifacts:/1/victim/artifacts");
   const SyncResult r = sync(run_, server.uri());
   EXPECT_EQ(r.code, 0) << r.out << r.err;
   ASSERT_EQ(server.requests.size(), 3u);
   EXPECT_EQ(server.requests[0].rfind("GET /api/2.0/mlflow/runs/get?run_id=r9 HTTP/1.1", 0), 0u) << server.requests[0];
-  EXPECT_EQ(server.requests[1].rfind("PUT /api/2.0/mlflow-artifacts/artifacts/3/r9/artifacts/configs/config.toml", 0), 0u)
+  EXPECT_EQ(server.requests[1].rfind("PUT /api/2.0/mlflow-artifacts/artifacts/3/r9/artifacts/configs/config.toml", 0),
+            0u)
       << server.requests[1];
   for (const auto& req : server.requests) EXPECT_EQ(req.find("victim"), std::string::npos) << req;
 }
@@ -619,12 +639,14 @@ TEST_F(UntrustedJournal, AnAnswerWithoutTheRunStopsSyncInsteadOfPassingRecordsOv
 TEST_F(UntrustedJournal, TheRunResumedFromSendsItsArtifactsWhereTheDestinationSays) {
   // The plugin's side: this run resumed from <tmp>/other, a directory from elsewhere whose
   // sent.json names its run's artifact location as another run's.
-  ScriptedServer server({{200, "{\"run\":{\"info\":{\"run_id\":\"r9\",\"experiment_id\":\"3\",\"artifact_uri\":"
+  ScriptedServer server({{200,
+                          "{\"run\":{\"info\":{\"run_id\":\"r9\",\"experiment_id\":\"3\",\"artifact_uri\":"
                           "\"mlflow-artifacts:/3/r9/artifacts\"}}}"},  // runs/get, before other's artifact
-                         {200, "{}"},                                   // the upload
-                         {200, "{\"run\":{\"info\":{\"run_id\":\"r9\",\"experiment_id\":\"3\",\"artifact_uri\":"
+                         {200, "{}"},                                  // the upload
+                         {200,
+                          "{\"run\":{\"info\":{\"run_id\":\"r9\",\"experiment_id\":\"3\",\"artifact_uri\":"
                           "\"mlflow-artifacts:/3/r9/artifacts\"}}}"},  // runs/get, for this run's continue
-                         {200, "{}"}});                                 // runs/update: RUNNING
+                         {200, "{}"}});                                // runs/update: RUNNING
   const std::string other = tmp_ / "other";
   write_file(other + "/config.toml", "[run]\n");
   write_journal(other, {start_record(server.uri()),
@@ -640,7 +662,8 @@ TEST_F(UntrustedJournal, TheRunResumedFromSendsItsArtifactsWhereTheDestinationSa
   }
   ASSERT_EQ(server.requests.size(), 4u);
   EXPECT_EQ(server.requests[0].rfind("GET /api/2.0/mlflow/runs/get?run_id=r9 HTTP/1.1", 0), 0u) << server.requests[0];
-  EXPECT_EQ(server.requests[1].rfind("PUT /api/2.0/mlflow-artifacts/artifacts/3/r9/artifacts/configs/config.toml", 0), 0u)
+  EXPECT_EQ(server.requests[1].rfind("PUT /api/2.0/mlflow-artifacts/artifacts/3/r9/artifacts/configs/config.toml", 0),
+            0u)
       << server.requests[1];
   for (const auto& req : server.requests) EXPECT_EQ(req.find("victim"), std::string::npos) << req;
 }
@@ -685,8 +708,8 @@ TEST_F(UntrustedJournal, AContinueRecordPointingAtAnotherRunDirectoryIsRefused) 
 TEST_F(UntrustedJournal, AContinueRecordMayNameARunDirectoryTheUserGave) {
   const std::string other = previous_run("other", "before");
   json cont = continue_record(store_, other);
-  write_journal(run_, {cont, {{"op", "batch"}, {"metrics", json::array({json::array({"after", 2.0, 2000, 2})})}},
-                       end_record()});
+  write_journal(
+      run_, {cont, {{"op", "batch"}, {"metrics", json::array({json::array({"after", 2.0, 2000, 2})})}}, end_record()});
   std::ostringstream out, err;
   ASSERT_EQ(mlf::sync_run_dir(run_, "", out, err, {other}), 0) << out.str() << err.str();
   // One MLflow run: the previous directory's records first, then this one's.
@@ -699,13 +722,13 @@ TEST_F(UntrustedJournal, AContinueRecordMayNameARunDirectoryTheUserGave) {
 
 TEST_F(UntrustedJournal, ABadRecordInTheNamedPreviousRunDirectoryIsRefusedToo) {
   const std::string other = tmp_ / "other";
-  write_journal(other, {start_record(store_),
-                        {{"op", "artifact"}, {"file", "../secret.txt"}, {"path", "stolen.txt"}}});
+  write_journal(other, {start_record(store_), {{"op", "artifact"}, {"file", "../secret.txt"}, {"path", "stolen.txt"}}});
   json cont = continue_record(store_, other);
   write_journal(run_, {cont, end_record()});
   std::ostringstream out, err;
   EXPECT_EQ(mlf::sync_run_dir(run_, "", out, err, {other}), 2) << out.str() << err.str();
-  EXPECT_NE(err.str().find((mlf::journal_dir(other) / "journal.jsonl").string() + ":2"), std::string::npos) << err.str();
+  EXPECT_NE(err.str().find((mlf::journal_dir(other) / "journal.jsonl").string() + ":2"), std::string::npos)
+      << err.str();
   expect_nothing_sent();
 }
 
@@ -810,7 +833,8 @@ TEST_F(UntrustedJournal, CredentialsGoToTheServerTheUserNamed) {
 // ---- a refused run: nothing after it is marked as delivered -------------------------------
 
 /// What MLflow answers to experiments/get-by-name for an active experiment 3.
-const std::pair<int, std::string> kActive{200, "{\"experiment\":{\"experiment_id\":\"3\",\"lifecycle_stage\":\"active\"}}"};
+const std::pair<int, std::string> kActive{200,
+                                          "{\"experiment\":{\"experiment_id\":\"3\",\"lifecycle_stage\":\"active\"}}"};
 
 /// A journal of a start, two metric batches and an end, refused at the run's start by a first
 /// sync (`refusal`: the answers up to and including the refusal), then sent by a second one
@@ -822,8 +846,8 @@ SyncResult refused_then_sent(const std::string& run, std::vector<std::pair<int, 
            kActive,
            {200, "{}"},  // runs/search: none with this journal id
            {200, "{\"run\":{\"info\":{\"run_id\":\"r9\",\"experiment_id\":\"3\"}}}"},
-           {200, "{}"},    // log-batch
-           {200, "{}"},    // log-batch
+           {200, "{}"},     // log-batch
+           {200, "{}"},     // log-batch
            {200, "{}"}}) {  // runs/update
     answers.push_back(a);
   }
@@ -862,7 +886,8 @@ void expect_delivered_once(const std::vector<std::string>& requests, const SyncR
 TEST_F(UntrustedJournal, ARunStartRefusedWithA404FromAProxyStopsSyncAndALaterSyncSendsEachRecordOnce) {
   std::vector<std::string> requests;
   SyncResult second;
-  const SyncResult r = refused_then_sent(run_, {kActive, {200, "{}"}, {404, "<html>Not Found</html>"}}, requests, second);
+  const SyncResult r =
+      refused_then_sent(run_, {kActive, {200, "{}"}, {404, "<html>Not Found</html>"}}, requests, second);
   EXPECT_EQ(r.code, 3) << r.out << r.err;
   EXPECT_NE(r.err.find("HTTP 404"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("/api/2.0/mlflow/runs/create"), std::string::npos) << r.err;
@@ -912,12 +937,14 @@ TEST_F(UntrustedJournal, ARunStartRefusedDuringTrainingKeepsEveryRecordForALater
   // 404) at the first try and at each retry; nothing after it may be marked as delivered.
   std::vector<std::pair<int, std::string>> refusals;
   for (int attempt = 0; attempt < 8; ++attempt) {
-    for (const auto& a : std::vector<std::pair<int, std::string>>{kActive, {200, "{}"}, {404, "<html>Not Found</html>"}}) {
+    for (const auto& a :
+         std::vector<std::pair<int, std::string>>{kActive, {200, "{}"}, {404, "<html>Not Found</html>"}}) {
       refusals.push_back(a);
     }
   }
   std::ostringstream log_text;
-  auto log = std::make_shared<spdlog::logger>("refused-start", std::make_shared<spdlog::sinks::ostream_sink_mt>(log_text));
+  auto log =
+      std::make_shared<spdlog::logger>("refused-start", std::make_shared<spdlog::sinks::ostream_sink_mt>(log_text));
   std::int64_t left = 0;
   {
     ScriptedServer proxy(refusals);
@@ -976,7 +1003,8 @@ class FileSizeLimit {
 TEST(MlflowJournal, AFailedJournalWriteIsReportedAndTheNextRecordIsALineOfItsOwn) {
   TempDir tmp;
   std::ostringstream log_text;
-  auto log = std::make_shared<spdlog::logger>("journal-full", std::make_shared<spdlog::sinks::ostream_sink_mt>(log_text));
+  auto log =
+      std::make_shared<spdlog::logger>("journal-full", std::make_shared<spdlog::sinks::ostream_sink_mt>(log_text));
   const std::string store = "file:" + (tmp / "mlruns");
   const fs::path journal = mlf::journal_dir(tmp.str()) / "journal.jsonl";
   mlf::ExportOptions o;
@@ -1035,7 +1063,8 @@ TEST_F(FileStoreRoot, KeysThatClimbOutOfTheRunAreRefused) {
 }
 
 TEST_F(FileStoreRoot, ArtifactPathsThatClimbOutOrAreAbsoluteAreRefused) {
-  for (const std::string& path : {std::string("../../../../../../outside/x"), outside_ + "/x", std::string("a/../../../../../../outside/x")}) {
+  for (const std::string& path :
+       {std::string("../../../../../../outside/x"), outside_ + "/x", std::string("a/../../../../../../outside/x")}) {
     EXPECT_THROW(store_->log_artifact(run_, tmp_ / "artifact.txt", path), mlf::RejectedError) << path;
   }
   expect_outside_untouched();

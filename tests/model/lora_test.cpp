@@ -237,7 +237,8 @@ TEST(Lora, AdapterFilesRoundTripAndAreSmall) {
     load_adapters(*fewer, file);
     FAIL() << "adapters for other targets were loaded";
   } catch (const UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find("is not an adapter, trainable parameter or buffer"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("is not an adapter, trainable parameter or buffer"), std::string::npos)
+        << e.what();
     EXPECT_NE(std::string(e.what()).find(file), std::string::npos);
   }
   auto ranked = tiny_vit();
@@ -325,7 +326,8 @@ TEST(Lora, ResNetAdapterFilesCarryTheBatchNormStatistics) {
   EXPECT_FALSE(torch::allclose(fresh->forward(x), expected));
   load_adapters(*fresh, file);
   EXPECT_TRUE(torch::equal(fresh->forward(x), expected));
-  EXPECT_TRUE(torch::equal(fresh->named_buffers()["layer1.0.bn1.running_mean"], res->named_buffers()["layer1.0.bn1.running_mean"]));
+  EXPECT_TRUE(torch::equal(fresh->named_buffers()["layer1.0.bn1.running_mean"],
+                           res->named_buffers()["layer1.0.bn1.running_mean"]));
 
   // Adapters merged into their weights take no other adapters (the merged product would stay).
   merge_adapters(*fresh);

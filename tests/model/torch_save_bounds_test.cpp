@@ -10,10 +10,10 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <torch/torch.h>
 #include <cstring>
 #include <fstream>
 #include <limits>
-#include <torch/torch.h>
 
 #include "support/bounded_child.h"
 #include "support/test_util.h"
@@ -51,8 +51,8 @@ const std::string kEmptyOrderedDict = global("collections", "OrderedDict") + ")R
 /// `stride` from `offset`.
 std::string tensor(const std::string& key, std::int64_t numel, const std::vector<std::int64_t>& size,
                    const std::vector<std::int64_t>& stride, std::int64_t offset = 0) {
-  const std::string pid = "(" + unicode("storage") + global("torch", "FloatStorage") + unicode(key) + unicode("cpu") +
-                          integer(numel) + "t";
+  const std::string pid =
+      "(" + unicode("storage") + global("torch", "FloatStorage") + unicode(key) + unicode("cpu") + integer(numel) + "t";
   return global("torch._utils", "_rebuild_tensor_v2") + "(" + pid + "Q" + integer(offset) + tuple(size) +
          tuple(stride) + "\x89" + kEmptyOrderedDict + "tR";
 }
@@ -142,13 +142,14 @@ std::string floats(std::initializer_list<float> v) {
 /// torch.save's records around a data.pkl: its storages data/0 ([1.5, -2]) and data/1
 /// ([0.25, 4]), and the version record LibTorch's reader requires.
 std::vector<ZipEntry> records(const std::string& pickle) {
-  return {{"data.pkl", pickle}, {"data/0", floats({1.5f, -2.f})}, {"data/1", floats({0.25f, 4.f})}, {"version", "3\n"}};
+  return {{"data.pkl", pickle, false, std::nullopt, -1},
+          {"data/0", floats({1.5f, -2.f}), false, std::nullopt, -1},
+          {"data/1", floats({0.25f, 4.f}), false, std::nullopt, -1},
+          {"version", "3\n", false, std::nullopt, -1}};
 }
 
 /// {"w": data/0, "v": data/1}: the state_dict of TwoVectors.
-std::string good_pickle() {
-  return state_dict({{"w", tensor("0", 2, {2}, {1})}, {"v", tensor("1", 2, {2}, {1})}});
-}
+std::string good_pickle() { return state_dict({{"w", tensor("0", 2, {2}, {1})}, {"v", tensor("1", 2, {2}, {1})}}); }
 
 /// A model of two parameters, w and v, of two elements each.
 class TwoVectors : public Model {
@@ -259,14 +260,17 @@ TEST_F(TorchSaveBounds, NamesBuiltFromMemoizedStringsDoNotMultiplyMemory) {
 }
 
 TEST_F(TorchSaveBounds, AStorageWhoseDeclaredSizeIsNotItsRecordsIsRefused) {
-  const std::string path = pickle_file("numel", state_dict({{"w", tensor("0", 1000, {2}, {1})}, {"v", tensor("1", 2, {2}, {1})}}));
+  const std::string path =
+      pickle_file("numel", state_dict({{"w", tensor("0", 1000, {2}, {1})}, {"v", tensor("1", 2, {2}, {1})}}));
   const std::string msg = refusal(path);
-  EXPECT_NE(msg.find("data/0 holds 8 bytes, but its storage declares 1000 elements of Float"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("data/0 holds 8 bytes, but its storage declares 1000 elements of Float"), std::string::npos)
+      << msg;
 }
 
 TEST_F(TorchSaveBounds, ATensorPastItsStorageIsRefused) {
   // Two elements from offset 1 of a two-element storage; a stride that overflows int64.
-  std::string msg = refusal(pickle_file("view", state_dict({{"w", tensor("0", 2, {2}, {1}, 1)}, {"v", tensor("1", 2, {2}, {1})}})));
+  std::string msg =
+      refusal(pickle_file("view", state_dict({{"w", tensor("0", 2, {2}, {1}, 1)}, {"v", tensor("1", 2, {2}, {1})}})));
   EXPECT_NE(msg.find("a tensor that reaches past its storage (2 elements)"), std::string::npos) << msg;
   msg = refusal(pickle_file("stride", state_dict({{"w", tensor("0", 2, {2, 2}, {1, std::int64_t(1) << 62})}})));
   EXPECT_NE(msg.find("a tensor that reaches past its storage (2 elements)"), std::string::npos) << msg;
@@ -283,7 +287,8 @@ TEST_F(TorchSaveBounds, ADeflatedEntryIsRefusedBeforeItIsInflated) {
   entries[0].declared = 0xFFFFFFF0;
   std::string msg = refusal_within_1gib(file("deflated_pkl", zip_archive(entries)));
   EXPECT_NE(msg.find("entry 'archive/data.pkl' is deflated to 4294967280 declared bytes, past the 67108864"),
-            std::string::npos) << msg;
+            std::string::npos)
+      << msg;
   // A storage deflated with its true size: torch.save stores its records.
   entries = records(good_pickle());
   entries[1].deflate = true;
@@ -313,15 +318,15 @@ TEST_F(TorchSaveBounds, OverlappingEntriesAreRefused) {
 
 TEST_F(TorchSaveBounds, TwoEntriesOfOneNameAreRefused) {
   auto entries = records(good_pickle());
-  entries.push_back({"data/0", floats({9.f, 9.f})});
+  entries.push_back({"data/0", floats({9.f, 9.f}), false, std::nullopt, -1});
   const std::string msg = refusal(file("twice", zip_archive(entries)));
   EXPECT_NE(msg.find("two entries named 'archive/data/0'"), std::string::npos) << msg;
 }
 
 TEST_F(TorchSaveBounds, AStateDictKeyGivenTwiceIsRefused) {
-  const std::string msg =
-      refusal(pickle_file("key_twice", state_dict({{"w", tensor("0", 2, {2}, {1})}, {"v", tensor("1", 2, {2}, {1})},
-                                                   {"w", tensor("1", 2, {2}, {1})}})));
+  const std::string msg = refusal(pickle_file(
+      "key_twice",
+      state_dict({{"w", tensor("0", 2, {2}, {1})}, {"v", tensor("1", 2, {2}, {1})}, {"w", tensor("1", 2, {2}, {1})}})));
   EXPECT_NE(msg.find("'w' is in the state_dict twice"), std::string::npos) << msg;
 }
 

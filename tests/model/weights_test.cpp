@@ -224,14 +224,14 @@ TEST_F(WeightsRun, TrainerCheckpointLoadsAsInitialWeights) {
   o.log_level = "info";
   Trainer second(std::move(o));
   EXPECT_EQ(second.fit().exit_code, 0);
-  EXPECT_NE(read_file(tmp_ / "second/trainer.log").find("model weights: 122 tensors from " + ckpt +
-                                                         " (trainer checkpoint)"),
-            std::string::npos);
+  EXPECT_NE(
+      read_file(tmp_ / "second/trainer.log").find("model weights: 122 tensors from " + ckpt + " (trainer checkpoint)"),
+      std::string::npos);
 }
 
 TEST_F(WeightsRun, ARunDirectoryGivesItsNewestCompleteCheckpoint) {
-  Trainer first(options_for(kResnetRun, {"training.epochs=2", "checkpoint.every_epochs=1", "checkpoint.keep_last=2"},
-                            "first"));
+  Trainer first(
+      options_for(kResnetRun, {"training.epochs=2", "checkpoint.every_epochs=1", "checkpoint.keep_last=2"}, "first"));
   ASSERT_EQ(first.fit().exit_code, 0);
   const std::filesystem::path ckpts(tmp_ / "first/checkpoints");
   const std::string run_dir = tmp_ / "first";
@@ -245,7 +245,8 @@ TEST_F(WeightsRun, ARunDirectoryGivesItsNewestCompleteCheckpoint) {
   };
   // The run directory and its checkpoints/ directory: the checkpoint `latest` names.
   ASSERT_EQ(run_from(run_dir, "a").exit_code, 0);
-  EXPECT_NE(read_file(tmp_ / "a/trainer.log").find("model weights: 122 tensors from " + (ckpts / "step_00000004.pt").string()),
+  EXPECT_NE(read_file(tmp_ / "a/trainer.log")
+                .find("model weights: 122 tensors from " + (ckpts / "step_00000004.pt").string()),
             std::string::npos);
   ASSERT_EQ(run_from(ckpts.string(), "b").exit_code, 0);
   EXPECT_NE(read_file(tmp_ / "b/trainer.log").find("from " + (ckpts / "step_00000004.pt").string()), std::string::npos);
@@ -253,21 +254,24 @@ TEST_F(WeightsRun, ARunDirectoryGivesItsNewestCompleteCheckpoint) {
   std::filesystem::resize_file(ckpts / "step_00000004.pt", 100);
   ASSERT_EQ(run_from(run_dir, "c").exit_code, 0);
   EXPECT_NE(read_file(tmp_ / "c/trainer.log").find("from " + (ckpts / "step_00000002.pt").string()), std::string::npos);
-  EXPECT_NE(read_file(tmp_ / "c/trainer.log")
-                .find("model.weights: checkpoint " + (ckpts / "step_00000004.pt").string() + " is truncated or damaged"),
-            std::string::npos);
+  EXPECT_NE(
+      read_file(tmp_ / "c/trainer.log")
+          .find("model.weights: checkpoint " + (ckpts / "step_00000004.pt").string() + " is truncated or damaged"),
+      std::string::npos);
   // None complete: exit code 2, naming the setting and the directory.
   std::filesystem::resize_file(ckpts / "step_00000002.pt", 100);
   auto r = run_from(run_dir, "d");
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_NE(r.message.find("model.weights = \"" + run_dir + "\": no complete checkpoint"),
-            std::string::npos) << r.message;
+  EXPECT_NE(r.message.find("model.weights = \"" + run_dir + "\": no complete checkpoint"), std::string::npos)
+      << r.message;
   // A directory without checkpoints.
   std::filesystem::create_directories(tmp_ / "empty");
   r = run_from(std::string(tmp_ / "empty"), "e");
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_NE(r.message.find("model.weights " + std::string(tmp_ / "empty") + ": no checkpoints/latest and no step_<N>.pt"),
-            std::string::npos) << r.message;
+  EXPECT_NE(
+      r.message.find("model.weights " + std::string(tmp_ / "empty") + ": no checkpoints/latest and no step_<N>.pt"),
+      std::string::npos)
+      << r.message;
 }
 
 TEST_F(WeightsRun, ResumingDoesNotNeedTheWeightsFileAnyMore) {

@@ -81,7 +81,7 @@ TEST_F(MemoryLog, APeakBeforeTrainingIsTheRunsButNotTrainings) {
   EXPECT_GE(s.peak_mb, 64.0) << s.line;
   // The small MLP trains in well under a MiB: the 64 MiB before FitStart is not training's.
   EXPECT_LT(s.training_mb, 8.0) << s.line;
-  EXPECT_GT(s.above_mb, 0.0) << s.line;  // gradients, activations
+  EXPECT_GT(s.above_mb, 0.0) << s.line;            // gradients, activations
   EXPECT_LT(s.above_mb, s.training_mb) << s.line;  // the data and the model were there at the start
   // The metrics: the groups up to FitStart's carry the 64 MiB peak, the later ones do not.
   // Init, ModelToDevice, OptimizerCreated and FitStart are the first four groups.

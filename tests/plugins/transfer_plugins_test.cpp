@@ -186,8 +186,8 @@ TEST_F(TransferPlugins, LoraTrainsAdaptersAndHeadOnlyAndTheBaseStaysBitIdentical
 
   // plugins.lora.adapters starts a run from them: with every step skipped, its evaluation
   // equals the end of this run.
-  const RunResult again = run(kVitRecipe, {"+plugins.lora.adapters=\"" + adapters + "\"", "training.epochs=1"},
-                              "again", {std::make_shared<SkipEveryStep>()});
+  const RunResult again = run(kVitRecipe, {"+plugins.lora.adapters=\"" + adapters + "\"", "training.epochs=1"}, "again",
+                              {std::make_shared<SkipEveryStep>()});
   ASSERT_EQ(again.exit_code, kExitOk) << again.message;
   EXPECT_NEAR(again.final_metrics.at("eval/loss"), r.final_metrics.at("eval/loss"), 1e-6);
 }
@@ -228,7 +228,8 @@ TEST_F(TransferPlugins, LinearProbeLeavesTheBackboneBitIdenticalStatisticsInclud
   // The whole model (backbone and trained head) in a file model.weights loads.
   const std::string file = tmp_ / "probe/probe_model.pt";
   ASSERT_TRUE(fs::exists(file));
-  auto plain = build_model(Config::parse("name = \"resnet\"\ndepth = 18\nstem = \"small\"\n"), DataSpec{{1, 12, 12}, 3});
+  auto plain =
+      build_model(Config::parse("name = \"resnet\"\ndepth = 18\nstem = \"small\"\n"), DataSpec{{1, 12, 12}, 3});
   load_weights(*plain, file);
   for (const auto& [name, t] : state_of(*plain)) EXPECT_TRUE(torch::equal(t, state_of(*model_).at(name))) << name;
 }

@@ -119,7 +119,9 @@ TEST_F(Precision, NativeBf16OnAGpuFollowsItsComputeCapability) {
   } else {
     EXPECT_NE(why.find("compute capability"), std::string::npos) << why;
   }
-  if (!torch::cuda::is_available()) EXPECT_EQ(cc, 0);  // a CPU build, or no GPU visible
+  if (!torch::cuda::is_available()) {
+    EXPECT_EQ(cc, 0);  // a CPU build, or no GPU visible
+  }
 }
 
 }  // namespace

@@ -19,8 +19,8 @@ inline int declare_zip_entry_size(const std::string& file, const std::string& su
   }
   int changed = 0;
   auto u16 = [&](std::size_t at) {
-    return static_cast<std::size_t>(static_cast<unsigned char>(bytes[at]) |
-                                    static_cast<unsigned char>(bytes[at + 1]) << 8);
+    return static_cast<std::size_t>(static_cast<unsigned char>(bytes[at]) | static_cast<unsigned char>(bytes[at + 1])
+                                                                                << 8);
   };
   auto patch_if_named = [&](std::size_t name_at, std::size_t name_len, std::size_t size_at) {
     if (name_at + name_len > bytes.size() || name_len < suffix.size()) return;

@@ -94,7 +94,7 @@ TEST_P(EstimateHeldOut, ErrorOnHeldOutMicroBatchesIsUnderTenPercent) {
   ASSERT_EQ(e.probes.size(), 4u);  // 16, 32, 64 and 64 of a batch of 256
   EXPECT_EQ(e.probes[0].micro_batch, 16);
   EXPECT_EQ(e.probes[2].micro_batch, 64);
-  EXPECT_GT(e.b, 0.0);
+  EXPECT_GT(e.per_sample, 0.0);
   for (std::int64_t m : {128, 256, 384}) {  // none of them probed
     expect_close(GetParam().name, e, GetParam().overrides, m, m, tmp / ("held-out-" + std::to_string(m)));
   }
@@ -128,7 +128,7 @@ TEST(Estimate, BreakdownAddsUpAndNamesWhatIsKnown) {
   EXPECT_GT(e.activations, 0);
   // On the CPU the batch itself lives on the device: each sample of the batch beyond the
   // micro-batch holds its float32 pixels at least.
-  EXPECT_GE(e.c, 784 * 4 * 0.9);
+  EXPECT_GE(e.per_batch_sample, 784 * 4 * 0.9);
   EXPECT_EQ(e.limit, 100 * 1024 * 1024);  // the recipe's memory.limit_mb
   EXPECT_EQ(e.limit_source, "memory.limit_mb = 100");
 }
@@ -178,7 +178,7 @@ TEST(Estimate, ARecipeThatEvaluatesOnlyAtItsEndHoldsItsTestSplitInEveryProbe) {
   EXPECT_EQ(at_end.eval_batch, 1000);
   EXPECT_EQ(at_end.peak, every_epoch.peak);
   EXPECT_EQ(at_end.eval_peak, every_epoch.eval_peak);
-  EXPECT_NEAR(at_end.b, every_epoch.b, 1.0);
+  EXPECT_NEAR(at_end.per_sample, every_epoch.per_sample, 1.0);
 }
 
 TEST(Estimate, ActivationCheckpointingAndMixedPrecisionAreInTheMeasurement) {
@@ -191,7 +191,7 @@ TEST(Estimate, ActivationCheckpointingAndMixedPrecisionAreInTheMeasurement) {
   req.overrides.push_back(R"(plugins.load=["grad_checkpoint"])");
   const MemoryEstimate ckpt = trainer::tune::estimate_memory(req);
   EXPECT_EQ(ckpt.plugins, std::vector<std::string>{"grad_checkpoint"});
-  EXPECT_LT(ckpt.b, 0.7 * plain.b) << "activation checkpointing keeps the blocks' inputs only";
+  EXPECT_LT(ckpt.per_sample, 0.7 * plain.per_sample) << "activation checkpointing keeps the blocks' inputs only";
   const std::int64_t measured = measured_peak(req.overrides, 256, tmp / "measured");
   EXPECT_LT(error_of(ckpt.predict(256, 256), measured), 0.10);
 
@@ -202,7 +202,7 @@ TEST(Estimate, ActivationCheckpointingAndMixedPrecisionAreInTheMeasurement) {
   req.overrides.push_back(R"(plugins.load=["mixed_precision"])");
   req.overrides.push_back("plugins.mixed_precision.precision=bf16");
   const MemoryEstimate bf16 = trainer::tune::estimate_memory(req);
-  EXPECT_LT(bf16.b, 0.9 * fp32.b);
+  EXPECT_LT(bf16.per_sample, 0.9 * fp32.per_sample);
 }
 
 TEST(Estimate, FindMaxBatchConfirmsThePredictionWithRealSteps) {

@@ -14,6 +14,7 @@
 #include "support/test_util.h"
 #include "sweep.h"
 #include "trainer/config.h"
+#include "trainer/core_settings.h"
 #include "trainer/error.h"
 
 namespace {
@@ -93,8 +94,8 @@ TEST(Pruner, SuccessiveHalvingJudgesAtTheRungsOnly) {
 MemoryEstimate toy_estimate() {
   MemoryEstimate e;
   e.device = "cpu";
-  e.a = 50.0 * kMiB, e.b = 1.0 * kMiB, e.c = 0;
-  e.a2 = 40.0 * kMiB, e.c2 = 0;
+  e.held = 50.0 * kMiB, e.per_sample = 1.0 * kMiB, e.per_batch_sample = 0;
+  e.step_held = 40.0 * kMiB, e.step_per_batch_sample = 0;
   e.limit = 100 * kMiB;
   e.limit_source = "memory.limit_mb = 100";
   e.margin = 0.1;
@@ -317,11 +318,21 @@ TEST(StudyLock, OneStudyProcessPerDirectory) {
 }
 
 TEST(MemoryKey, OverridesThatChangeMemoryGetAnEstimateOfTheirOwn) {
-  using trainer::tune::memory_key;
+  // The keys of a config with SGD and a cosine schedule: which are memory_neutral() is
+  // declared beside each key (KeySpec).
+  trainer::Config cfg;
+  cfg.set("optim.name", std::string("sgd"));
+  cfg.set("sched.name", std::string("cosine"));
+  const auto sections = trainer::core_config_sections(cfg);
+  const auto memory_key = [&](const std::vector<std::string>& o) { return trainer::tune::memory_key(o, sections); };
   EXPECT_EQ(memory_key({"optim.lr=0.1", "training.batch_size=64", "eval.batch_size=100"}), memory_key({}));
   EXPECT_NE(memory_key({"optim.momentum=0"}), memory_key({"optim.momentum=0.9"}));  // SGD's momentum buffer
   EXPECT_NE(memory_key({"optim.weight_decay=0"}), memory_key({"optim.weight_decay=0.1"}));
   EXPECT_NE(memory_key({"model=mlp"}), memory_key({"model=cnn"}));
+  EXPECT_EQ(memory_key({"sched.name=\"step\"", "+sched.warmup_steps=5", "sched.min_lr_ratio=0.1", "run.seed=3",
+                        "checkpoint.keep_last=4", "training.max_steps=9"}),
+            memory_key({}));
+  EXPECT_NE(memory_key({"memory.limit_mb=100"}), memory_key({}));  // not declared neutral: counts
 }
 
 TEST(EstimateJson, ReadsBackWhatItWrites) {
@@ -333,8 +344,8 @@ TEST(EstimateJson, ReadsBackWhatItWrites) {
   std::ostringstream out;
   trainer::tune::print_estimate_json(e, out);
   const MemoryEstimate r = trainer::tune::estimate_from_json(out.str());
-  EXPECT_EQ(r.a, e.a);
-  EXPECT_EQ(r.b, e.b);
+  EXPECT_EQ(r.held, e.held);
+  EXPECT_EQ(r.per_sample, e.per_sample);
   EXPECT_EQ(r.limit, e.limit);
   EXPECT_EQ(r.margin, e.margin);
   EXPECT_EQ(r.limit_source, e.limit_source);
@@ -355,8 +366,8 @@ namespace {
 TEST(TrialStates, EveryNameReadsBackAndOnlyRunningDoesNotEndATrial) {
   using trainer::tune::trial_state_name;
   using trainer::tune::trial_state_named;
-  for (auto s : {TrialState::Running, TrialState::Complete, TrialState::Pruned, TrialState::Failed,
-                 TrialState::Skipped}) {
+  for (auto s :
+       {TrialState::Running, TrialState::Complete, TrialState::Pruned, TrialState::Failed, TrialState::Skipped}) {
     EXPECT_EQ(trial_state_named(trial_state_name(s)), s) << trial_state_name(s);
     EXPECT_EQ(trainer::tune::trial_ended(s), s != TrialState::Running) << trial_state_name(s);
   }

@@ -109,7 +109,9 @@ TEST(Sweep, AConfigPredictedNotToFitIsSkippedAndTheStudyCompletes) {
   EXPECT_EQ(r.count(TrialState::Pruned) + r.count(TrialState::Failed) + r.out_of_memory(), 0);
   ASSERT_TRUE(r.best.has_value());
   for (const auto& t : r.trials) {
-    if (t.value) EXPECT_GE(*r.trials[std::size_t(*r.best)].value, *t.value);
+    if (t.value) {
+      EXPECT_GE(*r.trials[std::size_t(*r.best)].value, *t.value);
+    }
   }
   const auto csv = read_lines(tmp / "s/results.csv");
   ASSERT_EQ(csv.size(), 5u);

@@ -37,6 +37,12 @@ struct TRAINER_API KeySpec {
   KeySpec& check(KeyCheck c);                    ///< strings and string list elements
   /// Accepts NaN and ±inf (floats). Without it a float must be finite, and not subnormal.
   KeySpec& non_finite();
+  /// One memory estimate holds for every value of this key: it changes nothing a training step
+  /// holds (a learning rate, a seed, how often to log or checkpoint), or the estimate's fit
+  /// covers it (the batch sizes). `trainer sweep` and `trainer bench` share an estimate across
+  /// configs that differ in such keys only. A key without it is taken to change memory: a new
+  /// estimate per value, slower but never wrong.
+  KeySpec& memory_neutral();
 
   std::string key;  ///< relative to the section, may be dotted ("betas")
   ValueType type;
@@ -48,6 +54,7 @@ struct TRAINER_API KeySpec {
   std::vector<std::string> allowed;
   KeyCheck rule;  ///< empty `accepts`: no rule
   bool accepts_non_finite = false;
+  bool is_memory_neutral = false;
 
   /// "float >= 0", "one of: constant, step, cosine" — for messages and `trainer plugins`.
   std::string describe() const;

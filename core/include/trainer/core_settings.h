@@ -25,7 +25,7 @@ struct RunSettings : Settings<RunSettings> {
 
   static void declare(SettingsSchema<RunSettings>& s) {
     s.add(&RunSettings::name, "name", "Run name; the run directory is <dir>/<name>-<timestamp>");
-    s.add(&RunSettings::seed, "seed", "Seed of every random generator").min(0);
+    s.add(&RunSettings::seed, "seed", "Seed of every random generator").min(0).memory_neutral();
     s.add(&RunSettings::dir, "dir", "Parent directory of run directories");
   }
 };
@@ -48,12 +48,19 @@ struct TrainingSettings : Settings<TrainingSettings> {
   }
 
   static void declare(SettingsSchema<TrainingSettings>& s) {
-    s.add(&TrainingSettings::epochs, "epochs", "Epochs to train").min(1);
-    s.add(&TrainingSettings::batch_size, "batch_size", "Effective batch: samples per optimizer step").min(1);
+    s.add(&TrainingSettings::epochs, "epochs", "Epochs to train").min(1).memory_neutral();
+    s.add(&TrainingSettings::batch_size, "batch_size", "Effective batch: samples per optimizer step")
+        .min(1)
+        .memory_neutral();
     s.add(&TrainingSettings::micro_batch_size, "micro_batch_size", "Samples per forward/backward; 0 = batch_size")
-        .min(0);
-    s.add(&TrainingSettings::max_steps, "max_steps", "Stop after this many optimizer steps; 0 = no limit").min(0);
-    s.add(&TrainingSettings::log_every, "log_every", "Log training metrics every N optimizer steps").min(1);
+        .min(0)
+        .memory_neutral();
+    s.add(&TrainingSettings::max_steps, "max_steps", "Stop after this many optimizer steps; 0 = no limit")
+        .min(0)
+        .memory_neutral();
+    s.add(&TrainingSettings::log_every, "log_every", "Log training metrics every N optimizer steps")
+        .min(1)
+        .memory_neutral();
     s.add(&TrainingSettings::grad_clip_norm, "grad_clip_norm", "Clip the global gradient norm; 0 = off").min(0);
     s.add(&TrainingSettings::shuffle, "shuffle", "Shuffle the training set each epoch (from run.seed)");
     s.add(&TrainingSettings::drop_last, "drop_last", "Drop the last incomplete batch of an epoch");
@@ -69,7 +76,7 @@ struct EvalSettings : Settings<EvalSettings> {
 
   static void declare(SettingsSchema<EvalSettings>& s) {
     s.add(&EvalSettings::every_epochs, "every_epochs", "Evaluate every N epochs; 0 = never").min(0);
-    s.add(&EvalSettings::batch_size, "batch_size", "Evaluation batch size").min(1);
+    s.add(&EvalSettings::batch_size, "batch_size", "Evaluation batch size").min(1).memory_neutral();
     s.add(&EvalSettings::at_end, "at_end",
           "Also evaluate when training ends (its last epoch, or training.max_steps) unless that step was just "
           "evaluated");
@@ -87,10 +94,17 @@ struct CheckpointSettings : Settings<CheckpointSettings> {
   bool at_end = true;
 
   static void declare(SettingsSchema<CheckpointSettings>& s) {
-    s.add(&CheckpointSettings::every_epochs, "every_epochs", "Checkpoint every N epochs; 0 = never").min(0);
-    s.add(&CheckpointSettings::every_steps, "every_steps", "Checkpoint every N optimizer steps; 0 = never").min(0);
-    s.add(&CheckpointSettings::keep_last, "keep_last", "Checkpoints kept in <run_dir>/checkpoints").min(1);
-    s.add(&CheckpointSettings::at_end, "at_end", "Write a checkpoint when the run ends (also on failure)");
+    s.add(&CheckpointSettings::every_epochs, "every_epochs", "Checkpoint every N epochs; 0 = never")
+        .min(0)
+        .memory_neutral();
+    s.add(&CheckpointSettings::every_steps, "every_steps", "Checkpoint every N optimizer steps; 0 = never")
+        .min(0)
+        .memory_neutral();
+    s.add(&CheckpointSettings::keep_last, "keep_last", "Checkpoints kept in <run_dir>/checkpoints")
+        .min(1)
+        .memory_neutral();
+    s.add(&CheckpointSettings::at_end, "at_end", "Write a checkpoint when the run ends (also on failure)")
+        .memory_neutral();
   }
 };
 

@@ -51,34 +51,34 @@ namespace trainer {
 /// was reached), Exception, Shutdown. An evaluation or a checkpoint that runs out of memory
 /// fires OutOfMemory inside it.
 enum class Event : std::uint8_t {
-  Init,                 ///< config parsed, run directory made, plugins configured
-  SelectDevice,         ///< ctx.device proposes runtime.device; plugins may choose another
-  ModelCreated,         ///< model built on the CPU, not moved yet; plugins may replace ctx.model
-  ModelToDevice,        ///< model on ctx.device, in training mode (again after an OOM device fallback)
-  OptimizerCreated,     ///< ctx.optimizer set; the LR schedule is built right after
-  Resume,               ///< --resume: checkpoint loaded, plugin states handed back; ctx.resume says what
-  FitStart,             ///< once, before the first epoch, after a --resume checkpoint was loaded
-  EpochStart,           ///< state.epoch is the epoch starting (a resumed run's first may be partial)
-  BatchStart,           ///< before the batch is read; once per batch whatever the retries
-  BeforeForward,        ///< per micro-batch: ctx.batch, ctx.indices
-  AfterForward,         ///< per micro-batch: also ctx.outputs and the scaled ctx.loss
-  BeforeBackward,       ///< per micro-batch: just before loss.backward()
-  AfterBackward,        ///< per micro-batch: its gradient is accumulated
+  Init,                  ///< config parsed, run directory made, plugins configured
+  SelectDevice,          ///< ctx.device proposes runtime.device; plugins may choose another
+  ModelCreated,          ///< model built on the CPU, not moved yet; plugins may replace ctx.model
+  ModelToDevice,         ///< model on ctx.device, in training mode (again after an OOM device fallback)
+  OptimizerCreated,      ///< ctx.optimizer set; the LR schedule is built right after
+  Resume,                ///< --resume: checkpoint loaded, plugin states handed back; ctx.resume says what
+  FitStart,              ///< once, before the first epoch, after a --resume checkpoint was loaded
+  EpochStart,            ///< state.epoch is the epoch starting (a resumed run's first may be partial)
+  BatchStart,            ///< before the batch is read; once per batch whatever the retries
+  BeforeForward,         ///< per micro-batch: ctx.batch, ctx.indices
+  AfterForward,          ///< per micro-batch: also ctx.outputs and the scaled ctx.loss
+  BeforeBackward,        ///< per micro-batch: just before loss.backward()
+  AfterBackward,         ///< per micro-batch: its gradient is accumulated
   GradientsAccumulated,  ///< once per attempt: the batch's full gradient, before clipping
-  BeforeOptimizerStep,  ///< gradient complete and clipped, LR set; may fire again after an OOM retry
-  AfterOptimizerStep,   ///< the step was taken; global_step and samples_seen advanced
-  BatchEnd,             ///< once per batch, skipped or not
-  EvalStart,            ///< an evaluation on the test split begins (again after an OOM retry)
-  EvalBatchStart,       ///< per evaluation batch: ctx.batch (on the device), ctx.indices
-  EvalBatchEnd,         ///< per evaluation batch: also ctx.outputs and ctx.loss (the batch's mean loss)
-  EvalMetrics,          ///< ctx.eval_metrics holds the core's results; plugins add theirs
-  EvalEnd,              ///< ctx.eval_metrics holds all results (already logged)
-  EpochEnd,             ///< after the epoch's batches and its evaluation, before its checkpoint
-  Checkpoint,           ///< ctx.checkpoint_path was just written
-  OutOfMemory,          ///< the failed attempt was dropped; ctx.oom says what failed
-  FitEnd,               ///< the loop ended without an exception; ctx.status FINISHED or KILLED
-  Exception,            ///< something escaped; ctx.exception holds it, ctx.status FAILED
-  Shutdown,             ///< always last; ctx.status is the outcome
+  BeforeOptimizerStep,   ///< gradient complete and clipped, LR set; may fire again after an OOM retry
+  AfterOptimizerStep,    ///< the step was taken; global_step and samples_seen advanced
+  BatchEnd,              ///< once per batch, skipped or not
+  EvalStart,             ///< an evaluation on the test split begins (again after an OOM retry)
+  EvalBatchStart,        ///< per evaluation batch: ctx.batch (on the device), ctx.indices
+  EvalBatchEnd,          ///< per evaluation batch: also ctx.outputs and ctx.loss (the batch's mean loss)
+  EvalMetrics,           ///< ctx.eval_metrics holds the core's results; plugins add theirs
+  EvalEnd,               ///< ctx.eval_metrics holds all results (already logged)
+  EpochEnd,              ///< after the epoch's batches and its evaluation, before its checkpoint
+  Checkpoint,            ///< ctx.checkpoint_path was just written
+  OutOfMemory,           ///< the failed attempt was dropped; ctx.oom says what failed
+  FitEnd,                ///< the loop ended without an exception; ctx.status FINISHED or KILLED
+  Exception,             ///< something escaped; ctx.exception holds it, ctx.status FAILED
+  Shutdown,              ///< always last; ctx.status is the outcome
 };
 
 inline constexpr std::size_t kNumEvents = static_cast<std::size_t>(Event::Shutdown) + 1;
@@ -96,7 +96,8 @@ inline constexpr ControlFields kRequests =
     bit(ControlField::StopTraining) | bit(ControlField::RequestCheckpoint) | bit(ControlField::RequestEval);
 inline constexpr ControlFields kSkip = bit(ControlField::SkipStep);
 /// Inside an evaluation a new evaluation request would only repeat it.
-inline constexpr ControlFields kStopOrCheckpoint = bit(ControlField::StopTraining) | bit(ControlField::RequestCheckpoint);
+inline constexpr ControlFields kStopOrCheckpoint =
+    bit(ControlField::StopTraining) | bit(ControlField::RequestCheckpoint);
 }  // namespace detail
 
 /// Every event, in enum order, with whether it is a closing event and which Control fields
@@ -140,7 +141,7 @@ inline constexpr std::array<EventSpec, kNumEvents> kEventTable = {{
 /// One row of kControlFieldTable.
 struct ControlFieldSpec {
   ControlField field;
-  std::string_view name;   ///< the Control member
+  std::string_view name;  ///< the Control member
   /// Set by an event that does not honour it: a warning in the log (else cleared silently).
   bool warn_when_ignored;
 };

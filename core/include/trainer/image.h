@@ -32,11 +32,11 @@ TRAINER_API at::Tensor decode_image(const std::vector<unsigned char>& bytes, con
 
 /// How images become model inputs.
 struct ImageTransform {
-  std::int64_t size = 224;           ///< side of the square output
-  std::int64_t resize = 256;         ///< evaluation: shorter side resized to this, then the centre crop
-  double min_scale = 0.08;           ///< training: random-resized crop area, fraction of the image
+  std::int64_t size = 224;    ///< side of the square output
+  std::int64_t resize = 256;  ///< evaluation: shorter side resized to this, then the centre crop
+  double min_scale = 0.08;    ///< training: random-resized crop area, fraction of the image
   double max_scale = 1.0;
-  bool flip = true;                  ///< training: horizontal flip with probability 1/2
+  bool flip = true;  ///< training: horizontal flip with probability 1/2
   std::vector<double> mean{0.485, 0.456, 0.406};
   std::vector<double> std{0.229, 0.224, 0.225};
 };

@@ -21,8 +21,8 @@ struct TRAINER_API LeaseHolder {
 
 /// What the lock of a device's lease says now (DeviceLease::probe).
 struct TRAINER_API LeaseState {
-  bool held = false;       ///< some process holds the lock
-  bool exclusive = false;  ///< ... exclusively (else every holder shares it)
+  bool held = false;                 ///< some process holds the lock
+  bool exclusive = false;            ///< ... exclusively (else every holder shares it)
   std::vector<LeaseHolder> holders;  ///< who, from the holder files (may be empty or stale)
 };
 

@@ -21,8 +21,8 @@ struct PluginInfo {
 /// Finds and loads plugin libraries (`libtrainer_plugin_<name>.so`) with Boost.DLL.
 ///
 /// Search order: the directories given to the constructor (the recipe's `plugins.path`),
-/// then `$TRAINER_PLUGIN_PATH` (colon-separated), then default_plugin_dirs(). Before creating anything the host reads the library's AbiDescriptor and
-/// refuses a mismatch with a message naming the library and both versions.
+/// then `$TRAINER_PLUGIN_PATH` (colon-separated), then default_plugin_dirs(). Before creating anything the host reads
+/// the library's AbiDescriptor and refuses a mismatch with a message naming the library and both versions.
 ///
 /// Lifetime: a loaded library is never unloaded before process exit (objects, modules and
 /// autograd nodes it created may outlive any handle).

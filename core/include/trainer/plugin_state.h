@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -46,9 +48,53 @@ class TRAINER_API PluginState {
   std::map<std::string, Value> values_;
 };
 
+/// A plugin's saved members, each named once: save() writes them all into a PluginState,
+/// load() reads them all back (a key the state lacks gives the type's zero value, as
+/// PluginState's getters do). Bind them in one function both use:
+///
+///   trainer::StateFields fields() { return trainer::StateFields().add("wait", wait_).add("best", best_); }
+///   void save_state(trainer::PluginState& s) override { fields().save(s); }
+///   void load_state(const trainer::PluginState& s) override { fields().load(s); }
+class StateFields {
+ public:
+  StateFields& add(std::string key, std::int64_t& v) { return bind(std::move(key), &v); }
+  StateFields& add(std::string key, double& v) { return bind(std::move(key), &v); }
+  StateFields& add(std::string key, bool& v) { return bind(std::move(key), &v); }
+  StateFields& add(std::string key, std::string& v) { return bind(std::move(key), &v); }
+
+  void save(PluginState& state) const {
+    for (const auto& [key, member] : fields_) {
+      std::visit([&, k = key](auto* p) { state.set(k, PluginState::Value(*p)); }, member);
+    }
+  }
+  /// Throws trainer::Error when a key holds another type than its member.
+  void load(const PluginState& state) const {
+    for (const auto& [key, member] : fields_) {
+      std::visit(
+          [&, k = key](auto* p) {
+            using T = std::remove_pointer_t<decltype(p)>;
+            if constexpr (std::is_same_v<T, std::int64_t>) *p = state.get_int(k);
+            if constexpr (std::is_same_v<T, double>) *p = state.get_double(k);
+            if constexpr (std::is_same_v<T, bool>) *p = state.get_bool(k);
+            if constexpr (std::is_same_v<T, std::string>) *p = state.get_string(k);
+          },
+          member);
+    }
+  }
+
+ private:
+  using Member = std::variant<std::int64_t*, double*, bool*, std::string*>;
+  template <typename T>
+  StateFields& bind(std::string key, T* v) {
+    fields_.emplace_back(std::move(key), Member(v));
+    return *this;
+  }
+  std::vector<std::pair<std::string, Member>> fields_;
+};
+
 /// What a `--resume` restored, for the Resume event.
 struct ResumeInfo {
-  std::string checkpoint;  ///< the file loaded
+  std::string checkpoint;            ///< the file loaded
   std::int64_t epoch = 0;            ///< the epoch training continues in
   std::int64_t sample_in_epoch = 0;  ///< samples of that epoch already consumed
   std::int64_t global_step = 0;      ///< optimizer steps done before the resume

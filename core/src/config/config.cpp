@@ -125,9 +125,11 @@ void convert(const TomlValue& v, const std::string& key, std::shared_ptr<ConfigN
       }
       if (arr.empty()) {
         out = leaf(std::vector<std::string>{}, where);
-      } else if (const auto bad = std::find_if(arr.begin(), arr.end(), [](const TomlValue& e) { return !number_problem(e).empty(); });
+      } else if (const auto bad = std::find_if(arr.begin(), arr.end(),
+                                               [](const TomlValue& e) { return !number_problem(e).empty(); });
                  bad != arr.end()) {
-        errors.push_back(detail::str(where, ": key '", key, "': element ", bad - arr.begin(), ": ", number_problem(*bad)));
+        errors.push_back(
+            detail::str(where, ": key '", key, "': element ", bad - arr.begin(), ": ", number_problem(*bad)));
         out = nullptr;
       } else if (all_int) {
         std::vector<std::int64_t> xs;

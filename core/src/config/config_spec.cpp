@@ -66,6 +66,11 @@ KeySpec& KeySpec::non_finite() {
   return *this;
 }
 
+KeySpec& KeySpec::memory_neutral() {
+  is_memory_neutral = true;
+  return *this;
+}
+
 namespace {
 std::string fmt_num(double v) {
   std::ostringstream os;
@@ -203,7 +208,8 @@ std::vector<double> numbers_of(const ConfigValue& v) {
 std::string abnormal_number(const ConfigValue& v, const KeySpec& spec) {
   if (!std::holds_alternative<double>(v) && !std::holds_alternative<std::vector<double>>(v)) return {};
   for (double x : numbers_of(v)) {
-    if (!std::isfinite(x) && !spec.accepts_non_finite) return "not a finite number (this key does not accept nan or inf)";
+    if (!std::isfinite(x) && !spec.accepts_non_finite)
+      return "not a finite number (this key does not accept nan or inf)";
     if (std::fpclassify(x) == FP_SUBNORMAL) {
       return "too close to zero to be a normal double (|x| < 2.2e-308, precision lost); use 0 or a larger value";
     }
@@ -274,8 +280,8 @@ std::vector<std::string> validate_config(Config& cfg, const std::vector<SectionS
       continue;
     }
     if (const std::string bad = abnormal_number(*coerced, *spec); !bad.empty()) {
-      problems.push_back(detail::str(where, ": ", key, " = ", config_value_to_toml(v), ": ", bad, "; allowed: ",
-                                     spec->describe()));
+      problems.push_back(
+          detail::str(where, ": ", key, " = ", config_value_to_toml(v), ": ", bad, "; allowed: ", spec->describe()));
       continue;
     }
     bool ok = true;

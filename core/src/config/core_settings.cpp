@@ -23,11 +23,13 @@ std::vector<SectionSpec> core_config_sections(const Config& cfg) {
 
   // A registry-backed section: `name` (one of the registry's entries; required when there is
   // no fallback), the keys every entry shares (`common`), then the chosen entry's own keys.
+  // `neutral_choice`: which entry is chosen does not change memory (the schedule).
   auto named_section = [&](const std::string& path, const auto& registry, const std::string& fallback,
-                           const std::vector<KeySpec>& common, const std::string& doc) {
+                           const std::vector<KeySpec>& common, const std::string& doc, bool neutral_choice = false) {
     SectionSpec sec{path, {}, doc};
     KeySpec name("name", ValueType::String, "Which " + registry.kind() + " to use");
     name.choices(registry.names());
+    if (neutral_choice) name.memory_neutral();
     if (fallback.empty()) {
       name.required();
     } else {
@@ -47,7 +49,7 @@ std::vector<SectionSpec> core_config_sections(const Config& cfg) {
   named_section("model", model_registry(), "", ModelSettings::keys(), "The model");
   named_section("dataset", dataset_registry(), "", {}, "The dataset");
   named_section("optim", optimizer_registry(), "adamw", {}, "The optimizer");
-  named_section("sched", schedule_registry(), "constant", {}, "The learning-rate schedule");
+  named_section("sched", schedule_registry(), "constant", {}, "The learning-rate schedule", true);
   return s;
 }
 

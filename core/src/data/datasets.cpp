@@ -57,7 +57,10 @@ namespace {
 class IdxImageDataset final : public Dataset {
  public:
   IdxImageDataset(at::Tensor images, at::Tensor labels, double mean, double std, std::int64_t classes)
-      : images_(images.unsqueeze(1).contiguous()), labels_(labels.to(at::kLong)), mean_(mean), std_(std),
+      : images_(images.unsqueeze(1).contiguous()),
+        labels_(labels.to(at::kLong)),
+        mean_(mean),
+        std_(std),
         classes_(classes) {
     TRAINER_CHECK(images_.size(0) == labels_.size(0), "image and label counts differ: ", images_.size(0), " vs ",
                   labels_.size(0));
@@ -130,7 +133,9 @@ class LimitedDataset final : public Dataset {
   LimitedDataset(std::shared_ptr<Dataset> base, std::int64_t n) : base_(std::move(base)), n_(n) {}
   std::int64_t size() const override { return n_; }
   Batch get(const at::Tensor& idx) const override { return base_->get(idx); }
-  Batch get_in_epoch(const at::Tensor& idx, std::int64_t epoch) const override { return base_->get_in_epoch(idx, epoch); }
+  Batch get_in_epoch(const at::Tensor& idx, std::int64_t epoch) const override {
+    return base_->get_in_epoch(idx, epoch);
+  }
   DataSpec spec() const override { return base_->spec(); }
 
  private:

@@ -29,8 +29,9 @@ at::Tensor decode_jpeg(const std::vector<unsigned char>& bytes, const std::strin
                      " pixels (more than 2^28 is refused)");
   }
   if (colorspace == TJCS_CMYK || colorspace == TJCS_YCCK) {
-    throw ImageError(what + ": a CMYK JPEG (print colours); trainer reads RGB and grayscale JPEGs: convert it to RGB "
-                            "(e.g. convert IN -colorspace sRGB OUT, or PIL's Image.open(IN).convert(\"RGB\").save(OUT))");
+    throw ImageError(what +
+                     ": a CMYK JPEG (print colours); trainer reads RGB and grayscale JPEGs: convert it to RGB "
+                     "(e.g. convert IN -colorspace sRGB OUT, or PIL's Image.open(IN).convert(\"RGB\").save(OUT))");
   }
   // The smallest scale that keeps both sides >= min_side (the factors come largest first).
   int w = width, h = height;
@@ -70,8 +71,8 @@ at::Tensor decode_png(const std::vector<unsigned char>& bytes, const std::string
                      " pixels (more than 2^28 is refused)");
   }
   image.format = PNG_FORMAT_RGB;  // gray, palette and alpha converted (alpha composited on black)
-  at::Tensor out = at::empty({static_cast<std::int64_t>(image.height), static_cast<std::int64_t>(image.width), 3},
-                             at::kByte);
+  at::Tensor out =
+      at::empty({static_cast<std::int64_t>(image.height), static_cast<std::int64_t>(image.width), 3}, at::kByte);
   if (!png_image_finish_read(&image, nullptr, out.data_ptr<std::uint8_t>(), 0, nullptr)) {
     const std::string message = image.message;
     png_image_free(&image);

@@ -4,21 +4,18 @@
 // decoded when read (trainer/image.h), normally by the loader's workers.
 #include "data/image_datasets.h"
 
-#include <ATen/ATen.h>
 #include <matio.h>
-#include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <atomic>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <mutex>
+#include <map>
 #include <set>
 #include <sstream>
 
+#include "data/image_datasets_detail.h"
 #include "trainer/error.h"
-#include "trainer/image.h"
-#include "trainer/logging.h"
 #include "trainer/settings.h"
 
 namespace trainer {
@@ -27,55 +24,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
-/// The [dataset] keys of the image datasets (each declares the ones it reads).
-struct ImageFields {
-  std::string root;
-  std::int64_t image_size = 224;
-  std::int64_t resize = 256;
-  bool augment = true;
-  double min_scale = 0.08;
-  std::vector<double> mean{0.485, 0.456, 0.406};
-  std::vector<double> std{0.229, 0.224, 0.225};
-  std::string on_corrupt = "fail";
-  std::int64_t seed = 0;
-  std::int64_t limit = 0;
-  std::int64_t eval_limit = 0;
-  std::string train_dir = "train", test_dir = "val";  // image_folder
-  std::string test_split = "test";                    // flowers102
-  bool train_with_val = false;                        // flowers102
-  bool crop_to_box = false;                           // cub200
-};
-
-/// &ImageFields::x as a member pointer of the settings struct S deriving from it.
-template <class S, class M>
-M S::*field(M ImageFields::*m) {
-  return m;
-}
-
-template <class S>
-void declare_common(SettingsSchema<S>& s) {
-  s.add(field<S>(&ImageFields::root), "root", "Directory of the dataset in its published layout");
-  s.add(field<S>(&ImageFields::image_size), "image_size", "Side of the square images the model gets").min(1);
-  s.add(field<S>(&ImageFields::resize), "resize",
-        "Evaluation: the shorter side is resized to this, then the centre image_size crop is taken")
-      .min(1);
-  s.add(field<S>(&ImageFields::augment), "augment",
-        "Training: random-resized crop (min_scale to 1 of the area, ratio 3/4 to 4/3) and horizontal flip; "
-        "false = the evaluation transform");
-  s.add(field<S>(&ImageFields::min_scale), "min_scale", "Smallest area fraction of the random-resized crop")
-      .min(0, false)
-      .max(1);
-  s.add(field<S>(&ImageFields::mean), "mean", "Per-channel mean subtracted (the backbone's: ImageNet's by default)");
-  s.add(field<S>(&ImageFields::std), "std", "Per-channel standard deviation divided by").min(0, false);
-  s.add(field<S>(&ImageFields::on_corrupt), "on_corrupt",
-        "An image that cannot be read or decoded: fail = stop the run (exit code 2) naming it; skip = train "
-        "without it (its place in the batch goes to the next readable sample), counted and logged")
-      .choices({"fail", "skip"});
-  s.add(field<S>(&ImageFields::seed), "seed", "Seed of the augmentations (with the epoch and the sample's index)")
-      .min(0);
-  s.add(field<S>(&ImageFields::limit), "limit", "Train on the first N samples; 0 = all").min(0);
-  s.add(field<S>(&ImageFields::eval_limit), "eval_limit", "Evaluate on the first N test samples; 0 = all").min(0);
-}
+using detail::declare_common;
+using detail::field;
+using detail::ImageFields;
+using detail::make;
+using detail::Sample;
 
 struct ImageFolderSettings : ImageFields, Settings<ImageFolderSettings> {
   static void declare(SettingsSchema<ImageFolderSettings>& s) {
@@ -106,108 +59,6 @@ struct CubSettings : ImageFields, Settings<CubSettings> {
   }
 };
 
-struct Sample {
-  std::string path;
-  std::int64_t label = 0;
-  std::array<double, 4> box{0, 0, 0, 0};  ///< x, y, width, height; width 0 = the whole image
-};
-
-class ImageDataset final : public Dataset {
- public:
-  ImageDataset(std::string name, std::vector<Sample> samples, std::int64_t classes, const ImageFields& s, bool train)
-      : name_(std::move(name)), samples_(std::move(samples)), classes_(classes), train_(train && s.augment),
-        skip_(s.on_corrupt == "skip"), seed_(static_cast<std::uint64_t>(s.seed)) {
-    t_.size = s.image_size;
-    t_.resize = s.resize;
-    t_.min_scale = s.min_scale;
-    t_.mean = s.mean;
-    t_.std = s.std;
-    TRAINER_CHECK_T(UsageError, s.mean.size() == 3 && s.std.size() == 3, "dataset.mean and dataset.std need 3 values "
-                    "each (R, G, B), got ", s.mean.size(), " and ", s.std.size());
-  }
-
-  std::int64_t size() const override { return static_cast<std::int64_t>(samples_.size()); }
-  Batch get(const at::Tensor& indices) const override { return read(indices, -1); }
-  Batch get_in_epoch(const at::Tensor& indices, std::int64_t epoch) const override {
-    return read(indices, train_ ? epoch : -1);
-  }
-  DataSpec spec() const override { return {{3, t_.size, t_.size}, classes_}; }
-
- private:
-  /// epoch < 0: the evaluation transform.
-  Batch read(const at::Tensor& indices, std::int64_t epoch) const {
-    const at::Tensor idx = indices.to(at::kLong).contiguous();
-    const std::int64_t n = idx.size(0), count = size();
-    at::Tensor inputs = at::empty({n, 3, t_.size, t_.size}, at::kFloat);
-    at::Tensor targets = at::empty({n}, at::kLong);
-    const auto* ids = idx.data_ptr<std::int64_t>();
-    for (std::int64_t k = 0; k < n; ++k) {
-      TRAINER_CHECK(ids[k] >= 0 && ids[k] < count, name_, ": sample index ", ids[k], " outside [0, ", count, ")");
-      // An unreadable sample under `skip` gives its place to the next readable one.
-      for (std::int64_t tries = 0, i = ids[k];; ++tries, i = (i + 1) % count) {
-        TRAINER_CHECK_T(UsageError, tries < count, name_, ": no image of ", dataset_root(), " can be read");
-        const Sample& s = samples_[static_cast<std::size_t>(i)];
-        at::Tensor image;
-        try {
-          // Training crops come from the whole image, as torchvision's RandomResizedCrop takes
-          // them: decoded at full size. Evaluation resizes the shorter side to `resize`: a JPEG
-          // is decoded at the smallest DCT scale that keeps both sides at least that (and the
-          // crop size). A box crops the full image first.
-          image = decode_image_file(s.path, s.box[2] > 0 || epoch >= 0 ? 0 : std::max(t_.size, t_.resize));
-        } catch (const ImageError& e) {
-          if (!skip_) {
-            throw UsageError(detail::str(e.what(), " (dataset.on_corrupt = \"fail\"; \"skip\" trains without it)"));
-          }
-          report_skipped(s.path, e.what());
-          continue;
-        }
-        if (s.box[2] > 0) image = crop(image, s.box);
-        std::mt19937_64 rng(mix(seed_, static_cast<std::uint64_t>(epoch), static_cast<std::uint64_t>(i)));
-        inputs[k].copy_(transform_image(image, t_, epoch >= 0 ? &rng : nullptr));
-        targets[k] = s.label;
-        break;
-      }
-    }
-    return {inputs, targets};
-  }
-
-  static at::Tensor crop(const at::Tensor& image, const std::array<double, 4>& box) {
-    const std::int64_t H = image.size(1), W = image.size(2);
-    const std::int64_t x = std::clamp<std::int64_t>(static_cast<std::int64_t>(box[0]), 0, W - 1);
-    const std::int64_t y = std::clamp<std::int64_t>(static_cast<std::int64_t>(box[1]), 0, H - 1);
-    const std::int64_t w = std::clamp<std::int64_t>(static_cast<std::int64_t>(std::lround(box[2])), 1, W - x);
-    const std::int64_t h = std::clamp<std::int64_t>(static_cast<std::int64_t>(std::lround(box[3])), 1, H - y);
-    return image.narrow(1, y, h).narrow(2, x, w).contiguous();
-  }
-
-  static std::uint64_t mix(std::uint64_t seed, std::uint64_t epoch, std::uint64_t index) {
-    // splitmix64 over the three, so neighbouring indices and epochs get unrelated streams.
-    std::uint64_t z = seed * 0x9E3779B97F4A7C15ULL ^ (epoch + 0x632BE59BD9B4E019ULL) * 0xBF58476D1CE4E5B9ULL ^
-                      (index + 1) * 0x94D049BB133111EBULL;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-  }
-
-  std::string dataset_root() const { return samples_.empty() ? name_ : fs::path(samples_.front().path).parent_path().string(); }
-
-  void report_skipped(const std::string& path, const std::string& why) const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!skipped_.insert(path).second) return;  // each file is reported once
-    default_logger()->warn("{}: skipped (dataset.on_corrupt = \"skip\"; {} unreadable image{} so far): {}", name_, skipped_.size(),
-                 skipped_.size() == 1 ? "" : "s", why);
-  }
-
-  std::string name_;
-  std::vector<Sample> samples_;
-  std::int64_t classes_;
-  bool train_, skip_;
-  std::uint64_t seed_;
-  ImageTransform t_;
-  mutable std::mutex mutex_;
-  mutable std::set<std::string> skipped_;
-};
-
 bool is_image_file(const fs::path& p) {
   std::string ext = p.extension().string();
   std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
@@ -230,30 +81,14 @@ std::string found_in(const fs::path& dir) {
   return os.str();
 }
 
-/// `limit` samples spread evenly over the list sorted by class (stable: in their order within
-/// a class), so that every class keeps its share: samples floor(i * n / limit), i < limit.
-std::shared_ptr<Dataset> make(std::string name, std::vector<Sample> samples, std::int64_t classes,
-                              const ImageFields& s, Split split) {
-  const std::int64_t limit = split == Split::Train ? s.limit : s.eval_limit;
-  const auto n = static_cast<std::int64_t>(samples.size());
-  if (limit > 0 && limit < n) {
-    std::stable_sort(samples.begin(), samples.end(), [](const Sample& a, const Sample& b) { return a.label < b.label; });
-    std::vector<Sample> kept;
-    kept.reserve(static_cast<std::size_t>(limit));
-    for (std::int64_t i = 0; i < limit; ++i) kept.push_back(std::move(samples[static_cast<std::size_t>(i * n / limit)]));
-    samples = std::move(kept);
-  }
-  return std::make_shared<ImageDataset>(std::move(name), std::move(samples), classes, s, split == Split::Train);
-}
-
 std::shared_ptr<Dataset> image_folder(const Config& c, Split split) {
   const ImageFolderSettings s = ImageFolderSettings::from(c);
   const fs::path dir = fs::path(s.root) / (split == Split::Train ? s.train_dir : s.test_dir);
   const auto layout = [&](const std::string& what) {
-    return UsageError(detail::str(
-        "dataset.root = \"", s.root, "\": ", what, "; an ImageFolder is <root>/", s.train_dir, "/<class>/<image> and <root>/",
-        s.test_dir, "/<class>/<image> (JPEG or PNG; the class folders, sorted by name, are the labels; "
-        "dataset.train_dir and dataset.test_dir name the two)"));
+    return UsageError(detail::str("dataset.root = \"", s.root, "\": ", what, "; an ImageFolder is <root>/", s.train_dir,
+                                  "/<class>/<image> and <root>/", s.test_dir,
+                                  "/<class>/<image> (JPEG or PNG; the class folders, sorted by name, are the labels; "
+                                  "dataset.train_dir and dataset.test_dir name the two)"));
   };
   // The labels are the training folder's classes, sorted by name, for both splits: a test
   // split that lacks a class keeps the others' labels, and one with a class training has not
@@ -306,8 +141,8 @@ std::vector<std::int64_t> mat_vector(const fs::path& file, const char* var) {
   matvar_t* v = Mat_VarReadInfo(mat, var);
   TRAINER_CHECK_T(UsageError, v != nullptr, file.string(), ": no variable '", var, "'");
   std::unique_ptr<matvar_t, void (*)(matvar_t*)> freer(v, Mat_VarFree);
-  TRAINER_CHECK_T(UsageError, v->rank == 2 && (v->dims[0] == 1 || v->dims[1] == 1) && !v->isComplex,
-                  file.string(), ": '", var, "' is not a real vector");
+  TRAINER_CHECK_T(UsageError, v->rank == 2 && (v->dims[0] == 1 || v->dims[1] == 1) && !v->isComplex, file.string(),
+                  ": '", var, "' is not a real vector");
   const std::set<matio_classes> numeric = {MAT_C_DOUBLE, MAT_C_SINGLE, MAT_C_UINT8,  MAT_C_INT16,
                                            MAT_C_UINT16, MAT_C_INT32,  MAT_C_UINT32, MAT_C_INT64};
   TRAINER_CHECK_T(UsageError, numeric.count(v->class_type) > 0, file.string(), ": '", var, "' is not numeric");
@@ -327,15 +162,32 @@ std::vector<std::int64_t> mat_vector(const fs::path& file, const char* var) {
   for (std::size_t i = 0; i < n; ++i) {
     double x = 0;
     switch (v->class_type) {
-      case MAT_C_DOUBLE: x = static_cast<const double*>(v->data)[i]; break;
-      case MAT_C_SINGLE: x = static_cast<const float*>(v->data)[i]; break;
-      case MAT_C_UINT8: x = static_cast<const std::uint8_t*>(v->data)[i]; break;
-      case MAT_C_INT16: x = static_cast<const std::int16_t*>(v->data)[i]; break;
-      case MAT_C_UINT16: x = static_cast<const std::uint16_t*>(v->data)[i]; break;
-      case MAT_C_INT32: x = static_cast<const std::int32_t*>(v->data)[i]; break;
-      case MAT_C_UINT32: x = static_cast<const std::uint32_t*>(v->data)[i]; break;
-      case MAT_C_INT64: x = static_cast<double>(static_cast<const std::int64_t*>(v->data)[i]); break;
-      default: throw UsageError(detail::str(file.string(), ": '", var, "' is not numeric"));
+      case MAT_C_DOUBLE:
+        x = static_cast<const double*>(v->data)[i];
+        break;
+      case MAT_C_SINGLE:
+        x = static_cast<const float*>(v->data)[i];
+        break;
+      case MAT_C_UINT8:
+        x = static_cast<const std::uint8_t*>(v->data)[i];
+        break;
+      case MAT_C_INT16:
+        x = static_cast<const std::int16_t*>(v->data)[i];
+        break;
+      case MAT_C_UINT16:
+        x = static_cast<const std::uint16_t*>(v->data)[i];
+        break;
+      case MAT_C_INT32:
+        x = static_cast<const std::int32_t*>(v->data)[i];
+        break;
+      case MAT_C_UINT32:
+        x = static_cast<const std::uint32_t*>(v->data)[i];
+        break;
+      case MAT_C_INT64:
+        x = static_cast<double>(static_cast<const std::int64_t*>(v->data)[i]);
+        break;
+      default:
+        throw UsageError(detail::str(file.string(), ": '", var, "' is not numeric"));
     }
     out[i] = static_cast<std::int64_t>(x);
   }
@@ -373,8 +225,8 @@ std::shared_ptr<Dataset> flowers102(const Config& c, Split split) {
     TRAINER_CHECK_T(UsageError, id >= 1 && id <= static_cast<std::int64_t>(labels.size()), setid_file.string(),
                     ": image id ", id, " outside imagelabels.mat's 1..", labels.size());
     const std::int64_t label = labels[static_cast<std::size_t>(id - 1)];
-    TRAINER_CHECK_T(UsageError, label >= 1 && label <= 102, labels_file.string(), ": label ", label,
-                    " of image ", id, " outside 1..102");
+    TRAINER_CHECK_T(UsageError, label >= 1 && label <= 102, labels_file.string(), ": label ", label, " of image ", id,
+                    " outside 1..102");
     char name[32];
     std::snprintf(name, sizeof name, "image_%05lld.jpg", static_cast<long long>(id));
     samples.push_back({(jpg / name).string(), label - 1, {}});
@@ -422,8 +274,8 @@ std::shared_ptr<Dataset> cub200(const Config& c, Split split) {
   const auto is_train = cub_lines(root / "train_test_split.txt");
   std::map<std::int64_t, std::string> boxes;
   if (s.crop_to_box) {
-    TRAINER_CHECK_T(UsageError, fs::is_regular_file(root / "bounding_boxes.txt", ec), "dataset.crop_to_box = true: ",
-                    (root / "bounding_boxes.txt").string(), " does not exist");
+    TRAINER_CHECK_T(UsageError, fs::is_regular_file(root / "bounding_boxes.txt", ec),
+                    "dataset.crop_to_box = true: ", (root / "bounding_boxes.txt").string(), " does not exist");
     boxes = cub_lines(root / "bounding_boxes.txt");
   }
   std::vector<Sample> samples;
@@ -431,7 +283,8 @@ std::shared_ptr<Dataset> cub200(const Config& c, Split split) {
     const auto t = is_train.find(id);
     const auto l = labels.find(id);
     TRAINER_CHECK_T(UsageError, t != is_train.end() && l != labels.end(), root.string(), ": image ", id,
-                    " of images.txt has no line in ", t == is_train.end() ? "train_test_split.txt" : "image_class_labels.txt");
+                    " of images.txt has no line in ",
+                    t == is_train.end() ? "train_test_split.txt" : "image_class_labels.txt");
     if ((t->second == "1") != (split == Split::Train)) continue;
     std::int64_t label = 0;
     std::istringstream ls(l->second);

@@ -39,9 +39,8 @@ void BatchLoader::work() {
   at::NoGradGuard no_grad;
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
-    changed_.wait(lock, [&] {
-      return stop_ || (issue_ < jobs_.size() && issue_ < take_ + static_cast<std::size_t>(prefetch_));
-    });
+    changed_.wait(
+        lock, [&] { return stop_ || (issue_ < jobs_.size() && issue_ < take_ + static_cast<std::size_t>(prefetch_)); });
     if (stop_) return;
     const std::size_t i = issue_++;
     const std::uint64_t generation = generation_;

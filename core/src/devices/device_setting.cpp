@@ -23,9 +23,8 @@ std::optional<DeviceSetting> parse_device_setting(const std::string& text, bool 
   if (text == "cuda") return DeviceSetting{DeviceSetting::Kind::Cuda, 0};
   if (text.rfind("cuda:", 0) != 0) return std::nullopt;
   const std::string n = text.substr(5);
-  const bool digits = !n.empty() && n.size() <= 4 && std::all_of(n.begin(), n.end(), [](unsigned char c) {
-    return std::isdigit(c) != 0;
-  });
+  const bool digits = !n.empty() && n.size() <= 4 &&
+                      std::all_of(n.begin(), n.end(), [](unsigned char c) { return std::isdigit(c) != 0; });
   if (!digits) return std::nullopt;
   return DeviceSetting{DeviceSetting::Kind::Cuda, std::stoi(n)};
 }

@@ -104,8 +104,8 @@ void ensure_dir(const std::string& dir) {
   TRAINER_CHECK(!S_ISLNK(st.st_mode), "the device lease directory ", dir,
                 " is a symbolic link; refusing it, another user could point it anywhere", fix);
   TRAINER_CHECK(S_ISDIR(st.st_mode), "the device lease directory ", dir, " is not a directory", fix);
-  TRAINER_CHECK(!(st.st_mode & (S_IWGRP | S_IWOTH)) || (st.st_mode & S_ISVTX) != 0, "the device lease directory ",
-                dir, " is writable by others without the sticky bit (chmod +t it), so they could replace the lease files",
+  TRAINER_CHECK(!(st.st_mode & (S_IWGRP | S_IWOTH)) || (st.st_mode & S_ISVTX) != 0, "the device lease directory ", dir,
+                " is writable by others without the sticky bit (chmod +t it), so they could replace the lease files",
                 fix);
 }
 

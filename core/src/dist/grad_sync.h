@@ -42,8 +42,8 @@ class ProcessGroup;
 /// parameter order (the backward's order: bucket 0 is the one whose gradients are complete
 /// first), one dtype per bucket (one flat tensor has one dtype). Bucket 0 holds about
 /// min(1 MiB, `bucket_bytes`) (or the last parameter alone, when it is larger), so that the first
-/// all-reduce starts early in the backward, the others about `bucket_bytes`. The same on every rank: they depend on the parameters only, not
-/// on which have a gradient.
+/// all-reduce starts early in the backward, the others about `bucket_bytes`. The same on every rank: they depend on the
+/// parameters only, not on which have a gradient.
 std::vector<std::vector<std::size_t>> gradient_buckets(const std::vector<at::Tensor>& params,
                                                        std::int64_t bucket_bytes);
 
@@ -122,18 +122,18 @@ class GradientSync {
   std::vector<std::int64_t> numel_;                ///< elements per bucket
   std::vector<std::size_t> bucket_of_;             ///< the bucket of each slot
   std::vector<at::Tensor> flat_;                   ///< one flat tensor per bucket, once packed
-  at::Tensor stats_;  ///< [loss, correct, skip, regraded, failures..., has grad...]
+  at::Tensor stats_;                               ///< [loss, correct, skip, regraded, failures..., has grad...]
 
   const bool overlap_;
   bool established_ = false;  ///< the buckets exist on every rank (an agreement without failure)
   bool regraded_agreed_ = false;
   std::atomic<bool> armed_{false};
-  std::mutex mutex_;                 ///< the attempt's state below (hooks run on autograd's thread)
-  std::vector<char> accumulated_;    ///< per slot, this attempt
-  std::vector<std::int64_t> missing_;  ///< per bucket: slots not accumulated yet
-  std::size_t next_ = 0;             ///< the next bucket to start
+  std::mutex mutex_;                          ///< the attempt's state below (hooks run on autograd's thread)
+  std::vector<char> accumulated_;             ///< per slot, this attempt
+  std::vector<std::int64_t> missing_;         ///< per bucket: slots not accumulated yet
+  std::size_t next_ = 0;                      ///< the next bucket to start
   std::vector<std::function<void()>> waits_;  ///< per started bucket
-  bool regraded_ = false;            ///< a gradient accumulated again after its bucket started
+  bool regraded_ = false;                     ///< a gradient accumulated again after its bucket started
   std::size_t started_in_backward_ = 0;
 
   struct Hook;

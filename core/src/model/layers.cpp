@@ -49,8 +49,7 @@ at::Tensor AdaptableLayer::adapt(const at::Tensor& y, const at::Tensor& x) {
   return y + adapter_->forward(x);
 }
 
-Linear::Linear(std::int64_t in_features, std::int64_t out_features, bool bias)
-    : in_(in_features), out_(out_features) {
+Linear::Linear(std::int64_t in_features, std::int64_t out_features, bool bias) : in_(in_features), out_(out_features) {
   weight_ = register_parameter("weight", at::empty({out_features, in_features}));
   if (bias) bias_ = register_parameter("bias", at::empty({out_features}));
   at::NoGradGuard no_grad;
@@ -84,9 +83,8 @@ at::Tensor Linear::forward(const at::Tensor& x) { return adapt(at::linear(x, wei
 Conv2d::Conv2d(std::int64_t in_channels, std::int64_t out_channels, std::int64_t kernel, std::int64_t stride,
                std::int64_t padding, bool bias)
     : in_(in_channels), out_(out_channels), kernel_(kernel), stride_(stride), padding_(padding) {
-  TRAINER_CHECK(in_channels > 0 && out_channels > 0 && kernel > 0 && stride > 0 && padding >= 0,
-                "Conv2d: in ", in_channels, ", out ", out_channels, ", kernel ", kernel, ", stride ", stride,
-                ", padding ", padding);
+  TRAINER_CHECK(in_channels > 0 && out_channels > 0 && kernel > 0 && stride > 0 && padding >= 0, "Conv2d: in ",
+                in_channels, ", out ", out_channels, ", kernel ", kernel, ", stride ", stride, ", padding ", padding);
   weight_ = register_parameter("weight", at::empty({out_channels, in_channels, kernel, kernel}));
   if (bias) bias_ = register_parameter("bias", at::empty({out_channels}));
   at::NoGradGuard no_grad;

@@ -128,9 +128,9 @@ std::string shape_of(const at::Tensor& t) {
 LoraReport apply_lora(Model& model, const LoraOptions& o) {
   TRAINER_CHECK_T(UsageError, o.rank >= 1, "LoRA rank = ", o.rank, ": must be at least 1");
   TRAINER_CHECK_T(UsageError, o.alpha > 0, "LoRA alpha = ", o.alpha, ": must be positive");
-  TRAINER_CHECK_T(UsageError, o.dropout >= 0 && o.dropout < 1, "LoRA dropout = ", o.dropout,
-                  ": must be in [0, 1)");
-  TRAINER_CHECK_T(UsageError, !o.targets.empty(), "LoRA targets: empty; name the layers to adapt by pattern, "
+  TRAINER_CHECK_T(UsageError, o.dropout >= 0 && o.dropout < 1, "LoRA dropout = ", o.dropout, ": must be in [0, 1)");
+  TRAINER_CHECK_T(UsageError, !o.targets.empty(),
+                  "LoRA targets: empty; name the layers to adapt by pattern, "
                   "e.g. [\"*.self_attention.q_proj\", \"*.self_attention.v_proj\"]");
   const std::vector<Layer> layers = adaptable_layers(model);
   TRAINER_CHECK_T(UsageError, !layers.empty(),
@@ -182,8 +182,8 @@ LoraReport apply_lora(Model& model, const LoraOptions& o) {
   }
   for (std::size_t i = 0; i < o.trainable.size(); ++i) {
     TRAINER_CHECK_T(UsageError, used[i], "LoRA trainable '", o.trainable[i],
-                    "' matches no parameter of the model (the head is \"", model.head_name().empty() ? "?" : model.head_name(),
-                    ".*\")");
+                    "' matches no parameter of the model (the head is \"",
+                    model.head_name().empty() ? "?" : model.head_name(), ".*\")");
   }
   return report;
 }
@@ -263,22 +263,25 @@ std::int64_t load_adapters(Model& model, const std::string& file) {
   try {
     ar.load_from(file, at::kCPU);
   } catch (const c10::Error& e) {
-    throw UsageError(detail::str("LoRA adapters \"", file, "\": not a readable archive (", e.what_without_backtrace(), ")"));
+    throw UsageError(
+        detail::str("LoRA adapters \"", file, "\": not a readable archive (", e.what_without_backtrace(), ")"));
   }
-  TRAINER_CHECK_T(UsageError, ar.try_read("tensors", inner) && ar.try_read("lora_rank", rank) && ar.try_read("lora_alpha", alpha),
+  TRAINER_CHECK_T(UsageError,
+                  ar.try_read("tensors", inner) && ar.try_read("lora_rank", rank) && ar.try_read("lora_alpha", alpha),
                   "LoRA adapters \"", file, "\": not a file of adapters (no tensors, lora_rank or lora_alpha entry)");
   const LoraAdapter& first = lora_of(layers.front());
   TRAINER_CHECK_T(UsageError, rank.item<std::int64_t>() == first.rank() && alpha.item<double>() == first.alpha(),
-                  "LoRA adapters \"", file, "\" have rank ", rank.item<std::int64_t>(), " and alpha ", alpha.item<double>(),
-                  "; the model's have rank ", first.rank(), " and alpha ", first.alpha());
+                  "LoRA adapters \"", file, "\" have rank ", rank.item<std::int64_t>(), " and alpha ",
+                  alpha.item<double>(), "; the model's have rank ", first.rank(), " and alpha ", first.alpha());
   detail::NamedTensors from;
   detail::read_nested(inner, "", from);
 
   detail::NamedTensors into = adapter_file_tensors(model);
   for (const auto& [name, t] : from) {
     const auto it = into.find(name);
-    TRAINER_CHECK_T(UsageError, it != into.end(), "LoRA adapters \"", file, "\": '", name,
-                    "' is not an adapter, trainable parameter or buffer of this model (other LoRA targets or trainable?)");
+    TRAINER_CHECK_T(
+        UsageError, it != into.end(), "LoRA adapters \"", file, "\": '", name,
+        "' is not an adapter, trainable parameter or buffer of this model (other LoRA targets or trainable?)");
     TRAINER_CHECK_T(UsageError, it->second.sizes() == t.sizes(), "LoRA adapters \"", file, "\": '", name,
                     "' has shape ", shape_of(t), ", the model's ", shape_of(it->second));
   }
@@ -286,9 +289,10 @@ std::int64_t load_adapters(Model& model, const std::string& file) {
   for (const auto& b : model.named_buffers()) buffers.insert(b.key());
   for (const auto& [name, t] : into) {
     TRAINER_CHECK_T(UsageError, from.count(name), "LoRA adapters \"", file, "\": '", name, "' is missing",
-                    buffers.count(name) ? " (a buffer of the model, e.g. BatchNorm's running statistics: the file holds "
-                                          "none, as files written before adapter files carried the model's buffers)"
-                                        : " (other LoRA targets or trainable?)");
+                    buffers.count(name)
+                        ? " (a buffer of the model, e.g. BatchNorm's running statistics: the file holds "
+                          "none, as files written before adapter files carried the model's buffers)"
+                        : " (other LoRA targets or trainable?)");
   }
   at::NoGradGuard no_grad;
   for (auto& [name, t] : into) t.copy_(from.at(name));

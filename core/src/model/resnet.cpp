@@ -92,11 +92,24 @@ class Resnet final : public Model {
     std::array<std::int64_t, 4> counts{};
     bool bottleneck = false;
     switch (o.depth) {
-      case 18: counts = {2, 2, 2, 2}; break;
-      case 34: counts = {3, 4, 6, 3}; break;
-      case 50: counts = {3, 4, 6, 3}; bottleneck = true; break;
-      case 101: counts = {3, 4, 23, 3}; bottleneck = true; break;
-      case 152: counts = {3, 8, 36, 3}; bottleneck = true; break;
+      case 18:
+        counts = {2, 2, 2, 2};
+        break;
+      case 34:
+        counts = {3, 4, 6, 3};
+        break;
+      case 50:
+        counts = {3, 4, 6, 3};
+        bottleneck = true;
+        break;
+      case 101:
+        counts = {3, 4, 23, 3};
+        bottleneck = true;
+        break;
+      case 152:
+        counts = {3, 8, 36, 3};
+        bottleneck = true;
+        break;
       default:
         throw UsageError(detail::str("model.depth = ", o.depth, ": allowed are 18, 34, 50, 101, 152"));
     }

@@ -17,9 +17,7 @@ struct ResnetSettings : Settings<ResnetSettings> {
   bool zero_init_residual = false;
 
   static void declare(SettingsSchema<ResnetSettings>& s) {
-    s.add(&ResnetSettings::depth, "depth", "18, 34 (basic blocks), 50, 101 or 152 (bottlenecks)")
-        .min(18)
-        .max(152);
+    s.add(&ResnetSettings::depth, "depth", "18, 34 (basic blocks), 50, 101 or 152 (bottlenecks)").min(18).max(152);
     s.add(&ResnetSettings::stem, "stem",
           "\"imagenet\": 7x7 stride-2 conv and 3x3 max-pool (torchvision's, for 224x224); \"small\": 3x3 "
           "stride-1 conv, no pool (for 28x28 or 32x32 images; conv1 then has another shape)")

@@ -54,10 +54,10 @@ struct PyValue {
   std::int32_t nesting = 0;  ///< levels of lists, tuples and dicts, itself included, as far as the reader has seen
   std::int64_t integer = 0;
   double real = 0.0;
-  std::string text;                                                         ///< String, Bytes; Global/Object: "module.name"
-  std::vector<std::shared_ptr<PyValue>> items;                              ///< Tuple, List
+  std::string text;                             ///< String, Bytes; Global/Object: "module.name"
+  std::vector<std::shared_ptr<PyValue>> items;  ///< Tuple, List
   std::vector<std::pair<std::shared_ptr<PyValue>, std::shared_ptr<PyValue>>> entries;  ///< Dict, in order
-  at::Tensor tensor;                                                        ///< Tensor; Storage (flat)
+  at::Tensor tensor;                                                                   ///< Tensor; Storage (flat)
 
   /// Python's name of the type ("dict", "Tensor", "int" ...; an Object's class name).
   std::string type_name() const;

@@ -41,8 +41,8 @@ Tensors read_trainer_checkpoint(const std::string& file) {
   try {
     ar.load_from(file, at::kCPU);
   } catch (const c10::Error& e) {
-    throw UsageError(detail::str("model.weights = \"", file, "\": a damaged trainer checkpoint (",
-                                 e.what_without_backtrace(), ")"));
+    throw UsageError(
+        detail::str("model.weights = \"", file, "\": a damaged trainer checkpoint (", e.what_without_backtrace(), ")"));
   }
   TRAINER_CHECK_T(UsageError, ar.try_read("model", model), "model.weights = \"", file,
                   "\": a TorchScript archive without a 'model' entry: not a trainer checkpoint (a Python "
@@ -77,8 +77,8 @@ Tensors read_state_dict(const std::string& file, const detail::ZipArchive& zip) 
   for (const auto& [key, value] : v->entries) {
     TRAINER_CHECK_T(UsageError, key->kind == Kind::String, "model.weights = \"", file, "\": a state_dict key is a ",
                     key->type_name(), ", not a name");
-    TRAINER_CHECK_T(UsageError, value->kind == Kind::Tensor, "model.weights = \"", file, "\": '", key->text,
-                    "' is a ", value->type_name(), ", not a tensor");
+    TRAINER_CHECK_T(UsageError, value->kind == Kind::Tensor, "model.weights = \"", file, "\": '", key->text, "' is a ",
+                    value->type_name(), ", not a tensor");
     // A dict Python wrote has each key once; a file that repeats one could show one tensor to
     // a reader that keeps the first and load another.
     TRAINER_CHECK_T(UsageError, out.emplace(key->text, value->tensor).second, "model.weights = \"", file, "\": '",
@@ -90,10 +90,11 @@ Tensors read_state_dict(const std::string& file, const detail::ZipArchive& zip) 
 }  // namespace
 
 WeightsReport load_weights(Model& model, const std::string& file, const std::vector<std::string>& exclude) {
-  TRAINER_CHECK_T(UsageError, std::filesystem::is_regular_file(file), "model.weights = \"", file,
-                  "\": no such file; torchvision's pretrained weights are saved as a state_dict once, where there is "
-                  "internet: python3 -c 'import torch, torchvision; torch.save(torchvision.models.resnet50(weights=\"DEFAULT\")"
-                  ".state_dict(), \"resnet50.pt\")' (vit_b_16, resnet18 alike; docs/transfer-learning.md)");
+  TRAINER_CHECK_T(
+      UsageError, std::filesystem::is_regular_file(file), "model.weights = \"", file,
+      "\": no such file; torchvision's pretrained weights are saved as a state_dict once, where there is "
+      "internet: python3 -c 'import torch, torchvision; torch.save(torchvision.models.resnet50(weights=\"DEFAULT\")"
+      ".state_dict(), \"resnet50.pt\")' (vit_b_16, resnet18 alike; docs/transfer-learning.md)");
   WeightsReport report;
   // The file comes from anywhere: its zip structure is checked (every size against the file,
   // compressed entries capped, none overlapping) before LibTorch's reader or trainer's reads it.
@@ -121,7 +122,8 @@ WeightsReport load_weights(Model& model, const std::string& file, const std::vec
   // nn.DataParallel / DistributedDataParallel save every name under "module."; dropped when
   // the model's own names do not start so.
   const auto prefixed = [](const Tensors& t) {
-    return !t.empty() && std::all_of(t.begin(), t.end(), [](const auto& kv) { return kv.first.rfind("module.", 0) == 0; });
+    return !t.empty() &&
+           std::all_of(t.begin(), t.end(), [](const auto& kv) { return kv.first.rfind("module.", 0) == 0; });
   };
   if (prefixed(from) && !prefixed(into)) {
     Tensors stripped;
@@ -168,7 +170,8 @@ WeightsReport load_weights(Model& model, const std::string& file, const std::vec
     if (!misshaped.empty()) {
       os << " " << misshaped.size() << " mis-shaped or mis-typed, the first " << misshaped.front() << ";";
     }
-    if (!missing.empty()) os << " " << missing.size() << " missing from the file, the first '" << missing.front() << "';";
+    if (!missing.empty())
+      os << " " << missing.size() << " missing from the file, the first '" << missing.front() << "';";
     if (!unexpected.empty()) {
       os << " " << unexpected.size() << " not in the model, the first '" << unexpected.front() << "';";
     }

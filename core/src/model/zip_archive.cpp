@@ -56,8 +56,8 @@ void ZipArchive::pread_all(std::uint64_t offset, void* dst, std::uint64_t n) con
     const ssize_t got = ::pread(fd_, out, chunk, static_cast<off_t>(offset));
     if (got < 0 && errno == EINTR) continue;
     if (got <= 0) {
-      throw TorchSaveError("the file ends before the " + std::to_string(n) + " bytes at byte " + std::to_string(offset) +
-                           " its zip directory points to (" +
+      throw TorchSaveError("the file ends before the " + std::to_string(n) + " bytes at byte " +
+                           std::to_string(offset) + " its zip directory points to (" +
                            (got < 0 ? std::string(std::strerror(errno)) : "changed while being read?") + ")");
     }
     out += got;
@@ -152,7 +152,8 @@ std::unique_ptr<ZipArchive> ZipArchive::open(const std::string& path) {
     // Zip64 extra field (id 1): the 64-bit values of the fields marked 0xFFFFFFFF, in this order.
     for (const unsigned char *e = h + kCentralHeaderBytes + name_bytes, *e_end = e + extra_bytes; e_end - e >= 4;) {
       const std::uint64_t id = little_endian(e, 2), len = little_endian(e + 2, 2);
-      if (len > static_cast<std::uint64_t>(e_end - e - 4)) refuse_zip("the extra field of entry " + shown(name) + " is cut short");
+      if (len > static_cast<std::uint64_t>(e_end - e - 4))
+        refuse_zip("the extra field of entry " + shown(name) + " is cut short");
       if (id == 1) {
         const unsigned char* v = e + 4;
         std::uint64_t left = len;
@@ -187,7 +188,8 @@ std::unique_ptr<ZipArchive> ZipArchive::open(const std::string& path) {
     }
     unsigned char lh[kLocalHeaderBytes];
     zip->pread_all(local, lh, sizeof lh);
-    if (little_endian(lh, 4) != kLocalSignature) refuse_zip("no local header where " + entry + " says (byte " + std::to_string(local) + ")");
+    if (little_endian(lh, 4) != kLocalSignature)
+      refuse_zip("no local header where " + entry + " says (byte " + std::to_string(local) + ")");
     const std::uint64_t data = local + kLocalHeaderBytes + little_endian(lh + 26, 2) + little_endian(lh + 28, 2);
     if (data > directory_at || packed > directory_at - data) {
       refuse_zip(entry + " declares " + std::to_string(packed) + " bytes at byte " + std::to_string(data) +

@@ -125,7 +125,7 @@ struct SgdSettings : Settings<SgdSettings> {
   double weight_decay = 0.0;
 
   static void declare(SettingsSchema<SgdSettings>& s) {
-    s.add(&SgdSettings::lr, "lr", "Learning rate").min(0, false);
+    s.add(&SgdSettings::lr, "lr", "Learning rate").min(0, false).memory_neutral();
     s.add(&SgdSettings::momentum, "momentum", "Momentum factor").min(0).max(1, false);
     s.add(&SgdSettings::nesterov, "nesterov", "Nesterov momentum (needs momentum > 0)");
     s.add(&SgdSettings::weight_decay, "weight_decay", "L2 penalty").min(0);
@@ -140,7 +140,7 @@ struct AdamWSettings : Settings<AdamWSettings> {
   double weight_decay = 0.01;
 
   static void declare(SettingsSchema<AdamWSettings>& s) {
-    s.add(&AdamWSettings::lr, "lr", "Learning rate").min(0, false);
+    s.add(&AdamWSettings::lr, "lr", "Learning rate").min(0, false).memory_neutral();
     s.add(&AdamWSettings::betas, "betas", "Adam beta1, beta2").min(0).max(1, false);
     s.add(&AdamWSettings::eps, "eps", "Denominator epsilon").min(0, false);
     s.add(&AdamWSettings::weight_decay, "weight_decay", "Decoupled weight decay").min(0);
@@ -240,7 +240,7 @@ struct WarmupSettings : Settings<WarmupSettings> {
   std::int64_t warmup_steps = 0;
 
   static void declare(SettingsSchema<WarmupSettings>& s) {
-    s.add(&WarmupSettings::warmup_steps, "warmup_steps", "Linear warm-up steps").min(0);
+    s.add(&WarmupSettings::warmup_steps, "warmup_steps", "Linear warm-up steps").min(0).memory_neutral();
   }
 };
 
@@ -252,8 +252,8 @@ struct StepDecaySettings : Settings<StepDecaySettings> {
 
   static void declare(SettingsSchema<StepDecaySettings>& s) {
     s.include(&StepDecaySettings::warmup);
-    s.add(&StepDecaySettings::step_size, "step_size", "Multiply the LR by gamma every N steps").min(1);
-    s.add(&StepDecaySettings::gamma, "gamma", "Decay factor").min(0, false).max(1);
+    s.add(&StepDecaySettings::step_size, "step_size", "Multiply the LR by gamma every N steps").min(1).memory_neutral();
+    s.add(&StepDecaySettings::gamma, "gamma", "Decay factor").min(0, false).max(1).memory_neutral();
   }
 };
 
@@ -264,7 +264,10 @@ struct CosineSettings : Settings<CosineSettings> {
 
   static void declare(SettingsSchema<CosineSettings>& s) {
     s.include(&CosineSettings::warmup);
-    s.add(&CosineSettings::min_lr_ratio, "min_lr_ratio", "Final LR as a fraction of the peak").min(0).max(1);
+    s.add(&CosineSettings::min_lr_ratio, "min_lr_ratio", "Final LR as a fraction of the peak")
+        .min(0)
+        .max(1)
+        .memory_neutral();
   }
 };
 

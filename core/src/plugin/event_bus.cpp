@@ -111,9 +111,10 @@ void EventBus::observer_failed(const Entry& e, std::string_view where, const std
   }
   const std::int64_t n = ++it->count;
   if (n == 2) {
-    logger_->error("{} (observer plugin: the run continues; failed twice in {}: further failures there are counted, "
-                   "not logged, and summarised at the end of the run)",
-                   msg, where);
+    logger_->error(
+        "{} (observer plugin: the run continues; failed twice in {}: further failures there are counted, "
+        "not logged, and summarised at the end of the run)",
+        msg, where);
     return;
   }
   bool tenfold = n >= 10;

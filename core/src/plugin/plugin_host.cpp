@@ -2,11 +2,11 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <boost/dll/shared_library.hpp>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <algorithm>
 #include <map>
 #include <mutex>
 
@@ -186,7 +186,8 @@ std::shared_ptr<Plugin> PluginHost::load(const std::string& name_or_path) {
   } catch (const std::exception& e) {
     throw PluginError(detail::str("plugin ", path, ": trainer_plugin_create threw: ", e.what()));
   } catch (...) {
-    throw PluginError(detail::str("plugin ", path, ": trainer_plugin_create threw an exception that is not a "
+    throw PluginError(detail::str("plugin ", path,
+                                  ": trainer_plugin_create threw an exception that is not a "
                                   "std::exception"));
   }
   if (!raw) throw PluginError(detail::str("plugin ", path, ": trainer_plugin_create returned null"));

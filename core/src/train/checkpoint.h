@@ -39,8 +39,8 @@ DataOrder data_order_of(const Config& cfg, std::int64_t train_samples);
 class Checkpointer {
  public:
   /// Writes into `dir` (the run's checkpoints/ directory).
-  Checkpointer(const CheckpointSettings& settings, std::string dir, DataOrder order, RunParts& parts,
-               RunState& state, Hooks& hooks, OomRecovery& oom, TrainMetrics& window, spdlog::logger& log);
+  Checkpointer(const CheckpointSettings& settings, std::string dir, DataOrder order, RunParts& parts, RunState& state,
+               Hooks& hooks, OomRecovery& oom, TrainMetrics& window, spdlog::logger& log);
 
   /// Writes `checkpoints/step_<global_step>.pt` recording that training continues at `next`,
   /// points `checkpoints/latest` at it, prunes old ones and fires Checkpoint. Out of memory
@@ -63,9 +63,9 @@ class Checkpointer {
   /// Loads a checkpoint file, or the newest complete one of a run directory (saying so when
   /// it passes over newer ones that are truncated or damaged), into model and optimizer;
   /// restores global_step, samples_seen and the random generators, hands the plugins their
-  /// saved state (`info` says what was restored), and returns where to continue. Throws UsageError when none can be found, the file asked for is not complete,
-  /// the data order would change, or it does not fit this model and optimizer (naming the
-  /// parameter); trainer::Error when memory runs out while loading it.
+  /// saved state (`info` says what was restored), and returns where to continue. Throws UsageError when none can be
+  /// found, the file asked for is not complete, the data order would change, or it does not fit this model and
+  /// optimizer (naming the parameter); trainer::Error when memory runs out while loading it.
   Position load(const std::string& path, ResumeInfo& info);
 
   /// The newest checkpoint written by this run ("" before the first).

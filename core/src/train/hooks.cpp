@@ -26,8 +26,8 @@ std::string events_honouring(ControlField f) {
 
 }  // namespace
 
-Hooks::Hooks(const Config& cfg, std::shared_ptr<spdlog::logger> log, MetricsLogger& metrics,
-             const std::string& run_dir, const RunState& state)
+Hooks::Hooks(const Config& cfg, std::shared_ptr<spdlog::logger> log, MetricsLogger& metrics, const std::string& run_dir,
+             const RunState& state)
     : cfg_(cfg), log_(std::move(log)), state_(state), bus_(log_) {
   ctx_.config = &cfg_;
   ctx_.logger = log_;
@@ -56,8 +56,8 @@ void Hooks::add_plugins(const std::vector<std::shared_ptr<Plugin>>& plugins) {
     } catch (const std::exception& e) {
       throw PluginError(detail::str("plugin '", p->name(), "' failed in configure: ", e.what()));
     } catch (...) {
-      throw PluginError(detail::str("plugin '", p->name(), "' failed in configure: an exception that is not a ",
-                                    "std::exception"));
+      throw PluginError(
+          detail::str("plugin '", p->name(), "' failed in configure: an exception that is not a ", "std::exception"));
     }
     bus_.add(p, priority, policy);
   }

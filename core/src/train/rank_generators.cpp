@@ -40,8 +40,8 @@ std::vector<at::Tensor> gather_states(ProcessGroup& group, const std::string& na
                          static_cast<std::size_t>(bytes.numel()));
   std::vector<at::Tensor> out;
   for (const std::string& s : group.gather(name, mine)) {
-    TRAINER_CHECK(s.size() == mine.size(), "generator states of different sizes across the ranks (", s.size(),
-                  " and ", mine.size(), " bytes)");
+    TRAINER_CHECK(s.size() == mine.size(), "generator states of different sizes across the ranks (", s.size(), " and ",
+                  mine.size(), " bytes)");
     at::Tensor t = at::empty({static_cast<std::int64_t>(s.size())}, at::kByte);
     std::copy(s.begin(), s.end(), reinterpret_cast<char*>(t.data_ptr<std::uint8_t>()));
     out.push_back(t);

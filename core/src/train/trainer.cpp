@@ -34,6 +34,7 @@
 #include "train/step.h"
 #include "train/train_metrics.h"
 #include "trainer/distributed.h"
+#include "trainer/exit_status.h"
 #include "trainer/interrupt.h"
 #include "trainer/loader.h"
 #include "trainer/logging.h"
@@ -249,30 +250,23 @@ struct Trainer::Impl {
     r.status = RunStatus::Failed;
     r.failure = FailureKind::Error;
     r.exit_code = kExitTrainingFailed;
+    const auto outcome = [&r](const std::exception& e) {
+      const ExitStatus x = exit_status_of(e, /*during_run=*/true);
+      r.exit_code = x.exit_code;
+      r.status = x.status;
+      r.failure = x.failure;
+    };
     try {
       std::rethrow_exception(failure);
-    } catch (const ExitRequest& e) {
-      r.exit_code = e.exit_code();
-      r.status = e.status();
-      r.failure = r.status != RunStatus::Failed    ? FailureKind::None
-                  : e.exit_code() == kExitNoDevice ? FailureKind::NoDevice
-                  : e.exit_code() == kExitUsage    ? FailureKind::Usage
-                                                   : FailureKind::Error;
-      r.message = e.what();
-    } catch (const UsageError& e) {
-      r.exit_code = kExitUsage;
-      r.failure = FailureKind::Usage;
-      r.message = e.what();
     } catch (const OomFailure& e) {
-      r.failure = FailureKind::OutOfMemory;
-      r.oom_phase = e.phase;
+      outcome(e);
+      r.oom_phase = e.phase;  // an out-of-memory error outside any recovery has no phase of the loop
       r.message = e.what();
     } catch (const c10::Error& e) {
-      // An out-of-memory error outside any recovery (the model's move, the optimizer's
-      // creation, loading a checkpoint): no phase of the loop.
-      if (is_out_of_memory(e)) r.failure = FailureKind::OutOfMemory;
+      outcome(e);
       r.message = e.what_without_backtrace();
     } catch (const std::exception& e) {
+      outcome(e);
       r.message = e.what();
     } catch (...) {
       r.message = "unknown exception";

@@ -23,13 +23,13 @@ namespace trainer::mlflow {
 
 namespace {
 
-
 std::string yaml_quote(const std::string& s) {
   // A line break or other control character would end a single-quoted scalar's line and
   // start a key of its own: such a text is written double-quoted, with JSON's escapes (which
   // YAML's double-quoted scalars share).
   for (char c : s) {
-    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) return json(s).dump(-1, ' ', true, json::error_handler_t::replace);
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
+      return json(s).dump(-1, ' ', true, json::error_handler_t::replace);
   }
   std::string out = "'";
   for (char c : s) out += (c == '\'') ? std::string("''") : std::string(1, c);
@@ -218,7 +218,8 @@ class FileBackend final : public Backend {
     if (!valid_artifact_path(artifact_path)) {
       throw RejectedError("artifact path '" + artifact_path +
                           "' is not a relative path of parts other than empty, . and ..; refused by the MLflow file "
-                          "store " + root_.string());
+                          "store " +
+                          root_.string());
     }
     const fs::path dest = inside(run_dir(run.run_id) / "artifacts" / artifact_path);
     fs::create_directories(dest.parent_path());
@@ -350,8 +351,8 @@ class FileBackend final : public Backend {
     y += "entry_point_name: ''\nexperiment_id: '" + m.info.experiment_id + "'\nlifecycle_stage: active\n";
     y += "run_id: " + m.info.run_id + "\nrun_name: " + yaml_quote(m.run_name) + "\nrun_uuid: " + m.info.run_id + "\n";
     y += "source_name: ''\nsource_type: 4\nsource_version: ''\nstart_time: " + std::to_string(m.start_ms) + "\n";
-    y += "status: " + std::to_string(status_number(m.info.status)) + "\ntags: []\nuser_id: " + yaml_quote(m.user) +
-         "\n";
+    y +=
+        "status: " + std::to_string(status_number(m.info.status)) + "\ntags: []\nuser_id: " + yaml_quote(m.user) + "\n";
     write_atomically(dir / "meta.yaml", y);
   }
 

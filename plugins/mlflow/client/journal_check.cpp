@@ -18,9 +18,7 @@ std::string shown(const json& j) {
   return s.size() > 80 ? s.substr(0, 77) + "..." : s;
 }
 
-[[noreturn]] void refuse(const std::string& where, const std::string& what) {
-  throw JournalError(where + ": " + what);
-}
+[[noreturn]] void refuse(const std::string& where, const std::string& what) { throw JournalError(where + ": " + what); }
 
 const std::string kKeyRule = "1-" + std::to_string(kMaxKeyLength) +
                              " characters of letters, digits, _ - . space : /, a path without empty, . or .. parts";
@@ -41,13 +39,14 @@ void check_key_values(const json& rec, const char* field, const char* what, std:
   const json& a = rec[field];
   if (!a.is_array()) refuse(where, std::string(field) + " is not an array of [key, value]");
   if (a.size() > max_count) {
-    refuse(where, std::string(field) + " holds " + std::to_string(a.size()) + " entries, not valid in MLflow (at most " +
-                      std::to_string(max_count) + " per request)");
+    refuse(where, std::string(field) + " holds " + std::to_string(a.size()) +
+                      " entries, not valid in MLflow (at most " + std::to_string(max_count) + " per request)");
   }
   for (const auto& kv : a) {
     if (!kv.is_array() || kv.size() != 2) refuse(where, std::string(what) + " " + shown(kv) + " is not [key, value]");
     check_key(kv[0], what, where);
-    if (!kv[1].is_string()) refuse(where, std::string(what) + " '" + kv[0].get<std::string>() + "' has no string value");
+    if (!kv[1].is_string())
+      refuse(where, std::string(what) + " '" + kv[0].get<std::string>() + "' has no string value");
     const std::size_t n = kv[1].get_ref<const std::string&>().size();
     if (n > max_value) {
       refuse(where, std::string(what) + " '" + kv[0].get<std::string>() + "' has a value of " + std::to_string(n) +
@@ -107,7 +106,8 @@ void validate_record(const json& rec, const std::string& where) {
                           std::to_string(kMaxMetricsPerBatch) + " per request)");
       }
       for (const auto& m : ms) {
-        if (!m.is_array() || m.size() != 4) refuse(where, "metric " + shown(m) + " is not [key, value, timestamp, step]");
+        if (!m.is_array() || m.size() != 4)
+          refuse(where, "metric " + shown(m) + " is not [key, value, timestamp, step]");
         check_key(m[0], "metric", where);
         const bool special = m[1].is_string() && (m[1] == "NaN" || m[1] == "Infinity" || m[1] == "-Infinity");
         if (!m[1].is_number() && !special) {

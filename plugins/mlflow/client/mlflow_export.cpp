@@ -12,8 +12,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <limits>
@@ -58,7 +58,6 @@ std::int64_t drop_incomplete_tail(const fs::path& journal) {
   fs::resize_file(journal, static_cast<std::uintmax_t>(keep));
   return size - keep;
 }
-
 
 }  // namespace detail
 
@@ -209,10 +208,11 @@ void Exporter::append(json rec) {
     err = EIO;
   }
   if (lost_records_++ == 0) {
-    log_->error("mlflow: cannot append record {} to {}: {} (errno {}); it is lost, neither journaled nor sent{}; "
-                "free space there (or fix the file's permissions)",
-                seq, path.string(), std::strerror(err), err,
-                tail_dirty_ ? "; the partial line it left is cut before the next record is written" : "");
+    log_->error(
+        "mlflow: cannot append record {} to {}: {} (errno {}); it is lost, neither journaled nor sent{}; "
+        "free space there (or fix the file's permissions)",
+        seq, path.string(), std::strerror(err), err,
+        tail_dirty_ ? "; the partial line it left is cut before the next record is written" : "");
   }
 }
 
@@ -264,10 +264,10 @@ bool Exporter::try_send() {
   if (!outage_ && sender_->blocked()) {
     // Refused for a cause waiting alone does not fix (a wrong URI, credentials, a deleted
     // experiment): said as such, with the way to deliver what is kept (unless the cause named it).
-    const std::string fix = err.find("trainer mlflow sync") != std::string::npos
-                                ? std::string()
-                                : ": fix that, then `trainer mlflow sync " + dir_.parent_path().string() +
-                                      "` sends each once";
+    const std::string fix =
+        err.find("trainer mlflow sync") != std::string::npos
+            ? std::string()
+            : ": fix that, then `trainer mlflow sync " + dir_.parent_path().string() + "` sends each once";
     log_->error("mlflow: {}; records are kept in {}{} (this run keeps trying meanwhile)", err,
                 (dir_ / kJournal).string(), fix);
   } else if (!outage_) {
@@ -287,7 +287,8 @@ void Exporter::run() {
     auto wait = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options_.flush_interval_s));
     if (outage_) wait = std::min(wait, std::max(Clock::duration::zero(), retry_at_ - Clock::now()));
     cv_.wait_for(lock, wait, [&] {
-      return stop_ || (!queue_.empty() && (closing_ || queued_metrics_ >= kMaxMetricsPerBatch || !queue_.back().rec.is_null()));
+      return stop_ ||
+             (!queue_.empty() && (closing_ || queued_metrics_ >= kMaxMetricsPerBatch || !queue_.back().rec.is_null()));
     });
     if (stop_) break;
     std::deque<Item> items;

@@ -94,12 +94,12 @@ class Sender {
   std::shared_ptr<spdlog::logger> log_;
   Progress progress_;
   std::int64_t sent_records_ = 0, sent_metrics_ = 0, rejected_ = 0;
-  nlohmann::json sent_;  ///< sent.json as last written (null until the first write)
-  bool strict_ = false;  ///< trust_only() was called
-  bool blocked_ = false;  ///< the last send_pending() stopped at a refusal
-  bool nested_ = false;  ///< sends the journal of the run a `continue` record names, before it
-  std::filesystem::path resumed_by_;  ///< nested: the run directory whose `continue` record named this one
-  bool confirmed_ = false;  ///< progress_'s run was looked up on the destination (or created there)
+  nlohmann::json sent_;                         ///< sent.json as last written (null until the first write)
+  bool strict_ = false;                         ///< trust_only() was called
+  bool blocked_ = false;                        ///< the last send_pending() stopped at a refusal
+  bool nested_ = false;                         ///< sends the journal of the run a `continue` record names, before it
+  std::filesystem::path resumed_by_;            ///< nested: the run directory whose `continue` record named this one
+  bool confirmed_ = false;                      ///< progress_'s run was looked up on the destination (or created there)
   std::vector<std::filesystem::path> trusted_;  ///< canonical run directories a `continue` may name
 
   void apply(const nlohmann::json& rec, const std::string& where);
@@ -148,7 +148,7 @@ class Exporter {
   std::unique_ptr<Sender> sender_;
   int journal_fd_ = -1;  ///< the journal, opened for appending
   std::int64_t next_seq_ = 1;
-  bool tail_dirty_ = false;     ///< a failed append left a partial line that could not be cut yet
+  bool tail_dirty_ = false;        ///< a failed append left a partial line that could not be cut yet
   std::int64_t lost_records_ = 0;  ///< records not journaled since the last append that worked
 
   mutable std::mutex mu_;

@@ -216,7 +216,8 @@ void Sender::apply(const json& rec, const std::string& where) {
   const std::string op = rec.at("op").get<std::string>();
   const fs::path run_dir = dir_.parent_path();
   auto need_run = [&] {
-    if (progress_.run_id.empty()) throw RejectedError("no MLflow run to log to (the journal's start record was refused)");
+    if (progress_.run_id.empty())
+      throw RejectedError("no MLflow run to log to (the journal's start record was refused)");
     confirm_run();
   };
   auto create = [&] {
@@ -250,8 +251,8 @@ void Sender::apply(const json& rec, const std::string& where) {
         if (!own && std::find(trusted_.begin(), trusted_.end(), named) == trusted_.end()) {
           throw JournalError(where + ": a continue record names the run directory " + named.string() +
                              ", which was not given on the command line; name it after the run directory if it is "
-                             "the run this one resumed: trainer mlflow sync " + run_dir.string() + " " +
-                             named.string());
+                             "the run this one resumed: trainer mlflow sync " +
+                             run_dir.string() + " " + named.string());
         }
         prev = journal_dir(named.string());
         if (own) prev = dir_;
@@ -264,8 +265,8 @@ void Sender::apply(const json& rec, const std::string& where) {
         throw RefusedError(where + " continues the MLflow run of " + prev.parent_path().string() + ", a directory " +
                            resumed_by_.string() + " did not resume from; " + run_dir.string() +
                            "'s records go first and wait for it: after this run ends, send them in order with "
-                           "trainer mlflow sync " + resumed_by_.string() + " " + run_dir.string() + " " +
-                           prev.parent_path().string());
+                           "trainer mlflow sync " +
+                           resumed_by_.string() + " " + run_dir.string() + " " + prev.parent_path().string());
       }
       if (!prev.empty() && prev != dir_ && fs::exists(prev / kJournal)) {
         // What the interrupted run could not send goes first, in order, under its journal's

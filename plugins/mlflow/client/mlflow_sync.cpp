@@ -85,7 +85,8 @@ void check_continues(const fs::path& run_dir, const Scan& scan, const std::strin
       throw JournalError(c.where + ": a continue record names the run directory " + prev.string() +
                          ", which was not given on the command line (sync would send its journal and continue the "
                          "MLflow run its sent.json names); if it is the run this one resumed, name it: trainer "
-                         "mlflow sync " + own.string() + " " + prev.string());
+                         "mlflow sync " +
+                         own.string() + " " + prev.string());
     }
     if (std::find(seen.begin(), seen.end(), prev) != seen.end()) continue;
     seen.push_back(prev);
@@ -186,8 +187,8 @@ int sync_run_dir(const std::string& run_dir, const std::string& uri_override, st
       // any directory.
       const fs::path root = canonical_uri(uri).substr(7);
       if (!fs::exists(root / "0" / "meta.yaml")) {
-        err << "trainer mlflow sync: the tracking URI " << uri << " comes from the journal of " << run_dir
-            << " alone (" << scan.uri_where << ") and " << root.string()
+        err << "trainer mlflow sync: the tracking URI " << uri << " comes from the journal of " << run_dir << " alone ("
+            << scan.uri_where << ") and " << root.string()
             << " is not an MLflow file store (no 0/meta.yaml); sync creates one only where you say: pass "
                "--tracking-uri "
             << uri << " or set MLFLOW_TRACKING_URI=" << uri << "\n";
@@ -230,15 +231,17 @@ int sync_run_dir(const std::string& run_dir, const std::string& uri_override, st
     const auto mtime = fs::last_write_time(dir / kJournal, ec);
     std::int64_t end = now_ms();
     if (!ec) {
-      end = std::chrono::duration_cast<std::chrono::milliseconds>(
-                (mtime - fs::file_time_type::clock::now()) + std::chrono::system_clock::now().time_since_epoch())
+      end = std::chrono::duration_cast<std::chrono::milliseconds>((mtime - fs::file_time_type::clock::now()) +
+                                                                  std::chrono::system_clock::now().time_since_epoch())
                 .count();
     }
     std::ofstream j(dir / kJournal, std::ios::app | std::ios::binary);
     const std::string reason =
         "the trainer process ended without closing the run (killed, or the machine went down); marked FAILED by "
         "trainer mlflow sync";
-    j << json{{"seq", scan.last_seq + 1}, {"op", "batch"}, {"tags", json::array({json::array({"trainer.end_reason", reason})})}}
+    j << json{{"seq", scan.last_seq + 1},
+              {"op", "batch"},
+              {"tags", json::array({json::array({"trainer.end_reason", reason})})}}
              .dump()
       << "\n"
       << json{{"seq", scan.last_seq + 2}, {"op", "end"}, {"status", "FAILED"}, {"end_time", end}}.dump() << "\n";
@@ -257,8 +260,8 @@ int sync_run_dir(const std::string& run_dir, const std::string& uri_override, st
     return 2;
   }
   const auto [left, left_metrics] = sender.pending();
-  out << "trainer mlflow sync: sent " << sender.sent_records() << " of " << records << " records (" << sender.sent_metrics()
-      << " of " << metrics << " metrics) to " << uri;
+  out << "trainer mlflow sync: sent " << sender.sent_records() << " of " << records << " records ("
+      << sender.sent_metrics() << " of " << metrics << " metrics) to " << uri;
   if (!sender.progress().run_id.empty()) out << ", run " << sender.progress().run_id;
   out << "\n";
   if (sender.rejected_records() > 0) {

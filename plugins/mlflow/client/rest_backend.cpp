@@ -20,7 +20,6 @@ namespace {
 
 using detail::split;
 
-
 json metric_json(const Metric& m) {
   json j;
   j["key"] = m.key;
@@ -54,7 +53,6 @@ RunInfo run_info_from_json(const json& info) {
   }
   return r;
 }
-
 
 void curl_init_once() {
   static std::once_flag once;
@@ -201,7 +199,8 @@ class RestBackend final : public Backend {
     if (run.artifact_uri.rfind(scheme, 0) != 0) {
       throw RejectedError("the run's artifact location " + run.artifact_uri +
                           " is not served by the tracking server (start it with artifact serving, the default, "
-                          "e.g. --artifacts-destination); " + local_path + " stays in the run directory");
+                          "e.g. --artifacts-destination); " +
+                          local_path + " stays in the run directory");
     }
     std::string path = run.artifact_uri.substr(scheme.size());
     if (path.rfind("//", 0) == 0) {

@@ -1,0 +1,220 @@
+// A data-parallel run's process group: joining it, and the collectives on its Gloo group and its
+// store (gradients and module state among them).
+#include "trainer/distributed.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <chrono>
+#include <cstdlib>
+#include <thread>
+
+#include "dist/grad_sync.h"
+#include "dist/process_group_impl.h"
+#include "trainer/error.h"
+
+namespace trainer {
+
+ProcessGroup::ProcessGroup(const DistEnv& env, std::chrono::milliseconds timeout) : impl_(std::make_unique<Impl>()) {
+  TRAINER_CHECK_T(UsageError, env.world_size >= 1 && env.rank >= 0 && env.rank < env.world_size, "rank ", env.rank,
+                  " of ", env.world_size, ": not a place in the group");
+  impl_->rank = env.rank;
+  impl_->size = env.world_size;
+  impl_->timeout = timeout;
+  const std::string where = env.master_addr + ":" + std::to_string(env.master_port);
+  c10::intrusive_ptr<c10d::Store> store;
+  try {
+    c10d::TCPStoreOptions o;
+    o.port = static_cast<std::uint16_t>(env.master_port);
+    // torchrun's agent hosts the store itself when it says so; the ranks then only connect.
+    const char* agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+    o.isServer = env.rank == 0 && !(agent && std::string(agent) == "True");
+    o.numWorkers = static_cast<std::size_t>(env.world_size);
+    o.waitWorkers = false;  // the group's forming below waits, and can then say who is missing
+    o.timeout = timeout;
+    // A restarted torchrun group (TORCHELASTIC_RESTART_COUNT) starts from fresh keys.
+    const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
+    const std::string prefix = "trainer/" + std::string(restart ? restart : "0");
+    store = c10::make_intrusive<c10d::PrefixStore>(prefix, c10::make_intrusive<c10d::TCPStore>(env.master_addr, o));
+    store->set("joined/" + std::to_string(env.rank), std::vector<std::uint8_t>{1});
+    impl_->store = store;
+    impl_->store_addr = env.master_addr;
+    impl_->store_prefix = prefix;
+    impl_->store_options = o;
+    impl_->start_heartbeat(env.master_addr, o, prefix);
+  } catch (const std::exception& e) {
+    impl_->stop_heartbeat();
+    throw Error(detail::str("rank ", env.rank, ": cannot ", env.rank == 0 ? "host" : "reach", " the group's store at ",
+                            where, " (MASTER_ADDR:MASTER_PORT): ", message_of(e)));
+  }
+  try {
+    auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+    // On one host (loopback), the ranks talk over loopback; across hosts each binds to the
+    // address its host name resolves to, as torch.distributed does.
+    const bool local = env.master_addr == "127.0.0.1" || env.master_addr == "localhost";
+    options->devices.push_back(local ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
+                                     : c10d::ProcessGroupGloo::createDefaultDevice());
+    options->threads = 2;
+    impl_->gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, static_cast<int>(env.rank),
+                                                              static_cast<int>(env.world_size), options);
+  } catch (const std::exception& e) {
+    impl_->stop_heartbeat();
+    std::string missing;
+    for (std::int64_t r = 0; r < env.world_size; ++r) {
+      try {
+        if (!store->check({"joined/" + std::to_string(r)}))
+          missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      } catch (const std::exception&) {
+        missing = "unknown (the store at " + where + " is gone)";
+        break;
+      }
+    }
+    throw Error(detail::str("rank ", env.rank, ": the group of ", env.world_size, " at ", where,
+                            " did not form within ", timeout.count() / 1000.0, " s; ranks that did not join: ",
+                            missing.empty() ? std::string("none (") + message_of(e) + ")" : missing));
+  }
+}
+
+ProcessGroup::~ProcessGroup() { impl_->stop_heartbeat(); }
+
+std::int64_t ProcessGroup::rank() const { return impl_->rank; }
+std::int64_t ProcessGroup::size() const { return impl_->size; }
+std::chrono::milliseconds ProcessGroup::timeout() const { return impl_->timeout; }
+
+void ProcessGroup::all_reduce_sum(std::vector<at::Tensor>& tensors) {
+  if (tensors.empty()) return;
+  impl_->collective("all-reduce", [&] { impl_->gloo->allreduce(tensors)->wait(); });
+}
+
+std::function<void()> ProcessGroup::start_all_reduce_sum(std::vector<at::Tensor>& tensors) {
+  if (tensors.empty()) return [] {};
+  auto work = impl_->collective("all-reduce", [&] { return impl_->gloo->allreduce(tensors); });
+  Impl* impl = impl_.get();
+  return [impl, work] { impl->guarded("all-reduce", [&] { work->wait(); }); };
+}
+
+std::int64_t ProcessGroup::all_reduce_max(std::int64_t value) { return all_reduce_max(std::vector{value}).front(); }
+
+std::vector<std::int64_t> ProcessGroup::all_reduce_max(const std::vector<std::int64_t>& values) {
+  if (values.empty()) return {};
+  std::vector<at::Tensor> t{at::empty({static_cast<std::int64_t>(values.size())}, at::kLong)};
+  std::copy(values.begin(), values.end(), t[0].data_ptr<std::int64_t>());
+  c10d::AllreduceOptions o;
+  o.reduceOp = c10d::ReduceOp::MAX;
+  impl_->collective("all-reduce (max)", [&] { impl_->gloo->allreduce(t, o)->wait(); });
+  const std::int64_t* v = t[0].data_ptr<std::int64_t>();
+  return std::vector<std::int64_t>(v, v + values.size());
+}
+
+void ProcessGroup::broadcast(std::vector<at::Tensor>& tensors, std::int64_t root) {
+  if (tensors.empty()) return;
+  c10d::BroadcastOptions o;
+  o.rootRank = root;
+  impl_->collective("broadcast", [&] { impl_->gloo->broadcast(tensors, o)->wait(); });
+}
+
+void ProcessGroup::barrier() {
+  // Gloo's monitored barrier names the rank that did not arrive.
+  impl_->collective("barrier", [&] { impl_->gloo->monitoredBarrier(c10d::BarrierOptions(), false); });
+}
+
+std::string ProcessGroup::share(const std::string& name, const std::string& value, std::int64_t root) {
+  const std::string key = "share/" + name;
+  return impl_->guarded("sharing a value", [&] {
+    if (impl_->rank == root) {
+      impl_->store->set(key, std::vector<std::uint8_t>(value.begin(), value.end()));
+      return value;
+    }
+    impl_->store->wait({key}, impl_->timeout);
+    const auto bytes = impl_->store->get(key);
+    return std::string(bytes.begin(), bytes.end());
+  });
+}
+
+std::vector<std::string> ProcessGroup::gather(const std::string& name, const std::string& value) {
+  const std::string prefix = "gather/" + name + "/";
+  return impl_->guarded("gathering values", [&] {
+    impl_->store->set(prefix + std::to_string(impl_->rank), std::vector<std::uint8_t>(value.begin(), value.end()));
+    std::vector<std::string> all;
+    for (std::int64_t r = 0; r < impl_->size; ++r) {
+      const std::string key = prefix + std::to_string(r);
+      impl_->store->wait({key}, impl_->timeout);
+      const auto bytes = impl_->store->get(key);
+      all.emplace_back(bytes.begin(), bytes.end());
+    }
+    return all;
+  });
+}
+
+void ProcessGroup::wait_for_root(const std::string& name, const std::string& what, std::int64_t root) {
+  const std::string key = "done/" + name;
+  if (impl_->rank == root) {
+    impl_->guarded("saying a rank's own work is done", [&] { impl_->store->set(key, std::vector<std::uint8_t>{1}); });
+    barrier();  // the others have seen it: rank 0 may end the run and its store with it
+    return;
+  }
+  // Polls the key (a store wait that times out leaves its answer to come later on the connection,
+  // which the next request would read), and every few heartbeats whether the root (or the
+  // store) is still there.
+  const auto fail = [&](const std::string& why) {
+    throw Error(detail::str("rank ", impl_->rank, ": waiting for rank ", root, " ", what, " failed: ", why));
+  };
+  constexpr auto kPoll = std::chrono::milliseconds(20);
+  for (auto next_roll_call = std::chrono::steady_clock::now() + Impl::kBeat * 4;;) {
+    try {
+      if (impl_->store->check({key})) break;
+    } catch (const std::exception& e) {
+      const std::string lost = impl_->lost_ranks(false);
+      fail(lost.empty() ? message_of(e) : lost);
+    }
+    std::this_thread::sleep_for(kPoll);
+    if (std::chrono::steady_clock::now() >= next_roll_call) {
+      const std::string lost = impl_->lost_ranks(false);
+      if (!lost.empty()) fail(lost);
+      next_roll_call = std::chrono::steady_clock::now() + Impl::kBeat * 4;
+    }
+  }
+  barrier();
+}
+
+void all_reduce_gradients(ProcessGroup& pg, const std::vector<at::Tensor>& params, double scale,
+                          std::int64_t bucket_bytes) {
+  const auto buckets = gradient_buckets(params, bucket_bytes);
+  for (const auto& bucket : buckets) {
+    std::vector<at::Tensor> parts;
+    for (std::size_t i : bucket) {
+      const auto& p = params[i];
+      parts.push_back(p.grad().defined() ? p.grad().reshape({-1}) : at::zeros({p.numel()}, p.options()));
+    }
+    std::vector<at::Tensor> flat{at::cat(parts)};
+    pg.all_reduce_sum(flat);
+    if (scale != 1.0) flat[0].mul_(scale);
+    std::int64_t offset = 0;
+    for (std::size_t i : bucket) {
+      at::Tensor p = params[i];
+      const at::Tensor g = flat[0].narrow(0, offset, p.numel()).view(p.sizes());
+      if (p.grad().defined()) {
+        p.mutable_grad().copy_(g);
+      } else {
+        p.mutable_grad() = g.clone();
+      }
+      offset += p.numel();
+    }
+  }
+}
+
+void broadcast_module_state(ProcessGroup& pg, torch::nn::Module& module) {
+  std::vector<at::Tensor> tensors;
+  for (const auto& p : module.parameters()) tensors.push_back(p.detach());
+  for (const auto& b : module.buffers()) tensors.push_back(b.detach());
+  // One collective per tensor keeps each in place (the module's own storage).
+  for (auto& t : tensors) {
+    std::vector<at::Tensor> one{t};
+    pg.broadcast(one, 0);
+  }
+}
+
+}  // namespace trainer

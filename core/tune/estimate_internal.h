@@ -1,0 +1,39 @@
+#pragma once
+// Private to `trainer estimate`: what estimate.cpp (the prediction, the search) and
+// estimate_probes.cpp (the probes and the fit) share.
+#include <cstdint>
+#include <string>
+
+#include "estimate.h"
+#include "trainer/core_settings.h"
+
+namespace trainer::tune {
+
+std::string probe_dir(const EstimateRequest& r, const std::string& what);
+
+/// The recipe's batch and micro-batch, and the limit it runs under (or the device's).
+struct RecipeFacts {
+  std::int64_t batch = 0, micro = 0;
+  std::int64_t eval_batch = 0;  ///< eval.batch_size when the run evaluates, else 0
+  MemorySettings memory;
+  bool memory_format_auto = false;  ///< model.memory_format = "auto": chosen by a timing probe in each run
+};
+
+RecipeFacts recipe_facts(const EstimateRequest& r);
+
+std::int64_t usable(const MemoryEstimate& e);
+
+/// Largest m in [1, cap] with f(m) <= budget; 0 when none. A scan, not a bisection: at a fixed
+/// batch the prediction can fall as the micro-batch grows (c > b: the batch's samples beyond
+/// the micro-batch cost more than the micro-batch's own), so f need not be monotonic.
+template <class F>
+std::int64_t largest_fitting(F f, std::int64_t budget, std::int64_t cap) {
+  for (std::int64_t m = cap; m >= 1; --m) {
+    if (f(m) <= budget) return m;
+  }
+  return 0;
+}
+
+std::int64_t limit_measure(const MemoryEstimate& e, std::int64_t batch, std::int64_t micro);
+
+}  // namespace trainer::tune
