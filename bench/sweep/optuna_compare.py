@@ -91,7 +91,7 @@ def optuna_study(args):
         if stopped:
             out["pruned"] += 1
             raise optuna.TrialPruned()
-        if rc != 0 and "out of memory" in status.get("message", ""):
+        if rc != 0 and status.get("failure") == "out_of_memory":
             out["oom"] += 1
             out["oom_seconds"] += seconds
             raise optuna.TrialPruned()

@@ -75,7 +75,8 @@ int main(int argc, char** argv) {
     for (const auto& p : e.problems()) std::cerr << "  " << p << "\n";
     return trainer::kExitUsage;
   } catch (const std::exception& e) {
-    std::cerr << who << e.what() << "\n";
+    const std::string message = e.what();
+    std::cerr << (message.rfind(who, 0) == 0 ? "" : who) << message << "\n";  // launch names itself
     return trainer::exit_status_of(e, /*during_run=*/false).exit_code;
   }
 }

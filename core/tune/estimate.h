@@ -151,7 +151,8 @@ MemoryEstimate estimate_from_json(const std::string& text);
 /// with equal keys share one estimate. Left out: the keys whose KeySpec in `sections` (the
 /// config's core and plugin sections) is memory_neutral(): the batch sizes (the fit covers
 /// them), the learning rate, the schedule, run.seed, training.epochs, max_steps, log_every,
-/// checkpoint.* and plugins.mlflow.*, each declared so beside its key. A key not found there
+/// checkpoint.* and the mlflow plugin's own keys, each declared so beside its key (a plugin's
+/// `priority` and `policy` count: the order of plugins may change what they hold). A key not found there
 /// (a section's own name, `model=cnn`) counts, as do optim.momentum and optim.weight_decay: SGD
 /// keeps a momentum buffer only when momentum is not 0, and weight decay adds a temporary to its
 /// step.

@@ -241,6 +241,9 @@ TEST_F(Resume, RunningOutOfMemoryWhileLoadingIsReportedAsOutOfMemory) {
   EXPECT_NE(r.message.find("out of memory while loading checkpoint " + checkpoint("part", 1) + " onto cpu"),
             std::string::npos)
       << r.message;
+  // Typed as what it is, without a phase of the loop (status.json says the same).
+  EXPECT_EQ(r.failure, FailureKind::OutOfMemory);
+  EXPECT_FALSE(r.oom_phase);
 }
 
 }  // namespace

@@ -86,8 +86,9 @@ std::map<std::string, std::vector<std::int64_t>> shapes_of(Model& model) {
 [[noreturn]] void throw_load_failure(const c10::Error& e, const std::string& file, const c10::Device& device,
                                      const std::string& what) {
   if (is_out_of_memory(e)) {
-    throw Error(detail::str("out of memory while loading checkpoint ", file, " onto ", device.str(), ": ",
-                            detail::error_text(e)));
+    throw OomFailure(detail::str("out of memory while loading checkpoint ", file, " onto ", device.str(), ": ",
+                                 detail::error_text(e)),
+                     std::nullopt);  // not in a phase of the loop
   }
   throw UsageError(detail::str("cannot resume from ", file, ": ", what, ": ", detail::error_text(e)));
 }

@@ -35,8 +35,8 @@ enum class OomRetry {
 
 /// An out-of-memory error that was not recovered from; the message says what was tried.
 struct OomFailure : Error {
-  OomFailure(const std::string& message, OomPhase where) : Error(message), phase(where) {}
-  OomPhase phase;  ///< where it happened (status.json's "phase")
+  OomFailure(const std::string& message, std::optional<OomPhase> where) : Error(message), phase(where) {}
+  std::optional<OomPhase> phase;  ///< where in the loop it happened (status.json's "phase"); none outside it
 };
 
 /// In a data-parallel step: some rank ran out of memory (this one, or another), and every rank

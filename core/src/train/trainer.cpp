@@ -260,7 +260,7 @@ struct Trainer::Impl {
       std::rethrow_exception(failure);
     } catch (const OomFailure& e) {
       outcome(e);
-      r.oom_phase = e.phase;  // an out-of-memory error outside any recovery has no phase of the loop
+      r.oom_phase = e.phase;  // none outside the loop (loading a checkpoint)
       r.message = e.what();
     } catch (const c10::Error& e) {
       outcome(e);
