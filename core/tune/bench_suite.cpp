@@ -168,10 +168,7 @@ BenchReport run_bench(const BenchRequest& req, std::ostream& progress) {
     const auto t = TrainingSettings::from(p.config.sub("training"));
     c.batch_size = t.batch_size;
     c.micro_batch = t.micro_batch();
-    std::vector<SectionSpec> sections = core_config_sections(p.config);
-    const auto plugin_sections = plugin_config_sections(p.plugins);
-    sections.insert(sections.end(), plugin_sections.begin(), plugin_sections.end());
-    memory_keys.push_back(memory_key(overrides, sections));
+    memory_keys.push_back(memory_key(overrides, p));
     report.cells.push_back(std::move(c));
   }
   const std::string base = req.work_dir.empty() ? std::filesystem::temp_directory_path().string() : req.work_dir;

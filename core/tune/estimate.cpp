@@ -1,6 +1,6 @@
 #include "estimate.h"
 
-#include <ATen/ATen.h>
+#include <c10/core/Device.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -59,6 +59,13 @@ std::string memory_key(const std::vector<std::string>& overrides, const std::vec
     if (!neutral(o)) key += o + "\n";
   }
   return key;
+}
+
+std::string memory_key(const std::vector<std::string>& overrides, const PreparedRun& run) {
+  std::vector<SectionSpec> sections = core_config_sections(run.config);
+  const auto plugin_sections = plugin_config_sections(run.plugins);
+  sections.insert(sections.end(), plugin_sections.begin(), plugin_sections.end());
+  return memory_key(overrides, sections);
 }
 
 std::int64_t MemoryEstimate::predict(std::int64_t batch, std::int64_t micro) const {

@@ -31,6 +31,10 @@
 #include "short_run.h"
 #include "trainer/config_spec.h"
 
+namespace trainer {
+struct PreparedRun;
+}
+
 namespace trainer::tune {
 
 /// What `trainer estimate` is asked.
@@ -157,6 +161,8 @@ MemoryEstimate estimate_from_json(const std::string& text);
 /// keeps a momentum buffer only when momentum is not 0, and weight decay adds a temporary to its
 /// step.
 std::string memory_key(const std::vector<std::string>& overrides, const std::vector<SectionSpec>& sections);
+/// The same with the sections of `run` (the core's for its config, and its plugins').
+std::string memory_key(const std::vector<std::string>& overrides, const PreparedRun& run);
 
 /// "peak = 50 MiB + 412 KiB x micro-batch + 3 KiB x batch": the fitted model, for messages.
 std::string describe_fit(const MemoryEstimate& e);

@@ -49,12 +49,10 @@ void Study::begin(TrialRecord& t) {
   fs::remove_all(t.run_dir, ec);  // a trial begun before a crash starts over
   const auto overrides = trial_overrides(t);
   TrialShape shape;
-  std::vector<SectionSpec> sections;  // the trial config's keys: which change its memory
+  std::string memory;  // what the trial's memory estimate depends on
   try {
     const PreparedRun p = prepare_run(req_.recipe, overrides, req_.plugin_dirs);
-    sections = core_config_sections(p.config);
-    const auto plugin_sections = plugin_config_sections(p.plugins);
-    sections.insert(sections.end(), plugin_sections.begin(), plugin_sections.end());
+    memory = memory_key(overrides, p);
     const auto ts = TrainingSettings::from(p.config.sub("training"));
     shape.batch = ts.batch_size;
     shape.micro = ts.micro_batch();
@@ -71,7 +69,7 @@ void Study::begin(TrialRecord& t) {
   }
   Admission admit;
   if (s_.estimate) {
-    if (const MemoryEstimate* e = estimate_for(t, overrides, sections, shape.micro)) admit = admit_trial(*e, shape);
+    if (const MemoryEstimate* e = estimate_for(t, overrides, memory, shape.micro)) admit = admit_trial(*e, shape);
   }
   if (interrupt_requested()) return;  // stays RUNNING: a resumed study begins it again
   t.predicted_peak = admit.predicted_peak;
@@ -95,8 +93,7 @@ void Study::begin(TrialRecord& t) {
 }
 
 const MemoryEstimate* Study::estimate_for(const TrialRecord& t, const std::vector<std::string>& overrides,
-                                          const std::vector<SectionSpec>& sections, std::int64_t micro) {
-  const std::string key = memory_key(overrides, sections);
+                                          const std::string& key, std::int64_t micro) {
   if (failed_estimates_.count(key)) return nullptr;
   auto it = estimates_.find(key);
   if (it != estimates_.end()) {
