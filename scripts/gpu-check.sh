@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
 # Builds trainer on a GPU machine that has CUDA, CMake, ninja, a compiler and a CUDA PyTorch but
 # no network and none of Debian's -dev packages, against the LibTorch of its python3 and the
-# archive of scripts/gpu-bundle.sh; then runs the test suite. From the repository root:
+# archive of scripts/gpu-bundle.sh; then runs the checks of docs/gpu.md. From the repository root:
 #
 #   scripts/gpu-check.sh build [OUT_DIR]   unpack the bundle, configure, build (ninja, every core)
-#   scripts/gpu-check.sh run [OUT_DIR]     the test suite, then the `cuda` tests (none may skip),
-#                                          then `trainer mem` (NVML)
+#   scripts/gpu-check.sh run [OUT_DIR]     the `cuda` tests (none may skip), `trainer mem` (NVML),
+#                                          then the test suite
 #   scripts/gpu-check.sh bench [OUT_DIR]   the benchmarks on cuda:0 (docs/gpu.md)
 #   scripts/gpu-check.sh [OUT_DIR]         all three
+#   scripts/gpu-check.sh visit [OUT_DIR]   all three for a short visit, most telling first, within
+#                                          TRAINER_GPU_DEADLINE seconds (default 540): the targets
+#                                          of the `cuda` tests and the benchmarks alone, the `cuda`
+#                                          tests, `trainer mem`, the benchmarks; then the rest of
+#                                          the build and the suite. What the time did not reach is
+#                                          a SKIP line, what it cut off a FAIL line saying so
 #   scripts/gpu-check.sh prove [OUT_DIR]   on the CPU machine: build and run, with the files of
 #                                          the packages the bundle carries hidden (a mount
 #                                          namespace), so that what the bundle lacks fails; the
@@ -20,12 +26,14 @@
 # $TRAINER_GPU_WORK (default /tmp/trainer-gpu: the unpacked prefix, the build).
 #
 # Settings: TRAINER_GPU_BUNDLE (the archive; default .gpu-bundle/trainer-gpu-bundle.tar.xz),
-# TORCH_DIR (a torch package directory; default: the one python3 imports).
+# TORCH_DIR (a torch package directory; default: the one python3 imports), TRAINER_GPU_DEADLINE
+# (seconds every stage must end within; `visit` only unless set), TRAINER_GPU_TARGETS (`build`:
+# these targets only, separated by spaces).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 what=all
-case "${1:-}" in build | run | bench | prove) what=$1 && shift ;; esac
+case "${1:-}" in build | run | bench | visit | prove) what=$1 && shift ;; esac
 out=$(realpath -m "${1:-${OUT:-$root/gpu-check-out}}")
 work=${TRAINER_GPU_WORK:-/tmp/trainer-gpu}
 bundle=${TRAINER_GPU_BUNDLE:-$root/.gpu-bundle/trainer-gpu-bundle.tar.xz}
@@ -35,11 +43,28 @@ mkdir -p "$out" "$work"
 summary=$out/summary.txt
 ignore_system=()
 proving=0
+deadline=
+if [ -n "${TRAINER_GPU_DEADLINE:-}" ] || [ "$what" = visit ]; then
+  deadline=$(($(date +%s) + ${TRAINER_GPU_DEADLINE:-540}))
+fi
 
 check() {  # check NAME FIGURE STATUS: one line of the summary
   printf '%s %s %s\n' "$([ "$3" -eq 0 ] && echo PASS || echo FAIL)" "$1" "$2" | tee -a "$summary"
 }
-
+skip() {  # skip NAME REASON
+  printf 'SKIP %s %s\n' "$1" "$2" | tee -a "$summary"
+}
+left() {  # seconds left before the deadline (a large number without one)
+  if [ -n "$deadline" ]; then echo $((deadline - $(date +%s))); else echo 1000000; fi
+}
+bounded() {  # bounded SECONDS COMMAND...: the command, stopped after SECONDS or at the deadline (status 124)
+  local s=$1 l
+  shift
+  l=$(left)
+  [ "$l" -lt "$s" ] && s=$l
+  [ "$s" -gt 5 ] || return 124
+  timeout --kill-after=10 "$s" "$@"
+}
 if [ "$what" = prove ]; then
   # The files of every package the bundle carries (scripts/deps.list's `bundle` rows), hidden
   # by empty files and folders mounted over them: headers, CMake and pkg-config files, the
@@ -79,12 +104,25 @@ if [ "$what" = prove ]; then
   what=all
 fi
 
+
 # A stage run on its own (run, bench) adds its lines to those of the stages before it.
-case $what in all | build) : >"$summary" ;; esac
+case $what in all | build | visit) : >"$summary" ;; esac
 # The checks assume the caching allocator's default segments (expandable segments would make
 # the squeezes of the cuda tests land elsewhere).
 unset PYTORCH_CUDA_ALLOC_CONF
-if [ "$what" = all ] || [ "$what" = build ]; then
+failed=0
+record() {  # record NAME FIGURE STATUS: check, and remember a failure
+  check "$@"
+  [ "$3" -eq 0 ] || failed=1
+}
+finish() {  # figures.json, and the exit status
+  python3 "$root/scripts/gpu_figures.py" json "$out"
+  exit "$failed"
+}
+
+build_stage() {  # build_stage NAME [TARGET...]: unpack, configure and build (every target by default)
+  local name=$1 start status=0
+  shift
   [ -f "$bundle" ] || { echo "gpu-check: no bundle at $bundle: run scripts/gpu-bundle.sh on a machine with Debian's archive" >&2; exit 2; }
   if [ ! -f "$prefix/.unpacked" ] || [ "$bundle" -nt "$prefix/.unpacked" ]; then
     rm -rf "$prefix"
@@ -92,6 +130,7 @@ if [ "$what" = all ] || [ "$what" = build ]; then
     tar -C "$prefix" -xJf "$bundle"
     touch "$prefix/.unpacked"
   fi
+  local torch_dir
   torch_dir=${TORCH_DIR:-$(python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))')}
   [ -f "$torch_dir/share/cmake/Torch/TorchConfig.cmake" ] || {
     echo "gpu-check: no LibTorch CMake package under $torch_dir" >&2
@@ -101,6 +140,7 @@ if [ "$what" = all ] || [ "$what" = build ]; then
   # (-rpath-link: what the libraries linked need in turn) and for running (env.sh).
   # shellcheck source=scripts/cuda-libs.sh
   source "$root/scripts/cuda-libs.sh"
+  local libs link_flags
   libs="$(wheel_cuda_lib_dirs "$torch_dir")$prefix/usr/lib/x86_64-linux-gnu:$prefix/usr/lib"
   link_flags=$(rpath_link_flags "$libs")
   cat >"$work/env.sh" <<ENV
@@ -114,41 +154,96 @@ export TRAINER_DATASETS_DIR="$prefix/usr/share/datasets"
 ENV
   # shellcheck disable=SC1091
   source "$work/env.sh"
-  generator=()
+  local generator=()
   command -v ninja >/dev/null && generator=(-G Ninja)
   # The Python that writes the torchvision fixtures and reads trainer's checkpoints back: the
   # GPU machine's python3 (it has torchvision), Debian's /usr/bin/python3 when proving here.
-  test_python=${TRAINER_TEST_PYTHON:-/usr/bin/python3}
+  local test_python=${TRAINER_TEST_PYTHON:-/usr/bin/python3}
   if [ -z "${TRAINER_TEST_PYTHON:-}" ] && [ "$proving" -eq 0 ] && python3 -c 'import torchvision' 2>/dev/null; then
     test_python=$(command -v python3)
   fi
+  local targets=()
+  [ $# -eq 0 ] || targets=(--target "$@")
   start=$(date +%s)
-  status=0
   {
-    cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    echo "== $name: cmake --build ${targets[*]}"
+    bounded 1000000 cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
       "-DCMAKE_PREFIX_PATH=$torch_dir/share/cmake;$prefix/usr" "-DCMAKE_EXE_LINKER_FLAGS=$link_flags" \
       "-DCMAKE_SHARED_LINKER_FLAGS=$link_flags" "-DTRAINER_TEST_PYTHON=$test_python" "${ignore_system[@]}" &&
-      cmake --build "$build" -j"$(nproc)"
-  } >"$out/build.log" 2>&1 || status=$?
-  check build "$(($(date +%s) - start))s" "$status"
-  [ "$status" -eq 0 ] || { tail -40 "$out/build.log" >&2; python3 "$root/scripts/gpu_figures.py" json "$out"; exit 1; }
-fi
-
-failed=0
-record() {  # record NAME FIGURE STATUS: check, and remember a failure
-  check "$@"
-  [ "$3" -eq 0 ] || failed=1
+      bounded 1000000 cmake --build "$build" -j"$(nproc)" "${targets[@]}"
+  } >>"$out/build.log" 2>&1 || status=$?
+  local figure="$(($(date +%s) - start))s"
+  [ "$status" -ne 124 ] || figure+="_stopped_at_the_deadline"
+  record "$name" "$figure" "$status"
+  [ "$status" -eq 0 ] || { tail -40 "$out/build.log" >&2; finish; }
+  link_check
 }
 
-if [ "$what" = all ] || [ "$what" = run ]; then
+# The first library each program names must be libstdc++: a pip torch's libtorch.so exports a
+# copy of libstdc++'s std::filesystem, and a program that names libtorch first calls that copy,
+# whose remove_all crashes (CMakeLists.txt links libstdc++ first for this). The first GPU visit
+# found programs that named libtorch first, and every test that removes a folder crashed: so
+# the build log records the compiler and a link command, and where the order is wrong the
+# checks after it run with the system's libstdc++ preloaded (LD_PRELOAD, in env.sh), so that
+# the visit still shows the rest.
+link_check() {
+  local cxx f first bad=()
+  cxx=$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$build/CMakeCache.txt")
+  {
+    echo "== the compiler: $cxx ($(readlink -f "$cxx")); CXX=${CXX:-unset}"
+    "$cxx" --version | head -1
+    echo "== what the compiler driver adds to a link"
+    "$cxx" -### -x c++ /dev/null -o /dev/null 2>&1 | grep collect2
+    echo "== the link command of core/cli/trainer, and the libraries it names"
+    (cd "$build" && ninja -t commands core/cli/trainer 2>/dev/null | tail -1)
+    readelf -d "$build/core/cli/trainer" | grep NEEDED
+  } >>"$out/build.log" 2>&1 || true
+  for f in "$build/core/cli/trainer" "$build"/tests/*_tests; do
+    [ -x "$f" ] || continue
+    first=$(readelf -d "$f" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | head -1)
+    [ "$first" = libstdc++.so.6 ] || bad+=("$(basename "$f")=${first:-none}")
+  done
+  if [ ${#bad[@]} -eq 0 ]; then
+    check link-order "libstdc++_first_in_every_program" 0
+    return
+  fi
+  local preload
+  preload=$("$cxx" -print-file-name=libstdc++.so.6)
+  echo "export LD_PRELOAD=\"$preload\"" >>"$work/env.sh"
+  record link-order "first_needed:$(IFS=,; echo "${bad[*]}" | cut -c1-300);_the_checks_below_run_with_LD_PRELOAD=$preload" 1
+}
+
+cuda_stage() {  # the `cuda` tests, one at a time (they measure the GPU's memory), then trainer mem
+  # shellcheck disable=SC1091
+  source "$work/env.sh"
+  local start status=0 figure
+  start=$(date +%s)
+  bounded 300 ctest --test-dir "$build" --output-on-failure -L '^cuda$' >"$out/cuda-tests.log" 2>&1 || status=$?
+  if [ "$proving" -eq 1 ]; then
+    # Here the GPU instances skip by design: the figure counts them, the status is ctest's.
+    figure=$(python3 "$root/scripts/gpu_figures.py" cuda-tests "$out/cuda-tests.log") || true
+    record cuda-tests-cpu-instances "${figure}_in_$(($(date +%s) - start))s" "$status"
+    return
+  fi
+  figure=$(python3 "$root/scripts/gpu_figures.py" cuda-tests "$out/cuda-tests.log") || status=1
+  [ "$status" -ne 124 ] || figure+="_stopped_at_the_deadline"
+  record cuda-tests "${figure}_in_$(($(date +%s) - start))s" "$status"
+  local cli=$build/core/cli/trainer
+  status=0
+  bounded 60 "$cli" mem --json >"$out/mem.json" 2>"$out/mem.err" || status=$?
+  bounded 60 "$cli" mem >"$out/mem.txt" 2>&1 || true
+  figure=$(python3 "$root/scripts/gpu_figures.py" mem "$out/mem.json") || status=1
+  record trainer-mem "$figure" "$status"
+}
+
+suite_stage() {  # the test suite but the `cuda` tests and what the GPU machine lacks
   # shellcheck disable=SC1091
   source "$work/env.sh"
   # Tests that need what a GPU node lacks, left out there (and named in the summary):
   # install.* builds against the system's packages, fuzz.* builds with clang and the system's
   # -dev packages, format.* checks the sources' formatting (clang-format, no GPU path in it);
   # the rest only where their tool is missing.
-  exclude='^install\.|^fuzz\.|^format\.'
-  skip() { printf 'SKIP %s %s\n' "$1" "$2" | tee -a "$summary"; }
+  local exclude='^install\.|^fuzz\.|^format\.' test_python start status=0 figure
   skip tests:install,fuzz "they build against the system's -dev packages (fuzz: with clang)"
   skip tests:format "the formatting check needs clang-format and no GPU; it runs on the CPU machine"
   test_python=$(sed -n 's/^TRAINER_TEST_PYTHON:FILEPATH=//p' "$build/CMakeCache.txt")
@@ -164,75 +259,104 @@ if [ "$what" = all ] || [ "$what" = run ]; then
     exclude+='|^fixture\.mlflow_|^Mlflow\.'
     skip tests:mlflow_server "the MLflow server comes from PyPI (set TRAINER_GPU_PYPI=1 where PyPI is reachable)"
   fi
-  # The `cuda` tests first (the visit's point), on their own, one at a time (they measure the
-  # GPU's memory): on a GPU none may skip; on the CPU (prove) their CPU instances run and the
-  # GPU ones skip.
   start=$(date +%s)
-  status=0
-  ctest --test-dir "$build" --output-on-failure -L '^cuda$' >"$out/cuda-tests.log" 2>&1 || status=$?
-  if [ "$proving" -eq 1 ]; then
-    # Here the GPU instances skip by design: the figure counts them, the status is ctest's.
-    figure=$(python3 "$root/scripts/gpu_figures.py" cuda-tests "$out/cuda-tests.log") || true
-    record cuda-tests-cpu-instances "${figure}_in_$(($(date +%s) - start))s" "$status"
-  else
-    figure=$(python3 "$root/scripts/gpu_figures.py" cuda-tests "$out/cuda-tests.log") || status=1
-    record cuda-tests "${figure}_in_$(($(date +%s) - start))s" "$status"
-    cli=$build/core/cli/trainer
-    status=0
-    "$cli" mem --json >"$out/mem.json" 2>"$out/mem.err" || status=$?
-    "$cli" mem >"$out/mem.txt" 2>&1 || true
-    figure=$(python3 "$root/scripts/gpu_figures.py" mem "$out/mem.json") || status=1
-    record trainer-mem "$figure" "$status"
+  bounded 1000000 ctest --test-dir "$build" --output-on-failure -j"$(nproc)" -LE '^cuda$' -E "$exclude" \
+    >"$out/test.log" 2>&1 || status=$?
+  figure=$(grep -Eo '[0-9]+% tests passed, [0-9]+ tests failed out of [0-9]+' "$out/test.log" | tail -1 | sed 's/ /_/g')
+  if [ "$status" -eq 124 ]; then
+    # Cut off: how far it got, from ctest's one line per finished test.
+    figure="stopped_at_the_deadline_after_$(grep -c ' Passed ' "$out/test.log" || true)_passed_$(grep -Ec '\*\*\*(Failed|Exception|Timeout)' "$out/test.log" || true)_failed"
   fi
+  record tests "${figure}_in_$(($(date +%s) - start))s" "$status"
+}
 
-  start=$(date +%s)
-  status=0
-  ctest --test-dir "$build" --output-on-failure -j"$(nproc)" -LE '^cuda$' -E "$exclude" >"$out/test.log" 2>&1 ||
-    status=$?
-  record tests "$(grep -Eo '[0-9]+% tests passed, [0-9]+ tests failed out of [0-9]+' "$out/test.log" | tail -1 |
-    sed 's/ /_/g')_in_$(($(date +%s) - start))s" "$status"
-
-  if [ "$proving" -eq 1 ]; then
-    skip gpu-checks "prove runs on the CPU: the GPU checks run on a GPU only"
-    python3 "$root/scripts/gpu_figures.py" json "$out"
-    exit "$failed"
+bench_one() {  # bench_one NAME FIGURE_KIND trainer-arguments...: one `trainer bench`, its CSV and figure
+  local name=$1 kind=$2 st=0 fig
+  shift 2
+  if [ "$(left)" -lt 30 ]; then
+    skip "$name" "no time left in the visit"
+    return
   fi
+  bounded 180 "$build/core/cli/trainer" "$@" --csv "$out/$name.csv" >"$out/$name.log" 2>&1 || st=$?
+  fig=$(python3 "$root/scripts/gpu_figures.py" "$kind" "$out/$name.csv" 2>&1) || st=1
+  [ "$st" -ne 124 ] || fig+="_stopped_at_the_deadline"
+  record "$name" "$fig" "$st"
+}
 
-  [ "$what" = all ] || { python3 "$root/scripts/gpu_figures.py" json "$out"; exit "$failed"; }
-fi
-
-if [ "$what" = all ] || [ "$what" = bench ]; then
+bench_stage() {  # the benchmarks on cuda:0 (docs/gpu.md)
   # shellcheck disable=SC1091
   source "$work/env.sh"
-  cli=$build/core/cli/trainer
-  bench() {  # bench NAME FIGURE_KIND trainer-bench-arguments...: one `trainer bench`, its CSV and figure
-    local name=$1 kind=$2 st=0 fig
-    shift 2
-    "$cli" bench "$@" --csv "$out/$name.csv" >"$out/$name.log" 2>&1 || st=$?
-    fig=$(python3 "$root/scripts/gpu_figures.py" "$kind" "$out/$name.csv" 2>&1) || st=1
-    record "$name" "$fig" "$st"
-  }
   # The default recipe's samples/s in fp32 and bf16 (steps after 10 of warm-up).
-  bench bench-precision bench --recipe recipes/fashion_mnist.toml \
+  bench_one bench-precision bench bench --recipe recipes/fashion_mnist.toml \
     --grid "plugins.mixed_precision.precision=fp32,bf16" runtime.device=cuda:0 --steps 100 --warmup 10
-  # The ViT recipe with and without activation checkpointing: step time and peak.
-  bench bench-vit bench --recipe recipes/vit_fashion_mnist.toml --grid "training.micro_batch_size=128" \
-    runtime.device=cuda:0 --steps 50 --warmup 5
-  bench bench-vit-checkpointed bench --recipe recipes/vit_fashion_mnist.toml \
-    --grid "training.micro_batch_size=128" runtime.device=cuda:0 \
-    'plugins.load=["console","mixed_precision","grad_checkpoint"]' --steps 50 --warmup 5
   # trainer estimate's prediction (probes 256, 512, 1024) against the measured peak, at 2048 and
   # 4096 held out.
-  bench estimate-vs-measured estimate --recipe recipes/fashion_mnist.toml --grid "training.micro_batch_size=512,2048,4096" \
-    training.batch_size=4096 runtime.device=cuda:0 --steps 5 --warmup 2
+  bench_one estimate-vs-measured estimate bench --recipe recipes/fashion_mnist.toml \
+    --grid "training.micro_batch_size=512,2048,4096" training.batch_size=4096 runtime.device=cuda:0 --steps 5 --warmup 2
+  # The ViT recipe with and without activation checkpointing: step time and peak.
+  bench_one bench-vit bench bench --recipe recipes/vit_fashion_mnist.toml --grid "training.micro_batch_size=128" \
+    runtime.device=cuda:0 --steps 50 --warmup 5
+  bench_one bench-vit-checkpointed bench bench --recipe recipes/vit_fashion_mnist.toml \
+    --grid "training.micro_batch_size=128" runtime.device=cuda:0 \
+    'plugins.load=["console","mixed_precision","grad_checkpoint"]' --steps 50 --warmup 5
   # trainer's step against the hand-written LibTorch loop, same model and data, fp32.
-  status=0
-  python3 bench/peer/peer_bench.py --no-build --build-dir "$build" --only trainer,cpp --device cuda:0 \
+  if [ "$(left)" -lt 60 ]; then
+    skip peer-trainer-vs-libtorch "no time left in the visit"
+    return
+  fi
+  local status=0 figure
+  bounded 240 python3 bench/peer/peer_bench.py --no-build --build-dir "$build" --only trainer,cpp --device cuda:0 \
     --precision fp32 --epochs 1 --repeats 3 --out-dir "$work/peer" --json "$out/peer.json" >"$out/peer.log" 2>&1 ||
     status=$?
   figure=$(python3 "$root/scripts/gpu_figures.py" peer "$out/peer.json" 2>&1) || status=1
+  [ "$status" -ne 124 ] || figure+="_stopped_at_the_deadline"
   record peer-trainer-vs-libtorch "$figure" "$status"
+}
 
-  python3 "$root/scripts/gpu_figures.py" json "$out"
-  exit "$failed"
-fi
+case $what in
+  build)
+    # shellcheck disable=SC2086
+    build_stage build ${TRAINER_GPU_TARGETS:-}
+    finish
+    ;;
+  run)
+    cuda_stage
+    suite_stage
+    finish
+    ;;
+  bench)
+    bench_stage
+    finish
+    ;;
+  all)
+    build_stage build
+    cuda_stage
+    suite_stage
+    if [ "$proving" -eq 1 ]; then
+      skip gpu-checks "prove runs on the CPU: the GPU checks run on a GPU only"
+      finish
+    fi
+    bench_stage
+    finish
+    ;;
+  visit)
+    # What the `cuda` tests and the benchmarks need, first; the rest of the build and the suite
+    # with the time that is left.
+    build_stage build-for-cuda-tests cuda_tests trainer peer_loop trainer_plugin_console trainer_plugin_mixed_precision \
+      trainer_plugin_grad_checkpoint trainer_plugin_oom_backoff trainer_plugin_device_select trainer_plugin_memory_log
+    cuda_stage
+    bench_stage
+    if [ "$(left)" -lt 60 ]; then
+      skip build "no time left in the visit"
+      skip tests "no time left in the visit"
+      finish
+    fi
+    build_stage build
+    if [ "$(left)" -lt 60 ]; then
+      skip tests "no time left in the visit"
+      finish
+    fi
+    suite_stage
+    finish
+    ;;
+esac

@@ -117,10 +117,24 @@ def train_size(c):
     return min(limit, FASHION_MNIST_TRAIN) if limit else FASHION_MNIST_TRAIN
 
 
+DEBIAN_DATASETS = "/usr/share/datasets"
+
+
+def dataset_root(root):
+    """`root`, or where it is on this machine: as trainer reads it, a root under
+    /usr/share/datasets is looked up under $TRAINER_DATASETS_DIR when that is set (the GPU
+    bundle of scripts/gpu-bundle.sh unpacks Debian's dataset files elsewhere)."""
+    moved = os.environ.get("TRAINER_DATASETS_DIR", "")
+    norm = os.path.normpath(root)
+    if not moved or os.path.commonpath([norm, DEBIAN_DATASETS]) != DEBIAN_DATASETS:
+        return root
+    return os.path.join(moved, os.path.relpath(norm, DEBIAN_DATASETS))
+
+
 def peer_args(c, args, out_dir):
     t = c["training"]
     threads = c["runtime"]["num_threads"] or os.cpu_count()
-    return ["--root", c["dataset"]["root"], "--out-dir", out_dir, "--epochs", str(t["epochs"]),
+    return ["--root", dataset_root(c["dataset"]["root"]), "--out-dir", out_dir, "--epochs", str(t["epochs"]),
             "--batch-size", str(t["batch_size"]), "--eval-batch-size", str(c["eval"]["batch_size"]),
             "--lr", repr(c["optim"]["lr"]), "--weight-decay", repr(c["optim"]["weight_decay"]),
             "--warmup", str(c["sched"]["warmup_steps"]), "--seed", str(c["run"]["seed"]),

@@ -104,5 +104,24 @@ class CheckSameJob(unittest.TestCase):
         self.assertEqual(peer_bench.train_size(c), 60000)
 
 
+class DatasetRoot(unittest.TestCase):
+    def test_a_debian_root_moves_under_trainer_datasets_dir_and_others_stay(self):
+        old = os.environ.get("TRAINER_DATASETS_DIR")
+        try:
+            os.environ.pop("TRAINER_DATASETS_DIR", None)
+            self.assertEqual(peer_bench.dataset_root("/usr/share/datasets/fashion-mnist"),
+                             "/usr/share/datasets/fashion-mnist")
+            os.environ["TRAINER_DATASETS_DIR"] = "/tmp/prefix/usr/share/datasets"
+            self.assertEqual(peer_bench.dataset_root("/usr/share/datasets/fashion-mnist"),
+                             "/tmp/prefix/usr/share/datasets/fashion-mnist")
+            self.assertEqual(peer_bench.dataset_root("/data/fashion-mnist"), "/data/fashion-mnist")
+            self.assertEqual(peer_bench.dataset_root("/usr/share/datasets-other/x"), "/usr/share/datasets-other/x")
+        finally:
+            if old is None:
+                os.environ.pop("TRAINER_DATASETS_DIR", None)
+            else:
+                os.environ["TRAINER_DATASETS_DIR"] = old
+
+
 if __name__ == "__main__":
     unittest.main()
