@@ -9,14 +9,14 @@
 #include <sstream>
 
 #include "report.h"
+#include "trainer/json.h"
 
 namespace trainer::report {
 
 constexpr double kMaxDouble = std::numeric_limits<double>::max();
 
 std::string format_number(double v, int significant) {
-  if (std::isnan(v)) return "NaN";
-  if (std::isinf(v)) return v > 0 ? "Infinity" : "-Infinity";
+  if (const char* name = json_nonfinite_name(v)) return name;
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.*g", significant, v);
   return buf;

@@ -3,10 +3,7 @@
 // than a line's limit, files that are not regular files are not opened, and what was left out is
 // recorded for the page.
 #include "report.h"
-#include "trainer/json.h"
 #include "trainer/run_records.h"
-
-#include <nlohmann/json.hpp>
 
 #include <cerrno>
 #include <chrono>
@@ -23,9 +20,7 @@ namespace trainer::report {
 namespace {
 
 namespace fs = std::filesystem;
-using nlohmann::json;
 
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr std::size_t kMaxListedLines = 10;   // malformed line numbers named on the page
 constexpr std::size_t kLogProblemLines = 30;  // warning/error lines of trainer.log shown
 constexpr std::size_t kLogTailLines = 40;     // last lines of trainer.log shown
@@ -131,33 +126,15 @@ bool read_start(const fs::path& path, std::string& out, std::size_t max_bytes) {
   return !in.bad();
 }
 
-/// One metrics.jsonl line; false when it is not a metric (bad JSON, missing or mistyped field).
+/// One metrics.jsonl line (trainer/run_records.h's codec); false when it is not a metric, or
+/// its name is longer than a chart can show.
 bool parse_metric_line(const std::string& line, std::string& name, Point& p) {
-  if (json_nesting(line) > 8) return false;  // metric lines are flat objects: not one, not parsed
-  const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return false;
-  const auto step = j.find("step"), nm = j.find("name"), value = j.find("value"), time = j.find("time");
-  if (step == j.end() || !step->is_number() || nm == j.end() || !nm->is_string() || value == j.end()) return false;
-  name = nm->get<std::string>();
-  if (name.empty() || name.size() > kMaxMetricNameBytes) return false;
-  p.step = step->get<double>();
-  if (value->is_number()) {
-    p.value = value->get<double>();
-  } else if (value->is_string()) {
-    const auto& s = value->get_ref<const std::string&>();
-    if (s == "NaN") {
-      p.value = kNaN;
-    } else if (s == "Infinity") {
-      p.value = std::numeric_limits<double>::infinity();
-    } else if (s == "-Infinity") {
-      p.value = -std::numeric_limits<double>::infinity();
-    } else {
-      return false;
-    }
-  } else {
-    return false;
-  }
-  p.time = time != j.end() && time->is_number() ? time->get<double>() : kNaN;
+  auto m = decode_metric(line);
+  if (!m || m->name.size() > kMaxMetricNameBytes) return false;
+  name = std::move(m->name);
+  p.step = double(m->step);
+  p.value = m->value;
+  p.time = m->time;
   return true;
 }
 

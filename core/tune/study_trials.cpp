@@ -17,6 +17,7 @@
 #include "trainer/core_settings.h"
 #include "trainer/error.h"
 #include "trainer/interrupt.h"
+#include "trainer/json.h"
 #include "trainer/plugin.h"
 #include "trainer/recipe.h"
 #include "trainer/run_records.h"
@@ -181,27 +182,21 @@ void Study::read_reports(Running& r) {
   while (std::getline(in, line)) {
     if (in.eof()) break;  // a line still being written
     r.metrics_offset = in.tellg();
-    json j;
-    try {
-      j = json::parse(line);
-    } catch (const json::exception&) {
-      continue;
-    }
-    if (j.value("name", "") != s_.objective || !r.diverged.empty()) continue;
-    const auto v = metric_value(j["value"]);
-    if (!v) continue;
-    if (!std::isfinite(*v)) {
+    const auto m = decode_metric(line);
+    if (!m || m->name != s_.objective || !r.diverged.empty()) continue;
+    const double v = m->value;
+    if (!std::isfinite(v)) {
       // Diverged: no later report can mean anything. The trial stops, as Optuna fails a
       // trial whose objective is not a number.
-      r.diverged = s_.objective + " is " + j["value"].get<std::string>() + " at report " +
+      r.diverged = s_.objective + " is " + json_nonfinite_name(v) + " at report " +
                    std::to_string(r.rec.intermediate.size() + 1) + " (diverged)";
       if (!r.exit_code) ::kill(r.pid, SIGINT);
       progress_ << trial_name(r.rec.number) << ": stopping (" << r.diverged << ")\n";
       continue;
     }
-    r.rec.intermediate.push_back(*v);
+    r.rec.intermediate.push_back(v);
     trials_[r.rec.number].intermediate = r.rec.intermediate;
-    journal_.append(report_record(r.rec.number, *v));
+    journal_.append(report_record(r.rec.number, v));
     if (r.prune_reason.empty()) {
       const std::string why = prune_reason(s_, r.rec, trials_);
       if (!why.empty()) {

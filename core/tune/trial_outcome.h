@@ -1,20 +1,14 @@
 #pragma once
 // Private to `trainer sweep`: what a trial's run directory says about how it went.
 #include <map>
-#include <nlohmann/json.hpp>
-#include <optional>
 #include <string>
 
 #include "trainer/run_records.h"
 
 namespace trainer::tune {
 
-/// A value of a metric as metrics.jsonl has it: a number, or "NaN" / "Infinity" / "-Infinity"
-/// (JSON has no number for them); nullopt for anything else.
-std::optional<double> metric_value(const nlohmann::json& v);
-
-/// What ran out of memory, from the run's status.json (`status`: the phase), its failure
-/// message (the last micro-batch tried) and its config.toml: phase, micro_batch_size, model,
+/// What ran out of memory, from the run's status.json (`status`: the phase and the last
+/// micro-batch tried) and its config.toml: phase, micro_batch_size, model,
 /// dataset, batch_size (the effective batch) and the image or sequence size where the config
 /// has one.
 std::map<std::string, std::string> oom_details(const std::string& run_dir, const RunStatusRecord& status);

@@ -328,9 +328,11 @@ TEST_F(Oom, GivesUpCleanlyAtTheMinimumMicroBatch) {
   // What failed, typed: tools (trainer sweep) read this, not the message's words.
   EXPECT_EQ(r.failure, FailureKind::OutOfMemory);
   EXPECT_EQ(r.oom_phase, OomPhase::Forward);
+  EXPECT_EQ(r.oom_micro_batch, 16);  // the last size tried
   const RunStatusRecord s = decode_status(read_file(tmp_ / "run/status.json"));
   EXPECT_EQ(s.failure, FailureKind::OutOfMemory);
   EXPECT_EQ(s.oom_phase, OomPhase::Forward);
+  EXPECT_EQ(s.micro_batch, 16);
   EXPECT_EQ(s.message, r.message);
 }
 

@@ -1,10 +1,14 @@
-// The run's states (trainer/states.h) and status.json's codec (trainer/run_records.h): every
-// name read back gives its value, and what encode_status writes decode_status reads unchanged.
+// The run's states (trainer/states.h) and the codecs of its directory's records
+// (trainer/run_records.h): every name read back gives its value, and what each encoder writes
+// its decoder reads unchanged.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
 #include <string>
 
 #include "trainer/error.h"
+#include "trainer/json.h"
 #include "trainer/run_records.h"
 #include "trainer/states.h"
 
@@ -43,10 +47,12 @@ TEST(StatusJson, AFailedRunOutOfMemoryRoundTripsWithItsKindAndPhase) {
   s.last_checkpoint = "runs/r/checkpoints/step_00000012.pt";
   s.failure = FailureKind::OutOfMemory;
   s.oom_phase = OomPhase::Backward;
+  s.micro_batch = 16;
   s.time = 1764110000.5;
   const std::string text = encode_status(s);
   EXPECT_EQ(text.find("{\"status\":\"FAILED\",\"exit_code\":3,"), 0u) << text;
-  EXPECT_NE(text.find("\"failure\":\"out_of_memory\",\"phase\":\"backward\""), std::string::npos) << text;
+  EXPECT_NE(text.find("\"failure\":\"out_of_memory\",\"phase\":\"backward\",\"micro_batch\":16"), std::string::npos)
+      << text;
   EXPECT_EQ(text.find("stopped_by"), std::string::npos) << text;
   EXPECT_EQ(text.back(), '\n');
   const RunStatusRecord back = decode_status(text);
@@ -58,6 +64,7 @@ TEST(StatusJson, AFailedRunOutOfMemoryRoundTripsWithItsKindAndPhase) {
   EXPECT_EQ(back.last_checkpoint, s.last_checkpoint);
   EXPECT_EQ(back.failure, FailureKind::OutOfMemory);
   EXPECT_EQ(back.oom_phase, OomPhase::Backward);
+  EXPECT_EQ(back.micro_batch, 16);
   EXPECT_DOUBLE_EQ(back.time, s.time);
 }
 
@@ -102,6 +109,58 @@ TEST(StatusJson, AnOlderFileReadsWithDefaultsAndABadOneSaysWhatIsWrong) {
   EXPECT_EQ(error_of("{\"status\":\"DONE\"}"),
             "has \"status\" \"DONE\", which is not one of RUNNING, FINISHED, FAILED, KILLED");
   EXPECT_EQ(error_of(std::string(100, '[') + std::string(100, ']')), "is not a JSON object");  // not parsed
+}
+
+TEST(MetricsJsonl, ALineRoundTripsAndValuesThatAreNotNumbersTravelByName) {
+  const MetricRecord m{12, "train/loss \"quoted\"", 0.25, 1764110000.5};
+  const std::string line = encode_metric(m);
+  EXPECT_EQ(line, "{\"step\":12,\"name\":\"train/loss \\\"quoted\\\"\",\"value\":0.25,\"time\":1764110000.5}\n");
+  const auto back = decode_metric(line.substr(0, line.size() - 1));
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->step, 12);
+  EXPECT_EQ(back->name, m.name);
+  EXPECT_EQ(back->value, 0.25);
+  EXPECT_EQ(back->time, m.time);
+  for (const double v : {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity(),
+                         -std::numeric_limits<double>::infinity()}) {
+    const std::string text = encode_metric({3, "x", v, 1.0});
+    EXPECT_NE(text.find(std::string("\"value\":\"") + json_nonfinite_name(v) + "\""), std::string::npos) << text;
+    const auto read = decode_metric(text);
+    ASSERT_TRUE(read) << text;
+    if (std::isnan(v)) {
+      EXPECT_TRUE(std::isnan(read->value));
+    } else {
+      EXPECT_EQ(read->value, v);
+    }
+  }
+  // Written by Python's json module: a float step that is whole, no time.
+  const auto python = decode_metric(R"({"step": 7.0, "name": "eval/accuracy", "value": 0.9})");
+  ASSERT_TRUE(python);
+  EXPECT_EQ(python->step, 7);
+  EXPECT_TRUE(std::isnan(python->time));
+}
+
+TEST(MetricsJsonl, WhatIsNotAMetricLineIsRejected) {
+  for (const char* line : {"", "not json", "[1, 2]", R"({"name": "x", "value": 1})", R"({"step": 1, "value": 1})",
+                           R"({"step": 1, "name": "", "value": 1})", R"({"step": 1, "name": "x"})",
+                           R"({"step": 1, "name": "x", "value": "nan"})", R"({"step": 1, "name": "x", "value": [1]})",
+                           R"({"step": 1e30, "name": "x", "value": 1})", R"({"step": "1", "name": "x", "value": 1})",
+                           R"({"step": 1, "name": "x", "value": {"a": [[[[[[[[[1]]]]]]]]]}})"}) {
+    EXPECT_FALSE(decode_metric(line)) << line;
+  }
+}
+
+TEST(CheckpointDigest, TheDigestRoundTripsAndAnythingElseIsNotOne) {
+  const std::string text = encode_digest({1234, 0x0a1b2c3d});
+  EXPECT_EQ(text, "size 1234 crc32 0a1b2c3d\n");
+  const auto back = decode_digest(text);
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->size, 1234);
+  EXPECT_EQ(back->crc32, 0x0a1b2c3du);
+  EXPECT_FALSE(decode_digest(""));
+  EXPECT_FALSE(decode_digest("size -1 crc32 00000000\n"));
+  EXPECT_FALSE(decode_digest("crc32 0a1b2c3d size 1234\n"));
+  EXPECT_FALSE(decode_digest(std::string(100000, 'x')));
 }
 
 }  // namespace

@@ -1,13 +1,15 @@
 #pragma once
-/// The records a run writes into its directory, each with its one codec. status.json:
+/// The records a run writes into its directory, each with its one codec: status.json,
+/// metrics.jsonl's lines and a checkpoint's digest. status.json:
 ///
 ///   {"status":"FAILED","exit_code":3,"global_step":12,"epoch":0,"message":"…",
 ///    "last_checkpoint":"…","failure":"out_of_memory","phase":"backward","time":1764000000.5}
 ///
 /// "exit_code" is null while RUNNING; "stopped_by" and "reason" are there when a plugin,
 /// training.max_steps or a signal stopped the run before its last epoch; "failure" when the run
-/// FAILED, and "phase" when it failed out of memory in a phase of the loop. Tools read the
-/// failure, never the message's words.
+/// FAILED, "phase" when it failed out of memory in a phase of the loop and "micro_batch" when
+/// it did so at a micro-batch size (the last one tried). Tools read these, never the message's
+/// words.
 #include <cmath>
 #include <cstdint>
 #include <optional>
@@ -33,6 +35,7 @@ struct RunStatusRecord {
   std::string reason;
   FailureKind failure = FailureKind::None;  ///< written for a Failed run
   std::optional<OomPhase> oom_phase;        ///< for an out-of-memory failure in a phase of the loop
+  std::int64_t micro_batch = 0;             ///< its last micro-batch size tried; 0: none
   double time = NAN;                        ///< when it was written, seconds since the Unix epoch
 };
 
@@ -42,5 +45,38 @@ TRAINER_API std::string encode_status(const RunStatusRecord& s);
 /// mistyped optional field keeps its default (an older trainer wrote no "failure"). Throws
 /// Error saying what is wrong, to follow the file's name ("is not a JSON object").
 TRAINER_API RunStatusRecord decode_status(std::string_view text);
+
+/// One line of metrics.jsonl:
+///
+///   {"step":12,"name":"train/loss","value":0.25,"time":1764000000.5}
+///
+/// A value that is not a finite number is written as "NaN", "Infinity" or "-Infinity"
+/// (trainer/json.h); "time" is seconds since the Unix epoch.
+struct MetricRecord {
+  std::int64_t step = 0;
+  std::string name;
+  double value = 0;
+  double time = NAN;
+};
+
+/// The line (with its newline).
+TRAINER_API std::string encode_metric(const MetricRecord& m);
+/// One line (without its newline); nullopt when it is not a metric: not a flat JSON object, no
+/// integer-valued "step" an int64 holds, no non-empty "name" string, a "value" that is neither
+/// a number nor one of the three names. A missing or mistyped "time" reads as NaN.
+TRAINER_API std::optional<MetricRecord> decode_metric(std::string_view line);
+
+/// A checkpoint's digest, `<checkpoint>.sum` beside it: its size and CRC-32, one line,
+///
+///   size 1234 crc32 0a1b2c3d
+struct CheckpointDigest {
+  std::int64_t size = 0;
+  std::uint32_t crc32 = 0;
+};
+
+/// The file's text (with its newline).
+TRAINER_API std::string encode_digest(const CheckpointDigest& d);
+/// The first line of the file's text; nullopt when it is not a digest.
+TRAINER_API std::optional<CheckpointDigest> decode_digest(std::string_view text);
 
 }  // namespace trainer

@@ -38,9 +38,11 @@ struct TrainerOptions {
 struct RunResult {
   int exit_code = kExitOk;  ///< kExitOk, kExitUsage, kExitTrainingFailed, kExitNoDevice, kExitInterrupted
   RunStatus status = RunStatus::Finished;  ///< Finished, Failed, Killed (run_status_name: "FINISHED" …)
-  /// What ended a Failed run (None otherwise), and for OutOfMemory the phase it was in.
+  /// What ended a Failed run (None otherwise), and for OutOfMemory the phase it was in and the
+  /// last micro-batch size tried (0 outside the loop).
   FailureKind failure = FailureKind::None;
   std::optional<OomPhase> oom_phase;
+  std::int64_t oom_micro_batch = 0;
   std::string run_dir;
   std::string message;  ///< why it failed, empty on success
   std::int64_t global_step = 0;

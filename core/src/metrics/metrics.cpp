@@ -7,8 +7,8 @@
 #include <cstdio>
 
 #include "trainer/error.h"
-#include "trainer/json.h"
 #include "trainer/logging.h"
+#include "trainer/run_records.h"
 
 namespace trainer {
 
@@ -35,8 +35,7 @@ JsonlSink::~JsonlSink() {
 void JsonlSink::write(const std::vector<MetricPoint>& points) {
   if (!impl_->f) return;
   for (const auto& p : points) {
-    const std::string line = "{\"step\":" + std::to_string(p.step) + ",\"name\":" + json_quote(p.name) +
-                             ",\"value\":" + json_number(p.value) + ",\"time\":" + json_number(p.time) + "}\n";
+    const std::string line = encode_metric({p.step, p.name, p.value, p.time});
     std::fwrite(line.data(), 1, line.size(), impl_->f);
   }
   // One flush per logged group (every log_every steps): a crash loses nothing logged.

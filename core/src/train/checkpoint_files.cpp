@@ -1,13 +1,13 @@
 #include "train/checkpoint_files.h"
 
 #include <algorithm>
-#include <cinttypes>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 
 #include "model/zip_archive.h"
 #include "trainer/error.h"
+#include "trainer/run_records.h"
 #include "util/durable_file.h"
 
 namespace fs = std::filesystem;
@@ -16,23 +16,14 @@ namespace trainer {
 
 namespace {
 
-std::string digest_text(const detail::FileDigest& d) {
-  char text[64];
-  std::snprintf(text, sizeof text, "size %" PRId64 " crc32 %08" PRIx32 "\n", d.size, d.crc32);
-  return text;
-}
-
-std::optional<detail::FileDigest> read_digest(const std::string& sum_file) {
-  std::ifstream in(sum_file);
-  std::string line;
-  if (!in || !std::getline(in, line)) return std::nullopt;
-  detail::FileDigest d;
-  std::int64_t size = -1;
-  std::uint32_t crc = 0;
-  if (std::sscanf(line.c_str(), "size %" SCNd64 " crc32 %" SCNx32, &size, &crc) != 2 || size < 0) return std::nullopt;
-  d.size = size;
-  d.crc32 = crc;
-  return d;
+/// The digest beside a checkpoint; nullopt when it cannot be read or is not one. Its first 128
+/// bytes at most: the file may come from someone else.
+std::optional<CheckpointDigest> read_digest(const std::string& sum_file) {
+  std::ifstream in(sum_file, std::ios::binary);
+  if (!in) return std::nullopt;
+  char text[128];
+  in.read(text, sizeof text);
+  return decode_digest(std::string_view(text, std::size_t(in.gcount())));
 }
 
 /// The step of `step_<N>.pt`, or -1 for other names.
@@ -69,7 +60,7 @@ void write_checkpoint_file(const std::string& file, const std::function<void(con
   std::error_code ec;
   fs::remove(file + ".sum", ec);
   detail::publish(tmp, file);  // removes tmp when it fails
-  detail::write_atomic(file + ".sum", digest_text(digest));
+  detail::write_atomic(file + ".sum", encode_digest(digest));
 }
 
 void point_latest(const std::string& dir, const std::string& name) {

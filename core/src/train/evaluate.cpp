@@ -51,6 +51,7 @@ std::map<std::string, double> Evaluator::run() {
   double loss_sum = 0.0;
   std::int64_t correct = 0;
   std::optional<std::string> gave_up;  // this rank's out-of-memory give-up, in a data-parallel run
+  std::int64_t gave_up_at = 0;         // the last micro-batch it tried
   {
     EvalMode eval_mode(*parts_.model);
     const bool per_batch = hooks_.wants(Event::EvalBatchStart) || hooks_.wants(Event::EvalBatchEnd);
@@ -92,6 +93,7 @@ std::map<std::string, double> Evaluator::run() {
       // below, and every rank fails the same way instead of waiting for it.
       if (!parts_.group) throw;
       gave_up = e.what();
+      gave_up_at = e.micro_batch;
     }
     if (settled) parts_.eval_batch = *settled;  // later evaluations keep the size that worked
   }
@@ -103,7 +105,7 @@ std::map<std::string, double> Evaluator::run() {
     s[1] = static_cast<double>(correct);
     s[2 + parts_.group->rank()] = gave_up ? 1.0 : 0.0;
     parts_.group->all_reduce_sum(sums);
-    if (gave_up) throw OomFailure(*gave_up, OomPhase::Eval);
+    if (gave_up) throw OomFailure(*gave_up, OomPhase::Eval, gave_up_at);
     for (std::int64_t r = 0; r < ranks; ++r) {
       if (s[2 + r] > 0) {
         throw OomFailure(detail::str("rank ", r, " ran out of memory in eval and gave up (its log says what was tried)",

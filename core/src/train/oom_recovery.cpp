@@ -100,7 +100,7 @@ std::int64_t OomRecovery::recover(const std::exception& e, OomRetry rule, std::i
       detail::str("out of memory in ", oom_phase_name(phase), " on ", parts_.device.str(), " after ", tried.size(),
                   " attempt(s) with micro-batches ", sizes, moves.empty() ? "" : " (device fallback: " + moves + ")",
                   why, ": ", msg, ". What to change: ", oom_advice(phase)),
-      phase);
+      phase, tried.empty() ? 0 : tried.back());
 }
 
 void OomRecovery::move_run_to(const c10::Device& to, const std::string& reason) {

@@ -35,8 +35,10 @@ enum class OomRetry {
 
 /// An out-of-memory error that was not recovered from; the message says what was tried.
 struct OomFailure : Error {
-  OomFailure(const std::string& message, std::optional<OomPhase> where) : Error(message), phase(where) {}
+  OomFailure(const std::string& message, std::optional<OomPhase> where, std::int64_t last_micro_batch = 0)
+      : Error(message), phase(where), micro_batch(last_micro_batch) {}
   std::optional<OomPhase> phase;  ///< where in the loop it happened (status.json's "phase"); none outside it
+  std::int64_t micro_batch = 0;   ///< the last micro-batch size tried (status.json's "micro_batch"); 0: none
 };
 
 /// In a data-parallel step: some rank ran out of memory (this one, or another), and every rank

@@ -261,6 +261,7 @@ struct Trainer::Impl {
     } catch (const OomFailure& e) {
       outcome(e);
       r.oom_phase = e.phase;  // none outside the loop (loading a checkpoint)
+      r.oom_micro_batch = e.micro_batch;
       r.message = e.what();
     } catch (const c10::Error& e) {
       outcome(e);
@@ -346,6 +347,7 @@ struct Trainer::Impl {
     s.reason = r.stop_reason;
     s.failure = r.failure;
     s.oom_phase = r.oom_phase;
+    s.micro_batch = r.oom_micro_batch;
     const std::string error = dir->write_status(s);
     if (!error.empty()) log->error("cannot write run status: {}", error);
   }

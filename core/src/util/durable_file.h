@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <string>
 
+#include "trainer/run_records.h"
+
 namespace trainer::detail {
 
 /// fsync of a file's contents; throws trainer::Error naming the file.
@@ -21,11 +23,8 @@ void publish(const std::string& tmp, const std::string& path);
 /// never lost once this returns.
 void write_atomic(const std::string& path, const std::string& text);
 
-/// Size and CRC-32 (zlib's) of a file's contents.
-struct FileDigest {
-  std::int64_t size = 0;
-  std::uint32_t crc32 = 0;
-};
+/// Size and CRC-32 (zlib's) of a file's contents (a checkpoint's digest, trainer/run_records.h).
+using FileDigest = CheckpointDigest;
 FileDigest digest_of(const std::string& path);
 
 }  // namespace trainer::detail

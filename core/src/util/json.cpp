@@ -39,8 +39,7 @@ std::string json_quote(const std::string& s) {
 }
 
 std::string json_number(double v) {
-  if (std::isnan(v)) return "\"NaN\"";
-  if (std::isinf(v)) return v > 0 ? "\"Infinity\"" : "\"-Infinity\"";
+  if (const char* name = json_nonfinite_name(v)) return std::string("\"") + name + "\"";
   // The shortest of %.15g / %.17g that reads back exactly (wall-clock times need all digits).
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.15g", v);

@@ -2,6 +2,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
 #include <limits>
 
 #include "trainer/error.h"
@@ -57,6 +60,7 @@ std::string encode_status(const RunStatusRecord& s) {
   if (s.status == RunStatus::Failed) {
     j["failure"] = failure_kind_name(s.failure);
     if (s.oom_phase) j["phase"] = oom_phase_name(*s.oom_phase);
+    if (s.failure == FailureKind::OutOfMemory && s.micro_batch > 0) j["micro_batch"] = s.micro_batch;
   }
   if (std::isfinite(s.time)) j["time"] = s.time;
   // Invalid UTF-8 in a message (an OS error's text) is replaced, not thrown.
@@ -85,9 +89,60 @@ RunStatusRecord decode_status(std::string_view text) {
   s.reason = text_of(j, "reason");
   if (const auto kind = failure_kind_named(text_of(j, "failure"))) s.failure = *kind;
   s.oom_phase = oom_phase_named(text_of(j, "phase"));
+  s.micro_batch = std::max<std::int64_t>(integer_of<std::int64_t>(j, "micro_batch", 0), 0);
   const auto time = j.find("time");
   if (time != j.end() && time->is_number()) s.time = time->get<double>();
   return s;
+}
+
+std::string encode_metric(const MetricRecord& m) {
+  std::string line = "{\"step\":" + std::to_string(m.step) + ",\"name\":" + json_quote(m.name) +
+                     ",\"value\":" + json_number(m.value) + ",\"time\":" + json_number(m.time);
+  return line + "}\n";
+}
+
+std::optional<MetricRecord> decode_metric(std::string_view line) {
+  // Metric lines are flat objects: one that nests deeper is not one, and is not parsed (the
+  // parser recurses).
+  const std::string owned(line);
+  if (json_nesting(owned) > 8) return std::nullopt;
+  const json j = json::parse(owned, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return std::nullopt;
+  const auto step = j.find("step"), name = j.find("name"), value = j.find("value"), time = j.find("time");
+  if (step == j.end() || !step->is_number() || name == j.end() || !name->is_string() || value == j.end()) {
+    return std::nullopt;
+  }
+  MetricRecord m;
+  constexpr auto kNone = std::numeric_limits<std::int64_t>::min();
+  m.step = integer_of<std::int64_t>(j, "step", kNone);
+  if (m.step == kNone) return std::nullopt;
+  m.name = name->get<std::string>();
+  if (m.name.empty()) return std::nullopt;
+  if (value->is_number()) {
+    m.value = value->get<double>();
+  } else if (value->is_string()) {
+    const auto v = json_nonfinite_value(value->get_ref<const std::string&>());
+    if (!v) return std::nullopt;
+    m.value = *v;
+  } else {
+    return std::nullopt;
+  }
+  m.time = time != j.end() && time->is_number() ? time->get<double>() : NAN;
+  return m;
+}
+
+std::string encode_digest(const CheckpointDigest& d) {
+  char text[64];
+  std::snprintf(text, sizeof text, "size %" PRId64 " crc32 %08" PRIx32 "\n", d.size, d.crc32);
+  return text;
+}
+
+std::optional<CheckpointDigest> decode_digest(std::string_view text) {
+  const std::string line(text.substr(0, std::min(text.find('\n'), std::size_t(64))));
+  std::int64_t size = -1;
+  std::uint32_t crc = 0;
+  if (std::sscanf(line.c_str(), "size %" SCNd64 " crc32 %" SCNx32, &size, &crc) != 2 || size < 0) return std::nullopt;
+  return CheckpointDigest{size, crc};
 }
 
 }  // namespace trainer

@@ -4,6 +4,7 @@
 
 #include "backends.h"
 #include "mlflow_client.h"
+#include "trainer/json.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -109,7 +110,7 @@ void validate_record(const json& rec, const std::string& where) {
         if (!m.is_array() || m.size() != 4)
           refuse(where, "metric " + shown(m) + " is not [key, value, timestamp, step]");
         check_key(m[0], "metric", where);
-        const bool special = m[1].is_string() && (m[1] == "NaN" || m[1] == "Infinity" || m[1] == "-Infinity");
+        const bool special = m[1].is_string() && json_nonfinite_value(m[1].get_ref<const std::string&>());
         if (!m[1].is_number() && !special) {
           refuse(where, "metric '" + m[0].get<std::string>() + "' has the value " + shown(m[1]) +
                             ": a number, \"NaN\", \"Infinity\" or \"-Infinity\" is allowed");

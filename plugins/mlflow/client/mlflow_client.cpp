@@ -1,6 +1,7 @@
 #include "mlflow_client.h"
 
 #include "backends.h"
+#include "trainer/json.h"
 
 #include <pwd.h>
 #include <unistd.h>
@@ -154,8 +155,7 @@ std::string sanitize_key(const std::string& key) {
 }
 
 std::string metric_value_json(double v) {
-  if (std::isnan(v)) return "\"NaN\"";
-  if (std::isinf(v)) return v > 0 ? "\"Infinity\"" : "\"-Infinity\"";
+  if (const char* name = json_nonfinite_name(v)) return std::string("\"") + name + "\"";
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.17g", v);
   return buf;

@@ -3,6 +3,7 @@
 #include "backends.h"
 #include "journal_check.h"
 #include "journal_io.h"
+#include "trainer/json.h"
 
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
@@ -31,8 +32,7 @@ namespace {
 constexpr const char* kLock = "lock";
 
 json metric_record_value(double v) {
-  if (std::isnan(v)) return "NaN";
-  if (std::isinf(v)) return v > 0 ? "Infinity" : "-Infinity";
+  if (const char* name = json_nonfinite_name(v)) return name;
   return v;
 }
 

@@ -10,6 +10,7 @@
 #include "journal_check.h"
 #include "journal_io.h"
 #include "mlflow_export.h"
+#include "trainer/json.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -25,12 +26,12 @@ namespace {
 
 constexpr const char* kSent = "sent.json";
 
+/// A journal's metric value: a number or one of json_nonfinite_name's names (journal_check
+/// refuses a file with anything else).
 double metric_value_from(const json& v) {
   if (v.is_number()) return v.get<double>();
-  const std::string s = v.is_string() ? v.get<std::string>() : std::string();
-  if (s == "Infinity") return std::numeric_limits<double>::infinity();
-  if (s == "-Infinity") return -std::numeric_limits<double>::infinity();
-  return std::numeric_limits<double>::quiet_NaN();
+  const auto named = v.is_string() ? json_nonfinite_value(v.get_ref<const std::string&>()) : std::nullopt;
+  return named.value_or(std::numeric_limits<double>::quiet_NaN());
 }
 
 std::vector<KeyValue> key_values(const json& a) {

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backends.h"
+#include "trainer/json.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -23,10 +24,8 @@ using detail::split;
 json metric_json(const Metric& m) {
   json j;
   j["key"] = m.key;
-  if (std::isnan(m.value)) {
-    j["value"] = "NaN";
-  } else if (std::isinf(m.value)) {
-    j["value"] = m.value > 0 ? "Infinity" : "-Infinity";
+  if (const char* name = json_nonfinite_name(m.value)) {
+    j["value"] = name;
   } else {
     j["value"] = m.value;
   }
