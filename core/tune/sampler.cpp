@@ -1,5 +1,6 @@
 #include "sampler.h"
 
+#include <fmt/format.h>
 #include <algorithm>
 #include <cmath>
 
@@ -230,7 +231,7 @@ std::unique_ptr<Sampler> make_sampler(const std::string& name) {
   if (name == "grid") return grid_sampler();
   if (name == "random") return random_sampler();
   if (name == "tpe") return tpe_sampler();
-  throw UsageError(detail::str("sampler \"", name, "\": expected one of grid, random, tpe"));
+  throw UsageError(fmt::format("sampler \"{}\": expected one of grid, random, tpe", name));
 }
 
 }  // namespace trainer::tune

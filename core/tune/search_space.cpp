@@ -1,5 +1,6 @@
 #include "search_space.h"
 
+#include <fmt/ranges.h>
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -60,16 +61,16 @@ void check_range(const ParamRange& r, Kind kind, const std::string& what, std::v
     return;
   }
   if (!(r.low <= r.high)) {
-    problems.push_back(detail::str(what, ": low ", r.low, " must be <= high ", r.high));
+    problems.push_back(fmt::format("{}: low {:g} must be <= high {:g}", what, r.low, r.high));
   }
   if (kind == Kind::LogUniform && !(r.low > 0)) {
-    problems.push_back(detail::str(what, ": log_uniform needs low > 0 (got ", r.low, ")"));
+    problems.push_back(fmt::format("{}: log_uniform needs low > 0 (got {:g})", what, r.low));
   }
   if (kind == Kind::Int) {
-    if (r.step < 1) problems.push_back(detail::str(what, ": step ", r.step, " must be >= 1"));
+    if (r.step < 1) problems.push_back(fmt::format("{}: step {} must be >= 1", what, r.step));
     if (r.low != std::floor(r.low) || r.high != std::floor(r.high)) {
       problems.push_back(
-          detail::str(what, ": an int range needs integer low and high (got ", r.low, ", ", r.high, ")"));
+          fmt::format("{}: an int range needs integer low and high (got {:g}, {:g})", what, r.low, r.high));
     }
   }
 }
@@ -97,13 +98,13 @@ void collect(const Config& t, const std::string& path, const std::string& where,
     } else if (type == "log_uniform") {
       p.kind = Kind::LogUniform;
     } else {
-      problems.push_back(detail::str(t.origin("type"), ": ", full, ".type = \"", type, "\": expected one of ", kKinds));
+      problems.push_back(fmt::format("{}: {}.type = \"{}\": expected one of {}", t.origin("type"), full, type, kKinds));
       return;
     }
     p.range = read_range(t, full, p.kind, {}, problems);
     if (p.kind != Kind::Choice) {
       for (const char* k : {"low", "high"}) {
-        if (!t.has(k)) problems.push_back(detail::str(t.origin("type"), ": ", full, ": ", type, " needs `", k, "`"));
+        if (!t.has(k)) problems.push_back(fmt::format("{}: {}: {} needs `{}`", t.origin("type"), full, type, k));
       }
     }
     check_range(p.range, p.kind, t.origin("type") + ": " + full, problems);
@@ -119,7 +120,7 @@ void collect(const Config& t, const std::string& path, const std::string& where,
         check_range(p.cases[c], p.kind, full + ".cases." + c, problems);
       }
     } else if (t.has("cases")) {
-      problems.push_back(detail::str(full, ".cases: needs condition_on = \"<another parameter>\""));
+      problems.push_back(fmt::format("{}.cases: needs condition_on = \"<another parameter>\"", full));
     }
     for (const auto& k : t.keys()) {
       static const std::vector<std::string> known{"type", "values", "low", "high", "step", "condition_on", "cases"};
@@ -128,8 +129,8 @@ void collect(const Config& t, const std::string& path, const std::string& where,
         collect(t.sub(k), path + "." + k, where, out, problems);
       } else {
         problems.push_back(
-            detail::str(t.origin(k), ": ", full, ".", k,
-                        ": unknown; a parameter has type, values, low, high, step, condition_on, cases"));
+            fmt::format("{}: {}.{}: unknown; a parameter has type, values, low, high, step, condition_on, cases",
+                        t.origin(k), full, k));
       }
     }
     out.push_back(std::move(p));
@@ -141,7 +142,7 @@ void collect(const Config& t, const std::string& path, const std::string& where,
       collect(t.sub(k), sub, where, out, problems);
     } else {
       problems.push_back(
-          detail::str(t.origin(k), ": ", where, ".", sub, ": a parameter is a table with a type (", kKinds, ")"));
+          fmt::format("{}: {}.{}: a parameter is a table with a type ({})", t.origin(k), where, sub, kKinds));
     }
   }
 }
@@ -193,16 +194,16 @@ SearchSpace SearchSpace::from_config(const Config& space, const std::string& whe
     if (placed[i]) continue;
     const auto& cond = params[i].condition_on;
     const bool exists = std::any_of(params.begin(), params.end(), [&](const SearchParam& p) { return p.key == cond; });
-    problems.push_back(detail::str(where, ".", params[i].key, ".condition_on = \"", cond,
-                                   "\": ", exists ? "a cycle of conditions" : "no such parameter in the space"));
+    problems.push_back(fmt::format("{}.{}.condition_on = \"{}\": {}", where, params[i].key, cond,
+                                   exists ? "a cycle of conditions" : "no such parameter in the space"));
   }
   for (const auto& p : s.params_) {
     if (p.condition_on.empty()) continue;
     const auto& parent = *std::find_if(s.params_.begin(), s.params_.end(),
                                        [&](const SearchParam& q) { return q.key == p.condition_on; });
     if (parent.kind != Kind::Choice) {
-      problems.push_back(detail::str(where, ".", p.key, ".condition_on = \"", p.condition_on,
-                                     "\": only a choice parameter can be conditioned on"));
+      problems.push_back(fmt::format("{}.{}.condition_on = \"{}\": only a choice parameter can be conditioned on",
+                                     where, p.key, p.condition_on));
       continue;
     }
     std::vector<std::string> parent_values = parent.range.values;  // in any of its cases too
@@ -210,8 +211,8 @@ SearchSpace SearchSpace::from_config(const Config& space, const std::string& whe
       parent_values.insert(parent_values.end(), pr.values.begin(), pr.values.end());
     for (const auto& [c, r] : p.cases) {
       if (std::find(parent_values.begin(), parent_values.end(), c) == parent_values.end()) {
-        problems.push_back(detail::str(where, ".", p.key, ".cases.", c, ": '", c, "' is not a value of ", parent.key,
-                                       " (", detail::join(parent.range.values), ")"));
+        problems.push_back(fmt::format("{}.{}.cases.{}: '{}' is not a value of {} ({})", where, p.key, c, c, parent.key,
+                                       fmt::join(parent.range.values, ", ")));
       }
     }
   }

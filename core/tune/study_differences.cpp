@@ -2,6 +2,7 @@
 // every difference a resume must not accept (study_differences), and the overrides it may.
 #include "study_journal.h"
 
+#include <fmt/ranges.h>
 #include <map>
 #include <set>
 #include <string>
@@ -98,8 +99,8 @@ std::vector<std::string> study_differences(const json& past, const json& now) {
   for (const auto& [k, v] : po) okeys.insert(k);
   for (const auto& [k, v] : no) okeys.insert(k);
   for (const auto& k : okeys) {
-    const auto a = po.count(k) ? detail::join(po.at(k), " ") : std::string("nothing");
-    const auto b = no.count(k) ? detail::join(no.at(k), " ") : std::string("nothing");
+    const auto a = po.count(k) ? fmt::to_string(fmt::join(po.at(k), " ")) : std::string("nothing");
+    const auto b = no.count(k) ? fmt::to_string(fmt::join(no.at(k), " ")) : std::string("nothing");
     if (a != b) out.push_back("override " + k + ": journal has " + a + ", now " + b);
   }
   for (const char* k : {"objective", "direction", "sampler", "seed"}) {

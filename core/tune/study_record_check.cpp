@@ -1,5 +1,6 @@
 #include "study_journal.h"
 
+#include <fmt/ranges.h>
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -300,7 +301,7 @@ Replayed replay(const std::vector<JournalLine>& lines, const SearchSpace& space,
   }
   if (!problems.empty()) {
     throw UsageError(path + " is not a study journal trainer sweep can resume from:\n  " +
-                     detail::join(problems, "\n  ") +
+                     fmt::to_string(fmt::join(problems, "\n  ")) +
                      "\nit was changed or written by something else: mend or remove those lines, or give another "
                      "--study-dir");
   }

@@ -1,5 +1,6 @@
 #include "sweep.h"
 
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -213,7 +214,7 @@ void Study::start_or_resume() {
   // of another study into this one's history (and the sampler and pruner learn from it).
   const auto differences = study_differences(past.study, study);
   TRAINER_CHECK_T(UsageError, differences.empty(), req_.study_dir, " holds a study that differs from this one (",
-                  journal_.path(), "):\n  ", detail::join(differences, "\n  "),
+                  journal_.path(), "):\n  ", fmt::to_string(fmt::join(differences, "\n  ")),
                   "\na resumed study cannot change: sweep.n_trials, sweep.parallel and sweep.dir may, nothing "
                   "else; resume it as it was, or give another --study-dir");
   if (!past.study.contains("version")) {

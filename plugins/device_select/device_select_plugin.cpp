@@ -4,6 +4,7 @@
 // run with exit code 4. The lease (a flock'ed file per GPU) is held until the run ends. In a
 // data-parallel launch each rank takes its own GPU: "cuda" is cuda:<LOCAL_RANK>, and "auto"'s
 // exclusive leases keep two ranks off one GPU.
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -281,13 +282,13 @@ class DeviceSelectPlugin final : public trainer::Plugin {
                     g.free < 0 ? "unknown" : format_bytes(g.free),
                     g.utilization < 0 ? std::string("unknown") : std::to_string(g.utilization) + " %",
                     lease_ ? std::string(", lease ") + lease_->lock_path() + (share_ ? " (shared)" : "") : "",
-                    rejected.empty() ? "" : "; passed over: " + trainer::detail::join(rejected, "; "));
+                    rejected.empty() ? "" : "; passed over: " + fmt::to_string(fmt::join(rejected, "; ")));
       control.switch_device = g.id;
       control.reason = "most free memory of the GPUs that qualify";
       ctx.device = c10::Device(g.id);
       return true;
     }
-    reasons = rejected.empty() ? "no GPU matches device = " + device_ : trainer::detail::join(rejected, "; ");
+    reasons = rejected.empty() ? "no GPU matches device = " + device_ : fmt::to_string(fmt::join(rejected, "; "));
     return false;
   }
 

@@ -2,6 +2,7 @@
 // EarlyStopping), and optionally keeps the checkpoint of the best evaluation as
 // checkpoints/best.pt. Its state (best value, evaluations without improvement) is saved in
 // every checkpoint, so a resumed run goes on counting instead of starting over.
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <cmath>
@@ -131,7 +132,8 @@ class EarlyStoppingPlugin final : public trainer::Plugin {
       std::vector<std::string> names;
       for (const auto& kv : m) names.push_back(kv.first);
       throw trainer::UsageError("plugins.early_stopping.monitor = '" + s_.monitor +
-                                "' is not among the evaluation's metrics (" + trainer::detail::join(names) + ")");
+                                "' is not among the evaluation's metrics (" + fmt::to_string(fmt::join(names, ", ")) +
+                                ")");
     }
     const double v = it->second;
     if (!std::isfinite(v)) {

@@ -4,6 +4,7 @@
 // gradients are unscaled and checked in the last micro-batch's AfterBackward (before
 // GradientsAccumulated and clipping; a non-finite gradient skips the step), and the scale is
 // updated once per batch in BatchEnd, so an out-of-memory retry of a batch counts once.
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -120,8 +121,8 @@ class MixedPrecisionPlugin final : public trainer::Plugin {
             scaler_->unscale(ctx.model->parameters())) {
           control.skip_step = true;
           control.reason =
-              trainer::detail::str("gradients hold inf/NaN at loss scale ", scaler_->get_scale(),
-                                   ": step skipped, scale backs off to ", scaler_->get_scale() * s_.backoff_factor);
+              fmt::format("gradients hold inf/NaN at loss scale {:g}: step skipped, scale backs off to {:g}",
+                          scaler_->get_scale(), scaler_->get_scale() * s_.backoff_factor);
           ++skipped_;
           inf_this_attempt_ = true;
           logger_->info("mixed_precision: {} (step {})", control.reason, ctx.state.global_step + 1);
@@ -225,7 +226,7 @@ class MixedPrecisionPlugin final : public trainer::Plugin {
       scaler_.reset();
     }
     logger_->info("mixed_precision: {} on {} ({}){}", chosen, device.str(), why,
-                  scaler_ ? trainer::detail::str(", GradScaler from scale ", scaler_->get_scale()) : "");
+                  scaler_ ? fmt::format(", GradScaler from scale {:g}", scaler_->get_scale()) : "");
   }
 
   void apply_saved() {

@@ -1,4 +1,5 @@
 // `trainer plugins`: the plugins found, their events and config keys.
+#include <fmt/ranges.h>
 #include <iostream>
 
 #include "command.h"
@@ -14,7 +15,7 @@ namespace {
 std::string join_events(const std::vector<Event>& events) {
   std::vector<std::string> names;
   for (auto e : events) names.emplace_back(event_name(e));
-  return detail::join(names);
+  return fmt::to_string(fmt::join(names, ", "));
 }
 
 int list_plugins(const std::vector<std::string>& dirs, bool markdown) {

@@ -63,17 +63,14 @@ class TRAINER_API ExitRequest : public Error {
 };
 
 namespace detail {
+/// The parts of the check macros below, streamed together. The macros take parts, not a format
+/// string, so that a plugin can hand them LibTorch's values (devices, shapes, dtypes), which
+/// print through operator<<; trainer's own messages are built with fmt::format.
 template <typename... Args>
 std::string str(const Args&... args) {
   std::ostringstream os;
   (os << ... << args);
   return os.str();
-}
-/// `parts` separated by `sep`: "a, b, c".
-inline std::string join(const std::vector<std::string>& parts, const std::string& sep = ", ") {
-  std::string s;
-  for (std::size_t i = 0; i < parts.size(); ++i) s += (i ? sep : std::string()) + parts[i];
-  return s;
 }
 [[noreturn]] TRAINER_API void assert_fail(const char* cond, const char* file, int line, const std::string& msg);
 }  // namespace detail

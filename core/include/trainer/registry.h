@@ -1,4 +1,5 @@
 #pragma once
+#include <fmt/ranges.h>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -40,7 +41,7 @@ class Registry {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = entries_.find(name);
     if (it == entries_.end()) {
-      throw ConfigError({detail::str("unknown ", kind_, " '", name, "'; known: ", detail::join(names_locked()))});
+      throw ConfigError({fmt::format("unknown {} '{}'; known: {}", kind_, name, fmt::join(names_locked(), ", "))});
     }
     return it->second;
   }

@@ -1,5 +1,6 @@
 #include "trainer/config.h"
 
+#include <fmt/format.h>
 #include <toml.hpp>
 
 #include <algorithm>
@@ -66,7 +67,7 @@ std::string number_problem(const TomlValue& v) {
   if (v.is_integer()) {
     if (v.as_integer() != I::max() && v.as_integer() != I::min()) return {};
     return detail::integer_literal_overflows(loc.line_str(), loc.column() - 1)
-               ? detail::str("integer outside the range [", I::min(), ", ", I::max(), "]")
+               ? fmt::format("integer outside the range [{}, {}]", I::min(), I::max())
                : std::string();
   }
   if (std::fabs(v.as_floating()) != std::numeric_limits<double>::max() && v.as_floating() != 0.0) return {};
@@ -101,7 +102,7 @@ void convert(const TomlValue& v, const std::string& key, std::shared_ptr<ConfigN
     case toml::value_t::integer:
     case toml::value_t::floating:
       if (const std::string bad = number_problem(v); !bad.empty()) {
-        errors.push_back(detail::str(where, ": key '", key, "': ", bad));
+        errors.push_back(fmt::format("{}: key '{}': {}", where, key, bad));
         out = nullptr;
       } else if (v.is_integer()) {
         out = leaf(static_cast<std::int64_t>(v.as_integer()), where);
@@ -129,7 +130,7 @@ void convert(const TomlValue& v, const std::string& key, std::shared_ptr<ConfigN
                                                [](const TomlValue& e) { return !number_problem(e).empty(); });
                  bad != arr.end()) {
         errors.push_back(
-            detail::str(where, ": key '", key, "': element ", bad - arr.begin(), ": ", number_problem(*bad)));
+            fmt::format("{}: key '{}': element {}: {}", where, key, bad - arr.begin(), number_problem(*bad)));
         out = nullptr;
       } else if (all_int) {
         std::vector<std::int64_t> xs;
@@ -144,14 +145,15 @@ void convert(const TomlValue& v, const std::string& key, std::shared_ptr<ConfigN
         for (const auto& e : arr) xs.push_back(e.as_string());
         out = leaf(xs, where);
       } else {
-        errors.push_back(detail::str(where, ": key '", key, "': arrays must hold only numbers or only strings"));
+        errors.push_back(fmt::format("{}: key '{}': arrays must hold only numbers or only strings", where, key));
         out = nullptr;
       }
       return;
     }
     default:
-      errors.push_back(detail::str(where, ": key '", key, "': unsupported value type (", toml::stringize(v.type()),
-                                   "); use integers, floats, bools, strings or arrays of them"));
+      errors.push_back(fmt::format(
+          "{}: key '{}': unsupported value type ({}); use integers, floats, bools, strings or arrays of them", where,
+          key, toml::stringize(v.type())));
       out = nullptr;
   }
 }
@@ -261,7 +263,7 @@ Config Config::parse(const std::string& toml_text, const std::string& source) {
   try {
     parsed = toml::parse<toml::discard_comments, std::map, std::vector>(is, source);
   } catch (const std::exception& e) {
-    throw ConfigError({detail::str("cannot parse ", source, ":\n", e.what())});
+    throw ConfigError({fmt::format("cannot parse {}:\n{}", source, e.what())});
   }
   std::vector<std::string> errors;
   auto root = std::make_shared<ConfigNode>();
@@ -272,7 +274,7 @@ Config Config::parse(const std::string& toml_text, const std::string& source) {
 
 Config Config::parse_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError({detail::str(path, ": cannot open file (does it exist?)")});
+  if (!in) throw ConfigError({fmt::format("{}: cannot open file (does it exist?)", path)});
   std::ostringstream ss;
   ss << in.rdbuf();
   return parse(ss.str(), path);
@@ -301,8 +303,8 @@ bool Config::is_table(const std::string& key) const {
 
 const ConfigValue& Config::value(const std::string& key) const {
   const auto* n = find_node(root_.get(), key);
-  if (!n) throw ConfigError({detail::str("missing config key '", key, "'")});
-  if (n->is_table) throw ConfigError({detail::str(n->origin, ": key '", key, "' is a table, not a value")});
+  if (!n) throw ConfigError({fmt::format("missing config key '{}'", key)});
+  if (n->is_table) throw ConfigError({fmt::format("{}: key '{}' is a table, not a value", n->origin, key)});
   return n->value;
 }
 
@@ -320,8 +322,8 @@ T Config::get(const std::string& key) const {
                 std::is_same_v<T, std::vector<std::string>>) {
     if (const auto* s = std::get_if<std::vector<std::string>>(&v); s && s->empty()) return T{};
   }
-  throw ConfigError({detail::str(origin(key), ": key '", key, "': expected ", type_name<T>(), ", got ",
-                                 config_value_type_name(v), " ", config_value_to_toml(v))});
+  throw ConfigError({fmt::format("{}: key '{}': expected {}, got {} {}", origin(key), key, type_name<T>(),
+                                 config_value_type_name(v), config_value_to_toml(v))});
 }
 
 template TRAINER_API std::int64_t Config::get<std::int64_t>(const std::string&) const;

@@ -1,5 +1,6 @@
 #include "trainer/config_spec.h"
 
+#include <fmt/ranges.h>
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -8,8 +9,6 @@
 #include "trainer/error.h"
 
 namespace trainer {
-
-using detail::join;
 
 std::string value_type_name(ValueType t) {
   switch (t) {
@@ -85,8 +84,8 @@ std::string KeySpec::describe() const {
   std::vector<std::string> bounds;
   if (min_value) bounds.push_back((min_inclusive ? ">= " : "> ") + fmt_num(*min_value));
   if (max_value) bounds.push_back((max_inclusive ? "<= " : "< ") + fmt_num(*max_value));
-  if (!bounds.empty()) s += (list ? " with elements " : " ") + join(bounds, " and ");
-  if (!allowed.empty()) s += (list ? " with elements in: " : ", one of: ") + join(allowed);
+  if (!bounds.empty()) s += (list ? " with elements " : " ") + fmt::to_string(fmt::join(bounds, " and "));
+  if (!allowed.empty()) s += (list ? " with elements in: " : ", one of: ") + fmt::to_string(fmt::join(allowed, ", "));
   if (rule.accepts) s += (list ? " with elements: " : ": ") + rule.rule;
   return s;
 }
@@ -262,12 +261,12 @@ std::vector<std::string> validate_config(Config& cfg, const std::vector<SectionS
     }
     const std::string where = cfg.origin(key);
     if (!spec) {
-      std::string msg = detail::str(where, ": unknown key '", key, "'");
+      std::string msg = fmt::format("{}: unknown key '{}'", where, key);
       msg += did_you_mean(key, known_full);
       if (section_found && !section.empty()) {
         std::vector<std::string> names;
         for (const auto& kv : by_section[section]) names.push_back(kv.first);
-        msg += detail::str(" (keys of [", section, "]: ", join(names), ")");
+        msg += fmt::format(" (keys of [{}]: {})", section, fmt::join(names, ", "));
       }
       problems.push_back(msg);
       continue;
@@ -275,13 +274,13 @@ std::vector<std::string> validate_config(Config& cfg, const std::vector<SectionS
     const ConfigValue& v = cfg.value(key);
     const auto coerced = coerce(v, spec->type);
     if (!coerced) {
-      problems.push_back(detail::str(where, ": ", key, " = ", config_value_to_toml(v), ": expected ", spec->describe(),
-                                     ", got ", config_value_type_name(v)));
+      problems.push_back(fmt::format("{}: {} = {}: expected {}, got {}", where, key, config_value_to_toml(v),
+                                     spec->describe(), config_value_type_name(v)));
       continue;
     }
     if (const std::string bad = abnormal_number(*coerced, *spec); !bad.empty()) {
       problems.push_back(
-          detail::str(where, ": ", key, " = ", config_value_to_toml(v), ": ", bad, "; allowed: ", spec->describe()));
+          fmt::format("{}: {} = {}: {}; allowed: {}", where, key, config_value_to_toml(v), bad, spec->describe()));
       continue;
     }
     bool ok = true;
@@ -295,8 +294,8 @@ std::vector<std::string> validate_config(Config& cfg, const std::vector<SectionS
           ok = false;
           const std::string hint = closest_match(s, spec->allowed);
           if (!hint.empty()) {
-            problems.push_back(detail::str(where, ": ", key, " = ", config_value_to_toml(v), ": must be ",
-                                           spec->describe(), " (did you mean '", hint, "'?)"));
+            problems.push_back(fmt::format("{}: {} = {}: must be {} (did you mean '{}'?)", where, key,
+                                           config_value_to_toml(v), spec->describe(), hint));
             ok = true;  // reported with its hint already
             break;
           }
@@ -304,14 +303,14 @@ std::vector<std::string> validate_config(Config& cfg, const std::vector<SectionS
       }
     }
     if (!ok) {
-      problems.push_back(detail::str(where, ": ", key, " = ", config_value_to_toml(v), ": must be ", spec->describe()));
+      problems.push_back(fmt::format("{}: {} = {}: must be {}", where, key, config_value_to_toml(v), spec->describe()));
       continue;
     }
     if (spec->rule.accepts) {
       const auto values = strings_of(*coerced);
       if (!std::all_of(values.begin(), values.end(), spec->rule.accepts)) {
         problems.push_back(
-            detail::str(where, ": ", key, " = ", config_value_to_toml(v), ": must be ", spec->rule.rule));
+            fmt::format("{}: {} = {}: must be {}", where, key, config_value_to_toml(v), spec->rule.rule));
         continue;
       }
     }
@@ -323,13 +322,13 @@ std::vector<std::string> validate_config(Config& cfg, const std::vector<SectionS
       const std::string full = s.path.empty() ? k.key : s.path + "." + k.key;
       if (cfg.has(full)) {
         if (cfg.is_table(full)) {
-          problems.push_back(detail::str(cfg.origin(full), ": '", full, "' must be a value of type ",
-                                         value_type_name(k.type), ", not a table"));
+          problems.push_back(fmt::format("{}: '{}' must be a value of type {}, not a table", cfg.origin(full), full,
+                                         value_type_name(k.type)));
         }
         continue;
       }
       if (k.is_required) {
-        problems.push_back(detail::str("missing required key '", full, "' (", k.describe(), ": ", k.doc, ")"));
+        problems.push_back(fmt::format("missing required key '{}' ({}: {})", full, k.describe(), k.doc));
       } else if (k.default_value) {
         cfg.set(full, *k.default_value, "default");
       }

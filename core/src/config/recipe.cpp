@@ -1,5 +1,6 @@
 #include "trainer/recipe.h"
 
+#include <fmt/ranges.h>
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
@@ -18,8 +19,6 @@
 namespace fs = std::filesystem;
 
 namespace trainer {
-
-using detail::join;
 
 namespace {
 
@@ -99,8 +98,9 @@ ConfigValue parse_override_value(const std::string& text) {
     static const std::regex integer(R"([+-]?[0-9][0-9_]*)");
     static const std::regex floating(R"([+-]?[0-9][0-9_]*(\.[0-9_]+)?([eE][+-]?[0-9]+)?)");
     if (std::regex_match(text, integer) && detail::integer_literal_overflows(text, 0)) {
-      throw ConfigError({detail::str(text, " is outside the integer range [", std::numeric_limits<std::int64_t>::min(),
-                                     ", ", std::numeric_limits<std::int64_t>::max(), "]")});
+      throw ConfigError(
+          {fmt::format("{} is outside the integer range [{}, {}]", text, std::numeric_limits<std::int64_t>::min(),
+                       std::numeric_limits<std::int64_t>::max())});
     }
     if (std::regex_match(text, floating)) {
       if (const std::string bad = detail::float_literal_out_of_range(text, 0); !bad.empty()) throw ConfigError({bad});
@@ -121,7 +121,7 @@ Override parse_override(const std::string& text) {
   if (eq == std::string::npos) {
     if (o.kind == Override::Kind::Add || !valid_key(body) || body.find('.') != std::string::npos) {
       throw ConfigError(
-          {detail::str("override '", text, "': expected key=value, +key=value, group=option or a preset name")});
+          {fmt::format("override '{}': expected key=value, +key=value, group=option or a preset name", text)});
     }
     o.kind = Override::Kind::Preset;
     o.key = body;
@@ -131,10 +131,10 @@ Override parse_override(const std::string& text) {
   o.value = body.substr(eq + 1);
   if (!valid_key(o.key)) {
     throw ConfigError(
-        {detail::str("override '", text, "': '", o.key, "' is not a valid key (letters, digits, '_', '-', dotted)")});
+        {fmt::format("override '{}': '{}' is not a valid key (letters, digits, '_', '-', dotted)", text, o.key)});
   }
   if (o.value.empty()) {
-    throw ConfigError({detail::str("override '", text, "': missing value after '='")});
+    throw ConfigError({fmt::format("override '{}': missing value after '='", text)});
   }
   return o;
 }
@@ -163,7 +163,7 @@ LoadedRecipe load_recipe(const std::string& recipe_path, const std::vector<std::
       defaults = recipe.get<std::vector<std::string>>("defaults");
     } catch (const ConfigError& e) {
       problems.push_back(
-          detail::str(recipe.origin("defaults"), ": defaults must be a list of group names such as [\"model/cnn\"]"));
+          fmt::format("{}: defaults must be a list of group names such as [\"model/cnn\"]", recipe.origin("defaults")));
     }
   }
   // Each entry remembers who asked for it, for the "not found" message.
@@ -175,7 +175,7 @@ LoadedRecipe load_recipe(const std::string& recipe_path, const std::vector<std::
     if (o.kind == Override::Kind::Set && o.key.find('.') == std::string::npos && is_group_dir(o.key, dirs)) {
       o.kind = Override::Kind::Group;
     }
-    const std::string origin = detail::str("override '", o.text, "'");
+    const std::string origin = fmt::format("override '{}'", o.text);
     if (o.kind == Override::Kind::Group) {
       const std::string entry = o.key + "/" + o.value;
       bool replaced = false;
@@ -221,11 +221,12 @@ LoadedRecipe load_recipe(const std::string& recipe_path, const std::vector<std::
     const std::string file = find_group_file(group, dirs);
     const auto slash = group.find('/');
     if (file.empty()) {
-      std::string msg = detail::str(origin, ": config group '", group, "' not found; searched: ", join(dirs));
+      std::string msg =
+          fmt::format("{}: config group '{}' not found; searched: {}", origin, group, fmt::join(dirs, ", "));
       if (slash != std::string::npos) {
         const auto opts = group_options(group.substr(0, slash), dirs);
-        msg += detail::str("; available for ", group.substr(0, slash), ": ",
-                           opts.empty() ? std::string("none") : join(opts));
+        msg += fmt::format("; available for {}: {}", group.substr(0, slash),
+                           opts.empty() ? std::string("none") : fmt::to_string(fmt::join(opts, ", ")));
       }
       problems.push_back(msg);
       return;
@@ -258,16 +259,16 @@ LoadedRecipe load_recipe(const std::string& recipe_path, const std::vector<std::
 
   for (const auto& o : parsed) {
     if (o.kind != Override::Kind::Set && o.kind != Override::Kind::Add) continue;
-    const std::string origin = detail::str("override '", o.text, "'");
+    const std::string origin = fmt::format("override '{}'", o.text);
     if (merged.is_table(o.key)) {
-      problems.push_back(
-          detail::str(origin, ": '", o.key, "' is a table; set one of its keys (", join(merged.keys(o.key)), ")"));
+      problems.push_back(fmt::format("{}: '{}' is a table; set one of its keys ({})", origin, o.key,
+                                     fmt::join(merged.keys(o.key), ", ")));
       continue;
     }
     try {
       merged.set(o.key, parse_override_value(o.value), origin);
     } catch (const ConfigError& e) {
-      for (const auto& p : e.problems()) problems.push_back(detail::str(origin, ": ", p));
+      for (const auto& p : e.problems()) problems.push_back(fmt::format("{}: {}", origin, p));
     }
   }
   out.overrides = std::move(parsed);
@@ -305,8 +306,8 @@ void validate_recipe(LoadedRecipe& recipe, const std::vector<SectionSpec>& extra
     names.insert(names.end(), libs->begin(), libs->end());
     const std::string close = closest_match(k, names);
     const auto leaves = cfg.leaf_keys(path);
-    problems.push_back(detail::str(leaves.empty() ? path : cfg.origin(leaves.front()), ": [", path,
-                                   "] configures plugin '", k, "', which is neither loaded nor found",
+    problems.push_back(fmt::format("{}: [{}] configures plugin '{}', which is neither loaded nor found{}",
+                                   leaves.empty() ? path : cfg.origin(leaves.front()), path, k,
                                    close.empty() ? "" : "; did you mean [plugins." + close + "]?"));
   }
   for (const auto& o : recipe.overrides) {
@@ -316,13 +317,13 @@ void validate_recipe(LoadedRecipe& recipe, const std::vector<SectionSpec>& extra
     const bool in_files = recipe.file_keys.count(o.key) != 0;
     const bool in_schema = std::find(known.begin(), known.end(), o.key) != known.end();
     if (o.kind == Override::Kind::Set && !in_files && !in_schema) {
-      std::string msg = detail::str("override '", o.text, "': no key '", o.key, "' in the recipe or its schema");
+      std::string msg = fmt::format("override '{}': no key '{}' in the recipe or its schema", o.text, o.key);
       msg += did_you_mean(o.key, known);
       problems.push_back(msg);
       cfg.erase(o.key);
     } else if (o.kind == Override::Kind::Add && in_files) {
-      problems.push_back(detail::str("override '", o.text, "': key '", o.key, "' already exists; use '",
-                                     o.text.substr(1), "' to change it"));
+      problems.push_back(fmt::format("override '{}': key '{}' already exists; use '{}' to change it", o.text, o.key,
+                                     o.text.substr(1)));
     }
   }
 
@@ -345,8 +346,10 @@ void validate_recipe(LoadedRecipe& recipe, const std::vector<SectionSpec>& extra
   auto more = validate_config(cfg, sections, open);
   cfg.erase("sweep");
   if (!more.empty() && recipe.file_keys.empty() && !recipe.path.empty()) {
-    problems.push_back(detail::str(recipe.path, ": the recipe is empty; it needs at least model.name and dataset.name ",
-                                   "(recipes/fashion_mnist.toml is a complete example)"));
+    problems.push_back(
+        fmt::format("{}: the recipe is empty; it needs at least model.name and dataset.name "
+                    "(recipes/fashion_mnist.toml is a complete example)",
+                    recipe.path));
   }
   // A missing key has no origin of its own: the recipe is where it is missing.
   for (auto& p : more) {
@@ -387,7 +390,7 @@ PreparedRun prepare_run(const std::string& recipe, const std::vector<std::string
     try {
       plugin = host.load(name);
     } catch (const PluginError& e) {
-      throw PluginError(detail::str(listed_in, ": plugins.load entry '", name, "': ", e.what()));
+      throw PluginError(fmt::format("{}: plugins.load entry '{}': {}", listed_in, name, e.what()));
     }
     for (std::size_t i = 0; i < out.plugins.size(); ++i) {
       TRAINER_CHECK_T(UsageError, out.plugins[i]->name() != plugin->name(), listed_in, ": plugins.load lists plugin '",
@@ -402,7 +405,7 @@ PreparedRun prepare_run(const std::string& recipe, const std::vector<std::string
   out.config = loaded.config;
   out.sources = loaded.sources;
   for (const auto& path : loaded.inert_sections) {
-    out.notes.push_back(detail::str("[", path, "] is inert: plugin '", path.substr(8), "' is not in plugins.load"));
+    out.notes.push_back(fmt::format("[{}] is inert: plugin '{}' is not in plugins.load", path, path.substr(8)));
   }
   return out;
 }

@@ -1,4 +1,5 @@
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 #include <zlib.h>
 
 #include <cstdlib>
@@ -31,7 +32,7 @@ at::Tensor read_idx_file(const std::string& path) {
   unsigned char magic[4];
   if (!read_exact(magic, 4) || magic[0] != 0 || magic[1] != 0 || magic[2] != 0x08 || magic[3] < 1 || magic[3] > 4) {
     gzclose(f);
-    throw Error(detail::str(path, ": not an unsigned-byte IDX file (bad magic number)"));
+    throw Error(fmt::format("{}: not an unsigned-byte IDX file (bad magic number)", path));
   }
   std::vector<std::int64_t> dims(magic[3]);
   std::int64_t total = 1;
@@ -39,7 +40,7 @@ at::Tensor read_idx_file(const std::string& path) {
     unsigned char b[4];
     if (!read_exact(b, 4)) {
       gzclose(f);
-      throw Error(detail::str(path, ": truncated IDX header"));
+      throw Error(fmt::format("{}: truncated IDX header", path));
     }
     d = (std::int64_t(b[0]) << 24) | (std::int64_t(b[1]) << 16) | (std::int64_t(b[2]) << 8) | std::int64_t(b[3]);
     total *= d;
@@ -100,9 +101,10 @@ std::string find_idx(const std::string& configured_root, const std::string& stem
     if (fs::is_regular_file(p)) return p.string();
   }
   const std::string moved = root == configured_root ? "" : " ($TRAINER_DATASETS_DIR in place of /usr/share/datasets)";
-  throw Error(detail::str("Fashion-MNIST not found: no ", stem, ".gz (or ", stem, ") in ", root, moved,
-                          ". Install Debian's dataset-fashion-mnist package (scripts/install-deps.sh does) "
-                          "or point dataset.root at a directory holding the IDX files."));
+  throw Error(
+      fmt::format("Fashion-MNIST not found: no {}.gz (or {}) in {}{}. Install Debian's dataset-fashion-mnist package "
+                  "(scripts/install-deps.sh does) or point dataset.root at a directory holding the IDX files.",
+                  stem, stem, root, moved));
 }
 
 /// Random inputs and labels from a seed, for benchmarks and tests.

@@ -4,6 +4,7 @@
 // decoded when read (trainer/image.h), normally by the loader's workers.
 #include "data/image_datasets.h"
 
+#include <fmt/format.h>
 #include <matio.h>
 
 #include <algorithm>
@@ -85,10 +86,10 @@ std::shared_ptr<Dataset> image_folder(const Config& c, Split split) {
   const ImageFolderSettings s = ImageFolderSettings::from(c);
   const fs::path dir = fs::path(s.root) / (split == Split::Train ? s.train_dir : s.test_dir);
   const auto layout = [&](const std::string& what) {
-    return UsageError(detail::str("dataset.root = \"", s.root, "\": ", what, "; an ImageFolder is <root>/", s.train_dir,
-                                  "/<class>/<image> and <root>/", s.test_dir,
-                                  "/<class>/<image> (JPEG or PNG; the class folders, sorted by name, are the labels; "
-                                  "dataset.train_dir and dataset.test_dir name the two)"));
+    return UsageError(fmt::format(
+        "dataset.root = \"{}\": {}; an ImageFolder is <root>/{}/<class>/<image> and <root>/{}/<class>/<image> (JPEG or "
+        "PNG; the class folders, sorted by name, are the labels; dataset.train_dir and dataset.test_dir name the two)",
+        s.root, what, s.train_dir, s.test_dir));
   };
   // The labels are the training folder's classes, sorted by name, for both splits: a test
   // split that lacks a class keeps the others' labels, and one with a class training has not
@@ -111,8 +112,8 @@ std::shared_ptr<Dataset> image_folder(const Config& c, Split split) {
   for (const auto& name : here) {
     const auto it = std::lower_bound(classes.begin(), classes.end(), name);
     if (it == classes.end() || *it != name) {
-      throw layout(detail::str((dir / name).string(), " is a class the training folder ",
-                               (fs::path(s.root) / s.train_dir).string(), " does not have"));
+      throw layout(fmt::format("{} is a class the training folder {} does not have", (dir / name).string(),
+                               (fs::path(s.root) / s.train_dir).string()));
     }
     std::vector<std::string> files;
     for (const auto& e : fs::directory_iterator(dir / name, ec)) {
@@ -147,7 +148,7 @@ std::vector<std::int64_t> mat_vector(const fs::path& file, const char* var) {
                                            MAT_C_UINT16, MAT_C_INT32,  MAT_C_UINT32, MAT_C_INT64};
   TRAINER_CHECK_T(UsageError, numeric.count(v->class_type) > 0, file.string(), ": '", var, "' is not numeric");
   const std::uint64_t n = static_cast<std::uint64_t>(v->dims[0]) * v->dims[1];  // one of them is 1
-  const std::string declared = detail::str("'", var, "' declares ", v->dims[0], " x ", v->dims[1], " elements");
+  const std::string declared = fmt::format("'{}' declares {} x {} elements", var, v->dims[0], v->dims[1]);
   TRAINER_CHECK_T(UsageError, n <= kMaxMatElements, file.string(), ": ", declared, ", past the ", kMaxMatElements,
                   " a Flowers102 .mat variable may hold (the data set has 8189 images)");
   // Stored uncompressed, each element takes at least a byte of the file (a .mat file may store
@@ -187,7 +188,7 @@ std::vector<std::int64_t> mat_vector(const fs::path& file, const char* var) {
         x = static_cast<double>(static_cast<const std::int64_t*>(v->data)[i]);
         break;
       default:
-        throw UsageError(detail::str(file.string(), ": '", var, "' is not numeric"));
+        throw UsageError(fmt::format("{}: '{}' is not numeric", file.string(), var));
     }
     out[i] = static_cast<std::int64_t>(x);
   }
@@ -200,10 +201,11 @@ std::shared_ptr<Dataset> flowers102(const Config& c, Split split) {
   const fs::path labels_file = root / "imagelabels.mat", setid_file = root / "setid.mat", jpg = root / "jpg";
   std::error_code ec;
   if (!fs::is_regular_file(labels_file, ec) || !fs::is_regular_file(setid_file, ec) || !fs::is_directory(jpg, ec)) {
-    throw UsageError(detail::str(
-        "dataset.root = \"", s.root, "\": not Flowers102's layout (", found_in(root),
-        "); expected jpg/image_00001.jpg ... jpg/image_08189.jpg, imagelabels.mat and setid.mat, as published at "
-        "https://www.robots.ox.ac.uk/~vgg/data/flowers/102/ (102flowers.tgz unpacked there, and the two .mat files)"));
+    throw UsageError(fmt::format(
+        "dataset.root = \"{}\": not Flowers102's layout ({}); expected jpg/image_00001.jpg ... jpg/image_08189.jpg, "
+        "imagelabels.mat and setid.mat, as published at https://www.robots.ox.ac.uk/~vgg/data/flowers/102/ "
+        "(102flowers.tgz unpacked there, and the two .mat files)",
+        s.root, found_in(root)));
   }
   TRAINER_CHECK_T(UsageError, !(s.train_with_val && s.test_split == "val"),
                   "dataset.train_with_val = true with dataset.test_split = \"val\" would evaluate on images it trained "
@@ -262,11 +264,12 @@ std::shared_ptr<Dataset> cub200(const Config& c, Split split) {
   std::error_code ec;
   for (const char* f : {"images.txt", "image_class_labels.txt", "train_test_split.txt"}) {
     if (!fs::is_regular_file(root / f, ec) || !fs::is_directory(root / "images", ec)) {
-      throw UsageError(detail::str(
-          "dataset.root = \"", s.root, "\": not CUB-200-2011's layout (", found_in(root),
-          "); expected images.txt, image_class_labels.txt, train_test_split.txt, images/<class>/<image>.jpg "
-          "(and bounding_boxes.txt for dataset.crop_to_box), as in CUB_200_2011.tgz from "
-          "https://www.vision.caltech.edu/datasets/cub_200_2011/ unpacked (root is its CUB_200_2011 directory)"));
+      throw UsageError(fmt::format(
+          "dataset.root = \"{}\": not CUB-200-2011's layout ({}); expected images.txt, image_class_labels.txt, "
+          "train_test_split.txt, images/<class>/<image>.jpg (and bounding_boxes.txt for dataset.crop_to_box), as in "
+          "CUB_200_2011.tgz from https://www.vision.caltech.edu/datasets/cub_200_2011/ unpacked (root is its "
+          "CUB_200_2011 directory)",
+          s.root, found_in(root)));
     }
   }
   const auto images = cub_lines(root / "images.txt");

@@ -3,6 +3,7 @@
 #include "data/image_datasets_detail.h"
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -73,7 +74,7 @@ class ImageDataset final : public Dataset {
           image = decode_image_file(s.path, s.box[2] > 0 || epoch >= 0 ? 0 : std::max(t_.size, t_.resize));
         } catch (const ImageError& e) {
           if (!skip_) {
-            throw UsageError(detail::str(e.what(), " (dataset.on_corrupt = \"fail\"; \"skip\" trains without it)"));
+            throw UsageError(fmt::format("{} (dataset.on_corrupt = \"fail\"; \"skip\" trains without it)", e.what()));
           }
           report_skipped(s.path, e.what());
           continue;

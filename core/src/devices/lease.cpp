@@ -1,6 +1,7 @@
 #include "trainer/lease.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -113,7 +114,7 @@ void ensure_dir(const std::string& dir) {
 int open_lock(const std::string& path, int flags) {
   const int fd = ::open(path.c_str(), flags | O_NOFOLLOW | O_CLOEXEC, 0666);
   if (fd < 0 && errno == ELOOP) {
-    throw Error(detail::str("the device lease ", path, " is a symbolic link; refusing it"));
+    throw Error(fmt::format("the device lease {} is a symbolic link; refusing it", path));
   }
   return fd;
 }

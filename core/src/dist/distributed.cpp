@@ -1,6 +1,7 @@
 #include "trainer/distributed.h"
 
 #include <arpa/inet.h>
+#include <fmt/format.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -27,14 +28,14 @@ std::optional<std::string> env_value(const char* name) {
 std::int64_t env_int(const char* name, std::int64_t low, std::int64_t high, std::vector<std::string>& problems) {
   const auto v = env_value(name);
   if (!v) {
-    problems.push_back(detail::str(name, " is not set"));
+    problems.push_back(fmt::format("{} is not set", name));
     return low;
   }
   char* end = nullptr;
   errno = 0;
   const long long x = std::strtoll(v->c_str(), &end, 10);
   if (errno != 0 || end == v->c_str() || *end != '\0' || x < low || x > high) {
-    problems.push_back(detail::str(name, "=", *v, ": expected an integer in [", low, ", ", high, "]"));
+    problems.push_back(fmt::format("{}={}: expected an integer in [{}, {}]", name, *v, low, high));
     return low;
   }
   return x;
@@ -81,8 +82,8 @@ std::string shared_gpu(const std::vector<std::string>& places) {
     for (std::size_t b = a + 1; b < places.size(); ++b) {
       if (places[b] == places[a]) {
         const std::string gpu = places[a].substr(space + 1);
-        return detail::str("ranks ", a, " and ", b, " both use ", gpu.rfind("cuda:", 0) == 0 ? "" : "GPU ", gpu,
-                           " on host ", places[a].substr(0, space));
+        return fmt::format("ranks {} and {} both use {}{} on host {}", a, b, gpu.rfind("cuda:", 0) == 0 ? "" : "GPU ",
+                           gpu, places[a].substr(0, space));
       }
     }
   }

@@ -3,6 +3,7 @@
 #include "trainer/distributed.h"
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 #include <torch/nn/module.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -47,8 +48,8 @@ ProcessGroup::ProcessGroup(const DistEnv& env, std::chrono::milliseconds timeout
     impl_->start_heartbeat(env.master_addr, o, prefix);
   } catch (const std::exception& e) {
     impl_->stop_heartbeat();
-    throw Error(detail::str("rank ", env.rank, ": cannot ", env.rank == 0 ? "host" : "reach", " the group's store at ",
-                            where, " (MASTER_ADDR:MASTER_PORT): ", message_of(e)));
+    throw Error(fmt::format("rank {}: cannot {} the group's store at {} (MASTER_ADDR:MASTER_PORT): {}", env.rank,
+                            env.rank == 0 ? "host" : "reach", where, message_of(e)));
   }
   try {
     auto options = c10d::ProcessGroupGloo::Options::create(timeout);
@@ -72,8 +73,8 @@ ProcessGroup::ProcessGroup(const DistEnv& env, std::chrono::milliseconds timeout
         break;
       }
     }
-    throw Error(detail::str("rank ", env.rank, ": the group of ", env.world_size, " at ", where,
-                            " did not form within ", timeout.count() / 1000.0, " s; ranks that did not join: ",
+    throw Error(fmt::format("rank {}: the group of {} at {} did not form within {:g} s; ranks that did not join: {}",
+                            env.rank, env.world_size, where, timeout.count() / 1000.0,
                             missing.empty() ? std::string("none (") + message_of(e) + ")" : missing));
   }
 }
@@ -160,7 +161,7 @@ void ProcessGroup::wait_for_root(const std::string& name, const std::string& wha
   // which the next request would read), and every few heartbeats whether the root (or the
   // store) is still there.
   const auto fail = [&](const std::string& why) {
-    throw Error(detail::str("rank ", impl_->rank, ": waiting for rank ", root, " ", what, " failed: ", why));
+    throw Error(fmt::format("rank {}: waiting for rank {} {} failed: {}", impl_->rank, root, what, why));
   };
   constexpr auto kPoll = std::chrono::milliseconds(20);
   for (auto next_roll_call = std::chrono::steady_clock::now() + Impl::kBeat * 4;;) {

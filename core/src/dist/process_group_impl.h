@@ -1,6 +1,7 @@
 #pragma once
 // Private: what a ProcessGroup (trainer/distributed.h) holds: the group's store, its Gloo group and
 // the heartbeat that names a lost rank. Needs USE_C10D_GLOO, as c10d's Gloo header does.
+#include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -89,12 +90,12 @@ struct ProcessGroup::Impl {
       throw;
     } catch (const std::exception& e) {
       const std::string lost = lost_ranks();
-      throw Error(detail::str(
-          "rank ", rank, ": ", what, " failed: ",
-          lost.empty() ? detail::str("every rank's heartbeat still runs (a rank did not reach this collective within ",
-                                     timeout.count() / 1000.0, " s, or the collective failed here)")
-                       : lost,
-          " (", message_of(e), ")"));
+      throw Error(fmt::format("rank {}: {} failed: {} ({})", rank, what,
+                              lost.empty() ? fmt::format("every rank's heartbeat still runs (a rank did not reach this "
+                                                         "collective within {:g} s, or the collective failed here)",
+                                                         timeout.count() / 1000.0)
+                                           : lost,
+                              message_of(e)));
     }
   }
 };

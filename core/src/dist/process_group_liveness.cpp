@@ -2,6 +2,7 @@
 // the ranks that stopped (or are elsewhere) when a collective fails.
 #include "dist/process_group_impl.h"
 
+#include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -101,7 +102,7 @@ std::string ProcessGroup::Impl::lost_ranks(bool behind) {
     for (std::int64_t r = 0; r < size; ++r) {
       const std::int64_t theirs = r == rank ? mine : store->add(started_key(r), 0);
       if (theirs < mine) {
-        behind += detail::str(n++ ? ", " : "", r, " (", theirs, " collectives started, this rank ", mine, ")");
+        behind += fmt::format("{}{} ({} collectives started, this rank {})", n++ ? ", " : "", r, theirs, mine);
       }
     }
     if (n == 0) return "";

@@ -1,5 +1,6 @@
 #include "dist/rank_sync.h"
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -152,9 +153,9 @@ bool RankGroupSync::before_step(const std::function<bool()>& local) {
 void RankGroupSync::throw_ranks_out_of_memory(const std::optional<LocalOom>& failed, std::int64_t rank,
                                               OomPhase phase) {
   oom_.enter(phase);
-  if (failed) throw RanksOutOfMemory(detail::str("on this rank (", group_.rank(), "): ", failed->message));
+  if (failed) throw RanksOutOfMemory(fmt::format("on this rank ({}): {}", group_.rank(), failed->message));
   throw RanksOutOfMemory(
-      detail::str("rank ", rank, " ran out of memory in ", oom_phase_name(phase), " (every rank drops the attempt)"));
+      fmt::format("rank {} ran out of memory in {} (every rank drops the attempt)", rank, oom_phase_name(phase)));
 }
 
 }  // namespace trainer

@@ -1,6 +1,7 @@
 #include "trainer/memory.h"
 
 #include <c10/util/Exception.h>
+#include <fmt/format.h>
 
 #include <cstdio>
 #include <fstream>
@@ -17,8 +18,8 @@ namespace {
 /// LibTorch's "cuda" without an index means the current device, 0 for trainer.
 [[maybe_unused]] int cuda_index(const c10::Device& d) { return d.has_index() ? d.index() : 0; }
 [[noreturn]] void no_backend(const c10::Device& d, const char* what) {
-  throw Error(detail::str(what, " on ", d.str(), ": this build has no memory backend for ",
-                          c10::DeviceTypeName(d.type(), true), " (CUDA needs a LibTorch with CUDA)"));
+  throw Error(fmt::format("{} on {}: this build has no memory backend for {} (CUDA needs a LibTorch with CUDA)", what,
+                          d.str(), c10::DeviceTypeName(d.type(), true)));
 }
 }  // namespace
 

@@ -2,6 +2,7 @@
 #include "trainer/lora.h"
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 #include <fnmatch.h>
 #include <torch/nn/init.h>
 
@@ -159,7 +160,7 @@ LoraReport apply_lora(Model& model, const LoraOptions& o) {
     } else if (const auto* conv = dynamic_cast<const Conv2d*>(l->layer.get())) {
       adapter = std::make_shared<LoraAdapter>(*conv, o);
     } else {
-      throw UsageError(detail::str("LoRA: layer '", l->name, "' is neither a Linear nor a Conv2d"));
+      throw UsageError(fmt::format("LoRA: layer '{}' is neither a Linear nor a Conv2d", l->name));
     }
     adapter->train(model.is_training());
     l->layer->set_adapter("lora", adapter);
@@ -256,7 +257,7 @@ std::int64_t load_adapters(Model& model, const std::string& file) {
                     "' has its adapter merged into its weight; unmerge the adapters before loading others");
   }
   if (const auto problem = detail::archive_problem(file)) {
-    throw UsageError(detail::str("LoRA adapters \"", file, "\": ", *problem));
+    throw UsageError(fmt::format("LoRA adapters \"{}\": {}", file, *problem));
   }
   torch::serialize::InputArchive ar, inner;
   at::Tensor rank, alpha;
@@ -264,7 +265,7 @@ std::int64_t load_adapters(Model& model, const std::string& file) {
     ar.load_from(file, at::kCPU);
   } catch (const c10::Error& e) {
     throw UsageError(
-        detail::str("LoRA adapters \"", file, "\": not a readable archive (", e.what_without_backtrace(), ")"));
+        fmt::format("LoRA adapters \"{}\": not a readable archive ({})", file, e.what_without_backtrace()));
   }
   TRAINER_CHECK_T(UsageError,
                   ar.try_read("tensors", inner) && ar.try_read("lora_rank", rank) && ar.try_read("lora_alpha", alpha),

@@ -3,6 +3,7 @@
 #include "model/resnet.h"
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 #include <torch/nn/init.h>
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/container/sequential.h>
@@ -111,7 +112,7 @@ class Resnet final : public Model {
         bottleneck = true;
         break;
       default:
-        throw UsageError(detail::str("model.depth = ", o.depth, ": allowed are 18, 34, 50, 101, 152"));
+        throw UsageError(fmt::format("model.depth = {}: allowed are 18, 34, 50, 101, 152", o.depth));
     }
     const std::int64_t channels = data.sample_shape[0];
     conv1_ = register_module("conv1", imagenet_stem_ ? conv(channels, 64, 7, 2) : conv(channels, 64, 3, 1));

@@ -1,5 +1,6 @@
 #include "model/tensor_archive.h"
 
+#include <fmt/format.h>
 #include <filesystem>
 #include <vector>
 
@@ -44,7 +45,7 @@ void save_archive(torch::serialize::OutputArchive& archive, const std::string& p
   } catch (const c10::Error& e) {
     std::error_code ignored;
     std::filesystem::remove(tmp, ignored);
-    throw Error(detail::str("cannot write ", path, ": ", e.what_without_backtrace()));
+    throw Error(fmt::format("cannot write {}: {}", path, e.what_without_backtrace()));
   }
   publish(tmp, path);
 }

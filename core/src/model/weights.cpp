@@ -1,6 +1,7 @@
 // Initial weights from a file the user already has: a state_dict saved in Python with
 // torch.save (torchvision's names), or a checkpoint trainer wrote.
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 #include <fnmatch.h>
 #include <torch/serialize/input-archive.h>
 
@@ -42,7 +43,7 @@ Tensors read_trainer_checkpoint(const std::string& file) {
     ar.load_from(file, at::kCPU);
   } catch (const c10::Error& e) {
     throw UsageError(
-        detail::str("model.weights = \"", file, "\": a damaged trainer checkpoint (", e.what_without_backtrace(), ")"));
+        fmt::format("model.weights = \"{}\": a damaged trainer checkpoint ({})", file, e.what_without_backtrace()));
   }
   TRAINER_CHECK_T(UsageError, ar.try_read("model", model), "model.weights = \"", file,
                   "\": a TorchScript archive without a 'model' entry: not a trainer checkpoint (a Python "
@@ -59,8 +60,8 @@ Tensors read_state_dict(const std::string& file, const detail::ZipArchive& zip) 
   try {
     v = detail::read_torch_save(zip);
   } catch (const detail::TorchSaveError& e) {
-    throw UsageError(detail::str("model.weights = \"", file, "\": ", e.what(),
-                                 "; save the state_dict alone: torch.save(model.state_dict(), path)"));
+    throw UsageError(fmt::format(
+        "model.weights = \"{}\": {}; save the state_dict alone: torch.save(model.state_dict(), path)", file, e.what()));
   }
   using Kind = detail::PyValue::Kind;
   TRAINER_CHECK_T(UsageError, v->kind == Kind::Dict, "model.weights = \"", file, "\" holds a ", v->type_name(),
@@ -102,8 +103,9 @@ WeightsReport load_weights(Model& model, const std::string& file, const std::vec
   try {
     zip = detail::ZipArchive::open(file);
   } catch (const detail::TorchSaveError& e) {
-    throw UsageError(detail::str("model.weights = \"", file, "\": ", e.what(),
-                                 "; download or save it again (torch.save(model.state_dict(), path))"));
+    throw UsageError(
+        fmt::format("model.weights = \"{}\": {}; download or save it again (torch.save(model.state_dict(), path))",
+                    file, e.what()));
   }
   TRAINER_CHECK_T(UsageError, zip != nullptr, "model.weights = \"", file,
                   "\" is not a zip archive: neither torch.save's format (PyTorch >= 1.6) nor a trainer checkpoint; "

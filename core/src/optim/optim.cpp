@@ -1,3 +1,4 @@
+#include <fmt/format.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
@@ -157,7 +158,8 @@ Registry<OptimizerFactory>& optimizer_registry() {
         [](const Config& c, std::vector<at::Tensor> params) -> std::unique_ptr<torch::optim::Optimizer> {
           const auto s = SgdSettings::from(c);
           if (s.nesterov && s.momentum <= 0) {
-            throw ConfigError({detail::str(c.origin("nesterov"), ": optim.nesterov = true needs optim.momentum > 0")});
+            throw ConfigError(
+                {fmt::format("{}: optim.nesterov = true needs optim.momentum > 0", c.origin("nesterov"))});
           }
           torch::optim::SGDOptions o(s.lr);
           o.momentum(s.momentum).nesterov(s.nesterov).weight_decay(s.weight_decay);
@@ -170,7 +172,7 @@ Registry<OptimizerFactory>& optimizer_registry() {
           const auto s = AdamWSettings::from(c);
           if (s.betas.size() != 2) {
             throw ConfigError(
-                {detail::str(c.origin("betas"), ": optim.betas must hold 2 values, got ", s.betas.size())});
+                {fmt::format("{}: optim.betas must hold 2 values, got {}", c.origin("betas"), s.betas.size())});
           }
           torch::optim::AdamWOptions o(s.lr);
           o.betas({s.betas[0], s.betas[1]}).eps(s.eps).weight_decay(s.weight_decay);

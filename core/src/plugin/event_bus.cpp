@@ -1,6 +1,7 @@
 #include "trainer/event_bus.h"
 
 #include <c10/util/Exception.h>
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -56,7 +57,7 @@ void EventBus::guarded(const Entry& e, std::string_view where, F&& f) {
     throw;  // the plugin ends the run with its own exit code
   } catch (const std::exception& ex) {
     if (is_out_of_memory(ex)) throw;  // CUDA libraries' OOMs arrive as plain c10::Error
-    const std::string msg = detail::str("plugin '", e.name, "' failed in ", where, ": ", ex.what());
+    const std::string msg = fmt::format("plugin '{}' failed in {}: {}", e.name, where, ex.what());
     if (e.policy == FailurePolicy::Essential) {
       // A usage error stays one (exit code 2): the plugin found its settings unusable.
       if (dynamic_cast<const UsageError*>(&ex)) throw UsageError(msg);
@@ -64,7 +65,7 @@ void EventBus::guarded(const Entry& e, std::string_view where, F&& f) {
     }
     observer_failed(e, where, msg, ex.what());
   } catch (...) {
-    const std::string msg = detail::str("plugin '", e.name, "' failed in ", where, ": unknown exception");
+    const std::string msg = fmt::format("plugin '{}' failed in {}: unknown exception", e.name, where);
     if (e.policy == FailurePolicy::Essential) throw PluginError(msg);
     observer_failed(e, where, msg, "unknown exception");
   }

@@ -1,5 +1,6 @@
 #include "trainer/plugin_host.h"
 
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -18,8 +19,6 @@
 namespace fs = std::filesystem;
 
 namespace trainer {
-
-using detail::join;
 
 namespace {
 
@@ -99,7 +98,7 @@ PluginHost::PluginHost(std::vector<std::string> extra_dirs) {
 std::string PluginHost::find(const std::string& name_or_path) const {
   if (looks_like_path(name_or_path)) {
     if (fs::is_regular_file(name_or_path)) return fs::absolute(name_or_path).string();
-    throw PluginError(detail::str("plugin library '", name_or_path, "' not found"));
+    throw PluginError(fmt::format("plugin library '{}' not found", name_or_path));
   }
   const std::string file = library_file_name(name_or_path);
   for (const auto& d : dirs_) {
@@ -109,11 +108,11 @@ std::string PluginHost::find(const std::string& name_or_path) const {
   }
   const std::vector<std::string> present = available();
   const std::string close = closest_match(name_or_path, present);
-  throw PluginError(detail::str("plugin '", name_or_path, "' not found: looked for ", file, " in ",
-                                dirs_.empty() ? std::string("(no directories)") : join(dirs_, ", "),
-                                close.empty() ? std::string() : "; did you mean '" + close + "'?",
-                                present.empty() ? std::string() : " (plugins there: " + join(present) + ")",
-                                " (add a directory with plugins.path or $TRAINER_PLUGIN_PATH)"));
+  throw PluginError(fmt::format(
+      "plugin '{}' not found: looked for {} in {}{}{} (add a directory with plugins.path or $TRAINER_PLUGIN_PATH)",
+      name_or_path, file, dirs_.empty() ? std::string("(no directories)") : fmt::to_string(fmt::join(dirs_, ", ")),
+      close.empty() ? std::string() : "; did you mean '" + close + "'?",
+      present.empty() ? std::string() : " (plugins there: " + fmt::to_string(fmt::join(present, ", ")) + ")"));
 }
 
 std::vector<std::string> PluginHost::available() const {
@@ -139,39 +138,40 @@ std::shared_ptr<Plugin> PluginHost::load(const std::string& name_or_path) {
     try {
       lib.load(path, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
     } catch (const std::exception& e) {
-      throw PluginError(detail::str("cannot load plugin library ", path, ": ", e.what()));
+      throw PluginError(fmt::format("cannot load plugin library {}: {}", path, e.what()));
     }
     if (!lib.has("trainer_plugin_abi") || !lib.has("trainer_plugin_create")) {
-      throw PluginError(detail::str(path,
-                                    " is not a trainer plugin: it does not export trainer_plugin_abi and "
-                                    "trainer_plugin_create (use TRAINER_PLUGIN(YourClass))"));
+      throw PluginError(
+          fmt::format("{} is not a trainer plugin: it does not export trainer_plugin_abi and trainer_plugin_create "
+                      "(use TRAINER_PLUGIN(YourClass))",
+                      path));
     }
     const AbiDescriptor theirs = lib.get_alias<PluginAbiFn>("trainer_plugin_abi")();
     const AbiDescriptor ours = this_abi();
     std::vector<std::string> mismatches;
     if (theirs.trainer_abi != ours.trainer_abi) {
-      mismatches.push_back(
-          detail::str("trainer ABI ", theirs.trainer_abi, " (plugin) vs ", ours.trainer_abi, " (host)"));
+      mismatches.push_back(fmt::format("trainer ABI {} (plugin) vs {} (host)", theirs.trainer_abi, ours.trainer_abi));
     }
     if (std::strncmp(theirs.torch_version, ours.torch_version, sizeof ours.torch_version) != 0) {
-      mismatches.push_back(detail::str("LibTorch ",
+      mismatches.push_back(fmt::format("LibTorch {} (plugin) vs {} (host)",
                                        std::string(theirs.torch_version, strnlen(theirs.torch_version, 32)),
-                                       " (plugin) vs ", ours.torch_version, " (host)"));
+                                       ours.torch_version));
     }
     if (theirs.cxx11_abi != ours.cxx11_abi) {
       mismatches.push_back(
-          detail::str("_GLIBCXX_USE_CXX11_ABI ", theirs.cxx11_abi, " (plugin) vs ", ours.cxx11_abi, " (host)"));
+          fmt::format("_GLIBCXX_USE_CXX11_ABI {} (plugin) vs {} (host)", theirs.cxx11_abi, ours.cxx11_abi));
     }
     // Only comparable when the versions agree (an older descriptor has no sizes).
     for (std::size_t i = 0; mismatches.empty() && i < kAbiStructCount; ++i) {
       if (theirs.struct_sizes[i] != ours.struct_sizes[i]) {
-        mismatches.push_back(detail::str("sizeof(", kAbiStructNames[i], ") ", theirs.struct_sizes[i], " (plugin) vs ",
-                                         ours.struct_sizes[i], " (host); was TRAINER_ABI_VERSION not bumped?"));
+        mismatches.push_back(fmt::format("sizeof({}) {} (plugin) vs {} (host); was TRAINER_ABI_VERSION not bumped?",
+                                         kAbiStructNames[i], theirs.struct_sizes[i], ours.struct_sizes[i]));
       }
     }
     if (!mismatches.empty()) {
-      throw PluginError(detail::str("refusing plugin ", path, ": built for a different host: ", join(mismatches, "; "),
-                                    ". Rebuild the plugin against this trainer."));
+      throw PluginError(
+          fmt::format("refusing plugin {}: built for a different host: {}. Rebuild the plugin against this trainer.",
+                      path, fmt::join(mismatches, "; ")));
     }
     if (std::strncmp(theirs.compiler, ours.compiler, sizeof ours.compiler) != 0) {
       default_logger()->warn("plugin {} was built with {}, trainer with {}", path,
@@ -184,13 +184,12 @@ std::shared_ptr<Plugin> PluginHost::load(const std::string& name_or_path) {
   try {
     raw = it->second.get_alias<PluginCreateFn>("trainer_plugin_create")();
   } catch (const std::exception& e) {
-    throw PluginError(detail::str("plugin ", path, ": trainer_plugin_create threw: ", e.what()));
+    throw PluginError(fmt::format("plugin {}: trainer_plugin_create threw: {}", path, e.what()));
   } catch (...) {
-    throw PluginError(detail::str("plugin ", path,
-                                  ": trainer_plugin_create threw an exception that is not a "
-                                  "std::exception"));
+    throw PluginError(
+        fmt::format("plugin {}: trainer_plugin_create threw an exception that is not a std::exception", path));
   }
-  if (!raw) throw PluginError(detail::str("plugin ", path, ": trainer_plugin_create returned null"));
+  if (!raw) throw PluginError(fmt::format("plugin {}: trainer_plugin_create returned null", path));
   return std::shared_ptr<Plugin>(raw);
 }
 

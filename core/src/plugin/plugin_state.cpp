@@ -2,6 +2,8 @@
 
 #include "trainer/error.h"
 
+#include <fmt/format.h>
+
 namespace trainer {
 
 namespace {
@@ -29,7 +31,7 @@ T get_as(const std::map<std::string, PluginState::Value>& values, const std::str
   const auto it = values.find(key);
   if (it == values.end()) return fallback;
   if (const T* v = std::get_if<T>(&it->second)) return *v;
-  throw Error(detail::str("plugin state '", key, "' holds ", type_name(it->second), ", read as ", wanted));
+  throw Error(fmt::format("plugin state '{}' holds {}, read as {}", key, type_name(it->second), wanted));
 }
 
 }  // namespace

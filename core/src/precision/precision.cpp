@@ -1,5 +1,6 @@
 #include "trainer/precision.h"
 
+#include <fmt/format.h>
 #include <fstream>
 #include <sstream>
 
@@ -129,7 +130,7 @@ bool native_bf16(const c10::Device& device, std::string* why) {
     const int cc = cuda_compute_capability(device.has_index() ? device.index() : 0);
     native = cc >= 80;
     evidence = cc == 0 ? "compute capability unknown (no CUDA in this build, or no such GPU)"
-                       : detail::str("compute capability ", cc / 10, ".", cc % 10);
+                       : fmt::format("compute capability {}.{}", cc / 10, cc % 10);
   } else {
     evidence = "no bfloat16 detection for " + device.str();
   }

@@ -1,5 +1,6 @@
 #include "train/checkpoint.h"
 
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 #include <torch/optim/optimizer.h>
 #include <torch/serialize.h>
@@ -86,11 +87,11 @@ std::map<std::string, std::vector<std::int64_t>> shapes_of(Model& model) {
 [[noreturn]] void throw_load_failure(const c10::Error& e, const std::string& file, const c10::Device& device,
                                      const std::string& what) {
   if (is_out_of_memory(e)) {
-    throw OomFailure(detail::str("out of memory while loading checkpoint ", file, " onto ", device.str(), ": ",
-                                 detail::error_text(e)),
-                     std::nullopt);  // not in a phase of the loop
+    throw OomFailure(
+        fmt::format("out of memory while loading checkpoint {} onto {}: {}", file, device.str(), detail::error_text(e)),
+        std::nullopt);  // not in a phase of the loop
   }
-  throw UsageError(detail::str("cannot resume from ", file, ": ", what, ": ", detail::error_text(e)));
+  throw UsageError(fmt::format("cannot resume from {}: {}: {}", file, what, detail::error_text(e)));
 }
 
 /// Plugin states as archive "plugin_state": an index of plugin names ("__plugins__"), one
@@ -131,7 +132,7 @@ PluginState::Value value_of(const c10::IValue& v, const std::string& key) {
   if (v.isBool()) return v.toBool();
   if (v.isString()) return v.toStringRef();
   if (v.isTensor()) return v.toTensor();
-  throw Error(detail::str("value of '", key, "' has an unsupported type ", v.tagKind()));
+  throw Error(fmt::format("value of '{}' has an unsupported type {}", key, v.tagKind()));
 }
 
 /// What write_plugin_states wrote (nothing in a checkpoint without plugin state).
@@ -277,7 +278,7 @@ Position Checkpointer::load(const std::string& path, ResumeInfo& info) {
     if (!passed.empty()) log_.warn("resuming from {}, the newest complete checkpoint in {}", file, path);
     return restore(ar, file, info);
   }
-  throw UsageError(detail::str("--resume ", path, ": no complete checkpoint there (", detail::join(passed, "; "), ")"));
+  throw UsageError(fmt::format("--resume {}: no complete checkpoint there ({})", path, fmt::join(passed, "; ")));
 }
 
 Position Checkpointer::restore(torch::serialize::InputArchive& ar, const std::string& file, ResumeInfo& info) {
@@ -352,7 +353,7 @@ Position Checkpointer::restore(torch::serialize::InputArchive& ar, const std::st
   } catch (const c10::Error& e) {
     throw_load_failure(e, file, parts_.device, "its plugin state cannot be read");
   } catch (const Error& e) {
-    throw UsageError(detail::str("cannot resume from ", file, ": its plugin state cannot be read: ", e.what()));
+    throw UsageError(fmt::format("cannot resume from {}: its plugin state cannot be read: {}", file, e.what()));
   }
   info.checkpoint = file;
   info.epoch = at.epoch;
@@ -375,13 +376,13 @@ void Checkpointer::check_data_order(const std::string& saved, const std::string&
   std::vector<std::string> changed;
   for (const auto& [key, v] : now) {
     if (key == "run.seed" && !shuffled) continue;  // the seed orders the data only when it is shuffled
-    if (value(then, key) != v) changed.push_back(detail::str(key, " = ", value(then, key), " there, ", v, " now"));
+    if (value(then, key) != v) changed.push_back(fmt::format("{} = {} there, {} now", key, value(then, key), v));
   }
   for (const auto& [key, v] : then) {
-    if (!now.count(key)) changed.push_back(detail::str(key, " = ", v, " there, (not set) now"));
+    if (!now.count(key)) changed.push_back(fmt::format("{} = {} there, (not set) now", key, v));
   }
   TRAINER_CHECK_T(UsageError, changed.empty(), "cannot resume from ", file,
-                  ": the order of the training samples would change: ", detail::join(changed, "; "),
+                  ": the order of the training samples would change: ", fmt::to_string(fmt::join(changed, "; ")),
                   ". Resume with the values it was written with (the config.toml of its run holds them), "
                   "or start a new run");
 }

@@ -1,5 +1,6 @@
 #include "train/checkpoint_files.h"
 
+#include <fmt/format.h>
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -83,7 +84,7 @@ std::optional<std::string> checkpoint_problem(const std::string& file) {
   if (!expected) return "its digest " + file + ".sum cannot be read";
   const detail::FileDigest actual = detail::digest_of(file);
   if (actual.size != expected->size) {
-    return detail::str("it has ", actual.size, " bytes, its digest says ", expected->size, " (truncated?)");
+    return fmt::format("it has {} bytes, its digest says {} (truncated?)", actual.size, expected->size);
   }
   if (actual.crc32 != expected->crc32) return std::string("its CRC-32 differs from its digest (damaged)");
   // A digest beside it says the file arrived whole, not who wrote it: a run directory may come

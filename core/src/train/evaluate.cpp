@@ -1,6 +1,7 @@
 #include "train/evaluate.h"
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 
 #include <optional>
 #include <string>
@@ -108,9 +109,10 @@ std::map<std::string, double> Evaluator::run() {
     if (gave_up) throw OomFailure(*gave_up, OomPhase::Eval, gave_up_at);
     for (std::int64_t r = 0; r < ranks; ++r) {
       if (s[2 + r] > 0) {
-        throw OomFailure(detail::str("rank ", r, " ran out of memory in eval and gave up (its log says what was tried)",
-                                     "; every rank stops"),
-                         OomPhase::Eval);
+        throw OomFailure(
+            fmt::format("rank {} ran out of memory in eval and gave up (its log says what was tried); every rank stops",
+                        r),
+            OomPhase::Eval);
       }
     }
     loss_sum = s[0];

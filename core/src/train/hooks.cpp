@@ -1,5 +1,6 @@
 #include "train/hooks.h"
 
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -18,10 +19,10 @@ std::string events_honouring(ControlField f) {
   for (const auto& row : kEventTable) {
     if (honours(row.event, f)) names.emplace_back(row.name);
   }
-  if (names.size() < 2) return detail::join(names);
+  if (names.size() < 2) return fmt::to_string(fmt::join(names, ", "));
   const std::string last = names.back();
   names.pop_back();
-  return detail::join(names) + " and " + last;
+  return fmt::to_string(fmt::join(names, ", ")) + " and " + last;
 }
 
 }  // namespace
@@ -54,10 +55,10 @@ void Hooks::add_plugins(const std::vector<std::shared_ptr<Plugin>>& plugins) {
     } catch (const Error&) {
       throw;  // trainer's own errors keep their meaning (a config error stays exit code 2)
     } catch (const std::exception& e) {
-      throw PluginError(detail::str("plugin '", p->name(), "' failed in configure: ", e.what()));
+      throw PluginError(fmt::format("plugin '{}' failed in configure: {}", p->name(), e.what()));
     } catch (...) {
       throw PluginError(
-          detail::str("plugin '", p->name(), "' failed in configure: an exception that is not a ", "std::exception"));
+          fmt::format("plugin '{}' failed in configure: an exception that is not a std::exception", p->name()));
     }
     bus_.add(p, priority, policy);
   }
@@ -165,15 +166,15 @@ void Hooks::load_states(const std::map<std::string, PluginState>& states, Resume
     }
   }
   if (!info.restored_plugins.empty()) {
-    log_->info("plugin state restored: {}", detail::join(info.restored_plugins));
+    log_->info("plugin state restored: {}", fmt::join(info.restored_plugins, ", "));
   }
 }
 
 std::vector<std::string> Hooks::observer_failure_summary() const {
   std::vector<std::string> out;
   for (const auto& f : bus_.observer_failures()) {
-    out.push_back(detail::str("plugin '", f.plugin, "' failed ", f.count, f.count == 1 ? " time" : " times", " in ",
-                              f.where, " (first error: ", f.first_message, ")"));
+    out.push_back(fmt::format("plugin '{}' failed {}{} in {} (first error: {})", f.plugin, f.count,
+                              f.count == 1 ? " time" : " times", f.where, f.first_message));
   }
   return out;
 }

@@ -1,5 +1,6 @@
 #include "train/oom_recovery.h"
 
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 #include <torch/optim/optimizer.h>
 
@@ -95,11 +96,11 @@ std::int64_t OomRecovery::recover(const std::exception& e, OomRetry rule, std::i
             "to its fallback_devices)";
   std::string msg = message;
   while (!msg.empty() && (msg.back() == '.' || msg.back() == '\n')) msg.pop_back();
-  const std::string moves = detail::join(moves_);
+  const std::string moves = fmt::to_string(fmt::join(moves_, ", "));
   throw OomFailure(
-      detail::str("out of memory in ", oom_phase_name(phase), " on ", parts_.device.str(), " after ", tried.size(),
-                  " attempt(s) with micro-batches ", sizes, moves.empty() ? "" : " (device fallback: " + moves + ")",
-                  why, ": ", msg, ". What to change: ", oom_advice(phase)),
+      fmt::format("out of memory in {} on {} after {} attempt(s) with micro-batches {}{}{}: {}. What to change: {}",
+                  oom_phase_name(phase), parts_.device.str(), tried.size(), sizes,
+                  moves.empty() ? "" : " (device fallback: " + moves + ")", why, msg, oom_advice(phase)),
       phase, tried.empty() ? 0 : tried.back());
 }
 

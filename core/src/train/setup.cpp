@@ -1,6 +1,7 @@
 #include "train/setup.h"
 
 #include <ATen/Parallel.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 #include <torch/cuda.h>
 #include <torch/optim/optimizer.h>
@@ -123,8 +124,8 @@ static std::string weights_file(const std::string& path, spdlog::logger& log) {
     log.warn("model.weights: checkpoint {} is truncated or damaged: {}", file, *problem);
     passed.push_back(file + ": " + *problem);
   }
-  throw UsageError(detail::str("model.weights = \"", path, "\": no complete checkpoint in this run directory (",
-                               detail::join(passed, "; "), ")"));
+  throw UsageError(fmt::format("model.weights = \"{}\": no complete checkpoint in this run directory ({})", path,
+                               fmt::join(passed, "; ")));
 }
 
 void setup_model(RunParts& parts, Hooks& hooks, const Config& cfg, bool resuming, spdlog::logger& log) {

@@ -1,6 +1,7 @@
 #include "train/step.h"
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/optimizer.h>
@@ -198,9 +199,9 @@ void TrainStep::take_step() {
     // retry nor a checkpoint of them is safe.
     params_consistent_ = false;
     if (!is_out_of_memory(e)) throw;
-    throw OomFailure(detail::str("out of memory inside the optimizer step after its reserve (", format_bytes(reserve_),
-                                 "); parameters may be partly updated, so the run stops without a final checkpoint: ",
-                                 detail::error_text(e)),
+    throw OomFailure(fmt::format("out of memory inside the optimizer step after its reserve ({}); parameters may be "
+                                 "partly updated, so the run stops without a final checkpoint: {}",
+                                 format_bytes(reserve_), detail::error_text(e)),
                      OomPhase::OptimizerStep);
   } catch (...) {
     params_consistent_ = false;

@@ -11,6 +11,7 @@
 #include "trainer/trainer.h"
 
 #include <c10/util/Exception.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 #include <torch/optim/optimizer.h>
 
@@ -292,8 +293,8 @@ struct Trainer::Impl {
       const auto failures = hooks->observer_failure_summary();
       if (!failures.empty()) {
         for (const auto& f : failures) log->warn("observer plugin failure: {}", f);
-        r.message +=
-            (r.message.empty() ? "" : "; ") + std::string("observer plugin failures: ") + detail::join(failures, "; ");
+        r.message += (r.message.empty() ? "" : "; ") + std::string("observer plugin failures: ") +
+                     fmt::to_string(fmt::join(failures, "; "));
       }
     }
     budget.reset();  // the budget is the run's: the process gets its previous limit back
