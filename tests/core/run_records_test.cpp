@@ -145,6 +145,7 @@ TEST(MetricsJsonl, WhatIsNotAMetricLineIsRejected) {
                            R"({"step": 1, "name": "", "value": 1})", R"({"step": 1, "name": "x"})",
                            R"({"step": 1, "name": "x", "value": "nan"})", R"({"step": 1, "name": "x", "value": [1]})",
                            R"({"step": 1e30, "name": "x", "value": 1})", R"({"step": "1", "name": "x", "value": 1})",
+                           R"({"step": 7.5, "name": "x", "value": 1})",
                            R"({"step": 1, "name": "x", "value": {"a": [[[[[[[[[1]]]]]]]]]}})"}) {
     EXPECT_FALSE(decode_metric(line)) << line;
   }

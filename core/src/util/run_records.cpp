@@ -112,6 +112,9 @@ std::optional<MetricRecord> decode_metric(std::string_view line) {
   if (step == j.end() || !step->is_number() || name == j.end() || !name->is_string() || value == j.end()) {
     return std::nullopt;
   }
+  // A step is a whole number (a fraction would fold two steps into one): 7.0 from Python's
+  // json module is one, 7.5 is not.
+  if (step->is_number_float() && std::floor(step->get<double>()) != step->get<double>()) return std::nullopt;
   MetricRecord m;
   constexpr auto kNone = std::numeric_limits<std::int64_t>::min();
   m.step = integer_of<std::int64_t>(j, "step", kNone);
