@@ -100,17 +100,17 @@ StudyResult Study::run() {
   }
   warn_about_parallel_devices();
   sampler_ = s_.sampler == "tpe" ? tpe_sampler(TpeSettings{s_.tpe_startup}) : make_sampler(s_.sampler);
-  std::vector<std::int64_t> todo;  // trials begun before a crash, then new ones
+  std::vector<std::int64_t> interrupted;  // trials begun before a crash: run again, before new ones
   for (const auto& [n, t] : trials_) {
-    if (t.state == TrialState::Running) todo.push_back(n);
+    if (t.state == TrialState::Running) interrupted.push_back(n);
   }
   std::int64_t next = trials_.empty() ? 0 : trials_.rbegin()->first + 1;
   while (!interrupt_requested()) {
     while (static_cast<std::int64_t>(running_.size()) < s_.parallel && !interrupt_requested()) {
       std::int64_t n;
-      if (!todo.empty()) {
-        n = todo.front();
-        todo.erase(todo.begin());
+      if (!interrupted.empty()) {
+        n = interrupted.front();
+        interrupted.erase(interrupted.begin());
       } else if (next < s_.n_trials) {
         n = next++;
         trials_[n] = TrialRecord{};

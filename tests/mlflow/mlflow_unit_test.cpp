@@ -23,6 +23,7 @@
 #include "mlflow_client.h"
 #include "mlflow_export.h"
 #include "support/test_util.h"
+#include "trainer/json.h"
 
 namespace {
 
@@ -56,11 +57,13 @@ TEST(MlflowKeys, SanitizedKeysAreValidAndKeepTheirMeaning) {
   for (const char* k : {"", "|", "//", "..", "é/ü"}) EXPECT_TRUE(mlf::valid_key(mlf::sanitize_key(k))) << k;
 }
 
+// The client writes a value that is not a finite number by the names trainer's JSON writer
+// uses (trainer/json.h), which MLflow's JSON reads back.
 TEST(MlflowKeys, SpecialValuesAreMlflowsJsonStrings) {
-  EXPECT_EQ(mlf::metric_value_json(std::nan("")), "\"NaN\"");
-  EXPECT_EQ(mlf::metric_value_json(std::numeric_limits<double>::infinity()), "\"Infinity\"");
-  EXPECT_EQ(mlf::metric_value_json(-std::numeric_limits<double>::infinity()), "\"-Infinity\"");
-  EXPECT_EQ(mlf::metric_value_json(0.5), "0.5");
+  EXPECT_EQ(trainer::json_number(std::nan("")), "\"NaN\"");
+  EXPECT_EQ(trainer::json_number(std::numeric_limits<double>::infinity()), "\"Infinity\"");
+  EXPECT_EQ(trainer::json_number(-std::numeric_limits<double>::infinity()), "\"-Infinity\"");
+  EXPECT_EQ(trainer::json_number(0.5), "0.5");
 }
 
 TEST(MlflowUris, UnsupportedUrisAreRefusedNamingThem) {

@@ -1,7 +1,6 @@
 #include "mlflow_client.h"
 
 #include "backends.h"
-#include "trainer/json.h"
 
 #include <pwd.h>
 #include <unistd.h>
@@ -152,13 +151,6 @@ std::string sanitize_key(const std::string& key) {
     out += "-" + hex8(fnv1a(key));
   }
   return out;
-}
-
-std::string metric_value_json(double v) {
-  if (const char* name = json_nonfinite_name(v)) return std::string("\"") + name + "\"";
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  return buf;
 }
 
 std::unique_ptr<Backend> open_backend(const std::string& tracking_uri, const Credentials& credentials,

@@ -128,9 +128,6 @@ bool valid_id(const std::string& id);
 /// dropped, `.`/`..` parts become `_`/`__`, and a key longer than 250 characters keeps its
 /// first 241 and a `-` and 8 hex digits of its hash. Equal to `key` when it was valid.
 std::string sanitize_key(const std::string& key);
-/// The text MLflow's JSON wants for a metric value: the number, or "NaN", "Infinity",
-/// "-Infinity" (as JSON strings).
-std::string metric_value_json(double v);
 
 // ---- runs, for sweeps and tools ----------------------------------------------------------
 
