@@ -1,10 +1,14 @@
 // Trainer step time against a hand-written LibTorch loop on the same model, data, optimizer
 // and batch. Both time only the step loop (data fetch, forward, backward, optimizer step);
 // model and data construction are outside the timed region. Ratio target: <= 1.02.
+// And trainer's step of a model written in Python (model "torchscript":
+// docs/examples/torchscript/fashion_cnn.py, the built-in cnn's network with dropout 0.25)
+// against the built-in cnn with the same settings. Ratio target: <= 1.10.
 #include <benchmark/benchmark.h>
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 
 #include "support/bench_smoke.h"
@@ -21,13 +25,32 @@ using Clock = std::chrono::steady_clock;
 constexpr std::int64_t kBatch = 128;
 
 std::int64_t steps_for(const std::string& model) {
-  return trainer::bench::full_or_smoke<std::int64_t>(model == "cnn" ? 20 : 200, 3);
+  return trainer::bench::full_or_smoke<std::int64_t>(model.rfind("cnn", 0) == 0 ? 20 : 200, 3);
+}
+
+/// docs/examples/torchscript/fashion_cnn.py's module, scripted and saved by Python once per
+/// process; empty when Python could not.
+const std::string& torchscript_cnn() {
+  static const std::string file = [] {
+    const auto path = std::filesystem::temp_directory_path() / "trainer_step_bench_fashion_cnn.pt";
+    const std::string command = std::string(TRAINER_BENCH_PYTHON) + " " + TRAINER_SOURCE_DIR +
+                                "/docs/examples/torchscript/fashion_cnn.py " + path.string() + " > /dev/null";
+    return std::system(command.c_str()) == 0 ? path.string() : std::string();
+  }();
+  return file;
+}
+
+/// The [model] section of a benchmark's model.
+std::string model_section(const std::string& model) {
+  if (model == "cnn_torchscript") return "name = \"torchscript\"\npath = \"" + torchscript_cnn() + "\"\n";
+  if (model == "cnn_dropout") return "name = \"cnn\"\ndropout = 0.25\n";
+  return "name = \"" + model + "\"\n";
 }
 
 trainer::Config make_config(const std::string& model, std::int64_t steps) {
   trainer::LoadedRecipe r;
   r.config = trainer::Config::parse(
-      "[run]\nseed = 1\n[model]\nname = \"" + model + "\"\n[dataset]\nname = \"synthetic\"\nsize = " +
+      "[run]\nseed = 1\n[model]\n" + model_section(model) + "[dataset]\nname = \"synthetic\"\nsize = " +
       std::to_string(steps * kBatch) + "\n[training]\nbatch_size = " + std::to_string(kBatch) +
       "\nshuffle = false\n[optim]\nname = \"adamw\"\n[eval]\nevery_epochs = 0\n[checkpoint]\nevery_epochs = 0\n"
       "at_end = false\n[metrics]\njsonl = false\nconsole = false\n[runtime]\nnum_threads = 2\n");
@@ -54,6 +77,10 @@ class LoopTimer final : public trainer::Plugin {
 };
 
 void BM_Trainer_Step(benchmark::State& state, const std::string& model) {
+  if (model == "cnn_torchscript" && torchscript_cnn().empty()) {
+    state.SkipWithError(TRAINER_BENCH_PYTHON " could not script docs/examples/torchscript/fashion_cnn.py");
+    return;
+  }
   const std::int64_t steps = steps_for(model);
   const trainer::Config cfg = make_config(model, steps);
   const auto dir = std::filesystem::temp_directory_path() / "trainer_step_bench";
@@ -108,6 +135,12 @@ BENCHMARK_CAPTURE(BM_HandLoop_Step, mlp, std::string("mlp"))->UseManualTime()->U
 BENCHMARK_CAPTURE(BM_Trainer_Step, mlp, std::string("mlp"))->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_HandLoop_Step, cnn, std::string("cnn"))->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Trainer_Step, cnn, std::string("cnn"))->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Trainer_Step, cnn_dropout, std::string("cnn_dropout"))
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Trainer_Step, cnn_torchscript, std::string("cnn_torchscript"))
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

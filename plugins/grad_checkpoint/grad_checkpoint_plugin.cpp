@@ -43,8 +43,13 @@ class GradCheckpointPlugin final : public trainer::Plugin {
 
   void on_event(trainer::EventContext& ctx, trainer::Control&) override {
     const auto blocks = ctx.model->blocks();
-    TRAINER_CHECK_T(trainer::UsageError, !blocks.empty(), "plugins.grad_checkpoint: model '",
-                    ctx.config->get<std::string>("model.name"),
+    const std::string model = ctx.config->get<std::string>("model.name");
+    TRAINER_CHECK_T(
+        trainer::UsageError, model != "torchscript",
+        "plugins.grad_checkpoint: a TorchScript model's forward is compiled as one piece, with no "
+        "blocks to checkpoint one by one (torch.utils.checkpoint does not script either); drop the plugin and "
+        "save memory with smaller micro-batches (training.micro_batch_size, the oom_backoff plugin)");
+    TRAINER_CHECK_T(trainer::UsageError, !blocks.empty(), "plugins.grad_checkpoint: model '", model,
                     "' exposes no blocks to checkpoint (Model::blocks() is empty); use a model with blocks (vit) or "
                     "drop the plugin");
     std::int64_t wrapped = 0;

@@ -110,7 +110,7 @@ TRAINER_API WeightsReport load_weights(Model& model, const std::string& file,
 /// Builds a model from its config section (`model.*`) and the data spec.
 using ModelFactory = std::function<std::shared_ptr<Model>(const Config& section, const DataSpec& data)>;
 
-/// The process-wide model registry (built-ins: "mlp", "cnn", "vit", "resnet").
+/// The process-wide model registry (built-ins: "mlp", "cnn", "vit", "resnet", "torchscript").
 TRAINER_API Registry<ModelFactory>& model_registry();
 
 /// The dtype named by `model.dtype`: "float32", "float64" or "bfloat16" (throws ConfigError

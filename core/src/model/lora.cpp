@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "model/tensor_archive.h"
+#include "model/torchscript.h"
 #include "model/zip_archive.h"
 #include "trainer/error.h"
 #include "trainer/layers.h"
@@ -134,6 +135,10 @@ LoraReport apply_lora(Model& model, const LoraOptions& o) {
                   "LoRA targets: empty; name the layers to adapt by pattern, "
                   "e.g. [\"*.self_attention.q_proj\", \"*.self_attention.v_proj\"]");
   const std::vector<Layer> layers = adaptable_layers(model);
+  TRAINER_CHECK_T(UsageError, !is_torchscript_model(model),
+                  "LoRA: a TorchScript model's layers are compiled into its forward, where no adapter can be added; "
+                  "add the adapters in Python before torch.jit.script (the adapter weights then train as parameters, "
+                  "and model.freeze can freeze the rest)");
   TRAINER_CHECK_T(UsageError, !layers.empty(),
                   "LoRA: the model has no adaptable layer (trainer::Linear or trainer::Conv2d); vit and resnet have");
   std::vector<const Layer*> chosen;

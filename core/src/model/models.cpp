@@ -8,6 +8,7 @@
 #include <torch/nn/modules/pooling.h>
 
 #include "model/resnet.h"
+#include "model/torchscript.h"
 #include "model/vit.h"
 #include "trainer/error.h"
 #include "trainer/model.h"
@@ -171,6 +172,8 @@ Registry<ModelFactory>& model_registry() {
           return make_resnet(ResnetSettings::from(c), d);
         },
         ResnetSettings::keys(), "ResNet-18/34/50/101/152 (torchvision's layout and parameter names; blocks exposed)");
+    r->add("torchscript", load_torchscript_model, TorchScriptSettings::keys(),
+           "A module written in Python and saved with torch.jit.script(model).save(path) (model.path)");
     return r;
   }();
   return *reg;

@@ -10,6 +10,7 @@
 #include <map>
 #include <sstream>
 
+#include "model/torchscript.h"
 #include "train/checkpoint_files.h"
 #include "train/hooks.h"
 #include "train/oom_recovery.h"
@@ -226,6 +227,9 @@ void Checkpointer::write(Position next, const GeneratorStates& generators) {
   const std::string file = (fs::path(dir_) / name).string();
   write_checkpoint_file(file, [&](const std::string& tmp) { ar.save_to(tmp); });
   point_latest(dir_, name);
+  // A model from Python also leaves its TorchScript module with these weights in the run
+  // directory, for torch.jit.load.
+  save_torchscript_module(*parts_.model, (fs::path(dir_).parent_path() / kTorchScriptModuleFile).string());
   // Older checkpoints go only once the new one and `latest` are on the disk.
   if (std::find(files_.begin(), files_.end(), file) == files_.end()) files_.push_back(file);
   while (static_cast<std::int64_t>(files_.size()) > settings_.keep_last) {

@@ -1,0 +1,263 @@
+// Model "torchscript": a module written in Python, saved with torch.jit.script(...).save(),
+// trained by the core as any other model. Its parameters and buffers are mirrored, the same
+// tensors under the same (state_dict) names, into the trainer's Model, so that the optimizer,
+// checkpoints, model.weights, the device move and the memory accounting see them unchanged.
+#include "model/torchscript.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <fnmatch.h>
+#include <torch/csrc/jit/api/module.h>
+#include <torch/csrc/jit/runtime/graph_executor.h>
+#include <torch/csrc/jit/serialization/import.h>
+#include <torch/version.h>
+
+#include <filesystem>
+#include <sstream>
+#include <utility>
+
+#include "model/zip_archive.h"
+#include "trainer/error.h"
+#include "util/durable_file.h"
+
+namespace trainer {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string shape_text(at::IntArrayRef sizes) { return fmt::format("[{}]", fmt::join(sizes, ", ")); }
+
+/// An error of LibTorch or of the TorchScript interpreter: its last line (the error itself, as
+/// "RuntimeError: ...") first, then the TorchScript traceback that led to it, without the C++
+/// backtrace.
+std::string error_summary(const std::exception& e) {
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  std::string text = c10_error ? c10_error->what_without_backtrace() : e.what();
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+  const std::size_t last = text.rfind('\n');
+  if (last == std::string::npos) return text;
+  return text.substr(last + 1) + "\n" + text.substr(0, last);
+}
+
+/// The TorchScript interpreter rethrows an error of an op inside the module as a
+/// std::runtime_error holding its text: an out-of-memory error (c10::OutOfMemoryError, or a
+/// CUDA library's allocation failure) gets its type back here, so that the core's recovery
+/// sees an OOM whether it happened in a scripted forward or an eager one. Returns when `e` is
+/// not one.
+void retype_out_of_memory(const std::exception& e) {
+  const std::string text = e.what();
+  if (text.rfind("The following operation failed in the TorchScript interpreter.", 0) != 0) return;
+  const std::string last = error_summary(e).substr(0, error_summary(e).find('\n'));
+  for (const char* oom : {"out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED"}) {
+    if (last.find(oom) != std::string::npos) TORCH_CHECK_WITH(OutOfMemoryError, false, error_summary(e));
+  }
+}
+
+std::string where(const std::string& file) { return fmt::format("model.path = \"{}\"", file); }
+
+/// The file must be a TorchScript archive: a zip that ZipArchive accepts (LibTorch's reader is
+/// not given a file it refuses) with the records torch.jit.save writes. A torch.save file (a
+/// state_dict) has data.pkl but no constants.pkl nor code.
+void check_archive(const std::string& file) {
+  std::error_code ec;
+  TRAINER_CHECK_T(UsageError, fs::is_regular_file(file, ec), where(file),
+                  ": no such file; save the module in Python with torch.jit.script(model).save(path)");
+  if (const auto problem = detail::archive_problem(file)) {
+    throw UsageError(
+        fmt::format("{}: not a TorchScript module file ({}); save the module with "
+                    "torch.jit.script(model).save(path)",
+                    where(file), *problem));
+  }
+  const auto zip = detail::ZipArchive::open(file);
+  TRAINER_CHECK_T(UsageError, zip && zip->has("data.pkl"), where(file),
+                  ": not a TorchScript module file (no data.pkl record)");
+  TRAINER_CHECK_T(UsageError, zip->has("constants.pkl"), where(file),
+                  ": a torch.save file (a pickled object such as a state_dict), not a TorchScript module; save the "
+                  "module with torch.jit.script(model).save(path), or give a state_dict as model.weights of a "
+                  "built-in model");
+}
+
+/// forward must take one tensor (further arguments need defaults) and return one tensor.
+void check_forward(const torch::jit::Module& m, const std::string& file) {
+  const auto method = m.find_method("forward");
+  TRAINER_CHECK_T(UsageError, method.has_value(), where(file), ": the module has no forward method");
+  const c10::FunctionSchema& s = method->function().getSchema();
+  std::size_t required = 0;
+  for (std::size_t i = 1; i < s.arguments().size(); ++i) {
+    if (!s.arguments()[i].default_value()) ++required;
+  }
+  const bool takes_tensor = s.arguments().size() >= 2 && s.arguments()[1].type()->kind() == c10::TypeKind::TensorType;
+  const bool returns_tensor = s.returns().size() == 1 && s.returns()[0].type()->kind() == c10::TypeKind::TensorType;
+  if (takes_tensor && required == 1 && returns_tensor) return;
+  std::ostringstream schema;
+  schema << s;
+  throw UsageError(
+      fmt::format("{}: forward must take one Tensor (the batch; further arguments need defaults) and "
+                  "return one Tensor (the logits); it is `{}`",
+                  where(file), schema.str()));
+}
+
+/// A torch::nn::Module tree with the TorchScript module's parameters and buffers (the same
+/// tensors) under the same names: nn::Module refuses dotted names, so each submodule gets
+/// its own node.
+void mirror(const torch::jit::Module& from, torch::nn::Module& to,
+            std::vector<std::pair<torch::nn::Module*, torch::jit::Module>>& pairs) {
+  pairs.emplace_back(&to, from);
+  for (const auto& p : from.named_parameters(/*recurse=*/false)) {
+    if (p.value.defined()) to.register_parameter(p.name, p.value, p.value.requires_grad());
+  }
+  for (const auto& b : from.named_buffers(/*recurse=*/false)) {
+    if (b.value.defined()) to.register_buffer(b.name, b.value);
+  }
+  for (const auto& c : from.named_children()) {
+    mirror(c.value, *to.register_module(c.name, std::make_shared<torch::nn::Module>()), pairs);
+  }
+}
+
+class TorchScriptModel final : public Model {
+ public:
+  TorchScriptModel(torch::jit::Module module, std::string file) : module_(std::move(module)), file_(std::move(file)) {
+    mirror(module_, *this, pairs_);
+  }
+
+  at::Tensor forward(const at::Tensor& x) override {
+    // Plain autograd through the interpreter: no differentiable subgraphs or fusions, so the
+    // first steps are not slow (profiling runs), autocast is the dispatcher's (as in eager
+    // PyTorch) and the ops are the ones Python's eager module runs. The setting is per thread.
+    torch::jit::GraphOptimizerEnabledGuard plain(false);
+    c10::IValue out;
+    try {
+      out = module_.forward({x});
+    } catch (const c10::Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      retype_out_of_memory(e);
+      throw;
+    }
+    TRAINER_CHECK(out.isTensor(), where(file_), ": forward returned a ", out.tagKind(), ", not a Tensor");
+    return out.toTensor();
+  }
+
+  /// Model::train (which honours keep_in_eval), then each TorchScript submodule takes the mode
+  /// of its mirror: forward reads the module's own `training` attributes.
+  void train(bool on) override {
+    Model::train(on);
+    for (auto& [nn, jit] : pairs_) {
+      if (jit.hasattr("training")) jit.setattr("training", nn->is_training());
+    }
+  }
+
+  void save_module(const std::string& path) const {
+    const std::string tmp = path + ".tmp";
+    try {
+      module_.save(tmp);
+    } catch (const c10::Error& e) {
+      std::error_code ec;
+      fs::remove(tmp, ec);
+      throw Error(fmt::format("writing the TorchScript module to {}: {}", path, e.what_without_backtrace()));
+    }
+    detail::publish(tmp, path);
+  }
+
+  torch::jit::Module& module() { return module_; }
+
+ private:
+  torch::jit::Module module_;
+  std::string file_;
+  std::vector<std::pair<torch::nn::Module*, torch::jit::Module>> pairs_;
+};
+
+void freeze(torch::jit::Module& m, const std::vector<std::string>& patterns, const std::string& file) {
+  std::vector<std::string> names;  // the first few, for the message
+  for (const auto& p : m.named_parameters(true)) {
+    if (names.size() == 8) {
+      names.emplace_back("...");
+      break;
+    }
+    names.push_back(p.name);
+  }
+  for (const auto& pattern : patterns) {
+    bool any = false;
+    for (const auto& p : m.named_parameters(true)) {
+      if (fnmatch(pattern.c_str(), p.name.c_str(), 0) != 0) continue;
+      p.value.requires_grad_(false);
+      any = true;
+    }
+    TRAINER_CHECK_T(UsageError, any, "model.freeze: '", pattern, "' matches no parameter of ", file,
+                    "; its parameters are ", fmt::format("{}", fmt::join(names, ", ")));
+  }
+}
+
+/// Floating-point tensors to `dtype`, in place (the same tensors); integer buffers such as
+/// BatchNorm's num_batches_tracked keep their type, as Python's Module.to(dtype) does.
+void convert(torch::jit::Module& m, c10::ScalarType dtype) {
+  for (const auto& p : m.named_parameters(true)) {
+    if (p.value.is_floating_point() && p.value.scalar_type() != dtype) p.value.set_data(p.value.to(dtype));
+  }
+  for (const auto& b : m.named_buffers(true)) {
+    if (b.value.is_floating_point() && b.value.scalar_type() != dtype) b.value.set_data(b.value.to(dtype));
+  }
+}
+
+/// One forward, in eval mode and without gradients, of a zero sample of the data's shape: the
+/// module must accept it and return logits [1, classes].
+void check_dry_run(torch::jit::Module& m, const DataSpec& data, c10::ScalarType dtype, const std::string& file) {
+  std::vector<std::int64_t> shape{1};
+  shape.insert(shape.end(), data.sample_shape.begin(), data.sample_shape.end());
+  const bool was_training = m.is_training();
+  m.eval();
+  c10::IValue out;
+  try {
+    at::NoGradGuard no_grad;
+    torch::jit::GraphOptimizerEnabledGuard plain(false);
+    out = m.forward({at::zeros(shape, at::TensorOptions(dtype))});
+  } catch (const std::exception& e) {
+    throw UsageError(fmt::format("{}: forward failed on one sample of the dataset's shape {} ({}): {}", where(file),
+                                 shape_text(shape), c10::toString(dtype), error_summary(e)));
+  }
+  m.train(was_training);
+  TRAINER_CHECK_T(UsageError, out.isTensor(), where(file), ": forward returned a ", out.tagKind(), ", not a Tensor");
+  const at::Tensor y = out.toTensor();
+  TRAINER_CHECK_T(UsageError, y.dim() == 2 && y.size(0) == 1 && y.size(1) == data.num_classes, where(file),
+                  ": forward of one sample of shape ", shape_text(shape), " returned ", shape_text(y.sizes()),
+                  "; classification needs logits [1, ", data.num_classes, "] (the dataset's ", data.num_classes,
+                  " classes)");
+}
+
+}  // namespace
+
+std::shared_ptr<Model> load_torchscript_model(const Config& section, const DataSpec& data) {
+  const TorchScriptSettings s = TorchScriptSettings::from(section);
+  TRAINER_CHECK_T(UsageError, !s.path.empty(),
+                  "model.path is empty; name the file that "
+                  "torch.jit.script(model).save(path) wrote");
+  check_archive(s.path);
+  torch::jit::Module m;
+  try {
+    m = torch::jit::load(s.path, c10::Device(c10::kCPU));
+  } catch (const std::exception& e) {
+    throw UsageError(
+        fmt::format("{}: LibTorch {} cannot load it as a TorchScript module (a file saved by a newer "
+                    "PyTorch may use operators this one lacks): {}",
+                    where(s.path), TORCH_VERSION, error_summary(e)));
+  }
+  check_forward(m, s.path);
+  const c10::ScalarType dtype = model_dtype(ModelSettings::from(section).dtype);
+  convert(m, dtype);
+  check_dry_run(m, data, dtype, s.path);
+  freeze(m, s.freeze, s.path);
+  return std::make_shared<TorchScriptModel>(std::move(m), s.path);
+}
+
+bool is_torchscript_model(const Model& model) { return dynamic_cast<const TorchScriptModel*>(&model) != nullptr; }
+
+bool save_torchscript_module(Model& model, const std::string& path) {
+  auto* scripted = dynamic_cast<TorchScriptModel*>(&model);
+  if (scripted == nullptr) return false;
+  scripted->save_module(path);
+  return true;
+}
+
+}  // namespace trainer

@@ -1,0 +1,172 @@
+#!/usr/bin/python3
+"""Models written in Python for model "torchscript" (tests/model/torchscript_test.cpp).
+
+`write OUT_DIR`: scripts and saves, as a user would (torch.jit.script(model).save(path)):
+  cnn.pt          a small CNN with BatchNorm (1x28x28 -> 10 classes)
+  transformer.pt  a small transformer encoder over the 28 rows of a 28x28 image (LayerNorm, no
+                  BatchNorm, no dropout)
+  dropout.pt      a linear layer and dropout(0.5): train and eval modes differ
+  seven.pt        a linear layer with 7 outputs (the data has 10 classes)
+  two_inputs.pt   forward(a, b) returning a tuple
+  state_dict.pt   torch.save(SmallCNN().state_dict()): a file, but not a module
+  not_a_zip.pt    text
+and for cnn and transformer the reference: the same initial weights trained in a plain eager
+PyTorch loop (SGD, momentum 0.9, lr 0.02, cross-entropy, one thread) on the first 256
+Fashion-MNIST training images in order, batches of 32, 8 steps:
+  <name>_trained.pt    torch.save(state_dict) after the 8 steps
+  <name>_losses.txt    the loss of each step, one per line
+
+`check RUN_DIR`: what a run of model "torchscript" leaves loads back in Python: the run
+directory's torchscript_model.pt with torch.jit.load, the newest checkpoint's model with
+torch.jit.load(...).model.state_dict() (a checkpoint is a TorchScript archive); both hold the
+same tensors, the state_dict loads strictly into the Python class, and both compute alike.
+
+Debian's python3-torch (1.13); scripts/install-deps.sh installs it.
+"""
+import gzip
+import os
+import sys
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+STEPS, BATCH, LR, MOMENTUM = 8, 32, 0.02, 0.9
+
+
+class SmallCNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 8, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 16, 3, padding=1)
+        self.bn2 = nn.BatchNorm2d(16)
+        self.head = nn.Linear(16 * 7 * 7, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 2)
+        x = F.max_pool2d(F.relu(self.bn2(self.conv2(x))), 2)
+        return self.head(x.flatten(1))
+
+
+class TinyTransformer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(28, 32)
+        self.pos = nn.Parameter(torch.randn(1, 28, 32) * 0.02)
+        layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(32)
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, x):
+        h = self.embed(x.flatten(1, 2)) + self.pos  # [N, 1, 28, 28] -> 28 tokens of 28 pixels
+        return self.head(self.norm(self.encoder(h).mean(1)))
+
+
+class Dropout(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(28 * 28, 10)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x):
+        return self.drop(self.fc(x.flatten(1)))
+
+
+class Seven(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(28 * 28, 7)
+
+    def forward(self, x):
+        return self.fc(x.flatten(1))
+
+
+class TwoInputs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, a, b):
+        return self.fc(a), self.fc(b)
+
+
+def fashion_mnist(n):
+    """The first n training images as trainer's dataset "fashion_mnist" gives them."""
+    root = "/usr/share/datasets/fashion-mnist"
+    if os.environ.get("TRAINER_DATASETS_DIR"):  # where the GPU bundle unpacks Debian's datasets
+        root = os.path.join(os.environ["TRAINER_DATASETS_DIR"], "fashion-mnist")
+    with gzip.open(os.path.join(root, "train-images-idx3-ubyte.gz")) as f:
+        images = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 1, 28, 28)[:n]
+    with gzip.open(os.path.join(root, "train-labels-idx1-ubyte.gz")) as f:
+        labels = np.frombuffer(f.read(), np.uint8, offset=8)[:n]
+    x = torch.from_numpy(images.copy()).to(torch.float32).div_(255.0).sub_(0.2860).div_(0.3530)
+    return x, torch.from_numpy(labels.copy()).to(torch.int64)
+
+
+def train_reference(out, name, model):
+    x, y = fashion_mnist(STEPS * BATCH)
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    losses = []
+    for step in range(STEPS):
+        xb, yb = x[step * BATCH:(step + 1) * BATCH], y[step * BATCH:(step + 1) * BATCH]
+        opt.zero_grad()
+        loss = F.cross_entropy(model(xb), yb)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    torch.save(model.state_dict(), os.path.join(out, f"{name}_trained.pt"))
+    with open(os.path.join(out, f"{name}_losses.txt"), "w") as f:
+        f.write("".join(f"{v!r}\n" for v in losses))
+
+
+def write(out):
+    os.makedirs(out, exist_ok=True)
+    torch.set_num_threads(1)
+    for name, cls in (("cnn", SmallCNN), ("transformer", TinyTransformer)):
+        torch.manual_seed(0)
+        model = cls()
+        init = {k: v.clone() for k, v in model.state_dict().items()}
+        torch.jit.script(model).save(os.path.join(out, f"{name}.pt"))
+        eager = cls()
+        eager.load_state_dict(init)
+        train_reference(out, name, eager)
+    for name, cls in (("dropout", Dropout), ("seven", Seven), ("two_inputs", TwoInputs)):
+        torch.manual_seed(0)
+        torch.jit.script(cls()).save(os.path.join(out, f"{name}.pt"))
+    torch.save(SmallCNN().state_dict(), os.path.join(out, "state_dict.pt"))
+    with open(os.path.join(out, "not_a_zip.pt"), "w") as f:
+        f.write("a text file\n")
+    print("torchscript_models: wrote", out)
+
+
+def check(run_dir):
+    module = torch.jit.load(os.path.join(run_dir, "torchscript_model.pt"), map_location="cpu")
+    ckpt_dir = os.path.join(run_dir, "checkpoints")
+    with open(os.path.join(ckpt_dir, "latest")) as f:
+        latest = f.read().strip()
+    saved = torch.jit.load(os.path.join(ckpt_dir, latest), map_location="cpu").model.state_dict()
+    mine = module.state_dict()
+    if sorted(mine) != sorted(saved):
+        sys.exit(f"different names: module {sorted(mine)} checkpoint {sorted(saved)}")
+    for k, v in mine.items():
+        if not torch.equal(v, saved[k]):
+            sys.exit(f"{k}: the module's tensor differs from the checkpoint's")
+    fresh = SmallCNN()
+    fresh.load_state_dict(saved)  # strict: the checkpoint is a state_dict of the Python class
+    module.eval()
+    fresh.eval()
+    x, _ = fashion_mnist(4)
+    with torch.no_grad():
+        if not torch.allclose(module(x), fresh(x), rtol=0, atol=1e-6):
+            sys.exit("the module and the class with the checkpoint's state_dict compute different logits")
+    print(f"torchscript_models check: OK ({len(mine)} tensors)")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3 or sys.argv[1] not in ("write", "check"):
+        sys.exit(__doc__)
+    write(sys.argv[2]) if sys.argv[1] == "write" else check(sys.argv[2])
