@@ -66,7 +66,6 @@ class FeatureDataset final : public trainer::Dataset {
             std::int64_t workers, std::int64_t prefetch) {
     const std::int64_t n = size();
     features_ = at::empty({n, width_}, at::kFloat);
-    targets_ = at::empty({n}, at::kLong);
     std::vector<at::Tensor> plan;
     for (std::int64_t start = 0; start < n; start += batch)
       plan.push_back(at::arange(start, std::min(n, start + batch), at::kLong));
@@ -81,6 +80,12 @@ class FeatureDataset final : public trainer::Dataset {
       TRAINER_CHECK(f.dim() == 2 && f.size(1) == width_, "linear_probe: the backbone's features have shape ", f.sizes(),
                     ", expected [", idx.size(0), ", ", width_, "]");
       features_.narrow(0, start, idx.size(0)).copy_(f);
+      if (i == 0) {
+        // The targets as the dataset gives them (class indices, labels or values, any task's).
+        std::vector<std::int64_t> shape{n};
+        shape.insert(shape.end(), b.targets.sizes().begin() + 1, b.targets.sizes().end());
+        targets_ = at::empty(shape, b.targets.options());
+      }
       targets_.narrow(0, start, idx.size(0)).copy_(b.targets);
     }
   }

@@ -181,7 +181,7 @@ TEST_F(PluginAuthors, EarlyStoppingWithAMetricThatDoesNotExistIsAUsageError) {
   const RunResult r = run(plateau(1, {"plugins.early_stopping.monitor=eval/f1"}), "run");
   EXPECT_EQ(r.exit_code, kExitUsage);
   EXPECT_NE(r.message.find("plugins.early_stopping.monitor = 'eval/f1' is not among the evaluation's metrics "
-                           "(eval/accuracy, eval/loss)"),
+                           "(eval/accuracy, eval/loss, eval/macro_f1, eval/top5_accuracy)"),
             std::string::npos)
       << r.message;
 }

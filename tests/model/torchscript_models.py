@@ -8,6 +8,7 @@
   dropout.pt      a linear layer and dropout(0.5): train and eval modes differ
   seven.pt        a linear layer with 7 outputs (the data has 10 classes)
   two_inputs.pt   forward(a, b) returning a tuple
+  tied.pt         two linear layers sharing one weight (tied)
   state_dict.pt   torch.save(SmallCNN().state_dict()): a file, but not a module
   not_a_zip.pt    text
 and for cnn and transformer the reference: the same initial weights trained in a plain eager
@@ -84,6 +85,17 @@ class Seven(nn.Module):
         return self.fc(x.flatten(1))
 
 
+class Tied(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.encode = nn.Linear(28 * 28, 10, bias=False)
+        self.decode = nn.Linear(28 * 28, 10, bias=False)
+        self.decode.weight = self.encode.weight
+
+    def forward(self, x):
+        return self.encode(x.flatten(1)) + self.decode(x.flatten(1))
+
+
 class TwoInputs(nn.Module):
     def __init__(self):
         super().__init__()
@@ -134,7 +146,7 @@ def write(out):
         eager = cls()
         eager.load_state_dict(init)
         train_reference(out, name, eager)
-    for name, cls in (("dropout", Dropout), ("seven", Seven), ("two_inputs", TwoInputs)):
+    for name, cls in (("dropout", Dropout), ("seven", Seven), ("two_inputs", TwoInputs), ("tied", Tied)):
         torch.manual_seed(0)
         torch.jit.script(cls()).save(os.path.join(out, f"{name}.pt"))
     torch.save(SmallCNN().state_dict(), os.path.join(out, "state_dict.pt"))

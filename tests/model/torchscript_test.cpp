@@ -257,7 +257,10 @@ TEST_F(TorchScript, BadFilesAndModulesExitTwoNamingTheFileAndWhatIsAllowed) {
        {},
        "forward must take one Tensor (the batch; further arguments need defaults) and "
        "return one Tensor (the logits); it is `forward("},
-      {fixture("seven.pt"), {}, "returned [1, 7]; classification needs logits [1, 10] (the dataset's 10 classes)"},
+      {fixture("tied.pt"), {}, "parameters 'encode.weight' and 'decode.weight' are one tensor (tied weights)"},
+      {fixture("seven.pt"),
+       {},
+       "returned [1, 7]; the task needs outputs [1, 10] (task.name: classification: one per class"},
       {fixture("cnn.pt"),
        {"dataset.name=\"synthetic\"", "dataset.shape=[3, 8, 8]"},
        "forward failed on one sample of the dataset's shape [1, 3, 8, 8] (Float)"},

@@ -1,4 +1,5 @@
-// `trainer plugins`: the plugins found, their events and config keys.
+// `trainer plugins`: the plugins found, their events and config keys, and the models,
+// datasets, optimizers, schedules and tasks each registers with their keys.
 #include <fmt/ranges.h>
 #include <iostream>
 
@@ -18,6 +19,13 @@ std::string join_events(const std::vector<Event>& events) {
   return fmt::to_string(fmt::join(names, ", "));
 }
 
+/// The config section of a registry's entries.
+std::string section_of(const std::string& kind) {
+  if (kind == "optimizer") return "optim";
+  if (kind == "schedule") return "sched";
+  return kind;
+}
+
 int list_plugins(const std::vector<std::string>& dirs, bool markdown) {
   PluginHost host(dirs);
   std::vector<std::string> errors;
@@ -25,6 +33,10 @@ int list_plugins(const std::vector<std::string>& dirs, bool markdown) {
   if (markdown) {
     for (const auto& p : infos) {
       std::cout << "## " << p.name << "\n\n" << key_table_markdown(p.keys, "plugins." + p.name + ".") << "\n";
+      for (const auto& r : p.registers) {
+        std::cout << "### " << r.kind << " `" << r.name << "`\n\n"
+                  << key_table_markdown(r.keys, section_of(r.kind) + ".") << "\n";
+      }
     }
     for (const auto& e : errors) std::cerr << "error: " << e << "\n";
     return errors.empty() ? kExitOk : kExitUsage;
@@ -44,7 +56,17 @@ int list_plugins(const std::vector<std::string>& dirs, bool markdown) {
       std::cout << "): " << k.doc << "\n";
     }
     std::cout << "    priority (integer): dispatch order, lower first\n";
-    std::cout << "    policy (string, one of: observer, essential): what a throwing handler does\n\n";
+    std::cout << "    policy (string, one of: observer, essential): what a throwing handler does\n";
+    for (const auto& r : p.registers) {
+      std::cout << "  registers " << r.kind << " '" << r.name << "'" << (r.doc.empty() ? "" : ": " + r.doc)
+                << "\n    config keys ([" << section_of(r.kind) << "] with name = \"" << r.name << "\"):\n";
+      for (const auto& k : r.keys) {
+        std::cout << "    " << k.key << " (" << k.describe();
+        if (k.default_value) std::cout << ", default " << config_value_to_toml(*k.default_value);
+        std::cout << "): " << k.doc << "\n";
+      }
+    }
+    std::cout << "\n";
   }
   for (const auto& e : errors) std::cout << "error: " << e << "\n";
   return errors.empty() ? kExitOk : kExitUsage;

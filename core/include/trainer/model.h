@@ -18,6 +18,9 @@ namespace trainer {
 /// number of classes.
 struct DataSpec {
   std::vector<std::int64_t> sample_shape;
+  /// A dataset's spec: its number of classes (0 when its targets are not classes). The spec a
+  /// model is built with: the outputs per sample the task needs (trainer/task.h): the classes
+  /// (classification), the labels (multilabel) or the targets (regression).
   std::int64_t num_classes = 0;
 };
 

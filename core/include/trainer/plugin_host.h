@@ -8,6 +8,15 @@
 
 namespace trainer {
 
+/// An entry a plugin added to one of the registries when it was created (a model, dataset,
+/// optimizer, schedule or task of its own), with the keys it declared for its section.
+struct RegisteredEntry {
+  std::string kind;  ///< the registry's: "model", "dataset", "optimizer", "schedule", "task"
+  std::string name;
+  std::string doc;
+  std::vector<KeySpec> keys;
+};
+
 /// What `trainer plugins` shows about one plugin library.
 struct PluginInfo {
   std::string name;
@@ -16,6 +25,7 @@ struct PluginInfo {
   std::string path;
   std::vector<Event> events;
   std::vector<KeySpec> keys;
+  std::vector<RegisteredEntry> registers;  ///< registry entries its creation added
 };
 
 /// Finds and loads plugin libraries (`libtrainer_plugin_<name>.so`) with Boost.DLL.

@@ -4,6 +4,7 @@
 #include "trainer/data.h"
 #include "trainer/model.h"
 #include "trainer/optim.h"
+#include "trainer/task.h"
 
 namespace trainer {
 
@@ -50,6 +51,7 @@ std::vector<SectionSpec> core_config_sections(const Config& cfg) {
   named_section("dataset", dataset_registry(), "", {}, "The dataset");
   named_section("optim", optimizer_registry(), "adamw", {}, "The optimizer");
   named_section("sched", schedule_registry(), "constant", {}, "The learning-rate schedule", true);
+  named_section("task", task_registry(), "classification", {}, "What the model learns: its loss and metrics");
   return s;
 }
 

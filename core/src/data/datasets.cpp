@@ -2,10 +2,12 @@
 #include <fmt/format.h>
 #include <zlib.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <set>
 
+#include "data/array_datasets.h"
 #include "data/image_datasets.h"
 #include "trainer/data.h"
 #include "trainer/error.h"
@@ -107,16 +109,34 @@ std::string find_idx(const std::string& configured_root, const std::string& stem
                   stem, stem, root, moved));
 }
 
-/// Random inputs and labels from a seed, for benchmarks and tests.
+/// Random inputs and targets from a seed, for benchmarks and tests: random class indices
+/// ("classes"), or targets a model can learn from the inputs, through a random projection `w`
+/// of the flattened inputs: 0/1 labels, 1 where the projection is
+/// positive ("labels", [N, classes]), or the projection itself ("values", [N] or [N, outputs]).
 class SyntheticDataset final : public Dataset {
  public:
-  SyntheticDataset(std::int64_t n, std::vector<std::int64_t> shape, std::int64_t classes, std::uint64_t seed)
-      : shape_(std::move(shape)), classes_(classes) {
+  SyntheticDataset(std::int64_t n, std::vector<std::int64_t> shape, std::int64_t classes, std::uint64_t seed,
+                   const std::string& kind = "classes", std::int64_t outputs = 1)
+      : shape_(std::move(shape)), classes_(kind == "classes" ? classes : 0) {
     auto gen = at::detail::createCPUGenerator(seed);
     std::vector<std::int64_t> full{n};
     full.insert(full.end(), shape_.begin(), shape_.end());
     inputs_ = at::randn(full, gen, at::TensorOptions(at::kFloat));
     targets_ = at::randint(classes, {n}, gen, at::TensorOptions(at::kLong));
+    if (kind == "classes") return;
+    const std::int64_t features = inputs_[0].numel();
+    const std::int64_t width = kind == "labels" ? classes : outputs;
+    // The projection is the same for every seed: the train and test splits, whose seeds differ,
+    // must share it, so it comes from a generator of its own with a constant seed.
+    auto wgen = at::detail::createCPUGenerator(0x5eedu);
+    const at::Tensor w =
+        at::randn({features, width}, wgen, at::TensorOptions(at::kFloat)) / std::sqrt(static_cast<double>(features));
+    const at::Tensor projection = at::mm(inputs_.reshape({n, features}), w);
+    if (kind == "labels") {
+      targets_ = projection.gt(0).to(at::kFloat);
+    } else {
+      targets_ = outputs == 1 ? projection.reshape({n}) : projection;
+    }
   }
   std::int64_t size() const override { return targets_.size(0); }
   Batch get(const at::Tensor& idx) const override {
@@ -179,13 +199,20 @@ struct SyntheticSettings : Settings<SyntheticSettings> {
   std::vector<std::int64_t> shape{1, 28, 28};
   std::int64_t num_classes = 10;
   std::int64_t seed = 0;
+  std::string targets = "classes";
+  std::int64_t num_targets = 1;
 
   static void declare(SettingsSchema<SyntheticSettings>& s) {
     s.add(&SyntheticSettings::size, "size", "Training samples").min(1);
     s.add(&SyntheticSettings::eval_size, "eval_size", "Test samples").min(1);
     s.add(&SyntheticSettings::shape, "shape", "Sample shape").min(1);
-    s.add(&SyntheticSettings::num_classes, "num_classes", "Classes").min(2);
+    s.add(&SyntheticSettings::num_classes, "num_classes", "Classes (targets = \"labels\": labels)").min(2);
     s.add(&SyntheticSettings::seed, "seed", "Generator seed").min(0);
+    s.add(&SyntheticSettings::targets, "targets",
+          "classes: random class indices [N]; labels: 0/1 labels [N, num_classes] and values: real values [N] or "
+          "[N, num_targets], both a fixed random projection of the inputs (learnable)")
+        .choices({"classes", "labels", "values"});
+    s.add(&SyntheticSettings::num_targets, "num_targets", "Values per sample (targets = \"values\")").min(1);
   }
 };
 
@@ -226,10 +253,12 @@ Registry<DatasetFactory>& dataset_registry() {
           const auto s = SyntheticSettings::from(c);
           const auto seed = static_cast<std::uint64_t>(s.seed) + (split == Split::Train ? 0 : 1);
           return std::make_shared<SyntheticDataset>(split == Split::Train ? s.size : s.eval_size, s.shape,
-                                                    s.num_classes, seed);
+                                                    s.num_classes, seed, s.targets, s.num_targets);
         },
-        SyntheticSettings::keys(), "Random Gaussian inputs with random labels (benchmarks, tests)");
+        SyntheticSettings::keys(),
+        "Random Gaussian inputs with random class labels, or learnable 0/1 labels or values (benchmarks, tests)");
     add_image_datasets(*r);
+    add_array_datasets(*r);
     return r;
   }();
   return *reg;

@@ -40,8 +40,13 @@ struct GradientSync::Hook {
 };
 
 GradientSync::GradientSync(ProcessGroup& pg, const std::vector<at::Tensor>& params, std::int64_t bucket_bytes,
-                           bool overlap)
-    : pg_(pg), params_(params), buckets_(gradient_buckets(params, bucket_bytes)), overlap_(overlap) {
+                           bool overlap, std::int64_t stats_width)
+    : pg_(pg),
+      params_(params),
+      buckets_(gradient_buckets(params, bucket_bytes)),
+      overlap_(overlap),
+      stats_width_(stats_width),
+      failures_at_(3 + stats_width) {
   std::size_t slots = 0;
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     numel_.push_back(0);
@@ -51,7 +56,7 @@ GradientSync::GradientSync(ProcessGroup& pg, const std::vector<at::Tensor>& para
       ++slots;
     }
   }
-  stats_ = at::zeros({4 + pg_.size() + static_cast<std::int64_t>(slots)}, at::kDouble);
+  stats_ = at::zeros({failures_at_ + pg_.size() + static_cast<std::int64_t>(slots)}, at::kDouble);
   accumulated_.assign(slots, 0);
   reset_attempt();
   if (!overlap_) return;
@@ -167,16 +172,21 @@ void GradientSync::abandon() {
   while (next_ < buckets_.size()) start(next_);
 }
 
-GradientSync::Agreed GradientSync::agree(double loss, std::int64_t correct, bool skip, std::int64_t failed_phase) {
+GradientSync::Agreed GradientSync::agree(double loss, const std::vector<double>& task_stats, bool skip,
+                                         std::int64_t failed_phase) {
   double* s = stats_.data_ptr<double>();
   s[0] = loss;
-  s[1] = static_cast<double>(correct);
-  s[2] = skip ? 1.0 : 0.0;
-  s[3] = regraded_ ? 1.0 : 0.0;
-  for (std::int64_t r = 0; r < pg_.size(); ++r) s[4 + r] = r == pg_.rank() ? static_cast<double>(failed_phase) : 0.0;
+  s[1] = skip ? 1.0 : 0.0;
+  s[2] = regraded_ ? 1.0 : 0.0;
+  // A rank that failed (or has no sample) may hold fewer: it adds nothing.
+  for (std::int64_t i = 0; i < stats_width_; ++i) {
+    s[3 + i] = static_cast<std::size_t>(i) < task_stats.size() ? task_stats[static_cast<std::size_t>(i)] : 0.0;
+  }
+  double* failures = s + failures_at_;
+  for (std::int64_t r = 0; r < pg_.size(); ++r) failures[r] = r == pg_.rank() ? static_cast<double>(failed_phase) : 0.0;
   // Which parameters have a gradient, now that the backward is over (a hook may have run before
   // a later accumulation defined one). A rank that failed says nothing about its gradients.
-  double* has = s + 4 + pg_.size();
+  double* has = failures + pg_.size();
   std::size_t k = 0;
   for (const auto& bucket : buckets_) {
     for (std::size_t i : bucket) has[k++] = failed_phase == 0 && params_[i].grad().defined() ? 1.0 : 0.0;
@@ -185,13 +195,13 @@ GradientSync::Agreed GradientSync::agree(double loss, std::int64_t correct, bool
   pg_.all_reduce_sum(t);
   Agreed a;
   a.loss = s[0];
-  a.correct = static_cast<std::int64_t>(std::llround(s[1]));
-  a.skip = s[2] > 0;
-  regraded_agreed_ = s[3] > 0;
+  a.stats.assign(s + 3, s + 3 + stats_width_);
+  a.skip = s[1] > 0;
+  regraded_agreed_ = s[2] > 0;
   for (std::int64_t r = 0; r < pg_.size(); ++r) {
-    if (s[4 + r] > 0) {
+    if (failures[r] > 0) {
       a.failed_rank = r;
-      a.failed_phase = static_cast<std::int64_t>(std::llround(s[4 + r]));
+      a.failed_phase = static_cast<std::int64_t>(std::llround(failures[r]));
       break;
     }
   }
@@ -234,7 +244,7 @@ void GradientSync::reduce(double scale) {
 }
 
 void GradientSync::unpack() {
-  const double* has = stats_.data_ptr<double>() + 4 + pg_.size();
+  const double* has = stats_.data_ptr<double>() + failures_at_ + pg_.size();
   std::size_t k = 0;
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     std::int64_t offset = 0;

@@ -5,7 +5,7 @@
 //   ... backward ...              // (overlap) a bucket whose gradients are done starts its all-reduce
 //   sync.pack();                  // local: the rest of this rank's gradients into the buckets
 //   // or, after an out-of-memory error in the local half: sync.abandon();
-//   auto a = sync.agree(...);     // one collective: loss, correct, skip, each rank's failure
+//   auto a = sync.agree(...);     // one collective: loss, task stats, skip, each rank's failure
 //   if (a.failed_rank >= 0) { sync.wait_started(); ... }  // every rank retries together
 //   sync.reduce(scale);           // the buckets summed over the ranks
 //   sync.unpack();                // local again: back into the gradients
@@ -52,7 +52,9 @@ class GradientSync {
   /// `params` fixes the buckets (see gradient_buckets). `overlap`: start the buckets' all-reduce
   /// inside the backward of an attempt's last micro-batch (hooks on the parameters' gradient
   /// accumulators), as soon as the buckets exist on every rank.
-  GradientSync(ProcessGroup& pg, const std::vector<at::Tensor>& params, std::int64_t bucket_bytes, bool overlap);
+  /// `stats_width`: the task's training statistics agree() adds up (Task::train_width()).
+  GradientSync(ProcessGroup& pg, const std::vector<at::Tensor>& params, std::int64_t bucket_bytes, bool overlap,
+               std::int64_t stats_width);
   ~GradientSync();  ///< removes the hooks
   GradientSync(const GradientSync&) = delete;
   GradientSync& operator=(const GradientSync&) = delete;
@@ -71,15 +73,15 @@ class GradientSync {
   /// What the ranks agreed after the local half of a step.
   struct Agreed {
     double loss = 0.0;              ///< summed over the ranks
-    std::int64_t correct = 0;       ///< summed over the ranks
+    std::vector<double> stats;      ///< the task's training statistics, summed over the ranks
     bool skip = false;              ///< any rank asked to skip the step
     std::int64_t failed_rank = -1;  ///< the lowest rank that failed, -1 when none did
     std::int64_t failed_phase = 0;  ///< its phase's wire code (train/oom_phase.h)
   };
-  /// One collective: every rank's loss, correct count, skip request, failure (a phase code, 0
+  /// One collective: every rank's loss, training statistics, skip request, failure (a phase code, 0
   /// for none), which parameters have a gradient and whether a gradient changed after its
   /// bucket started. Call it on every rank, after pack() or abandon().
-  Agreed agree(double loss, std::int64_t correct, bool skip, std::int64_t failed_phase);
+  Agreed agree(double loss, const std::vector<double>& stats, bool skip, std::int64_t failed_phase);
 
   /// Waits for the buckets started in this attempt (they are reused by the next one) and ends
   /// the attempt. Call it after an agree() that found a failure; reduce() calls it otherwise.
@@ -122,10 +124,12 @@ class GradientSync {
   std::vector<std::int64_t> numel_;                ///< elements per bucket
   std::vector<std::size_t> bucket_of_;             ///< the bucket of each slot
   std::vector<at::Tensor> flat_;                   ///< one flat tensor per bucket, once packed
-  at::Tensor stats_;                               ///< [loss, correct, skip, regraded, failures..., has grad...]
+  at::Tensor stats_;                               ///< [loss, skip, regraded, task stats..., failures..., has grad...]
 
   const bool overlap_;
-  bool established_ = false;  ///< the buckets exist on every rank (an agreement without failure)
+  const std::int64_t stats_width_;  ///< the task's training statistics in stats_
+  const std::int64_t failures_at_;  ///< where the ranks' failures start in stats_
+  bool established_ = false;        ///< the buckets exist on every rank (an agreement without failure)
   bool regraded_agreed_ = false;
   std::atomic<bool> armed_{false};
   std::mutex mutex_;                          ///< the attempt's state below (hooks run on autograd's thread)

@@ -30,8 +30,8 @@ class CommTimer {
 
 }  // namespace
 
-RankGroupSync::RankGroupSync(ProcessGroup& group, Model& model, std::int64_t bucket_bytes, bool overlap,
-                             bool plugins_change_gradients, OomRecovery& oom, TrainMetrics& metrics,
+RankGroupSync::RankGroupSync(ProcessGroup& group, Model& model, std::int64_t stats_width, std::int64_t bucket_bytes,
+                             bool overlap, bool plugins_change_gradients, OomRecovery& oom, TrainMetrics& metrics,
                              spdlog::logger& log)
     : group_(group), model_(model), oom_(oom), metrics_(metrics), log_(log) {
   // A plugin handling AfterBackward may change the gradients there (mixed_precision unscales
@@ -44,7 +44,7 @@ RankGroupSync::RankGroupSync(ProcessGroup& group, Model& model, std::int64_t buc
     overlap = false;
   }
   overlap = group_.all_reduce_max(overlap ? 0 : 1) == 0;
-  grads_ = std::make_unique<GradientSync>(group_, model_.parameters(), bucket_bytes, overlap);
+  grads_ = std::make_unique<GradientSync>(group_, model_.parameters(), bucket_bytes, overlap, stats_width);
   log_.info("gradients: {} bucket{} of up to {:g} MiB{}", grads_->num_buckets(), grads_->num_buckets() == 1 ? "" : "s",
             static_cast<double>(bucket_bytes) / (1 << 20),
             overlap ? ", each all-reduced inside the backward once its gradients are complete (from the second step)"
@@ -97,7 +97,7 @@ StepTotals RankGroupSync::gradients(const std::function<StepTotals()>& local) {
   }
   CommTimer timer(metrics_);
   const auto agreed =
-      grads_->agree(mine.loss, mine.correct, mine.skip, failed ? oom_phase_info(failed->phase).wire_code : 0);
+      grads_->agree(mine.loss, mine.stats, mine.skip, failed ? oom_phase_info(failed->phase).wire_code : 0);
   if (agreed.failed_rank >= 0) {
     grads_->wait_started();
     throw_ranks_out_of_memory(failed, agreed.failed_rank, oom_phase_of_wire(agreed.failed_phase));
@@ -121,7 +121,7 @@ StepTotals RankGroupSync::gradients(const std::function<StepTotals()>& local) {
         "backward?): every bucket is reduced again after the backward, at the cost of the overlap "
         "(distributed.overlap = false avoids the double work)");
   }
-  return {agreed.loss, agreed.correct, agreed.skip};
+  return {agreed.loss, agreed.stats, agreed.skip};
 }
 
 bool RankGroupSync::before_step(const std::function<bool()>& local) {

@@ -29,7 +29,8 @@ class RankGroupSync final : public StepSync {
   /// `overlap`: start the buckets' all-reduce inside the backward; turned off (and logged) when
   /// `plugins_change_gradients` (a plugin handles AfterBackward, after an overlapped all-reduce
   /// would have sent them). The ranks agree on it, so that they all start the same collectives.
-  RankGroupSync(ProcessGroup& group, Model& model, std::int64_t bucket_bytes, bool overlap,
+  /// `stats_width`: the task's training statistics summed over the ranks (Task::train_width()).
+  RankGroupSync(ProcessGroup& group, Model& model, std::int64_t stats_width, std::int64_t bucket_bytes, bool overlap,
                 bool plugins_change_gradients, OomRecovery& oom, TrainMetrics& metrics, spdlog::logger& log);
   ~RankGroupSync() override;
 

@@ -14,6 +14,7 @@
 #include <torch/version.h>
 
 #include <filesystem>
+#include <map>
 #include <sstream>
 #include <utility>
 
@@ -169,6 +170,18 @@ class TorchScriptModel final : public Model {
   std::vector<std::pair<torch::nn::Module*, torch::jit::Module>> pairs_;
 };
 
+/// A parameter shared by two submodules (tied weights) would reach the optimizer, the gradient
+/// clipping and the data-parallel buckets once per name: refused until they are deduplicated.
+void check_untied(const torch::jit::Module& m, const std::string& file) {
+  std::map<const void*, std::string> first;
+  for (const auto& p : m.named_parameters(true)) {
+    const auto [it, fresh] = first.emplace(p.value.unsafeGetTensorImpl(), p.name);
+    TRAINER_CHECK_T(UsageError, fresh, where(file), ": parameters '", it->second, "' and '", p.name,
+                    "' are one tensor (tied weights), which trainer cannot train yet in a TorchScript module; untie "
+                    "them in Python (e.g. give the output layer its own copy) before torch.jit.script");
+  }
+}
+
 void freeze(torch::jit::Module& m, const std::vector<std::string>& patterns, const std::string& file) {
   std::vector<std::string> names;  // the first few, for the message
   for (const auto& p : m.named_parameters(true)) {
@@ -202,7 +215,7 @@ void convert(torch::jit::Module& m, c10::ScalarType dtype) {
 }
 
 /// One forward, in eval mode and without gradients, of a zero sample of the data's shape: the
-/// module must accept it and return logits [1, classes].
+/// module must accept it and return the task's outputs [1, data.num_classes].
 void check_dry_run(torch::jit::Module& m, const DataSpec& data, c10::ScalarType dtype, const std::string& file) {
   std::vector<std::int64_t> shape{1};
   shape.insert(shape.end(), data.sample_shape.begin(), data.sample_shape.end());
@@ -222,8 +235,9 @@ void check_dry_run(torch::jit::Module& m, const DataSpec& data, c10::ScalarType 
   const at::Tensor y = out.toTensor();
   TRAINER_CHECK_T(UsageError, y.dim() == 2 && y.size(0) == 1 && y.size(1) == data.num_classes, where(file),
                   ": forward of one sample of shape ", shape_text(shape), " returned ", shape_text(y.sizes()),
-                  "; classification needs logits [1, ", data.num_classes, "] (the dataset's ", data.num_classes,
-                  " classes)");
+                  "; the task needs outputs [1, ", data.num_classes,
+                  "] (task.name: classification: one per class, "
+                  "multilabel: one per label, regression: one per target)");
 }
 
 }  // namespace
@@ -244,6 +258,7 @@ std::shared_ptr<Model> load_torchscript_model(const Config& section, const DataS
                     where(s.path), TORCH_VERSION, error_summary(e)));
   }
   check_forward(m, s.path);
+  check_untied(m, s.path);
   const c10::ScalarType dtype = model_dtype(ModelSettings::from(section).dtype);
   convert(m, dtype);
   check_dry_run(m, data, dtype, s.path);

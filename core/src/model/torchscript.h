@@ -19,7 +19,7 @@ struct TorchScriptSettings : Settings<TorchScriptSettings> {
   static void declare(SettingsSchema<TorchScriptSettings>& s) {
     s.add(&TorchScriptSettings::path, "path",
           "The module's file, as torch.jit.script(module).save(path) writes it in Python; forward takes one "
-          "batch tensor and returns the logits [N, classes]")
+          "batch tensor and returns the task's outputs [N, K] (classification: the logits)")
         .required();
     s.add(&TorchScriptSettings::freeze, "freeze",
           "Name patterns (* wildcards, state_dict names) of parameters left untrained, e.g. [\"backbone.*\"]");
@@ -28,7 +28,7 @@ struct TorchScriptSettings : Settings<TorchScriptSettings> {
 
 /// Loads `section.path` as model "torchscript" for `data`: checks the file (a TorchScript
 /// archive), forward's signature (one tensor in, one tensor out) and one forward of a sample of
-/// the data's shape (logits [1, data.num_classes]), and converts its floating-point tensors to
+/// the data's shape (the task's outputs [1, data.num_classes]), and converts its floating-point tensors to
 /// model.dtype. Throws UsageError naming model.path, the file and what is allowed.
 std::shared_ptr<Model> load_torchscript_model(const Config& section, const DataSpec& data);
 

@@ -12,8 +12,12 @@
 #include <mutex>
 
 #include "trainer/config_spec.h"
+#include "trainer/data.h"
 #include "trainer/error.h"
 #include "trainer/logging.h"
+#include "trainer/model.h"
+#include "trainer/optim.h"
+#include "trainer/task.h"
 #include "util/paths.h"
 
 namespace fs = std::filesystem;
@@ -193,6 +197,27 @@ std::shared_ptr<Plugin> PluginHost::load(const std::string& name_or_path) {
   return std::shared_ptr<Plugin>(raw);
 }
 
+namespace {
+
+/// Every registry's entries, as "kind name" → the entry.
+std::map<std::string, RegisteredEntry> registered_entries() {
+  std::map<std::string, RegisteredEntry> out;
+  const auto add = [&out](const auto& registry) {
+    for (const auto& name : registry.names()) {
+      const auto e = registry.get(name);
+      out[registry.kind() + " " + name] = RegisteredEntry{registry.kind(), name, e.doc, e.keys};
+    }
+  };
+  add(model_registry());
+  add(dataset_registry());
+  add(optimizer_registry());
+  add(schedule_registry());
+  add(task_registry());
+  return out;
+}
+
+}  // namespace
+
 std::vector<PluginInfo> PluginHost::discover(std::vector<std::string>* errors) {
   std::vector<PluginInfo> out;
   std::vector<std::string> seen;
@@ -208,9 +233,16 @@ std::vector<PluginInfo> PluginHost::discover(std::vector<std::string>* errors) {
       if (std::find(seen.begin(), seen.end(), name) != seen.end()) continue;
       seen.push_back(name);
       try {
+        // What creating the plugin adds to the registries is its own (a plugin registers its
+        // components when it is created).
+        const auto before = registered_entries();
         auto plugin = load(p.string());
+        std::vector<RegisteredEntry> added;
+        for (auto& [key, entry] : registered_entries()) {
+          if (before.count(key) == 0) added.push_back(entry);
+        }
         out.push_back({plugin->name(), plugin->version(), plugin->description(), p.string(), plugin->events(),
-                       plugin->config_keys()});
+                       plugin->config_keys(), added});
       } catch (const std::exception& e) {
         if (errors) errors->push_back(e.what());
       }

@@ -49,8 +49,15 @@ std::map<std::string, double> Evaluator::run() {
   // after, so the metrics are those of one process evaluating them all.
   std::int64_t first = 0, last = n;
   if (parts_.group) std::tie(first, last) = shard_range(n, parts_.group->rank(), parts_.group->size());
-  double loss_sum = 0.0;
-  std::int64_t correct = 0;
+  // One row of the task's statistics per evaluated sample, in sample order (kept between
+  // evaluations): a retry rewrites the same rows, and in a data-parallel run each rank writes
+  // its own and the tables are added up (zeros elsewhere), so every sample counts once.
+  const Task& task = *parts_.task;
+  if (!rows_.defined() || rows_.size(0) != n || rows_.size(1) != task.eval_width()) {
+    rows_ = at::zeros({n, task.eval_width()}, at::kDouble);
+  } else {
+    rows_.zero_();
+  }
   std::optional<std::string> gave_up;  // this rank's out-of-memory give-up, in a data-parallel run
   std::int64_t gave_up_at = 0;         // the last micro-batch it tried
   {
@@ -60,10 +67,8 @@ std::map<std::string, double> Evaluator::run() {
     try {
       settled = oom_.retry(
           OomRetry::AskPlugins, parts_.eval_batch, std::max<std::int64_t>(1, last - first), [&](std::int64_t batch) {
-            // Every attempt starts from zero, and tells the plugins so: a retried evaluation counts
-            // each sample once.
-            loss_sum = 0.0;
-            correct = 0;
+            // Every attempt tells the plugins it starts again: a retried evaluation counts each
+            // sample once (its rows are rewritten).
             oom_.enter(OomPhase::Eval);
             hooks_.fire(Event::EvalStart);
             at::NoGradGuard no_grad;
@@ -74,17 +79,20 @@ std::map<std::string, double> Evaluator::run() {
               const Batch host = parts_.test_set->get(idx);
               const Batch b = to_device(parts_, host);
               if (per_batch) hooks_.fire(Event::EvalBatchStart, EventArgs::micro_batch(b, idx));
-              at::Tensor out, loss;
+              at::Tensor out, rows;
               {
                 // The same forward scopes as in training (autocast): evaluation runs at the training precision.
                 const auto scopes = hooks_.forward_scopes(Event::EvalBatchStart, EventArgs::micro_batch(b, idx));
                 out = parts_.model->forward(b.inputs);
-                loss = at::cross_entropy_loss(out, b.targets, {}, at::Reduction::Sum);
+                check_outputs(out, task);
+                rows = task.eval_rows(out, b.targets);
               }
-              loss_sum += loss.item<double>();
-              correct += out.argmax(1).eq(b.targets).sum().item<std::int64_t>();
+              TRAINER_CHECK(rows.dim() == 2 && rows.size(0) == len && rows.size(1) == task.eval_width(), "task '",
+                            parts_.task_name, "': eval_rows gave ", rows.sizes(), " for ", len,
+                            " samples; its eval_width() is ", task.eval_width());
+              rows_.narrow(0, begin, len).copy_(rows);
               if (per_batch) {
-                const at::Tensor mean = loss / static_cast<double>(len);
+                const at::Tensor mean = rows.select(1, 0).mean().to(at::kFloat);
                 hooks_.fire(Event::EvalBatchEnd, EventArgs::micro_batch(b, idx, &out, &mean));
               }
             }
@@ -100,26 +108,23 @@ std::map<std::string, double> Evaluator::run() {
   }
   if (parts_.group) {
     const std::int64_t ranks = parts_.group->size();
-    std::vector<at::Tensor> sums{at::zeros({2 + ranks}, at::kDouble)};
-    double* s = sums[0].data_ptr<double>();
-    s[0] = loss_sum;
-    s[1] = static_cast<double>(correct);
-    s[2 + parts_.group->rank()] = gave_up ? 1.0 : 0.0;
-    parts_.group->all_reduce_sum(sums);
+    std::vector<at::Tensor> flags{at::zeros({ranks}, at::kDouble)};
+    flags[0].data_ptr<double>()[parts_.group->rank()] = gave_up ? 1.0 : 0.0;
+    parts_.group->all_reduce_sum(flags);
     if (gave_up) throw OomFailure(*gave_up, OomPhase::Eval, gave_up_at);
     for (std::int64_t r = 0; r < ranks; ++r) {
-      if (s[2 + r] > 0) {
+      if (flags[0].data_ptr<double>()[r] > 0) {
         throw OomFailure(
             fmt::format("rank {} ran out of memory in eval and gave up (its log says what was tried); every rank stops",
                         r),
             OomPhase::Eval);
       }
     }
-    loss_sum = s[0];
-    correct = static_cast<std::int64_t>(std::llround(s[1]));
+    std::vector<at::Tensor> table{rows_};
+    parts_.group->all_reduce_sum(table);
   }
-  m["eval/loss"] = loss_sum / double(n);
-  m["eval/accuracy"] = double(correct) / double(n);
+  for (const auto& [name, value] : task.evaluate(rows_)) m["eval/" + name] = value;
+  m["eval/loss"] = n > 0 ? rows_.select(1, 0).sum().item<double>() / double(n) : 0.0;
   // Plugins add their metrics (computed from the batches they saw); all are logged together.
   hooks_.fire(Event::EvalMetrics, EventArgs::evaluated(m));
   metrics_.log(state_.global_step, m);

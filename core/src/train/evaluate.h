@@ -1,6 +1,8 @@
 #pragma once
 // Private: evaluation on the test split (EvalStart … EvalEnd), retried from its first
 // sample with a smaller eval batch after an out-of-memory error.
+#include <ATen/core/Tensor.h>
+
 #include <cstdint>
 #include <map>
 #include <string>
@@ -21,8 +23,8 @@ class Evaluator {
   Evaluator(const EvalSettings& eval, RunParts& parts, const RunState& state, Hooks& hooks, OomRecovery& oom,
             MetricsLogger& metrics, TrainMetrics& window);
 
-  /// Evaluates the model (eval mode, no grad) on the whole test split: mean cross-entropy and
-  /// accuracy, logged as eval/loss and eval/accuracy at the current step, then EvalEnd. The
+  /// Evaluates the model (eval mode, no grad) on the whole test split: the mean loss and the
+  /// task's metrics, logged as eval/loss, eval/<metric> at the current step, then EvalEnd. The
   /// model is back in training mode afterwards, however it ends. Nothing when the run has no
   /// test split.
   std::map<std::string, double> run();
@@ -35,6 +37,7 @@ class Evaluator {
   MetricsLogger& metrics_;
   TrainMetrics& window_;
   std::int64_t limit_ = 0;  ///< samples evaluated (eval.limit_batches x eval.batch_size); 0 = all
+  at::Tensor rows_;         ///< the task's row of each evaluated sample [samples, Task::eval_width()]
 };
 
 }  // namespace trainer

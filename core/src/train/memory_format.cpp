@@ -22,12 +22,12 @@ void synchronize(const c10::Device& d) {
 }
 
 /// The best of `reps` timed forward+backward passes after one warm-up, in milliseconds.
-double time_passes(Model& m, const Batch& b, const c10::Device& device, int reps) {
+double time_passes(Model& m, const Task& task, const Batch& b, const c10::Device& device, int reps) {
   double best = std::numeric_limits<double>::infinity();
   for (int i = 0; i <= reps; ++i) {
     synchronize(device);
     const auto t0 = std::chrono::steady_clock::now();
-    at::cross_entropy_loss(m.forward(b.inputs), b.targets).backward();
+    task.sample_losses(m.forward(b.inputs), b.targets).mean().backward();
     synchronize(device);
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     drop_gradients(m);
@@ -66,9 +66,10 @@ at::MemoryFormat probe_memory_format(RunParts& parts, std::int64_t batch, int re
     const at::Tensor inputs = host.inputs.to(parts.device, parts.input_dtype);
     const at::Tensor targets = host.targets.to(parts.device);
     to_memory_format(parts, at::MemoryFormat::Contiguous);
-    ms[0] = time_passes(m, {inputs.contiguous(), targets}, parts.device, reps);
+    ms[0] = time_passes(m, *parts.task, {inputs.contiguous(), targets}, parts.device, reps);
     to_memory_format(parts, at::MemoryFormat::ChannelsLast);
-    ms[1] = time_passes(m, {inputs.contiguous(at::MemoryFormat::ChannelsLast), targets}, parts.device, reps);
+    ms[1] =
+        time_passes(m, *parts.task, {inputs.contiguous(at::MemoryFormat::ChannelsLast), targets}, parts.device, reps);
     if (ms[1] <= 0.97 * ms[0]) chosen = at::MemoryFormat::ChannelsLast;
   } catch (const std::exception& e) {
     drop_gradients(m);

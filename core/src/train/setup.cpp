@@ -109,6 +109,23 @@ void setup_data(RunParts& parts, const Config& cfg, bool with_test_split, spdlog
   if (with_test_split) parts.test_set = factory(section, Split::Test);
   log.info("dataset {}: {} train, {} test samples", name, parts.train_set->size(),
            parts.test_set ? parts.test_set->size() : 0);
+  parts.task_name = cfg.get_or<std::string>("task.name", "classification");
+  parts.task = make_task(cfg, *parts.train_set);
+  if (parts.test_set && parts.test_set->size() > 0) {
+    // The test split's targets must fit the same task (with the training split's classes), with
+    // the same outputs.
+    const DataSpec train_spec = parts.train_set->spec();
+    std::unique_ptr<Task> test;
+    try {
+      test = make_task(cfg, *parts.test_set, &train_spec);
+    } catch (const UsageError& e) {
+      throw UsageError(fmt::format("dataset {}, its test split: {}", name, e.what()));
+    }
+    TRAINER_CHECK_T(UsageError, test->outputs() == parts.task->outputs(), "dataset ", name, ": its test split needs ",
+                    test->outputs(), " model outputs per sample for task '",
+                    cfg.get_or<std::string>("task.name", "classification"), "', its training split ",
+                    parts.task->outputs());
+  }
 }
 
 /// `model.weights` as a file: itself. As a run directory (or its checkpoints/ directory): the
@@ -130,7 +147,10 @@ static std::string weights_file(const std::string& path, spdlog::logger& log) {
 
 void setup_model(RunParts& parts, Hooks& hooks, const Config& cfg, bool resuming, spdlog::logger& log) {
   const Config section = cfg.sub("model");
-  parts.model = build_model(section, parts.train_set->spec());
+  // The model's outputs per sample are what the task needs (the classes, labels or targets).
+  DataSpec spec = parts.train_set->spec();
+  spec.num_classes = parts.task->outputs();
+  parts.model = build_model(section, spec);
   const ModelSettings settings = ModelSettings::from(section);
   parts.input_dtype = model_dtype(settings.dtype);
   if (!settings.weights.empty() && resuming) {
@@ -168,6 +188,12 @@ void setup_model(RunParts& parts, Hooks& hooks, const Config& cfg, bool resuming
     if (p.requires_grad()) trainable += p.numel();
   }
   log.info("model {}: {} parameters, {} trainable", cfg.get<std::string>("model.name"), nparams, trainable);
+}
+
+void check_outputs(const at::Tensor& outputs, const Task& task) {
+  TRAINER_CHECK_T(UsageError, outputs.dim() == 2 && outputs.size(1) == task.outputs(), "the model's outputs are ",
+                  outputs.sizes(), "; the task needs [N, ", task.outputs(),
+                  "] (a model sizes its head from DataSpec::num_classes, the outputs per sample the task needs)");
 }
 
 Batch to_device(const RunParts& parts, const Batch& b) {

@@ -18,6 +18,7 @@
 #include "trainer/metrics.h"
 #include "trainer/model.h"
 #include "trainer/optim.h"
+#include "trainer/task.h"
 
 namespace spdlog {
 class logger;
@@ -34,6 +35,9 @@ struct RunParts {
   std::shared_ptr<Dataset> test_set;  ///< null when the run never evaluates (eval.every_epochs = 0)
   /// Reads train_set's batches ahead of the step ([loader]); made once the datasets are final.
   std::shared_ptr<BatchLoader> loader;
+  /// [task]: the loss and the metrics, for the training split's targets (setup_data).
+  std::shared_ptr<const Task> task;
+  std::string task_name;  ///< task.name
   std::shared_ptr<Model> model;
   std::unique_ptr<torch::optim::Optimizer> optim;
   std::unique_ptr<LrSchedule> schedule;
@@ -82,7 +86,8 @@ class MemoryBudget {
   std::int64_t previous_ = 0;          ///< the limit before
 };
 
-/// Loads the training split and, when `with_test_split`, the test split ([dataset]).
+/// Loads the training split and, when `with_test_split`, the test split ([dataset]), and builds
+/// the task ([task]) for their targets: UsageError when they do not fit it.
 void setup_data(RunParts& parts, const Config& cfg, bool with_test_split, spdlog::logger& log);
 
 /// Builds the model in its dtype ([model]), loads model.weights unless `resuming` (the
@@ -91,6 +96,10 @@ void setup_data(RunParts& parts, const Config& cfg, bool with_test_split, spdlog
 /// model.memory_format where the model has the key (a probe for "auto"), puts it in training
 /// mode and fires ModelToDevice.
 void setup_model(RunParts& parts, Hooks& hooks, const Config& cfg, bool resuming, spdlog::logger& log);
+
+/// Throws UsageError unless `outputs` are [N, task.outputs()] (a model from a plugin sizes its
+/// head from DataSpec::num_classes; one that does not would index past the task's classes).
+void check_outputs(const at::Tensor& outputs, const Task& task);
 
 /// `b` on the run's device, inputs in the model's input dtype and memory format.
 Batch to_device(const RunParts& parts, const Batch& b);

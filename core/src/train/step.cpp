@@ -23,8 +23,8 @@ namespace trainer {
 std::unique_ptr<StepSync> make_step_sync(RunParts& parts, Hooks& hooks, OomRecovery& oom, TrainMetrics& metrics,
                                          spdlog::logger& log) {
   if (!parts.group) return std::make_unique<LocalSync>();
-  return std::make_unique<RankGroupSync>(*parts.group, *parts.model, parts.bucket_bytes, parts.overlap,
-                                         hooks.wants(Event::AfterBackward), oom, metrics, log);
+  return std::make_unique<RankGroupSync>(*parts.group, *parts.model, parts.task->train_width(), parts.bucket_bytes,
+                                         parts.overlap, hooks.wants(Event::AfterBackward), oom, metrics, log);
 }
 
 TrainStep::TrainStep(const TrainingSettings& training, RunParts& parts, RunState& state, Hooks& hooks, OomRecovery& oom,
@@ -78,7 +78,7 @@ bool TrainStep::run(const at::Tensor& indices, std::int64_t global_size, Positio
   state_.samples_seen += global_size;
   advance();
   hooks_.fire(Event::AfterOptimizerStep);
-  metrics_.add_step(done.loss, global_size, done.correct, state_.micro_batch_size,
+  metrics_.add_step(done.loss, global_size, done.stats, state_.micro_batch_size,
                     training_.grad_clip_norm > 0 ? std::optional<double>(state_.grad_norm) : std::nullopt);
   return true;
 }
@@ -105,9 +105,9 @@ TrainStep::AttemptResult TrainStep::attempt(const at::Tensor& indices, std::int6
   state_.grad_norm = 0.0;
   // From here on the memory needed does not depend on the micro-batch.
   oom_.enter(OomPhase::OptimizerStep);
-  if (sync_->before_step([&] { return before_optimizer_step(totals.skip); })) return {true, 0.0, 0};
+  if (sync_->before_step([&] { return before_optimizer_step(totals.skip); })) return {true, 0.0, {}};
   take_step();
-  return {false, totals.loss, totals.correct};
+  return {false, totals.loss, totals.stats};
 }
 
 bool TrainStep::before_optimizer_step(bool skip) {
@@ -139,7 +139,7 @@ StepTotals TrainStep::accumulate(const Batch& full, const at::Tensor& indices, s
   const std::int64_t n = full.inputs.defined() ? full.size() : 0;
   state_.num_micro_batches = n / micro + (n % micro != 0);
   bool skip = false;
-  at::Tensor loss_sum, correct_sum;  // summed on the device, read once at the end
+  at::Tensor loss_sum, stats_sum;  // summed on the device, read once at the end
   for (std::int64_t i = 0; i < state_.num_micro_batches; ++i) {
     const std::int64_t begin = i * micro, len = std::min(micro, n - begin);
     const bool whole = state_.num_micro_batches == 1;
@@ -155,7 +155,8 @@ StepTotals TrainStep::accumulate(const Batch& full, const at::Tensor& indices, s
       // Plugins' scopes (autocast) cover the forward and the loss, and close on every exit path.
       const auto scopes = hooks_.forward_scopes(Event::BeforeForward, EventArgs::micro_batch(mb, idx));
       out = parts_.model->forward(mb.inputs);
-      loss = at::cross_entropy_loss(out, mb.targets);
+      check_outputs(out, *parts_.task);
+      loss = parts_.task->sample_losses(out, mb.targets).mean();
       if (len != global_size) loss = loss * (static_cast<double>(len) / static_cast<double>(global_size));
     }
     skip |= hooks_.fire(Event::AfterForward, EventArgs::micro_batch(mb, idx, &out, &loss)).skip_step;
@@ -174,14 +175,17 @@ StepTotals TrainStep::accumulate(const Batch& full, const at::Tensor& indices, s
     backward_loss.backward();
     skip |= hooks_.fire(Event::AfterBackward, EventArgs::micro_batch(mb, idx, nullptr, &loss)).skip_step;
     loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach();
-    const at::Tensor correct = out.detach().argmax(1).eq(mb.targets).sum();
-    correct_sum = correct_sum.defined() ? correct_sum + correct : correct;
+    const at::Tensor stats = parts_.task->train_sums(out.detach(), mb.targets);
+    TRAINER_CHECK(stats.numel() == parts_.task->train_width(), "task '", parts_.task_name, "': train_sums gave ",
+                  stats.numel(), " values; its train_width() is ", parts_.task->train_width());
+    stats_sum = stats_sum.defined() ? stats_sum + stats : stats;
   }
-  if (!loss_sum.defined()) return {0.0, 0, skip};  // no samples on this rank
-  // One read of the device for both (one synchronisation on a GPU).
-  const at::Tensor both = at::stack({loss_sum.to(at::kDouble), correct_sum.to(at::kDouble)}).cpu();
-  const double* v = both.data_ptr<double>();
-  return {v[0], static_cast<std::int64_t>(v[1]), skip};
+  const auto width = static_cast<std::size_t>(parts_.task->train_width());
+  if (!loss_sum.defined()) return {0.0, std::vector<double>(width, 0.0), skip};  // no samples on this rank
+  // One read of the device for all (one synchronisation on a GPU).
+  const at::Tensor all = at::cat({loss_sum.to(at::kDouble).reshape({1}), stats_sum.to(at::kDouble)}).cpu();
+  const double* v = all.data_ptr<double>();
+  return {v[0], std::vector<double>(v + 1, v + 1 + width), skip};
 }
 
 void TrainStep::prepare_step() {

@@ -66,11 +66,11 @@ class TrainStep {
   /// when the batch is skipped.
   bool start_batch(std::int64_t samples);
   /// How an attempt ended: the optimizer step skipped, or taken with the batch's loss and
-  /// correct count.
+  /// training statistics (Task::train_sums over its samples).
   struct AttemptResult {
     bool skipped = false;
     double loss = 0.0;
-    std::int64_t correct = 0;
+    std::vector<double> stats;
   };
   /// One attempt at the batch in micro-batches of `micro`: forward and backward (the gradients
   /// summed over the ranks), GradientsAccumulated … BeforeOptimizerStep, the optimizer step.
@@ -79,7 +79,7 @@ class TrainStep {
   /// Reads the batch (this rank's part) and runs accumulate() on it.
   StepTotals forward_backward(const at::Tensor& indices, std::int64_t micro, std::int64_t global_size);
   /// Forward and backward over the micro-batches of `full`: the summed (batch-normalised) loss,
-  /// the correct count and whether a plugin asked to skip the step.
+  /// the task's training statistics and whether a plugin asked to skip the step.
   StepTotals accumulate(const Batch& full, const at::Tensor& indices, std::int64_t micro, std::int64_t global_size);
   /// GradientsAccumulated, clipping, the learning rate, BeforeOptimizerStep and prepare_step(),
   /// unless skipped (`skip` or a plugin's request); returns whether the step is skipped.

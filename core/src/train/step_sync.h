@@ -26,11 +26,12 @@ class ProcessGroup;
 class TrainMetrics;
 struct RunParts;
 
-/// What the micro-batches of an attempt add up to: the (batch-normalised) loss, the correctly
-/// classified samples, and whether a plugin asked to skip the optimizer step.
+/// What the micro-batches of an attempt add up to: the (batch-normalised) loss, the task's
+/// training statistics summed over the samples (Task::train_sums), and whether a plugin asked
+/// to skip the optimizer step.
 struct StepTotals {
   double loss = 0.0;
-  std::int64_t correct = 0;
+  std::vector<double> stats;
   bool skip = false;
 };
 

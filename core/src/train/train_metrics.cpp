@@ -1,5 +1,8 @@
 #include "train/train_metrics.h"
 
+#include <ATen/ATen.h>
+
+#include <algorithm>
 #include <map>
 #include <string>
 
@@ -13,9 +16,13 @@ void TrainMetrics::log(const RunState& st) {
       {"train/lr", st.lr},
       {"train/epoch", double(st.epoch) + double(st.batch_in_epoch + 1) / double(st.steps_per_epoch)},
       {"train/samples_per_s", secs > 0 ? double(samples_) / secs : 0.0},
-      // Of the batches as the model saw them while training (dropout on, weights changing).
-      {"train/accuracy", samples_ > 0 ? double(correct_) / double(samples_) : 0.0},
       {"train/micro_batch_size", double(micro_batch_)}};
+  // The task's (train/accuracy for classification), of the batches as the model saw them while
+  // training (dropout on, weights changing).
+  if (task_ && !stats_.empty()) {
+    const at::Tensor sums = at::tensor(stats_, at::kDouble);
+    for (const auto& [name, value] : task_->train_metrics(sums, samples_)) m["train/" + name] = value;
+  }
   // The window's mean, like train/loss: the total L2 norm of each step's gradient before clipping.
   if (norms_ > 0) m["train/grad_norm"] = grad_norm_ / double(norms_);
   if (comm_s_ > 0) {
@@ -29,7 +36,7 @@ void TrainMetrics::log(const RunState& st) {
   grad_norm_ = 0;
   norms_ = 0;
   loss_ = 0;
-  correct_ = 0;
+  std::fill(stats_.begin(), stats_.end(), 0.0);
   steps_ = 0;
   samples_ = 0;
   excluded_s_ = 0.0;

@@ -1,15 +1,18 @@
 #pragma once
-// Private: the training metrics of a window of optimizer steps (train/loss, train/accuracy,
-// train/lr, train/epoch, train/samples_per_s, train/micro_batch_size, train/grad_norm when
-// gradients are clipped, and in a data-parallel run dist/comm_s, dist/comm_share,
-// dist/all_reduce_s and dist/all_reduce_share), logged
-// every training.log_every steps and at epoch ends.
+// Private: the training metrics of a window of optimizer steps (train/loss, the task's own such
+// as train/accuracy, train/lr, train/epoch, train/samples_per_s, train/micro_batch_size,
+// train/grad_norm when gradients are clipped, and in a data-parallel run dist/comm_s,
+// dist/comm_share, dist/all_reduce_s and dist/all_reduce_share), logged every
+// training.log_every steps and at epoch ends.
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <optional>
+#include <vector>
 
 #include "trainer/context.h"
 #include "trainer/metrics.h"
+#include "trainer/task.h"
 
 namespace trainer {
 
@@ -17,18 +20,22 @@ class TrainMetrics {
  public:
   using Clock = std::chrono::steady_clock;
 
-  explicit TrainMetrics(MetricsLogger& metrics) : metrics_(metrics) {}
+  /// `task`: whose training metrics the windows log (Task::train_metrics of their summed
+  /// statistics); null: the loss only.
+  TrainMetrics(MetricsLogger& metrics, std::shared_ptr<const Task> task) : metrics_(metrics), task_(std::move(task)) {}
 
   /// Starts the first window (when training starts).
   void start() { start_ = Clock::now(); }
-  /// One optimizer step of `samples` samples with mean loss `loss` and, when the core clipped
-  /// it, the gradient's norm before clipping.
-  void add_step(double loss, std::int64_t samples, std::int64_t correct, std::int64_t micro_batch,
+  /// One optimizer step of `samples` samples with mean loss `loss`, the task's training
+  /// statistics summed over them and, when the core clipped it, the gradient's norm before
+  /// clipping.
+  void add_step(double loss, std::int64_t samples, const std::vector<double>& stats, std::int64_t micro_batch,
                 std::optional<double> grad_norm = std::nullopt) {
     loss_ += loss;
     ++steps_;
     samples_ += samples;
-    correct_ += correct;
+    if (stats_.size() < stats.size()) stats_.resize(stats.size(), 0.0);
+    for (std::size_t i = 0; i < stats.size(); ++i) stats_[i] += stats[i];
     micro_batch_ = micro_batch;
     if (grad_norm) {
       grad_norm_ += *grad_norm;
@@ -67,7 +74,8 @@ class TrainMetrics {
   MetricsLogger& metrics_;
   double loss_ = 0.0;
   std::int64_t steps_ = 0, samples_ = 0;
-  std::int64_t correct_ = 0;      ///< correctly classified training samples of the window
+  std::shared_ptr<const Task> task_;
+  std::vector<double> stats_;     ///< the task's training statistics summed over the window
   std::int64_t micro_batch_ = 0;  ///< micro-batch size of the window's last step
   double grad_norm_ = 0.0;        ///< summed over the window's clipped steps
   std::int64_t norms_ = 0;

@@ -49,7 +49,7 @@ namespace {
 struct Rooms {
   Rooms(const LoopSettings& s, const std::string& checkpoint_dir, DataOrder order, RunParts& parts, RunState& state,
         Hooks& hooks, MetricsLogger& metrics, spdlog::logger& log)
-      : window(metrics),
+      : window(metrics, parts.task),
         oom(parts, state, hooks, log),
         step(s.training, parts, state, hooks, oom, window, log),
         evaluator(s.eval, parts, state, hooks, oom, metrics, window),

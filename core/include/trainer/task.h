@@ -1,0 +1,85 @@
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "trainer/config.h"
+#include "trainer/data.h"
+#include "trainer/export.h"
+#include "trainer/registry.h"
+
+namespace trainer {
+
+/// What a run learns: the loss of the model's outputs against the targets, and the metrics
+/// that summarise them. `[task] name` picks one from the task registry ("classification",
+/// "multilabel", "regression", or one a plugin registers); its keys join the [task] section.
+///
+/// Metrics are exact sums over samples: each sample's statistics are a row of doubles
+/// (eval_rows()), the core writes every evaluated sample's row into its place in one table
+/// (a retry after an out-of-memory error rewrites the same rows; in a data-parallel run each
+/// rank writes its own rows and the tables are added up, zeros elsewhere), and evaluate()
+/// computes the metrics from the whole table. Training metrics are column sums over the
+/// samples of a logging window (train_sums()).
+class TRAINER_API Task {
+ public:
+  virtual ~Task() = default;
+
+  /// Outputs per sample the model must produce ([N, outputs()] from a batch of N).
+  virtual std::int64_t outputs() const = 0;
+
+  /// Per-sample losses [N] (float, differentiable) of `outputs` [N, outputs()] against
+  /// `targets` as the dataset gives them. The core trains on their mean over the micro-batch,
+  /// scaled by its share of the batch, so that micro-batches add up to the batch's mean.
+  virtual at::Tensor sample_losses(const at::Tensor& outputs, const at::Tensor& targets) const = 0;
+
+  /// Width of a training statistics row; names of the training metrics come from train_metrics().
+  virtual std::int64_t train_width() const = 0;
+  /// Column sums over the micro-batch's samples of the training statistics [train_width()],
+  /// double, on the outputs' device (no gradient). E.g. classification: [correct].
+  virtual at::Tensor train_sums(const at::Tensor& outputs, const at::Tensor& targets) const = 0;
+  /// The training metrics (without the "train/" prefix; "loss" is the core's) of a window of
+  /// `samples` samples whose train_sums() add up to `sums` (CPU, double).
+  virtual std::map<std::string, double> train_metrics(const at::Tensor& sums, std::int64_t samples) const = 0;
+
+  /// Width of an evaluation row. Column 0 is the sample's loss (sample_losses()).
+  virtual std::int64_t eval_width() const = 0;
+  /// One row per sample [N, eval_width()], double, on the outputs' device (no gradient).
+  virtual at::Tensor eval_rows(const at::Tensor& outputs, const at::Tensor& targets) const = 0;
+  /// The evaluation metrics (without the "eval/" prefix; "loss" is the mean of column 0,
+  /// added by the core) of every evaluated sample's row [n, eval_width()] (CPU, double, in
+  /// sample order).
+  virtual std::map<std::string, double> evaluate(const at::Tensor& rows) const = 0;
+};
+
+/// Builds a task from its config section (`task.*`), the dataset's spec and a few of its
+/// training samples (`probe`: their targets show the targets' type and shape). Throws
+/// UsageError when the data does not fit the task, naming dataset, task and what is allowed.
+using TaskFactory =
+    std::function<std::unique_ptr<Task>(const Config& section, const DataSpec& data, const Batch& probe)>;
+
+/// The process-wide task registry (built-ins: "classification", "multilabel", "regression").
+TRAINER_API Registry<TaskFactory>& task_registry();
+
+/// Per-sample losses [N] (float, differentiable) of outputs [N, K] against targets.
+using SampleLoss = std::function<at::Tensor(const at::Tensor& outputs, const at::Tensor& targets)>;
+
+/// The built-in "classification" task (its checks of the data, its training and evaluation
+/// metrics and its keys' meaning) with another loss: a plugin's task that only changes the
+/// loss (focal, hinge…) is this. `section` holds classification's keys
+/// (classification_task_keys(); class_weights and label_smoothing only shape the default
+/// loss). An empty `loss` is cross-entropy.
+TRAINER_API std::unique_ptr<Task> classification_task(const Config& section, const DataSpec& data, const Batch& probe,
+                                                      SampleLoss loss = {});
+/// The keys of the "classification" task, for a registry entry built on classification_task().
+TRAINER_API std::vector<KeySpec> classification_task_keys();
+
+/// The task `cfg.task.name` for `dataset`'s data (`probe` as for TaskFactory: its first
+/// samples), with `spec` (the training split's, for a test split) or the dataset's own.
+TRAINER_API std::unique_ptr<Task> make_task(const Config& cfg, const Dataset& dataset, const DataSpec* spec = nullptr);
+
+}  // namespace trainer
