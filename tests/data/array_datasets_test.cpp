@@ -89,15 +89,21 @@ std::vector<std::string> csv_fashion(const std::string& train) {
           "dataset.test=" + quoted(file("fmnist_test.csv")), "dataset.targets=[\"label\"]"};
 }
 
-// The same 512 images, the same numbers (NumPy saved what the built-in dataset computes; the
-// CSV holds each float32 exactly), shuffled by the same seed: the same run, bit for bit.
-TEST_F(ArrayDatasets, FashionMnistFromNpyCsvAndTsvTrainsAsTheBuiltInDataset) {
+// The same 512 images, the same numbers (NumPy saved what the built-in dataset computes, in
+// .npy files and in a stored and a deflated .npz archive; the CSV holds each float32 exactly),
+// shuffled by the same seed: the same run, bit for bit.
+TEST_F(ArrayDatasets, FashionMnistFromNpyNpzCsvAndTsvTrainsAsTheBuiltInDataset) {
   ASSERT_EQ(run("builtin", kFashion).exit_code, kExitOk);
   const auto reference = losses("builtin");
   const auto params = params_;
   ASSERT_EQ(reference.size(), 16u);
   const std::vector<std::pair<std::string, std::vector<std::string>>> runs = {
-      {"npy", npy_fashion()}, {"csv", csv_fashion("fmnist_train.csv")}, {"tsv", csv_fashion("fmnist_train.tsv")}};
+      {"npy", npy_fashion()},
+      {"npz",
+       {"dataset.name=\"npz\"", "dataset.train=" + quoted(file("fmnist_train.npz")),
+        "dataset.test=" + quoted(file("fmnist_test.npz")), "dataset.inputs=\"images\"", "dataset.targets=\"labels\""}},
+      {"csv", csv_fashion("fmnist_train.csv")},
+      {"tsv", csv_fashion("fmnist_train.tsv")}};
   for (const auto& [name, overrides] : runs) {
     SCOPED_TRACE(name);
     const RunResult r = run(name, overrides);
@@ -200,6 +206,10 @@ TEST_F(ArrayDatasets, BadFilesExitTwoNamingFileLineAndWhatIsAllowed) {
     return std::vector<std::string>{"dataset.name=\"csv\"", "dataset.train=" + quoted(file(name)),
                                     "dataset.targets=" + targets, "eval.every_epochs=0"};
   };
+  const auto npz = [](const std::string& archive) {
+    return std::vector<std::string>{"dataset.name=\"npz\"", "dataset.train=" + quoted(file(archive)),
+                                    "eval.every_epochs=0"};
+  };
   const auto npy = [](const std::string& x, const std::string& y) {
     return std::vector<std::string>{"dataset.name=\"npy\"", "dataset.train_inputs=" + quoted(file(x)),
                                     "dataset.train_targets=" + quoted(file(y)), "eval.every_epochs=0"};
@@ -223,7 +233,14 @@ TEST_F(ArrayDatasets, BadFilesExitTwoNamingFileLineAndWhatIsAllowed) {
       {npy("bad_object.npy", "int32_y.npy"), "dtype '|O'; read here: float16/32/64, int8/16/32/64, uint8, bool"},
       {npy("bad_complex.npy", "int32_y.npy"), "dtype '<c8'"},
       {npy("bad_archive.npz", "int32_y.npy"),
-       "not a .npy file (numpy.save writes one; an .npz archive is not read here)"},
+       "not a .npy file (numpy.save writes one; for an .npz archive use "
+       "dataset.name = \"npz\")"},
+      {npz("bad_archive.npz"), "bad_archive.npz\": no array 'y' (dataset.targets); it holds x.npy"},
+      {npz("bad_bomb.npz"), "declares 2147483632 bytes inflated from"},
+      {npz("bad_damaged.npz"), "does not inflate to the"},
+      {npz("fmnist_test_x.npy"),
+       "not a zip archive (numpy.savez writes one; for a single array use "
+       "dataset.name = \"npy\")"},
       {npy("uint8_x.npy", "bad_count_y.npy"),
        "holds 16 samples, dataset.train_targets = \"" + file("bad_count_y.npy") + "\" 5 targets"},
       // The data does not fit the task: float targets for classification.

@@ -16,6 +16,8 @@ Writes into OUT_DIR:
   regression_{train,test}.csv 8 features and 2 real-valued targets y0, y1 (a fixed linear map of
                               the features plus a little noise), header "x0..x7,y0,y1"
   labels_{train,test}_{x,y}.npy  16 features and 4 boolean labels (the signs of a linear map)
+  fmnist_train.npz            the same arrays as "images" and "labels", stored (numpy.savez)
+  fmnist_test.npz             deflated (numpy.savez_compressed)
   bad_*                       broken files for the error tests
 """
 import csv
@@ -60,6 +62,8 @@ def main(out):
         x = normalised(raw)
         np.save(p(f"fmnist_{split}_x.npy"), x)
         np.save(p(f"fmnist_{split}_y.npy"), y)
+        # The training archive stored (savez), the test archive deflated (savez_compressed).
+        (np.savez if split == "train" else np.savez_compressed)(p(f"fmnist_{split}.npz"), images=x, labels=y)
         header = ["label"] + [f"p{i}" for i in range(784)]
         # repr of each float32 as a Python float: the exact value, read back exactly.
         rows = [[int(y[i])] + [repr(float(v)) for v in x[i].reshape(-1)] for i in range(n)]
@@ -113,6 +117,19 @@ def main(out):
     np.save(p("bad_complex.npy"), np.zeros(3, dtype=np.complex64))
     np.save(p("bad_count_y.npy"), np.zeros(5, dtype=np.int64))
     np.savez(p("bad_archive.npz"), x=good)
+    # An entry whose central directory declares far more than its compressed bytes inflate to.
+    np.savez_compressed(p("bad_bomb.npz"), x=good, y=np.arange(3))
+    data = bytearray(open(p("bad_bomb.npz"), "rb").read())
+    at = data.index(b"PK\x01\x02")
+    data[at + 24:at + 28] = (0x7FFFFFF0).to_bytes(4, "little")  # the first entry's inflated size
+    open(p("bad_bomb.npz"), "wb").write(bytes(data))
+    # A deflated entry with a damaged byte in its compressed data.
+    np.savez_compressed(p("bad_damaged.npz"), x=np.arange(4000, dtype=np.float32).reshape(1000, 4),
+                        y=np.zeros(1000, dtype=np.int64))
+    data = bytearray(open(p("bad_damaged.npz"), "rb").read())
+    name_len = int.from_bytes(data[26:28], "little") + int.from_bytes(data[28:30], "little")
+    data[30 + name_len + 40] ^= 0xFF
+    open(p("bad_damaged.npz"), "wb").write(bytes(data))
     print("array_files: wrote", out)
 
 

@@ -1,5 +1,6 @@
 // Data as users keep it in files of numbers: "csv" (CSV or TSV, feature columns and target
-// columns by name) and "npy" (NumPy's .npy arrays, as numpy.save writes them). Each file is
+// columns by name), "npy" (NumPy's .npy arrays, as numpy.save writes them) and "npz" (their
+// archives, numpy.savez and savez_compressed). Each file is
 // read whole into memory once, bounded by its size, and checked as it is read: a bad row is
 // named with its file and line, a bad array with its file and what it declares.
 #include <ATen/ATen.h>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "data/array_datasets.h"
+#include "model/zip_archive.h"
 #include "trainer/error.h"
 #include "trainer/settings.h"
 
@@ -306,11 +308,9 @@ std::string header_value(const std::string& header, const std::string& key, cons
 
 /// An array numpy.save wrote: format versions 1 to 3, little-endian (or single-byte) numbers,
 /// C or Fortran order. Its data must be exactly what its header declares.
-at::Tensor read_npy(const std::string& path, const std::string& key) {
-  const std::string where = fmt::format("{} = \"{}\"", key, path);
-  const std::string bytes = read_whole(path, key);
+at::Tensor parse_npy(const std::string& bytes, const std::string& where) {
   TRAINER_CHECK_T(UsageError, bytes.size() >= 10 && bytes.compare(0, 6, "\x93NUMPY") == 0, where,
-                  ": not a .npy file (numpy.save writes one; an .npz archive is not read here)");
+                  ": not a .npy file (numpy.save writes one; for an .npz archive use dataset.name = \"npz\")");
   const auto major = static_cast<unsigned char>(bytes[6]);
   TRAINER_CHECK_T(UsageError, major >= 1 && major <= 3, where, ": .npy format version ", int(major),
                   "; versions 1 to 3 are read");
@@ -376,6 +376,10 @@ at::Tensor read_npy(const std::string& path, const std::string& key) {
   return t;
 }
 
+at::Tensor read_npy(const std::string& path, const std::string& key) {
+  return parse_npy(read_whole(path, key), fmt::format("{} = \"{}\"", key, path));
+}
+
 std::shared_ptr<Dataset> npy_dataset(const NpySettings& s, Split split) {
   const bool train = split == Split::Train;
   const std::string inputs_key = train ? "dataset.train_inputs" : "dataset.test_inputs";
@@ -396,6 +400,70 @@ std::shared_ptr<Dataset> npy_dataset(const NpySettings& s, Split split) {
   return std::make_shared<ArrayDataset>(x, y, classes_of(y, s.num_classes, targets_path));
 }
 
+// ---------------------------------------------------------------------------------------------
+// .npz
+
+struct NpzSettings : Settings<NpzSettings> {
+  std::string train, test;
+  std::string inputs = "x", targets = "y";
+  std::int64_t num_classes = 0;
+
+  static void declare(SettingsSchema<NpzSettings>& s) {
+    s.add(&NpzSettings::train, "train", "The training split: an .npz archive (numpy.savez or savez_compressed)")
+        .required();
+    s.add(&NpzSettings::test, "test", "The test split's archive; empty = none (then the run must not evaluate)");
+    s.add(&NpzSettings::inputs, "inputs", "The inputs' array in each archive: [N, ...]");
+    s.add(&NpzSettings::targets, "targets", "The targets' array in each archive: [N] or [N, K]");
+    s.add(&NpzSettings::num_classes, "num_classes",
+          "Classes of integer targets; 0 = the largest target of the training split plus one")
+        .min(0);
+  }
+};
+
+std::shared_ptr<Dataset> npz_dataset(const NpzSettings& s, Split split) {
+  const std::string key = split == Split::Train ? "dataset.train" : "dataset.test";
+  const std::string path = split == Split::Train ? s.train : s.test;
+  TRAINER_CHECK_T(UsageError, !path.empty(),
+                  "dataset.test is empty: the run evaluates (eval.every_epochs or "
+                  "eval.at_end) and needs a test archive; set dataset.test or eval.every_epochs = 0");
+  std::error_code ec;
+  TRAINER_CHECK_T(UsageError, fs::is_regular_file(path, ec), key, " = \"", path, "\": no such file");
+  std::unique_ptr<detail::ZipArchive> zip;
+  // Records are NumPy's .npy files, stored (savez) or deflated (savez_compressed); what the
+  // deflated ones declare is bounded by deflate's largest ratio to the file's bytes.
+  detail::ZipLayout layout;
+  layout.torch = false;
+  layout.max_inflated = static_cast<std::uint64_t>(fs::file_size(path, ec)) * detail::kMaxDeflateRatio + (1 << 20);
+  try {
+    zip = detail::ZipArchive::open(path, layout);
+  } catch (const detail::TorchSaveError& e) {
+    throw UsageError(fmt::format("{} = \"{}\": {}", key, path, e.what()));
+  }
+  TRAINER_CHECK_T(UsageError, zip != nullptr, key, " = \"", path,
+                  "\": not a zip archive (numpy.savez writes one; for a single array use dataset.name = \"npy\")");
+  const auto array = [&](const std::string& name, const std::string& which) {
+    const std::string record = name + ".npy";
+    TRAINER_CHECK_T(UsageError, zip->has(record), key, " = \"", path, "\": no array '", name, "' (dataset.", which,
+                    "); it holds ", fmt::format("{}", fmt::join(zip->names(), ", ")));
+    std::string bytes;
+    try {
+      bytes = zip->read(record);
+    } catch (const detail::TorchSaveError& e) {
+      throw UsageError(fmt::format("{} = \"{}\": {}", key, path, e.what()));
+    }
+    return parse_npy(bytes, fmt::format("{} = \"{}\", array '{}'", key, path, name));
+  };
+  const at::Tensor x = array(s.inputs, "inputs");
+  const at::Tensor y = as_targets(array(s.targets, "targets"));
+  TRAINER_CHECK_T(UsageError, x.size(0) == y.size(0), key, " = \"", path, "\": '", s.inputs, "' holds ", x.size(0),
+                  " samples, '", s.targets, "' ", y.size(0), " targets");
+  TRAINER_CHECK_T(UsageError, y.dim() <= 2, key, " = \"", path, "\": '", s.targets, "' has ", y.dim(),
+                  " dimensions; targets are [N] or [N, K]");
+  TRAINER_CHECK_T(UsageError, x.dim() >= 2, key, " = \"", path, "\": '", s.inputs,
+                  "' has one dimension; inputs are [N, features] or [N, C, H, W]");
+  return std::make_shared<ArrayDataset>(x, y, classes_of(y, s.num_classes, path));
+}
+
 }  // namespace
 
 void add_array_datasets(Registry<DatasetFactory>& r) {
@@ -407,6 +475,10 @@ void add_array_datasets(Registry<DatasetFactory>& r) {
       "npy",
       [](const Config& c, Split split) -> std::shared_ptr<Dataset> { return npy_dataset(NpySettings::from(c), split); },
       NpySettings::keys(), "NumPy arrays saved with numpy.save: inputs [N, ...] and targets [N] or [N, K]");
+  r.add(
+      "npz",
+      [](const Config& c, Split split) -> std::shared_ptr<Dataset> { return npz_dataset(NpzSettings::from(c), split); },
+      NpzSettings::keys(), "NumPy archives (numpy.savez, savez_compressed) holding inputs and targets per split");
 }
 
 }  // namespace trainer

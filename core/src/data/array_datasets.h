@@ -1,5 +1,6 @@
 #pragma once
-// Private: the datasets of numbers in files ("csv": CSV/TSV, "npy": NumPy's .npy arrays).
+// Private: the datasets of numbers in files ("csv": CSV/TSV, "npy": NumPy's .npy arrays,
+// "npz": their archives).
 #include "trainer/data.h"
 
 namespace trainer {

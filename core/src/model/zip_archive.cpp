@@ -66,7 +66,7 @@ void ZipArchive::pread_all(std::uint64_t offset, void* dst, std::uint64_t n) con
   }
 }
 
-std::unique_ptr<ZipArchive> ZipArchive::open(const std::string& path) {
+std::unique_ptr<ZipArchive> ZipArchive::open(const std::string& path, const ZipLayout& layout) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw TorchSaveError(std::string("cannot be opened (") + std::strerror(errno) + ")");
   struct stat st {};
@@ -74,7 +74,7 @@ std::unique_ptr<ZipArchive> ZipArchive::open(const std::string& path) {
     ::close(fd);
     throw TorchSaveError("is not a regular file");
   }
-  std::unique_ptr<ZipArchive> zip(new ZipArchive(fd, static_cast<std::uint64_t>(st.st_size)));
+  std::unique_ptr<ZipArchive> zip(new ZipArchive(fd, static_cast<std::uint64_t>(st.st_size), layout.torch));
   const std::uint64_t file = zip->file_size_;
   unsigned char head[4];
   if (file < sizeof head) return nullptr;
@@ -170,10 +170,16 @@ std::unique_ptr<ZipArchive> ZipArchive::open(const std::string& path) {
     const std::string entry = "entry " + shown(name);
     if (flags & 1) refuse_zip(entry + " is encrypted");
     if (method == 8) {
-      if (size > kMaxInflatedBytes - inflated) {
+      if (!layout.torch && size > 64 && (size - 64) / kMaxDeflateRatio > packed) {
+        refuse_zip(entry + " declares " + std::to_string(size) + " bytes inflated from " + std::to_string(packed) +
+                   ": more than deflate can expand them to");
+      }
+      if (size > layout.max_inflated - inflated) {
         refuse_zip(entry + " is deflated to " + std::to_string(size) + " declared bytes, past the " +
-                   std::to_string(kMaxInflatedBytes) + " that compressed entries may declare together (torch.save " +
-                   "compresses nothing; LibTorch only a trainer checkpoint's few KiB of code)");
+                   std::to_string(layout.max_inflated) + " that compressed entries may declare together" +
+                   (layout.torch
+                        ? " (torch.save compresses nothing; LibTorch only a trainer checkpoint's few KiB of code)"
+                        : ""));
       }
       inflated += size;
     } else if (method != 0) {
@@ -198,13 +204,13 @@ std::unique_ptr<ZipArchive> ZipArchive::open(const std::string& path) {
     }
     spans.emplace_back(local, data + packed);
     // Records are named under the first entry's folder, as LibTorch's reader names them.
-    if (i == 0) {
+    if (i == 0 && layout.torch) {
       const std::size_t slash = name.find('/');
       if (slash == std::string::npos) refuse_zip("its first " + entry + " is not in a folder, as torch.save's are");
       folder = name.substr(0, slash + 1);
     }
     if (name.compare(0, folder.size(), folder) == 0 &&
-        !zip->entries_.emplace(name.substr(folder.size()), Entry{data, size, crc, method == 8}).second) {
+        !zip->entries_.emplace(name.substr(folder.size()), Entry{data, size, crc, method == 8, packed}).second) {
       refuse_zip("two entries named " + shown(name));
     }
     at += kCentralHeaderBytes + name_bytes + extra_bytes + comment_bytes;
@@ -231,10 +237,59 @@ bool ZipArchive::has(const std::string& name) const { return entries_.count(name
 
 std::uint64_t ZipArchive::size(const std::string& name) const { return entry(name).size; }
 
+std::vector<std::string> ZipArchive::names() const {
+  std::vector<std::string> out;
+  for (const auto& kv : entries_) out.push_back(kv.first);
+  return out;
+}
+
+void ZipArchive::inflate(const Entry& e, const std::string& name, void* dst) const {
+  std::string packed(e.packed, '\0');  // at most the file's size: checked when opened
+  pread_all(e.offset, packed.data(), e.packed);
+  z_stream zs{};
+  if (inflateInit2(&zs, -MAX_WBITS) != Z_OK) throw TorchSaveError("zlib could not start inflating " + shown(name));
+  auto* in = reinterpret_cast<Bytef*>(packed.data());
+  auto* out = static_cast<Bytef*>(dst);
+  std::uint64_t in_left = e.packed, out_left = e.size;
+  int rc = Z_OK;
+  while (rc == Z_OK) {
+    // zlib counts in 32 bits: feed and take at most 1 GiB at a time.
+    if (zs.avail_in == 0 && in_left > 0) {
+      zs.next_in = in;
+      zs.avail_in = static_cast<uInt>(std::min<std::uint64_t>(in_left, 1u << 30));
+      in += zs.avail_in;
+      in_left -= zs.avail_in;
+    }
+    if (zs.avail_out == 0 && out_left > 0) {
+      zs.next_out = out;
+      zs.avail_out = static_cast<uInt>(std::min<std::uint64_t>(out_left, 1u << 30));
+      out += zs.avail_out;
+      out_left -= zs.avail_out;
+    }
+    rc = ::inflate(&zs, Z_NO_FLUSH);
+    if (rc == Z_BUF_ERROR && (zs.avail_in > 0 || in_left > 0) && (zs.avail_out > 0 || out_left > 0)) rc = Z_OK;
+  }
+  const std::uint64_t produced = e.size - out_left - zs.avail_out;
+  const std::string zlib_says = zs.msg ? zs.msg : "";
+  inflateEnd(&zs);
+  if (rc != Z_STREAM_END || produced != e.size || zs.avail_in != 0 || in_left != 0) {
+    throw TorchSaveError(
+        "record " + shown(name) + " does not inflate to the " + std::to_string(e.size) + " bytes it declares (" +
+        (rc == Z_STREAM_END ? std::to_string(produced) + " bytes"
+                            : "a damaged deflate stream" + (zlib_says.empty() ? "" : ": " + zlib_says)) +
+        ")");
+  }
+}
+
 void ZipArchive::read(const std::string& name, void* dst) const {
   const Entry& e = entry(name);
-  if (e.deflated) throw TorchSaveError("record " + shown(name) + " is compressed; torch.save stores its records");
-  pread_all(e.offset, dst, e.size);
+  if (e.deflated && torch_)
+    throw TorchSaveError("record " + shown(name) + " is compressed; torch.save stores its records");
+  if (e.deflated) {
+    inflate(e, name, dst);
+  } else {
+    pread_all(e.offset, dst, e.size);
+  }
   uLong crc = ::crc32(0L, Z_NULL, 0);
   for (std::uint64_t done = 0; done < e.size;) {
     const auto n = static_cast<uInt>(std::min<std::uint64_t>(e.size - done, 1u << 30));

@@ -9,6 +9,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace trainer::detail {
 
@@ -26,6 +27,20 @@ class TorchSaveError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// How an archive is laid out and what it may hold compressed.
+struct ZipLayout {
+  /// torch.save's and LibTorch's: every record under one folder ("resnet50/data.pkl"), named
+  /// without it; deflated records are refused by read(). Otherwise (NumPy's .npz) records are
+  /// named in full, and read() inflates deflated ones.
+  bool torch = true;
+  /// Bytes the deflated entries may declare together (their inflated sizes).
+  std::uint64_t max_inflated = kMaxInflatedBytes;
+};
+
+/// Deflate expands by at most about 1032:1: an entry declaring more than this many times its
+/// compressed bytes (plus a small stream's overhead) cannot be a valid one, however short.
+inline constexpr std::uint64_t kMaxDeflateRatio = 1032;
+
 /// The records of a zip archive as torch.save and LibTorch write it, under one folder
 /// ("resnet50/data.pkl"). Read without miniz: the end record, the central directory and every
 /// local header are checked against the file before anything is allocated, and a record's
@@ -39,7 +54,7 @@ class ZipArchive {
   /// Opens `path`. nullptr when it is not a zip archive at all (it does not start with a local
   /// file header, as torch.save's pre-1.6 format does not); throws TorchSaveError for a zip
   /// archive it refuses, saying what is wrong.
-  static std::unique_ptr<ZipArchive> open(const std::string& path);
+  static std::unique_ptr<ZipArchive> open(const std::string& path, const ZipLayout& layout = {});
   ~ZipArchive();
   ZipArchive(const ZipArchive&) = delete;
   ZipArchive& operator=(const ZipArchive&) = delete;
@@ -48,8 +63,11 @@ class ZipArchive {
   bool has(const std::string& name) const;
   /// The size of record `name` in bytes (no larger than the file; checked when opened).
   std::uint64_t size(const std::string& name) const;
+  /// The records' names, sorted.
+  std::vector<std::string> names() const;
   /// Reads record `name` into `dst` (size(name) bytes) and checks its CRC-32. A deflated
-  /// record is refused: torch.save stores its records.
+  /// record is refused in torch's layout (torch.save stores its records) and inflated
+  /// otherwise: it must inflate to exactly the size it declares.
   void read(const std::string& name, void* dst) const;
   /// Record `name` as bytes.
   std::string read(const std::string& name) const;
@@ -60,13 +78,16 @@ class ZipArchive {
     std::uint64_t size = 0;    ///< read out (deflated: declared)
     std::uint32_t crc32 = 0;
     bool deflated = false;
+    std::uint64_t packed = 0;  ///< bytes in the archive
   };
-  ZipArchive(int fd, std::uint64_t file_size) : fd_(fd), file_size_(file_size) {}
+  ZipArchive(int fd, std::uint64_t file_size, bool torch) : fd_(fd), file_size_(file_size), torch_(torch) {}
+  void inflate(const Entry& e, const std::string& name, void* dst) const;
   void pread_all(std::uint64_t offset, void* dst, std::uint64_t n) const;
   const Entry& entry(const std::string& name) const;
 
   int fd_ = -1;
   std::uint64_t file_size_ = 0;
+  bool torch_ = true;
   std::map<std::string, Entry> entries_;  ///< by name under the folder
 };
 
