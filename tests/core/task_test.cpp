@@ -68,6 +68,11 @@ TEST(Tasks, ClassWeightsScaleEachSamplesLossAndLabelSmoothingIsCrossEntropys) {
   const at::Tensor plain =
       at::cross_entropy_loss(logits, targets, at::tensor({2.0, 0.5}), at::Reduction::None, -100, 0.1);
   EXPECT_TRUE(torch::allclose(weighted->sample_losses(logits, targets), plain));
+  // What the step trains on is the mean over samples, fused or not (float32 sums: 1e-6).
+  EXPECT_TRUE(torch::allclose(weighted->mean_loss(logits, targets), plain.mean(), 1e-6, 1e-7));
+  const auto unweighted = task_for("classification", targets, 2, "label_smoothing = 0.1\n");
+  EXPECT_TRUE(torch::allclose(unweighted->mean_loss(logits, targets), unweighted->sample_losses(logits, targets).mean(),
+                              1e-6, 1e-7));
 }
 
 TEST(Tasks, MultilabelMetricsCountedByHandAndScikitLearnsAveragePrecision) {

@@ -36,11 +36,17 @@ class TRAINER_API Task {
   /// `targets` as the dataset gives them. The core trains on their mean over the micro-batch,
   /// scaled by its share of the batch, so that micro-batches add up to the batch's mean.
   virtual at::Tensor sample_losses(const at::Tensor& outputs, const at::Tensor& targets) const = 0;
+  /// The mean of sample_losses() over the micro-batch (a one-element tensor), what the step
+  /// trains on. A task may compute it in one fused kernel; it must equal that mean.
+  virtual at::Tensor mean_loss(const at::Tensor& outputs, const at::Tensor& targets) const {
+    return sample_losses(outputs, targets).mean();
+  }
 
   /// Width of a training statistics row; names of the training metrics come from train_metrics().
   virtual std::int64_t train_width() const = 0;
   /// Column sums over the micro-batch's samples of the training statistics [train_width()],
-  /// double, on the outputs' device (no gradient). E.g. classification: [correct].
+  /// on the outputs' device (no gradient), in double or an integer type (the core adds them up
+  /// in double). E.g. classification: [correct].
   virtual at::Tensor train_sums(const at::Tensor& outputs, const at::Tensor& targets) const = 0;
   /// The training metrics (without the "train/" prefix; "loss" is the core's) of a window of
   /// `samples` samples whose train_sums() add up to `sums` (CPU, double).

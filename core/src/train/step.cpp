@@ -156,7 +156,7 @@ StepTotals TrainStep::accumulate(const Batch& full, const at::Tensor& indices, s
       const auto scopes = hooks_.forward_scopes(Event::BeforeForward, EventArgs::micro_batch(mb, idx));
       out = parts_.model->forward(mb.inputs);
       check_outputs(out, *parts_.task);
-      loss = parts_.task->sample_losses(out, mb.targets).mean();
+      loss = parts_.task->mean_loss(out, mb.targets);
       if (len != global_size) loss = loss * (static_cast<double>(len) / static_cast<double>(global_size));
     }
     skip |= hooks_.fire(Event::AfterForward, EventArgs::micro_batch(mb, idx, &out, &loss)).skip_step;
