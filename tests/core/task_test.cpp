@@ -194,19 +194,9 @@ class EvalSqueeze final : public Plugin {
 class TaskRuns : public testing::TrainerTest {
  protected:
   void TearDown() override { set_memory_limit(kCpu, 0); }
-  /// The run, or a recipe refused when it is read (a ConfigError: exit code 2 with its message).
   RunResult run(const std::string& name, const std::vector<std::string>& overrides,
-                std::vector<std::shared_ptr<Plugin>> extra = {}) {
-    TrainerOptions o;
-    try {
-      o = options_for(kRecipe, overrides, name, std::move(extra));
-    } catch (const ConfigError& e) {
-      RunResult refused;
-      refused.exit_code = kExitUsage;
-      refused.message = e.what();
-      return refused;
-    }
-    return Trainer(std::move(o)).fit();
+                const std::vector<std::shared_ptr<Plugin>>& extra = {}) {
+    return fit(kRecipe, overrides, name, extra);
   }
   /// The metric at the run's last evaluation.
   double last(const std::string& run, const std::string& metric) {

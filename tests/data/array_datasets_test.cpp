@@ -53,20 +53,11 @@ std::shared_ptr<Dataset> dataset(const std::string& keys, Split split = Split::T
 class ArrayDatasets : public testing::TrainerTest {
  protected:
   RunResult run(const std::string& name, const std::vector<std::string>& overrides) {
-    TrainerOptions o;
-    try {
-      o = options_for(kRecipe, overrides, name);
-    } catch (const ConfigError& e) {
-      RunResult refused;
-      refused.exit_code = kExitUsage;
-      refused.message = e.what();
-      return refused;
-    }
-    Trainer t(std::move(o));
-    RunResult r = t.fit();
+    std::shared_ptr<Model> model;
+    const RunResult r = fit(kRecipe, overrides, name, {}, &model);
     params_.clear();
-    if (t.model()) {
-      for (const auto& p : t.model()->parameters()) params_.push_back(p.detach().clone());
+    if (model) {
+      for (const auto& p : model->parameters()) params_.push_back(p.detach().clone());
     }
     return r;
   }

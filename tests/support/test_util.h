@@ -97,6 +97,26 @@ class TrainerTest : public ::testing::Test {
     return o;
   }
 
+  /// The run of options_for(), fitted, or as the command line reports a recipe refused when it
+  /// is read (a ConfigError): exit code 2 with the message. `model`, when given, gets the model
+  /// after the run (null for a refused recipe).
+  RunResult fit(const std::string& recipe, const std::vector<std::string>& overrides, const std::string& name,
+                const std::vector<std::shared_ptr<Plugin>>& extra = {}, std::shared_ptr<Model>* model = nullptr) {
+    TrainerOptions o;
+    try {
+      o = options_for(recipe, overrides, name, extra);
+    } catch (const ConfigError& e) {
+      RunResult refused;
+      refused.exit_code = kExitUsage;
+      refused.message = e.what();
+      return refused;
+    }
+    Trainer t(std::move(o));
+    RunResult r = t.fit();
+    if (model) *model = t.model();
+    return r;
+  }
+
   TempDir tmp_;
 };
 

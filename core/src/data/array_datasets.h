@@ -1,11 +1,49 @@
 #pragma once
-// Private: the datasets of numbers in files ("csv": CSV/TSV, "npy": NumPy's .npy arrays,
-// "npz": their archives).
+// Private: the datasets of numbers in files: "csv" (CSV/TSV, csv_dataset.cpp), "npy" and "npz"
+// (NumPy's arrays and archives, numpy_datasets.cpp), and what they share (array_datasets.cpp).
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+
 #include "trainer/data.h"
 
 namespace trainer {
 
 /// Adds the array datasets to the dataset registry `r`.
 void add_array_datasets(Registry<DatasetFactory>& r);
+
+namespace detail {
+
+void add_csv_dataset(Registry<DatasetFactory>& r);
+void add_numpy_datasets(Registry<DatasetFactory>& r);
+
+/// The whole file; UsageError naming `key` and the file when it cannot be read.
+std::string read_whole(const std::string& path, const std::string& key);
+
+/// `s` without leading and trailing blanks (spaces, tabs, carriage returns).
+std::string trimmed(const std::string& s);
+
+/// The key and the file of a dataset whose splits are one file each (`train`, `test`):
+/// UsageError for an empty test file, which a run that evaluates needs (`what`: "file",
+/// "archive").
+std::pair<std::string, std::string> split_file(Split split, const std::string& train, const std::string& test,
+                                               const std::string& what);
+
+/// Targets as a dataset keeps them: integers as int64, booleans (0/1 labels) and floats as
+/// float32.
+at::Tensor as_targets(const at::Tensor& t);
+
+/// The samples `inputs` [N, ...] (any numeric type: converted to float32 per batch) with
+/// `targets` [N] or [N, K] (as_targets' types), held in memory. UsageError, naming
+/// `inputs_what` and `targets_what`, unless their shapes fit. Integer targets of one column are
+/// classes: `configured_classes` (every target below it), else the largest plus one; targets
+/// that cannot be class indices (several columns, floats, negative numbers) declare none.
+std::shared_ptr<Dataset> array_dataset(const at::Tensor& inputs, const at::Tensor& targets,
+                                       std::int64_t configured_classes, const std::string& inputs_what,
+                                       const std::string& targets_what);
+
+}  // namespace detail
 
 }  // namespace trainer
