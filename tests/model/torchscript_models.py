@@ -7,15 +7,26 @@
                   BatchNorm, no dropout)
   dropout.pt      a linear layer and dropout(0.5): train and eval modes differ
   seven.pt        a linear layer with 7 outputs (the data has 10 classes)
+  linear.pt       a linear layer (784 -> 10): its forward allocates the logits only
   two_inputs.pt   forward(a, b) returning a tuple
   tied.pt         two linear layers sharing one weight (tied)
   state_dict.pt   torch.save(SmallCNN().state_dict()): a file, but not a module
   not_a_zip.pt    text
+losses for task.loss_path (forward(outputs, targets) -> each sample's loss [N]):
+  focal.pt        a scripted function: focal loss (gamma 2) for classification
+  ce.pt, bce.pt, mse.pt   copies of the built-in tasks' losses (classification, multilabel,
+                  regression), as a user writes them in Python
+  weighted_ce.pt  a module with a buffer: cross-entropy with class weights 1, 2, ..., 10
+  mean_ce.pt      returns the batch mean (a scalar), not each sample's loss
+  error_rate.pt   returns (argmax != target): no gradient
+  learned.pt      a module with a parameter (a temperature)
 and for cnn and transformer the reference: the same initial weights trained in a plain eager
 PyTorch loop (SGD, momentum 0.9, lr 0.02, cross-entropy, one thread) on the first 256
 Fashion-MNIST training images in order, batches of 32, 8 steps:
   <name>_trained.pt    torch.save(state_dict) after the 8 steps
   <name>_losses.txt    the loss of each step, one per line
+and cnn_focal_trained.pt, cnn_focal_losses.txt: the cnn's reference with the focal loss (the
+mean over the batch of focal.pt's per-sample losses).
 
 `check RUN_DIR`: what a run of model "torchscript" leaves loads back in Python: the run
 directory's torchscript_model.pt with torch.jit.load, the newest checkpoint's model with
@@ -76,6 +87,15 @@ class Dropout(nn.Module):
         return self.drop(self.fc(x.flatten(1)))
 
 
+class Linear(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(28 * 28, 10)
+
+    def forward(self, x):
+        return self.fc(x.flatten(1))
+
+
 class Seven(nn.Module):
     def __init__(self):
         super().__init__()
@@ -105,6 +125,56 @@ class TwoInputs(nn.Module):
         return self.fc(a), self.fc(b)
 
 
+@torch.jit.script
+def focal(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Focal loss (gamma 2): cross-entropy weighed down on samples already classified well."""
+    ce = F.cross_entropy(outputs, targets, reduction="none")
+    return (1.0 - torch.exp(-ce)) ** 2 * ce
+
+
+@torch.jit.script
+def ce(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(outputs, targets, reduction="none")
+
+
+@torch.jit.script
+def bce(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.binary_cross_entropy_with_logits(outputs, targets, reduction="none").mean(1)
+
+
+@torch.jit.script
+def mse(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.mse_loss(outputs, targets, reduction="none").mean(1)
+
+
+@torch.jit.script
+def mean_ce(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(outputs, targets)
+
+
+@torch.jit.script
+def error_rate(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return outputs.argmax(1).ne(targets).to(torch.float32)
+
+
+class WeightedCE(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("weight", torch.arange(1, 11, dtype=torch.float32))
+
+    def forward(self, outputs, targets):
+        return F.cross_entropy(outputs, targets, weight=self.weight, reduction="none")
+
+
+class Learned(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.temperature = nn.Parameter(torch.ones(()))
+
+    def forward(self, outputs, targets):
+        return F.cross_entropy(outputs / self.temperature, targets, reduction="none")
+
+
 def fashion_mnist(n):
     """The first n training images as trainer's dataset "fashion_mnist" gives them."""
     root = "/usr/share/datasets/fashion-mnist"
@@ -118,7 +188,7 @@ def fashion_mnist(n):
     return x, torch.from_numpy(labels.copy()).to(torch.int64)
 
 
-def train_reference(out, name, model):
+def train_reference(out, name, model, loss_fn=None):
     x, y = fashion_mnist(STEPS * BATCH)
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
@@ -126,7 +196,7 @@ def train_reference(out, name, model):
     for step in range(STEPS):
         xb, yb = x[step * BATCH:(step + 1) * BATCH], y[step * BATCH:(step + 1) * BATCH]
         opt.zero_grad()
-        loss = F.cross_entropy(model(xb), yb)
+        loss = F.cross_entropy(model(xb), yb) if loss_fn is None else loss_fn(model(xb), yb).mean()
         loss.backward()
         opt.step()
         losses.append(loss.item())
@@ -146,7 +216,18 @@ def write(out):
         eager = cls()
         eager.load_state_dict(init)
         train_reference(out, name, eager)
-    for name, cls in (("dropout", Dropout), ("seven", Seven), ("two_inputs", TwoInputs), ("tied", Tied)):
+    torch.manual_seed(0)
+    model = SmallCNN()
+    init = {k: v.clone() for k, v in model.state_dict().items()}
+    if not torch.equal(init["conv1.weight"], torch.jit.load(os.path.join(out, "cnn.pt")).conv1.weight):
+        sys.exit("cnn.pt and the focal loss's reference start from different weights")
+    train_reference(out, "cnn_focal", model, focal)
+    for name, fn in (("focal", focal), ("ce", ce), ("bce", bce), ("mse", mse), ("mean_ce", mean_ce),
+                     ("error_rate", error_rate)):
+        fn.save(os.path.join(out, f"{name}.pt"))
+    torch.jit.script(WeightedCE()).save(os.path.join(out, "weighted_ce.pt"))
+    torch.jit.script(Learned()).save(os.path.join(out, "learned.pt"))
+    for name, cls in (("dropout", Dropout), ("seven", Seven), ("linear", Linear), ("two_inputs", TwoInputs), ("tied", Tied)):
         torch.manual_seed(0)
         torch.jit.script(cls()).save(os.path.join(out, f"{name}.pt"))
     torch.save(SmallCNN().state_dict(), os.path.join(out, "state_dict.pt"))

@@ -11,6 +11,7 @@
 #include <set>
 
 #include "dist/dp_util.h"
+#include "model/torchscript_support.h"
 #include "support/test_util.h"
 #include "trainer/memory.h"
 #include "trainer/model.h"
@@ -19,102 +20,11 @@
 namespace trainer {
 namespace {
 
+using namespace ts_test;
 using testing::read_file;
 using testing::read_lines;
 using testing::run_command;
 using testing::write_file;
-
-const c10::Device kCpu(c10::kCPU);
-
-std::string fixture(const std::string& name) { return std::string(TRAINER_TORCHSCRIPT_FIXTURES) + "/" + name; }
-
-/// The settings of the Python reference loop (torchscript_models.py): the first 256
-/// Fashion-MNIST images in order, batches of 32, SGD with momentum, one thread (the kernels
-/// then sum in the order Python's do).
-constexpr const char* kRecipe = R"(
-[run]
-name = "ts"
-seed = 1
-[model]
-name = "torchscript"
-path = "FILE"
-[dataset]
-name = "fashion_mnist"
-limit = 256
-eval_limit = 64
-[training]
-epochs = 1
-batch_size = 32
-shuffle = false
-log_every = 1
-[optim]
-name = "sgd"
-lr = 0.02
-momentum = 0.9
-[eval]
-every_epochs = 0
-[runtime]
-num_threads = 1
-[metrics]
-console = false
-)";
-
-std::string recipe_for(const std::string& file) {
-  std::string r = kRecipe;
-  r.replace(r.find("FILE"), 4, file);
-  return r;
-}
-
-using Tensors = std::map<std::string, at::Tensor>;
-
-Tensors state_of(torch::nn::Module& m) {
-  Tensors out;
-  for (const auto& p : m.named_parameters()) out[p.key()] = p.value().detach().clone();
-  for (const auto& b : m.named_buffers()) out[b.key()] = b.value().detach().clone();
-  return out;
-}
-
-/// The model "torchscript" of `file` as a run builds it, with the [model] keys `more`, for data of
-/// one 28x28 channel and 10 classes.
-std::shared_ptr<Model> load(const std::string& file, const std::string& more = "") {
-  const Config c = Config::parse("[model]\nname = \"torchscript\"\npath = \"" + file + "\"\n" + more);
-  return build_model(c.sub("model"), DataSpec{{1, 28, 28}, 10});
-}
-
-/// Makes the first attempt of each step in `steps` (counted from 0) run out of memory in its forward (a real refused
-/// allocation: the budget is what is in use plus 1 KiB) and, at OutOfMemory, lifts the budget
-/// and asks for half the micro-batch; the configured size comes back at the next batch.
-class Squeeze final : public Plugin {
- public:
-  explicit Squeeze(std::set<std::int64_t> steps) : steps_(std::move(steps)) {}
-  std::string name() const override { return "squeeze"; }
-  std::vector<Event> events() const override { return {Event::BeforeForward, Event::OutOfMemory, Event::BatchStart}; }
-  int default_priority() const override { return -100; }
-  void on_event(EventContext& ctx, Control& c) override {
-    if (ctx.event == Event::OutOfMemory) {
-      set_memory_limit(kCpu, 0);
-      ++ooms;
-      c.retry_with_micro_batch = ctx.oom->micro_batch_size / 2;
-      return;
-    }
-    if (ctx.event == Event::BatchStart) {
-      if (configured_ > 0) c.micro_batch_size = configured_;
-      if (configured_ == 0) configured_ = ctx.state.micro_batch_size;
-      done_ = false;
-      return;
-    }
-    if (steps_.count(ctx.state.global_step) != 0 && !done_) {
-      done_ = true;
-      set_memory_limit(kCpu, memory_stats(kCpu).allocated + 1024);
-    }
-  }
-  int ooms = 0;
-
- private:
-  std::set<std::int64_t> steps_;
-  std::int64_t configured_ = 0;
-  bool done_ = false;
-};
 
 /// The dtype of every training forward's output.
 class OutputDtypes final : public Plugin {
@@ -124,25 +34,6 @@ class OutputDtypes final : public Plugin {
   void on_event(EventContext& ctx, Control&) override { dtypes.push_back(ctx.outputs->scalar_type()); }
   std::vector<c10::ScalarType> dtypes;
 };
-
-class TorchScript : public testing::TrainerTest {
- protected:
-  void TearDown() override { set_memory_limit(kCpu, 0); }
-  RunResult run(const std::string& file, const std::string& name, const std::vector<std::string>& overrides = {},
-                std::vector<std::shared_ptr<Plugin>> extra = {}) {
-    Trainer t(options_for(recipe_for(file), overrides, name, std::move(extra)));
-    RunResult r = t.fit();
-    trained_ = t.model() ? state_of(*t.model()) : Tensors{};
-    return r;
-  }
-  Tensors trained_;
-};
-
-std::vector<double> numbers_in(const std::string& path) {
-  std::vector<double> out;
-  for (const auto& line : read_lines(path)) out.push_back(std::stod(line));
-  return out;
-}
 
 class TrainsAsPython : public TorchScript, public ::testing::WithParamInterface<const char*> {};
 
@@ -250,7 +141,7 @@ struct BadCase {
 
 TEST_F(TorchScript, BadFilesAndModulesExitTwoNamingTheFileAndWhatIsAllowed) {
   const std::vector<BadCase> cases = {
-      {fixture("missing.pt"), {}, "no such file; save the module in Python with torch.jit.script(model).save(path)"},
+      {fixture("missing.pt"), {}, "no such file; save the model in Python with torch.jit.script(model).save(path)"},
       {fixture("not_a_zip.pt"), {}, "not a TorchScript module file (it is not a zip archive"},
       {fixture("state_dict.pt"), {}, "a torch.save file (a pickled object such as a state_dict), not a TorchScript"},
       {fixture("two_inputs.pt"),

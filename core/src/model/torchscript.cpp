@@ -15,6 +15,7 @@
 
 #include <filesystem>
 #include <map>
+#include <mutex>
 #include <sstream>
 #include <utility>
 
@@ -58,46 +59,63 @@ void retype_out_of_memory(const std::exception& e) {
 
 std::string where(const std::string& file) { return fmt::format("model.path = \"{}\"", file); }
 
+/// A TorchScript file a key names: the key ("model.path"), the file, and what Python scripts
+/// into it ("model", "loss"), for the messages.
+struct ScriptFile {
+  std::string key;
+  std::string file;
+  std::string what;
+  std::string where() const { return fmt::format("{} = \"{}\"", key, file); }
+  std::string save_hint() const { return fmt::format("torch.jit.script({}).save(path)", what); }
+};
+
 /// The file must be a TorchScript archive: a zip that ZipArchive accepts (LibTorch's reader is
 /// not given a file it refuses) with the records torch.jit.save writes. A torch.save file (a
-/// state_dict) has data.pkl but no constants.pkl nor code.
-void check_archive(const std::string& file) {
+/// state_dict) has data.pkl but no constants.pkl nor code. Then LibTorch loads it (on the CPU).
+torch::jit::Module load_module(const ScriptFile& f) {
   std::error_code ec;
-  TRAINER_CHECK_T(UsageError, fs::is_regular_file(file, ec), where(file),
-                  ": no such file; save the module in Python with torch.jit.script(model).save(path)");
-  if (const auto problem = detail::archive_problem(file)) {
-    throw UsageError(
-        fmt::format("{}: not a TorchScript module file ({}); save the module with "
-                    "torch.jit.script(model).save(path)",
-                    where(file), *problem));
+  TRAINER_CHECK_T(UsageError, fs::is_regular_file(f.file, ec), f.where(), ": no such file; save the ", f.what,
+                  " in Python with ", f.save_hint());
+  if (const auto problem = detail::archive_problem(f.file)) {
+    throw UsageError(fmt::format("{}: not a TorchScript module file ({}); save the {} with {}", f.where(), *problem,
+                                 f.what, f.save_hint()));
   }
-  const auto zip = detail::ZipArchive::open(file);
-  TRAINER_CHECK_T(UsageError, zip && zip->has("data.pkl"), where(file),
+  const auto zip = detail::ZipArchive::open(f.file);
+  TRAINER_CHECK_T(UsageError, zip && zip->has("data.pkl"), f.where(),
                   ": not a TorchScript module file (no data.pkl record)");
-  TRAINER_CHECK_T(UsageError, zip->has("constants.pkl"), where(file),
-                  ": a torch.save file (a pickled object such as a state_dict), not a TorchScript module; save the "
-                  "module with torch.jit.script(model).save(path), or give a state_dict as model.weights of a "
-                  "built-in model");
+  TRAINER_CHECK_T(UsageError, zip->has("constants.pkl"), f.where(),
+                  ": a torch.save file (a pickled object such as a state_dict), not a TorchScript module; save the ",
+                  f.what, " with ", f.save_hint(),
+                  f.what == "model" ? ", or give a state_dict as model.weights of a built-in model" : "");
+  try {
+    return torch::jit::load(f.file, c10::Device(c10::kCPU));
+  } catch (const std::exception& e) {
+    throw UsageError(
+        fmt::format("{}: LibTorch {} cannot load it as a TorchScript module (a file saved by a newer "
+                    "PyTorch may use operators this one lacks): {}",
+                    f.where(), TORCH_VERSION, error_summary(e)));
+  }
 }
 
-/// forward must take one tensor (further arguments need defaults) and return one tensor.
-void check_forward(const torch::jit::Module& m, const std::string& file) {
+/// forward must take `tensors` tensors (further arguments need defaults) and return one tensor;
+/// `wanted` says which, for the message.
+void check_forward(const torch::jit::Module& m, const ScriptFile& f, std::size_t tensors, const char* wanted) {
   const auto method = m.find_method("forward");
-  TRAINER_CHECK_T(UsageError, method.has_value(), where(file), ": the module has no forward method");
+  TRAINER_CHECK_T(UsageError, method.has_value(), f.where(), ": the ", f.what, " has no forward method");
   const c10::FunctionSchema& s = method->function().getSchema();
   std::size_t required = 0;
   for (std::size_t i = 1; i < s.arguments().size(); ++i) {
     if (!s.arguments()[i].default_value()) ++required;
   }
-  const bool takes_tensor = s.arguments().size() >= 2 && s.arguments()[1].type()->kind() == c10::TypeKind::TensorType;
+  bool takes_tensors = s.arguments().size() >= 1 + tensors;
+  for (std::size_t i = 1; takes_tensors && i <= tensors; ++i) {
+    takes_tensors = s.arguments()[i].type()->kind() == c10::TypeKind::TensorType;
+  }
   const bool returns_tensor = s.returns().size() == 1 && s.returns()[0].type()->kind() == c10::TypeKind::TensorType;
-  if (takes_tensor && required == 1 && returns_tensor) return;
+  if (takes_tensors && required == tensors && returns_tensor) return;
   std::ostringstream schema;
   schema << s;
-  throw UsageError(
-      fmt::format("{}: forward must take one Tensor (the batch; further arguments need defaults) and "
-                  "return one Tensor (the logits); it is `{}`",
-                  where(file), schema.str()));
+  throw UsageError(fmt::format("{}: forward must take {}; it is `{}`", f.where(), wanted, schema.str()));
 }
 
 /// A torch::nn::Module tree with the TorchScript module's parameters and buffers (the same
@@ -247,23 +265,84 @@ std::shared_ptr<Model> load_torchscript_model(const Config& section, const DataS
   TRAINER_CHECK_T(UsageError, !s.path.empty(),
                   "model.path is empty; name the file that "
                   "torch.jit.script(model).save(path) wrote");
-  check_archive(s.path);
-  torch::jit::Module m;
-  try {
-    m = torch::jit::load(s.path, c10::Device(c10::kCPU));
-  } catch (const std::exception& e) {
-    throw UsageError(
-        fmt::format("{}: LibTorch {} cannot load it as a TorchScript module (a file saved by a newer "
-                    "PyTorch may use operators this one lacks): {}",
-                    where(s.path), TORCH_VERSION, error_summary(e)));
-  }
-  check_forward(m, s.path);
+  torch::jit::Module m = load_module({"model.path", s.path, "model"});
+  check_forward(m, {"model.path", s.path, "model"}, 1,
+                "one Tensor (the batch; further arguments need defaults) and return one Tensor (the logits)");
   check_untied(m, s.path);
   const c10::ScalarType dtype = model_dtype(ModelSettings::from(section).dtype);
   convert(m, dtype);
   check_dry_run(m, data, dtype, s.path);
   freeze(m, s.freeze, s.path);
   return std::make_shared<TorchScriptModel>(std::move(m), s.path);
+}
+
+namespace {
+
+/// A loss scripted in Python: forward(outputs, targets) -> each sample's loss [N]. Its buffers
+/// (constants such as class weights) follow the outputs to their device.
+class ScriptedLoss {
+ public:
+  ScriptedLoss(torch::jit::Module module, ScriptFile file) : module_(std::move(module)), file_(std::move(file)) {}
+
+  at::Tensor operator()(const at::Tensor& outputs, const at::Tensor& targets) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (outputs.device() != device_) {
+        module_.to(outputs.device());
+        device_ = outputs.device();
+      }
+    }
+    torch::jit::GraphOptimizerEnabledGuard plain(false);  // as the model's forward: eager PyTorch's ops
+    c10::IValue out;
+    try {
+      out = module_.forward({outputs, targets});
+    } catch (const c10::Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      retype_out_of_memory(e);
+      throw Error(fmt::format("{}: the loss failed on outputs {} ({}) and targets {} ({}): {}", file_.where(),
+                              shape_text(outputs.sizes()), c10::toString(outputs.scalar_type()),
+                              shape_text(targets.sizes()), c10::toString(targets.scalar_type()), error_summary(e)));
+    }
+    TRAINER_CHECK_T(UsageError, out.isTensor(), file_.where(), ": forward returned a ", out.tagKind(),
+                    ", not a Tensor");
+    at::Tensor y = out.toTensor();
+    const std::int64_t n = outputs.size(0);
+    TRAINER_CHECK_T(UsageError, y.dim() == 1 && y.size(0) == n && y.is_floating_point(), file_.where(),
+                    ": the loss of outputs ", shape_text(outputs.sizes()), " returned ", shape_text(y.sizes()), " (",
+                    c10::toString(y.scalar_type()), "); it must return each sample's loss, floating point [", n,
+                    "] (in Python: reduction=\"none\", then a mean over any other dimension), so that the core "
+                    "can weigh micro-batches and evaluate each sample exactly");
+    TRAINER_CHECK_T(UsageError, !(outputs.requires_grad() && at::GradMode::is_enabled()) || y.requires_grad(),
+                    file_.where(),
+                    ": the loss has no gradient with respect to the outputs (it must be differentiable in them: no "
+                    "argmax, comparison or .detach() between the outputs and the result)");
+    return y;
+  }
+
+ private:
+  std::mutex mutex_;
+  torch::jit::Module module_;
+  ScriptFile file_;
+  c10::Device device_{c10::kCPU};
+};
+
+}  // namespace
+
+SampleLoss load_torchscript_loss(const std::string& key, const std::string& file) {
+  const ScriptFile f{key, file, "loss"};
+  torch::jit::Module m = load_module(f);
+  check_forward(m, f, 2,
+                "two Tensors (the model's outputs and the targets; further arguments need defaults) and return one "
+                "Tensor (each sample's loss)");
+  std::vector<std::string> params;
+  for (const auto& p : m.named_parameters(true)) params.push_back(p.name);
+  TRAINER_CHECK_T(UsageError, params.empty(), f.where(), ": the loss has parameters (",
+                  fmt::format("{}", fmt::join(params, ", ")),
+                  "), which nothing would train: trainer trains the model's parameters; make them constants or "
+                  "buffers (register_buffer) of the loss");
+  auto loss = std::make_shared<ScriptedLoss>(std::move(m), f);
+  return [loss](const at::Tensor& outputs, const at::Tensor& targets) { return (*loss)(outputs, targets); };
 }
 
 bool is_torchscript_model(const Model& model) { return dynamic_cast<const TorchScriptModel*>(&model) != nullptr; }

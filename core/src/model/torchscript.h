@@ -8,6 +8,7 @@
 
 #include "trainer/model.h"
 #include "trainer/settings.h"
+#include "trainer/task.h"
 
 namespace trainer {
 
@@ -31,6 +32,13 @@ struct TorchScriptSettings : Settings<TorchScriptSettings> {
 /// the data's shape (the task's outputs [1, data.num_classes]), and converts its floating-point tensors to
 /// model.dtype. Throws UsageError naming model.path, the file and what is allowed.
 std::shared_ptr<Model> load_torchscript_model(const Config& section, const DataSpec& data);
+
+/// Loads `file` (the value of the key `key`, e.g. "task.loss_path") as a loss scripted in
+/// Python: a module or function whose forward takes the model's outputs and the targets and
+/// returns each sample's loss [N]. Checks the file, forward's signature and that the loss has no
+/// parameters (nothing would train them); each call checks what it returns (floating point
+/// [N], with a gradient when the outputs have one). Throws UsageError naming the key and file.
+SampleLoss load_torchscript_loss(const std::string& key, const std::string& file);
 
 /// When `model` is a TorchScript model: writes its module with its current weights to `path`
 /// (durably, through a temporary file), readable by Python's torch.jit.load, and returns true.

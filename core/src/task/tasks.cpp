@@ -12,6 +12,7 @@
 #include <numeric>
 #include <vector>
 
+#include "model/torchscript.h"
 #include "trainer/error.h"
 #include "trainer/settings.h"
 #include "trainer/task.h"
@@ -49,6 +50,39 @@ std::optional<double> f1(double tp, double fp, double fn) {
   return 2.0 * tp / d;
 }
 
+constexpr const char* kLossPathHelp =
+    "A loss scripted in Python (torch.jit.script(loss).save(path)) in place of the task's own: forward(outputs, "
+    "targets) returns each sample's loss [N]; the task's checks of the data and its metrics stay";
+
+/// The loss scripted in `path` (none when empty); `own` names the task's keys that shape its own
+/// loss, refused beside it when given (they would change nothing).
+SampleLoss scripted_loss(const Config& section, const std::string& path, const std::vector<std::string>& own) {
+  if (path.empty()) return {};
+  for (const auto& key : own) {
+    // Set in the recipe or an override, not filled in from its default.
+    TRAINER_CHECK_T(UsageError, !section.has(key) || section.origin(key) == "default", "task.", key,
+                    " shapes the task's own loss, which task.loss_path = \"", path, "\" replaces: leave task.", key,
+                    " out");
+  }
+  return load_torchscript_loss("task.loss_path", path);
+}
+
+/// The first call of a scripted loss, at setup rather than at the first step: outputs of zeros
+/// [n, outputs] with a gradient against the probe's targets, as the task passes them on.
+void try_scripted_loss(const Task& task, const Batch& probe, const std::string& path) {
+  const at::Tensor outputs = at::zeros({probe.targets.size(0), task.outputs()}).requires_grad_();
+  try {
+    (void)task.sample_losses(outputs, probe.targets);
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  } catch (const c10::Error& e) {
+    throw UsageError(fmt::format("task.loss_path = \"{}\": the loss failed on the dataset's first samples: {}", path,
+                                 e.what_without_backtrace()));
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // classification
 
@@ -56,6 +90,7 @@ struct ClassificationSettings : Settings<ClassificationSettings> {
   double label_smoothing = 0.0;
   std::vector<double> class_weights;
   std::int64_t top_k = 5;
+  std::string loss_path;
 
   static void declare(SettingsSchema<ClassificationSettings>& s) {
     s.add(&ClassificationSettings::label_smoothing, "label_smoothing",
@@ -70,6 +105,8 @@ struct ClassificationSettings : Settings<ClassificationSettings> {
           "Also log eval/top<k>_accuracy (the target among the k largest logits) when there are more than k "
           "classes; 0 = not")
         .min(0);
+    s.add(&ClassificationSettings::loss_path, "loss_path",
+          std::string(kLossPathHelp) + " (its targets: class indices, int64 [N])");
   }
 };
 
@@ -186,6 +223,7 @@ class Classification final : public Task {
 struct MultilabelSettings : Settings<MultilabelSettings> {
   double threshold = 0.5;
   std::vector<double> pos_weight;
+  std::string loss_path;
 
   static void declare(SettingsSchema<MultilabelSettings>& s) {
     s.add(&MultilabelSettings::threshold, "threshold",
@@ -195,6 +233,8 @@ struct MultilabelSettings : Settings<MultilabelSettings> {
     s.add(&MultilabelSettings::pos_weight, "pos_weight",
           "Weight of each label's positive samples in the loss (one per label; empty = 1 each)")
         .min(0);
+    s.add(&MultilabelSettings::loss_path, "loss_path",
+          std::string(kLossPathHelp) + " (its targets: 0/1 labels as the outputs' floats [N, labels])");
   }
 };
 
@@ -224,7 +264,8 @@ std::optional<double> average_precision(std::vector<std::pair<double, double>> s
 
 class Multilabel final : public Task {
  public:
-  Multilabel(const MultilabelSettings& s, const Batch& probe) : threshold_(s.threshold) {
+  Multilabel(const MultilabelSettings& s, const Batch& probe, SampleLoss loss)
+      : threshold_(s.threshold), loss_(std::move(loss)) {
     TRAINER_CHECK_T(UsageError, probe.targets.dim() == 2 && probe.targets.size(1) >= 1, refusal("multilabel", probe),
                     "; multilabel needs a row of 0/1 labels per sample ([N, labels]); for one class index per sample "
                     "use task.name = \"classification\"");
@@ -245,6 +286,7 @@ class Multilabel final : public Task {
 
   at::Tensor sample_losses(const at::Tensor& outputs, const at::Tensor& targets) const override {
     const at::Tensor x = widened(outputs);
+    if (loss_) return loss_(x, targets.to(x.scalar_type()));
     const at::Tensor pw = pos_weight_.defined() ? pos_weight_.to(x.device(), x.scalar_type()) : at::Tensor();
     return at::binary_cross_entropy_with_logits(x, targets.to(x.scalar_type()), {}, pw, at::Reduction::None).mean(1);
   }
@@ -303,6 +345,7 @@ class Multilabel final : public Task {
   double logit_threshold_ = 0.0;  ///< the threshold as a logit: sigmoid(x) > t  <=>  x > log(t / (1 - t))
   std::int64_t labels_ = 0;
   at::Tensor pos_weight_;  ///< [labels] double, or undefined
+  SampleLoss loss_;        ///< task.loss_path's loss in place of binary cross-entropy, or empty
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -311,18 +354,22 @@ class Multilabel final : public Task {
 struct RegressionSettings : Settings<RegressionSettings> {
   std::string loss = "mse";
   double huber_delta = 1.0;
+  std::string loss_path;
 
   static void declare(SettingsSchema<RegressionSettings>& s) {
     s.add(&RegressionSettings::loss, "loss", "mse (squared error), l1 (absolute error) or huber")
         .choices({"mse", "l1", "huber"});
     s.add(&RegressionSettings::huber_delta, "huber_delta", "Where the Huber loss turns from squared to linear")
         .min(0, false);
+    s.add(&RegressionSettings::loss_path, "loss_path",
+          std::string(kLossPathHelp) + " (its targets: the outputs' floats and shape [N, targets])");
   }
 };
 
 class Regression final : public Task {
  public:
-  Regression(const RegressionSettings& s, const Batch& probe) : loss_(s.loss), delta_(s.huber_delta) {
+  Regression(const RegressionSettings& s, const Batch& probe, SampleLoss scripted)
+      : loss_(s.loss), delta_(s.huber_delta), scripted_(std::move(scripted)) {
     const auto type = probe.targets.scalar_type();
     TRAINER_CHECK_T(UsageError, type != at::kBool && (at::isFloatingType(type) || at::isIntegralType(type, false)),
                     refusal("regression", probe), "; regression needs numbers");
@@ -336,6 +383,7 @@ class Regression final : public Task {
   at::Tensor sample_losses(const at::Tensor& outputs, const at::Tensor& targets) const override {
     const at::Tensor x = widened(outputs);
     const at::Tensor y = targets.to(x.scalar_type()).reshape(x.sizes());
+    if (scripted_) return scripted_(x, y);
     at::Tensor e;
     if (loss_ == "mse") {
       e = at::mse_loss(x, y, at::Reduction::None);
@@ -395,6 +443,7 @@ class Regression final : public Task {
  private:
   std::string loss_;
   double delta_;
+  SampleLoss scripted_;  ///< task.loss_path's loss in place of loss_, or empty
   std::int64_t targets_ = 1;
 };
 
@@ -405,22 +454,26 @@ Registry<TaskFactory>& task_registry() {
     auto* r = new Registry<TaskFactory>("task");
     r->add(
         "classification",
-        [](const Config& c, const DataSpec& d, const Batch& probe) -> std::unique_ptr<Task> {
-          return std::make_unique<Classification>(ClassificationSettings::from(c), d, probe);
-        },
+        [](const Config& c, const DataSpec& d, const Batch& probe) { return classification_task(c, d, probe); },
         ClassificationSettings::keys(),
         "One class per sample: cross-entropy; accuracy, top-k accuracy, macro-F1 (integer targets [N])");
     r->add(
         "multilabel",
         [](const Config& c, const DataSpec&, const Batch& probe) -> std::unique_ptr<Task> {
-          return std::make_unique<Multilabel>(MultilabelSettings::from(c), probe);
+          const auto s = MultilabelSettings::from(c);
+          auto task = std::make_unique<Multilabel>(s, probe, scripted_loss(c, s.loss_path, {"pos_weight"}));
+          if (!s.loss_path.empty()) try_scripted_loss(*task, probe, s.loss_path);
+          return task;
         },
         MultilabelSettings::keys(),
         "Several 0/1 labels per sample: binary cross-entropy on logits; micro- and macro-F1, mAP (targets [N, L])");
     r->add(
         "regression",
         [](const Config& c, const DataSpec&, const Batch& probe) -> std::unique_ptr<Task> {
-          return std::make_unique<Regression>(RegressionSettings::from(c), probe);
+          const auto s = RegressionSettings::from(c);
+          auto task = std::make_unique<Regression>(s, probe, scripted_loss(c, s.loss_path, {"loss", "huber_delta"}));
+          if (!s.loss_path.empty()) try_scripted_loss(*task, probe, s.loss_path);
+          return task;
         },
         RegressionSettings::keys(), "Real-valued targets: MSE, L1 or Huber; MAE, RMSE, R² (targets [N] or [N, T])");
     return r;
@@ -430,7 +483,15 @@ Registry<TaskFactory>& task_registry() {
 
 std::unique_ptr<Task> classification_task(const Config& section, const DataSpec& data, const Batch& probe,
                                           SampleLoss loss) {
-  return std::make_unique<Classification>(ClassificationSettings::from(section), data, probe, std::move(loss));
+  const auto s = ClassificationSettings::from(section);
+  TRAINER_CHECK_T(UsageError, !loss || s.loss_path.empty(), "task.loss_path = \"", s.loss_path,
+                  "\": this task has a loss of its own (its plugin's), which a scripted loss cannot replace; leave "
+                  "task.loss_path out or use task.name = \"classification\"");
+  if (loss) return std::make_unique<Classification>(s, data, probe, std::move(loss));
+  auto task = std::make_unique<Classification>(
+      s, data, probe, scripted_loss(section, s.loss_path, {"class_weights", "label_smoothing"}));
+  if (!s.loss_path.empty()) try_scripted_loss(*task, probe, s.loss_path);
+  return task;
 }
 
 std::vector<KeySpec> classification_task_keys() { return ClassificationSettings::keys(); }
