@@ -23,7 +23,8 @@ std::string loss_path(const std::string& file) { return "task.loss_path=\"" + fi
 class ScriptedLoss : public TorchScript {};
 
 // The cnn and the focal loss, both from Python, trained by trainer and by an eager Python loop
-// on the same samples from the same weights: the same parameters and losses within float32
+// (the focal loss's Python function, not the scripted one) on the same samples from the same
+// weights: the same parameters and losses within float32
 // rounding (the tolerances of the model-only comparison, TrainsAsPython, whose reasons hold:
 // the same ATen kernels on one thread); a loss misapplied (a mean instead of per-sample
 // losses, a sample's loss missed) moves them by ~1e-3.
@@ -129,6 +130,12 @@ INSTANTIATE_TEST_SUITE_P(
                                {"task.class_weights=[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]"},
                                "weighted_ce.pt",
                                {"loss", "accuracy"}},
+                      // A float64 model: the loss's buffer follows the outputs' dtype.
+                      CopyCase{"classification",
+                               {"model.dtype=\"float64\""},
+                               {"task.class_weights=[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]"},
+                               "weighted_ce.pt",
+                               {"loss", "accuracy"}},
                       CopyCase{"multilabel",
                                {"dataset.targets=\"labels\"", "dataset.num_targets=4"},
                                {},
@@ -139,7 +146,37 @@ INSTANTIATE_TEST_SUITE_P(
                                {},
                                "mse.pt",
                                {"loss", "rmse", "r2"}}),
-    [](const auto& info) { return info.param.task + "_" + info.param.file.substr(0, info.param.file.find('.')); });
+    [](const auto& info) {
+      return info.param.task + "_" + info.param.file.substr(0, info.param.file.find('.')) +
+             (info.param.data.empty() || info.param.data[0].rfind("model.dtype", 0) != 0 ? "" : "_float64");
+    });
+
+// The copies above would pass if the file were ignored; twice the built-in loss shows it is
+// used: the first step's loss (the initial parameters', before any update) is twice the
+// built-in's, to float32 rounding (a doubling is exact; the mean over 32 samples may round
+// differently by an ulp).
+TEST_F(ScriptedLoss, TheScriptedLossIsTheOneTrainedOn) {
+  for (const auto& [task, data, file] : {std::tuple{"multilabel", "dataset.targets=\"labels\"", "double_bce.pt"},
+                                         std::tuple{"regression", "dataset.targets=\"values\"", "double_mse.pt"}}) {
+    SCOPED_TRACE(task);
+    const std::string name = task;
+    ASSERT_EQ(run_recipe(kMlpRecipe, name + "_builtin", {"task.name=\"" + name + "\"", data}).exit_code, kExitOk);
+    const RunResult r = run_recipe(kMlpRecipe, name + "_double", {"task.name=\"" + name + "\"", data, loss_path(file)});
+    ASSERT_EQ(r.exit_code, kExitOk) << r.message;
+    const double builtin = testing::metric_by_step(tmp_ / (name + "_builtin/metrics.jsonl"), "train/loss").at(1);
+    const double doubled = testing::metric_by_step(tmp_ / (name + "_double/metrics.jsonl"), "train/loss").at(1);
+    EXPECT_NEAR(doubled, 2 * builtin, 1e-6 * builtin);
+  }
+}
+
+// A run's config.toml holds every key with its default filled in (task.class_weights = [] among
+// them): run again as a recipe, it is not taken for the built-in loss's keys set beside the file.
+TEST_F(ScriptedLoss, ARunsOwnConfigRunsAgain) {
+  const RunResult first = run(fixture("linear.pt"), "first", {loss_path("focal.pt"), "training.max_steps=2"});
+  ASSERT_EQ(first.exit_code, kExitOk) << first.message;
+  const RunResult again = run_recipe(testing::read_file(first.run_dir + "/config.toml"), "again");
+  EXPECT_EQ(again.exit_code, kExitOk) << again.message;
+}
 
 // Out of memory inside the scripted loss at steps 2 and 5: the budget before the forward leaves
 // 1.5 KiB, which the linear model's logits (32 x 10 floats, 1.25 KiB, its one allocation) take,
@@ -185,6 +222,7 @@ TEST_F(ScriptedLoss, LossesThatCannotWorkExitTwoNamingTheKeyAndFile) {
       {"error_rate.pt", {}, "the loss has no gradient with respect to the outputs"},
       {"learned.pt", {}, "the loss has parameters (temperature), which nothing would train"},
       {"bce.pt", {}, "the loss failed on outputs [8, 10] (Float) and targets [8] (Long)"},
+      {"in_place.pt", {}, "the loss changed its outputs argument in place"},
       {"focal.pt", {"task.label_smoothing=0.1"}, "task.label_smoothing shapes the task's own loss"},
   };
   for (std::size_t i = 0; i < cases.size(); ++i) {
@@ -206,6 +244,12 @@ TEST_F(ScriptedLoss, LossesThatCannotWorkExitTwoNamingTheKeyAndFile) {
   EXPECT_EQ(huber.exit_code, kExitUsage);
   EXPECT_NE(huber.message.find("task.loss shapes the task's own loss, which task.loss_path"), std::string::npos)
       << huber.message;
+  const RunResult pos_weight = run_recipe(kMlpRecipe, "pos_weight",
+                                          {"task.name=\"multilabel\"", "dataset.targets=\"labels\"",
+                                           "dataset.num_targets=2", "task.pos_weight=[1, 3]", loss_path("bce.pt")});
+  EXPECT_EQ(pos_weight.exit_code, kExitUsage);
+  EXPECT_NE(pos_weight.message.find("task.pos_weight shapes the task's own loss"), std::string::npos)
+      << pos_weight.message;
   // From the command line: exit status 2 and the message on the terminal.
   write_file(tmp_ / "bad.toml", recipe_for(fixture("cnn.pt")));
   const auto out = run_command(std::string(TRAINER_CLI) + " --recipe " + (tmp_ / "bad.toml") + " '" +

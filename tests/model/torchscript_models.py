@@ -16,6 +16,8 @@ losses for task.loss_path (forward(outputs, targets) -> each sample's loss [N]):
   focal.pt        a scripted function: focal loss (gamma 2) for classification
   ce.pt, bce.pt, mse.pt   copies of the built-in tasks' losses (classification, multilabel,
                   regression), as a user writes them in Python
+  double_bce.pt, double_mse.pt   twice bce.pt's and mse.pt's
+  in_place.pt     clamps its outputs argument in place
   weighted_ce.pt  a module with a buffer: cross-entropy with class weights 1, 2, ..., 10
   mean_ce.pt      returns the batch mean (a scalar), not each sample's loss
   error_rate.pt   returns (argmax != target): no gradient
@@ -26,7 +28,8 @@ Fashion-MNIST training images in order, batches of 32, 8 steps:
   <name>_trained.pt    torch.save(state_dict) after the 8 steps
   <name>_losses.txt    the loss of each step, one per line
 and cnn_focal_trained.pt, cnn_focal_losses.txt: the cnn's reference with the focal loss (the
-mean over the batch of focal.pt's per-sample losses).
+mean over the batch of the per-sample losses of the Python function focal.pt scripts, run
+eagerly).
 
 `check RUN_DIR`: what a run of model "torchscript" leaves loads back in Python: the run
 directory's torchscript_model.pt with torch.jit.load, the newest checkpoint's model with
@@ -125,11 +128,13 @@ class TwoInputs(nn.Module):
         return self.fc(a), self.fc(b)
 
 
-@torch.jit.script
-def focal(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def focal_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Focal loss (gamma 2): cross-entropy weighed down on samples already classified well."""
     ce = F.cross_entropy(outputs, targets, reduction="none")
     return (1.0 - torch.exp(-ce)) ** 2 * ce
+
+
+focal = torch.jit.script(focal_loss)  # the file; the reference loop runs focal_loss eagerly
 
 
 @torch.jit.script
@@ -145,6 +150,22 @@ def bce(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 @torch.jit.script
 def mse(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.mse_loss(outputs, targets, reduction="none").mean(1)
+
+
+@torch.jit.script
+def double_bce(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return 2.0 * F.binary_cross_entropy_with_logits(outputs, targets, reduction="none").mean(1)
+
+
+@torch.jit.script
+def double_mse(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return 2.0 * F.mse_loss(outputs, targets, reduction="none").mean(1)
+
+
+@torch.jit.script
+def in_place(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    outputs.clamp_(-10.0, 10.0)
+    return F.cross_entropy(outputs, targets, reduction="none")
 
 
 @torch.jit.script
@@ -221,8 +242,9 @@ def write(out):
     init = {k: v.clone() for k, v in model.state_dict().items()}
     if not torch.equal(init["conv1.weight"], torch.jit.load(os.path.join(out, "cnn.pt")).conv1.weight):
         sys.exit("cnn.pt and the focal loss's reference start from different weights")
-    train_reference(out, "cnn_focal", model, focal)
-    for name, fn in (("focal", focal), ("ce", ce), ("bce", bce), ("mse", mse), ("mean_ce", mean_ce),
+    train_reference(out, "cnn_focal", model, focal_loss)
+    for name, fn in (("focal", focal), ("ce", ce), ("bce", bce), ("mse", mse), ("double_bce", double_bce),
+                     ("double_mse", double_mse), ("in_place", in_place), ("mean_ce", mean_ce),
                      ("error_rate", error_rate)):
         fn.save(os.path.join(out, f"{name}.pt"))
     torch.jit.script(WeightedCE()).save(os.path.join(out, "weighted_ce.pt"))

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <utility>
 
@@ -278,25 +279,29 @@ std::shared_ptr<Model> load_torchscript_model(const Config& section, const DataS
 
 namespace {
 
-/// A loss scripted in Python: forward(outputs, targets) -> each sample's loss [N]. Its buffers
-/// (constants such as class weights) follow the outputs to their device.
+/// A loss scripted in Python: forward(outputs, targets) -> each sample's loss [N]. Its floating
+/// buffers (constants such as class weights) follow the outputs to their device and dtype. One
+/// call at a time: a call may move them.
 class ScriptedLoss {
  public:
   ScriptedLoss(torch::jit::Module module, ScriptFile file) : module_(std::move(module)), file_(std::move(file)) {}
 
   at::Tensor operator()(const at::Tensor& outputs, const at::Tensor& targets) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (outputs.device() != device_) {
-        module_.to(outputs.device());
-        device_ = outputs.device();
-      }
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (outputs.device() != device_) {
+      module_.to(outputs.device());
+      device_ = outputs.device();
     }
+    if (outputs.is_floating_point() && dtype_ != outputs.scalar_type()) {
+      convert(module_, outputs.scalar_type());
+      dtype_ = outputs.scalar_type();
+    }
+    const auto versions = std::make_pair(outputs._version(), targets._version());
     torch::jit::GraphOptimizerEnabledGuard plain(false);  // as the model's forward: eager PyTorch's ops
     c10::IValue out;
     try {
       out = module_.forward({outputs, targets});
-    } catch (const c10::Error&) {
+    } catch (const c10::OutOfMemoryError&) {
       throw;
     } catch (const std::exception& e) {
       retype_out_of_memory(e);
@@ -304,6 +309,12 @@ class ScriptedLoss {
                               shape_text(outputs.sizes()), c10::toString(outputs.scalar_type()),
                               shape_text(targets.sizes()), c10::toString(targets.scalar_type()), error_summary(e)));
     }
+    // The outputs go on to the metrics and the plugins, the targets to the metrics.
+    const bool unchanged = versions == std::make_pair(outputs._version(), targets._version());
+    TRAINER_CHECK_T(UsageError, unchanged, file_.where(), ": the loss changed its ",
+                    versions.first != outputs._version() ? "outputs" : "targets",
+                    " argument in place (an op ending in _, or an assignment into it); compute out of place, e.g. "
+                    "x = x.clamp(...) instead of x.clamp_(...)");
     TRAINER_CHECK_T(UsageError, out.isTensor(), file_.where(), ": forward returned a ", out.tagKind(),
                     ", not a Tensor");
     at::Tensor y = out.toTensor();
@@ -325,6 +336,7 @@ class ScriptedLoss {
   torch::jit::Module module_;
   ScriptFile file_;
   c10::Device device_{c10::kCPU};
+  std::optional<c10::ScalarType> dtype_;  ///< of its floating buffers once a call converted them
 };
 
 }  // namespace

@@ -54,23 +54,25 @@ constexpr const char* kLossPathHelp =
     "A loss scripted in Python (torch.jit.script(loss).save(path)) in place of the task's own: forward(outputs, "
     "targets) returns each sample's loss [N]; the task's checks of the data and its metrics stay";
 
-/// The loss scripted in `path` (none when empty); `own` names the task's keys that shape its own
-/// loss, refused beside it when given (they would change nothing).
-SampleLoss scripted_loss(const Config& section, const std::string& path, const std::vector<std::string>& own) {
+/// The loss scripted in `path` (none when empty). `own` names the task's keys that shape its own
+/// loss and whether each is away from its default: such a key is refused beside it (it would
+/// change nothing). Values, not where they came from, decide: a run's config.toml repeats every
+/// default.
+SampleLoss scripted_loss(const std::string& path, const std::vector<std::pair<const char*, bool>>& own) {
   if (path.empty()) return {};
-  for (const auto& key : own) {
-    // Set in the recipe or an override, not filled in from its default.
-    TRAINER_CHECK_T(UsageError, !section.has(key) || section.origin(key) == "default", "task.", key,
-                    " shapes the task's own loss, which task.loss_path = \"", path, "\" replaces: leave task.", key,
-                    " out");
+  for (const auto& [key, set] : own) {
+    TRAINER_CHECK_T(UsageError, !set, "task.", key, " shapes the task's own loss, which task.loss_path = \"", path,
+                    "\" replaces: leave task.", key, " at its default");
   }
   return load_torchscript_loss("task.loss_path", path);
 }
 
-/// The first call of a scripted loss, at setup rather than at the first step: outputs of zeros
-/// [n, outputs] with a gradient against the probe's targets, as the task passes them on.
+/// The first call of a scripted loss, at setup rather than at the first step: float32 outputs of
+/// zeros [n, outputs] with a gradient (computed from a leaf, as a model's are) against the
+/// probe's targets, as the task passes them on. The run's device, dtype and evaluation (no
+/// gradient) are met at the first step.
 void try_scripted_loss(const Task& task, const Batch& probe, const std::string& path) {
-  const at::Tensor outputs = at::zeros({probe.targets.size(0), task.outputs()}).requires_grad_();
+  const at::Tensor outputs = at::zeros({probe.targets.size(0), task.outputs()}).requires_grad_().mul(1);
   try {
     (void)task.sample_losses(outputs, probe.targets);
   } catch (const UsageError&) {
@@ -461,7 +463,8 @@ Registry<TaskFactory>& task_registry() {
         "multilabel",
         [](const Config& c, const DataSpec&, const Batch& probe) -> std::unique_ptr<Task> {
           const auto s = MultilabelSettings::from(c);
-          auto task = std::make_unique<Multilabel>(s, probe, scripted_loss(c, s.loss_path, {"pos_weight"}));
+          auto task = std::make_unique<Multilabel>(s, probe,
+                                                   scripted_loss(s.loss_path, {{"pos_weight", !s.pos_weight.empty()}}));
           if (!s.loss_path.empty()) try_scripted_loss(*task, probe, s.loss_path);
           return task;
         },
@@ -471,7 +474,8 @@ Registry<TaskFactory>& task_registry() {
         "regression",
         [](const Config& c, const DataSpec&, const Batch& probe) -> std::unique_ptr<Task> {
           const auto s = RegressionSettings::from(c);
-          auto task = std::make_unique<Regression>(s, probe, scripted_loss(c, s.loss_path, {"loss", "huber_delta"}));
+          auto task = std::make_unique<Regression>(
+              s, probe, scripted_loss(s.loss_path, {{"loss", s.loss != "mse"}, {"huber_delta", s.huber_delta != 1.0}}));
           if (!s.loss_path.empty()) try_scripted_loss(*task, probe, s.loss_path);
           return task;
         },
@@ -489,7 +493,9 @@ std::unique_ptr<Task> classification_task(const Config& section, const DataSpec&
                   "task.loss_path out or use task.name = \"classification\"");
   if (loss) return std::make_unique<Classification>(s, data, probe, std::move(loss));
   auto task = std::make_unique<Classification>(
-      s, data, probe, scripted_loss(section, s.loss_path, {"class_weights", "label_smoothing"}));
+      s, data, probe,
+      scripted_loss(s.loss_path,
+                    {{"class_weights", !s.class_weights.empty()}, {"label_smoothing", s.label_smoothing != 0.0}}));
   if (!s.loss_path.empty()) try_scripted_loss(*task, probe, s.loss_path);
   return task;
 }
