@@ -160,7 +160,7 @@ TEST(Weights, UnreadableFilesAreRefusedSayingHowToResave) {
   EXPECT_NE(msg.find("absent.pt\": no such file"), std::string::npos) << msg;
   testing::write_file(tmp / "text.pt", "not a checkpoint\n");
   msg = refusal(*m, tmp / "text.pt");
-  EXPECT_NE(msg.find("is not a zip archive"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("is neither a safetensors file nor a zip archive"), std::string::npos) << msg;
   // torch.save(..., _use_new_zipfile_serialization=False): the pre-1.6 format.
   msg = refusal(*m, kDir + "/resnet18_legacy.pt");
   EXPECT_NE(msg.find("re-save it in Python with torch.save(model.state_dict(), path)"), std::string::npos) << msg;

@@ -36,8 +36,8 @@ struct ModelSettings : Settings<ModelSettings> {
           "Dtype the parameters are created in (no float32 copy is made first); inputs are cast to it")
         .choices({"float32", "float64", "bfloat16"});
     s.add(&ModelSettings::weights, "weights",
-          "Initial weights: a state_dict saved with torch.save (torchvision's names) or a trainer checkpoint; "
-          "empty = the model's own initialisation");
+          "Initial weights: a state_dict saved with torch.save (torchvision's names), a safetensors file or a "
+          "trainer checkpoint; empty = the model's own initialisation");
     s.add(&ModelSettings::weights_exclude, "weights_exclude",
           "Name patterns (* wildcards) of tensors not taken from model.weights, e.g. [\"fc.*\"] for a new head");
   }
@@ -95,14 +95,15 @@ class TRAINER_API Model : public torch::nn::Module {
 
 /// What load_weights() did.
 struct WeightsReport {
-  std::string format;                 ///< "torch.save state_dict" or "trainer checkpoint"
+  std::string format;                 ///< "torch.save state_dict", "safetensors" or "trainer checkpoint"
   std::int64_t loaded = 0;            ///< parameters and buffers taken from the file
   std::vector<std::string> excluded;  ///< the model's tensors left at their initial values
 };
 
 /// Loads the tensors of `file` into `model` by name: a state_dict saved in Python with
 /// torch.save (the dict itself, or its "state_dict" or "model" entry; a "module." prefix on
-/// every name is dropped), or a checkpoint trainer wrote (its model). Every parameter and
+/// every name is dropped), a safetensors file (read a chunk at a time into the model's tensors,
+/// with no whole copy of the file in memory), or a checkpoint trainer wrote (its model). Every parameter and
 /// buffer whose name matches none of `exclude` (fnmatch patterns) must be in the file with the
 /// same shape, and the file may hold nothing else outside `exclude`; otherwise throws
 /// UsageError naming the file, the first mis-shaped, missing and unexpected names and their

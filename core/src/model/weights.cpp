@@ -1,5 +1,6 @@
 // Initial weights from a file the user already has: a state_dict saved in Python with
-// torch.save (torchvision's names), or a checkpoint trainer wrote.
+// torch.save (torchvision's names), a safetensors file (Hugging Face's), or a checkpoint
+// trainer wrote.
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <fnmatch.h>
@@ -13,6 +14,7 @@
 #include <memory>
 #include <sstream>
 
+#include "model/safetensors.h"
 #include "model/tensor_archive.h"
 #include "model/torch_save.h"
 #include "trainer/error.h"
@@ -97,25 +99,43 @@ WeightsReport load_weights(Model& model, const std::string& file, const std::vec
       "internet: python3 -c 'import torch, torchvision; torch.save(torchvision.models.resnet50(weights=\"DEFAULT\")"
       ".state_dict(), \"resnet50.pt\")' (vit_b_16, resnet18 alike; docs/transfer-learning.md)");
   WeightsReport report;
+  // A safetensors file is read tensor by tensor straight into the model's: its entries stand
+  // for the file's tensors in the checks below (shape and dtype, no data).
+  std::unique_ptr<detail::SafeTensorsFile> safetensors;
+  if (detail::SafeTensorsFile::sniff(file)) {
+    try {
+      safetensors = std::make_unique<detail::SafeTensorsFile>(file);
+    } catch (const detail::SafeTensorsError& e) {
+      throw UsageError(fmt::format("model.weights = \"{}\": a damaged safetensors file: {}", file, e.what()));
+    }
+  }
   // The file comes from anywhere: its zip structure is checked (every size against the file,
   // compressed entries capped, none overlapping) before LibTorch's reader or trainer's reads it.
   std::unique_ptr<detail::ZipArchive> zip;
   try {
-    zip = detail::ZipArchive::open(file);
+    if (!safetensors) zip = detail::ZipArchive::open(file);
   } catch (const detail::TorchSaveError& e) {
     throw UsageError(
         fmt::format("model.weights = \"{}\": {}; download or save it again (torch.save(model.state_dict(), path))",
                     file, e.what()));
   }
-  TRAINER_CHECK_T(UsageError, zip != nullptr, "model.weights = \"", file,
-                  "\" is not a zip archive: neither torch.save's format (PyTorch >= 1.6) nor a trainer checkpoint; "
-                  "re-save it in Python with torch.save(model.state_dict(), path)");
-  // A trainer checkpoint is a TorchScript archive (torch::serialize): it has constants.pkl,
-  // torch.save's archives do not.
-  const bool checkpoint = zip->has("constants.pkl");
-  report.format = checkpoint ? "trainer checkpoint" : "torch.save state_dict";
-  Tensors from = checkpoint ? read_trainer_checkpoint(file) : read_state_dict(file, *zip);
-  zip.reset();
+  TRAINER_CHECK_T(UsageError, safetensors || zip != nullptr, "model.weights = \"", file,
+                  "\" is neither a safetensors file nor a zip archive (torch.save's format since PyTorch 1.6, or a "
+                  "trainer checkpoint); re-save it in Python with torch.save(model.state_dict(), path)");
+  Tensors from;
+  if (safetensors) {
+    report.format = "safetensors";
+    for (const auto& [name, info] : safetensors->tensors()) {
+      from[name] = at::empty(info.shape, at::TensorOptions(info.dtype).device(at::kMeta));
+    }
+  } else {
+    // A trainer checkpoint is a TorchScript archive (torch::serialize): it has constants.pkl,
+    // torch.save's archives do not.
+    const bool checkpoint = zip->has("constants.pkl");
+    report.format = checkpoint ? "trainer checkpoint" : "torch.save state_dict";
+    from = checkpoint ? read_trainer_checkpoint(file) : read_state_dict(file, *zip);
+    zip.reset();
+  }
 
   Tensors into;
   for (const auto& p : model.named_parameters(/*recurse=*/true)) into[p.key()] = p.value();
@@ -185,7 +205,15 @@ WeightsReport load_weights(Model& model, const std::string& file, const std::vec
   for (auto& [name, t] : into) {
     const auto it = from.find(name);
     if (excluded(name, exclude) || it == from.end()) continue;
-    t.copy_(it->second);  // converts dtype and device
+    if (safetensors) {
+      try {
+        safetensors->read_into(name, t);  // converts dtype and device, a chunk at a time
+      } catch (const detail::SafeTensorsError& e) {
+        throw UsageError(fmt::format("model.weights = \"{}\": {}", file, e.what()));
+      }
+    } else {
+      t.copy_(it->second);  // converts dtype and device
+    }
     ++report.loaded;
   }
   return report;
