@@ -4,19 +4,14 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <fnmatch.h>
-#include <torch/serialize/input-archive.h>
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <map>
 #include <memory>
 #include <sstream>
 
-#include "model/safetensors.h"
-#include "model/tensor_archive.h"
-#include "model/torch_save.h"
+#include "model/weights_file.h"
 #include "trainer/error.h"
 #include "trainer/model.h"
 
@@ -39,57 +34,6 @@ bool excluded(const std::string& name, const std::vector<std::string>& patterns)
   return false;
 }
 
-Tensors read_trainer_checkpoint(const std::string& file) {
-  torch::serialize::InputArchive ar, model;
-  try {
-    ar.load_from(file, at::kCPU);
-  } catch (const c10::Error& e) {
-    throw UsageError(
-        fmt::format("model.weights = \"{}\": a damaged trainer checkpoint ({})", file, e.what_without_backtrace()));
-  }
-  TRAINER_CHECK_T(UsageError, ar.try_read("model", model), "model.weights = \"", file,
-                  "\": a TorchScript archive without a 'model' entry: not a trainer checkpoint (a Python "
-                  "state_dict must be saved with torch.save(model.state_dict(), path))");
-  Tensors out;
-  detail::read_nested(model, "", out);
-  return out;
-}
-
-/// The dict of name -> tensor in what torch.save wrote: the object itself, or its "state_dict"
-/// or "model" entry when it is a training checkpoint that wraps one.
-Tensors read_state_dict(const std::string& file, const detail::ZipArchive& zip) {
-  detail::PyRef v;
-  try {
-    v = detail::read_torch_save(zip);
-  } catch (const detail::TorchSaveError& e) {
-    throw UsageError(fmt::format(
-        "model.weights = \"{}\": {}; save the state_dict alone: torch.save(model.state_dict(), path)", file, e.what()));
-  }
-  using Kind = detail::PyValue::Kind;
-  TRAINER_CHECK_T(UsageError, v->kind == Kind::Dict, "model.weights = \"", file, "\" holds a ", v->type_name(),
-                  ", not a state_dict (a dict of name -> tensor)");
-  for (const char* wrapper : {"state_dict", "model"}) {
-    for (const auto& [key, value] : v->entries) {
-      if (key->kind == Kind::String && key->text == wrapper && value->kind == Kind::Dict) {
-        v = value;
-        break;
-      }
-    }
-  }
-  Tensors out;
-  for (const auto& [key, value] : v->entries) {
-    TRAINER_CHECK_T(UsageError, key->kind == Kind::String, "model.weights = \"", file, "\": a state_dict key is a ",
-                    key->type_name(), ", not a name");
-    TRAINER_CHECK_T(UsageError, value->kind == Kind::Tensor, "model.weights = \"", file, "\": '", key->text, "' is a ",
-                    value->type_name(), ", not a tensor");
-    // A dict Python wrote has each key once; a file that repeats one could show one tensor to
-    // a reader that keeps the first and load another.
-    TRAINER_CHECK_T(UsageError, out.emplace(key->text, value->tensor).second, "model.weights = \"", file, "\": '",
-                    key->text, "' is in the state_dict twice");
-  }
-  return out;
-}
-
 }  // namespace
 
 WeightsReport load_weights(Model& model, const std::string& file, const std::vector<std::string>& exclude) {
@@ -99,43 +43,9 @@ WeightsReport load_weights(Model& model, const std::string& file, const std::vec
       "internet: python3 -c 'import torch, torchvision; torch.save(torchvision.models.resnet50(weights=\"DEFAULT\")"
       ".state_dict(), \"resnet50.pt\")' (vit_b_16, resnet18 alike; docs/transfer-learning.md)");
   WeightsReport report;
-  // A safetensors file is read tensor by tensor straight into the model's: its entries stand
-  // for the file's tensors in the checks below (shape and dtype, no data).
-  std::unique_ptr<detail::SafeTensorsFile> safetensors;
-  if (detail::SafeTensorsFile::sniff(file)) {
-    try {
-      safetensors = std::make_unique<detail::SafeTensorsFile>(file);
-    } catch (const detail::SafeTensorsError& e) {
-      throw UsageError(fmt::format("model.weights = \"{}\": a damaged safetensors file: {}", file, e.what()));
-    }
-  }
-  // The file comes from anywhere: its zip structure is checked (every size against the file,
-  // compressed entries capped, none overlapping) before LibTorch's reader or trainer's reads it.
-  std::unique_ptr<detail::ZipArchive> zip;
-  try {
-    if (!safetensors) zip = detail::ZipArchive::open(file);
-  } catch (const detail::TorchSaveError& e) {
-    throw UsageError(
-        fmt::format("model.weights = \"{}\": {}; download or save it again (torch.save(model.state_dict(), path))",
-                    file, e.what()));
-  }
-  TRAINER_CHECK_T(UsageError, safetensors || zip != nullptr, "model.weights = \"", file,
-                  "\" is neither a safetensors file nor a zip archive (torch.save's format since PyTorch 1.6, or a "
-                  "trainer checkpoint); re-save it in Python with torch.save(model.state_dict(), path)");
-  Tensors from;
-  if (safetensors) {
-    report.format = "safetensors";
-    for (const auto& [name, info] : safetensors->tensors()) {
-      from[name] = at::empty(info.shape, at::TensorOptions(info.dtype).device(at::kMeta));
-    }
-  } else {
-    // A trainer checkpoint is a TorchScript archive (torch::serialize): it has constants.pkl,
-    // torch.save's archives do not.
-    const bool checkpoint = zip->has("constants.pkl");
-    report.format = checkpoint ? "trainer checkpoint" : "torch.save state_dict";
-    from = checkpoint ? read_trainer_checkpoint(file) : read_state_dict(file, *zip);
-    zip.reset();
-  }
+  const detail::WeightsFile weights("model.weights", file);
+  report.format = weights.format();
+  Tensors from = weights.tensors();  // the same tensors (or a safetensors file's shapes), renamed below
 
   Tensors into;
   for (const auto& p : model.named_parameters(/*recurse=*/true)) into[p.key()] = p.value();
@@ -147,7 +57,8 @@ WeightsReport load_weights(Model& model, const std::string& file, const std::vec
     return !t.empty() &&
            std::all_of(t.begin(), t.end(), [](const auto& kv) { return kv.first.rfind("module.", 0) == 0; });
   };
-  if (prefixed(from) && !prefixed(into)) {
+  const bool strip = prefixed(from) && !prefixed(into);
+  if (strip) {
     Tensors stripped;
     for (auto& [k, t] : from) stripped[k.substr(7)] = t;
     from = std::move(stripped);
@@ -205,15 +116,7 @@ WeightsReport load_weights(Model& model, const std::string& file, const std::vec
   for (auto& [name, t] : into) {
     const auto it = from.find(name);
     if (excluded(name, exclude) || it == from.end()) continue;
-    if (safetensors) {
-      try {
-        safetensors->read_into(name, t);  // converts dtype and device, a chunk at a time
-      } catch (const detail::SafeTensorsError& e) {
-        throw UsageError(fmt::format("model.weights = \"{}\": {}", file, e.what()));
-      }
-    } else {
-      t.copy_(it->second);  // converts dtype and device
-    }
+    weights.copy_into(strip ? "module." + name : name, t);  // converts dtype and device
     ++report.loaded;
   }
   return report;
