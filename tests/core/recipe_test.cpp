@@ -164,7 +164,7 @@ TEST_F(LoadRecipe, UnknownModelNameListsTheKnownOnes) {
     FAIL();
   } catch (const ConfigError& e) {
     ASSERT_EQ(e.problems().size(), 1u) << e.what();  // hidden=[8] is not reported on top
-    EXPECT_NE(e.problems()[0].find("one of: cnn, mlp, resnet, torchscript, vit"), std::string::npos) << e.what();
+    EXPECT_NE(e.problems()[0].find("one of: bert, cnn, mlp, resnet, torchscript, vit"), std::string::npos) << e.what();
   }
 }
 

@@ -11,7 +11,9 @@
 
 namespace trainer {
 
-/// A batch of samples: inputs [N, ...] float32 and integer class targets [N] (int64).
+/// A batch of samples: inputs [N, ...] float32 (cast to the model's dtype on the device), or
+/// integer token ids for a model that takes them (model "bert": [N, L], [N, 2, L] or [N, 3, L],
+/// kept integers), and the targets the task reads (trainer/task.h).
 struct Batch {
   at::Tensor inputs;
   at::Tensor targets;

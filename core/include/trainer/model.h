@@ -33,7 +33,7 @@ struct ModelSettings : Settings<ModelSettings> {
 
   static void declare(SettingsSchema<ModelSettings>& s) {
     s.add(&ModelSettings::dtype, "dtype",
-          "Dtype the parameters are created in (no float32 copy is made first); inputs are cast to it")
+          "Dtype the parameters are created in (no float32 copy is made first); floating inputs are cast to it")
         .choices({"float32", "float64", "bfloat16"});
     s.add(&ModelSettings::weights, "weights",
           "Initial weights: a state_dict saved with torch.save (torchvision's names), a safetensors file or a "
@@ -114,7 +114,7 @@ TRAINER_API WeightsReport load_weights(Model& model, const std::string& file,
 /// Builds a model from its config section (`model.*`) and the data spec.
 using ModelFactory = std::function<std::shared_ptr<Model>(const Config& section, const DataSpec& data)>;
 
-/// The process-wide model registry (built-ins: "mlp", "cnn", "vit", "resnet", "torchscript").
+/// The process-wide model registry (built-ins: "mlp", "cnn", "vit", "resnet", "bert", "torchscript").
 TRAINER_API Registry<ModelFactory>& model_registry();
 
 /// The dtype named by `model.dtype`: "float32", "float64" or "bfloat16" (throws ConfigError

@@ -7,6 +7,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/pooling.h>
 
+#include "model/bert.h"
 #include "model/resnet.h"
 #include "model/torchscript.h"
 #include "model/vit.h"
@@ -172,6 +173,9 @@ Registry<ModelFactory>& model_registry() {
           return make_resnet(ResnetSettings::from(c), d);
         },
         ResnetSettings::keys(), "ResNet-18/34/50/101/152 (torchvision's layout and parameter names; blocks exposed)");
+    r->add("bert", make_bert, BertSettings::keys(),
+           "BERT or RoBERTa encoder for sequence classification (Hugging Face's layout, names and model directories; "
+           "blocks exposed)");
     r->add("torchscript", load_torchscript_model, TorchScriptSettings::keys(),
            "A module written in Python and saved with torch.jit.script(model).save(path) (model.path)");
     return r;

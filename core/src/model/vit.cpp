@@ -11,12 +11,15 @@
 #include <cmath>
 #include <string>
 
+#include "model/layer_norm.h"
 #include "trainer/error.h"
 #include "trainer/layers.h"
 
 namespace trainer {
 
 namespace {
+
+using detail::LayerNorm;
 
 /// torch.nn.init.trunc_normal_(t, 0, std, a, b): a normal of mean 0 and `std` truncated to
 /// [a, b] (absolute bounds), drawn by inverting the normal CDF on a uniform sample, as PyTorch.
@@ -29,27 +32,6 @@ void trunc_normal_(at::Tensor t, double std, double a, double b) {
   x.uniform_(2 * lo - 1, 2 * hi - 1).erfinv_().mul_(std * std::sqrt(2.0)).clamp_(a, b);
   t.copy_(x);
 }
-
-/// LayerNorm that computes in its parameters' dtype.
-/// NOTE: under CPU autocast (LibTorch 1.13) at::layer_norm of a bfloat16 input with float32
-/// weights fails ("expected scalar type BFloat16 but found Float"), and CUDA autocast runs
-/// layer_norm in float32 anyway: so the input is cast to the weights' dtype, here and on CUDA.
-class LayerNorm final : public torch::nn::Module {
- public:
-  LayerNorm(std::int64_t dim, double eps) : dim_(dim), eps_(eps) {
-    weight_ = register_parameter("weight", at::ones({dim}));
-    bias_ = register_parameter("bias", at::zeros({dim}));
-  }
-  at::Tensor forward(const at::Tensor& x) {
-    const at::Tensor in = x.scalar_type() == weight_.scalar_type() ? x : x.to(weight_.scalar_type());
-    return at::layer_norm(in, {dim_}, weight_, bias_, eps_);
-  }
-
- private:
-  std::int64_t dim_;
-  double eps_;
-  at::Tensor weight_, bias_;
-};
 
 /// torch.nn.MultiheadAttention's parameters (in_proj_weight [3D, D] holding q, k, v;
 /// in_proj_bias; out_proj) and its computation, self-attention only, batch first. The q, k

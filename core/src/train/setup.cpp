@@ -198,11 +198,13 @@ void check_outputs(const at::Tensor& outputs, const Task& task) {
 
 Batch to_device(const RunParts& parts, const Batch& b) {
   const bool nhwc = parts.memory_format == c10::MemoryFormat::ChannelsLast && b.inputs.dim() == 4;
-  if (b.inputs.device() == parts.device && b.inputs.scalar_type() == parts.input_dtype &&
-      b.targets.device() == parts.device && (!nhwc || b.inputs.is_contiguous(c10::MemoryFormat::ChannelsLast))) {
+  // Token ids (integers) stay integers; floating inputs take the model's dtype.
+  const c10::ScalarType dtype = b.inputs.is_floating_point() ? parts.input_dtype : b.inputs.scalar_type();
+  if (b.inputs.device() == parts.device && b.inputs.scalar_type() == dtype && b.targets.device() == parts.device &&
+      (!nhwc || b.inputs.is_contiguous(c10::MemoryFormat::ChannelsLast))) {
     return b;
   }
-  at::Tensor inputs = b.inputs.to(parts.device, parts.input_dtype);
+  at::Tensor inputs = b.inputs.to(parts.device, dtype);
   if (nhwc) inputs = inputs.contiguous(c10::MemoryFormat::ChannelsLast);
   return {inputs, b.targets.to(parts.device)};
 }

@@ -42,7 +42,7 @@ struct RunParts {
   std::unique_ptr<torch::optim::Optimizer> optim;
   std::unique_ptr<LrSchedule> schedule;
   c10::Device device{c10::kCPU};              ///< where the run is (an OOM device fallback moves it)
-  c10::ScalarType input_dtype = c10::kFloat;  ///< model.dtype: inputs are cast to it
+  c10::ScalarType input_dtype = c10::kFloat;  ///< model.dtype: floating inputs are cast to it
   /// model.memory_format as chosen (train/memory_format.h): 4-D inputs are converted to it.
   c10::MemoryFormat memory_format = c10::MemoryFormat::Contiguous;
   /// The evaluation batch: eval.batch_size, or the size an out-of-memory retry settled on (kept

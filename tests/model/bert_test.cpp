@@ -1,0 +1,335 @@
+// Model "bert": model directories that Hugging Face's transformers writes with save_pretrained
+// (tests/model/hf_models.py, in the venv of tests/hf/hf_venv.sh) load name for name and give
+// transformers' logits and gradients; a pre-training checkpoint gives its encoder; a batch
+// padded longer computes the same; directories that do not fit are refused with exit-2 errors
+// naming the file and what is allowed.
+#include <gtest/gtest.h>
+#include <torch/csrc/jit/serialization/pickle.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+
+#include "support/test_util.h"
+#include "trainer/data.h"
+#include "trainer/error.h"
+#include "trainer/memory.h"
+#include "trainer/model.h"
+#include "trainer/trainer.h"
+
+namespace trainer {
+namespace {
+
+using testing::read_file;
+
+const std::string kDir = TRAINER_HF_MODELS;
+
+/// io.pt of a model directory: a dict of tensors.
+std::map<std::string, at::Tensor> io(const std::string& dir) {
+  const std::string bytes = read_file(kDir + "/" + dir + "/io.pt");
+  std::map<std::string, at::Tensor> out;
+  for (const auto& kv : torch::jit::pickle_load(std::vector<char>(bytes.begin(), bytes.end())).toGenericDict()) {
+    out[kv.key().toStringRef()] = kv.value().toTensor();
+  }
+  return out;
+}
+
+std::shared_ptr<Model> bert(const std::string& dir, std::int64_t labels = 3, const std::string& more = "") {
+  torch::manual_seed(7);
+  return build_model(Config::parse("name = \"bert\"\npath = \"" + kDir + "/" + dir + "\"\n" + more),
+                     DataSpec{{3, 12}, labels});
+}
+
+/// [N, 3, L]: the batch's ids, attention mask and token types, as a text dataset gives them.
+at::Tensor tokens(std::map<std::string, at::Tensor>& b) {
+  return at::stack({b.at("input_ids"), b.at("attention_mask"), b.at("token_type_ids")}, 1);
+}
+
+double max_diff(const at::Tensor& a, const at::Tensor& b) {
+  EXPECT_EQ(a.sizes(), b.sizes());
+  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
+}
+
+/// The UsageError message of building `toml`'s model, "" when it builds.
+std::string refusal(const std::string& toml, const DataSpec& data = DataSpec{{3, 12}, 3}) {
+  try {
+    build_model(Config::parse(toml), data);
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+class FromTransformers : public ::testing::TestWithParam<const char*> {};
+
+// The same weights and the same operations in the same order: the logits agree to float32
+// rounding (1e-5 on logits of ~0.1-1: matmuls of 64-wide rows summed in another order by
+// another build's kernels are ~1e-7 apart; a tensor loaded into the wrong place or a mask
+// misapplied moves them by 1e-2 or more). The gradients of a training step (dropout 0) too,
+// relative to each tensor's largest.
+TEST_P(FromTransformers, SameLogitsAndGradientsAsTransformers) {
+  const std::string dir = GetParam();
+  auto m = bert(dir);
+  auto b = io(dir);
+  const at::Tensor x = tokens(b);
+  m->eval();
+  {
+    torch::NoGradGuard no_grad;
+    EXPECT_LE(max_diff(m->forward(x), b.at("logits")), 1e-5);
+    // Without token types ([N, 2, L]) they are zeros; the RoBERTa batch has none.
+    if (dir == "roberta") {
+      EXPECT_LE(max_diff(m->forward(x.narrow(1, 0, 2)), b.at("logits")), 1e-5);
+    }
+  }
+  m->train();
+  const at::Tensor loss = at::cross_entropy_loss(m->forward(x), b.at("labels"));
+  EXPECT_NEAR(loss.item<double>(), b.at("loss").item<double>(), 1e-6);
+  loss.backward();
+  int compared = 0;
+  for (const auto& p : m->named_parameters()) {
+    const at::Tensor& want = b.at("grad." + p.key());
+    EXPECT_LE(max_diff(p.value().grad(), want), 1e-5 * std::max(1.0, want.abs().max().item<double>())) << p.key();
+    ++compared;
+  }
+  EXPECT_EQ(compared, 41);  // every parameter: 5 embeddings, 16 per layer, 4 of the pooler and head
+}
+
+INSTANTIATE_TEST_SUITE_P(Directories, FromTransformers, ::testing::Values("bert", "bert_bin", "roberta"));
+
+// A published checkpoint with its pre-training heads (BertForPreTraining): the encoder and the
+// pooler load, the heads are left out, the classifier is new; the pooled output is
+// transformers'.
+TEST(Bert, APretrainingCheckpointGivesItsEncoderAndANewHead) {
+  auto m = bert("bert_pretraining", 5);
+  auto b = io("bert_pretraining");
+  m->eval();
+  torch::NoGradGuard no_grad;
+  EXPECT_LE(max_diff(m->features(tokens(b)), b.at("pooled")), 1e-5);
+  EXPECT_EQ(m->forward(tokens(b)).sizes(), (std::vector<std::int64_t>{4, 5}));
+  EXPECT_EQ(m->head_name(), "classifier");
+}
+
+// Padding is cut to the batch's longest sequence before the encoder: the batch padded to 40
+// columns gives the logits of the batch as it is (12), and a micro-batch of its two short
+// sequences those of the two rows.
+TEST(Bert, PaddingBeyondTheLongestSequenceChangesNothing) {
+  auto m = bert("bert");
+  auto b = io("bert");
+  m->eval();
+  torch::NoGradGuard no_grad;
+  const at::Tensor x = tokens(b);
+  const at::Tensor padded = at::cat({x, at::zeros({4, 3, 28}, x.options())}, 2);
+  EXPECT_LE(max_diff(m->forward(padded), b.at("logits")), 1e-6);
+  EXPECT_LE(max_diff(m->forward(padded.narrow(0, 2, 2)), b.at("logits").narrow(0, 2, 2)), 1e-5);
+}
+
+// A model from the keys has transformers' names and shapes for the same config.
+TEST(Bert, FromScratchHasTransformersNamesAndShapes) {
+  torch::manual_seed(3);
+  auto scratch = build_model(Config::parse("name = \"bert\"\nvocab_size = 1000\nhidden_size = 64\n"
+                                           "num_hidden_layers = 2\nintermediate_size = 128\n"
+                                           "max_position_embeddings = 64\n"),
+                             DataSpec{{3, 12}, 3});
+  auto loaded = bert("bert");
+  std::map<std::string, std::vector<std::int64_t>> a, b;
+  for (const auto& p : scratch->named_parameters()) a[p.key()] = p.value().sizes().vec();
+  for (const auto& p : loaded->named_parameters()) b[p.key()] = p.value().sizes().vec();
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(scratch->blocks().size(), 2u);
+  // transformers' initialisation: normal(0, 0.02) weights, zero biases, the padding row zero.
+  for (const auto& p : scratch->named_parameters()) {
+    if (p.key() == "bert.embeddings.word_embeddings.weight") {
+      EXPECT_TRUE(p.value()[0].eq(0).all().item<bool>());
+      EXPECT_NEAR(p.value().std().item<double>(), 0.02, 0.002);
+    }
+    if (p.key().find("dense.bias") != std::string::npos) {
+      EXPECT_TRUE(p.value().eq(0).all().item<bool>()) << p.key();
+    }
+  }
+}
+
+struct BadDir {
+  std::string toml;
+  std::string says;
+};
+
+TEST(Bert, DirectoriesAndInputsThatDoNotFitAreRefusedNamingTheFile) {
+  const std::string p = "name = \"bert\"\npath = \"" + kDir + "/";
+  const std::vector<BadDir> cases = {
+      {p + "nowhere\"", "nowhere/config.json; a Hugging Face model directory holds config.json"},
+      {p + "bad_deberta\"",
+       "bad_deberta/config.json: model_type \"deberta-v2\" is not an architecture trainer builds; it reads bert, "
+       "roberta"},
+      {p + "bad_missing\"",
+       "bad_missing/model.safetensors does not fit the architecture of its config.json: missing from the file: "
+       "bert.encoder.layer.1.output.dense.weight (1)"},
+      {p + "bad_layers\"", "missing from the file: bert.encoder.layer.2."},
+      {p + "bert\"\nhidden_size = 128", "model.hidden_size is set beside model.path"},
+      {"name = \"bert\"\nhidden_size = 100\nnum_attention_heads = 3",
+       "hidden_size 100 is not a multiple of num_attention_heads 3"},
+  };
+  for (const BadDir& c : cases) {
+    SCOPED_TRACE(c.toml);
+    const std::string message = refusal(c.toml);
+    EXPECT_NE(message.find(c.says), std::string::npos) << message;
+  }
+  EXPECT_NE(refusal("name = \"bert\"", DataSpec{{1, 28, 28}, 10}).find("model 'bert' takes token sequences"),
+            std::string::npos);
+  // Inputs: images, ids beyond the vocabulary, sequences beyond the positions.
+  auto m = bert("bert");
+  const auto says = [&](const at::Tensor& x, const std::string& what) {
+    try {
+      m->forward(x);
+      ADD_FAILURE() << "no error for " << what;
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  says(at::zeros({2, 12}), "model 'bert' takes token ids");
+  says(at::full({2, 3, 12}, 1000, at::kLong), "a token id of 1000 is outside the model's vocabulary of 1000");
+  says(at::ones({1, 65}, at::kLong), "a sequence of 65 tokens; the model takes at most 64");
+}
+
+/// io.pt's batch of directory `dir`, twice: 8 samples of [3, 12] tokens (ids, mask, types) and
+/// their labels, in order. A stand-in for a text dataset.
+class IoTokens final : public Dataset {
+ public:
+  explicit IoTokens(const std::string& dir) {
+    auto b = io(dir);
+    inputs_ = at::cat({tokens(b), tokens(b)});
+    targets_ = at::cat({b.at("labels"), b.at("labels")});
+  }
+  std::int64_t size() const override { return inputs_.size(0); }
+  Batch get(const at::Tensor& idx) const override {
+    return {inputs_.index_select(0, idx), targets_.index_select(0, idx)};
+  }
+  DataSpec spec() const override { return {{3, 12}, 3}; }
+
+ private:
+  at::Tensor inputs_, targets_;
+};
+
+constexpr const char* kTrainRecipe = R"(
+[run]
+name = "bert"
+seed = 1
+[model]
+name = "bert"
+path = "DIR"
+[dataset]
+name = "bert_io_tokens"
+[training]
+epochs = 1
+batch_size = 8
+shuffle = false
+log_every = 1
+[optim]
+name = "sgd"
+lr = 0.1
+momentum = 0.0
+weight_decay = 0.0
+[eval]
+every_epochs = 0
+[runtime]
+num_threads = 1
+[metrics]
+console = false
+)";
+
+/// Makes the first attempt of the first step run out of memory in its forward (the budget is
+/// what is in use plus 64 KiB, less than the 8 samples' activations) and asks for half the
+/// micro-batch.
+class Squeeze final : public Plugin {
+ public:
+  std::string name() const override { return "squeeze"; }
+  std::vector<Event> events() const override { return {Event::BeforeForward, Event::OutOfMemory}; }
+  int default_priority() const override { return -100; }
+  void on_event(EventContext& ctx, Control& c) override {
+    const c10::Device cpu(c10::kCPU);
+    if (ctx.event == Event::OutOfMemory) {
+      set_memory_limit(cpu, 0);
+      ++ooms;
+      c.retry_with_micro_batch = ctx.oom->micro_batch_size / 2;
+      return;
+    }
+    if (!armed_) return;
+    armed_ = false;
+    set_memory_limit(cpu, memory_stats(cpu).allocated + (64 << 10));
+  }
+  int ooms = 0;
+
+ private:
+  bool armed_ = true;
+};
+
+class BertTraining : public testing::TrainerTest {
+ protected:
+  static void SetUpTestSuite() {
+    dataset_registry().add("bert_io_tokens", [](const Config&, Split) -> std::shared_ptr<Dataset> {
+      return std::make_shared<IoTokens>("bert");
+    });
+  }
+  void TearDown() override { set_memory_limit(c10::Device(c10::kCPU), 0); }
+  std::map<std::string, at::Tensor> train(const std::string& name, const std::vector<std::string>& overrides = {},
+                                          const std::vector<std::shared_ptr<Plugin>>& extra = {}) {
+    std::string recipe = kTrainRecipe;
+    recipe.replace(recipe.find("DIR"), 3, kDir + "/bert");
+    std::shared_ptr<Model> model;
+    const RunResult r = fit(recipe, overrides, name, extra, &model);
+    EXPECT_EQ(r.exit_code, kExitOk) << r.message;
+    EXPECT_EQ(r.global_step, 1);
+    std::map<std::string, at::Tensor> out;
+    if (model) {
+      for (const auto& p : model->named_parameters()) out[p.key()] = p.value().detach().clone();
+    }
+    return out;
+  }
+};
+
+// One SGD step of a run (the token batch through the loader, the device move that keeps ids
+// integers, the classification task's mean cross-entropy) moves each parameter by lr times
+// transformers' gradient of the same batch (twice the io batch: the same mean): within float32
+// rounding of the gradient (1e-5 of its largest, times lr).
+TEST_F(BertTraining, ARunsFirstStepIsTransformersGradientStep) {
+  const auto trained = train("step");
+  ASSERT_FALSE(trained.empty());
+  auto initial = bert("bert");
+  auto b = io("bert");
+  for (const auto& p : initial->named_parameters()) {
+    const at::Tensor grad = b.at("grad." + p.key());
+    const at::Tensor expected = p.value().detach() - 0.1 * grad;
+    EXPECT_LE(max_diff(trained.at(p.key()), expected), 0.1 * 1e-5 * std::max(1.0, grad.abs().max().item<double>()))
+        << p.key();
+  }
+}
+
+// Out of memory in the first forward: the batch is retried in two micro-batches of 4, each cut
+// to its own longest sequence (12 and 12 here: each half holds a full row), and the step ends as
+// without the OOM, to the rounding of a gradient summed in two parts. With activation
+// checkpointing per encoder layer (the grad_checkpoint plugin), the same.
+TEST_F(BertTraining, OutOfMemoryRecoveryAndCheckpointingTrainAlike) {
+  const auto clean = train("clean");
+  auto squeeze = std::make_shared<Squeeze>();
+  const auto squeezed = train("squeezed", {}, {squeeze});
+  EXPECT_EQ(squeeze->ooms, 1);
+  const auto checkpointed = train("checkpointed", {"plugins.load=[\"grad_checkpoint\"]"});
+  for (const auto& [name, t] : clean) {
+    EXPECT_LE(max_diff(squeezed.at(name), t), 1e-6) << name;
+    EXPECT_LE(max_diff(checkpointed.at(name), t), 1e-6) << name;
+  }
+}
+
+// bfloat16 autocast (the mixed_precision plugin, bf16 pinned: "auto" is fp32 on a CPU without
+// native bf16) through the encoder, the additive mask and the LayerNorms: the step lands within
+// bfloat16's rounding of the float32 step (an update of lr x gradient, ~1e-2 here, off by under
+// 1e-2 of itself; 1e-3 absolute allows a tenth of the largest update).
+TEST_F(BertTraining, MixedPrecisionTrainsCloseToFloat32) {
+  const auto fp32 = train("fp32");
+  const auto bf16 = train("bf16", {"plugins.load=[\"mixed_precision\"]", "plugins.mixed_precision.precision=\"bf16\""});
+  for (const auto& [name, t] : fp32) {
+    EXPECT_EQ(bf16.at(name).scalar_type(), at::kFloat) << name;
+    EXPECT_LE(max_diff(bf16.at(name), t), 1e-3) << name;
+  }
+}
+
+}  // namespace
+}  // namespace trainer

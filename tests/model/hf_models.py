@@ -1,0 +1,112 @@
+#!/usr/bin/python3
+"""Writes Hugging Face model directories with transformers (save_pretrained), for
+tests/model/bert_test.cpp. Small random models (seeded), dropout 0 so that a training step's
+gradients are deterministic:
+
+  bert/               BertForSequenceClassification, 3 labels (config.json, model.safetensors)
+  bert_bin/           the same model saved with safe_serialization=False (pytorch_model.bin)
+  roberta/            RobertaForSequenceClassification, 3 labels
+  bert_pretraining/   BertForPreTraining (bert.*, cls.predictions.*, cls.seq_relationship.*)
+  bad_deberta/        a config.json of model_type deberta-v2
+  bad_missing/        bert/ less one tensor of layer 1
+  bad_layers/         bert/'s weights with a config.json of 3 layers
+
+and in each good directory io.pt: torch.save of a dict with a batch (input_ids, attention_mask,
+token_type_ids [4, 12], right-padded to lengths 12, 9, 5, 3; labels [4]), the logits in eval
+mode, and the gradients (name -> tensor) of the mean cross-entropy in train mode; for
+bert_pretraining the pooler's output instead of logits and gradients.
+
+Usage: VENV/bin/python tests/model/hf_models.py OUT_DIR (VENV from tests/hf/hf_venv.sh)
+"""
+import json
+import os
+import shutil
+import sys
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from transformers import (BertConfig, BertForPreTraining, BertForSequenceClassification, RobertaConfig,
+                          RobertaForSequenceClassification)
+
+SIZES = dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+             hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=3)
+
+
+def batch(pad, types):
+    torch.manual_seed(1)
+    ids = torch.randint(5, 1000, (4, 12))
+    mask = torch.zeros(4, 12, dtype=torch.long)
+    for row, n in enumerate((12, 9, 5, 3)):
+        mask[row, :n] = 1
+    ids[mask == 0] = pad
+    tt = torch.zeros(4, 12, dtype=torch.long)
+    if types:
+        tt[:, 6:] = 1
+        tt[mask == 0] = 0
+    return ids, mask, tt, torch.tensor([0, 2, 1, 2])
+
+
+def write_io(model, out, pad, types, pooled=False):
+    ids, mask, tt, labels = batch(pad, types)
+    io = {"input_ids": ids, "attention_mask": mask, "token_type_ids": tt, "labels": labels}
+    model.eval()
+    with torch.no_grad():
+        if pooled:
+            io["pooled"] = model.bert(input_ids=ids, attention_mask=mask, token_type_ids=tt).pooler_output
+        else:
+            io["logits"] = model(input_ids=ids, attention_mask=mask, token_type_ids=tt).logits
+    if not pooled:
+        model.train()
+        model.zero_grad()
+        loss = F.cross_entropy(model(input_ids=ids, attention_mask=mask, token_type_ids=tt).logits, labels)
+        loss.backward()
+        io["loss"] = loss.detach()
+        for name, p in model.named_parameters():
+            io["grad." + name] = p.grad.clone()
+    torch.save(io, os.path.join(out, "io.pt"))
+
+
+def main(out):
+    os.makedirs(out, exist_ok=True)
+    torch.manual_seed(0)
+    bert = BertForSequenceClassification(BertConfig(max_position_embeddings=64, **SIZES))
+    bert.save_pretrained(os.path.join(out, "bert"))
+    bert.save_pretrained(os.path.join(out, "bert_bin"), safe_serialization=False)
+    write_io(bert, os.path.join(out, "bert"), 0, True)
+    write_io(bert, os.path.join(out, "bert_bin"), 0, True)
+
+    torch.manual_seed(0)
+    roberta = RobertaForSequenceClassification(
+        RobertaConfig(max_position_embeddings=66, pad_token_id=1, type_vocab_size=1, layer_norm_eps=1e-5, **SIZES))
+    roberta.save_pretrained(os.path.join(out, "roberta"))
+    write_io(roberta, os.path.join(out, "roberta"), 1, False)
+
+    torch.manual_seed(0)
+    pre = BertForPreTraining(BertConfig(max_position_embeddings=64, **SIZES))
+    pre.save_pretrained(os.path.join(out, "bert_pretraining"))
+    write_io(pre, os.path.join(out, "bert_pretraining"), 0, True, pooled=True)
+
+    bad = os.path.join(out, "bad_deberta")
+    os.makedirs(bad, exist_ok=True)
+    with open(os.path.join(bad, "config.json"), "w") as f:
+        json.dump({"model_type": "deberta-v2", "vocab_size": 1000, "hidden_size": 64}, f)
+    bad = os.path.join(out, "bad_missing")
+    shutil.copytree(os.path.join(out, "bert"), bad, dirs_exist_ok=True)
+    state = load_file(os.path.join(bad, "model.safetensors"))
+    del state["bert.encoder.layer.1.output.dense.weight"]
+    save_file(state, os.path.join(bad, "model.safetensors"), metadata={"format": "pt"})
+    bad = os.path.join(out, "bad_layers")
+    shutil.copytree(os.path.join(out, "bert"), bad, dirs_exist_ok=True)
+    with open(os.path.join(bad, "config.json")) as f:
+        config = json.load(f)
+    config["num_hidden_layers"] = 3
+    with open(os.path.join(bad, "config.json"), "w") as f:
+        json.dump(config, f)
+    print("hf_models: wrote", out)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    main(sys.argv[1])
