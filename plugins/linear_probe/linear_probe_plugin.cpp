@@ -76,7 +76,9 @@ class FeatureDataset final : public trainer::Dataset {
       const at::Tensor& idx = plan[i];
       const std::int64_t start = static_cast<std::int64_t>(i) * batch;
       const trainer::Batch b = loader.next(idx);
-      const at::Tensor f = backbone.features(b.inputs.to(device, dtype));
+      // Token ids stay integers; floating inputs take the model's dtype (as the core's step).
+      const at::Tensor f =
+          backbone.features(b.inputs.is_floating_point() ? b.inputs.to(device, dtype) : b.inputs.to(device));
       TRAINER_CHECK(f.dim() == 2 && f.size(1) == width_, "linear_probe: the backbone's features have shape ", f.sizes(),
                     ", expected [", idx.size(0), ", ", width_, "]");
       features_.narrow(0, start, idx.size(0)).copy_(f);

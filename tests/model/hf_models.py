@@ -6,6 +6,7 @@ gradients are deterministic:
   bert/               BertForSequenceClassification, 3 labels (config.json, model.safetensors)
   bert_bin/           the same model saved with safe_serialization=False (pytorch_model.bin)
   roberta/            RobertaForSequenceClassification, 3 labels
+  roberta_model/      RobertaModel (bare names and a pooler) with roberta/'s encoder
   bert_pretraining/   BertForPreTraining (bert.*, cls.predictions.*, cls.seq_relationship.*)
   bad_deberta/        a config.json of model_type deberta-v2
   bad_missing/        bert/ less one tensor of layer 1
@@ -16,7 +17,12 @@ token_type_ids [4, 12], right-padded to lengths 12, 9, 5, 3; labels [4]), the lo
 mode, and the gradients (name -> tensor) of the mean cross-entropy in train mode; for
 bert_pretraining the pooler's output instead of logits and gradients.
 
-Usage: VENV/bin/python tests/model/hf_models.py OUT_DIR (VENV from tests/hf/hf_venv.sh)
+`check MODEL_DIR IO_DIR OUT`: loads MODEL_DIR (what a run exported) with transformers'
+AutoModelForSequenceClassification.from_pretrained and writes its eval-mode logits on IO_DIR's
+io.pt batch to OUT, one number per line, row by row.
+
+Usage: VENV/bin/python tests/model/hf_models.py write OUT_DIR | check MODEL_DIR IO_DIR OUT
+(VENV from tests/hf/hf_venv.sh)
 """
 import json
 import os
@@ -26,8 +32,8 @@ import sys
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
-from transformers import (BertConfig, BertForPreTraining, BertForSequenceClassification, RobertaConfig,
-                          RobertaForSequenceClassification)
+from transformers import (AutoModelForSequenceClassification, BertConfig, BertForPreTraining, BertForSequenceClassification, RobertaConfig,
+                          RobertaForSequenceClassification, RobertaModel)
 
 SIZES = dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
              hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=3)
@@ -81,6 +87,10 @@ def main(out):
         RobertaConfig(max_position_embeddings=66, pad_token_id=1, type_vocab_size=1, layer_norm_eps=1e-5, **SIZES))
     roberta.save_pretrained(os.path.join(out, "roberta"))
     write_io(roberta, os.path.join(out, "roberta"), 1, False)
+    # RobertaModel (bare names, with a pooler) holding the classifier's encoder.
+    base = RobertaModel(roberta.config)
+    base.load_state_dict(roberta.roberta.state_dict(), strict=False)
+    base.save_pretrained(os.path.join(out, "roberta_model"))
 
     torch.manual_seed(0)
     pre = BertForPreTraining(BertConfig(max_position_embeddings=64, **SIZES))
@@ -106,7 +116,22 @@ def main(out):
     print("hf_models: wrote", out)
 
 
+def check(model_dir, io_dir, out):
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir)
+    model.eval()
+    io = torch.load(os.path.join(io_dir, "io.pt"))
+    with torch.no_grad():
+        logits = model(input_ids=io["input_ids"], attention_mask=io["attention_mask"],
+                       token_type_ids=io["token_type_ids"]).logits
+    with open(out, "w") as f:
+        f.write("".join(f"{v!r}\n" for v in logits.flatten().tolist()))
+    print("hf_models check:", type(model).__name__, tuple(logits.shape))
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    if len(sys.argv) == 3 and sys.argv[1] == "write":
+        main(sys.argv[2])
+    elif len(sys.argv) == 5 and sys.argv[1] == "check":
+        check(*sys.argv[2:])
+    else:
         sys.exit(__doc__)
-    main(sys.argv[1])

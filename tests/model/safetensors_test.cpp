@@ -148,6 +148,11 @@ TEST(SafeTensors, AHandWrittenFileLoadsWithPaddingAndMetadata) {
   const Tensors s = state_of(*m);
   EXPECT_TRUE(torch::equal(s.at("body.0.weight"), torch::full({4, 3}, 1.0f)));
   EXPECT_TRUE(torch::equal(s.at("body.2.bias"), torch::full({2}, 4.0f)));
+  // Told apart by its content, whatever its name.
+  const std::string renamed = ::testing::TempDir() + "/mlp_weights.bin";
+  write_file(renamed, safetensors(header, data));
+  auto again = small_mlp();
+  EXPECT_EQ(load_weights(*again, renamed).format, "safetensors");
 }
 
 struct Hostile {
@@ -180,7 +185,11 @@ std::vector<Hostile> hostile_files() {
   out.push_back({"trailing_bytes", safetensors(header, data + "0123"),
                  "its tensors take 104 bytes after the header; the file has 108 there"});
   out.push_back({"short", safetensors(header, data.substr(0, 100)),
-                 "its tensors take 104 bytes after the header; the file has 100 there"});
+                 "tensor 'body.2.bias': data_offsets [96, 104] reach past the file's 100 bytes of data"});
+  h = header;
+  out.push_back({"past_the_end",
+                 safetensors(h.replace(h.find("[96,104]"), 8, "[9223372036854775800,9223372036854775807]"), data),
+                 "reach past the file's 104 bytes of data"});
   // The tensors are at [0,48], [48,64], [64,96], [96,104]: body.0.bias moved 8 bytes on leaves
   // 48-56 to none, body.2.bias moved 8 bytes back shares 88-96 with body.2.weight.
   h = header;

@@ -16,15 +16,18 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <sstream>
 
 #include <spdlog/logger.h>
 #include "model/layer_norm.h"
+#include "model/safetensors.h"
 #include "model/weights_file.h"
 #include "trainer/error.h"
 #include "trainer/json.h"
 #include "trainer/layers.h"
 #include "trainer/logging.h"
+#include "util/durable_file.h"
 
 namespace trainer {
 
@@ -138,6 +141,7 @@ class ConfigJson {
   }
 
   const std::string& file() const { return file_; }
+  const Json& json() const { return json_; }
 
  private:
   std::string file_;
@@ -264,6 +268,9 @@ class Embeddings final : public torch::nn::Module {
 /// What the encoder layers read beside their input: the additive attention mask [N, 1, 1, L]
 /// of the forward being computed (set before the layers run; an activation checkpoint's
 /// recomputation, in the backward, reads the same).
+/// NOTE: the recomputation reads the mask of the model's latest forward: a plugin that runs
+/// the same model's forward between a training forward and its backward, with activation
+/// checkpointing, would give the recomputation that forward's mask. No built-in plugin does.
 struct LayerContext {
   at::Tensor mask;
 };
@@ -398,7 +405,8 @@ class Backbone final : public torch::nn::Module {
 
 class Bert final : public Model {
  public:
-  Bert(const Arch& a, std::int64_t labels) : a_(a) {
+  /// `config`: the config.json the architecture came from (null when from the recipe's keys).
+  Bert(const Arch& a, std::int64_t labels, Json config) : a_(a), labels_(labels), config_(std::move(config)) {
     backbone_ = register_module(a.layout, std::make_shared<Backbone>(a));
     if (a.layout == "bert") {
       head_ = register_module("classifier", linear(a.hidden, labels, a.init_range));
@@ -408,6 +416,48 @@ class Bert final : public Model {
       dense_ = classifier->register_module("dense", linear(a.hidden, a.hidden, a.init_range));
       head_ = classifier->register_module("out_proj", linear(a.hidden, labels, a.init_range));
     }
+    for (const auto& p : named_parameters()) base_names_.insert(p.key());
+  }
+
+  /// config.json for transformers: the one the model came from, with this model's sizes, labels
+  /// and dtype.
+  Json hf_config() const {
+    Json c = config_.is_object() ? config_ : Json::object();
+    const bool bert = a_.layout == "bert";
+    c["architectures"] = {bert ? "BertForSequenceClassification" : "RobertaForSequenceClassification"};
+    if (!c.contains("model_type")) c["model_type"] = a_.layout;
+    c["vocab_size"] = a_.vocab;
+    c["hidden_size"] = a_.hidden;
+    c["num_hidden_layers"] = a_.layers;
+    c["num_attention_heads"] = a_.heads;
+    c["intermediate_size"] = a_.intermediate;
+    c["max_position_embeddings"] = a_.positions;
+    c["type_vocab_size"] = a_.types;
+    c["pad_token_id"] = a_.pad;
+    c["hidden_act"] = a_.act;
+    c["hidden_dropout_prob"] = a_.hidden_dropout;
+    c["attention_probs_dropout_prob"] = a_.attention_dropout;
+    c["classifier_dropout"] = a_.classifier_dropout;
+    c["layer_norm_eps"] = a_.eps;
+    c["initializer_range"] = a_.init_range;
+    c["position_embedding_type"] = "absolute";
+    Json id2label = Json::object(), label2id = Json::object();
+    for (std::int64_t i = 0; i < labels_; ++i) {
+      id2label[std::to_string(i)] = "LABEL_" + std::to_string(i);
+      label2id["LABEL_" + std::to_string(i)] = i;
+    }
+    c["id2label"] = id2label;
+    c["label2id"] = label2id;
+    const auto dtype = parameters()[0].scalar_type();
+    c["torch_dtype"] = dtype == at::kBFloat16 ? "bfloat16" : dtype == at::kDouble ? "float64" : "float32";
+    return c;
+  }
+
+  /// Whether the parameters are the architecture's own (no adapter added since it was built).
+  bool plain() const {
+    std::set<std::string> names;
+    for (const auto& p : named_parameters()) names.insert(p.key());
+    return names == base_names_;
   }
 
   at::Tensor forward(const at::Tensor& input) override { return head_->forward(features(input)); }
@@ -450,8 +500,12 @@ class Bert final : public Model {
     const std::int64_t l = t.ids.size(1);
     // One read from the device for every check: id and type ranges, the last attended column.
     const at::Tensor last = (t.mask.ne(0).any(0).to(at::kLong) * at::arange(1, l + 1, t.ids.options())).max();
-    const at::Tensor stats = at::stack({t.ids.min(), t.ids.max(), t.types.min(), t.types.max(), last}).to(at::kCPU);
+    const at::Tensor stats =
+        at::stack({t.ids.min(), t.ids.max(), t.types.min(), t.types.max(), last, t.mask.min(), t.mask.max()})
+            .to(at::kCPU);
     const auto s = stats.accessor<std::int64_t, 1>();
+    TRAINER_CHECK_T(UsageError, s[5] >= 0 && s[6] <= 1, "model 'bert': an attention mask value of ",
+                    s[5] < 0 ? s[5] : s[6], "; the mask is 1 for a token and 0 for padding");
     TRAINER_CHECK_T(UsageError, s[0] >= 0 && s[1] < a_.vocab, "model 'bert': a token id of ", s[0] < 0 ? s[0] : s[1],
                     " is outside the model's vocabulary of ", a_.vocab,
                     " (vocab_size): the tokenizer and the model must be the same model's");
@@ -471,17 +525,22 @@ class Bert final : public Model {
   }
 
   Arch a_;
+  std::int64_t labels_;
+  Json config_;
+  std::set<std::string> base_names_;
   std::shared_ptr<Backbone> backbone_;
   std::shared_ptr<Linear> dense_;  ///< RoBERTa's classifier.dense
   std::shared_ptr<Linear> head_;
 };
 
 /// The model's name for a tensor of a transformers file, or nullopt for one it leaves out
-/// (another head: cls.*, lm_head.*, ...; the position_ids buffer older files hold). Files of
-/// BertModel have bare names (embeddings.*), of Bert*For* the "bert." prefix; TensorFlow-era
-/// files name LayerNorm's parameters gamma and beta.
+/// (another head: cls.*, lm_head.*, ...; the position_ids buffer older files hold; a RoBERTa's
+/// pooler, which its classification head does not use). Files of BertModel have bare names
+/// (embeddings.*), of Bert*For* the "bert." prefix; TensorFlow-era files name LayerNorm's
+/// parameters gamma and beta.
 std::optional<std::string> model_name(std::string name, const std::string& prefix) {
   if (name.rfind(prefix + ".", 0) == 0) name = name.substr(prefix.size() + 1);
+  if (prefix == "roberta" && name.rfind("pooler.", 0) == 0) return std::nullopt;
   for (const char* part : {"embeddings.", "encoder.", "pooler."}) {
     if (name.rfind(part, 0) == 0) {
       if (name == "embeddings.position_ids" || name == "embeddings.token_type_ids") return std::nullopt;
@@ -593,13 +652,16 @@ std::shared_ptr<Model> make_bert(const Config& section, const DataSpec& data) {
                   "gives ",
                   data.num_classes);
   Arch a = arch_of(s);
+  Json config;
   if (!s.path.empty()) {
     const auto set = architecture_keys_set(s);
     TRAINER_CHECK_T(UsageError, set.empty(), "model.", set.empty() ? "" : set.front(), " is set beside model.path = \"",
                     s.path,
                     "\", whose config.json gives the architecture; leave it "
                     "at its default");
-    a = arch_of(ConfigJson((fs::path(s.path) / "config.json").string()));
+    const ConfigJson file((fs::path(s.path) / "config.json").string());
+    a = arch_of(file);
+    config = file.json();
   }
   TRAINER_CHECK_T(UsageError, a.hidden % a.heads == 0, "model 'bert': hidden_size ", a.hidden,
                   " is not a multiple of num_attention_heads ", a.heads);
@@ -609,9 +671,25 @@ std::shared_ptr<Model> make_bert(const Config& section, const DataSpec& data) {
                   "model 'bert': roberta's positions "
                   "start after pad_token_id ",
                   a.pad, "; max_position_embeddings ", a.positions, " leaves none");
-  auto model = std::make_shared<Bert>(a, data.num_classes);
+  auto model = std::make_shared<Bert>(a, data.num_classes, std::move(config));
   if (!s.path.empty()) load_pretrained(*model, s.path, a.layout);
   return model;
+}
+
+bool save_hf_directory(Model& model, const std::string& dir) {
+  auto* bert = dynamic_cast<Bert*>(&model);
+  if (bert == nullptr) return false;
+  if (!bert->plain()) {
+    default_logger()->info("model bert: {} not written: the model has adapters (merge them first)", dir);
+    return false;
+  }
+  fs::create_directories(dir);
+  std::map<std::string, at::Tensor> tensors;
+  for (const auto& p : bert->named_parameters()) tensors[p.key()] = p.value();
+  // transformers' from_pretrained reads a safetensors file only with this metadata.
+  detail::write_safetensors((fs::path(dir) / "model.safetensors").string(), tensors, {{"format", "pt"}});
+  detail::write_atomic((fs::path(dir) / "config.json").string(), bert->hf_config().dump(2) + "\n");
+  return true;
 }
 
 }  // namespace trainer

@@ -77,4 +77,12 @@ struct BertSettings : Settings<BertSettings> {
 /// naming the key or file and what is allowed.
 std::shared_ptr<Model> make_bert(const Config& section, const DataSpec& data);
 
+/// When `model` is a model "bert" (without adapters): writes it to directory `dir` as a
+/// Hugging Face model directory, config.json and model.safetensors (each durably), which
+/// transformers' from_pretrained reads; returns true. Otherwise writes nothing and returns false.
+bool save_hf_directory(Model& model, const std::string& dir);
+
+/// The directory of a run that a model "bert" is exported to (see save_hf_directory).
+inline constexpr const char* kHfModelDir = "hf_model";
+
 }  // namespace trainer

@@ -10,12 +10,15 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <utility>
 
 #include "trainer/json.h"
+#include "util/durable_file.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors data is little-endian, as this reader's host");
 
@@ -77,8 +80,15 @@ std::int64_t count_of(const Json& v, const std::string& what) {
   return static_cast<std::int64_t>(u);
 }
 
-SafeTensorInfo parse_entry(const std::string& name, const Json& v) {
-  const std::string where = fmt::format("tensor '{}'", name);
+/// Dimensions of one tensor: as the torch.save reader allows (no model has more than a handful).
+constexpr std::size_t kMaxDims = 64;
+
+/// A name as messages show it: at most 200 bytes of it.
+std::string shown(const std::string& name) { return name.size() <= 200 ? name : name.substr(0, 200) + "..."; }
+
+/// `data_bytes`: what the file holds after its header; each range must lie within it.
+SafeTensorInfo parse_entry(const std::string& name, const Json& v, std::int64_t data_bytes) {
+  const std::string where = fmt::format("tensor '{}'", shown(name));
   if (!v.is_object()) throw SafeTensorsError(fmt::format("{} is {}, not an object", where, v.type_name()));
   for (const auto& [key, _] : v.items()) {
     if (key != "dtype" && key != "shape" && key != "data_offsets") {
@@ -102,6 +112,9 @@ SafeTensorInfo parse_entry(const std::string& name, const Json& v) {
   info.dtype = known->type;
   const Json& shape = v["shape"];
   if (!shape.is_array()) throw SafeTensorsError(fmt::format("{}: shape is {}, not a list", where, shape.type_name()));
+  if (shape.size() > kMaxDims) {
+    throw SafeTensorsError(fmt::format("{} has {} dimensions; at most {} are read", where, shape.size(), kMaxDims));
+  }
   std::int64_t numel = 1;
   for (const Json& d : shape) {
     const std::int64_t n = count_of(d, where + ": a dimension");
@@ -119,6 +132,10 @@ SafeTensorInfo parse_entry(const std::string& name, const Json& v) {
   }
   const std::int64_t begin = count_of(offsets[0], where + ": data_offsets' begin");
   const std::int64_t end = count_of(offsets[1], where + ": data_offsets' end");
+  if (end > data_bytes) {
+    throw SafeTensorsError(
+        fmt::format("{}: data_offsets [{}, {}] reach past the file's {} bytes of data", where, begin, end, data_bytes));
+  }
   if (end < begin || end - begin != info.bytes) {
     throw SafeTensorsError(fmt::format("{}: data_offsets [{}, {}] hold {} bytes; its dtype {} and shape {} take {}",
                                        where, begin, end, end - begin, info.dtype_name, shape.dump(), info.bytes));
@@ -163,7 +180,7 @@ SafeTensorsFile::SafeTensorsFile(const std::string& path) {
         },
         /*allow_exceptions=*/false);
     if (root.is_discarded()) throw SafeTensorsError("its header is not JSON");
-    if (!twice.empty()) throw SafeTensorsError(fmt::format("its header names '{}' twice", twice.substr(0, 200)));
+    if (!twice.empty()) throw SafeTensorsError(fmt::format("its header names '{}' twice", shown(twice)));
     if (!root.is_object())
       throw SafeTensorsError(fmt::format("its header is a JSON {}, not an object", root.type_name()));
     const std::int64_t data_start = 8 + static_cast<std::int64_t>(n);
@@ -178,7 +195,7 @@ SafeTensorsFile::SafeTensorsFile(const std::string& path) {
         continue;
       }
       if (name.empty()) throw SafeTensorsError("a tensor has an empty name");
-      SafeTensorInfo info = parse_entry(name, v);
+      SafeTensorInfo info = parse_entry(name, v, size_ - data_start);
       ranges.emplace_back(info.offset, info.offset + info.bytes);
       info.offset += data_start;
       tensors_.emplace(name, std::move(info));
@@ -238,9 +255,10 @@ void SafeTensorsFile::read_into(const std::string& name, at::Tensor& dst) const 
   TRAINER_CHECK(dst.sizes() == at::IntArrayRef(info.shape) && dst.is_contiguous(), "tensor '", name, "' of shape ",
                 fmt::format("{}", fmt::join(info.shape, ", ")), " read into one of shape ", dst.sizes());
   const bool bool_file = info.dtype == at::kBool;
-  TRAINER_CHECK(
-      dst.is_floating_point() == at::isFloatingType(info.dtype) && (dst.scalar_type() == at::kBool) == bool_file,
-      "tensor '", name, "' (", info.dtype_name, ") read into a ", c10::toString(dst.scalar_type()), " tensor");
+  if (dst.is_floating_point() != at::isFloatingType(info.dtype) || (dst.scalar_type() == at::kBool) != bool_file) {
+    throw SafeTensorsError(fmt::format("tensor '{}' is {} in the file; the model's is {}", shown(name), info.dtype_name,
+                                       c10::toString(dst.scalar_type())));
+  }
   if (info.bytes == 0) return;
   const std::int64_t item = static_cast<std::int64_t>(c10::elementSize(info.dtype));
   const std::int64_t chunk = std::min(kChunkBytes / item * item, info.bytes);
@@ -266,6 +284,44 @@ at::Tensor SafeTensorsFile::read(const std::string& name) const {
   at::Tensor t = at::empty(it->second.shape, at::TensorOptions(it->second.dtype));
   read_into(name, t);
   return t;
+}
+
+void write_safetensors(const std::string& path, const std::map<std::string, at::Tensor>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  Json header = Json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::int64_t at = 0;
+  for (const auto& [name, t] : tensors) {
+    const c10::ScalarType type = t.scalar_type();
+    const auto known =
+        std::find_if(std::begin(kDtypes), std::end(kDtypes), [type](const DtypeName& d) { return d.type == type; });
+    TRAINER_CHECK(known != std::end(kDtypes), "writing ", path, ": tensor '", name, "' is ",
+                  c10::toString(t.scalar_type()), ", which safetensors files do not hold here");
+    const std::int64_t bytes = t.numel() * static_cast<std::int64_t>(t.element_size());
+    header[name] = {{"dtype", known->name}, {"shape", t.sizes().vec()}, {"data_offsets", {at, at + bytes}}};
+    at += bytes;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    unsigned char length[8];
+    for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>((text.size() >> (8 * i)) & 0xff);
+    out.write(reinterpret_cast<const char*>(length), 8);
+    out.write(text.data(), static_cast<std::streamsize>(text.size()));
+    for (const auto& [name, t] : tensors) {
+      const at::Tensor c = t.detach().to(at::kCPU).contiguous();
+      out.write(static_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(c.nbytes()));
+    }
+    out.flush();
+    if (!out) {
+      std::error_code ec;
+      std::filesystem::remove(tmp, ec);
+      throw Error(fmt::format("writing {}: {}", path, std::strerror(errno)));
+    }
+  }
+  publish(tmp, path);
 }
 
 }  // namespace trainer::detail

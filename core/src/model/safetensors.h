@@ -74,4 +74,11 @@ class SafeTensorsFile {
   std::map<std::string, std::string> metadata_;
 };
 
+/// Writes `tensors` (any device; made contiguous on the CPU one at a time) to `path` as a
+/// safetensors file that the safetensors library and transformers' from_pretrained read:
+/// entries sorted by name, data in that order, the header padded with spaces to 8 bytes.
+/// Durable (a temporary file, fsync, rename). Throws trainer::Error naming the file.
+void write_safetensors(const std::string& path, const std::map<std::string, at::Tensor>& tensors,
+                       const std::map<std::string, std::string>& metadata);
+
 }  // namespace trainer::detail

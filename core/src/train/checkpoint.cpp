@@ -10,6 +10,7 @@
 #include <map>
 #include <sstream>
 
+#include "model/bert.h"
 #include "model/torchscript.h"
 #include "train/checkpoint_files.h"
 #include "train/hooks.h"
@@ -230,6 +231,8 @@ void Checkpointer::write(Position next, const GeneratorStates& generators) {
   // A model from Python also leaves its TorchScript module with these weights in the run
   // directory, for torch.jit.load.
   save_torchscript_module(*parts_.model, (fs::path(dir_).parent_path() / kTorchScriptModuleFile).string());
+  // A model "bert" leaves a Hugging Face model directory with these weights, for from_pretrained.
+  save_hf_directory(*parts_.model, (fs::path(dir_).parent_path() / kHfModelDir).string());
   // Older checkpoints go only once the new one and `latest` are on the disk.
   if (std::find(files_.begin(), files_.end(), file) == files_.end()) files_.push_back(file);
   while (static_cast<std::int64_t>(files_.size()) > settings_.keep_last) {

@@ -63,7 +63,7 @@ at::MemoryFormat probe_memory_format(RunParts& parts, std::int64_t batch, int re
   try {
     const std::int64_t n = std::min<std::int64_t>({batch, 64, parts.train_set->size()});
     const Batch host = parts.train_set->get(at::arange(n, at::kLong));
-    const at::Tensor inputs = host.inputs.to(parts.device, parts.input_dtype);
+    const at::Tensor inputs = to_device(parts, host).inputs;
     const at::Tensor targets = host.targets.to(parts.device);
     to_memory_format(parts, at::MemoryFormat::Contiguous);
     ms[0] = time_passes(m, *parts.task, {inputs.contiguous(), targets}, parts.device, reps);
