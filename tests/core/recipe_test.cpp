@@ -110,6 +110,23 @@ TEST_F(LoadRecipe, MissingGroupFromTheCommandLineNamesTheOverride) {
   }
 }
 
+// A group name is a name, not a path: one that would leave the config directories, or that the
+// file system refuses (longer than a file name may be: a fuzzer's find), is a ConfigError naming
+// the override, never a file read elsewhere nor a crash.
+TEST_F(LoadRecipe, AGroupNameThatIsAPathOrTooLongIsRefused) {
+  write_file(tmp_ / "secret.toml", "[training]\nepochs = 99\n");
+  for (const std::string& group :
+       {std::string("../secret"), std::string("model/../../secret"), std::string(5000, 'x')}) {
+    SCOPED_TRACE(group.substr(0, 40));
+    try {
+      load_recipe(recipe(), {"model=" + group});
+      FAIL();
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("is not a config group name"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST_F(LoadRecipe, MissingGroupListsTheAvailableOnes) {
   try {
     load_recipe(recipe(), {"model=resnet"});

@@ -2,6 +2,7 @@
 
 #include <fmt/ranges.h>
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
@@ -56,10 +57,26 @@ std::vector<std::string> config_search_dirs(const std::string& recipe_path,
   return dirs;
 }
 
+/// A config group's name: "package/name" or a preset's "name", each part letters, digits, '_',
+/// '-' and '.' (not "." or ".."), at most 100 bytes: never a path out of the config directories,
+/// nor one the file system refuses.
+bool is_group_name(const std::string& group) {
+  const auto part_ok = [](const std::string& part) {
+    if (part.empty() || part.size() > 100 || part == "." || part == "..") return false;
+    return std::all_of(part.begin(), part.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_' || c == '-' || c == '.';
+    });
+  };
+  const auto slash = group.find('/');
+  if (slash == std::string::npos) return part_ok(group);
+  return part_ok(group.substr(0, slash)) && part_ok(group.substr(slash + 1));
+}
+
 std::string find_group_file(const std::string& group, const std::vector<std::string>& dirs) {
   for (const auto& d : dirs) {
     const fs::path p = fs::path(d) / (group + ".toml");
-    if (fs::is_regular_file(p)) return p.string();
+    std::error_code ec;
+    if (fs::is_regular_file(p, ec)) return p.string();
   }
   return {};
 }
@@ -68,9 +85,10 @@ std::vector<std::string> group_options(const std::string& group_dir, const std::
   std::vector<std::string> out;
   for (const auto& d : dirs) {
     const fs::path p = fs::path(d) / group_dir;
-    if (!fs::is_directory(p)) continue;
-    for (const auto& e : fs::directory_iterator(p)) {
-      if (e.path().extension() == ".toml") out.push_back(e.path().stem().string());
+    std::error_code ec;
+    if (!fs::is_directory(p, ec)) continue;
+    for (auto it = fs::directory_iterator(p, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+      if (it->path().extension() == ".toml") out.push_back(it->path().stem().string());
     }
   }
   std::sort(out.begin(), out.end());
@@ -80,7 +98,8 @@ std::vector<std::string> group_options(const std::string& group_dir, const std::
 
 bool is_group_dir(const std::string& name, const std::vector<std::string>& dirs) {
   for (const auto& d : dirs) {
-    if (fs::is_directory(fs::path(d) / name)) return true;
+    std::error_code ec;
+    if (fs::is_directory(fs::path(d) / name, ec)) return true;
   }
   return false;
 }
@@ -218,6 +237,13 @@ LoadedRecipe load_recipe(const std::string& recipe_path, const std::vector<std::
   // Group files are merged under their package (configs/model/x.toml -> [model]); a
   // top-level preset merges at the root.
   auto merge_group = [&](Config& into, const std::string& group, const std::string& origin) {
+    if (!is_group_name(group)) {
+      problems.push_back(fmt::format(
+          "{}: '{}' is not a config group name (package/name or a preset's name: letters, digits, '_', '-', '.', at "
+          "most 100 bytes each)",
+          origin, group.size() <= 200 ? group : group.substr(0, 200) + "..."));
+      return;
+    }
     const std::string file = find_group_file(group, dirs);
     const auto slash = group.find('/');
     if (file.empty()) {
