@@ -9,6 +9,7 @@
 
 #include <filesystem>
 
+#include "support/forward_squeeze.h"
 #include "support/test_util.h"
 #include "trainer/data.h"
 #include "trainer/error.h"
@@ -265,32 +266,6 @@ num_threads = 1
 console = false
 )";
 
-/// Makes the first attempt of the first step run out of memory in its forward (the budget is
-/// what is in use plus 64 KiB, less than the 8 samples' activations) and asks for half the
-/// micro-batch.
-class Squeeze final : public Plugin {
- public:
-  std::string name() const override { return "squeeze"; }
-  std::vector<Event> events() const override { return {Event::BeforeForward, Event::OutOfMemory}; }
-  int default_priority() const override { return -100; }
-  void on_event(EventContext& ctx, Control& c) override {
-    const c10::Device cpu(c10::kCPU);
-    if (ctx.event == Event::OutOfMemory) {
-      set_memory_limit(cpu, 0);
-      ++ooms;
-      c.retry_with_micro_batch = ctx.oom->micro_batch_size / 2;
-      return;
-    }
-    if (!armed_) return;
-    armed_ = false;
-    set_memory_limit(cpu, memory_stats(cpu).allocated + (64 << 10));
-  }
-  int ooms = 0;
-
- private:
-  bool armed_ = true;
-};
-
 class BertTraining : public testing::TrainerTest {
  protected:
   static void SetUpTestSuite() {
@@ -343,7 +318,9 @@ TEST_F(BertTraining, ARunsFirstStepIsTransformersGradientStep) {
 // checkpointing per encoder layer (the grad_checkpoint plugin), the same.
 TEST_F(BertTraining, OutOfMemoryRecoveryAndCheckpointingTrainAlike) {
   const auto clean = train("clean");
-  auto squeeze = std::make_shared<Squeeze>();
+  // The first step's forward gets 64 KiB beyond what is in use, less than the 8 samples'
+  // activations.
+  auto squeeze = std::make_shared<testing::Squeeze>(std::set<std::int64_t>{0}, 64 << 10);
   const auto squeezed = train("squeezed", {}, {squeeze});
   EXPECT_EQ(squeeze->ooms, 1);
   const auto checkpointed = train("checkpointed", {"plugins.load=[\"grad_checkpoint\"]"});

@@ -10,12 +10,15 @@
 #include <string>
 #include <vector>
 
+#include "support/forward_squeeze.h"
 #include "support/test_util.h"
 #include "trainer/memory.h"
 #include "trainer/model.h"
 #include "trainer/trainer.h"
 
 namespace trainer::ts_test {
+
+using testing::Squeeze;
 
 using testing::read_lines;
 
@@ -75,48 +78,6 @@ inline std::shared_ptr<Model> load(const std::string& file, const std::string& m
   const Config c = Config::parse("[model]\nname = \"torchscript\"\npath = \"" + file + "\"\n" + more);
   return build_model(c.sub("model"), DataSpec{{1, 28, 28}, 10});
 }
-
-/// Makes the first attempt of each step in `steps` (counted from 0) run out of memory in its
-/// forward or loss (a real refused allocation: the budget before the forward is what is in use
-/// plus `headroom` bytes). At OutOfMemory it records the phase and message, lifts the budget and
-/// asks for half the micro-batch; the configured size comes back at the next batch.
-class Squeeze final : public Plugin {
- public:
-  explicit Squeeze(std::set<std::int64_t> steps, std::int64_t headroom = 1024)
-      : steps_(std::move(steps)), headroom_(headroom) {}
-  std::string name() const override { return "squeeze"; }
-  std::vector<Event> events() const override { return {Event::BeforeForward, Event::OutOfMemory, Event::BatchStart}; }
-  int default_priority() const override { return -100; }
-  void on_event(EventContext& ctx, Control& c) override {
-    if (ctx.event == Event::OutOfMemory) {
-      set_memory_limit(kCpu, 0);
-      ++ooms;
-      phases.push_back(ctx.oom->phase);
-      messages.push_back(ctx.oom->message);
-      c.retry_with_micro_batch = ctx.oom->micro_batch_size / 2;
-      return;
-    }
-    if (ctx.event == Event::BatchStart) {
-      if (configured_ > 0) c.micro_batch_size = configured_;
-      if (configured_ == 0) configured_ = ctx.state.micro_batch_size;
-      done_ = false;
-      return;
-    }
-    if (steps_.count(ctx.state.global_step) != 0 && !done_) {
-      done_ = true;
-      set_memory_limit(kCpu, memory_stats(kCpu).allocated + headroom_);
-    }
-  }
-  int ooms = 0;
-  std::vector<OomPhase> phases;
-  std::vector<std::string> messages;
-
- private:
-  std::set<std::int64_t> steps_;
-  std::int64_t headroom_;
-  std::int64_t configured_ = 0;
-  bool done_ = false;
-};
 
 class TorchScript : public testing::TrainerTest {
  protected:
