@@ -1,5 +1,6 @@
 #include "launch.h"
 
+#include <fmt/format.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -7,6 +8,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <iostream>
+#include <random>
 #include <thread>
 
 #include "trainer/distributed.h"
@@ -52,6 +54,10 @@ int launch(const std::string& self, const std::vector<std::string>& args) {
   const char* port_env = std::getenv("MASTER_PORT");
   const std::string port =
       port_env && *port_env ? std::string(port_env) : std::to_string(trainer::free_loopback_port());
+  // The group's own keys in its store: a rank of another group that reaches this store (the
+  // port reused) joins nothing of this one.
+  std::random_device device;
+  const std::string group = fmt::format("{:08x}{:08x}", device(), device() ^ static_cast<unsigned>(::getpid()));
   std::vector<std::string> command{self};
   command.insert(command.end(), args.begin() + static_cast<std::ptrdiff_t>(i) + 1, args.end());
 
@@ -65,7 +71,8 @@ int launch(const std::string& self, const std::vector<std::string>& args) {
                                  {"LOCAL_RANK", std::to_string(r)},
                                  {"LOCAL_WORLD_SIZE", std::to_string(nproc)},
                                  {"MASTER_ADDR", "127.0.0.1"},
-                                 {"MASTER_PORT", port}}));
+                                 {"MASTER_PORT", port},
+                                 {"TRAINER_GROUP_ID", group}}));
   }
   std::cerr << "trainer launch: " << nproc << " processes, 127.0.0.1:" << port << "\n";
   std::vector<int> codes(ranks.size(), -1);

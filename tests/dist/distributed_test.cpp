@@ -6,7 +6,11 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
+#include <fstream>
+#include <thread>
 
 #include "dist/dp_util.h"
 #include "support/test_util.h"
@@ -117,6 +121,39 @@ TEST(ProcessGroup, ARankThatLeavesMakesTheOtherFailInsteadOfWaiting) {
   const std::string err = read_file(tmp / "rank0.err");
   EXPECT_NE(err.find("rank 0: all-reduce failed: rank 1 stopped answering"), std::string::npos) << err;
   EXPECT_EQ(err.find("frame #"), std::string::npos) << err;  // c10's backtrace left out
+}
+
+TEST(ProcessGroup, RanksOfTwoGroupsOnOnePortDoNotJoinEachOther) {
+  // `trainer launch` gives each group its own id; a rank that reaches a store of another group
+  // (the port taken again by another run) waits for its own group, which does not form.
+  TempDir tmp;
+  const int port = trainer::free_loopback_port();
+  trainer::testing::Child r0("env TRAINER_GROUP_ID=a1 " + rank_command(tmp, 0, port, "collectives", 2000));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // rank 0 hosts the store
+  trainer::testing::Child r1("env TRAINER_GROUP_ID=b2 " + rank_command(tmp, 1, port, "collectives", 2000));
+  EXPECT_EQ(WEXITSTATUS(r0.wait()), 3);
+  EXPECT_EQ(WEXITSTATUS(r1.wait()), 3);
+  const std::string err0 = read_file(tmp / "rank0.err"), err1 = read_file(tmp / "rank1.err");
+  EXPECT_NE(err0.find("did not form within 2 s; ranks that did not join: 1"), std::string::npos) << err0;
+  // Rank 1's store check after its timeout may find rank 0 already gone: its own group did not form.
+  EXPECT_NE(err1.find("rank 1: the group of 2 at 127.0.0.1:" + std::to_string(port) + " did not form"),
+            std::string::npos)
+      << err1;
+}
+
+TEST(ProcessGroup, AFreePortIsBelowTheRangeOfOutgoingConnectionsAndFree) {
+  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+  int low = 0, high = 0;
+  ASSERT_TRUE(range >> low >> high);
+  for (int i = 0; i < 20; ++i) {
+    const int port = trainer::free_loopback_port();
+    if (low - 1 - std::max(1024, low - 10000) >= 1000) {
+      EXPECT_GE(port, std::max(1024, low - 10000));
+      EXPECT_LT(port, low);
+    } else {
+      EXPECT_GT(port, high);
+    }
+  }
 }
 
 TEST(ProcessGroup, ARankThatNeverComesMakesTheOthersJoinFail) {

@@ -39,9 +39,10 @@ namespace trainer {
 /// 0 only.
 TRAINER_API std::int64_t rank_of_this_process();
 
-/// A TCP port nobody listens on now on 127.0.0.1, the kernel's pick: the group's port for a
-/// launch on one host (`trainer launch` without MASTER_PORT). Throws trainer::Error when none
-/// can be had.
+/// A TCP port nobody listens on now, picked at random below the kernel's range for outgoing
+/// connections (so no connection of another run takes it before the group's store binds it):
+/// the group's port for a launch on one host (`trainer launch` without MASTER_PORT). Throws
+/// trainer::Error when none can be had.
 TRAINER_API int free_loopback_port();
 
 /// This process's rank on its host (LOCAL_RANK) in a data-parallel launch, -1 in a run of one.

@@ -6,10 +6,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <optional>
+#include <random>
+#include <utility>
 
 #include "trainer/error.h"
 
@@ -120,18 +124,58 @@ DistEnv DistEnv::from_env() {
   return env;
 }
 
-int free_loopback_port() {
+namespace {
+
+/// Whether a listening socket could take `port` on every address now, as the group's store
+/// does (SO_REUSEADDR: a port left in TIME_WAIT by an ended run is free to it).
+bool port_is_free(int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  TRAINER_CHECK(fd >= 0, "no socket to find a free port on 127.0.0.1: ", std::strerror(errno));
+  if (fd < 0) return false;
+  const int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   sockaddr_in a{};
   a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && ::listen(fd, 1) == 0;
   ::close(fd);
-  TRAINER_CHECK(ok, "cannot find a free port on 127.0.0.1; set MASTER_PORT");
-  return ntohs(a.sin_port);
+  return ok;
+}
+
+/// The kernel's range for the local ports of outgoing connections
+/// (/proc/sys/net/ipv4/ip_local_port_range), Linux's default when it cannot be read.
+std::pair<int, int> ephemeral_ports() {
+  std::ifstream in("/proc/sys/net/ipv4/ip_local_port_range");
+  int low = 0, high = 0;
+  if (in >> low >> high && low >= 1 && low <= high && high <= 65535) return {low, high};
+  return {32768, 60999};
+}
+
+}  // namespace
+
+int free_loopback_port() {
+  // A port the kernel hands out (bind to port 0) is one of the ephemeral range, which every
+  // outgoing connection on the host also draws from: between this check and rank 0's bind, a
+  // connection of another run (its Gloo pairs, its store clients) may take it. Below that
+  // range no connection takes a port by itself, so a random one there that is free now stays
+  // free unless another process binds it on purpose.
+  const auto [low, high] = ephemeral_ports();
+  std::random_device device;
+  std::mt19937 pick(device() ^ static_cast<std::uint32_t>(::getpid()));
+  const int first = std::max(1024, low - 10000), last = low - 1;
+  if (last - first >= 1000) {
+    std::uniform_int_distribution<int> port(first, last);
+    for (int attempt = 0; attempt < 64; ++attempt) {
+      const int p = port(pick);
+      if (port_is_free(p)) return p;
+    }
+  }
+  // A host whose ephemeral range leaves no room below it: the first free port above it.
+  for (int p = high + 1; p <= 65535; ++p) {
+    if (port_is_free(p)) return p;
+  }
+  throw Error(fmt::format("cannot find a free port on this host (none free in {}..{} nor above {}); set MASTER_PORT",
+                          first, last, high));
 }
 
 }  // namespace trainer

@@ -9,6 +9,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <thread>
@@ -18,6 +20,24 @@
 #include "trainer/error.h"
 
 namespace trainer {
+
+namespace {
+
+/// TRAINER_GROUP_ID (which `trainer launch` sets) followed by '/', or nothing when unset.
+std::string group_id() {
+  const char* v = std::getenv("TRAINER_GROUP_ID");
+  if (v == nullptr || *v == '\0') return "";
+  const std::string id(v);
+  TRAINER_CHECK_T(
+      UsageError,
+      id.size() <= 64 &&
+          std::all_of(id.begin(), id.end(),
+                      [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_'; }),
+      "TRAINER_GROUP_ID: expected at most 64 letters, digits, '-' or '_'");
+  return id + "/";
+}
+
+}  // namespace
 
 ProcessGroup::ProcessGroup(const DistEnv& env, std::chrono::milliseconds timeout) : impl_(std::make_unique<Impl>()) {
   TRAINER_CHECK_T(UsageError, env.world_size >= 1 && env.rank >= 0 && env.rank < env.world_size, "rank ", env.rank,
@@ -36,9 +56,11 @@ ProcessGroup::ProcessGroup(const DistEnv& env, std::chrono::milliseconds timeout
     o.numWorkers = static_cast<std::size_t>(env.world_size);
     o.waitWorkers = false;  // the group's forming below waits, and can then say who is missing
     o.timeout = timeout;
-    // A restarted torchrun group (TORCHELASTIC_RESTART_COUNT) starts from fresh keys.
+    // A restarted torchrun group (TORCHELASTIC_RESTART_COUNT) starts from fresh keys; the keys
+    // of a `trainer launch` group are its own (TRAINER_GROUP_ID), so that a rank that reaches
+    // another group's store (its port reused) never joins that group.
     const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
-    const std::string prefix = "trainer/" + std::string(restart ? restart : "0");
+    const std::string prefix = "trainer/" + group_id() + std::string(restart ? restart : "0");
     store = c10::make_intrusive<c10d::PrefixStore>(prefix, c10::make_intrusive<c10d::TCPStore>(env.master_addr, o));
     store->set("joined/" + std::to_string(env.rank), std::vector<std::uint8_t>{1});
     impl_->store = store;
