@@ -33,7 +33,8 @@ std::string group_id() {
       id.size() <= 64 &&
           std::all_of(id.begin(), id.end(),
                       [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_'; }),
-      "TRAINER_GROUP_ID: expected at most 64 letters, digits, '-' or '_'");
+      "TRAINER_GROUP_ID='", id.substr(0, 80), id.size() > 80 ? "...'" : "'",
+      ": expected at most 64 letters, digits, '-' or '_' (trainer launch sets it)");
   return id + "/";
 }
 
@@ -46,6 +47,7 @@ ProcessGroup::ProcessGroup(const DistEnv& env, std::chrono::milliseconds timeout
   impl_->size = env.world_size;
   impl_->timeout = timeout;
   const std::string where = env.master_addr + ":" + std::to_string(env.master_port);
+  const std::string group = group_id();
   c10::intrusive_ptr<c10d::Store> store;
   try {
     c10d::TCPStoreOptions o;
@@ -60,7 +62,7 @@ ProcessGroup::ProcessGroup(const DistEnv& env, std::chrono::milliseconds timeout
     // of a `trainer launch` group are its own (TRAINER_GROUP_ID), so that a rank that reaches
     // another group's store (its port reused) never joins that group.
     const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
-    const std::string prefix = "trainer/" + group_id() + std::string(restart ? restart : "0");
+    const std::string prefix = "trainer/" + group + std::string(restart ? restart : "0");
     store = c10::make_intrusive<c10d::PrefixStore>(prefix, c10::make_intrusive<c10d::TCPStore>(env.master_addr, o));
     store->set("joined/" + std::to_string(env.rank), std::vector<std::uint8_t>{1});
     impl_->store = store;
