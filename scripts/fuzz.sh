@@ -6,6 +6,7 @@
 #   study_journal  a study's journal (study.jsonl) as `trainer sweep` resumes from it
 #   report      `trainer report`'s reading of a run directory (metrics.jsonl, status.json, trainer.log)
 #   mlflow_journal  a run's MLflow journal as `trainer mlflow sync` replays it (into a file store)
+#   tokenizer   a tokenizer.json and the text it encodes (text/tokenizer.h)
 # It starts from the target's committed corpus (tests/fuzz/corpus for recipe,
 # tests/fuzz/corpus_<NAME> for the others), writes new inputs to build-fuzz/corpus
 # (build-fuzz/corpus_<NAME>) and a crashing input to build-fuzz/artifacts/. Exits non-zero on a

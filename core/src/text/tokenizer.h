@@ -1,0 +1,63 @@
+#pragma once
+// A Hugging Face tokenizer read from its tokenizer.json, giving the ids, type ids and special
+// token marks that tokenizers 0.15 (and transformers' fast tokenizers) give: WordPiece (BERT)
+// and byte-level BPE (RoBERTa, GPT-2) with the normalizers, pre-tokenizers, added tokens,
+// post-processors and truncation those files declare.
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace trainer::text {
+
+/// One text (or pair) as the model reads it; the attention mask is all ones over `ids`.
+struct Encoding {
+  std::vector<std::int64_t> ids;
+  std::vector<std::int64_t> type_ids;      ///< 0 for the first text, the template's for the second
+  std::vector<std::uint8_t> special_mask;  ///< 1 where the post-processor added a special token
+};
+
+class Tokenizer {
+ public:
+  /// Reads `file` (tokenizer.json). A file that is not one, or that declares a component this
+  /// reader does not have, is a UsageError naming the file, the key and what is allowed.
+  static Tokenizer from_file(const std::filesystem::path& file);
+  /// The same from the text of a tokenizer.json; `name` names it in errors.
+  static Tokenizer from_json(const std::string& text, const std::string& name);
+
+  Tokenizer(Tokenizer&&) noexcept;
+  Tokenizer& operator=(Tokenizer&&) noexcept;
+  ~Tokenizer();
+
+  /// `text` (and `pair`), which must be valid UTF-8, with the special tokens of the
+  /// post-processor. With `max_length` > 0 the result has at most that many ids: the texts'
+  /// tokens are cut from their ends, the longer text first ("longest_first", as transformers'
+  /// truncation=True); UsageError when the special tokens alone are longer.
+  Encoding encode(std::string_view text, std::optional<std::string_view> pair = std::nullopt,
+                  std::int64_t max_length = 0) const;
+
+  /// The id of a token of the vocabulary or an added token, nullopt when it has none.
+  std::optional<std::int64_t> token_id(const std::string& token) const;
+  /// One more than the largest id it can give: the least vocabulary size of a model for it.
+  std::int64_t id_limit() const;
+  /// The padding id: the file's "padding" section's, else that of [PAD] or <pad>; nullopt
+  /// when it names none.
+  std::optional<std::int64_t> pad_id() const;
+  /// The mask token's id ([MASK] or <mask>), nullopt when it has none.
+  std::optional<std::int64_t> mask_id() const;
+  /// How many special tokens the post-processor adds to one text, or to a pair.
+  std::int64_t special_tokens_added(bool pair) const;
+  /// "WordPiece" or "BPE".
+  const std::string& model_type() const;
+
+  struct Impl;
+
+ private:
+  explicit Tokenizer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace trainer::text

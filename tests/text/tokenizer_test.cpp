@@ -1,0 +1,188 @@
+// Tokenizers read from tokenizer.json give the ids, type ids and special-token marks that
+// Hugging Face's tokenizers and transformers give, line for line on a real corpus (fixture
+// hf_tokenizers: tests/text/hf_tokenizers.py); files they cannot read are refused naming the
+// key and what is allowed.
+#include "text/tokenizer.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "support/test_util.h"
+#include "text/unicode.h"
+#include "trainer/error.h"
+
+namespace {
+
+using trainer::testing::read_file;
+using trainer::testing::TempDir;
+using trainer::text::Encoding;
+using trainer::text::Tokenizer;
+
+std::vector<std::string> lines_of(const std::string& path) {
+  std::vector<std::string> lines;
+  std::string all = read_file(path), line;
+  std::size_t start = 0;
+  for (std::size_t end; (end = all.find('\n', start)) != std::string::npos; start = end + 1) {
+    lines.push_back(all.substr(start, end - start));
+  }
+  return lines;
+}
+
+std::string join(const std::vector<std::int64_t>& v) {
+  std::string s;
+  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? " " : "") + std::to_string(v[i]);
+  return s;
+}
+
+std::string row(const Encoding& e) {
+  std::vector<std::int64_t> special(e.special_mask.begin(), e.special_mask.end());
+  return join(e.ids) + "|" + join(e.type_ids) + "|" + join(special);
+}
+
+const std::string kFixtures = TRAINER_HF_TOKENIZERS;
+
+class HfCorpus : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(HfCorpus, EveryLineEncodesAsHuggingFaceEncodesIt) {
+  const auto corpus = lines_of(kFixtures + "/corpus.txt");
+  ASSERT_GE(corpus.size(), 10000u);  // the script refuses fewer real lines
+  const Tokenizer tok = Tokenizer::from_file(kFixtures + "/" + GetParam() + "/tokenizer.json");
+  for (const int max_length : {0, 24}) {
+    const auto expected = lines_of(kFixtures + "/" + GetParam() + "/expected-" + std::to_string(max_length) + ".txt");
+    ASSERT_EQ(expected.size(), corpus.size());
+    int wrong = 0;
+    for (std::size_t i = 0; i < corpus.size(); ++i) {
+      std::optional<std::string_view> pair;
+      if (i % 3 == 0 && i + 1 < corpus.size()) pair = corpus[i + 1];
+      const std::string got = row(tok.encode(corpus[i], pair, max_length));
+      if (got != expected[i] && ++wrong <= 5) {
+        ADD_FAILURE() << GetParam() << " max_length " << max_length << " line " << i << ": " << corpus[i]
+                      << "\n  got      " << got << "\n  expected " << expected[i];
+      }
+    }
+    EXPECT_EQ(wrong, 0) << GetParam() << " max_length " << max_length << ": lines encoded otherwise, of "
+                        << corpus.size();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Tokenizers, HfCorpus,
+                         ::testing::Values("bert_uncased", "bert_cased", "roberta", "gpt2_prefix"));
+
+TEST(Tokenizer, TheCharacterTablesAreThoseTheLibraryHas) {
+  // scripts/unicode_tables.py reads the classes off tokenizers 0.15.2 again: the committed
+  // tables are what it writes.
+  TempDir tmp;
+  const auto r = trainer::testing::run_command(std::string(TRAINER_HF_PYTHON) + " " + TRAINER_SOURCE_DIR +
+                                               "/scripts/unicode_tables.py " + (tmp / "tables.inc"));
+  ASSERT_EQ(r.code, 0) << r.text;
+  EXPECT_TRUE(read_file(tmp / "tables.inc") ==
+              read_file(std::string(TRAINER_SOURCE_DIR) + "/core/src/text/unicode_tables.inc"));
+}
+
+TEST(Tokenizer, SpecialIdsAndLimitsComeFromTheFile) {
+  const Tokenizer bert = Tokenizer::from_file(kFixtures + "/bert_uncased/tokenizer.json");
+  EXPECT_EQ(bert.model_type(), "WordPiece");
+  EXPECT_EQ(bert.pad_id(), 0);
+  EXPECT_EQ(bert.mask_id(), 4);
+  EXPECT_EQ(bert.id_limit(), 4000);
+  EXPECT_EQ(bert.special_tokens_added(false), 2);
+  EXPECT_EQ(bert.special_tokens_added(true), 3);
+  const Tokenizer roberta = Tokenizer::from_file(kFixtures + "/roberta/tokenizer.json");
+  EXPECT_EQ(roberta.model_type(), "BPE");
+  EXPECT_EQ(roberta.pad_id(), 1);
+  EXPECT_EQ(roberta.mask_id(), 4);
+  EXPECT_EQ(roberta.special_tokens_added(true), 4);
+  // Too short for the special tokens: said, not cut into them.
+  try {
+    roberta.encode("a text", std::string_view("a pair"), 4);
+    FAIL() << "no error";
+  } catch (const trainer::UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("maximum length of 4 leaves no room for text beside the 4 special tokens"),
+              std::string::npos)
+        << e.what();
+  }
+  // Invalid UTF-8 is refused, with where it is.
+  try {
+    bert.encode("ok \xC3\x28 no");
+    FAIL() << "no error";
+  } catch (const trainer::UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("not valid UTF-8 (at byte 3)"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Tokenizer, Utf8IsCheckedAsPythonChecksIt) {
+  using trainer::text::invalid_utf8_at;
+  constexpr auto npos = std::string_view::npos;
+  EXPECT_EQ(invalid_utf8_at("plain"), npos);
+  EXPECT_EQ(invalid_utf8_at("caf\xC3\xA9 \xF0\x9F\x98\x80"), npos);
+  EXPECT_EQ(invalid_utf8_at("a\xC0\xAF"), 1u);         // overlong '/'
+  EXPECT_EQ(invalid_utf8_at("ab\xED\xA0\x80"), 2u);    // a surrogate
+  EXPECT_EQ(invalid_utf8_at("\xF4\x90\x80\x80"), 0u);  // above U+10FFFF
+  EXPECT_EQ(invalid_utf8_at("abc\xE2\x82"), 3u);       // cut short
+  EXPECT_EQ(invalid_utf8_at("x\x80"), 1u);             // a continuation byte alone
+}
+
+/// The error reading `text` as a tokenizer.json gives.
+std::string error_of(const std::string& text) {
+  try {
+    Tokenizer::from_json(text, "dir/tokenizer.json");
+  } catch (const trainer::UsageError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(Tokenizer, FilesItCannotReadAreRefusedNamingTheKeyAndWhatIsAllowed) {
+  const std::string wp = R"("model": {"type": "WordPiece", "unk_token": "[UNK]", "vocab": {"[UNK]": 0, "a": 1}})";
+  const auto has = [](const std::string& error, const std::string& part) {
+    EXPECT_NE(error.find(part), std::string::npos) << error;
+  };
+  has(error_of("not json"), "dir/tokenizer.json: not a tokenizer.json");
+  has(error_of("{}"), "dir/tokenizer.json: the file: has no \"model\"");
+  has(error_of(R"({"model": {"type": "Unigram", "vocab": []}})"),
+      "model.type: \"Unigram\" is not a model this reader has; it has WordPiece (BERT) and BPE");
+  has(error_of(R"({"model": {"type": "WordPiece", "unk_token": "[UNK]", "vocab": {"a": 1}}})"),
+      "model.unk_token: \"[UNK]\" is not in model.vocab");
+  has(error_of(R"({"model": {"type": "WordPiece", "unk_token": "[UNK]", "vocab": {"[UNK]": -1}}})"),
+      "model.vocab[\"[UNK]\"]: expected a token id from 0 to 2^31 - 1, not -1");
+  has(error_of("{" + wp + R"(, "normalizer": {"type": "Precompiled"}})"),
+      "normalizer.type: \"Precompiled\" is not a normalizer this reader has; it has BertNormalizer");
+  has(error_of("{" + wp + R"(, "pre_tokenizer": {"type": "Metaspace"}})"),
+      "pre_tokenizer.type: \"Metaspace\" is not a pre-tokenizer this reader has");
+  has(error_of(
+          "{" + wp +
+          R"(, "post_processor": {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "[X]", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}], "pair": [], "special_tokens": {}}})"),
+      "post_processor.single[0]: \"[X]\" is not in post_processor.special_tokens");
+  has(error_of(R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": ["a b"]}})"),
+      "model.merges[0]: \"a\", \"b\" or their merge \"ab\" is not in model.vocab");
+  has(error_of(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["a"]}})"),
+      "model.merges[0]: \"a\" is not two tokens with a space between");
+  has(error_of(R"({"model": {"type": "BPE", "dropout": 0.1, "vocab": {"a": 0}, "merges": []}})"),
+      "model.dropout: BPE dropout draws merges at random");
+  has(error_of(std::string(20, '[') + std::string(20, ']')), "JSON nested deeper than a tokenizer.json is");
+  has(error_of("{" + wp + R"(, "added_tokens": [{"id": 5, "content": ""}]})"), "added_tokens[0].content: is empty");
+  TempDir tmp;
+  try {
+    Tokenizer::from_file(tmp / "missing.json");
+    FAIL() << "no error";
+  } catch (const trainer::UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("missing.json: cannot read the tokenizer"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Tokenizer, BpeMergesByRankThenFromTheLeft) {
+  // "aaa": (a a) at 0 and at 1 have one rank; the leftmost merges first: "aa" "a".
+  const Tokenizer t = Tokenizer::from_json(
+      R"({"model": {"type": "BPE", "vocab": {"a": 0, "aa": 1, "b": 2, "ab": 3, "aab": 4}, "merges": ["a a", "a b", "aa b"]}})",
+      "t");
+  EXPECT_EQ(t.encode("aaa").ids, (std::vector<std::int64_t>{1, 0}));
+  // "aab": (a a) outranks (a b), then (aa b).
+  EXPECT_EQ(t.encode("aab").ids, (std::vector<std::int64_t>{4}));
+  // A character outside the vocabulary without an unknown token is dropped, as tokenizers drops
+  // it: its neighbours then merge.
+  EXPECT_EQ(t.encode("acb").ids, (std::vector<std::int64_t>{3}));
+}
+
+}  // namespace
