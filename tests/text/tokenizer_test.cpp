@@ -112,6 +112,19 @@ TEST(Tokenizer, SpecialIdsAndLimitsComeFromTheFile) {
   }
 }
 
+TEST(Tokenizer, TheIdLimitCoversEveryIdItCanGive) {
+  // A post-processor's id beyond the vocabulary (found by the fuzzer): a model for this
+  // tokenizer needs 84 rows.
+  const Tokenizer t = Tokenizer::from_json(
+      R"({"model": {"type": "WordPiece", "unk_token": "[UNK]", "vocab": {"[UNK]": 0, "a": 1}},
+          "post_processor": {"type": "BertProcessing", "sep": ["[SEP]", 83], "cls": ["[CLS]", 2]},
+          "added_tokens": [{"id": 40, "content": "[X]", "special": true}]})",
+      "t");
+  EXPECT_EQ(t.id_limit(), 84);
+  // Without a pre-tokenizer the text before the added token is one word, "a".
+  EXPECT_EQ(t.encode("a[X]").ids, (std::vector<std::int64_t>{2, 1, 40, 83}));
+}
+
 TEST(Tokenizer, Utf8IsCheckedAsPythonChecksIt) {
   using trainer::text::invalid_utf8_at;
   constexpr auto npos = std::string_view::npos;

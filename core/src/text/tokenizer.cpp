@@ -486,6 +486,13 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& name)
   if (j.contains("added_tokens") && !j["added_tokens"].is_null()) impl->read_added_tokens(j["added_tokens"]);
   if (j.contains("padding") && j["padding"].is_object() && j["padding"].contains("pad_id")) {
     impl->padding_id = impl->id(j["padding"]["pad_id"], "padding.pad_id");
+    impl->limit = std::max(impl->limit, *impl->padding_id + 1);
+  }
+  // The post-processor's ids count too: a model for the tokenizer must have rows for them.
+  for (const auto* t : {&impl->single, &impl->pair}) {
+    for (const auto& piece : *t) {
+      for (const auto id : piece.ids) impl->limit = std::max(impl->limit, id + 1);
+    }
   }
   return Tokenizer(std::move(impl));
 }

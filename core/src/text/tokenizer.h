@@ -41,7 +41,8 @@ class Tokenizer {
 
   /// The id of a token of the vocabulary or an added token, nullopt when it has none.
   std::optional<std::int64_t> token_id(const std::string& token) const;
-  /// One more than the largest id it can give: the least vocabulary size of a model for it.
+  /// One more than the largest id it can give (the vocabulary's, the added tokens', the
+  /// post-processor's and the padding's): the least vocabulary size of a model for it.
   std::int64_t id_limit() const;
   /// The padding id: the file's "padding" section's, else that of [PAD] or <pad>; nullopt
   /// when it names none.
