@@ -23,10 +23,20 @@ OUT/<name>/expected-<L>.txt  for L in 0 (no truncation) and 24: for each line i,
                  tokenizer (truncation=True, max_length=L) and tokenizers' encode give the same;
                  this script checks that before it writes.
 
+OUT/texts.csv, OUT/texts.jsonl  48 samples (text, text_b, label) of the corpus, real and hard
+                 lines, as Python's csv module (QUOTE_MINIMAL, "\r\n") and json.dumps write them;
+                 labels "neg", "neutral", "pos" in turn (in the JSON Lines file, their indices
+                 0, 1, 2 in sorted order).
+OUT/<name>/batch-<pair>.txt  for bert_cased and roberta, transformers' tokenizer on the first 16
+                 samples (pair 0: text alone, 1: with text_b), padding="longest",
+                 truncation=True, max_length=24: per sample "ids|attention_mask|token_type_ids".
+
 Usage: VENV/bin/python tests/text/hf_tokenizers.py OUT   (VENV from tests/hf/hf_venv.sh)
 """
+import csv
 import glob
 import gzip
+import json
 import os
 import random
 import sys
@@ -154,6 +164,27 @@ def main():
                 rows.append(line(e.ids, e.type_ids, e.special_tokens_mask))
             with open(os.path.join(d, "expected-%d.txt" % max_length), "w") as f:
                 f.write("\n".join(rows) + "\n")
+    # Samples for the dataset "text": real lines and hard ones, none blank.
+    picked = [l for l in corpus[:200] + corpus[REAL_LINES:REAL_LINES + 200] if l.strip()]
+    texts = picked[0:96:4][:24] + picked[-96::4][:24]
+    pairs = picked[1:97:4][:24] + picked[-95::4][:24]
+    names = ["neg", "neutral", "pos"]
+    with open(os.path.join(out, "texts.csv"), "w", encoding="utf-8", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["text", "text_b", "label"])
+        for i, (a, b) in enumerate(zip(texts, pairs)):
+            w.writerow([a, b, names[i % 3]])
+    with open(os.path.join(out, "texts.jsonl"), "w", encoding="utf-8") as f:
+        for i, (a, b) in enumerate(zip(texts, pairs)):
+            f.write(json.dumps({"text": a, "text_b": b, "label": i % 3}) + "\n")
+    for kind in ("bert_cased", "roberta"):
+        fast = PreTrainedTokenizerFast.from_pretrained(os.path.join(out, kind))
+        for pair in (0, 1):
+            h = fast(texts[:16], pairs[:16] if pair else None, padding="longest", truncation=True, max_length=24,
+                     return_token_type_ids=True)
+            with open(os.path.join(out, kind, "batch-%d.txt" % pair), "w") as f:
+                for ids, mask, types in zip(h["input_ids"], h["attention_mask"], h["token_type_ids"]):
+                    f.write(line(ids, mask, types) + "\n")
     print("wrote", out, len(corpus), "lines")
 
 

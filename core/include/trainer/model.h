@@ -22,6 +22,11 @@ struct DataSpec {
   /// model is built with: the outputs per sample the task needs (trainer/task.h): the classes
   /// (classification), the labels (multilabel) or the targets (regression).
   std::int64_t num_classes = 0;
+  /// A dataset of token ids (dataset "text"): its ids are below this (its tokenizer's id
+  /// limit), which a model's vocabulary must cover; 0 for other data.
+  std::int64_t token_id_limit = 0;
+  /// The id its batches are padded with; -1 when it has none (other data).
+  std::int64_t pad_token_id = -1;
 };
 
 /// The [model] keys the core reads whatever the model; `name` picks the registry entry, whose

@@ -9,6 +9,7 @@
 
 #include "data/array_datasets.h"
 #include "data/image_datasets.h"
+#include "data/text_dataset.h"
 #include "trainer/data.h"
 #include "trainer/error.h"
 #include "trainer/settings.h"
@@ -259,6 +260,7 @@ Registry<DatasetFactory>& dataset_registry() {
         "Random Gaussian inputs with random class labels, or learnable 0/1 labels or values (benchmarks, tests)");
     add_image_datasets(*r);
     add_array_datasets(*r);
+    detail::add_text_dataset(*r);
     return r;
   }();
   return *reg;

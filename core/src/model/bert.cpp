@@ -375,6 +375,18 @@ std::shared_ptr<Model> make_bert(const Config& section, const DataSpec& data) {
     a = file.arch;
     config = std::move(file.json);
   }
+  if (s.path.empty()) {
+    // Sizes left to the data: a text dataset's tokenizer gives them.
+    if (a.vocab == 0) a.vocab = data.token_id_limit > 0 ? data.token_id_limit : 30522;
+    if (a.pad < 0) a.pad = data.pad_token_id >= 0 ? data.pad_token_id : 0;
+  }
+  const std::string from = s.path.empty() ? std::string("model.") : s.path + "/config.json: ";
+  TRAINER_CHECK_T(UsageError, data.token_id_limit <= a.vocab, "model 'bert': ", from, "vocab_size ", a.vocab,
+                  " does not cover the tokenizer's ids (up to ", data.token_id_limit - 1,
+                  "): the tokenizer (dataset.tokenizer) is not this model's");
+  TRAINER_CHECK_T(UsageError, data.pad_token_id < 0 || data.pad_token_id == a.pad, "model 'bert': ", from,
+                  "pad_token_id ", a.pad, ", but the dataset pads with ", data.pad_token_id,
+                  " (its tokenizer's padding token): the tokenizer (dataset.tokenizer) is not this model's");
   TRAINER_CHECK_T(UsageError, a.hidden % a.heads == 0, "model 'bert': hidden_size ", a.hidden,
                   " is not a multiple of num_attention_heads ", a.heads);
   TRAINER_CHECK_T(UsageError, a.pad < a.vocab, "model 'bert': pad_token_id ", a.pad, " is outside the vocabulary of ",

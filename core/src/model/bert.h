@@ -16,14 +16,14 @@ namespace trainer {
 struct BertSettings : Settings<BertSettings> {
   std::string path;
   std::string layout = "bert";
-  std::int64_t vocab_size = 30522;
+  std::int64_t vocab_size = 0;
   std::int64_t hidden_size = 256;
   std::int64_t num_hidden_layers = 4;
   std::int64_t num_attention_heads = 4;
   std::int64_t intermediate_size = 1024;
   std::int64_t max_position_embeddings = 512;
   std::int64_t type_vocab_size = 2;
-  std::int64_t pad_token_id = 0;
+  std::int64_t pad_token_id = -1;
   std::string hidden_act = "gelu";
   double hidden_dropout_prob = 0.1;
   double attention_probs_dropout_prob = 0.1;
@@ -39,7 +39,9 @@ struct BertSettings : Settings<BertSettings> {
           "bert (learned positions from 0, a pooler, token types) or roberta (positions after the padding id, no "
           "pooler); from config.json's model_type with path")
         .choices({"bert", "roberta"});
-    s.add(&BertSettings::vocab_size, "vocab_size", "Token ids the embedding holds (the tokenizer's vocabulary)").min(1);
+    s.add(&BertSettings::vocab_size, "vocab_size",
+          "Token ids the embedding holds; 0 = the tokenizer's (a text dataset's id limit), else BERT's 30522")
+        .min(0);
     s.add(&BertSettings::hidden_size, "hidden_size", "Token width (a multiple of num_attention_heads)").min(1);
     s.add(&BertSettings::num_hidden_layers, "num_hidden_layers",
           "Encoder layers (the blocks activation checkpointing wraps)")
@@ -53,8 +55,8 @@ struct BertSettings : Settings<BertSettings> {
         .min(1);
     s.add(&BertSettings::pad_token_id, "pad_token_id",
           "The padding token's id: its embedding row gets no gradient; positions and, for [N, L] inputs, the "
-          "attention mask follow it")
-        .min(0);
+          "attention mask follow it; -1 = the one a text dataset pads with, else 0")
+        .min(-1);
     s.add(&BertSettings::hidden_act, "hidden_act", "The feed-forward's activation, as config.json names it")
         .choices({"gelu", "gelu_new", "gelu_pytorch_tanh", "relu"});
     s.add(&BertSettings::hidden_dropout_prob, "hidden_dropout_prob",

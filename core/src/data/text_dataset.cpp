@@ -1,0 +1,454 @@
+// The dataset "text": texts (and optionally a second text each, a pair) with class labels, from
+// CSV/TSV or JSON Lines files, tokenized once with a tokenizer.json as they are read. A batch is
+// the ids, the attention mask and the token types [N, 3, L], padded to its longest sample (L),
+// with the labels [N]. Bad rows are errors naming the file and line, or skipped and counted.
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <spdlog/logger.h>
+
+#include <algorithm>
+#include <charconv>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "data/array_datasets.h"
+#include "data/text_dataset.h"
+#include "text/tokenizer.h"
+#include "text/unicode.h"
+#include "trainer/error.h"
+#include "trainer/json.h"
+#include "trainer/logging.h"
+#include "trainer/settings.h"
+
+namespace trainer::detail {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct TextSettings : Settings<TextSettings> {
+  std::string train;
+  std::string test;
+  std::string tokenizer;
+  std::string format = "auto";
+  std::string text = "text";
+  std::string text_pair;
+  std::string label = "label";
+  std::vector<std::string> labels;
+  std::int64_t max_length = 512;
+  std::string bad_rows = "error";
+
+  static void declare(SettingsSchema<TextSettings>& s) {
+    s.add(&TextSettings::train, "train", "The training split's file: CSV, TSV or JSON Lines").required();
+    s.add(&TextSettings::test, "test", "The test split's file; empty = none (then the run must not evaluate)");
+    s.add(&TextSettings::tokenizer, "tokenizer",
+          "A tokenizer.json (Hugging Face's), or a directory holding one (a model directory)")
+        .required();
+    s.add(&TextSettings::format, "format", "auto (by extension: .tsv, .jsonl or .json, else CSV), csv, tsv or jsonl")
+        .choices({"auto", "csv", "tsv", "jsonl"});
+    s.add(&TextSettings::text, "text", "The column (JSON Lines: the key) of the text");
+    s.add(&TextSettings::text_pair, "text_pair",
+          "The column of a second text per sample (sentence pairs); empty = none");
+    s.add(&TextSettings::label, "label", "The column of the label: a class name, or a class index");
+    s.add(&TextSettings::labels, "labels",
+          "The class names in index order; empty = from the training split: its integer labels as indices, or its "
+          "names sorted");
+    s.add(&TextSettings::max_length, "max_length",
+          "Tokens per sample at most, special tokens included: longer texts are cut (the longer of a pair first, "
+          "as transformers' truncation=True)")
+        .min(1)
+        .max(1 << 20);
+    s.add(&TextSettings::bad_rows, "bad_rows",
+          "A row without its columns, with an empty text, text that is not UTF-8 or an unknown label: error (stop, "
+          "naming file and line) or skip (leave it out, counted in the log)")
+        .choices({"error", "skip"});
+  }
+};
+
+/// One row of a file: its line and its fields by column, or what is wrong with it.
+struct Row {
+  std::int64_t line = 0;
+  std::string text, pair, label;
+  bool label_is_integer = false;
+  std::string problem;
+};
+
+std::string shown(const std::string& s) { return s.size() > 40 ? s.substr(0, 40) + "..." : s; }
+
+/// A problem with a text field, or "" when it is fine.
+std::string text_problem(const std::string& value, const std::string& column) {
+  const auto bad = text::invalid_utf8_at(value);
+  if (bad != std::string::npos) return fmt::format("column '{}' is not valid UTF-8 (at byte {})", column, bad);
+  if (trimmed(value).empty()) return fmt::format("column '{}' is empty", column);
+  return "";
+}
+
+bool is_index(const std::string& s) {
+  return !s.empty() && s.size() <= 18 && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+/// The records of a CSV or TSV text (RFC 4180: a field in double quotes may hold the delimiter,
+/// line breaks and "" for a quote), each with the line it starts on; blank lines left out.
+std::vector<std::pair<std::int64_t, std::vector<std::string>>> csv_records(const std::string& text, char delim,
+                                                                           const std::string& where) {
+  std::vector<std::pair<std::int64_t, std::vector<std::string>>> out;
+  std::vector<std::string> fields;
+  std::string field;
+  std::int64_t line = 1, start_line = 1;
+  bool quoted = false, field_quoted = false, any = false;
+  std::size_t i = text.rfind("\xEF\xBB\xBF", 0) == 0 ? 3 : 0;  // a UTF-8 byte order mark
+  const auto end_record = [&] {
+    fields.push_back(std::move(field));
+    field.clear();
+    const bool blank = fields.size() == 1 && !field_quoted && trimmed(fields[0]).empty();
+    if (!blank) out.emplace_back(start_line, std::move(fields));
+    fields.clear();
+    field_quoted = false;
+    any = false;
+  };
+  for (; i < text.size(); ++i) {
+    const char c = text[i];
+    if (quoted) {
+      if (c == '"' && i + 1 < text.size() && text[i + 1] == '"') {
+        field += '"';
+        ++i;
+      } else if (c == '"') {
+        quoted = false;
+      } else {
+        if (c == '\n') ++line;
+        field += c;
+      }
+      continue;
+    }
+    if (!any) {
+      start_line = line;
+      any = true;
+    }
+    if (c == '"' && !field_quoted && trimmed(field).empty()) {
+      quoted = field_quoted = true;
+      field.clear();
+    } else if (c == delim) {
+      fields.push_back(std::move(field));
+      field.clear();
+      field_quoted = false;
+    } else if (c == '\n') {
+      if (!field.empty() && field.back() == '\r') field.pop_back();
+      end_record();
+      ++line;
+    } else {
+      field += c;
+    }
+  }
+  TRAINER_CHECK_T(UsageError, !quoted, where, " line ", start_line,
+                  ": a quoted field is not closed before the end of the file");
+  if (any) {
+    if (!field.empty() && field.back() == '\r') field.pop_back();
+    end_record();
+  }
+  return out;
+}
+
+std::vector<Row> read_csv_rows(const std::string& text, char delim, const TextSettings& s, const std::string& where) {
+  auto records = csv_records(text, delim, where);
+  TRAINER_CHECK_T(UsageError, !records.empty(), where, ": empty (a header naming the columns comes first)");
+  std::vector<std::string> columns;
+  for (const auto& f : records.front().second) columns.push_back(trimmed(f));
+  const auto index_of = [&](const std::string& name, const char* key) -> std::int64_t {
+    const auto it = std::find(columns.begin(), columns.end(), name);
+    TRAINER_CHECK_T(UsageError, it != columns.end(), "dataset.", key, " = \"", name, "\": no such column in ", where,
+                    "; its header names ", fmt::format("{}", fmt::join(columns, ", ")),
+                    delim == ',' && columns.size() == 1 ? " (one column: is it a TSV file? dataset.format)" : "");
+    return it - columns.begin();
+  };
+  const std::int64_t t = index_of(s.text, "text"), l = index_of(s.label, "label");
+  const std::int64_t p = s.text_pair.empty() ? -1 : index_of(s.text_pair, "text_pair");
+  std::vector<Row> rows;
+  rows.reserve(records.size() - 1);
+  for (std::size_t r = 1; r < records.size(); ++r) {
+    auto& [line, fields] = records[r];
+    Row row;
+    row.line = line;
+    if (fields.size() != columns.size()) {
+      row.problem = fmt::format("{} fields; the header has {}", fields.size(), columns.size());
+    } else {
+      row.text = std::move(fields[static_cast<std::size_t>(t)]);
+      if (p >= 0) row.pair = std::move(fields[static_cast<std::size_t>(p)]);
+      row.label = trimmed(fields[static_cast<std::size_t>(l)]);
+      row.label_is_integer = is_index(row.label);
+    }
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+std::vector<Row> read_jsonl_rows(const std::string& text, const TextSettings& s) {
+  std::vector<Row> rows;
+  std::int64_t line_no = 0;
+  for (std::size_t at = 0; at < text.size();) {
+    std::size_t end = text.find('\n', at);
+    if (end == std::string::npos) end = text.size();
+    std::string line = text.substr(at, end - at);
+    at = end + 1;
+    ++line_no;
+    if (line_no == 1 && line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);
+    if (trimmed(line).empty()) continue;
+    Row row;
+    row.line = line_no;
+    const auto nesting = json_nesting(line);
+    const nlohmann::json j = nesting <= 16 ? nlohmann::json::parse(line, nullptr, false) : nlohmann::json();
+    if (nesting > 16 || j.is_discarded() || !j.is_object()) {
+      row.problem = nesting > 16 ? "nested deeper than 16 levels" : "not a JSON object";
+      rows.push_back(std::move(row));
+      continue;
+    }
+    const auto string_of = [&](const std::string& key, std::string& out) {
+      const auto it = j.find(key);
+      if (it == j.end()) return fmt::format("no key '{}'", key);
+      if (!it->is_string()) return fmt::format("'{}' is {}, not a string", key, shown(it->dump()));
+      out = it->get<std::string>();
+      return std::string();
+    };
+    row.problem = string_of(s.text, row.text);
+    if (row.problem.empty() && !s.text_pair.empty()) row.problem = string_of(s.text_pair, row.pair);
+    if (row.problem.empty()) {
+      const auto it = j.find(s.label);
+      if (it == j.end()) {
+        row.problem = fmt::format("no key '{}'", s.label);
+      } else if (it->is_number_unsigned()) {
+        row.label = std::to_string(it->get<std::uint64_t>());
+        row.label_is_integer = true;
+      } else if (it->is_string()) {
+        row.label = it->get<std::string>();
+      } else {
+        row.problem = fmt::format("label '{}' is {}: a class name or index is expected", s.label, shown(it->dump()));
+      }
+    }
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+std::string format_of(const TextSettings& s, const std::string& path) {
+  if (s.format != "auto") return s.format;
+  const auto ext = fs::path(path).extension().string();
+  if (ext == ".tsv") return "tsv";
+  if (ext == ".jsonl" || ext == ".json") return "jsonl";
+  return "csv";
+}
+
+std::vector<Row> read_rows(const TextSettings& s, const std::string& path, const std::string& key) {
+  const std::string text = read_whole(path, key);
+  const std::string where = key + " = \"" + path + "\"";
+  const std::string format = format_of(s, path);
+  if (format == "jsonl") return read_jsonl_rows(text, s);
+  return read_csv_rows(text, format == "tsv" ? '\t' : ',', s, where);
+}
+
+/// The class of each label: the configured names, else the training split's.
+struct Classes {
+  std::map<std::string, std::int64_t> by_name;
+  std::int64_t count = 0;
+  bool indices = false;  ///< the labels are class indices
+  std::string described;
+
+  std::optional<std::int64_t> of(const Row& r) const {
+    const auto it = by_name.find(r.label);
+    if (it != by_name.end()) return it->second;
+    if (indices && r.label_is_integer) {
+      std::int64_t v = 0;
+      std::from_chars(r.label.data(), r.label.data() + r.label.size(), v);
+      if (v < count) return v;
+    }
+    return std::nullopt;
+  }
+};
+
+Classes classes_of(const TextSettings& s, const std::vector<Row>& train_rows) {
+  Classes c;
+  if (!s.labels.empty()) {
+    for (std::size_t i = 0; i < s.labels.size(); ++i) {
+      const bool fresh = c.by_name.emplace(s.labels[i], static_cast<std::int64_t>(i)).second;
+      TRAINER_CHECK_T(UsageError, fresh, "dataset.labels: '", s.labels[i], "' twice");
+    }
+    c.count = static_cast<std::int64_t>(s.labels.size());
+    c.indices = true;  // an integer label may also name a class by its index
+    c.described = "dataset.labels: " + fmt::format("{}", fmt::join(s.labels, ", "));
+    return c;
+  }
+  bool all_integers = true;
+  std::vector<std::string> names;
+  for (const auto& r : train_rows) {
+    if (!r.problem.empty()) continue;
+    all_integers = all_integers && r.label_is_integer;
+    names.push_back(r.label);
+  }
+  std::sort(names.begin(), names.end());
+  names.erase(std::unique(names.begin(), names.end()), names.end());
+  if (all_integers && !names.empty()) {
+    std::int64_t most = 0;
+    for (const auto& n : names) most = std::max<std::int64_t>(most, std::stoll(n));
+    TRAINER_CHECK_T(
+        UsageError, most < (1 << 20), "dataset.train: the label ", most,
+        " is not a class index a model can have (at most 2^20 classes); name the classes in dataset.labels");
+    c.indices = true;
+    c.count = most + 1;
+    c.described = fmt::format("class indices 0 to {} (the training split's largest)", most);
+  } else {
+    for (std::size_t i = 0; i < names.size(); ++i) c.by_name[names[i]] = static_cast<std::int64_t>(i);
+    c.count = static_cast<std::int64_t>(names.size());
+    c.described = "the training split's: " + shown(fmt::format("{}", fmt::join(names, ", ")));
+  }
+  return c;
+}
+
+class TextDataset : public Dataset {
+ public:
+  TextDataset(std::vector<std::int32_t> ids, std::vector<std::uint8_t> types, std::vector<std::int64_t> offsets,
+              std::vector<std::int64_t> labels, std::int64_t classes, std::int64_t pad, std::int64_t id_limit,
+              std::int64_t longest)
+      : ids_(std::move(ids)),
+        types_(std::move(types)),
+        offsets_(std::move(offsets)),
+        labels_(std::move(labels)),
+        classes_(classes),
+        pad_(pad),
+        id_limit_(id_limit),
+        longest_(longest) {}
+
+  std::int64_t size() const override { return static_cast<std::int64_t>(labels_.size()); }
+
+  Batch get(const at::Tensor& indices) const override {
+    const auto idx = indices.to(at::kLong).contiguous();
+    const auto* ix = idx.data_ptr<std::int64_t>();
+    const std::int64_t n = idx.numel();
+    std::int64_t width = 0;
+    for (std::int64_t k = 0; k < n; ++k) {
+      TRAINER_CHECK(ix[k] >= 0 && ix[k] < size(), "text dataset: sample ", ix[k], " of ", size());
+      width = std::max(width, length(ix[k]));
+    }
+    at::Tensor inputs = at::zeros({n, 3, width}, at::kLong);
+    at::Tensor targets = at::empty({n}, at::kLong);
+    auto in = inputs.accessor<std::int64_t, 3>();
+    auto* y = targets.data_ptr<std::int64_t>();
+    for (std::int64_t k = 0; k < n; ++k) {
+      const std::int64_t from = offsets_[static_cast<std::size_t>(ix[k])], len = length(ix[k]);
+      for (std::int64_t t = 0; t < width; ++t) {
+        const bool token = t < len;
+        in[k][0][t] = token ? ids_[static_cast<std::size_t>(from + t)] : pad_;
+        in[k][1][t] = token ? 1 : 0;
+        in[k][2][t] = token ? types_[static_cast<std::size_t>(from + t)] : 0;
+      }
+      y[k] = labels_[static_cast<std::size_t>(ix[k])];
+    }
+    return {inputs, targets};
+  }
+
+  DataSpec spec() const override {
+    DataSpec d;
+    d.sample_shape = {3, longest_};
+    d.num_classes = classes_;
+    d.token_id_limit = id_limit_;
+    d.pad_token_id = pad_;
+    return d;
+  }
+
+  std::int64_t length(std::int64_t i) const {
+    return offsets_[static_cast<std::size_t>(i) + 1] - offsets_[static_cast<std::size_t>(i)];
+  }
+
+ private:
+  std::vector<std::int32_t> ids_;
+  std::vector<std::uint8_t> types_;
+  std::vector<std::int64_t> offsets_;  ///< sample i's tokens: [offsets_[i], offsets_[i + 1])
+  std::vector<std::int64_t> labels_;
+  std::int64_t classes_, pad_, id_limit_, longest_;
+};
+
+std::string tokenizer_file(const std::string& setting) {
+  std::error_code ec;
+  if (fs::is_directory(setting, ec)) return (fs::path(setting) / "tokenizer.json").string();
+  return setting;
+}
+
+std::shared_ptr<Dataset> text_dataset(const TextSettings& s, Split split) {
+  const auto split_path = split_file(split, s.train, s.test, "file");
+  const std::string &key = split_path.first, &path = split_path.second;
+  const std::string where = key + " = \"" + path + "\"";
+  const std::string tok_file = tokenizer_file(s.tokenizer);
+  {
+    std::error_code ec;
+    TRAINER_CHECK_T(UsageError, fs::is_regular_file(tok_file, ec), "dataset.tokenizer = \"", s.tokenizer, "\": no ",
+                    tok_file == s.tokenizer ? "such file" : "tokenizer.json in that directory",
+                    " (Hugging Face's tokenizer.json, as save_pretrained writes it)");
+  }
+  const text::Tokenizer tok = text::Tokenizer::from_file(tok_file);
+  const auto pad = tok.pad_id();
+  TRAINER_CHECK_T(UsageError, pad.has_value(), tok_file,
+                  ": no padding token ([PAD], <pad> or padding.pad_id), which padding a batch to its longest sample "
+                  "needs");
+  const std::int64_t room = tok.special_tokens_added(!s.text_pair.empty());
+  TRAINER_CHECK_T(UsageError, s.max_length > room, "dataset.max_length = ", s.max_length,
+                  " leaves no room for text beside the ", room, " special tokens ", tok_file, " adds");
+
+  std::vector<Row> rows = read_rows(s, path, key);
+  const Classes classes = classes_of(s, split == Split::Train ? rows : read_rows(s, s.train, "dataset.train"));
+  TRAINER_CHECK_T(UsageError, classes.count >= 1, "dataset.train = \"", s.train, "\": no labelled rows");
+
+  std::vector<std::int32_t> ids;
+  std::vector<std::uint8_t> types;
+  std::vector<std::int64_t> offsets{0}, labels;
+  std::int64_t skipped = 0, longest = 0;
+  std::string first_skipped;
+  for (auto& r : rows) {
+    if (r.problem.empty()) r.problem = text_problem(r.text, s.text);
+    if (r.problem.empty() && !s.text_pair.empty()) r.problem = text_problem(r.pair, s.text_pair);
+    std::optional<std::int64_t> label;
+    if (r.problem.empty()) {
+      label = classes.of(r);
+      if (!label) r.problem = fmt::format("the label '{}' is not a class ({})", shown(r.label), classes.described);
+    }
+    if (!r.problem.empty()) {
+      TRAINER_CHECK_T(UsageError, s.bad_rows == "skip", path, " line ", r.line, ": ", r.problem,
+                      " (dataset.bad_rows = \"skip\" leaves such rows out)");
+      if (skipped++ < 3)
+        first_skipped += fmt::format("{}line {}: {}", first_skipped.empty() ? "" : "; ", r.line, r.problem);
+      continue;
+    }
+    const text::Encoding e =
+        s.text_pair.empty() ? tok.encode(r.text, std::nullopt, s.max_length) : tok.encode(r.text, r.pair, s.max_length);
+    for (std::size_t k = 0; k < e.ids.size(); ++k) {
+      ids.push_back(static_cast<std::int32_t>(e.ids[k]));
+      types.push_back(static_cast<std::uint8_t>(std::min<std::int64_t>(e.type_ids[k], 255)));
+    }
+    offsets.push_back(static_cast<std::int64_t>(ids.size()));
+    longest = std::max(longest, static_cast<std::int64_t>(e.ids.size()));
+    labels.push_back(*label);
+  }
+  if (skipped > 0) {
+    default_logger()->warn("dataset text: {}: {} bad row{} left out (dataset.bad_rows = \"skip\"): {}{}", where,
+                           skipped, skipped == 1 ? "" : "s", first_skipped, skipped > 3 ? "; ..." : "");
+  }
+  TRAINER_CHECK_T(UsageError, !labels.empty(), where, ": no rows", skipped > 0 ? " left after the bad ones" : "");
+  return std::make_shared<TextDataset>(std::move(ids), std::move(types), std::move(offsets), std::move(labels),
+                                       classes.count, *pad, tok.id_limit(), longest);
+}
+
+}  // namespace
+
+void add_text_dataset(Registry<DatasetFactory>& r) {
+  r.add(
+      "text",
+      [](const Config& c, Split split) -> std::shared_ptr<Dataset> {
+        return text_dataset(TextSettings::from(c), split);
+      },
+      TextSettings::keys(),
+      "Texts (or pairs) with class labels in CSV, TSV or JSON Lines, tokenized with a tokenizer.json; batches padded "
+      "to their longest");
+}
+
+}  // namespace trainer::detail

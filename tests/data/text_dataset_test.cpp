@@ -1,0 +1,236 @@
+// The dataset "text": CSV and JSON Lines files that Python's csv and json modules write
+// (tests/text/hf_tokenizers.py), tokenized with tokenizers Hugging Face's libraries wrote, give
+// the batches transformers' tokenizer gives (padding to the longest, truncation, pairs); bad
+// rows are named with file and line or skipped; a model "bert" trains on it, its vocabulary
+// checked against the tokenizer.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "support/test_util.h"
+#include "trainer/data.h"
+#include "trainer/error.h"
+#include "trainer/trainer.h"
+
+namespace trainer {
+namespace {
+
+using testing::read_file;
+using testing::TempDir;
+using testing::write_file;
+
+const std::string kFixtures = TRAINER_HF_TOKENIZERS;
+
+std::string quoted(const std::string& s) { return "\"" + s + "\""; }
+
+/// Dataset "text" from the [dataset] keys `keys`, one split.
+std::shared_ptr<Dataset> text_dataset(const std::string& keys, Split split = Split::Train) {
+  const Config c = Config::parse("[dataset]\nname = \"text\"\n" + keys);
+  return dataset_registry().get("text").factory(c.sub("dataset"), split);
+}
+
+/// The UsageError building that dataset gives.
+std::string error_of(const std::string& keys, Split split = Split::Train) {
+  try {
+    text_dataset(keys, split);
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+std::string join(const at::Tensor& row) {
+  std::string s;
+  for (std::int64_t i = 0; i < row.numel(); ++i) s += (i ? " " : "") + std::to_string(row[i].item<std::int64_t>());
+  return s;
+}
+
+struct Case {
+  std::string tokenizer;
+  bool pair;
+  std::string file;
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.tokenizer << (c.pair ? " pairs " : " ") << c.file; }
+
+class TextBatches : public ::testing::TestWithParam<Case> {};
+
+TEST_P(TextBatches, AreTheBatchesTransformersPadsToTheLongest) {
+  const Case c = GetParam();
+  const auto ds = text_dataset("train = " + quoted(kFixtures + "/" + c.file) +
+                               "\ntokenizer = " + quoted(kFixtures + "/" + c.tokenizer) + "\nmax_length = 24\n" +
+                               (c.pair ? "text_pair = \"text_b\"\n" : ""));
+  ASSERT_EQ(ds->size(), 48);
+  const auto expected = read_file(kFixtures + "/" + c.tokenizer + "/batch-" + (c.pair ? "1" : "0") + ".txt");
+  const Batch b = ds->get(at::arange(16));
+  ASSERT_EQ(b.inputs.scalar_type(), at::kLong);
+  ASSERT_EQ(b.inputs.size(0), 16);
+  ASSERT_EQ(b.inputs.size(1), 3);
+  std::string got;
+  for (std::int64_t i = 0; i < 16; ++i) {
+    got += join(b.inputs[i][0]) + "|" + join(b.inputs[i][1]) + "|" + join(b.inputs[i][2]) + "\n";
+  }
+  EXPECT_EQ(got, expected);
+  // The labels: "neg", "neutral", "pos" in turn, sorted (CSV), or their indices (JSON Lines).
+  EXPECT_TRUE(b.targets.equal(at::arange(16).remainder(3))) << b.targets;
+  const DataSpec spec = ds->spec();
+  EXPECT_EQ(spec.num_classes, 3);
+  EXPECT_GE(spec.token_id_limit, 4000);
+  EXPECT_EQ(spec.pad_token_id, c.tokenizer == "roberta" ? 1 : 0);
+  ASSERT_EQ(spec.sample_shape.size(), 2u);
+  EXPECT_EQ(spec.sample_shape[0], 3);
+  EXPECT_LE(spec.sample_shape[1], 24);  // the longest sample
+  // A micro-batch of some of them is padded to its own longest, and is a slice of the batch.
+  const Batch part = ds->get(at::arange(8, 12));
+  const std::int64_t width = part.inputs.size(2);
+  EXPECT_EQ(width, part.inputs.select(1, 1).sum(1).max().item<std::int64_t>());
+  EXPECT_TRUE(part.inputs.equal(b.inputs.slice(0, 8, 12).slice(2, 0, width)));
+}
+
+INSTANTIATE_TEST_SUITE_P(Text, TextBatches,
+                         ::testing::Values(Case{"bert_cased", false, "texts.csv"},
+                                           Case{"bert_cased", true, "texts.csv"}, Case{"roberta", false, "texts.jsonl"},
+                                           Case{"roberta", true, "texts.jsonl"}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           const Case& c = info.param;
+                           return c.tokenizer + (c.pair ? "_pairs_" : "_") +
+                                  (c.file.find("jsonl") != std::string::npos ? "jsonl" : "csv");
+                         });
+
+class TextRows : public ::testing::Test {
+ protected:
+  std::string keys(const std::string& file, const std::string& more = "") {
+    return "train = " + quoted(tmp_ / file) + "\ntokenizer = " + quoted(kFixtures + "/bert_cased/tokenizer.json") +
+           "\n" + more;
+  }
+  TempDir tmp_;
+};
+
+TEST_F(TextRows, ABadRowIsNamedByFileAndLineOrSkipped) {
+  // Line 3 starts a quoted text over two lines; the rows after it are counted from the file's lines.
+  write_file(tmp_ / "a.csv",
+             "text,label\n"
+             "fine,pos\n"
+             "\"two, \"\"quoted\"\"\nlines\",neg\n"
+             "too,many,fields\n"
+             "   ,pos\n"
+             "bad \xC3\x28 byte,neg\n"
+             "last,pos\n");
+  EXPECT_NE(error_of(keys("a.csv")).find("a.csv line 5: 3 fields; the header has 2 (dataset.bad_rows = \"skip\""),
+            std::string::npos)
+      << error_of(keys("a.csv"));
+  const auto ds = text_dataset(keys("a.csv", "bad_rows = \"skip\""));
+  EXPECT_EQ(ds->size(), 3);  // fine, the two lines, last
+  EXPECT_EQ(ds->spec().num_classes, 2);
+  write_file(tmp_ / "b.csv", "text,label\nok,pos\n   ,pos\n");
+  EXPECT_NE(error_of(keys("b.csv")).find("b.csv line 3: column 'text' is empty"), std::string::npos);
+  write_file(tmp_ / "c.csv", "text,label\nok,pos\nbad \xC3\x28,pos\n");
+  EXPECT_NE(error_of(keys("c.csv")).find("c.csv line 3: column 'text' is not valid UTF-8 (at byte 4)"),
+            std::string::npos);
+  // A label of the test split that the training split does not have.
+  write_file(tmp_ / "test.csv", "text,label\nok,neg\nwhat,maybe\n");
+  EXPECT_NE(error_of(keys("a.csv", "test = " + quoted(tmp_ / "test.csv")), Split::Test)
+                .find("the training split's: neg, pos"),
+            std::string::npos);
+  EXPECT_NE(
+      error_of(keys("a.csv", "test = " + quoted(tmp_ / "test.csv") + "\nlabels = [\"neg\", \"pos\"]"), Split::Test)
+          .find("test.csv line 3: the label 'maybe' is not a class (dataset.labels: neg, pos)"),
+      std::string::npos);
+  // JSON Lines: a line that is not an object, a missing key, a label of another type.
+  write_file(tmp_ / "d.jsonl",
+             "{\"text\": \"ok\", \"label\": 1}\n[1, 2]\n{\"label\": 0}\n{\"text\": \"x\", \"label\": 1.5}\n");
+  EXPECT_NE(error_of(keys("d.jsonl")).find("d.jsonl line 2: not a JSON object"), std::string::npos);
+  const auto skipped = text_dataset(keys("d.jsonl", "bad_rows = \"skip\""));
+  EXPECT_EQ(skipped->size(), 1);
+  EXPECT_EQ(skipped->spec().num_classes, 2);  // the index 1: classes 0 and 1
+}
+
+TEST_F(TextRows, SettingsThatCannotWorkAreRefusedNamingTheKey) {
+  write_file(tmp_ / "a.tsv", "sentence\tlabel\nhello there\tpos\n");
+  EXPECT_NE(error_of(keys("a.tsv"))
+                .find("dataset.text = \"text\": no such column in dataset.train = \"" + (tmp_ / "a.tsv") +
+                      "\"; its header names sentence, label"),
+            std::string::npos)
+      << error_of(keys("a.tsv"));
+  EXPECT_EQ(text_dataset(keys("a.tsv", "text = \"sentence\""))->size(), 1);
+  write_file(tmp_ / "a.csv", "text,label\nhello,pos\n");
+  EXPECT_NE(error_of(keys("a.csv", "text_pair = \"text\"\nmax_length = 3"))
+                .find("dataset.max_length = 3 leaves no room for text beside the 3 special tokens"),
+            std::string::npos);
+  const std::string no_tokenizer = "train = " + quoted(tmp_ / "a.csv") + "\ntokenizer = " + quoted(tmp_.str());
+  EXPECT_NE(error_of(no_tokenizer).find("no tokenizer.json in that directory"), std::string::npos)
+      << error_of(no_tokenizer);
+  write_file(tmp_ / "open.csv", "text,label\n\"never closed,pos\n");
+  EXPECT_NE(error_of(keys("open.csv")).find("open.csv\" line 2: a quoted field is not closed before the end"),
+            std::string::npos)
+      << error_of(keys("open.csv"));
+}
+
+constexpr const char* kRecipe = R"(
+[run]
+name = "text"
+seed = 3
+[model]
+name = "bert"
+hidden_size = 32
+num_hidden_layers = 2
+num_attention_heads = 2
+intermediate_size = 64
+max_position_embeddings = 64
+[training]
+epochs = 1
+batch_size = 16
+log_every = 1
+[optim]
+name = "adamw"
+lr = 0.001
+[eval]
+every_epochs = 1
+batch_size = 16
+[runtime]
+num_threads = 1
+[metrics]
+console = false
+)";
+
+class TextRuns : public testing::TrainerTest {};
+
+TEST_F(TextRuns, ABertFromScratchTrainsOnItWithTheTokenizersVocabulary) {
+  const std::vector<std::string> data = {"dataset.name=\"text\"",
+                                         "dataset.train=" + quoted(kFixtures + "/texts.csv"),
+                                         "dataset.test=" + quoted(kFixtures + "/texts.csv"),
+                                         "dataset.tokenizer=" + quoted(kFixtures + "/roberta"),
+                                         "dataset.text_pair=\"text_b\"",
+                                         "dataset.max_length=40"};
+  std::shared_ptr<Model> model;
+  std::vector<std::string> o = data;
+  o.push_back("model.layout=\"roberta\"");
+  const RunResult r = fit(kRecipe, o, "scratch", {}, &model);
+  ASSERT_EQ(r.exit_code, 0) << r.message;
+  EXPECT_EQ(r.global_step, 3);  // 48 samples in batches of 16
+  ASSERT_TRUE(model);
+  // The embedding holds the tokenizer's ids, its padding row is the tokenizer's <pad>.
+  const auto ds =
+      text_dataset("train = " + quoted(kFixtures + "/texts.csv") + "\ntokenizer = " + quoted(kFixtures + "/roberta"));
+  for (const auto& p : model->named_parameters()) {
+    if (p.key().find("word_embeddings.weight") != std::string::npos) {
+      EXPECT_EQ(p.value().size(0), ds->spec().token_id_limit);
+      EXPECT_EQ(p.value()[1].abs().sum().item<double>(), 0.0);
+    }
+  }
+  // A model whose vocabulary is smaller than the tokenizer's ids is refused, naming both.
+  o = data;
+  o.push_back("model.vocab_size=100");
+  const RunResult small = fit(kRecipe, o, "small");
+  EXPECT_EQ(small.exit_code, kExitUsage);
+  EXPECT_NE(small.message.find("model 'bert': model.vocab_size 100 does not cover the tokenizer's ids"),
+            std::string::npos)
+      << small.message;
+  o = data;
+  o.push_back("model.pad_token_id=0");
+  const RunResult pad = fit(kRecipe, o, "pad");
+  EXPECT_EQ(pad.exit_code, kExitUsage);
+  EXPECT_NE(pad.message.find("pad_token_id 0, but the dataset pads with 1"), std::string::npos) << pad.message;
+}
+
+}  // namespace
+}  // namespace trainer
