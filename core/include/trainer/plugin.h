@@ -20,7 +20,7 @@ class logger;
 }
 
 /// Bumped whenever a public header changes a layout or a virtual table plugins rely on.
-#define TRAINER_ABI_VERSION 10
+#define TRAINER_ABI_VERSION 11
 
 namespace trainer {
 
@@ -88,9 +88,9 @@ class TRAINER_API Plugin {
 };
 
 /// The structs that cross the plugin boundary, in the order of AbiDescriptor::struct_sizes.
-inline constexpr const char* kAbiStructNames[] = {"EventContext", "Control",    "RunState",     "OomInfo",
-                                                  "MemoryStats",  "Batch",      "KeySpec",      "Plugin",
-                                                  "PluginState",  "ResumeInfo", "ControlReason"};
+inline constexpr const char* kAbiStructNames[] = {"EventContext", "Control",    "RunState",      "OomInfo",
+                                                  "MemoryStats",  "Batch",      "KeySpec",       "Plugin",
+                                                  "PluginState",  "ResumeInfo", "ControlReason", "DataSpec"};
 inline constexpr std::size_t kAbiStructCount = sizeof kAbiStructNames / sizeof kAbiStructNames[0];
 
 /// Plain-C description of how a plugin was built, read before any C++ object crosses the
@@ -121,9 +121,9 @@ inline AbiDescriptor this_abi() {
 #else
   std::snprintf(d.compiler, sizeof d.compiler, "unknown");
 #endif
-  const std::size_t sizes[] = {sizeof(EventContext), sizeof(Control),    sizeof(RunState),     sizeof(OomInfo),
-                               sizeof(MemoryStats),  sizeof(Batch),      sizeof(KeySpec),      sizeof(Plugin),
-                               sizeof(PluginState),  sizeof(ResumeInfo), sizeof(ControlReason)};
+  const std::size_t sizes[] = {sizeof(EventContext), sizeof(Control),    sizeof(RunState),      sizeof(OomInfo),
+                               sizeof(MemoryStats),  sizeof(Batch),      sizeof(KeySpec),       sizeof(Plugin),
+                               sizeof(PluginState),  sizeof(ResumeInfo), sizeof(ControlReason), sizeof(DataSpec)};
   static_assert(sizeof sizes / sizeof sizes[0] == kAbiStructCount, "one size per name in kAbiStructNames");
   for (std::size_t i = 0; i < kAbiStructCount; ++i) d.struct_sizes[i] = static_cast<std::uint32_t>(sizes[i]);
   return d;
