@@ -31,7 +31,11 @@ OUT/<name>/batch-<pair>.txt  for bert_cased and roberta, transformers' tokenizer
                  samples (pair 0: text alone, 1: with text_b), padding="longest",
                  truncation=True, max_length=24: per sample "ids|attention_mask|token_type_ids".
 
-Usage: VENV/bin/python tests/text/hf_tokenizers.py OUT   (VENV from tests/hf/hf_venv.sh)
+`encode DIR` (for tests/text/apt_corpus_test.cpp): the texts of DIR/test.csv (as
+scripts/apt_corpus.py writes it) one per line into DIR/texts.txt, and their ids by
+DIR/tokenizer.json (tokenizers' encode, no truncation) into DIR/expected.txt.
+
+Usage: VENV/bin/python tests/text/hf_tokenizers.py OUT | encode DIR   (VENV from tests/hf/hf_venv.sh)
 """
 import csv
 import glob
@@ -135,7 +139,20 @@ def line(ids, types, special):
     return " ".join(map(str, ids)) + "|" + " ".join(map(str, types)) + "|" + " ".join(map(str, special))
 
 
+def encode(d):
+    with open(os.path.join(d, "test.csv"), encoding="utf-8", newline="") as f:
+        texts = [row["text"] for row in csv.DictReader(f)]
+    tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
+    with open(os.path.join(d, "texts.txt"), "w", encoding="utf-8", newline="\n") as f:
+        f.write("".join(t + "\n" for t in texts))
+    with open(os.path.join(d, "expected.txt"), "w") as f:
+        f.write("".join(" ".join(map(str, tok.encode(t).ids)) + "\n" for t in texts))
+
+
 def main():
+    if sys.argv[1] == "encode":
+        encode(sys.argv[2])
+        return
     out = sys.argv[1]
     os.makedirs(out, exist_ok=True)
     corpus = real_lines() + hard_lines()
