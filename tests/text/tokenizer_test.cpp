@@ -94,6 +94,11 @@ TEST(Tokenizer, SpecialIdsAndLimitsComeFromTheFile) {
   EXPECT_EQ(roberta.pad_id(), 1);
   EXPECT_EQ(roberta.mask_id(), 4);
   EXPECT_EQ(roberta.special_tokens_added(true), 4);
+  // What a truncation cut is counted: "one two three four" is 4 tokens, 2 of them kept.
+  const Encoding cut = roberta.encode("one two three four", std::nullopt, 4);
+  EXPECT_EQ(cut.ids.size(), 4u);
+  EXPECT_EQ(cut.truncated, roberta.encode("one two three four").ids.size() - 4);
+  EXPECT_EQ(roberta.encode("one", std::nullopt, 40).truncated, 0);
   // Too short for the special tokens: said, not cut into them.
   try {
     roberta.encode("a text", std::string_view("a pair"), 4);

@@ -402,7 +402,7 @@ std::shared_ptr<Dataset> text_dataset(const TextSettings& s, Split split) {
   std::vector<std::int32_t> ids;
   std::vector<std::uint8_t> types;
   std::vector<std::int64_t> offsets{0}, labels;
-  std::int64_t skipped = 0, longest = 0;
+  std::int64_t skipped = 0, longest = 0, cut = 0;
   std::string first_skipped;
   for (auto& r : rows) {
     if (r.problem.empty()) r.problem = text_problem(r.text, s.text);
@@ -427,6 +427,7 @@ std::shared_ptr<Dataset> text_dataset(const TextSettings& s, Split split) {
     }
     offsets.push_back(static_cast<std::int64_t>(ids.size()));
     longest = std::max(longest, static_cast<std::int64_t>(e.ids.size()));
+    cut += e.truncated > 0 ? 1 : 0;
     labels.push_back(*label);
   }
   if (skipped > 0) {
@@ -434,6 +435,15 @@ std::shared_ptr<Dataset> text_dataset(const TextSettings& s, Split split) {
                            skipped, skipped == 1 ? "" : "s", first_skipped, skipped > 3 ? "; ..." : "");
   }
   TRAINER_CHECK_T(UsageError, !labels.empty(), where, ": no rows", skipped > 0 ? " left after the bad ones" : "");
+  // The lengths, which decide the memory of a step: the longest of a batch is its width.
+  std::vector<std::int64_t> lengths(labels.size());
+  for (std::size_t i = 0; i < lengths.size(); ++i) lengths[i] = offsets[i + 1] - offsets[i];
+  std::sort(lengths.begin(), lengths.end());
+  default_logger()->info(
+      "dataset text: {}: {} samples, {} tokens, {} classes; lengths {} to {} (median {}, 99th percentile {}); {} cut "
+      "to max_length {}",
+      where, labels.size(), ids.size(), classes.count, lengths.front(), lengths.back(), lengths[lengths.size() / 2],
+      lengths[std::min(lengths.size() - 1, lengths.size() * 99 / 100)], cut, s.max_length);
   return std::make_shared<TextDataset>(std::move(ids), std::move(types), std::move(offsets), std::move(labels),
                                        classes.count, *pad, tok.id_limit(), longest);
 }

@@ -505,6 +505,7 @@ Encoding Tokenizer::encode(std::string_view text, std::optional<std::string_view
   }
   std::vector<std::int64_t> a = m.tokenize(text), b;
   if (pair) b = m.tokenize(*pair);
+  const std::size_t before = a.size() + b.size();
   if (max_length > 0) {
     const std::int64_t added = special_tokens_added(pair.has_value());
     TRAINER_CHECK_T(UsageError, max_length > added, "a maximum length of ", max_length,
@@ -527,6 +528,7 @@ Encoding Tokenizer::encode(std::string_view text, std::optional<std::string_view
     }
   }
   Encoding e;
+  e.truncated = static_cast<std::int64_t>(before - a.size() - b.size());
   for (const auto& piece : pair ? m.pair : m.single) {
     const std::vector<std::int64_t>& ids = piece.sequence < 0 ? piece.ids : piece.sequence == 0 ? a : b;
     e.ids.insert(e.ids.end(), ids.begin(), ids.end());

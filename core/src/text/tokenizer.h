@@ -18,6 +18,7 @@ struct Encoding {
   std::vector<std::int64_t> ids;
   std::vector<std::int64_t> type_ids;      ///< 0 for the first text, the template's for the second
   std::vector<std::uint8_t> special_mask;  ///< 1 where the post-processor added a special token
+  std::int64_t truncated = 0;              ///< the texts' tokens cut by max_length
 };
 
 class Tokenizer {
