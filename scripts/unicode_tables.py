@@ -14,7 +14,7 @@ Run with a Python that has tokenizers 0.15.2 (tests/hf/hf_venv.sh makes one):
 import sys
 
 import tokenizers
-from tokenizers import normalizers, pre_tokenizers
+from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers
 
 CODE_POINTS = [c for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF]
 
@@ -38,9 +38,13 @@ def probe():
     combining = normalizers.StripAccents()
     bert = pre_tokenizers.BertPreTokenizer()
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    # An added token "zz" with single_word matches after a character only when it is not a word
+    # character (a Rust regular expression's \w).
+    word = Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]"))
+    word.add_tokens([AddedToken("zz", single_word=True)])
     tables = {name: set() for name in ("clean_removed", "clean_space", "bert_punctuation", "bert_whitespace",
                                        "nonspacing_mark", "combining_mark", "pattern_letter", "pattern_number",
-                                       "pattern_space")}
+                                       "pattern_space", "word", "reordered_mark")}
     for c in CODE_POINTS:
         s = chr(c)
         out = clean.normalize_str("a" + s + "b")
@@ -66,6 +70,12 @@ def probe():
             tables["pattern_number"].add(c)
         if len(byte_level.pre_tokenize_str("\t" + s)) == 1:
             tables["pattern_space"].add(c)
+        if 1 not in word.encode(s + "zz").ids:
+            tables["word"].add(c)
+        # A mark that NFD's canonical ordering moves: before U+0345 (class 240, the largest)
+        # when its class is between 1 and 239; the library's classes predate some marks.
+        if c == 0x345 or (nfd.normalize_str(s) == s and nfd.normalize_str("a\u0345" + s) != "a\u0345" + s):
+            tables["reordered_mark"].add(c)
     return tables
 
 

@@ -142,6 +142,18 @@ TEST_F(TextRows, ABadRowIsNamedByFileAndLineOrSkipped) {
   const auto skipped = text_dataset(keys("d.jsonl", "bad_rows = \"skip\""));
   EXPECT_EQ(skipped->size(), 1);
   EXPECT_EQ(skipped->spec().num_classes, 2);  // the index 1: classes 0 and 1
+  // A line that is not JSON says where; a label "2" is an index as CSV's 2 is.
+  write_file(tmp_ / "e.jsonl", "{\"text\": \"x\", \"label\": \"2\"}\n{bad json\n");
+  EXPECT_NE(error_of(keys("e.jsonl")).find("e.jsonl line 2: not valid JSON (at byte 2)"), std::string::npos)
+      << error_of(keys("e.jsonl"));
+  EXPECT_EQ(text_dataset(keys("e.jsonl", "bad_rows = \"skip\""))->spec().num_classes, 3);
+  // Indices and names mixed in the training split: which is which is not guessed.
+  write_file(tmp_ / "f.csv", "text,label\na,1\nb,pos\n");
+  EXPECT_NE(
+      error_of(keys("f.csv"))
+          .find("f.csv line 3: the label 'pos' is a name where line 2's '1' is a class index; give the class names"),
+      std::string::npos)
+      << error_of(keys("f.csv"));
 }
 
 TEST_F(TextRows, SettingsThatCannotWorkAreRefusedNamingTheKey) {

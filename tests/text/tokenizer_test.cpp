@@ -101,11 +101,10 @@ TEST(Tokenizer, SpecialIdsAndLimitsComeFromTheFile) {
   EXPECT_EQ(roberta.encode("one", std::nullopt, 40).truncated, 0);
   // Too short for the special tokens: said, not cut into them.
   try {
-    roberta.encode("a text", std::string_view("a pair"), 4);
+    roberta.encode("a text", std::string_view("a pair"), 3);
     FAIL() << "no error";
   } catch (const trainer::UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find("maximum length of 4 leaves no room for text beside the 4 special tokens"),
-              std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("maximum length of 3 is less than the 4 special tokens"), std::string::npos)
         << e.what();
   }
   // Invalid UTF-8 is refused, with where it is.
@@ -126,8 +125,62 @@ TEST(Tokenizer, TheIdLimitCoversEveryIdItCanGive) {
           "added_tokens": [{"id": 40, "content": "[X]", "special": true}]})",
       "t");
   EXPECT_EQ(t.id_limit(), 84);
-  // Without a pre-tokenizer the text before the added token is one word, "a".
-  EXPECT_EQ(t.encode("a[X]").ids, (std::vector<std::int64_t>{2, 1, 40, 83}));
+  // Without a pre-tokenizer the text before the added token is one word, "a"; the added token
+  // gets the next id after the vocabulary's (tokenizers assigns it; the file's 40 is not read).
+  EXPECT_EQ(t.encode("a[X]").ids, (std::vector<std::int64_t>{2, 1, 2, 83}));
+}
+
+std::string error_of(const std::string& text);
+
+/// Ids of `text` by the tokenizer.json `json`.
+std::vector<std::int64_t> ids_of(const std::string& json, const std::string& text) {
+  return Tokenizer::from_json(json, "t").encode(text).ids;
+}
+
+TEST(Tokenizer, TheCornersAReviewFoundGiveTokenizersIds) {
+  // Each expectation is what tokenizers 0.15.2 gives for the same file and text.
+  // A merge listed twice: the later rank counts.
+  EXPECT_EQ(ids_of(R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "c": 2, "ab": 3, "bc": 4},
+                                 "merges": ["a b", "b c", "a b"]}})",
+                   "abc"),
+            (std::vector<std::int64_t>{0, 4}));
+  // A merge with a continuing-subword prefix makes the token without it.
+  EXPECT_EQ(ids_of(R"({"model": {"type": "BPE", "vocab": {"a": 0, "##b": 1, "ab": 2}, "merges": ["a ##b"],
+                                 "continuing_subword_prefix": "##"}})",
+                   "ab"),
+            (std::vector<std::int64_t>{2}));
+  // Added tokens get the vocabulary's id, else the next free one, whatever the file says.
+  EXPECT_EQ(ids_of(R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "hello": 2}, "merges": []},
+                       "added_tokens": [{"id": 7, "content": "hello"}, {"id": 9, "content": "zz"}]})",
+                   "hellozz"),
+            (std::vector<std::int64_t>{2, 3}));
+  // Two added tokens normalized to the same text: the special one wins.
+  EXPECT_EQ(ids_of(R"({"model": {"type": "BPE", "vocab": {"x": 0}, "merges": []}, "normalizer": {"type": "Lowercase"},
+                       "added_tokens": [{"id": 1, "content": "HELLO", "special": false, "normalized": true},
+                                        {"id": 2, "content": "hello", "special": true, "normalized": true}]})",
+                   "hello"),
+            (std::vector<std::int64_t>{2}));
+  // single_word: a squared letter (U+1F130, a symbol that is Alphabetic) is a word character.
+  const std::string single = R"({"model": {"type": "WordPiece", "unk_token": "[UNK]", "vocab": {"[UNK]": 0}},
+      "added_tokens": [{"id": 1, "content": "zz", "single_word": true}]})";
+  EXPECT_EQ(ids_of(single, "\xF0\x9F\x84\xB0zz"), (std::vector<std::int64_t>{0}));
+  EXPECT_EQ(ids_of(single, "-zz"), (std::vector<std::int64_t>{0, 1}));
+  // A maximum length of just the special tokens gives them alone.
+  const Tokenizer bert = Tokenizer::from_json(
+      R"({"model": {"type": "WordPiece", "unk_token": "[UNK]", "vocab": {"[UNK]": 0, "a": 1}},
+          "post_processor": {"type": "BertProcessing", "sep": ["[SEP]", 3], "cls": ["[CLS]", 2]}})",
+      "t");
+  EXPECT_EQ(bert.encode("a", std::nullopt, 2).ids, (std::vector<std::int64_t>{2, 3}));
+  // NFD leaves in place a mark the library's tables do not know (U+1DFA, Unicode 14), and
+  // orders those it does.
+  const std::string nfd = R"({"model": {"type": "WordPiece", "unk_token": "[UNK]",
+      "vocab": {"[UNK]": 0, "a\u0301\u1dfa": 1, "a\u0316\u0301": 2}}, "normalizer": {"type": "NFD"}})";
+  EXPECT_EQ(ids_of(nfd, "a\xCC\x81\xE1\xB7\xBA"), (std::vector<std::int64_t>{1}));
+  EXPECT_EQ(ids_of(nfd, "a\xCC\x81\xCC\x96"), (std::vector<std::int64_t>{2}));
+  // Ids far beyond the tokens would make a model of that many rows: refused.
+  EXPECT_NE(error_of(R"({"model": {"type": "WordPiece", "unk_token": "x", "vocab": {"x": 2147483646}}})")
+                .find("ids run up to 2147483646 for 1 tokens"),
+            std::string::npos);
 }
 
 TEST(Tokenizer, Utf8IsCheckedAsPythonChecksIt) {
@@ -157,7 +210,9 @@ TEST(Tokenizer, FilesItCannotReadAreRefusedNamingTheKeyAndWhatIsAllowed) {
   const auto has = [](const std::string& error, const std::string& part) {
     EXPECT_NE(error.find(part), std::string::npos) << error;
   };
-  has(error_of("not json"), "dir/tokenizer.json: not a tokenizer.json");
+  has(error_of("not json"), "dir/tokenizer.json: not a tokenizer.json: invalid JSON at byte 2");
+  has(error_of(R"({"model": {"type": "WordPiece", "unk_token": "a", "vocab": {"a": 0}}, "padding": 3})"),
+      "padding: expected an object or null, not 3");
   has(error_of("{}"), "dir/tokenizer.json: the file: has no \"model\"");
   has(error_of(R"({"model": {"type": "Unigram", "vocab": []}})"),
       "model.type: \"Unigram\" is not a model this reader has; it has WordPiece (BERT) and BPE");

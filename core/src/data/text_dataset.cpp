@@ -200,9 +200,18 @@ std::vector<Row> read_jsonl_rows(const std::string& text, const TextSettings& s)
     Row row;
     row.line = line_no;
     const auto nesting = json_nesting(line);
-    const nlohmann::json j = nesting <= 16 ? nlohmann::json::parse(line, nullptr, false) : nlohmann::json();
-    if (nesting > 16 || j.is_discarded() || !j.is_object()) {
-      row.problem = nesting > 16 ? "nested deeper than 16 levels" : "not a JSON object";
+    nlohmann::json j;
+    if (nesting > 16) {
+      row.problem = "nested deeper than 16 levels";
+    } else {
+      try {
+        j = nlohmann::json::parse(line);
+        if (!j.is_object()) row.problem = "not a JSON object";
+      } catch (const nlohmann::json::parse_error& e) {
+        row.problem = fmt::format("not valid JSON (at byte {})", e.byte);
+      }
+    }
+    if (!row.problem.empty()) {
       rows.push_back(std::move(row));
       continue;
     }
@@ -224,6 +233,7 @@ std::vector<Row> read_jsonl_rows(const std::string& text, const TextSettings& s)
         row.label_is_integer = true;
       } else if (it->is_string()) {
         row.label = it->get<std::string>();
+        row.label_is_integer = is_index(row.label);  // "3" as CSV's 3
       } else {
         row.problem = fmt::format("label '{}' is {}: a class name or index is expected", s.label, shown(it->dump()));
       }
@@ -268,7 +278,7 @@ struct Classes {
   }
 };
 
-Classes classes_of(const TextSettings& s, const std::vector<Row>& train_rows) {
+Classes classes_of(const TextSettings& s, const std::vector<Row>& train_rows, const std::string& train_path) {
   Classes c;
   if (!s.labels.empty()) {
     for (std::size_t i = 0; i < s.labels.size(); ++i) {
@@ -281,9 +291,17 @@ Classes classes_of(const TextSettings& s, const std::vector<Row>& train_rows) {
     return c;
   }
   bool all_integers = true;
+  const Row* first = nullptr;
   std::vector<std::string> names;
   for (const auto& r : train_rows) {
     if (!r.problem.empty()) continue;
+    if (first == nullptr) first = &r;
+    // Indices and names mixed: which the integers are is a guess; the recipe must say.
+    TRAINER_CHECK_T(UsageError, r.label_is_integer == first->label_is_integer, train_path, " line ", r.line,
+                    ": the label '", shown(r.label), "' is ", r.label_is_integer ? "a class index" : "a name",
+                    " where line ", first->line, "'s '", shown(first->label), "' is ",
+                    first->label_is_integer ? "a class index" : "a name",
+                    "; give the class names in order in dataset.labels");
     all_integers = all_integers && r.label_is_integer;
     names.push_back(r.label);
   }
@@ -396,7 +414,7 @@ std::shared_ptr<Dataset> text_dataset(const TextSettings& s, Split split) {
                   " leaves no room for text beside the ", room, " special tokens ", tok_file, " adds");
 
   std::vector<Row> rows = read_rows(s, path, key);
-  const Classes classes = classes_of(s, split == Split::Train ? rows : read_rows(s, s.train, "dataset.train"));
+  const Classes classes = classes_of(s, split == Split::Train ? rows : read_rows(s, s.train, "dataset.train"), s.train);
   TRAINER_CHECK_T(UsageError, classes.count >= 1, "dataset.train = \"", s.train, "\": no labelled rows");
 
   std::vector<std::int32_t> ids;
@@ -421,6 +439,14 @@ std::shared_ptr<Dataset> text_dataset(const TextSettings& s, Split split) {
     }
     const text::Encoding e =
         s.text_pair.empty() ? tok.encode(r.text, std::nullopt, s.max_length) : tok.encode(r.text, r.pair, s.max_length);
+    if (e.ids.empty()) {
+      // Only whitespace or characters the tokenizer drops, and no special tokens to add.
+      TRAINER_CHECK_T(UsageError, s.bad_rows == "skip", path, " line ", r.line,
+                      ": the tokenizer gives no tokens for it (dataset.bad_rows = \"skip\" leaves such rows out)");
+      if (skipped++ < 3)
+        first_skipped += fmt::format("{}line {}: no tokens", first_skipped.empty() ? "" : "; ", r.line);
+      continue;
+    }
     for (std::size_t k = 0; k < e.ids.size(); ++k) {
       ids.push_back(static_cast<std::int32_t>(e.ids[k]));
       types.push_back(static_cast<std::uint8_t>(std::min<std::int64_t>(e.type_ids[k], 255)));

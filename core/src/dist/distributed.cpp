@@ -170,12 +170,23 @@ int free_loopback_port() {
       if (port_is_free(p)) return p;
     }
   }
-  // A host whose ephemeral range leaves no room below it: the first free port above it.
+  // A host whose ephemeral range leaves no room below it: the first free port above it, else
+  // the kernel's pick.
   for (int p = high + 1; p <= 65535; ++p) {
     if (port_is_free(p)) return p;
   }
-  throw Error(fmt::format("cannot find a free port on this host (none free in {}..{} nor above {}); set MASTER_PORT",
-                          first, last, high));
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  TRAINER_CHECK(fd >= 0, "no socket to find a free port on 127.0.0.1: ", std::strerror(errno));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+  ::close(fd);
+  TRAINER_CHECK(ok, "cannot find a free port on 127.0.0.1 (none free in ", first, "..", last, " nor above ", high,
+                "); set MASTER_PORT");
+  return ntohs(a.sin_port);
 }
 
 }  // namespace trainer

@@ -315,6 +315,8 @@ class Bert final : public Model {
     t.mask = input.dim() == 2 ? t.ids.ne(a_.pad).to(at::kLong) : in.select(1, 1);
     t.types = input.dim() == 3 && input.size(1) == 3 ? in.select(1, 2) : at::zeros_like(t.ids);
     const std::int64_t l = t.ids.size(1);
+    TRAINER_CHECK_T(UsageError, l > 0 && t.ids.size(0) > 0, "model 'bert': a batch of ", t.ids.size(0),
+                    " sequences of ", l, " tokens; every sample needs at least one token");
     // One read from the device for every check: id and type ranges, the last attended column.
     const at::Tensor last = (t.mask.ne(0).any(0).to(at::kLong) * at::arange(1, l + 1, t.ids.options())).max();
     const at::Tensor stats =

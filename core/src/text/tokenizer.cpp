@@ -4,9 +4,13 @@
 
 #include <algorithm>
 #include <fstream>
+#include <functional>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
+#include <unordered_map>
 #include <utility>
 
 #include "text/tokenizer_parts.h"
@@ -41,6 +45,29 @@ struct TemplatePiece {
   std::int64_t type_id = 0;
 };
 
+/// Added tokens by content, looked up by each length they have: the leftmost match, the longest
+/// there, the first listed among equals (tokenizers' leftmost-longest matching), in time linear
+/// in the text for each distinct length, whatever the number of tokens.
+struct AddedTokens {
+  std::vector<AddedToken> tokens;
+  std::map<std::size_t, std::unordered_map<std::string, std::size_t>, std::greater<>> by_length;
+
+  void add(AddedToken t) {
+    by_length[t.content.size()].emplace(t.content, tokens.size());
+    tokens.push_back(std::move(t));
+  }
+  bool empty() const { return tokens.empty(); }
+  /// The token matching `s` at `at`, longest first; nullptr when none does.
+  const AddedToken* match(const std::string& s, std::size_t at) const {
+    for (const auto& [len, table] : by_length) {
+      if (len > s.size() - at) continue;
+      const auto it = table.find(s.substr(at, len));
+      if (it != table.end()) return &tokens[it->second];
+    }
+    return nullptr;
+  }
+};
+
 /// Where a piece of the input stands: text still to tokenize, or an added token's id.
 struct Segment {
   std::string text;
@@ -56,7 +83,7 @@ struct Tokenizer::Impl {
   std::string model_type;
   WordPiece wordpiece;
   Bpe bpe;
-  std::vector<AddedToken> raw_tokens, normalized_tokens;
+  AddedTokens raw_tokens, normalized_tokens;
   std::unordered_map<std::string, std::int64_t> added_ids;
   std::vector<TemplatePiece> single{{{}, 0, 0}}, pair{{{}, 0, 0}, {{}, 1, 1}};
   std::optional<std::int64_t> padding_id;
@@ -170,6 +197,7 @@ struct Tokenizer::Impl {
     model_type = type;
     if (type == "WordPiece") {
       wordpiece.vocab = read_vocab(field(j, "vocab", "model"), "model.vocab");
+      for (const auto& entry : wordpiece.vocab) wordpiece.longest = std::max(wordpiece.longest, entry.first.size());
       const std::string unk = text(field(j, "unk_token", "model"), "model.unk_token");
       const auto it = wordpiece.vocab.find(unk);
       if (it == wordpiece.vocab.end()) bad("model.unk_token", "\"" + unk + "\" is not in model.vocab");
@@ -223,14 +251,18 @@ struct Tokenizer::Impl {
         } else {
           bad(where, "expected \"A B\" or [\"A\", \"B\"]");
         }
-        const auto ia = bpe.vocab.find(a), ib = bpe.vocab.find(b), im = bpe.vocab.find(a + b);
+        // The merged token: the right one less as many bytes as the continuing-subword prefix
+        // has, as tokenizers builds it (whether or not it starts with the prefix).
+        if (b.size() < bpe.prefix.size()) bad(where, "\"" + b + "\" is shorter than continuing_subword_prefix");
+        const std::string merged = a + b.substr(bpe.prefix.size());
+        const auto ia = bpe.vocab.find(a), ib = bpe.vocab.find(b), im = bpe.vocab.find(merged);
         if (ia == bpe.vocab.end() || ib == bpe.vocab.end() || im == bpe.vocab.end()) {
-          bad(where, fmt::format("\"{}\", \"{}\" or their merge \"{}\" is not in model.vocab", a, b, a + b));
+          bad(where, fmt::format("\"{}\", \"{}\" or their merge \"{}\" is not in model.vocab", a, b, merged));
         }
         const std::uint64_t key =
             (static_cast<std::uint64_t>(ia->second) << 32) | static_cast<std::uint64_t>(ib->second);
-        // The first of equal pairs counts, as tokenizers' map of merges keeps it.
-        bpe.merges.emplace(key, Bpe::Merge{static_cast<std::uint32_t>(k), static_cast<std::uint32_t>(im->second)});
+        // The last of equal pairs counts, as tokenizers' map of merges keeps it.
+        bpe.merges[key] = Bpe::Merge{static_cast<std::uint32_t>(k), static_cast<std::uint32_t>(im->second)};
       }
     } else {
       bad("model.type", fmt::format("\"{}\" is not a model this reader has; it has WordPiece (BERT) and BPE "
@@ -315,38 +347,71 @@ struct Tokenizer::Impl {
                                      type));
   }
 
+  /// The vocabulary of the model (WordPiece's or BPE's).
+  const std::unordered_map<std::string, std::int64_t>& model_vocab() const {
+    return model_type == "WordPiece" ? wordpiece.vocab : bpe.vocab;
+  }
+
   void read_added_tokens(const json& j) {
     if (!j.is_array()) bad("added_tokens", "expected a list");
+    struct Entry {
+      AddedToken token;
+      bool special, normalized;
+    };
+    std::vector<Entry> entries;
+    const auto& vocab = model_vocab();
+    const auto vocab_size = static_cast<std::int64_t>(vocab.size());
+    std::int64_t most = -1;  // the largest added id so far
     for (std::size_t k = 0; k < j.size(); ++k) {
       const std::string where = fmt::format("added_tokens[{}]", k);
       const json& t = j[k];
       if (!t.is_object()) bad(where, "expected an object");
-      AddedToken a;
+      Entry e;
+      AddedToken& a = e.token;
       a.content = text(field(t, "content", where), where + ".content");
       if (a.content.empty()) bad(where + ".content", "is empty");
-      a.id = id(field(t, "id", where), where + ".id");
+      id(field(t, "id", where), where + ".id");  // checked; tokenizers assigns the id itself:
+      // the token's id in the vocabulary, an earlier entry's, or the next after both.
+      if (const auto seen = added_ids.find(a.content); seen != added_ids.end()) {
+        a.id = seen->second;
+      } else if (const auto in_vocab = vocab.find(a.content); in_vocab != vocab.end()) {
+        a.id = in_vocab->second;
+      } else {
+        a.id = most < 0 ? vocab_size : (most >= vocab_size || vocab_size == 0 ? most + 1 : vocab_size);
+      }
+      most = std::max(most, a.id);
       a.single_word = flag(t, "single_word", where, false);
       a.lstrip = flag(t, "lstrip", where, false);
       a.rstrip = flag(t, "rstrip", where, false);
-      const bool special = flag(t, "special", where, false);
+      e.special = flag(t, "special", where, false);
       // tokenizers' default: special tokens are matched as written, others after normalizing.
-      const bool normalized = flag(t, "normalized", where, !special);
+      e.normalized = flag(t, "normalized", where, !e.special);
       limit = std::max(limit, a.id + 1);
       added_ids[a.content] = a.id;
-      if (normalized && normalizer) {
-        std::u32string s = decode_utf8(a.content);
-        normalizer->apply(s);
-        a.content = encode_utf8(s);
-        if (!a.content.empty()) normalized_tokens.push_back(std::move(a));
-      } else {
-        (normalized ? normalized_tokens : raw_tokens).push_back(std::move(a));
+      entries.push_back(std::move(e));
+    }
+    // tokenizers matches the special tokens first (each once), then the others, in file order:
+    // of two that match the same text, the first listed wins.
+    std::set<std::string> specials;
+    for (const bool special : {true, false}) {
+      for (auto& e : entries) {
+        if (e.special != special || (special && !specials.insert(e.token.content).second)) continue;
+        AddedToken a = e.token;
+        if (e.normalized && normalizer) {
+          std::u32string s = decode_utf8(a.content);
+          normalizer->apply(s);
+          a.content = encode_utf8(s);
+          if (!a.content.empty()) normalized_tokens.add(std::move(a));
+        } else {
+          (e.normalized ? normalized_tokens : raw_tokens).add(std::move(a));
+        }
       }
     }
   }
 
   /// Splits `segment` at the added tokens of `tokens` as tokenizers does: the leftmost match,
   /// the longest there, then on after it; single_word, lstrip and rstrip as the token says.
-  void split_added(const std::string& s, const std::vector<AddedToken>& tokens, std::vector<Segment>& out) const {
+  void split_added(const std::string& s, const AddedTokens& tokens, std::vector<Segment>& out) const {
     if (tokens.empty() || s.empty()) {
       out.push_back({s, -1});
       return;
@@ -368,22 +433,19 @@ struct Tokenizer::Impl {
     while (pos < s.size()) {
       const AddedToken* best = nullptr;
       std::size_t at = pos;
-      for (; at < s.size() && best == nullptr; ++at) {
-        for (const auto& t : tokens) {
-          if (s.compare(at, t.content.size(), t.content) == 0 && (!best || t.content.size() > best->content.size())) {
-            best = &t;
-          }
-        }
+      for (; at < s.size(); ++at) {
+        if ((static_cast<unsigned char>(s[at]) & 0xC0) == 0x80) continue;  // inside a character
+        if ((best = tokens.match(s, at)) != nullptr) break;
       }
       if (best == nullptr) break;
-      --at;
       std::size_t start = at, stop = at + best->content.size();
       pos = stop;
       if (best->single_word) {
-        const bool space_before = start == 0 || !is_word_char(char_before(start));
+        const bool space_before = start == 0 || !in_class(CharClass::kWord, char_before(start));
         const bool space_after =
             stop == s.size() ||
-            !is_word_char(decode_utf8(std::string_view(s).substr(stop, std::min<std::size_t>(4, s.size() - stop)))[0]);
+            !in_class(CharClass::kWord,
+                      decode_utf8(std::string_view(s).substr(stop, std::min<std::size_t>(4, s.size() - stop)))[0]);
         if (!space_before || !space_after) continue;
       }
       if (best->lstrip) {
@@ -469,8 +531,13 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& name)
   auto impl = std::make_unique<Impl>();
   impl->name = name;
   TRAINER_CHECK_T(UsageError, json_nesting(text) <= 16, name, ": JSON nested deeper than a tokenizer.json is");
-  const json j = json::parse(text, nullptr, false);
-  TRAINER_CHECK_T(UsageError, !j.is_discarded() && j.is_object(), name,
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error& e) {
+    throw UsageError(fmt::format("{}: not a tokenizer.json: invalid JSON at byte {}", name, e.byte));
+  }
+  TRAINER_CHECK_T(UsageError, j.is_object(), name,
                   ": not a tokenizer.json (a JSON object with a \"model\"; transformers' save_pretrained writes it)");
   impl->read_model(impl->field(j, "model", "the file"));
   if (j.contains("normalizer") && !j["normalizer"].is_null()) {
@@ -484,6 +551,9 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& name)
     impl->read_post_processor(j["post_processor"], "post_processor", templated);
   }
   if (j.contains("added_tokens") && !j["added_tokens"].is_null()) impl->read_added_tokens(j["added_tokens"]);
+  if (j.contains("padding") && !j["padding"].is_null() && !j["padding"].is_object()) {
+    impl->bad("padding", "expected an object or null, not " + j["padding"].dump().substr(0, 40));
+  }
   if (j.contains("padding") && j["padding"].is_object() && j["padding"].contains("pad_id")) {
     impl->padding_id = impl->id(j["padding"]["pad_id"], "padding.pad_id");
     impl->limit = std::max(impl->limit, *impl->padding_id + 1);
@@ -494,6 +564,12 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& name)
       for (const auto id : piece.ids) impl->limit = std::max(impl->limit, id + 1);
     }
   }
+  // A model gets a row per id below the limit: ids far beyond the tokens would make a huge one.
+  const auto tokens = static_cast<std::int64_t>(impl->model_vocab().size() + impl->added_ids.size());
+  TRAINER_CHECK_T(UsageError, impl->limit <= 2 * tokens + 1024, name, ": ids run up to ", impl->limit - 1, " for ",
+                  tokens,
+                  " tokens; a vocabulary's ids are 0 to about its size (a model would get a row for "
+                  "each)");
   return Tokenizer(std::move(impl));
 }
 
@@ -508,8 +584,8 @@ Encoding Tokenizer::encode(std::string_view text, std::optional<std::string_view
   const std::size_t before = a.size() + b.size();
   if (max_length > 0) {
     const std::int64_t added = special_tokens_added(pair.has_value());
-    TRAINER_CHECK_T(UsageError, max_length > added, "a maximum length of ", max_length,
-                    " leaves no room for text beside the ", added, " special tokens");
+    TRAINER_CHECK_T(UsageError, max_length >= added, "a maximum length of ", max_length, " is less than the ", added,
+                    " special tokens");
     const auto most = static_cast<std::size_t>(max_length - added);
     if (!pair) {
       if (a.size() > most) a.resize(most);

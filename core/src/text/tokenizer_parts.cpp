@@ -201,7 +201,9 @@ void WordPiece::tokenize(const std::string& word, std::vector<std::int64_t>& out
   const std::size_t first = out.size();
   std::string piece;
   for (std::size_t start = 0; start < word.size();) {
-    std::size_t end = word.size();
+    // No piece longer than the longest token can match: start there (on a character's start).
+    std::size_t end = std::min(word.size(), start + longest);
+    while (end > start && end < word.size() && (static_cast<unsigned char>(word[end]) & 0xC0) == 0x80) --end;
     bool found = false;
     while (start < end) {
       piece.assign(start > 0 ? prefix : std::string());

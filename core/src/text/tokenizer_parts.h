@@ -43,6 +43,7 @@ struct WordPiece {
   std::int64_t unk_id = 0;
   std::string prefix = "##";
   std::size_t max_chars = 100;
+  std::size_t longest = 0;  ///< bytes of the longest token of the vocabulary
   void tokenize(const std::string& word, std::vector<std::int64_t>& out) const;
 };
 

@@ -41,11 +41,15 @@ bool in_table(CharClass cls, char32_t c) {
       return in(k_pattern_number, c);
     case CharClass::kPatternSpace:
       return in(k_pattern_space, c);
+    case CharClass::kWord:
+      return in(k_word, c);
+    case CharClass::kReorderedMark:
+      return in(k_reordered_mark, c);
   }
   return false;
 }
 
-constexpr int kClasses = static_cast<int>(CharClass::kPatternSpace) + 1;
+constexpr int kClasses = static_cast<int>(CharClass::kReorderedMark) + 1;
 
 /// The classes of the ASCII characters, the common case, without a search.
 struct AsciiClasses {
@@ -167,8 +171,12 @@ std::u32string nfd(std::u32string_view s) {
   }
   // Canonical order: within each run of characters with a non-zero combining class, a stable
   // sort by class.
+  // The classes of the marks tokenizers' tables know (classes never change once assigned);
+  // the others stay where they are, as there.
   const auto cls = [](char32_t c) {
-    return c < 0x300 ? 0 : utf8proc_get_property(static_cast<utf8proc_int32_t>(c))->combining_class;
+    return c < 0x300 || !in_class(CharClass::kReorderedMark, c)
+               ? 0
+               : utf8proc_get_property(static_cast<utf8proc_int32_t>(c))->combining_class;
   };
   for (std::size_t i = 0; i < out.size();) {
     if (cls(out[i]) == 0) {
@@ -205,27 +213,6 @@ bool is_cjk_ideograph(char32_t c) {
   return (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0x3400 && c <= 0x4DBF) || (c >= 0x20000 && c <= 0x2A6DF) ||
          (c >= 0x2A700 && c <= 0x2B73F) || (c >= 0x2B740 && c <= 0x2B81F) || (c >= 0x2B920 && c <= 0x2CEAF) ||
          (c >= 0xF900 && c <= 0xFAFF) || (c >= 0x2F800 && c <= 0x2FA1F);
-}
-
-bool is_word_char(char32_t c) {
-  if (c < 0x80) return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
-  if (c == 0x200C || c == 0x200D || (c >= 0x24B6 && c <= 0x24E9)) return true;  // joiners; circled letters
-  switch (utf8proc_category(static_cast<utf8proc_int32_t>(c))) {
-    case UTF8PROC_CATEGORY_LU:
-    case UTF8PROC_CATEGORY_LL:
-    case UTF8PROC_CATEGORY_LT:
-    case UTF8PROC_CATEGORY_LM:
-    case UTF8PROC_CATEGORY_LO:
-    case UTF8PROC_CATEGORY_MN:
-    case UTF8PROC_CATEGORY_MC:
-    case UTF8PROC_CATEGORY_ME:
-    case UTF8PROC_CATEGORY_ND:
-    case UTF8PROC_CATEGORY_NL:
-    case UTF8PROC_CATEGORY_PC:
-      return true;
-    default:
-      return false;
-  }
 }
 
 }  // namespace trainer::text

@@ -19,6 +19,8 @@ enum class CharClass {
   kPatternLetter,    ///< \p{L} in the byte-level pre-tokenizer's pattern
   kPatternNumber,    ///< \p{N} there
   kPatternSpace,     ///< \s there
+  kWord,             ///< \w of Rust's regular expressions: what single_word checks beside an added token
+  kReorderedMark,    ///< a mark with a non-zero combining class to tokenizers' NFD (the others stay put)
 };
 
 /// Whether `c` is in `cls`.
@@ -44,10 +46,5 @@ std::u32string lowercase(std::u32string_view s);
 
 /// A CJK ideograph of the blocks the BERT normalizer puts spaces around.
 bool is_cjk_ideograph(char32_t c);
-
-/// A word character to a Rust regular expression's \w (Alphabetic, marks, decimal digits,
-/// connector punctuation, joiners), from Unicode 15's general categories: what an added token
-/// with single_word checks beside it.
-bool is_word_char(char32_t c);
 
 }  // namespace trainer::text
