@@ -151,7 +151,7 @@ TEST(ProcessGroup, AFreePortIsBelowTheRangeOfOutgoingConnectionsAndFree) {
       EXPECT_GE(port, std::max(1024, low - 10000));
       EXPECT_LT(port, low);
     } else {
-      EXPECT_GT(port, high);
+      EXPECT_GT(port, 0);  // no room below the range: above it, else the kernel's pick
     }
   }
 }
