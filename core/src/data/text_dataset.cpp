@@ -209,6 +209,8 @@ std::vector<Row> read_jsonl_rows(const std::string& text, const TextSettings& s)
         if (!j.is_object()) row.problem = "not a JSON object";
       } catch (const nlohmann::json::parse_error& e) {
         row.problem = fmt::format("not valid JSON (at byte {})", e.byte);
+      } catch (const nlohmann::json::exception& e) {
+        row.problem = fmt::format("not valid JSON ({})", e.what());  // a number out of range
       }
     }
     if (!row.problem.empty()) {

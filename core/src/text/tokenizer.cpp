@@ -536,6 +536,9 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& name)
     j = json::parse(text);
   } catch (const json::parse_error& e) {
     throw UsageError(fmt::format("{}: not a tokenizer.json: invalid JSON at byte {}", name, e.byte));
+  } catch (const json::exception& e) {
+    // A number out of range, which the parser reports apart.
+    throw UsageError(fmt::format("{}: not a tokenizer.json: {}", name, e.what()));
   }
   TRAINER_CHECK_T(UsageError, j.is_object(), name,
                   ": not a tokenizer.json (a JSON object with a \"model\"; transformers' save_pretrained writes it)");
