@@ -209,7 +209,8 @@ TEST_F(ArrayDatasets, BadFilesExitTwoNamingFileLineAndWhatIsAllowed) {
       {csv("bad_number.csv"), file("bad_number.csv") + " line 4, column 'b': 'abc' is not a finite number"},
       {csv("bad_empty.csv"), file("bad_empty.csv") + " line 2, column 'b': an empty field is not a finite number"},
       {csv("bad_fields.csv"), file("bad_fields.csv") + " line 3: 2 fields; the header has 3"},
-      {csv("bad_quote.csv"), file("bad_quote.csv") + " line 2: a quoted field is not closed on its line"},
+      {csv("bad_quote.csv"),
+       file("bad_quote.csv") + " line 2: a quoted field is not closed before the end of the file"},
       {csv("regression_test.csv", "[\"label\"]"), "dataset.targets: no column 'label' in " +
                                                       file("regression_test.csv") +
                                                       "; its columns are x0, x1, x2, x3, x4, x5, x6, x7, y0, y1"},

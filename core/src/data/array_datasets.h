@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "trainer/data.h"
 
@@ -21,6 +22,13 @@ void add_numpy_datasets(Registry<DatasetFactory>& r);
 
 /// The whole file; UsageError naming `key` and the file when it cannot be read.
 std::string read_whole(const std::string& path, const std::string& key);
+
+/// The records of a CSV or TSV text (RFC 4180: a field in double quotes may hold the delimiter,
+/// line breaks and "" for a quote), each with the line it starts on; a UTF-8 byte order mark,
+/// "\r\n" line ends and blank lines are taken. UsageError naming `where` and the line for a
+/// quoted field still open at the end.
+std::vector<std::pair<std::int64_t, std::vector<std::string>>> csv_records(const std::string& text, char delim,
+                                                                           const std::string& where);
 
 /// `s` without leading and trailing blanks (spaces, tabs, carriage returns).
 std::string trimmed(const std::string& s);

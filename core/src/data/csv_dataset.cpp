@@ -55,58 +55,14 @@ struct Table {
   std::int64_t rows = 0;
 };
 
-/// Splits one line at `delim`; a field in double quotes may hold the delimiter and "" for a
-/// quote. Returns false for a quote left open.
-bool split_line(const std::string& line, char delim, std::vector<std::string>& fields) {
-  fields.clear();
-  std::string f;
-  bool quoted = false, was_quoted = false;
-  for (std::size_t i = 0; i < line.size(); ++i) {
-    const char c = line[i];
-    if (quoted) {
-      if (c == '"' && i + 1 < line.size() && line[i + 1] == '"') {
-        f += '"';
-        ++i;
-      } else if (c == '"') {
-        quoted = false;
-      } else {
-        f += c;
-      }
-    } else if (c == '"' && !was_quoted && f.find_first_not_of(" \t") == std::string::npos) {
-      quoted = was_quoted = true;
-      f.clear();
-    } else if (c == delim) {
-      fields.push_back(f);
-      f.clear();
-      was_quoted = false;
-    } else {
-      f += c;
-    }
-  }
-  fields.push_back(f);
-  return !quoted;
-}
-
 std::string shown_field(const std::string& f) { return f.size() > 40 ? f.substr(0, 40) + "..." : f; }
 
 Table read_csv(const std::string& path, const std::string& key, char delim, bool header) {
   const std::string text = read_whole(path, key);
   Table t;
-  std::vector<std::string> fields;
   std::size_t width = 0;
-  std::int64_t line_no = 0;
-  for (std::size_t at = 0; at < text.size();) {
-    std::size_t end = text.find('\n', at);
-    if (end == std::string::npos) end = text.size();
-    std::string line = text.substr(at, end - at);
-    at = end + 1;
-    ++line_no;
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line_no == 1 && line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);  // a UTF-8 byte order mark
-    if (trimmed(line).empty()) continue;
+  for (auto& [line_no, fields] : csv_records(text, delim, path)) {
     const std::string where = fmt::format("{} line {}", path, line_no);
-    TRAINER_CHECK_T(UsageError, split_line(line, delim, fields), where,
-                    ": a quoted field is not closed on its line (fields with line breaks are not read)");
     if (width == 0) {
       width = fields.size();
       if (header) {

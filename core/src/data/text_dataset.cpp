@@ -92,67 +92,6 @@ bool is_index(const std::string& s) {
   return !s.empty() && s.size() <= 18 && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
-/// The records of a CSV or TSV text (RFC 4180: a field in double quotes may hold the delimiter,
-/// line breaks and "" for a quote), each with the line it starts on; blank lines left out.
-std::vector<std::pair<std::int64_t, std::vector<std::string>>> csv_records(const std::string& text, char delim,
-                                                                           const std::string& where) {
-  std::vector<std::pair<std::int64_t, std::vector<std::string>>> out;
-  std::vector<std::string> fields;
-  std::string field;
-  std::int64_t line = 1, start_line = 1;
-  bool quoted = false, field_quoted = false, any = false;
-  std::size_t i = text.rfind("\xEF\xBB\xBF", 0) == 0 ? 3 : 0;  // a UTF-8 byte order mark
-  const auto end_record = [&] {
-    fields.push_back(std::move(field));
-    field.clear();
-    const bool blank = fields.size() == 1 && !field_quoted && trimmed(fields[0]).empty();
-    if (!blank) out.emplace_back(start_line, std::move(fields));
-    fields.clear();
-    field_quoted = false;
-    any = false;
-  };
-  for (; i < text.size(); ++i) {
-    const char c = text[i];
-    if (quoted) {
-      if (c == '"' && i + 1 < text.size() && text[i + 1] == '"') {
-        field += '"';
-        ++i;
-      } else if (c == '"') {
-        quoted = false;
-      } else {
-        if (c == '\n') ++line;
-        field += c;
-      }
-      continue;
-    }
-    if (!any) {
-      start_line = line;
-      any = true;
-    }
-    if (c == '"' && !field_quoted && trimmed(field).empty()) {
-      quoted = field_quoted = true;
-      field.clear();
-    } else if (c == delim) {
-      fields.push_back(std::move(field));
-      field.clear();
-      field_quoted = false;
-    } else if (c == '\n') {
-      if (!field.empty() && field.back() == '\r') field.pop_back();
-      end_record();
-      ++line;
-    } else {
-      field += c;
-    }
-  }
-  TRAINER_CHECK_T(UsageError, !quoted, where, " line ", start_line,
-                  ": a quoted field is not closed before the end of the file");
-  if (any) {
-    if (!field.empty() && field.back() == '\r') field.pop_back();
-    end_record();
-  }
-  return out;
-}
-
 std::vector<Row> read_csv_rows(const std::string& text, char delim, const TextSettings& s, const std::string& where) {
   auto records = csv_records(text, delim, where);
   TRAINER_CHECK_T(UsageError, !records.empty(), where, ": empty (a header naming the columns comes first)");
