@@ -620,7 +620,7 @@ Encoding Tokenizer::encode(std::string_view text, std::optional<std::string_view
 std::optional<std::int64_t> Tokenizer::token_id(const std::string& token) const {
   const auto a = impl_->added_ids.find(token);
   if (a != impl_->added_ids.end()) return a->second;
-  const auto& vocab = impl_->model_type == "WordPiece" ? impl_->wordpiece.vocab : impl_->bpe.vocab;
+  const auto& vocab = impl_->model_vocab();
   const auto v = vocab.find(token);
   if (v != vocab.end()) return v->second;
   return std::nullopt;
