@@ -80,10 +80,14 @@ while true; do
   new=()
   for need in $(printf '%s\n' "${missing[@]}" | sort -u); do
     case $need in
-      /*) pkg=$(dpkg -S "$need" 2>/dev/null | head -1 | cut -d: -f1) ;;
-      *) pkg=$(dpkg -S "*/$need" 2>/dev/null | head -1 | cut -d: -f1) ;;
+      /*) pkg=$( (dpkg -S "$need" 2>/dev/null || true) | head -1 | cut -d: -f1) ;;
+      *) pkg=$( (dpkg -S "*/$need" 2>/dev/null || true) | head -1 | cut -d: -f1) ;;
     esac
-    [ -n "$pkg" ] || { echo "gpu-bundle: no installed package provides $need" >&2; exit 2; }
+    [ -n "$pkg" ] || {
+      echo "gpu-bundle: no installed package provides $need (the closure is found from the" \
+        "packages installed here: run scripts/install-deps.sh first)" >&2
+      exit 2
+    }
     [ -n "${have[$pkg]:-}" ] && { echo "gpu-bundle: $pkg is in the bundle yet $need is missing" >&2; exit 2; }
     new+=("$pkg")
   done

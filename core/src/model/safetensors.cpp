@@ -1,6 +1,7 @@
 #include "model/safetensors.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
