@@ -28,7 +28,8 @@
 # Settings: TRAINER_GPU_BUNDLE (the archive; default .gpu-bundle/trainer-gpu-bundle.tar.xz),
 # TORCH_DIR (a torch package directory; default: the one python3 imports), TRAINER_GPU_DEADLINE
 # (seconds every stage must end within; `visit` only unless set), TRAINER_GPU_TARGETS (`build`:
-# these targets only, separated by spaces).
+# these targets only, separated by spaces), TRAINER_GPU_BENCH=0 (`visit`: no benchmarks, so that
+# the suite gets their time).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -256,13 +257,23 @@ suite_stage() {  # the test suite but the `cuda` tests and what the GPU machine 
     skip tests:chromium "no headless Chromium"
   fi
   if [ -z "${TRAINER_GPU_PYPI:-}" ] && [ "$proving" -eq 0 ]; then
-    exclude+='|^fixture\.mlflow_|^Mlflow\.'
-    skip tests:mlflow_server "the MLflow server comes from PyPI (set TRAINER_GPU_PYPI=1 where PyPI is reachable)"
+    # The MLflow server and Hugging Face's libraries come from PyPI into virtual environments
+    # (fixtures): every test that needs one, directly or through another fixture.
+    local pypi=
+    if ! ctest --test-dir "$build" --show-only=json-v1 >"$work/tests.json" ||
+      ! pypi=$(python3 "$root/scripts/gpu_figures.py" pypi-tests "$work/tests.json"); then
+      record tests:pypi "could_not_list_the_tests_that_need_PyPI" 1
+      pypi=
+    fi
+    [ -z "$pypi" ] || exclude+="|$pypi"
+    [ -z "$pypi" ] || skip tests:pypi "$(($(echo "$pypi" | tr -cd '|' | wc -c) + 1)) tests need a virtual environment from PyPI (MLflow, Hugging Face's libraries; set TRAINER_GPU_PYPI=1 where PyPI is reachable)"
   fi
   start=$(date +%s)
   bounded 1000000 ctest --test-dir "$build" --output-on-failure -j"$(nproc)" -LE '^cuda$' -E "$exclude" \
     >"$out/test.log" 2>&1 || status=$?
-  figure=$(grep -Eo '[0-9]+% tests passed, [0-9]+ tests failed out of [0-9]+' "$out/test.log" | tail -1 | sed 's/ /_/g')
+  # (No such line when ctest was cut off: grep's status must not end the script under pipefail.)
+  figure=$( (grep -Eo '[0-9]+% tests passed, [0-9]+ tests failed out of [0-9]+' "$out/test.log" || true) | tail -1 |
+    sed 's/ /_/g')
   if [ "$status" -eq 124 ]; then
     # Cut off: how far it got, from ctest's one line per finished test.
     figure="stopped_at_the_deadline_after_$(grep -c ' Passed ' "$out/test.log" || true)_passed_$(grep -Ec '\*\*\*(Failed|Exception|Timeout)' "$out/test.log" || true)_failed"
@@ -345,7 +356,11 @@ case $what in
     build_stage build-for-cuda-tests cuda_tests trainer peer_loop trainer_plugin_console trainer_plugin_mixed_precision \
       trainer_plugin_grad_checkpoint trainer_plugin_oom_backoff trainer_plugin_device_select trainer_plugin_memory_log
     cuda_stage
-    bench_stage
+    if [ "${TRAINER_GPU_BENCH:-1}" = 0 ]; then
+      skip bench "TRAINER_GPU_BENCH=0: the benchmarks' time goes to the suite"
+    else
+      bench_stage
+    fi
     if [ "$(left)" -lt 60 ]; then
       skip build "no time left in the visit"
       skip tests "no time left in the visit"

@@ -12,8 +12,11 @@
                                      measured peak (exit 1 if a cell is off by more than 10 %)
   gpu_figures.py json OUT_DIR        OUT_DIR/figures.json: the machine and every check of
                                      OUT_DIR/summary.txt with its figure
+  gpu_figures.py pypi-tests JSON     `ctest --show-only=json-v1`: a `ctest -E` expression of the
+                                     tests that need a virtual environment from PyPI (the fixtures
+                                     PYPI_FIXTURES set up), directly or through another fixture
 
-Each command but `json` prints one line, the figure, for the summary.
+Each command but `json` and `pypi-tests` prints one line, the figure, for the summary.
 """
 import csv
 import json
@@ -144,9 +147,42 @@ def to_json(out_dir):
         f.write("\n")
 
 
+# The fixtures whose setup installs packages from PyPI into a virtual environment.
+PYPI_FIXTURES = ("hf_venv", "mlflow_venv")
+
+
+def pypi_tests(path):
+    tests = json.load(open(path))["tests"]
+
+    def prop(test, name):
+        for p in test.get("properties", []):
+            if p["name"] == name:
+                return set(p["value"] if isinstance(p["value"], list) else [p["value"]])
+        return set()
+
+    # A test that sets up or needs a fixture that needs PyPI needs it too, and so does every
+    # test of a fixture that test sets up, until nothing changes.
+    needed, names = set(PYPI_FIXTURES), set()
+    changed = True
+    while changed:
+        changed = False
+        for t in tests:
+            if t["name"] in names:
+                continue
+            if (prop(t, "FIXTURES_REQUIRED") | prop(t, "FIXTURES_SETUP") | prop(t, "FIXTURES_CLEANUP")) & needed:
+                names.add(t["name"])
+                needed |= prop(t, "FIXTURES_SETUP")
+                changed = True
+    # ctest's regular expressions take a backslash before a special character.
+    special = set("\\.^$|()[]*+?{}")
+    if not names:
+        return  # nothing to leave out
+    print("^(" + "|".join("".join("\\" + c if c in special else c for c in n) for n in sorted(names)) + ")$")
+
+
 def main():
     commands = {"cuda-tests": cuda_tests, "mem": mem, "peer": peer, "bench": bench, "estimate": estimate,
-                "json": to_json}
+                "json": to_json, "pypi-tests": pypi_tests}
     if len(sys.argv) != 3 or sys.argv[1] not in commands:
         sys.exit(__doc__)
     try:

@@ -87,6 +87,26 @@ class GpuFigures(unittest.TestCase):
         self.assertEqual(self.figure("peer", self.write("p.json", json.dumps(peer))),
                          (0, "trainer_100_samples/s_cpp_125_ratio_0.800"))
 
+    def test_pypi_tests_follow_the_fixtures(self):
+        def test(name, **props):
+            return {"name": name, "properties": [{"name": k, "value": v} for k, v in props.items()]}
+        tests = {"tests": [
+            test("fixture.hf_venv", FIXTURES_SETUP=["hf_venv"], LABELS=["integration"]),
+            test("fixture.hf_models", FIXTURES_SETUP=["hf_models"], FIXTURES_REQUIRED=["hf_venv"]),
+            test("Bert.LoadsTheirWeights", FIXTURES_REQUIRED=["hf_models"]),
+            test("fixture.mlflow_venv", FIXTURES_SETUP=["mlflow_venv"]),
+            test("fixture.mlflow_server_start", FIXTURES_SETUP=["mlflow_server"], FIXTURES_REQUIRED=["mlflow_venv"]),
+            test("fixture.mlflow_server_stop", FIXTURES_CLEANUP=["mlflow_server"]),
+            test("Mlflow.Logs/cpu", FIXTURES_REQUIRED=["mlflow_server"]),
+            test("fixture.torchvision_files", FIXTURES_SETUP=["torchvision_files"]),
+            test("Resnet.Loads", FIXTURES_REQUIRED=["torchvision_files"]),
+            test("Config.Parses", LABELS=["unit"]),
+        ]}
+        code, regex = self.figure("pypi-tests", self.write("t.json", json.dumps(tests)))
+        self.assertEqual(code, 0)
+        self.assertEqual(regex, r"^(Bert\.LoadsTheirWeights|Mlflow\.Logs/cpu|fixture\.hf_models|fixture\.hf_venv|"
+                                r"fixture\.mlflow_server_start|fixture\.mlflow_server_stop|fixture\.mlflow_venv)$")
+
     def test_json_gathers_the_summary(self):
         self.write("summary.txt", "PASS build 51s\nSKIP tests:chromium no headless Chromium\nFAIL cuda-tests 1_skipped\n")
         self.assertEqual(self.figure("json", self.dir.name)[0], 0)

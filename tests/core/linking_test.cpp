@@ -1,7 +1,8 @@
 // Which std::filesystem this program calls. A pip torch's libtorch.so exports a copy of
 // libstdc++'s std::filesystem whose remove_all crashes on a folder that is not empty; the
 // build names the system's libstdc++ first in every program so that its definitions are the
-// ones bound (CMakeLists.txt). Here that is checked where it matters: in a program.
+// ones bound (CMakeLists.txt), by its path: the shared library, also where the toolchain's own
+// folder holds only a static one. Here that is checked where it matters: in a program.
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
@@ -27,6 +28,10 @@ TEST(Linking, StdFilesystemIsTheSystemLibstdcxxsNotLibTorchsCopy) {
   EXPECT_EQ(library.find("libtorch"), std::string::npos)
       << "std::filesystem::remove_all is bound to " << library
       << ": the program names LibTorch before libstdc++ (see CMakeLists.txt)";
+  // The shared libstdc++, not a static copy linked into the program (a toolchain whose own
+  // folder holds only libstdc++.a links that for -lstdc++; then no program names libstdc++).
+  EXPECT_NE(library.find("libstdc++.so"), std::string::npos)
+      << "std::filesystem::remove_all is bound to " << library << ", not to the shared libstdc++";
   // And what that copy gets wrong: a folder with files and a folder in it, removed.
   TempDir tmp;
   write_file(tmp / "a/b/c.txt", "x");

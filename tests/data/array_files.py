@@ -21,22 +21,13 @@ Writes into OUT_DIR:
   bad_*                       broken files for the error tests
 """
 import csv
-import gzip
 import os
 import sys
 
 import numpy as np
 
-
-def fashion_mnist(images, labels, n):
-    root = "/usr/share/datasets/fashion-mnist"
-    if os.environ.get("TRAINER_DATASETS_DIR"):  # where the GPU bundle unpacks Debian's datasets
-        root = os.path.join(os.environ["TRAINER_DATASETS_DIR"], "fashion-mnist")
-    with gzip.open(os.path.join(root, images)) as f:
-        x = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 1, 28, 28)[:n]
-    with gzip.open(os.path.join(root, labels)) as f:
-        y = np.frombuffer(f.read(), np.uint8, offset=8)[:n]
-    return x, y.astype(np.int64)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from fashion_mnist import fashion_mnist  # noqa: E402
 
 
 def normalised(x):
@@ -56,9 +47,8 @@ def write_csv(path, header, rows, delimiter=",", quote=csv.QUOTE_MINIMAL):
 def main(out):
     os.makedirs(out, exist_ok=True)
     p = lambda name: os.path.join(out, name)
-    for split, images, labels, n in (("train", "train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", 512),
-                                     ("test", "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz", 200)):
-        raw, y = fashion_mnist(images, labels, n)
+    for split, stem, n in (("train", "train", 512), ("test", "t10k", 200)):
+        raw, y = fashion_mnist(stem, n)
         x = normalised(raw)
         np.save(p(f"fmnist_{split}_x.npy"), x)
         np.save(p(f"fmnist_{split}_y.npy"), y)

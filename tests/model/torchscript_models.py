@@ -38,14 +38,15 @@ same tensors, the state_dict loads strictly into the Python class, and both comp
 
 Debian's python3-torch (1.13); scripts/install-deps.sh installs it.
 """
-import gzip
 import os
 import sys
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from fashion_mnist import fashion_mnist as read_fashion_mnist  # noqa: E402
 
 STEPS, BATCH, LR, MOMENTUM = 8, 32, 0.02, 0.9
 
@@ -198,15 +199,9 @@ class Learned(nn.Module):
 
 def fashion_mnist(n):
     """The first n training images as trainer's dataset "fashion_mnist" gives them."""
-    root = "/usr/share/datasets/fashion-mnist"
-    if os.environ.get("TRAINER_DATASETS_DIR"):  # where the GPU bundle unpacks Debian's datasets
-        root = os.path.join(os.environ["TRAINER_DATASETS_DIR"], "fashion-mnist")
-    with gzip.open(os.path.join(root, "train-images-idx3-ubyte.gz")) as f:
-        images = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 1, 28, 28)[:n]
-    with gzip.open(os.path.join(root, "train-labels-idx1-ubyte.gz")) as f:
-        labels = np.frombuffer(f.read(), np.uint8, offset=8)[:n]
+    images, labels = read_fashion_mnist("train", n)
     x = torch.from_numpy(images.copy()).to(torch.float32).div_(255.0).sub_(0.2860).div_(0.3530)
-    return x, torch.from_numpy(labels.copy()).to(torch.int64)
+    return x, torch.from_numpy(labels.copy())
 
 
 def train_reference(out, name, model, loss_fn=None):
