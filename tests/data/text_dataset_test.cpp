@@ -2,13 +2,18 @@
 // (tests/text/hf_tokenizers.py), tokenized with tokenizers Hugging Face's libraries wrote, give
 // the batches transformers' tokenizer gives (padding to the longest, truncation, pairs); bad
 // rows are named with file and line or skipped; a model "bert" trains on it, its vocabulary
-// checked against the tokenizer.
+// checked against the tokenizer; training.group_by_length batches its samples by length.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+
+#include <algorithm>
+#include <map>
+#include <vector>
 
 #include "support/test_util.h"
 #include "trainer/data.h"
 #include "trainer/error.h"
+#include "trainer/plugin.h"
 #include "trainer/trainer.h"
 
 namespace trainer {
@@ -242,6 +247,113 @@ TEST_F(TextRuns, ABertFromScratchTrainsOnItWithTheTokenizersVocabulary) {
   const RunResult pad = fit(kRecipe, o, "pad");
   EXPECT_EQ(pad.exit_code, kExitUsage);
   EXPECT_NE(pad.message.find("pad_token_id 0, but the dataset pads with 1"), std::string::npos) << pad.message;
+}
+
+/// The dataset indices of each training micro-batch, by epoch.
+class Batches final : public Plugin {
+ public:
+  std::string name() const override { return "batches"; }
+  std::vector<Event> events() const override { return {Event::BeforeForward}; }
+  void on_event(EventContext& ctx, Control&) override {
+    const at::Tensor idx = ctx.indices->to(at::kLong).contiguous();
+    seen[ctx.state.epoch].emplace_back(idx.data_ptr<std::int64_t>(), idx.data_ptr<std::int64_t>() + idx.numel());
+  }
+  std::map<std::int64_t, std::vector<std::vector<std::int64_t>>> seen;
+};
+
+// training.group_by_length: each epoch visits every sample once, in batches of samples of
+// similar length, the longest batch first, computing fewer padded tokens than the order without
+// grouping; a resume continues the same order, and one that would change it is refused; a
+// dataset without lengths is a usage error.
+TEST_F(TextRuns, GroupedByLengthTheBatchesHoldSimilarLengthsTheLongestFirst) {
+  const std::vector<std::string> data = {"dataset.name=\"text\"",
+                                         "dataset.train=" + quoted(kFixtures + "/texts.csv"),
+                                         "dataset.tokenizer=" + quoted(kFixtures + "/bert_uncased"),
+                                         "dataset.max_length=40",
+                                         "training.batch_size=4",
+                                         "training.epochs=2",
+                                         "eval.every_epochs=0"};
+  const auto ds = text_dataset("train = " + quoted(kFixtures + "/texts.csv") +
+                               "\ntokenizer = " + quoted(kFixtures + "/bert_uncased") + "\nmax_length = 40");
+  const at::Tensor lengths = ds->lengths();
+  ASSERT_EQ(lengths.numel(), 48);
+  const auto length = [&](std::int64_t i) { return lengths[i].item<std::int64_t>(); };
+  const auto computed = [&](const std::vector<std::vector<std::int64_t>>& batches) {
+    std::int64_t tokens = 0;
+    for (const auto& b : batches) {
+      std::int64_t longest = 0;
+      for (auto i : b) longest = std::max(longest, length(i));
+      tokens += longest * static_cast<std::int64_t>(b.size());
+    }
+    return tokens;
+  };
+  // The batches are the dataset's own: each one as wide as its longest sample.
+  EXPECT_EQ(ds->get(at::tensor(std::vector<std::int64_t>{0, 1})).inputs.size(2), std::max(length(0), length(1)));
+
+  std::vector<std::string> o = data;
+  o.push_back("training.group_by_length=true");
+  auto grouped = std::make_shared<Batches>();
+  const RunResult r = fit(kRecipe, o, "grouped", {grouped});
+  ASSERT_EQ(r.exit_code, 0) << r.message;
+  auto plain = std::make_shared<Batches>();
+  ASSERT_EQ(fit(kRecipe, data, "plain", {plain}).exit_code, 0);
+  const std::int64_t longest = lengths.max().item<std::int64_t>();
+  for (std::int64_t epoch : {0, 1}) {
+    const auto& batches = grouped->seen[epoch];
+    ASSERT_EQ(batches.size(), 12u);
+    std::vector<std::int64_t> all, lens;
+    for (const auto& b : batches) {
+      for (auto i : b) {
+        all.push_back(i);
+        lens.push_back(length(i));
+      }
+    }
+    std::sort(all.begin(), all.end());
+    for (std::int64_t i = 0; i < 48; ++i) EXPECT_EQ(all[static_cast<std::size_t>(i)], i);
+    // Groups of 48 / 4 / 4 = 3 batches, each longest first but for its first sample (the
+    // longest of all is swapped into the first batch).
+    EXPECT_EQ(lens.front(), longest);
+    for (std::size_t g = 0; g < 48; g += 12) {
+      EXPECT_TRUE(std::is_sorted(lens.rend() - static_cast<std::ptrdiff_t>(g + 12),
+                                 lens.rend() - static_cast<std::ptrdiff_t>(g + 1)))
+          << "epoch " << epoch << ", the group at " << g;
+    }
+    EXPECT_LT(computed(batches), computed(plain->seen[epoch])) << "epoch " << epoch;
+  }
+  EXPECT_NE(grouped->seen[0], grouped->seen[1]) << "the groups are drawn from each epoch's shuffle";
+
+  // Interrupted after 5 steps and resumed: the same batches as the run without a stop.
+  o = data;
+  o.push_back("training.group_by_length=true");
+  o.push_back("training.max_steps=5");
+  o.push_back("checkpoint.every_steps=5");
+  ASSERT_EQ(fit(kRecipe, o, "part").exit_code, 0);
+  const auto resume = [&](std::vector<std::string> extra, const std::string& name,
+                          const std::shared_ptr<Batches>& seen) {
+    std::vector<std::string> ov = data;
+    ov.insert(ov.end(), extra.begin(), extra.end());
+    TrainerOptions opts = options_for(kRecipe, ov, name, {seen});
+    opts.resume = tmp_ / "part";
+    return Trainer(std::move(opts)).fit();
+  };
+  auto rest = std::make_shared<Batches>();
+  const RunResult resumed = resume({"training.group_by_length=true"}, "resumed", rest);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.message;
+  std::vector<std::vector<std::int64_t>> expected(grouped->seen[0].begin() + 5, grouped->seen[0].end());
+  EXPECT_EQ(rest->seen[0], expected);
+  EXPECT_EQ(rest->seen[1], grouped->seen[1]);
+  const RunResult off = resume({}, "off", std::make_shared<Batches>());
+  EXPECT_EQ(off.exit_code, kExitUsage);
+  EXPECT_NE(off.message.find("training.group_by_length = true there, (not set) now"), std::string::npos) << off.message;
+  const RunResult wider =
+      resume({"training.group_by_length=true", "training.batch_size=8"}, "wider", std::make_shared<Batches>());
+  EXPECT_EQ(wider.exit_code, kExitUsage);
+  EXPECT_NE(wider.message.find("training.batch_size = 4 there, 8 now"), std::string::npos) << wider.message;
+  // Other lengths order the samples otherwise.
+  const RunResult shorter =
+      resume({"training.group_by_length=true", "dataset.max_length=12"}, "shorter", std::make_shared<Batches>());
+  EXPECT_EQ(shorter.exit_code, kExitUsage);
+  EXPECT_NE(shorter.message.find("training sample lengths = "), std::string::npos) << shorter.message;
 }
 
 }  // namespace

@@ -40,6 +40,7 @@ struct TrainingSettings : Settings<TrainingSettings> {
   double grad_clip_norm = 0.0;
   bool shuffle = true;
   bool drop_last = false;
+  bool group_by_length = false;
 
   /// Samples per forward/backward as configured: `micro_batch_size`, where 0 means
   /// `batch_size` and a larger value is clamped to it.
@@ -64,6 +65,8 @@ struct TrainingSettings : Settings<TrainingSettings> {
     s.add(&TrainingSettings::grad_clip_norm, "grad_clip_norm", "Clip the global gradient norm; 0 = off").min(0);
     s.add(&TrainingSettings::shuffle, "shuffle", "Shuffle the training set each epoch (from run.seed)");
     s.add(&TrainingSettings::drop_last, "drop_last", "Drop the last incomplete batch of an epoch");
+    s.add(&TrainingSettings::group_by_length, "group_by_length",
+          "Batch samples of similar length (a text dataset's), longest batch first: less padding");
   }
 };
 

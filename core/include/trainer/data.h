@@ -42,6 +42,10 @@ class TRAINER_API Dataset {
   }
   /// Sample shape and class count.
   virtual DataSpec spec() const = 0;
+  /// Each sample's length ([size()] int64: tokens, for a text dataset), which decides the width
+  /// of the batch it joins: training.group_by_length batches samples of similar length. The
+  /// default, undefined, is a dataset whose samples have no length.
+  virtual at::Tensor lengths() const { return {}; }
 };
 
 /// Builds a dataset split from its config section (`dataset.*`).

@@ -160,6 +160,10 @@ class LimitedDataset final : public Dataset {
     return base_->get_in_epoch(idx, epoch);
   }
   DataSpec spec() const override { return base_->spec(); }
+  at::Tensor lengths() const override {
+    const at::Tensor l = base_->lengths();
+    return l.defined() ? l.narrow(0, 0, n_) : l;
+  }
 
  private:
   std::shared_ptr<Dataset> base_;

@@ -316,6 +316,13 @@ class TextDataset : public Dataset {
     return d;
   }
 
+  at::Tensor lengths() const override {
+    at::Tensor out = at::empty({size()}, at::kLong);
+    std::int64_t* l = out.data_ptr<std::int64_t>();
+    for (std::int64_t i = 0; i < size(); ++i) l[i] = length(i);
+    return out;
+  }
+
   std::int64_t length(std::int64_t i) const {
     return offsets_[static_cast<std::size_t>(i) + 1] - offsets_[static_cast<std::size_t>(i)];
   }

@@ -159,10 +159,31 @@ std::map<std::string, PluginState> read_plugin_states(torch::serialize::InputArc
 
 }  // namespace
 
-DataOrder data_order_of(const Config& cfg, std::int64_t train_samples) {
+DataOrder data_order_of(const Config& cfg, std::int64_t train_samples, const at::Tensor& lengths) {
   DataOrder order;
   for (const char* key : {"run.seed", "training.shuffle", "training.drop_last", "dataset.name", "dataset.limit"}) {
     if (cfg.has(key)) order.emplace_back(key, config_value_to_toml(cfg.value(key)));
+  }
+  // Length groups are 50 batches, so the batch size orders the samples too. Recorded only when
+  // on, so that checkpoints written before the key existed resume as before.
+  if (cfg.has("training.group_by_length") && cfg.get<bool>("training.group_by_length")) {
+    order.emplace_back("training.group_by_length", "true");
+    if (cfg.has("training.batch_size")) {
+      order.emplace_back("training.batch_size", config_value_to_toml(cfg.value("training.batch_size")));
+    }
+    if (lengths.defined()) {  // other lengths (another max_length, tokenizer or file) group otherwise
+      const at::Tensor l = lengths.to(at::kLong).contiguous();
+      const std::int64_t* p = l.data_ptr<std::int64_t>();
+      std::uint64_t hash = 14695981039346656037ULL;  // FNV-1a over the lengths' bytes
+      std::int64_t sum = 0;
+      for (std::int64_t i = 0; i < l.numel(); ++i) {
+        sum += p[i];
+        for (int b = 0; b < 8; ++b) {
+          hash = (hash ^ ((static_cast<std::uint64_t>(p[i]) >> (8 * b)) & 0xffU)) * 1099511628211ULL;
+        }
+      }
+      order.emplace_back("training sample lengths", fmt::format("{} tokens, FNV-1a {:016x}", sum, hash));
+    }
   }
   order.emplace_back("training samples", std::to_string(train_samples));
   return order;

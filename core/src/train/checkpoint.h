@@ -31,10 +31,11 @@ struct RunParts;
 
 /// What decides the order in which a run visits its training samples, as `key`, value text:
 /// run.seed, training.shuffle, training.drop_last, dataset.name, dataset.limit (when the
-/// dataset has it) and the number of training samples. A resume that changed any of them
-/// would skip or repeat samples.
+/// dataset has it), the number of training samples and, when grouping by length,
+/// training.group_by_length, training.batch_size and the samples' `lengths` (their sum and an
+/// FNV-1a hash). A resume that changed any of them would skip or repeat samples.
 using DataOrder = std::vector<std::pair<std::string, std::string>>;
-DataOrder data_order_of(const Config& cfg, std::int64_t train_samples);
+DataOrder data_order_of(const Config& cfg, std::int64_t train_samples, const at::Tensor& lengths);
 
 class Checkpointer {
  public:

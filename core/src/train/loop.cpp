@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "data/epoch_order.h"
 #include "dist/shard.h"
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
@@ -176,11 +177,9 @@ at::Tensor EpochLoop::local(const at::Tensor& batch) const {
 }
 
 at::Tensor EpochLoop::epoch_order(std::int64_t epoch) const {
-  const std::int64_t n = parts_.train_set->size();
-  if (!s_.training.shuffle) return at::arange(n, at::kLong);
-  auto gen = at::detail::createCPUGenerator(static_cast<std::uint64_t>(s_.seed) * 1000003ULL +
-                                            static_cast<std::uint64_t>(epoch));
-  return at::randperm(n, gen, at::TensorOptions(at::kLong));
+  return detail::epoch_order(parts_.train_set->size(), s_.training.shuffle, s_.seed, epoch,
+                             s_.training.group_by_length ? parts_.train_set->lengths() : at::Tensor(),
+                             s_.training.batch_size);
 }
 
 }  // namespace trainer

@@ -13,6 +13,7 @@
 #include <optional>
 #include <thread>
 
+#include "data/epoch_order.h"
 #include "train/checkpoint_files.h"
 #include "train/hooks.h"
 #include "train/memory_format.h"
@@ -219,7 +220,39 @@ void setup_optimizer(RunParts& parts, Hooks& hooks, const Config& cfg) {
   hooks.fire(Event::OptimizerCreated);
 }
 
-void plan_steps(RunParts& parts, RunState& state, const TrainingSettings& training, const Config& cfg) {
+namespace {
+
+/// training.group_by_length: the training set must give each sample's length. Logs the tokens
+/// the first epoch computes per token of its samples, grouped and in the order without grouping.
+void check_length_groups(const Dataset& train, const TrainingSettings& training, std::int64_t seed, const Config& cfg,
+                         spdlog::logger& log) {
+  if (!training.group_by_length) return;
+  const at::Tensor lengths = train.lengths();
+  const std::string dataset = cfg.has("dataset.name") ? cfg.get<std::string>("dataset.name") : std::string("?");
+  TRAINER_CHECK_T(UsageError, lengths.defined(), "training.group_by_length = true: the training set (dataset '",
+                  dataset,
+                  "', as plugins left it) gives no sample lengths; it groups the samples of a dataset that has them "
+                  "(\"text\")");
+  TRAINER_CHECK(lengths.dim() == 1 && lengths.size(0) == train.size(), "dataset '", dataset, "': lengths() gave ",
+                lengths.sizes(), " for ", train.size(), " samples");
+  const at::Tensor plain = detail::epoch_order(train.size(), training.shuffle, seed, 0, {}, training.batch_size);
+  const at::Tensor grouped = detail::group_by_length(plain, lengths, training.batch_size);
+  const auto before = detail::padded_tokens(plain, lengths, training.batch_size);
+  const auto after = detail::padded_tokens(grouped, lengths, training.batch_size);
+  const auto ratio = [](const detail::PaddedTokens& t) {
+    return t.real > 0 ? static_cast<double>(t.computed) / static_cast<double>(t.real) : 1.0;
+  };
+  log.info(
+      "training.group_by_length: batches of samples of similar length, the longest sample in the first; the first "
+      "epoch's batches of {} hold {:.3f} tokens per token of their samples (padding included), {:.3f} without grouping",
+      training.batch_size, ratio(after), ratio(before));
+}
+
+}  // namespace
+
+void plan_steps(RunParts& parts, RunState& state, const TrainingSettings& training, std::int64_t seed,
+                const Config& cfg, spdlog::logger& log) {
+  check_length_groups(*parts.train_set, training, seed, cfg, log);
   state.batch_size = training.batch_size;
   state.micro_batch_size = training.micro_batch();
   state.num_epochs = training.epochs;

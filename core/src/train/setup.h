@@ -110,6 +110,9 @@ void setup_optimizer(RunParts& parts, Hooks& hooks, const Config& cfg);
 
 /// Fills the plan into `state` (batch sizes, steps per epoch, total steps) and builds the LR
 /// schedule ([sched]) over it. Throws UsageError when drop_last leaves no batch.
-void plan_steps(RunParts& parts, RunState& state, const TrainingSettings& training, const Config& cfg);
+/// With training.group_by_length it checks that the training set's samples have lengths and
+/// logs the padding the first epoch's order saves.
+void plan_steps(RunParts& parts, RunState& state, const TrainingSettings& training, std::int64_t seed,
+                const Config& cfg, spdlog::logger& log);
 
 }  // namespace trainer

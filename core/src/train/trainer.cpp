@@ -182,10 +182,11 @@ struct Trainer::Impl {
       log->info("data-parallel: rank {} of {}, global batch {} ({} per rank)", parts.group->rank(), parts.group->size(),
                 settings.training.batch_size, settings.training.batch_size / parts.group->size());
     }
-    plan_steps(parts, state, settings.training, cfg);
+    plan_steps(parts, state, settings.training, settings.seed, cfg, *log);
     const auto loader = LoaderSettings::from(cfg.sub("loader"));
     parts.loader = std::make_shared<BatchLoader>(parts.train_set, loader.workers, loader.prefetch);
-    rooms = std::make_unique<Rooms>(settings, dir->checkpoints(), data_order_of(cfg, parts.train_set->size()), parts,
+    rooms = std::make_unique<Rooms>(settings, dir->checkpoints(),
+                                    data_order_of(cfg, parts.train_set->size(), parts.train_set->lengths()), parts,
                                     state, *hooks, *metrics, *log);
   }
 
