@@ -164,8 +164,8 @@ DataOrder data_order_of(const Config& cfg, std::int64_t train_samples, const at:
   for (const char* key : {"run.seed", "training.shuffle", "training.drop_last", "dataset.name", "dataset.limit"}) {
     if (cfg.has(key)) order.emplace_back(key, config_value_to_toml(cfg.value(key)));
   }
-  // Length groups are 50 batches, so the batch size orders the samples too. Recorded only when
-  // on, so that checkpoints written before the key existed resume as before.
+  // Length groups are counted in batches, so the batch size orders the samples too. Recorded
+  // only when on, so that checkpoints written before the key existed resume as before.
   if (cfg.has("training.group_by_length") && cfg.get<bool>("training.group_by_length")) {
     order.emplace_back("training.group_by_length", "true");
     if (cfg.has("training.batch_size")) {
