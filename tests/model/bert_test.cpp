@@ -4,12 +4,12 @@
 // padded longer computes the same; directories that do not fit are refused with exit-2 errors
 // naming the file and what is allowed.
 #include <gtest/gtest.h>
-#include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/torch.h>
 
 #include <filesystem>
 
 #include "support/forward_squeeze.h"
+#include "support/hf_io.h"
 #include "support/test_util.h"
 #include "trainer/data.h"
 #include "trainer/error.h"
@@ -25,14 +25,7 @@ using testing::read_file;
 const std::string kDir = TRAINER_HF_MODELS;
 
 /// io.pt of a model directory: a dict of tensors.
-std::map<std::string, at::Tensor> io(const std::string& dir) {
-  const std::string bytes = read_file(kDir + "/" + dir + "/io.pt");
-  std::map<std::string, at::Tensor> out;
-  for (const auto& kv : torch::jit::pickle_load(std::vector<char>(bytes.begin(), bytes.end())).toGenericDict()) {
-    out[kv.key().toStringRef()] = kv.value().toTensor();
-  }
-  return out;
-}
+std::map<std::string, at::Tensor> io(const std::string& dir) { return testing::hf_io(kDir + "/" + dir + "/io.pt"); }
 
 std::shared_ptr<Model> bert(const std::string& dir, std::int64_t labels = 3, const std::string& more = "") {
   torch::manual_seed(7);
@@ -40,15 +33,9 @@ std::shared_ptr<Model> bert(const std::string& dir, std::int64_t labels = 3, con
                      DataSpec{{3, 12}, labels});
 }
 
-/// [N, 3, L]: the batch's ids, attention mask and token types, as a text dataset gives them.
-at::Tensor tokens(std::map<std::string, at::Tensor>& b) {
-  return at::stack({b.at("input_ids"), b.at("attention_mask"), b.at("token_type_ids")}, 1);
-}
-
-double max_diff(const at::Tensor& a, const at::Tensor& b) {
-  EXPECT_EQ(a.sizes(), b.sizes());
-  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
-}
+using testing::hf_tokens;
+using testing::max_diff;
+at::Tensor tokens(std::map<std::string, at::Tensor>& b) { return hf_tokens(b); }
 
 /// The UsageError message of building `toml`'s model, "" when it builds.
 std::string refusal(const std::string& toml, const DataSpec& data = DataSpec{{3, 12}, 3}) {

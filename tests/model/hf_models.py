@@ -8,6 +8,8 @@ gradients are deterministic:
   roberta/            RobertaForSequenceClassification, 3 labels
   roberta_model/      RobertaModel (bare names and a pooler) with roberta/'s encoder
   bert_pretraining/   BertForPreTraining (bert.*, cls.predictions.*, cls.seq_relationship.*)
+  bert_mlm/           BertForMaskedLM (bert.* without a pooler, cls.predictions.* without the tied decoder)
+  roberta_mlm/        RobertaForMaskedLM (roberta.*, lm_head.*)
   bad_deberta/        a config.json of model_type deberta-v2
   bad_missing/        bert/ less one tensor of layer 1
   bad_layers/         bert/'s weights with a config.json of 3 layers
@@ -15,11 +17,16 @@ gradients are deterministic:
 and in each good directory io.pt: torch.save of a dict with a batch (input_ids, attention_mask,
 token_type_ids [4, 12], right-padded to lengths 12, 9, 5, 3; labels [4]), the logits in eval
 mode, and the gradients (name -> tensor) of the mean cross-entropy in train mode; for
-bert_pretraining the pooler's output instead of logits and gradients.
+bert_pretraining the pooler's output and the masked-LM logits ("mlm_logits") instead of logits
+and gradients; for the *_mlm models labels [4, 12] (the token ids at 9 positions, -100
+elsewhere), the logits [4, 12, 1000], transformers' masked-LM loss and its gradients. The
+masked-LM and pre-training models have their biases and LayerNorms moved off their initial
+values (0 and 1), so that a head tensor trainer failed to load would show in the logits.
 
 `check MODEL_DIR IO_DIR OUT`: loads MODEL_DIR (what a run exported) with transformers'
-AutoModelForSequenceClassification.from_pretrained and writes its eval-mode logits on IO_DIR's
-io.pt batch to OUT, one number per line, row by row.
+AutoModelForSequenceClassification.from_pretrained (AutoModelForMaskedLM when its config.json
+says *ForMaskedLM) and writes its eval-mode logits on IO_DIR's io.pt batch to OUT, one number
+per line, row by row.
 
 Usage: VENV/bin/python tests/model/hf_models.py write OUT_DIR | check MODEL_DIR IO_DIR OUT
 (VENV from tests/hf/hf_venv.sh)
@@ -32,7 +39,8 @@ import sys
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
-from transformers import (AutoModelForSequenceClassification, BertConfig, BertForPreTraining, BertForSequenceClassification, RobertaConfig,
+from transformers import (AutoModelForMaskedLM, AutoModelForSequenceClassification, BertConfig, BertForMaskedLM,
+                          BertForPreTraining, BertForSequenceClassification, RobertaConfig, RobertaForMaskedLM,
                           RobertaForSequenceClassification, RobertaModel)
 
 SIZES = dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
@@ -53,16 +61,46 @@ def batch(pad, types):
     return ids, mask, tt, torch.tensor([0, 2, 1, 2])
 
 
-def write_io(model, out, pad, types, pooled=False):
+def perturbed(model):
+    """`model` with every bias and LayerNorm parameter moved off its initial 0 or 1: a head tensor
+    that failed to load (and kept trainer's initial value) then changes the logits."""
+    torch.manual_seed(2)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "LayerNorm" in name or "layer_norm" in name:
+                p.add_(0.05 * torch.randn_like(p))
+    return model
+
+
+def mlm_labels(ids):
+    """The ids at 9 attended positions (rows of 12, 9, 5, 3 tokens), -100 elsewhere."""
+    labels = torch.full_like(ids, -100)
+    for row, col in ((0, 0), (0, 5), (0, 11), (1, 2), (1, 8), (2, 1), (2, 3), (2, 4), (3, 1)):
+        labels[row, col] = ids[row, col]
+    return labels
+
+
+def write_io(model, out, pad, types, pooled=False, mlm=False):
     ids, mask, tt, labels = batch(pad, types)
+    if mlm:
+        labels = mlm_labels(ids)
     io = {"input_ids": ids, "attention_mask": mask, "token_type_ids": tt, "labels": labels}
     model.eval()
     with torch.no_grad():
         if pooled:
             io["pooled"] = model.bert(input_ids=ids, attention_mask=mask, token_type_ids=tt).pooler_output
+            io["mlm_logits"] = model(input_ids=ids, attention_mask=mask, token_type_ids=tt).prediction_logits
         else:
             io["logits"] = model(input_ids=ids, attention_mask=mask, token_type_ids=tt).logits
-    if not pooled:
+    if mlm:
+        model.train()
+        model.zero_grad()
+        loss = model(input_ids=ids, attention_mask=mask, token_type_ids=tt, labels=labels).loss
+        loss.backward()
+        io["loss"] = loss.detach()
+        for name, p in model.named_parameters():
+            io["grad." + name] = p.grad.clone()
+    elif not pooled:
         model.train()
         model.zero_grad()
         loss = F.cross_entropy(model(input_ids=ids, attention_mask=mask, token_type_ids=tt).logits, labels)
@@ -93,9 +131,19 @@ def main(out):
     base.save_pretrained(os.path.join(out, "roberta_model"))
 
     torch.manual_seed(0)
-    pre = BertForPreTraining(BertConfig(max_position_embeddings=64, **SIZES))
+    pre = perturbed(BertForPreTraining(BertConfig(max_position_embeddings=64, **SIZES)))
     pre.save_pretrained(os.path.join(out, "bert_pretraining"))
     write_io(pre, os.path.join(out, "bert_pretraining"), 0, True, pooled=True)
+
+    torch.manual_seed(0)
+    mlm = perturbed(BertForMaskedLM(BertConfig(max_position_embeddings=64, **SIZES)))
+    mlm.save_pretrained(os.path.join(out, "bert_mlm"))
+    write_io(mlm, os.path.join(out, "bert_mlm"), 0, True, mlm=True)
+    torch.manual_seed(0)
+    mlm = perturbed(RobertaForMaskedLM(
+        RobertaConfig(max_position_embeddings=66, pad_token_id=1, type_vocab_size=1, layer_norm_eps=1e-5, **SIZES)))
+    mlm.save_pretrained(os.path.join(out, "roberta_mlm"))
+    write_io(mlm, os.path.join(out, "roberta_mlm"), 1, False, mlm=True)
 
     bad = os.path.join(out, "bad_deberta")
     os.makedirs(bad, exist_ok=True)
@@ -117,7 +165,9 @@ def main(out):
 
 
 def check(model_dir, io_dir, out):
-    model = AutoModelForSequenceClassification.from_pretrained(model_dir)
+    with open(os.path.join(model_dir, "config.json")) as f:
+        masked_lm = json.load(f)["architectures"][0].endswith("ForMaskedLM")
+    model = (AutoModelForMaskedLM if masked_lm else AutoModelForSequenceClassification).from_pretrained(model_dir)
     model.eval()
     io = torch.load(os.path.join(io_dir, "io.pt"))
     with torch.no_grad():

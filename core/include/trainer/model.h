@@ -27,6 +27,12 @@ struct DataSpec {
   std::int64_t token_id_limit = 0;
   /// The id its batches are padded with; -1 when it has none (other data).
   std::int64_t pad_token_id = -1;
+  /// Per token: a dataset's spec sets it when its targets are per token (the dataset "text"
+  /// with masked_lm: the hidden tokens [N, L]), which only a task with token_outputs() reads.
+  /// The spec a model is built with sets it when the task wants outputs per token,
+  /// [N, L, num_classes] for inputs of L tokens (Task::token_outputs(): masked language
+  /// modelling), instead of [N, num_classes].
+  bool token_outputs = false;
 };
 
 /// The [model] keys the core reads whatever the model; `name` picks the registry entry, whose

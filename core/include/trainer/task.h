@@ -29,17 +29,34 @@ class TRAINER_API Task {
  public:
   virtual ~Task() = default;
 
-  /// Outputs per sample the model must produce ([N, outputs()] from a batch of N).
+  /// Outputs per sample the model must produce ([N, outputs()] from a batch of N); with
+  /// token_outputs(), per token: [N, L, K] for inputs of L tokens, K at least outputs() (a
+  /// model's vocabulary may hold more ids than its tokenizer gives).
   virtual std::int64_t outputs() const = 0;
+  /// Whether the model's outputs are per token ([N, L, K], e.g. masked language modelling's
+  /// logits over the vocabulary) rather than per sample. The model is told through
+  /// DataSpec::token_outputs. Default false.
+  virtual bool token_outputs() const { return false; }
 
   /// Per-sample losses [N] (float, differentiable) of `outputs` [N, outputs()] against
   /// `targets` as the dataset gives them. The core trains on their mean over the micro-batch,
   /// scaled by its share of the batch, so that micro-batches add up to the batch's mean.
   virtual at::Tensor sample_losses(const at::Tensor& outputs, const at::Tensor& targets) const = 0;
   /// The mean of sample_losses() over the micro-batch (a one-element tensor), what the step
-  /// trains on. A task may compute it in one fused kernel; it must equal that mean.
-  virtual at::Tensor mean_loss(const at::Tensor& outputs, const at::Tensor& targets) const {
-    return sample_losses(outputs, targets).mean();
+  /// trains on. A task may compute it in one fused kernel; it must equal that mean. With
+  /// sample_weights(), the weighted mean: sum of weight × loss over sum of weights (0 when the
+  /// weights add up to 0), which the default computes.
+  virtual at::Tensor mean_loss(const at::Tensor& outputs, const at::Tensor& targets) const;
+  /// Each sample's weight in the batch's loss ([N], integer or float, on the targets' device;
+  /// at least 0), or undefined (the default): every sample weighs 1. With weights, the core
+  /// scales each micro-batch's mean_loss() by its share of the batch's weight instead of its
+  /// share of the samples, so that the batch's loss is its weighted mean however it is split
+  /// into micro-batches (an out-of-memory retry) or ranks. Masked language modelling weighs a
+  /// sample by its masked tokens: the loss is the mean over the batch's masked tokens, as
+  /// transformers computes it over a whole batch.
+  virtual at::Tensor sample_weights(const at::Tensor& targets) const {
+    (void)targets;
+    return {};
   }
 
   /// Width of a training statistics row; names of the training metrics come from train_metrics().
@@ -56,9 +73,10 @@ class TRAINER_API Task {
   virtual std::int64_t eval_width() const = 0;
   /// One row per sample [N, eval_width()], double, on the outputs' device (no gradient).
   virtual at::Tensor eval_rows(const at::Tensor& outputs, const at::Tensor& targets) const = 0;
-  /// The evaluation metrics (without the "eval/" prefix; "loss" is the mean of column 0,
-  /// added by the core) of every evaluated sample's row [n, eval_width()] (CPU, double, in
-  /// sample order).
+  /// The evaluation metrics (without the "eval/" prefix) of every evaluated sample's row
+  /// [n, eval_width()] (CPU, double, in sample order). "loss" is the mean of column 0, which
+  /// the core adds unless the task gives it (a task with sample_weights() gives the weighted
+  /// mean).
   virtual std::map<std::string, double> evaluate(const at::Tensor& rows) const = 0;
 };
 
@@ -68,7 +86,8 @@ class TRAINER_API Task {
 using TaskFactory =
     std::function<std::unique_ptr<Task>(const Config& section, const DataSpec& data, const Batch& probe)>;
 
-/// The process-wide task registry (built-ins: "classification", "multilabel", "regression").
+/// The process-wide task registry (built-ins: "classification", "multilabel", "regression",
+/// "masked_lm").
 TRAINER_API Registry<TaskFactory>& task_registry();
 
 /// Per-sample losses [N] (float, differentiable) of outputs [N, K] against targets.

@@ -1,7 +1,8 @@
 // The dataset "text": texts (and optionally a second text each, a pair) with class labels, from
 // CSV/TSV or JSON Lines files, tokenized once with a tokenizer.json as they are read. A batch is
 // the ids, the attention mask and the token types [N, 3, L], padded to its longest sample (L),
-// with the labels [N]. Bad rows are errors naming the file and line, or skipped and counted.
+// with the labels [N], or, for masked language modelling, the hidden tokens [N, L] (-100 where
+// none is). Bad rows are errors naming the file and line, or skipped and counted.
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -13,6 +14,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -42,6 +44,9 @@ struct TextSettings : Settings<TextSettings> {
   std::vector<std::string> labels;
   std::int64_t max_length = 512;
   std::string bad_rows = "error";
+  bool masked_lm = false;
+  double mlm_probability = 0.15;
+  std::int64_t seed = 0;
 
   static void declare(SettingsSchema<TextSettings>& s) {
     s.add(&TextSettings::train, "train", "The training split's file: CSV, TSV or JSON Lines").required();
@@ -67,6 +72,16 @@ struct TextSettings : Settings<TextSettings> {
           "A row without its columns, with an empty text, text that is not UTF-8 or an unknown label: error (stop, "
           "naming file and line) or skip (leave it out, counted in the log)")
         .choices({"error", "skip"});
+    s.add(&TextSettings::masked_lm, "masked_lm",
+          "Masked language modelling (task.name = \"masked_lm\"): no labels; each sample's targets are the tokens "
+          "BERT's rule hides (mlm_probability of its tokens other than the special ones: 80 % become the mask "
+          "token, 10 % a random token, 10 % stay), drawn anew each epoch from (seed, epoch, sample); the test "
+          "split's are drawn once");
+    s.add(&TextSettings::mlm_probability, "mlm_probability", "With masked_lm: the share of tokens hidden")
+        .min(0, false)
+        .max(1, false);
+    s.add(&TextSettings::seed, "seed", "With masked_lm: the seed of the masks (with the epoch and the sample's index)")
+        .min(0);
   }
 };
 
@@ -104,7 +119,7 @@ std::vector<Row> read_csv_rows(const std::string& text, char delim, const TextSe
                     delim == ',' && columns.size() == 1 ? " (one column: is it a TSV file? dataset.format)" : "");
     return it - columns.begin();
   };
-  const std::int64_t t = index_of(s.text, "text"), l = index_of(s.label, "label");
+  const std::int64_t t = index_of(s.text, "text"), l = s.masked_lm ? -1 : index_of(s.label, "label");
   const std::int64_t p = s.text_pair.empty() ? -1 : index_of(s.text_pair, "text_pair");
   std::vector<Row> rows;
   rows.reserve(records.size() - 1);
@@ -117,8 +132,10 @@ std::vector<Row> read_csv_rows(const std::string& text, char delim, const TextSe
     } else {
       row.text = std::move(fields[static_cast<std::size_t>(t)]);
       if (p >= 0) row.pair = std::move(fields[static_cast<std::size_t>(p)]);
-      row.label = trimmed(fields[static_cast<std::size_t>(l)]);
-      row.label_is_integer = is_index(row.label);
+      if (l >= 0) {
+        row.label = trimmed(fields[static_cast<std::size_t>(l)]);
+        row.label_is_integer = is_index(row.label);
+      }
     }
     rows.push_back(std::move(row));
   }
@@ -165,7 +182,7 @@ std::vector<Row> read_jsonl_rows(const std::string& text, const TextSettings& s)
     };
     row.problem = string_of(s.text, row.text);
     if (row.problem.empty() && !s.text_pair.empty()) row.problem = string_of(s.text_pair, row.pair);
-    if (row.problem.empty()) {
+    if (row.problem.empty() && !s.masked_lm) {
       const auto it = j.find(s.label);
       if (it == j.end()) {
         row.problem = fmt::format("no key '{}'", s.label);
@@ -265,46 +282,47 @@ Classes classes_of(const TextSettings& s, const std::vector<Row>& train_rows, co
   return c;
 }
 
+/// dataset.masked_lm: BERT's masking rule (transformers' DataCollatorForLanguageModeling).
+struct Masking {
+  double probability = 0.15;
+  std::uint64_t seed = 0;
+  std::int64_t mask_id = 0;
+  std::int64_t vocab = 0;  ///< a random replacement is below this (the tokenizer's id limit)
+};
+
+/// The masks of evaluation (get()): drawn once, the same at every evaluation.
+constexpr std::uint64_t kEvalMasks = ~std::uint64_t{0};
+
+/// One random stream per (seed, epoch, sample): splitmix64's finaliser over the three.
+std::uint64_t mask_stream(std::uint64_t seed, std::uint64_t epoch, std::uint64_t index) {
+  std::uint64_t z = seed * 0x9E3779B97F4A7C15ULL ^ (epoch + 0x632BE59BD9B4E019ULL) * 0xBF58476D1CE4E5B9ULL ^
+                    (index + 0x8CB92BA72F3D8DD7ULL) * 0x94D049BB133111EBULL;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
 class TextDataset : public Dataset {
  public:
-  TextDataset(std::vector<std::int32_t> ids, std::vector<std::uint8_t> types, std::vector<std::int64_t> offsets,
-              std::vector<std::int64_t> labels, std::int64_t classes, std::int64_t pad, std::int64_t id_limit,
-              std::int64_t longest)
+  TextDataset(std::vector<std::int32_t> ids, std::vector<std::uint8_t> types, std::vector<std::uint8_t> special,
+              std::vector<std::int64_t> offsets, std::vector<std::int64_t> labels, std::int64_t classes,
+              std::int64_t pad, std::int64_t id_limit, std::int64_t longest, std::optional<Masking> masking)
       : ids_(std::move(ids)),
         types_(std::move(types)),
+        special_(std::move(special)),
         offsets_(std::move(offsets)),
         labels_(std::move(labels)),
         classes_(classes),
         pad_(pad),
         id_limit_(id_limit),
-        longest_(longest) {}
+        longest_(longest),
+        masking_(masking) {}
 
   std::int64_t size() const override { return static_cast<std::int64_t>(labels_.size()); }
 
-  Batch get(const at::Tensor& indices) const override {
-    const auto idx = indices.to(at::kLong).contiguous();
-    const auto* ix = idx.data_ptr<std::int64_t>();
-    const std::int64_t n = idx.numel();
-    std::int64_t width = 0;
-    for (std::int64_t k = 0; k < n; ++k) {
-      TRAINER_CHECK(ix[k] >= 0 && ix[k] < size(), "text dataset: sample ", ix[k], " of ", size());
-      width = std::max(width, length(ix[k]));
-    }
-    at::Tensor inputs = at::zeros({n, 3, width}, at::kLong);
-    at::Tensor targets = at::empty({n}, at::kLong);
-    auto in = inputs.accessor<std::int64_t, 3>();
-    auto* y = targets.data_ptr<std::int64_t>();
-    for (std::int64_t k = 0; k < n; ++k) {
-      const std::int64_t from = offsets_[static_cast<std::size_t>(ix[k])], len = length(ix[k]);
-      for (std::int64_t t = 0; t < width; ++t) {
-        const bool token = t < len;
-        in[k][0][t] = token ? ids_[static_cast<std::size_t>(from + t)] : pad_;
-        in[k][1][t] = token ? 1 : 0;
-        in[k][2][t] = token ? types_[static_cast<std::size_t>(from + t)] : 0;
-      }
-      y[k] = labels_[static_cast<std::size_t>(ix[k])];
-    }
-    return {inputs, targets};
+  Batch get(const at::Tensor& indices) const override { return read(indices, kEvalMasks); }
+  Batch get_in_epoch(const at::Tensor& indices, std::int64_t epoch) const override {
+    return read(indices, static_cast<std::uint64_t>(epoch));
   }
 
   DataSpec spec() const override {
@@ -313,6 +331,7 @@ class TextDataset : public Dataset {
     d.num_classes = classes_;
     d.token_id_limit = id_limit_;
     d.pad_token_id = pad_;
+    d.token_outputs = masking_.has_value();  // the targets are the hidden tokens [N, L]
     return d;
   }
 
@@ -328,11 +347,67 @@ class TextDataset : public Dataset {
   }
 
  private:
+  /// The samples at `indices`, padded to the longest; with masking, the masks of `epoch`.
+  Batch read(const at::Tensor& indices, std::uint64_t epoch) const {
+    const auto idx = indices.to(at::kLong).contiguous();
+    const auto* ix = idx.data_ptr<std::int64_t>();
+    const std::int64_t n = idx.numel();
+    std::int64_t width = 0;
+    for (std::int64_t k = 0; k < n; ++k) {
+      TRAINER_CHECK(ix[k] >= 0 && ix[k] < size(), "text dataset: sample ", ix[k], " of ", size());
+      width = std::max(width, length(ix[k]));
+    }
+    at::Tensor inputs = at::zeros({n, 3, width}, at::kLong);
+    at::Tensor targets = masking_ ? at::full({n, width}, -100, at::kLong) : at::empty({n}, at::kLong);
+    auto in = inputs.accessor<std::int64_t, 3>();
+    for (std::int64_t k = 0; k < n; ++k) {
+      const std::int64_t from = offsets_[static_cast<std::size_t>(ix[k])], len = length(ix[k]);
+      for (std::int64_t t = 0; t < width; ++t) {
+        const bool token = t < len;
+        in[k][0][t] = token ? ids_[static_cast<std::size_t>(from + t)] : pad_;
+        in[k][1][t] = token ? 1 : 0;
+        in[k][2][t] = token ? types_[static_cast<std::size_t>(from + t)] : 0;
+      }
+      if (!masking_) targets.data_ptr<std::int64_t>()[k] = labels_[static_cast<std::size_t>(ix[k])];
+    }
+    if (masking_) mask(inputs, targets, ix, epoch);
+    return {inputs, targets};
+  }
+
+  /// BERT's rule, as transformers' DataCollatorForLanguageModeling draws it: each token that is
+  /// not special is chosen with the probability; a chosen token's target is its id, and it
+  /// becomes the mask token (80 %), a random id (10 %) or stays (10 %). Draws come from the
+  /// sample's own stream, so a batch is the same whichever worker reads it, in whatever batch.
+  void mask(at::Tensor& inputs, at::Tensor& targets, const std::int64_t* ix, std::uint64_t epoch) const {
+    auto in = inputs.accessor<std::int64_t, 3>();
+    auto y = targets.accessor<std::int64_t, 2>();
+    const auto uniform = [](std::mt19937_64& g) { return static_cast<double>(g() >> 11) * 0x1.0p-53; };
+    for (std::int64_t k = 0; k < inputs.size(0); ++k) {
+      std::mt19937_64 rng(mask_stream(masking_->seed, epoch, static_cast<std::uint64_t>(ix[k])));
+      const std::int64_t from = offsets_[static_cast<std::size_t>(ix[k])], len = length(ix[k]);
+      for (std::int64_t t = 0; t < len; ++t) {
+        if (special_[static_cast<std::size_t>(from + t)] != 0) continue;
+        if (uniform(rng) >= masking_->probability) continue;
+        y[k][t] = in[k][0][t];
+        const double how = uniform(rng);
+        if (how < 0.8) {
+          in[k][0][t] = masking_->mask_id;
+        } else if (how < 0.9) {
+          // Multiply-shift: a uniform id below vocab from 64 random bits, the same on every machine.
+          in[k][0][t] = static_cast<std::int64_t>(
+              (static_cast<unsigned __int128>(rng()) * static_cast<std::uint64_t>(masking_->vocab)) >> 64);
+        }
+      }
+    }
+  }
+
   std::vector<std::int32_t> ids_;
   std::vector<std::uint8_t> types_;
+  std::vector<std::uint8_t> special_;  ///< with masking: 1 where the tokenizer added a special token
   std::vector<std::int64_t> offsets_;  ///< sample i's tokens: [offsets_[i], offsets_[i + 1])
-  std::vector<std::int64_t> labels_;
+  std::vector<std::int64_t> labels_;   ///< 0 each with masking
   std::int64_t classes_, pad_, id_limit_, longest_;
+  std::optional<Masking> masking_;
 };
 
 std::string tokenizer_file(const std::string& setting) {
@@ -361,12 +436,24 @@ std::shared_ptr<Dataset> text_dataset(const TextSettings& s, Split split) {
   TRAINER_CHECK_T(UsageError, s.max_length > room, "dataset.max_length = ", s.max_length,
                   " leaves no room for text beside the ", room, " special tokens ", tok_file, " adds");
 
+  std::optional<Masking> masking;
+  if (s.masked_lm) {
+    const auto mask = tok.mask_id();
+    TRAINER_CHECK_T(UsageError, mask.has_value(), tok_file,
+                    ": no mask token ([MASK] or <mask>), which dataset.masked_lm = true puts in place of the tokens "
+                    "it hides");
+    TRAINER_CHECK_T(UsageError, s.labels.empty(), "dataset.labels names classes; dataset.masked_lm = true has none");
+    masking = Masking{s.mlm_probability, static_cast<std::uint64_t>(s.seed), *mask, tok.id_limit()};
+  }
   std::vector<Row> rows = read_rows(s, path, key);
-  const Classes classes = classes_of(s, split == Split::Train ? rows : read_rows(s, s.train, "dataset.train"), s.train);
-  TRAINER_CHECK_T(UsageError, classes.count >= 1, "dataset.train = \"", s.train, "\": no labelled rows");
+  Classes classes;
+  if (!s.masked_lm) {
+    classes = classes_of(s, split == Split::Train ? rows : read_rows(s, s.train, "dataset.train"), s.train);
+    TRAINER_CHECK_T(UsageError, classes.count >= 1, "dataset.train = \"", s.train, "\": no labelled rows");
+  }
 
   std::vector<std::int32_t> ids;
-  std::vector<std::uint8_t> types;
+  std::vector<std::uint8_t> types, special;
   std::vector<std::int64_t> offsets{0}, labels;
   std::int64_t skipped = 0, longest = 0, cut = 0;
   std::string first_skipped;
@@ -374,7 +461,9 @@ std::shared_ptr<Dataset> text_dataset(const TextSettings& s, Split split) {
     if (r.problem.empty()) r.problem = text_problem(r.text, s.text);
     if (r.problem.empty() && !s.text_pair.empty()) r.problem = text_problem(r.pair, s.text_pair);
     std::optional<std::int64_t> label;
-    if (r.problem.empty()) {
+    if (s.masked_lm) {
+      label = 0;
+    } else if (r.problem.empty()) {
       label = classes.of(r);
       if (!label) r.problem = fmt::format("the label '{}' is not a class ({})", shown(r.label), classes.described);
     }
@@ -398,6 +487,7 @@ std::shared_ptr<Dataset> text_dataset(const TextSettings& s, Split split) {
     for (std::size_t k = 0; k < e.ids.size(); ++k) {
       ids.push_back(static_cast<std::int32_t>(e.ids[k]));
       types.push_back(static_cast<std::uint8_t>(std::min<std::int64_t>(e.type_ids[k], 255)));
+      if (masking) special.push_back(e.special_mask[k]);
     }
     offsets.push_back(static_cast<std::int64_t>(ids.size()));
     longest = std::max(longest, static_cast<std::int64_t>(e.ids.size()));
@@ -409,17 +499,24 @@ std::shared_ptr<Dataset> text_dataset(const TextSettings& s, Split split) {
                            skipped, skipped == 1 ? "" : "s", first_skipped, skipped > 3 ? "; ..." : "");
   }
   TRAINER_CHECK_T(UsageError, !labels.empty(), where, ": no rows", skipped > 0 ? " left after the bad ones" : "");
+  std::string masked;
+  if (masking) {
+    const auto chosen = std::count(special.begin(), special.end(), std::uint8_t{0});
+    masked = fmt::format("; masked language modelling: {:g} % of the {} tokens that are not special hidden{}",
+                         100 * s.mlm_probability, chosen,
+                         split == Split::Test ? " (drawn once)" : ", drawn anew each epoch");
+  }
   // The lengths, which decide the memory of a step: the longest of a batch is its width.
   std::vector<std::int64_t> lengths(labels.size());
   for (std::size_t i = 0; i < lengths.size(); ++i) lengths[i] = offsets[i + 1] - offsets[i];
   std::sort(lengths.begin(), lengths.end());
   default_logger()->info(
       "dataset text: {}: {} samples, {} tokens, {} classes; lengths {} to {} (median {}, 99th percentile {}); {} cut "
-      "to max_length {}",
+      "to max_length {}{}",
       where, labels.size(), ids.size(), classes.count, lengths.front(), lengths.back(), lengths[lengths.size() / 2],
-      lengths[std::min(lengths.size() - 1, lengths.size() * 99 / 100)], cut, s.max_length);
-  return std::make_shared<TextDataset>(std::move(ids), std::move(types), std::move(offsets), std::move(labels),
-                                       classes.count, *pad, tok.id_limit(), longest);
+      lengths[std::min(lengths.size() - 1, lengths.size() * 99 / 100)], cut, s.max_length, masked);
+  return std::make_shared<TextDataset>(std::move(ids), std::move(types), std::move(special), std::move(offsets),
+                                       std::move(labels), classes.count, *pad, tok.id_limit(), longest, masking);
 }
 
 }  // namespace
@@ -432,7 +529,7 @@ void add_text_dataset(Registry<DatasetFactory>& r) {
       },
       TextSettings::keys(),
       "Texts (or pairs) with class labels in CSV, TSV or JSON Lines, tokenized with a tokenizer.json; batches padded "
-      "to their longest");
+      "to their longest; or texts whose tokens BERT's masking hides (masked_lm)");
 }
 
 }  // namespace trainer::detail

@@ -33,7 +33,7 @@ class CommTimer {
 RankGroupSync::RankGroupSync(ProcessGroup& group, Model& model, std::int64_t stats_width, std::int64_t bucket_bytes,
                              bool overlap, bool plugins_change_gradients, OomRecovery& oom, TrainMetrics& metrics,
                              spdlog::logger& log)
-    : group_(group), model_(model), oom_(oom), metrics_(metrics), log_(log) {
+    : group_(group), model_(model), oom_(oom), metrics_(metrics), log_(log), stats_width_(stats_width) {
   // A plugin handling AfterBackward may change the gradients there (mixed_precision unscales
   // them), after an overlapped all-reduce would have sent them: then it waits for the
   // backward's end.
@@ -44,7 +44,9 @@ RankGroupSync::RankGroupSync(ProcessGroup& group, Model& model, std::int64_t sta
     overlap = false;
   }
   overlap = group_.all_reduce_max(overlap ? 0 : 1) == 0;
-  grads_ = std::make_unique<GradientSync>(group_, model_.parameters(), bucket_bytes, overlap, stats_width);
+  // The task's statistics, then the sample weight and whether the task weighs (a rank without
+  // samples cannot tell).
+  grads_ = std::make_unique<GradientSync>(group_, model_.parameters(), bucket_bytes, overlap, stats_width + 2);
   log_.info("gradients: {} bucket{} of up to {:g} MiB{}", grads_->num_buckets(), grads_->num_buckets() == 1 ? "" : "s",
             static_cast<double>(bucket_bytes) / (1 << 20),
             overlap ? ", each all-reduced inside the backward once its gradients are complete (from the second step)"
@@ -71,7 +73,7 @@ std::int64_t RankGroupSync::attempt_samples(std::int64_t, std::int64_t global) c
 
 void RankGroupSync::before_last_backward() { grads_->arm(); }
 
-StepTotals RankGroupSync::gradients(const std::function<StepTotals()>& local) {
+StepTotals RankGroupSync::gradients(const std::function<StepTotals()>& local, std::int64_t global_samples) {
   // The local half: this rank's forward and backward, its gradients into the buckets. An
   // out-of-memory error here is held until every rank has said how its half went: then all
   // drop the attempt together, and none is left waiting in an all-reduce.
@@ -96,8 +98,11 @@ StepTotals RankGroupSync::gradients(const std::function<StepTotals()>& local) {
     grads_->abandon();
   }
   CommTimer timer(metrics_);
-  const auto agreed =
-      grads_->agree(mine.loss, mine.stats, mine.skip, failed ? oom_phase_info(failed->phase).wire_code : 0);
+  std::vector<double> stats = mine.stats;
+  stats.resize(static_cast<std::size_t>(stats_width_), 0.0);  // a rank without samples has none
+  stats.push_back(mine.weight);
+  stats.push_back(mine.weighted ? 1.0 : 0.0);
+  auto agreed = grads_->agree(mine.loss, stats, mine.skip, failed ? oom_phase_info(failed->phase).wire_code : 0);
   if (agreed.failed_rank >= 0) {
     grads_->wait_started();
     throw_ranks_out_of_memory(failed, agreed.failed_rank, oom_phase_of_wire(agreed.failed_phase));
@@ -108,10 +113,22 @@ StepTotals RankGroupSync::gradients(const std::function<StepTotals()>& local) {
               grads_->started_in_backward(), grads_->num_buckets());
   }
   // Every rank steps with the global batch's mean gradient (each loss was divided by the
-  // global batch), and reports the global batch's loss.
+  // global batch), and reports the global batch's loss. With sample weights each loss was
+  // divided by weight_denominator() (the global batch's samples times the last weight per
+  // sample, the same on every rank): the sums are scaled to the global weight, known now.
+  const bool weighted = agreed.stats.back() > 0;
+  agreed.stats.pop_back();
+  const double weight = agreed.stats.back();
+  agreed.stats.pop_back();
+  double scale = 1.0;
+  if (weighted && weight > 0) {
+    scale = weight_denominator(0.0, global_samples) / weight;
+    weight_per_sample_ = weight / static_cast<double>(global_samples);
+  }
+  agreed.loss *= scale;
   {
     const auto t0 = TrainMetrics::Clock::now();
-    grads_->reduce(1.0);
+    grads_->reduce(scale);
     metrics_.add_all_reduce(std::chrono::duration<double>(TrainMetrics::Clock::now() - t0).count());
   }
   if (grads_->regraded() && !regraded_reported_) {

@@ -29,14 +29,18 @@ class RankGroupSync final : public StepSync {
   /// `overlap`: start the buckets' all-reduce inside the backward; turned off (and logged) when
   /// `plugins_change_gradients` (a plugin handles AfterBackward, after an overlapped all-reduce
   /// would have sent them). The ranks agree on it, so that they all start the same collectives.
-  /// `stats_width`: the task's training statistics summed over the ranks (Task::train_width()).
+  /// `stats_width`: the task's training statistics summed over the ranks (Task::train_width());
+  /// the agreement also sums each rank's sample weight (Task::sample_weights).
   RankGroupSync(ProcessGroup& group, Model& model, std::int64_t stats_width, std::int64_t bucket_bytes, bool overlap,
                 bool plugins_change_gradients, OomRecovery& oom, TrainMetrics& metrics, spdlog::logger& log);
   ~RankGroupSync() override;
 
   BatchPlan start_batch(bool skip, std::int64_t micro_batch) override;
   std::int64_t attempt_samples(std::int64_t local, std::int64_t global) const override;
-  StepTotals gradients(const std::function<StepTotals()>& local) override;
+  StepTotals gradients(const std::function<StepTotals()>& local, std::int64_t global_samples) override;
+  double weight_denominator(double, std::int64_t global_samples) const override {
+    return static_cast<double>(global_samples) * weight_per_sample_;
+  }
   void before_last_backward() override;
   bool before_step(const std::function<bool()>& local) override;
   ProcessGroup* ranks() override { return &group_; }
@@ -55,6 +59,10 @@ class RankGroupSync final : public StepSync {
   OomRecovery& oom_;
   TrainMetrics& metrics_;
   spdlog::logger& log_;
+  std::int64_t stats_width_;
+  /// A weighted task: the global batch's weight per sample at the last agreement (1 before the
+  /// first). Every rank holds the same, so it is the ranks' common denominator.
+  double weight_per_sample_ = 1.0;
   std::unique_ptr<GradientSync> grads_;  ///< the gradients' buckets
   bool overlap_reported_ = false;        ///< the first overlapped step was logged
   bool regraded_reported_ = false;       ///< a bucket reduced again was logged

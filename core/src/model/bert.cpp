@@ -1,7 +1,7 @@
 // BERT (Devlin et al., 2019) and RoBERTa (Liu et al., 2019) as Hugging Face's transformers
-// 4.x builds them for sequence classification: the parameter names, the shapes, the order of the
-// operations (so that its weights load name for name and the logits agree to float rounding)
-// and the initialisation of a model trained from scratch.
+// 4.x builds them for sequence classification and for masked language modelling: the parameter
+// names, the shapes, the order of the operations (so that its weights load name for name and
+// the logits agree to float rounding) and the initialisation of a model trained from scratch.
 #include "model/bert.h"
 
 #include <ATen/ATen.h>
@@ -65,6 +65,7 @@ class Embedding final : public torch::nn::Module {
     if (padding_idx_ >= 0 && padding_idx_ < n) weight_[padding_idx_].zero_();
   }
   at::Tensor forward(const at::Tensor& ids) { return at::embedding(weight_, ids, padding_idx_); }
+  const at::Tensor& weight() const { return weight_; }
 
  private:
   std::int64_t padding_idx_;
@@ -103,6 +104,8 @@ class Embeddings final : public torch::nn::Module {
     h = h + position_->forward(positions);
     return at::dropout(norm_->forward(h), a_.hidden_dropout, is_training());
   }
+  /// The word embeddings [vocab, hidden], which a masked-LM head's decoder shares.
+  const at::Tensor& words() const { return word_->weight(); }
 
  private:
   BertArch a_;
@@ -211,17 +214,18 @@ class EncoderLayer final : public Block {
   std::shared_ptr<DenseNorm> output_;
 };
 
-/// BertModel / RobertaModel: embeddings, encoder.layer.<i>, and (BERT) the pooler.
+/// BertModel / RobertaModel: embeddings, encoder.layer.<i>, and (BERT for sequence
+/// classification) the pooler.
 class Backbone final : public torch::nn::Module {
  public:
-  explicit Backbone(const BertArch& a) : context_(std::make_shared<LayerContext>()) {
+  Backbone(const BertArch& a, bool pooler) : context_(std::make_shared<LayerContext>()) {
     embeddings_ = register_module("embeddings", std::make_shared<Embeddings>(a));
     auto encoder = register_module("encoder", std::make_shared<torch::nn::Module>());
     auto layers = encoder->register_module("layer", std::make_shared<torch::nn::Module>());
     for (std::int64_t i = 0; i < a.layers; ++i) {
       blocks_.push_back(layers->register_module(std::to_string(i), std::make_shared<EncoderLayer>(a, context_)));
     }
-    if (a.layout == "bert") {
+    if (pooler) {
       auto pooler = register_module("pooler", std::make_shared<torch::nn::Module>());
       pooler_ = pooler->register_module("dense", linear(a.hidden, a.hidden, a.init_range));
     }
@@ -240,6 +244,7 @@ class Backbone final : public torch::nn::Module {
   at::Tensor pool(const at::Tensor& hidden) { return at::tanh(pooler_->forward(hidden.select(1, 0))); }
 
   const std::vector<std::shared_ptr<Block>>& blocks() const { return blocks_; }
+  const at::Tensor& words() const { return embeddings_->words(); }
 
  private:
   std::shared_ptr<LayerContext> context_;
@@ -248,12 +253,47 @@ class Backbone final : public torch::nn::Module {
   std::shared_ptr<Linear> pooler_;
 };
 
+/// The masked-LM head: BertLMPredictionHead (cls.predictions: transform.dense, the activation,
+/// transform.LayerNorm, then the decoder) or RobertaLMHead (lm_head: dense, gelu, layer_norm,
+/// the decoder). The decoder's weight is the word embeddings (tied, as transformers ties them:
+/// one tensor, which its files leave out), its bias the head's "bias".
+class MaskedLmHead final : public torch::nn::Module {
+ public:
+  explicit MaskedLmHead(const BertArch& a) : act_(a.layout == "bert" ? a.act : "gelu") {
+    const bool bert = a.layout == "bert";
+    torch::nn::Module& outer = bert ? *register_module("transform", std::make_shared<torch::nn::Module>()) : *this;
+    dense_ = outer.register_module("dense", linear(a.hidden, a.hidden, a.init_range));
+    norm_ = outer.register_module(bert ? "LayerNorm" : "layer_norm", std::make_shared<LayerNorm>(a.hidden, a.eps));
+    bias_ = register_parameter("bias", at::zeros({a.vocab}));
+  }
+  /// Logits over the vocabulary [N, L, vocab] of the hidden states [N, L, hidden].
+  at::Tensor forward(const at::Tensor& hidden, const at::Tensor& words) {
+    return at::linear(norm_->forward(activation(act_, dense_->forward(hidden))), words, bias_);
+  }
+
+ private:
+  std::string act_;
+  std::shared_ptr<Linear> dense_;
+  std::shared_ptr<LayerNorm> norm_;
+  at::Tensor bias_;
+};
+
 class Bert final : public Model {
  public:
   /// `config`: the config.json the architecture came from (null when from the recipe's keys).
-  Bert(const BertArch& a, std::int64_t labels, Json config) : a_(a), labels_(labels), config_(std::move(config)) {
-    backbone_ = register_module(a.layout, std::make_shared<Backbone>(a));
-    if (a.layout == "bert") {
+  /// `masked_lm`: the masked-LM head (BertForMaskedLM, RobertaForMaskedLM) in place of the
+  /// sequence classifier; `labels` is then unused.
+  Bert(const BertArch& a, std::int64_t labels, Json config, bool masked_lm)
+      : a_(a), labels_(labels), masked_lm_(masked_lm), config_(std::move(config)) {
+    backbone_ = register_module(a.layout, std::make_shared<Backbone>(a, a.layout == "bert" && !masked_lm));
+    if (masked_lm) {
+      if (a.layout == "bert") {
+        auto cls = register_module("cls", std::make_shared<torch::nn::Module>());
+        lm_head_ = cls->register_module("predictions", std::make_shared<MaskedLmHead>(a));
+      } else {
+        lm_head_ = register_module("lm_head", std::make_shared<MaskedLmHead>(a));
+      }
+    } else if (a.layout == "bert") {
       head_ = register_module("classifier", linear(a.hidden, labels, a.init_range));
     } else {
       // RobertaClassificationHead: dense -> tanh -> out_proj on the first token.
@@ -267,7 +307,7 @@ class Bert final : public Model {
   /// config.json for transformers: the one the model came from, with this model's sizes, labels
   /// and dtype.
   nlohmann::json hf_config() const {
-    return detail::bert_hf_config(a_, labels_, config_, parameters()[0].scalar_type());
+    return detail::bert_hf_config(a_, masked_lm_ ? -1 : labels_, config_, parameters()[0].scalar_type());
   }
 
   /// Whether the parameters are the architecture's own (no adapter added since it was built).
@@ -277,13 +317,27 @@ class Bert final : public Model {
     return names == base_names_;
   }
 
-  at::Tensor forward(const at::Tensor& input) override { return head_->forward(features(input)); }
+  /// Logits [N, labels], or with the masked-LM head over the vocabulary per token [N, L', vocab]
+  /// (L': up to the batch's last attended token).
+  at::Tensor forward(const at::Tensor& input) override {
+    if (lm_head_) {
+      const Tokens t = tokens(input);
+      return lm_head_->forward(backbone_->forward(t.ids, t.mask, t.types), backbone_->words());
+    }
+    return head_->forward(features(input));
+  }
 
-  std::string head_name() const override { return a_.layout == "bert" ? "classifier" : "classifier.out_proj"; }
+  /// The sequence classifier's last layer; none for the masked-LM head (its decoder is the
+  /// embeddings).
+  std::string head_name() const override {
+    if (lm_head_) return {};
+    return a_.layout == "bert" ? "classifier" : "classifier.out_proj";
+  }
 
   /// The head's input: BERT's pooled first token, RoBERTa's classifier.dense output (after
   /// their dropouts).
   at::Tensor features(const at::Tensor& input) override {
+    if (lm_head_) return Model::features(input);  // no linear head to probe
     const Tokens t = tokens(input);
     const at::Tensor h = backbone_->forward(t.ids, t.mask, t.types);
     const double p = a_.classifier_dropout;
@@ -345,11 +399,13 @@ class Bert final : public Model {
 
   BertArch a_;
   std::int64_t labels_;
+  bool masked_lm_;
   Json config_;
   std::set<std::string> base_names_;
   std::shared_ptr<Backbone> backbone_;
   std::shared_ptr<Linear> dense_;  ///< RoBERTa's classifier.dense
   std::shared_ptr<Linear> head_;
+  std::shared_ptr<MaskedLmHead> lm_head_;
 };
 
 }  // namespace
@@ -374,6 +430,12 @@ std::shared_ptr<Model> make_bert(const Config& section, const DataSpec& data) {
                     "\", whose config.json gives the architecture; leave it "
                     "at its default");
     detail::BertConfigFile file = detail::read_bert_config((fs::path(s.path) / "config.json").string());
+    TRAINER_CHECK_T(
+        UsageError,
+        !data.token_outputs || !file.json.contains("tie_word_embeddings") || file.json["tie_word_embeddings"] != false,
+        s.path,
+        "/config.json: tie_word_embeddings is false; trainer's masked-LM head decodes with the word "
+        "embeddings (tied, as BERT and RoBERTa are published)");
     a = file.arch;
     config = std::move(file.json);
   }
@@ -389,6 +451,9 @@ std::shared_ptr<Model> make_bert(const Config& section, const DataSpec& data) {
   TRAINER_CHECK_T(UsageError, data.pad_token_id < 0 || data.pad_token_id == a.pad, "model 'bert': ", from,
                   "pad_token_id ", a.pad, ", but the dataset pads with ", data.pad_token_id,
                   " (its tokenizer's padding token): the tokenizer (dataset.tokenizer) is not this model's");
+  TRAINER_CHECK_T(UsageError, !data.token_outputs || data.num_classes <= a.vocab, "model 'bert': the task wants ",
+                  data.num_classes, " logits per token; the masked-LM head gives one per id of the vocabulary (", from,
+                  "vocab_size ", a.vocab, ")");
   TRAINER_CHECK_T(UsageError, a.hidden % a.heads == 0, "model 'bert': hidden_size ", a.hidden,
                   " is not a multiple of num_attention_heads ", a.heads);
   TRAINER_CHECK_T(UsageError, a.pad < a.vocab, "model 'bert': pad_token_id ", a.pad, " is outside the vocabulary of ",
@@ -397,8 +462,8 @@ std::shared_ptr<Model> make_bert(const Config& section, const DataSpec& data) {
                   "model 'bert': roberta's positions "
                   "start after pad_token_id ",
                   a.pad, "; max_position_embeddings ", a.positions, " leaves none");
-  auto model = std::make_shared<Bert>(a, data.num_classes, std::move(config));
-  if (!s.path.empty()) detail::load_bert_weights(*model, s.path, a.layout);
+  auto model = std::make_shared<Bert>(a, data.num_classes, std::move(config), data.token_outputs);
+  if (!s.path.empty()) detail::load_bert_weights(*model, s.path, a.layout, data.token_outputs);
   return model;
 }
 

@@ -1,7 +1,8 @@
 #pragma once
 // Private: model "bert", the BERT and RoBERTa encoders as Hugging Face's transformers builds
-// them (BertForSequenceClassification, RobertaForSequenceClassification): the same parameter
-// names and computation, read from a model directory as save_pretrained writes it.
+// them (BertForSequenceClassification, RobertaForSequenceClassification; BertForMaskedLM,
+// RobertaForMaskedLM for a task with outputs per token): the same parameter names and
+// computation, read from a model directory as save_pretrained writes it.
 #include <memory>
 #include <string>
 
@@ -75,8 +76,9 @@ struct BertSettings : Settings<BertSettings> {
 };
 
 /// Builds model "bert" for `data` (token sequences [L], [2, L] or [3, L] per sample) from its
-/// [model] section: from `path`'s config.json and weights, or from the keys. Throws UsageError
-/// naming the key or file and what is allowed.
+/// [model] section: from `path`'s config.json and weights, or from the keys. With
+/// data.token_outputs, the masked-LM head (logits over the vocabulary per token) in place of
+/// the classifier. Throws UsageError naming the key or file and what is allowed.
 std::shared_ptr<Model> make_bert(const Config& section, const DataSpec& data);
 
 /// When `model` is a model "bert" (without adapters): writes it to directory `dir` as a

@@ -125,27 +125,44 @@ BertArch arch_of(const ConfigJson& c) {
   return a;
 }
 
-/// The model's name for a tensor of a transformers file, or nullopt for one it leaves out
-/// (another head: cls.*, lm_head.*, ...; the position_ids buffer older files hold; a RoBERTa's
-/// pooler, which its classification head does not use). Files of BertModel have bare names
-/// (embeddings.*), of Bert*For* the "bert." prefix; TensorFlow-era files name LayerNorm's
-/// parameters gamma and beta.
-std::optional<std::string> model_name(std::string name, const std::string& prefix) {
-  if (name.rfind(prefix + ".", 0) == 0) name = name.substr(prefix.size() + 1);
-  if (prefix == "roberta" && name.rfind("pooler.", 0) == 0) return std::nullopt;
-  for (const char* part : {"embeddings.", "encoder.", "pooler."}) {
-    if (name.rfind(part, 0) == 0) {
-      if (name == "embeddings.position_ids" || name == "embeddings.token_type_ids") return std::nullopt;
-      for (const auto& [old, now] : {std::pair{".gamma", ".weight"}, std::pair{".beta", ".bias"}}) {
-        const std::string from = std::string("LayerNorm") + old;
-        if (name.size() >= from.size() && name.compare(name.size() - from.size(), from.size(), from) == 0) {
-          name = name.substr(0, name.size() - std::strlen(old)) + now;
-        }
-      }
-      return prefix + "." + name;
+/// TensorFlow-era files name LayerNorm's parameters gamma and beta.
+std::string modern_norm(std::string name) {
+  for (const auto& [old, now] : {std::pair{".gamma", ".weight"}, std::pair{".beta", ".bias"}}) {
+    const std::string from = std::string("LayerNorm") + old;
+    if (name.size() >= from.size() && name.compare(name.size() - from.size(), from.size(), from) == 0) {
+      name = name.substr(0, name.size() - std::strlen(old)) + now;
     }
   }
-  if (name.rfind("classifier.", 0) == 0) return name;
+  return name;
+}
+
+bool starts(const std::string& s, const std::string& with) { return s.rfind(with, 0) == 0; }
+
+/// The model's name for a tensor of a transformers file, or nullopt for one it leaves out
+/// (another head: cls.*, lm_head.*, classifier.* for the other; the position_ids buffer older
+/// files hold; a pooler, which a RoBERTa and a masked-LM model do not use; a masked-LM
+/// decoder, tied to the embeddings). Files of BertModel have bare names (embeddings.*), of
+/// Bert*For* the "bert." prefix.
+std::optional<std::string> model_name(std::string name, const std::string& prefix, bool masked_lm) {
+  if (masked_lm) {
+    const std::string head = prefix == "bert" ? "cls.predictions." : "lm_head.";
+    if (!starts(name, head)) {
+      // the encoder's, below
+    } else if (starts(name, head + "decoder.")) {
+      return std::nullopt;
+    } else {
+      return modern_norm(name);
+    }
+  }
+  if (starts(name, prefix + ".")) name = name.substr(prefix.size() + 1);
+  if ((prefix == "roberta" || masked_lm) && starts(name, "pooler.")) return std::nullopt;
+  for (const char* part : {"embeddings.", "encoder.", "pooler."}) {
+    if (starts(name, part)) {
+      if (name == "embeddings.position_ids" || name == "embeddings.token_type_ids") return std::nullopt;
+      return prefix + "." + modern_norm(name);
+    }
+  }
+  if (!masked_lm && starts(name, "classifier.")) return name;
   return std::nullopt;
 }
 
@@ -208,7 +225,12 @@ BertConfigFile read_bert_config(const std::string& file) {
 Json bert_hf_config(const BertArch& a, std::int64_t labels, const Json& original, c10::ScalarType dtype) {
   Json c = original.is_object() ? original : Json::object();
   const bool bert = a.layout == "bert";
-  c["architectures"] = {bert ? "BertForSequenceClassification" : "RobertaForSequenceClassification"};
+  const bool masked_lm = labels < 0;
+  if (masked_lm) {
+    c["architectures"] = {bert ? "BertForMaskedLM" : "RobertaForMaskedLM"};
+  } else {
+    c["architectures"] = {bert ? "BertForSequenceClassification" : "RobertaForSequenceClassification"};
+  }
   if (!c.contains("model_type")) c["model_type"] = a.layout;
   c["vocab_size"] = a.vocab;
   c["hidden_size"] = a.hidden;
@@ -225,13 +247,19 @@ Json bert_hf_config(const BertArch& a, std::int64_t labels, const Json& original
   c["layer_norm_eps"] = a.eps;
   c["initializer_range"] = a.init_range;
   c["position_embedding_type"] = "absolute";
-  Json id2label = Json::object(), label2id = Json::object();
-  for (std::int64_t i = 0; i < labels; ++i) {
-    id2label[std::to_string(i)] = "LABEL_" + std::to_string(i);
-    label2id["LABEL_" + std::to_string(i)] = i;
+  if (masked_lm) {
+    // A classifier's labels (of the directory it came from) say nothing about this model.
+    c.erase("id2label");
+    c.erase("label2id");
+  } else {
+    Json id2label = Json::object(), label2id = Json::object();
+    for (std::int64_t i = 0; i < labels; ++i) {
+      id2label[std::to_string(i)] = "LABEL_" + std::to_string(i);
+      label2id["LABEL_" + std::to_string(i)] = i;
+    }
+    c["id2label"] = id2label;
+    c["label2id"] = label2id;
   }
-  c["id2label"] = id2label;
-  c["label2id"] = label2id;
   c["torch_dtype"] = dtype == at::kBFloat16 ? "bfloat16" : dtype == at::kDouble ? "float64" : "float32";
   return c;
 }
@@ -240,7 +268,7 @@ Json bert_hf_config(const BertArch& a, std::int64_t labels, const Json& original
 /// be there with its shape; the pooler and the classifier are taken when there and of the
 /// model's shape, and keep their initial values otherwise (a new head); the file's other heads
 /// are left out. Logs what it did.
-void load_bert_weights(Model& model, const std::string& dir, const std::string& prefix) {
+void load_bert_weights(Model& model, const std::string& dir, const std::string& prefix, bool masked_lm) {
   std::string file = (fs::path(dir) / "model.safetensors").string();
   for (const char* index : {"model.safetensors.index.json", "pytorch_model.bin.index.json"}) {
     TRAINER_CHECK_T(UsageError, !fs::exists(fs::path(dir) / index), "model.path = \"", dir, "\": ", index,
@@ -254,7 +282,7 @@ void load_bert_weights(Model& model, const std::string& dir, const std::string& 
   std::map<std::string, std::string> file_name;  // model's name -> file's
   std::vector<std::string> left_out, fresh, missing, misshaped, unexpected;
   for (const auto& [name, t] : weights.tensors()) {
-    const auto mine = model_name(name, prefix);
+    const auto mine = model_name(name, prefix, masked_lm);
     if (!mine) {
       left_out.push_back(name);
       continue;
@@ -267,7 +295,8 @@ void load_bert_weights(Model& model, const std::string& dir, const std::string& 
   for (const auto& p : model.named_parameters(true)) into[p.key()] = p.value();
   for (const auto& b : model.named_buffers(true)) into[b.key()] = b.value();
   for (const auto& [name, t] : into) {
-    const bool optional = name.rfind("classifier.", 0) == 0 || name.rfind(prefix + ".pooler.", 0) == 0;
+    const bool optional = starts(name, "classifier.") || starts(name, prefix + ".pooler.") || starts(name, "cls.") ||
+                          starts(name, "lm_head.");
     const auto it = file_name.find(name);
     if (it == file_name.end()) {
       (optional ? fresh : missing).push_back(name);

@@ -36,15 +36,16 @@ struct BertConfigFile {
 BertConfigFile read_bert_config(const std::string& file);
 
 /// config.json for transformers' from_pretrained: `original` (the directory's, or null) with the
-/// architecture's sizes, `labels` labels and `dtype`.
+/// architecture's sizes, `labels` labels (-1: the masked-LM head, *ForMaskedLM) and `dtype`.
 nlohmann::json bert_hf_config(const BertArch& a, std::int64_t labels, const nlohmann::json& original,
                               c10::ScalarType dtype);
 
 /// Loads the weights file of model directory `dir` into `model` (whose names start with
 /// `prefix`, "bert" or "roberta"): every tensor of the encoder must be there with its shape;
-/// BERT's pooler and the classifier are taken when there and of the model's shape, and keep
-/// their initial values otherwise (a new head); the file's other heads, and a RoBERTa's pooler,
-/// are left out. Logs what it did. Throws UsageError naming the file.
-void load_bert_weights(Model& model, const std::string& dir, const std::string& prefix);
+/// the head (BERT's pooler and the classifier, or with `masked_lm` the masked-LM head but its
+/// tied decoder) is taken when there and of the model's shape, and keeps its initial values
+/// otherwise (a new head); the file's other heads, a pooler the model lacks and a tied
+/// decoder are left out. Logs what it did. Throws UsageError naming the file.
+void load_bert_weights(Model& model, const std::string& dir, const std::string& prefix, bool masked_lm);
 
 }  // namespace trainer::detail

@@ -234,7 +234,8 @@ void convert(torch::jit::Module& m, c10::ScalarType dtype) {
 }
 
 /// One forward, in eval mode and without gradients, of a zero sample of the data's shape: the
-/// module must accept it and return the task's outputs [1, data.num_classes].
+/// module must accept it and return the task's outputs [1, data.num_classes] (per token:
+/// [1, L, K], K at least data.num_classes).
 void check_dry_run(torch::jit::Module& m, const DataSpec& data, c10::ScalarType dtype, const std::string& file) {
   std::vector<std::int64_t> shape{1};
   shape.insert(shape.end(), data.sample_shape.begin(), data.sample_shape.end());
@@ -252,6 +253,13 @@ void check_dry_run(torch::jit::Module& m, const DataSpec& data, c10::ScalarType 
   m.train(was_training);
   TRAINER_CHECK_T(UsageError, out.isTensor(), where(file), ": forward returned a ", out.tagKind(), ", not a Tensor");
   const at::Tensor y = out.toTensor();
+  if (data.token_outputs) {
+    TRAINER_CHECK_T(UsageError, y.dim() == 3 && y.size(0) == 1 && y.size(2) >= data.num_classes, where(file),
+                    ": forward of one sample of shape ", shape_text(shape), " returned ", shape_text(y.sizes()),
+                    "; the task needs outputs per token [1, L, K] with K at least ", data.num_classes,
+                    " (masked_lm: logits over the vocabulary)");
+    return;
+  }
   TRAINER_CHECK_T(UsageError, y.dim() == 2 && y.size(0) == 1 && y.size(1) == data.num_classes, where(file),
                   ": forward of one sample of shape ", shape_text(shape), " returned ", shape_text(y.sizes()),
                   "; the task needs outputs [1, ", data.num_classes,

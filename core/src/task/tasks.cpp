@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "model/torchscript.h"
+#include "task/masked_lm.h"
 #include "trainer/error.h"
 #include "trainer/settings.h"
 #include "trainer/task.h"
@@ -480,6 +481,11 @@ Registry<TaskFactory>& task_registry() {
           return task;
         },
         RegressionSettings::keys(), "Real-valued targets: MSE, L1 or Huber; MAE, RMSE, R² (targets [N] or [N, T])");
+    r->add(
+        "masked_lm",
+        [](const Config&, const DataSpec& d, const Batch& probe) { return detail::masked_lm_task(d, probe); }, {},
+        "Masked language modelling (BERT's): cross-entropy of the hidden tokens, averaged over the batch's masked "
+        "tokens; accuracy and perplexity (a text dataset with dataset.masked_lm = true)");
     return r;
   }();
   return *reg;
@@ -501,6 +507,16 @@ std::unique_ptr<Task> classification_task(const Config& section, const DataSpec&
 }
 
 std::vector<KeySpec> classification_task_keys() { return ClassificationSettings::keys(); }
+
+at::Tensor Task::mean_loss(const at::Tensor& outputs, const at::Tensor& targets) const {
+  const at::Tensor losses = sample_losses(outputs, targets);
+  const at::Tensor w = sample_weights(targets);
+  if (!w.defined()) return losses.mean();
+  const at::Tensor weights = w.to(losses.device(), losses.scalar_type());
+  const at::Tensor total = weights.sum();
+  // 0 (not 0/0) when the weights add up to 0: such a micro-batch adds nothing.
+  return (losses * weights).sum() / at::where(total.gt(0), total, at::ones_like(total));
+}
 
 std::unique_ptr<Task> make_task(const Config& cfg, const Dataset& dataset, const DataSpec* spec) {
   const std::string name = cfg.get_or<std::string>("task.name", "classification");

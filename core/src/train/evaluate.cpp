@@ -92,7 +92,13 @@ std::map<std::string, double> Evaluator::run() {
                             " samples; its eval_width() is ", task.eval_width());
               rows_.narrow(0, begin, len).copy_(rows);
               if (per_batch) {
-                const at::Tensor mean = rows.select(1, 0).mean().to(at::kFloat);
+                // The batch's loss as eval/loss counts it: weighted by the task's sample weights.
+                const at::Tensor w = task.sample_weights(b.targets);
+                const at::Tensor losses = rows.select(1, 0);
+                const at::Tensor mean = (w.defined() ? (losses * w.to(losses.device(), at::kDouble)).sum() /
+                                                           w.to(at::kDouble).sum().clamp_min(1e-300)
+                                                     : losses.mean())
+                                            .to(at::kFloat);
                 hooks_.fire(Event::EvalBatchEnd, EventArgs::micro_batch(b, idx, &out, &mean));
               }
             }
@@ -124,7 +130,8 @@ std::map<std::string, double> Evaluator::run() {
     parts_.group->all_reduce_sum(table);
   }
   for (const auto& [name, value] : task.evaluate(rows_)) m["eval/" + name] = value;
-  m["eval/loss"] = n > 0 ? rows_.select(1, 0).sum().item<double>() / double(n) : 0.0;
+  // The mean of the samples' losses, unless the task weighs them (Task::evaluate).
+  if (!m.count("eval/loss")) m["eval/loss"] = n > 0 ? rows_.select(1, 0).sum().item<double>() / double(n) : 0.0;
   // Plugins add their metrics (computed from the batches they saw); all are logged together.
   hooks_.fire(Event::EvalMetrics, EventArgs::evaluated(m));
   metrics_.log(state_.global_step, m);

@@ -111,7 +111,23 @@ void setup_data(RunParts& parts, const Config& cfg, bool with_test_split, spdlog
   log.info("dataset {}: {} train, {} test samples", name, parts.train_set->size(),
            parts.test_set ? parts.test_set->size() : 0);
   parts.task_name = cfg.get_or<std::string>("task.name", "classification");
-  parts.task = make_task(cfg, *parts.train_set);
+  // A dataset whose targets are per token (masked language modelling) needs a task that reads
+  // them so: another would misread them (a width taken from the first batch) or refuse them
+  // with advice that does not help.
+  const bool per_token = parts.train_set->spec().token_outputs;
+  const auto per_token_refusal = [&](const std::string& why) {
+    return UsageError(
+        fmt::format("dataset {} gives a target per token (masked language modelling: "
+                    "dataset.masked_lm = true), which task.name = \"masked_lm\" reads; task '{}'{}",
+                    name, parts.task_name, why));
+  };
+  try {
+    parts.task = make_task(cfg, *parts.train_set);
+  } catch (const UsageError& e) {
+    if (per_token) throw per_token_refusal(std::string(": ") + e.what());
+    throw;
+  }
+  if (per_token && !parts.task->token_outputs()) throw per_token_refusal(" reads one target per sample");
   if (parts.test_set && parts.test_set->size() > 0) {
     // The test split's targets must fit the same task (with the training split's classes), with
     // the same outputs.
@@ -151,6 +167,7 @@ void setup_model(RunParts& parts, Hooks& hooks, const Config& cfg, bool resuming
   // The model's outputs per sample are what the task needs (the classes, labels or targets).
   DataSpec spec = parts.train_set->spec();
   spec.num_classes = parts.task->outputs();
+  spec.token_outputs = parts.task->token_outputs();
   parts.model = build_model(section, spec);
   const ModelSettings settings = ModelSettings::from(section);
   parts.input_dtype = model_dtype(settings.dtype);
@@ -192,6 +209,12 @@ void setup_model(RunParts& parts, Hooks& hooks, const Config& cfg, bool resuming
 }
 
 void check_outputs(const at::Tensor& outputs, const Task& task) {
+  if (task.token_outputs()) {
+    TRAINER_CHECK_T(UsageError, outputs.dim() == 3 && outputs.size(2) >= task.outputs(), "the model's outputs are ",
+                    outputs.sizes(), "; the task needs one row per token, [N, L, K] with K at least ", task.outputs(),
+                    " (a model sees DataSpec::token_outputs and sizes its rows from DataSpec::num_classes)");
+    return;
+  }
   TRAINER_CHECK_T(UsageError, outputs.dim() == 2 && outputs.size(1) == task.outputs(), "the model's outputs are ",
                   outputs.sizes(), "; the task needs [N, ", task.outputs(),
                   "] (a model sizes its head from DataSpec::num_classes, the outputs per sample the task needs)");

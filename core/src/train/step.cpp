@@ -7,6 +7,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "dist/rank_sync.h"
 #include "train/hooks.h"
@@ -99,7 +100,8 @@ bool TrainStep::start_batch(std::int64_t n) {
 
 TrainStep::AttemptResult TrainStep::attempt(const at::Tensor& indices, std::int64_t micro, std::int64_t global_size) {
   state_.micro_batch_size = micro;
-  const StepTotals totals = sync_->gradients([&] { return forward_backward(indices, micro, global_size); });
+  const StepTotals totals =
+      sync_->gradients([&] { return forward_backward(indices, micro, global_size); }, global_size);
   state_.loss = totals.loss;
   state_.lr = parts_.schedule->lr_at(state_.global_step);
   state_.grad_norm = 0.0;
@@ -138,6 +140,28 @@ StepTotals TrainStep::accumulate(const Batch& full, const at::Tensor& indices, s
                                  std::int64_t global_size) {
   const std::int64_t n = full.inputs.defined() ? full.size() : 0;
   state_.num_micro_batches = n / micro + (n % micro != 0);
+  // Each micro-batch's mean loss counts by its share of the batch: of the global batch's samples,
+  // or of the weight of the batch when the task weighs samples (Task::sample_weights).
+  const at::Tensor weights = n > 0 ? parts_.task->sample_weights(full.targets) : at::Tensor();
+  std::vector<double> mb_weight;  // per micro-batch
+  double denominator = static_cast<double>(global_size), local_weight = 0.0;
+  if (weights.defined()) {
+    TRAINER_CHECK(weights.dim() == 1 && weights.size(0) == n, "task '", parts_.task_name, "': sample_weights gave ",
+                  weights.sizes(), " for ", n, " samples");
+    const at::Tensor w = weights.to(at::kCPU, at::kDouble).contiguous();
+    const double* wv = w.data_ptr<double>();
+    for (std::int64_t i = 0; i < state_.num_micro_batches; ++i) {
+      double sum = 0.0;
+      for (std::int64_t k = i * micro, end = std::min(n, k + micro); k < end; ++k) {
+        TRAINER_CHECK(wv[k] >= 0 && std::isfinite(wv[k]), "task '", parts_.task_name, "': sample weight ", wv[k],
+                      "; weights are finite and at least 0");
+        sum += wv[k];
+      }
+      mb_weight.push_back(sum);
+      local_weight += sum;
+    }
+    denominator = sync_->weight_denominator(local_weight, global_size);
+  }
   bool skip = false;
   at::Tensor loss_sum, stats_sum;  // summed on the device, read once at the end
   for (std::int64_t i = 0; i < state_.num_micro_batches; ++i) {
@@ -157,7 +181,8 @@ StepTotals TrainStep::accumulate(const Batch& full, const at::Tensor& indices, s
       out = parts_.model->forward(mb.inputs);
       check_outputs(out, *parts_.task);
       loss = parts_.task->mean_loss(out, mb.targets);
-      if (len != global_size) loss = loss * (static_cast<double>(len) / static_cast<double>(global_size));
+      const double share = weights.defined() ? mb_weight[static_cast<std::size_t>(i)] : static_cast<double>(len);
+      if (share != denominator) loss = loss * (share / denominator);
     }
     skip |= hooks_.fire(Event::AfterForward, EventArgs::micro_batch(mb, idx, &out, &loss)).skip_step;
     at::Tensor backward_loss = loss;  // plugins may replace it in BeforeBackward (loss scaling)
@@ -185,7 +210,7 @@ StepTotals TrainStep::accumulate(const Batch& full, const at::Tensor& indices, s
   // One read of the device for all (one synchronisation on a GPU).
   const at::Tensor all = at::cat({loss_sum.to(at::kDouble).reshape({1}), stats_sum.to(at::kDouble)}).cpu();
   const double* v = all.data_ptr<double>();
-  return {v[0], std::vector<double>(v + 1, v + 1 + width), skip};
+  return {v[0], std::vector<double>(v + 1, v + 1 + width), skip, weights.defined(), local_weight};
 }
 
 void TrainStep::prepare_step() {

@@ -33,6 +33,10 @@ struct StepTotals {
   double loss = 0.0;
   std::vector<double> stats;
   bool skip = false;
+  /// A task with sample weights (Task::sample_weights): this rank's weight of the batch, and
+  /// what its micro-batches' losses were divided by (weight_denominator()).
+  bool weighted = false;
+  double weight = 0.0;
 };
 
 class StepSync {
@@ -53,8 +57,17 @@ class StepSync {
   virtual std::int64_t attempt_samples(std::int64_t local, std::int64_t global) const = 0;
 
   /// Runs `local` (this rank's forward and backward) and returns the global batch's totals with
-  /// the gradients summed over the ranks.
-  virtual StepTotals gradients(const std::function<StepTotals()>& local) = 0;
+  /// the gradients summed over the ranks, for a batch of `global_samples` samples on all ranks.
+  virtual StepTotals gradients(const std::function<StepTotals()>& local, std::int64_t global_samples) = 0;
+
+  /// A task with sample weights: what each micro-batch's weighted mean loss times its weight is
+  /// divided by, given this rank's weight of the batch (`local_weight`). In a run of one, that
+  /// weight (1 when it is 0), so the loss is the batch's weighted mean. In a rank group, whose
+  /// weight is known only once the ranks agree, the same number on every rank: the global
+  /// batch's samples times the global weight per sample of the last step (a guess of the
+  /// global weight, so the backward sees losses of the usual size); gradients() then scales
+  /// the summed gradients and loss by it over the global weight.
+  virtual double weight_denominator(double local_weight, std::int64_t global_samples) const = 0;
   /// Just before the backward of an attempt's last micro-batch (a rank group may start the
   /// gradients' all-reduce inside it).
   virtual void before_last_backward() {}
@@ -72,7 +85,10 @@ class LocalSync final : public StepSync {
  public:
   BatchPlan start_batch(bool skip, std::int64_t micro_batch) override { return {skip, micro_batch}; }
   std::int64_t attempt_samples(std::int64_t local, std::int64_t) const override { return local; }
-  StepTotals gradients(const std::function<StepTotals()>& local) override { return local(); }
+  StepTotals gradients(const std::function<StepTotals()>& local, std::int64_t) override { return local(); }
+  double weight_denominator(double local_weight, std::int64_t) const override {
+    return local_weight > 0 ? local_weight : 1.0;
+  }
   bool before_step(const std::function<bool()>& local) override { return local(); }
   ProcessGroup* ranks() override { return nullptr; }
 };
