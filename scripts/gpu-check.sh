@@ -29,7 +29,9 @@
 # TORCH_DIR (a torch package directory; default: the one python3 imports), TRAINER_GPU_DEADLINE
 # (seconds every stage must end within; `visit` only unless set), TRAINER_GPU_TARGETS (`build`:
 # these targets only, separated by spaces), TRAINER_GPU_BENCH=0 (`visit`: no benchmarks, so that
-# the suite gets their time).
+# the suite gets their time), TRAINER_GPU_PASSED (files, separated by colons, naming tests that
+# passed on a GPU before, one per line: the suite leaves them out; each run writes the tests that
+# passed to OUT_DIR/tests-passed.txt).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -268,9 +270,25 @@ suite_stage() {  # the test suite but the `cuda` tests and what the GPU machine 
     [ -z "$pypi" ] || exclude+="|$pypi"
     [ -z "$pypi" ] || skip tests:pypi "$(($(echo "$pypi" | tr -cd '|' | wc -c) + 1)) tests need a virtual environment from PyPI (MLflow, Hugging Face's libraries; set TRAINER_GPU_PYPI=1 where PyPI is reachable)"
   fi
+  if [ -n "${TRAINER_GPU_PASSED:-}" ]; then
+    # Tests that passed on a GPU before (the files' names, one per line): left out, so that a
+    # visit reaches the tests no visit has run yet.
+    local passed count
+    passed=$(python3 "$root/scripts/gpu_figures.py" passed-regex "$TRAINER_GPU_PASSED") || {
+      record tests:passed-before "could_not_read_$TRAINER_GPU_PASSED" 1
+      passed=
+    }
+    if [ -n "$passed" ]; then
+      exclude+="|$passed"
+      count=$(($(echo "$passed" | tr -cd '|' | wc -c) + 1))
+      skip tests:passed-before "$count tests passed on a GPU before ($TRAINER_GPU_PASSED)"
+    fi
+  fi
   start=$(date +%s)
   bounded 1000000 ctest --test-dir "$build" --output-on-failure -j"$(nproc)" -LE '^cuda$' -E "$exclude" \
     >"$out/test.log" 2>&1 || status=$?
+  # The tests that passed, for TRAINER_GPU_PASSED of a later call.
+  python3 "$root/scripts/gpu_figures.py" passed-tests "$out/test.log" >"$out/tests-passed.txt" || true
   # (No such line when ctest was cut off: grep's status must not end the script under pipefail.)
   figure=$( (grep -Eo '[0-9]+% tests passed, [0-9]+ tests failed out of [0-9]+' "$out/test.log" || true) | tail -1 |
     sed 's/ /_/g')

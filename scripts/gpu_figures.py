@@ -15,8 +15,11 @@
   gpu_figures.py pypi-tests JSON     `ctest --show-only=json-v1`: a `ctest -E` expression of the
                                      tests that need a virtual environment from PyPI (the fixtures
                                      PYPI_FIXTURES set up), directly or through another fixture
+  gpu_figures.py passed-tests LOG    a ctest log: the tests that passed, one per line
+  gpu_figures.py passed-regex FILES  files (separated by colons) naming tests, one per line: a
+                                     `ctest -E` expression of them
 
-Each command but `json` and `pypi-tests` prints one line, the figure, for the summary.
+Each command but `json`, `pypi-tests`, `passed-tests` and `passed-regex` prints one line, the figure, for the summary.
 """
 import csv
 import json
@@ -173,16 +176,46 @@ def pypi_tests(path):
                 names.add(t["name"])
                 needed |= prop(t, "FIXTURES_SETUP")
                 changed = True
-    # ctest's regular expressions take a backslash before a special character.
-    special = set("\\.^$|()[]*+?{}")
-    if not names:
-        return  # nothing to leave out
-    print("^(" + "|".join("".join("\\" + c if c in special else c for c in n) for n in sorted(names)) + ")$")
+    if names:
+        print(name_regex(names))
+
+
+def name_regex(names):
+    """A ctest regular expression that matches exactly these test names."""
+    special = set("\\.^$|()[]*+?{}")  # ctest's expressions take a backslash before each
+    return "^(" + "|".join("".join("\\" + c if c in special else c for c in n) for n in sorted(names)) + ")$"
+
+
+def passed_tests(log):
+    """The tests that passed in a ctest log, sorted, one per line (none when it has none)."""
+    names = set()
+    for line in open(log, errors="replace"):
+        m = re.match(r"\s*\d+/\d+ Test\s+#\d+: (\S+) \.*\s+Passed\s", line)
+        if m:
+            names.add(m.group(1))
+    for n in sorted(names):
+        print(n)
+
+
+def passed_regex(paths):
+    """The tests named in the files (colon-separated paths, one name per line, `#` comments):
+    a `ctest -E` expression leaving them out; nothing when they name none."""
+    names = set()
+    for path in paths.split(":"):
+        for line in open(path):
+            line = line.split("#", 1)[0].strip()
+            if line:
+                if not re.fullmatch(r"[A-Za-z0-9_.:/-]+", line):
+                    raise ValueError(f"{path}: '{line}' is not a test name")
+                names.add(line)
+    if names:
+        print(name_regex(names))
 
 
 def main():
     commands = {"cuda-tests": cuda_tests, "mem": mem, "peer": peer, "bench": bench, "estimate": estimate,
-                "json": to_json, "pypi-tests": pypi_tests}
+                "json": to_json, "pypi-tests": pypi_tests, "passed-regex": passed_regex,
+                "passed-tests": passed_tests}
     if len(sys.argv) != 3 or sys.argv[1] not in commands:
         sys.exit(__doc__)
     try:

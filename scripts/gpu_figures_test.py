@@ -107,6 +107,25 @@ class GpuFigures(unittest.TestCase):
         self.assertEqual(regex, r"^(Bert\.LoadsTheirWeights|Mlflow\.Logs/cpu|fixture\.hf_models|fixture\.hf_venv|"
                                 r"fixture\.mlflow_server_start|fixture\.mlflow_server_stop|fixture\.mlflow_venv)$")
 
+    def test_passed_tests_are_read_from_the_log_and_left_out_by_name(self):
+        log = self.write("test.log", "\n".join([
+            "        Start 12: Oom.Recovers",
+            " 1/30 Test #12: Oom.Recovers ....................   Passed   21.50 sec",
+            "12/30 Test #3: Cli.Mem/cpu .....***Failed   14.47 sec",
+            "13/30 Test #4: fixture.torchvision_files ..   Passed  230.45 sec",
+            "[  PASSED  ] 1 test.",
+        ]) + "\n")
+        code, names = self.figure("passed-tests", log)
+        self.assertEqual((code, names.split("\n")), (0, ["Oom.Recovers", "fixture.torchvision_files"]))
+        a = self.write("a.txt", "# visit 3\nOom.Recovers\n\nCli.Mem/cpu  # a comment\n")
+        b = self.write("b.txt", "Oom.Recovers\n")
+        code, regex = self.figure("passed-regex", a + ":" + b)
+        self.assertEqual((code, regex), (0, r"^(Cli\.Mem/cpu|Oom\.Recovers)$"))
+        self.assertEqual(self.figure("passed-regex", self.write("none.txt", "# nothing\n")), (0, ""))
+        code, figure = self.figure("passed-regex", self.write("bad.txt", "Oom.(x)\n"))
+        self.assertEqual(code, 1)
+        self.assertIn("is_not_a_test_name", figure)
+
     def test_json_gathers_the_summary(self):
         self.write("summary.txt", "PASS build 51s\nSKIP tests:chromium no headless Chromium\nFAIL cuda-tests 1_skipped\n")
         self.assertEqual(self.figure("json", self.dir.name)[0], 0)

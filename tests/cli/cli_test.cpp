@@ -224,8 +224,9 @@ TEST(Cli, MemListsGpusAndTheirProcessesFromNvml) {
   EXPECT_NE(json.text.find("\"source\":\"nvml\""), std::string::npos) << json.text;
   EXPECT_NE(json.text.find("\"processes\":[{\"pid\":4242,\"used_bytes\":2097152000}]"), std::string::npos) << json.text;
   EXPECT_NE(json.text.find("\"device\":\"cuda:1\""), std::string::npos) << json.text;
-  // Without a driver: the CPU only, and why.
-  const auto none = run_cli("mem", "TRAINER_NVML_LIBRARY=/nonexistent/libnvidia-ml.so.1 ");
+  // Without a driver: the CPU only, and why. CUDA_VISIBLE_DEVICES hides the GPU of a host that
+  // has one (the CUDA runtime is the fallback when NVML does not load).
+  const auto none = run_cli("mem", "TRAINER_NVML_LIBRARY=/nonexistent/libnvidia-ml.so.1 CUDA_VISIBLE_DEVICES= ");
   EXPECT_EQ(none.code, 0);
   EXPECT_NE(none.text.find("GPUs via none; NVML: cannot load /nonexistent/libnvidia-ml.so.1"), std::string::npos)
       << none.text;
@@ -246,7 +247,8 @@ TEST(Cli, RobustPresetRunsOnTheCpuWhenTheHostHasNoGpu) {
   const auto o =
       run_cli("--recipe " + kRecipe + " --run-dir " + (tmp / "run") +
                   " robust dataset.limit=256 dataset.eval_limit=128 training.epochs=1",
-              "TRAINER_NVML_LIBRARY=/nonexistent/libnvidia-ml.so.1 TRAINER_LEASE_DIR=" + (tmp / "leases") + " ");
+              "TRAINER_NVML_LIBRARY=/nonexistent/libnvidia-ml.so.1 CUDA_VISIBLE_DEVICES= TRAINER_LEASE_DIR=" +
+                  (tmp / "leases") + " ");
   EXPECT_EQ(o.code, 0) << o.text;
   EXPECT_NE(o.text.find("device_select: 0 GPU(s) via none"), std::string::npos) << o.text;
   EXPECT_NE(o.text.find("no GPU visible to this process"), std::string::npos) << o.text;
