@@ -11,24 +11,11 @@
 #
 # Needs the build (make build) and data/apt (/usr/bin/python3 scripts/apt_corpus.py data/apt).
 set -euo pipefail
-[ -n "${TRAINER:-}" ] && TRAINER=$(realpath -m "$TRAINER")
-[ -n "${OUT:-}" ] && OUT=$(realpath -m "$OUT")
-cd "$(dirname "$0")/.."
-TRAINER=${TRAINER:-build/core/cli/trainer}
-OUT=${OUT:-runs/text}
-case "$OUT" in *'"'* | *'\'*) echo "text-experiment: OUT may not hold \" or \\ (it goes into a TOML string)" >&2; exit 2 ;; esac
-[ -x "$TRAINER" ] || { echo "text-experiment: $TRAINER not found; build first (make build)" >&2; exit 2; }
+EXPERIMENT=text-experiment
+DEFAULT_OUT=runs/text
+# shellcheck source=scripts/experiment-lib.sh
+source "$(dirname "$0")/experiment-lib.sh"
 [ -f data/apt/train.csv ] || { echo "text-experiment: no data/apt; run /usr/bin/python3 scripts/apt_corpus.py data/apt" >&2; exit 2; }
-
-run() {  # run DIR RECIPE [overrides...]: a fresh run directory each time
-  local dir=$OUT/$1 recipe=$2
-  shift 2
-  rm -rf "$dir"
-  echo "== $recipe -> $dir $*" >&2
-  "$TRAINER" --recipe "$recipe" --run-dir "$dir" --log-level info "$@" >/dev/null 2>"$dir.stderr" ||
-    { echo "text-experiment: $recipe failed; see $dir/trainer.log" >&2; tail -5 "$dir.stderr" >&2; exit 1; }
-  rm -f "$dir.stderr"
-}
 
 mkdir -p "$OUT"
 if [ -z "${KEEP_PRETRAINED:-}" ] || ! grep -q '"status":"FINISHED"' "$OUT/pretrain/status.json" 2>/dev/null; then

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from transfer_table import RunError, ms, read_run  # noqa: E402
+from transfer_table import cost_cells, read_rows  # noqa: E402
 
 ROWS = [  # (run directory, what it is)
     ("pretrain", "pre-training, masked language modelling (accuracy: of the hidden tokens)"),
@@ -37,24 +37,14 @@ def main():
     print("| run | test accuracy | top-5 (pre-training: perplexity) | macro-F1 | trainable parameters | step time "
           "| peak memory while training (above its start) | run time |")
     print("|---|---|---|---|---|---|---|---|")
-    failed = False
-    for d, what in ROWS:
-        path = root / d
-        if not path.exists():
-            continue
-        try:
-            r = read_run(path)
-            top5, f1, ppl = last(path, "eval/top5_accuracy"), last(path, "eval/macro_f1"), last(path, "eval/perplexity")
-        except (RunError, OSError, ValueError, KeyError, AttributeError, IndexError) as e:
-            print(f"text_table: {e}", file=sys.stderr)
-            failed = True
-            continue
-        total, trainable = r["params"]
-        share = f" ({100.0 * trainable / total:.3g} %)" if trainable < total else ""
+    rows, failed = read_rows([root / d for d, _ in ROWS], "text_table",
+                             lambda p: (last(p, "eval/top5_accuracy"), last(p, "eval/macro_f1"),
+                                        last(p, "eval/perplexity")))
+    what = {root / d: w for d, w in ROWS}
+    for path, r, (top5, f1, ppl) in rows:
         extra = f"perplexity {ppl:.1f}" if ppl is not None else (f"{100.0 * top5:.1f} %" if top5 is not None else "")
-        print(f"| {what} | {100.0 * r['acc']:.1f} % | {extra} | {f'{f1:.3f}' if f1 is not None else ''} "
-              f"| {trainable:,}{share} | {ms(r['step_ms'])} ms | {r['peak'][0]:.0f} MiB ({r['peak'][1]:.0f} MiB) "
-              f"| {r['wall']:.0f} s |")
+        print(f"| {what[path]} | {100.0 * r['acc']:.1f} % | {extra} | {f'{f1:.3f}' if f1 is not None else ''} "
+              f"| {cost_cells(r)} |")
     return 1 if failed else 0
 
 

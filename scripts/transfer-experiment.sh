@@ -10,25 +10,11 @@
 #
 # Needs the build (make build) and Debian's dataset-fashion-mnist.
 set -euo pipefail
-# Paths given by the caller are taken from where it runs; the defaults from the repository.
-[ -n "${TRAINER:-}" ] && TRAINER=$(realpath -m "$TRAINER")
-[ -n "${OUT:-}" ] && OUT=$(realpath -m "$OUT")
-cd "$(dirname "$0")/.."
-TRAINER=${TRAINER:-build/core/cli/trainer}
-OUT=${OUT:-runs/transfer}
+EXPERIMENT=transfer-experiment
+DEFAULT_OUT=runs/transfer
+# shellcheck source=scripts/experiment-lib.sh
+source "$(dirname "$0")/experiment-lib.sh"
 MODELS=${MODELS:-vit resnet}
-case "$OUT" in *'"'* | *'\'*) echo "transfer-experiment: OUT may not hold \" or \\ (it goes into a TOML string)" >&2; exit 2 ;; esac
-[ -x "$TRAINER" ] || { echo "transfer-experiment: $TRAINER not found; build first (make build)" >&2; exit 2; }
-
-run() {  # run DIR RECIPE [overrides...]: a fresh run directory each time
-  local dir=$OUT/$1 recipe=$2
-  shift 2
-  rm -rf "$dir"
-  echo "== $recipe -> $dir $*" >&2
-  "$TRAINER" --recipe "$recipe" --run-dir "$dir" --log-level info "$@" >/dev/null 2>"$dir.stderr" ||
-    { echo "transfer-experiment: $recipe failed; see $dir/trainer.log" >&2; tail -5 "$dir.stderr" >&2; exit 1; }
-  rm -f "$dir.stderr"
-}
 
 mkdir -p "$OUT"
 for m in $MODELS; do

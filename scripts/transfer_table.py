@@ -77,6 +77,29 @@ def read_run(d):
     }
 
 
+def read_rows(paths, prog, extra=None):
+    """(path, run, extra(path)) for each path that exists, read by read_run; a run that cannot be
+    read is said on stderr. Returns the rows and whether any could not be read."""
+    rows, failed = [], False
+    for path in paths:
+        if not path.exists():
+            continue
+        try:
+            rows.append((path, read_run(path), extra(path) if extra else None))
+        except (RunError, OSError, ValueError, KeyError, AttributeError, IndexError) as e:
+            print(f"{prog}: {e}", file=sys.stderr)
+            failed = True
+    return rows, failed
+
+
+def cost_cells(r):
+    """The cells trainable parameters | step time | peak memory (above its start) | run time."""
+    total, trainable = r["params"]
+    share = f" ({100.0 * trainable / total:.3g} %)" if trainable < total else ""
+    return (f"{trainable:,}{share} | {ms(r['step_ms'])} ms | {r['peak'][0]:.0f} MiB ({r['peak'][1]:.0f} MiB) "
+            f"| {r['wall']:.0f} s")
+
+
 def main():
     root = Path(sys.argv[1] if len(sys.argv) > 1 else "runs/transfer")
     print("| model | method | test accuracy | trainable parameters | step time | peak memory while training "
@@ -84,20 +107,12 @@ def main():
     print("|---|---|---|---|---|---|---|")
     failed = False
     for m, name in MODELS:
-        for d, model, method in ROWS:
-            path = root / d.format(m=m)
-            if not path.exists():
-                continue
-            try:
-                r = read_run(path)
-            except (RunError, OSError, ValueError, KeyError, AttributeError, IndexError) as e:
-                print(f"transfer_table: {e}", file=sys.stderr)
-                failed = True
-                continue
-            total, trainable = r["params"]
-            share = f" ({100.0 * trainable / total:.3g} %)" if trainable < total else ""
-            print(f"| {model.format(M=name)} | {method} | {100.0 * r['acc']:.1f} % | {trainable:,}{share} "
-                  f"| {ms(r['step_ms'])} ms | {r['peak'][0]:.0f} MiB ({r['peak'][1]:.0f} MiB) | {r['wall']:.0f} s |")
+        rows, bad = read_rows([root / d.format(m=m) for d, _, _ in ROWS], "transfer_table")
+        failed |= bad
+        labels = {root / d.format(m=m): (model, method) for d, model, method in ROWS}
+        for path, r, _ in rows:
+            model, method = labels[path]
+            print(f"| {model.format(M=name)} | {method} | {100.0 * r['acc']:.1f} % | {cost_cells(r)} |")
     return 1 if failed else 0
 
 

@@ -14,6 +14,7 @@
 
 #include "dist/dp_util.h"
 #include "support/test_util.h"
+#include "support/tiny_bert_recipe.h"
 #include "trainer/data.h"
 #include "trainer/error.h"
 #include "trainer/trainer.h"
@@ -178,52 +179,28 @@ TEST_F(MaskedText, WhatCannotMaskIsRefusedNamingIt) {
             std::string::npos);
 }
 
-constexpr const char* kRecipe = R"(
-[run]
-name = "mlm"
-seed = 3
-[model]
-name = "bert"
-hidden_size = 32
-num_hidden_layers = 2
-num_attention_heads = 2
-intermediate_size = 64
-max_position_embeddings = 64
-hidden_dropout_prob = 0.0
-attention_probs_dropout_prob = 0.0
-[dataset]
-name = "text"
-text_pair = "text_b"
-max_length = 40
-masked_lm = true
-[task]
-name = "masked_lm"
-[training]
-epochs = 1
-batch_size = 16
-shuffle = false
-log_every = 1
-[optim]
-name = "sgd"
-lr = 0.5
-momentum = 0.0
-weight_decay = 0.0
-[eval]
-every_epochs = 1
-batch_size = 16
-[checkpoint]
-every_epochs = 1
-[runtime]
-num_threads = 1
-[metrics]
-console = false
-)";
+constexpr const char* kRecipe = testing::kTinyBertRecipe;
 
 class MaskedRuns : public testing::TrainerTest {
  protected:
+  /// The masked data and task, plain SGD on the samples in order, no dropout, a checkpoint.
   std::vector<std::string> data() const {
-    return {"dataset.train=" + quoted(kFixtures + "/texts.csv"), "dataset.test=" + quoted(kFixtures + "/texts.csv"),
-            "dataset.tokenizer=" + quoted(kBert)};
+    return {"dataset.name=\"text\"",
+            "dataset.train=" + quoted(kFixtures + "/texts.csv"),
+            "dataset.test=" + quoted(kFixtures + "/texts.csv"),
+            "dataset.tokenizer=" + quoted(kBert),
+            "dataset.text_pair=\"text_b\"",
+            "dataset.max_length=40",
+            "dataset.masked_lm=true",
+            "task.name=\"masked_lm\"",
+            "training.shuffle=false",
+            "model.hidden_dropout_prob=0.0",
+            "model.attention_probs_dropout_prob=0.0",
+            "optim.name=\"sgd\"",
+            "optim.lr=0.5",
+            "optim.momentum=0.0",
+            "optim.weight_decay=0.0",
+            "checkpoint.every_epochs=1"};
   }
 };
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "support/test_util.h"
+#include "support/tiny_bert_recipe.h"
 #include "trainer/data.h"
 #include "trainer/error.h"
 #include "trainer/plugin.h"
@@ -182,32 +183,7 @@ TEST_F(TextRows, SettingsThatCannotWorkAreRefusedNamingTheKey) {
       << error_of(keys("open.csv"));
 }
 
-constexpr const char* kRecipe = R"(
-[run]
-name = "text"
-seed = 3
-[model]
-name = "bert"
-hidden_size = 32
-num_hidden_layers = 2
-num_attention_heads = 2
-intermediate_size = 64
-max_position_embeddings = 64
-[training]
-epochs = 1
-batch_size = 16
-log_every = 1
-[optim]
-name = "adamw"
-lr = 0.001
-[eval]
-every_epochs = 1
-batch_size = 16
-[runtime]
-num_threads = 1
-[metrics]
-console = false
-)";
+constexpr const char* kRecipe = testing::kTinyBertRecipe;
 
 class TextRuns : public testing::TrainerTest {};
 

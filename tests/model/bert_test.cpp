@@ -226,54 +226,16 @@ class IoTokens final : public Dataset {
   at::Tensor inputs_, targets_;
 };
 
-constexpr const char* kTrainRecipe = R"(
-[run]
-name = "bert"
-seed = 1
-[model]
-name = "bert"
-path = "DIR"
-[dataset]
-name = "bert_io_tokens"
-[training]
-epochs = 1
-batch_size = 8
-shuffle = false
-log_every = 1
-[optim]
-name = "sgd"
-lr = 0.1
-momentum = 0.0
-weight_decay = 0.0
-[eval]
-every_epochs = 0
-[runtime]
-num_threads = 1
-[metrics]
-console = false
-)";
-
-class BertTraining : public testing::TrainerTest {
+class BertTraining : public testing::OneStepRun {
  protected:
   static void SetUpTestSuite() {
     dataset_registry().add("bert_io_tokens", [](const Config&, Split) -> std::shared_ptr<Dataset> {
       return std::make_shared<IoTokens>("bert");
     });
   }
-  void TearDown() override { set_memory_limit(c10::Device(c10::kCPU), 0); }
   std::map<std::string, at::Tensor> train(const std::string& name, const std::vector<std::string>& overrides = {},
                                           const std::vector<std::shared_ptr<Plugin>>& extra = {}) {
-    std::string recipe = kTrainRecipe;
-    recipe.replace(recipe.find("DIR"), 3, kDir + "/bert");
-    std::shared_ptr<Model> model;
-    const RunResult r = fit(recipe, overrides, name, extra, &model);
-    EXPECT_EQ(r.exit_code, kExitOk) << r.message;
-    EXPECT_EQ(r.global_step, 1);
-    std::map<std::string, at::Tensor> out;
-    if (model) {
-      for (const auto& p : model->named_parameters()) out[p.key()] = p.value().detach().clone();
-    }
-    return out;
+    return OneStepRun::train(recipe(kDir + "/bert", "bert_io_tokens"), name, overrides, extra);
   }
 };
 
@@ -321,20 +283,14 @@ TEST_F(BertTraining, OutOfMemoryRecoveryAndCheckpointingTrainAlike) {
 // from_pretrained loads into BertForSequenceClassification giving the trained model's logits
 // (within 1e-5, as the loading test above).
 TEST_F(BertTraining, TheRunLeavesAHuggingFaceDirectoryTransformersLoads) {
-  std::string recipe = kTrainRecipe;
-  recipe.replace(recipe.find("DIR"), 3, kDir + "/bert");
+  RunResult r;
   std::shared_ptr<Model> model;
-  const RunResult r = fit(recipe, {}, "export", {}, &model);
+  OneStepRun::train(recipe(kDir + "/bert", "bert_io_tokens"), "export", {}, {}, &r, &model);
   ASSERT_EQ(r.exit_code, kExitOk) << r.message;
   const std::string dir = r.run_dir + "/hf_model";
   ASSERT_TRUE(std::filesystem::exists(dir + "/model.safetensors"));
-  const std::string out = tmp_ / "logits.txt";
-  const auto check = testing::run_command(std::string(TRAINER_HF_PYTHON) + " " + TRAINER_SOURCE_DIR +
-                                          "/tests/model/hf_models.py check " + dir + " " + kDir + "/bert " + out);
-  ASSERT_EQ(check.code, 0) << check.text;
-  EXPECT_NE(check.text.find("hf_models check: BertForSequenceClassification (4, 3)"), std::string::npos) << check.text;
-  std::vector<double> python;
-  for (const auto& line : testing::read_lines(out)) python.push_back(std::stod(line));
+  const auto python = transformers_logits(dir, kDir + "/bert", "hf_models check: BertForSequenceClassification (4, 3)");
+  ASSERT_EQ(python.size(), 12u);
   auto b = io("bert");
   model->eval();
   torch::NoGradGuard no_grad;

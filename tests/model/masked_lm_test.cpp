@@ -188,58 +188,17 @@ class IoMasked final : public Dataset {
   at::Tensor inputs_, targets_;
 };
 
-constexpr const char* kRecipe = R"(
-[run]
-name = "mlm"
-seed = 1
-[model]
-name = "bert"
-path = "DIR"
-[dataset]
-name = "bert_io_masked"
-[task]
-name = "masked_lm"
-[training]
-epochs = 1
-batch_size = 8
-shuffle = false
-log_every = 1
-[optim]
-name = "sgd"
-lr = 0.1
-momentum = 0.0
-weight_decay = 0.0
-[eval]
-every_epochs = 0
-[runtime]
-num_threads = 1
-[metrics]
-console = false
-)";
-
-class MaskedLmTraining : public testing::TrainerTest {
+class MaskedLmTraining : public testing::OneStepRun {
  protected:
   static void SetUpTestSuite() {
     dataset_registry().add("bert_io_masked", [](const Config&, Split) -> std::shared_ptr<Dataset> {
       return std::make_shared<IoMasked>();
     });
   }
-  void TearDown() override { set_memory_limit(c10::Device(c10::kCPU), 0); }
+  static std::string mlm_recipe() { return recipe(kDir + "/bert_mlm", "bert_io_masked", "masked_lm"); }
   std::map<std::string, at::Tensor> train(const std::string& name, const std::vector<std::string>& overrides = {},
-                                          const std::vector<std::shared_ptr<Plugin>>& extra = {},
-                                          RunResult* result = nullptr) {
-    std::string recipe = kRecipe;
-    recipe.replace(recipe.find("DIR"), 3, kDir + "/bert_mlm");
-    std::shared_ptr<Model> model;
-    const RunResult r = fit(recipe, overrides, name, extra, &model);
-    EXPECT_EQ(r.exit_code, kExitOk) << r.message;
-    EXPECT_EQ(r.global_step, 1);
-    if (result) *result = r;
-    std::map<std::string, at::Tensor> out;
-    if (model) {
-      for (const auto& p : model->named_parameters()) out[p.key()] = p.value().detach().clone();
-    }
-    return out;
+                                          const std::vector<std::shared_ptr<Plugin>>& extra = {}) {
+    return OneStepRun::train(mlm_recipe(), name, overrides, extra);
   }
 };
 
@@ -277,20 +236,14 @@ TEST_F(MaskedLmTraining, TheStepIsTransformersStepHoweverTheBatchIsSplit) {
 // (no decoder: it is the embeddings), which transformers' AutoModelForMaskedLM loads giving the
 // trained model's logits within 1e-5.
 TEST_F(MaskedLmTraining, TheRunLeavesADirectoryAutoModelForMaskedLmLoads) {
-  std::string recipe = kRecipe;
-  recipe.replace(recipe.find("DIR"), 3, kDir + "/bert_mlm");
+  RunResult r;
   std::shared_ptr<Model> model;
-  const RunResult r = fit(recipe, {}, "export", {}, &model);
+  OneStepRun::train(mlm_recipe(), "export", {}, {}, &r, &model);
   ASSERT_EQ(r.exit_code, kExitOk) << r.message;
   const std::string dir = r.run_dir + "/hf_model";
   EXPECT_NE(testing::read_file(dir + "/config.json").find("\"BertForMaskedLM\""), std::string::npos);
-  const std::string out = tmp_ / "logits.txt";
-  const auto check = testing::run_command(std::string(TRAINER_HF_PYTHON) + " " + TRAINER_SOURCE_DIR +
-                                          "/tests/model/hf_models.py check " + dir + " " + kDir + "/bert_mlm " + out);
-  ASSERT_EQ(check.code, 0) << check.text;
-  EXPECT_NE(check.text.find("hf_models check: BertForMaskedLM (4, 12, 1000)"), std::string::npos) << check.text;
-  std::vector<double> python;
-  for (const auto& line : testing::read_lines(out)) python.push_back(std::stod(line));
+  const auto python = transformers_logits(dir, kDir + "/bert_mlm", "hf_models check: BertForMaskedLM (4, 12, 1000)");
+  ASSERT_EQ(python.size(), 4u * 12 * 1000);
   auto b = io("bert_mlm");
   model->eval();
   torch::NoGradGuard no_grad;

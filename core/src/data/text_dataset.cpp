@@ -14,12 +14,12 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "data/array_datasets.h"
 #include "data/text_dataset.h"
+#include "data/text_masking.h"
 #include "text/tokenizer.h"
 #include "text/unicode.h"
 #include "trainer/error.h"
@@ -282,26 +282,6 @@ Classes classes_of(const TextSettings& s, const std::vector<Row>& train_rows, co
   return c;
 }
 
-/// dataset.masked_lm: BERT's masking rule (transformers' DataCollatorForLanguageModeling).
-struct Masking {
-  double probability = 0.15;
-  std::uint64_t seed = 0;
-  std::int64_t mask_id = 0;
-  std::int64_t vocab = 0;  ///< a random replacement is below this (the tokenizer's id limit)
-};
-
-/// The masks of evaluation (get()): drawn once, the same at every evaluation.
-constexpr std::uint64_t kEvalMasks = ~std::uint64_t{0};
-
-/// One random stream per (seed, epoch, sample): splitmix64's finaliser over the three.
-std::uint64_t mask_stream(std::uint64_t seed, std::uint64_t epoch, std::uint64_t index) {
-  std::uint64_t z = seed * 0x9E3779B97F4A7C15ULL ^ (epoch + 0x632BE59BD9B4E019ULL) * 0xBF58476D1CE4E5B9ULL ^
-                    (index + 0x8CB92BA72F3D8DD7ULL) * 0x94D049BB133111EBULL;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
-}
-
 class TextDataset : public Dataset {
  public:
   TextDataset(std::vector<std::int32_t> ids, std::vector<std::uint8_t> types, std::vector<std::uint8_t> special,
@@ -374,30 +354,14 @@ class TextDataset : public Dataset {
     return {inputs, targets};
   }
 
-  /// BERT's rule, as transformers' DataCollatorForLanguageModeling draws it: each token that is
-  /// not special is chosen with the probability; a chosen token's target is its id, and it
-  /// becomes the mask token (80 %), a random id (10 %) or stays (10 %). Draws come from the
-  /// sample's own stream, so a batch is the same whichever worker reads it, in whatever batch.
+  /// BERT's rule (text_masking.h) over each sample, from the sample's stream of `epoch`.
   void mask(at::Tensor& inputs, at::Tensor& targets, const std::int64_t* ix, std::uint64_t epoch) const {
-    auto in = inputs.accessor<std::int64_t, 3>();
-    auto y = targets.accessor<std::int64_t, 2>();
-    const auto uniform = [](std::mt19937_64& g) { return static_cast<double>(g() >> 11) * 0x1.0p-53; };
+    const std::int64_t width = inputs.size(2);
     for (std::int64_t k = 0; k < inputs.size(0); ++k) {
-      std::mt19937_64 rng(mask_stream(masking_->seed, epoch, static_cast<std::uint64_t>(ix[k])));
-      const std::int64_t from = offsets_[static_cast<std::size_t>(ix[k])], len = length(ix[k]);
-      for (std::int64_t t = 0; t < len; ++t) {
-        if (special_[static_cast<std::size_t>(from + t)] != 0) continue;
-        if (uniform(rng) >= masking_->probability) continue;
-        y[k][t] = in[k][0][t];
-        const double how = uniform(rng);
-        if (how < 0.8) {
-          in[k][0][t] = masking_->mask_id;
-        } else if (how < 0.9) {
-          // Multiply-shift: a uniform id below vocab from 64 random bits, the same on every machine.
-          in[k][0][t] = static_cast<std::int64_t>(
-              (static_cast<unsigned __int128>(rng()) * static_cast<std::uint64_t>(masking_->vocab)) >> 64);
-        }
-      }
+      const auto from = static_cast<std::size_t>(offsets_[static_cast<std::size_t>(ix[k])]);
+      mask_tokens(*masking_, mask_stream(masking_->seed, epoch, static_cast<std::uint64_t>(ix[k])),
+                  inputs.data_ptr<std::int64_t>() + k * 3 * width, special_.data() + from, length(ix[k]),
+                  targets.data_ptr<std::int64_t>() + k * width);
     }
   }
 
