@@ -90,6 +90,19 @@ TEST_P(TextBatches, AreTheBatchesTransformersPadsToTheLongest) {
   const std::int64_t width = part.inputs.size(2);
   EXPECT_EQ(width, part.inputs.select(1, 1).sum(1).max().item<std::int64_t>());
   EXPECT_TRUE(part.inputs.equal(b.inputs.slice(0, 8, 12).slice(2, 0, width)));
+  // padding = "max_length": the same micro-batch max_length wide, the tokens followed by the pad
+  // id, attention mask 0 and token type 0; the data spec says that width.
+  const auto fixed = text_dataset(
+      "train = " + quoted(kFixtures + "/" + c.file) + "\ntokenizer = " + quoted(kFixtures + "/" + c.tokenizer) +
+      "\nmax_length = 24\npadding = \"max_length\"\n" + (c.pair ? "text_pair = \"text_b\"\n" : ""));
+  EXPECT_EQ(fixed->spec().sample_shape, (std::vector<std::int64_t>{3, 24}));
+  const Batch wide = fixed->get(at::arange(8, 12));
+  ASSERT_EQ(wide.inputs.sizes(), (at::IntArrayRef{4, 3, 24}));
+  EXPECT_TRUE(wide.inputs.slice(2, 0, width).equal(part.inputs));
+  const at::Tensor rest = wide.inputs.slice(2, width);
+  EXPECT_TRUE(rest.select(1, 0).eq(spec.pad_token_id).all().item<bool>());
+  EXPECT_EQ(rest.select(1, 1).abs().sum().item<std::int64_t>() + rest.select(1, 2).abs().sum().item<std::int64_t>(), 0);
+  EXPECT_TRUE(wide.targets.equal(part.targets));
 }
 
 INSTANTIATE_TEST_SUITE_P(Text, TextBatches,

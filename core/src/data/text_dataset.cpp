@@ -1,8 +1,9 @@
 // The dataset "text": texts (and optionally a second text each, a pair) with class labels, from
 // CSV/TSV or JSON Lines files, tokenized once with a tokenizer.json as they are read. A batch is
-// the ids, the attention mask and the token types [N, 3, L], padded to its longest sample (L),
-// with the labels [N], or, for masked language modelling, the hidden tokens [N, L] (-100 where
-// none is). Bad rows are errors naming the file and line, or skipped and counted.
+// the ids, the attention mask and the token types [N, 3, L], padded to its longest sample (L;
+// with padding = "max_length", to max_length), with the labels [N], or, for masked language
+// modelling, the hidden tokens [N, L] (-100 where none is). Bad rows are errors naming the file and line, or skipped
+// and counted.
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -43,6 +44,7 @@ struct TextSettings : Settings<TextSettings> {
   std::string label = "label";
   std::vector<std::string> labels;
   std::int64_t max_length = 512;
+  std::string padding = "longest";
   std::string bad_rows = "error";
   bool masked_lm = false;
   double mlm_probability = 0.15;
@@ -68,6 +70,11 @@ struct TextSettings : Settings<TextSettings> {
           "as transformers' truncation=True)")
         .min(1)
         .max(1 << 20);
+    s.add(&TextSettings::padding, "padding",
+          "longest: each batch padded to its longest sample (dynamic padding); max_length: every batch padded to "
+          "max_length (transformers' padding=\"max_length\": one shape for every step, the most memory a step at "
+          "this max_length can need; what trainer estimate's lengths probe)")
+        .choices({"longest", "max_length"});
     s.add(&TextSettings::bad_rows, "bad_rows",
           "A row without its columns, with an empty text, text that is not UTF-8 or an unknown label: error (stop, "
           "naming file and line) or skip (leave it out, counted in the log)")
@@ -286,7 +293,8 @@ class TextDataset : public Dataset {
  public:
   TextDataset(std::vector<std::int32_t> ids, std::vector<std::uint8_t> types, std::vector<std::uint8_t> special,
               std::vector<std::int64_t> offsets, std::vector<std::int64_t> labels, std::int64_t classes,
-              std::int64_t pad, std::int64_t id_limit, std::int64_t longest, std::optional<Masking> masking)
+              std::int64_t pad, std::int64_t id_limit, std::int64_t longest, std::int64_t pad_to,
+              std::optional<Masking> masking)
       : ids_(std::move(ids)),
         types_(std::move(types)),
         special_(std::move(special)),
@@ -296,6 +304,7 @@ class TextDataset : public Dataset {
         pad_(pad),
         id_limit_(id_limit),
         longest_(longest),
+        pad_to_(pad_to),
         masking_(masking) {}
 
   std::int64_t size() const override { return static_cast<std::int64_t>(labels_.size()); }
@@ -307,7 +316,7 @@ class TextDataset : public Dataset {
 
   DataSpec spec() const override {
     DataSpec d;
-    d.sample_shape = {3, longest_};
+    d.sample_shape = {3, pad_to_ > 0 ? pad_to_ : longest_};
     d.num_classes = classes_;
     d.token_id_limit = id_limit_;
     d.pad_token_id = pad_;
@@ -327,12 +336,13 @@ class TextDataset : public Dataset {
   }
 
  private:
-  /// The samples at `indices`, padded to the longest; with masking, the masks of `epoch`.
+  /// The samples at `indices`, padded to the longest (or to pad_to_); with masking, the masks of
+  /// `epoch`.
   Batch read(const at::Tensor& indices, std::uint64_t epoch) const {
     const auto idx = indices.to(at::kLong).contiguous();
     const auto* ix = idx.data_ptr<std::int64_t>();
     const std::int64_t n = idx.numel();
-    std::int64_t width = 0;
+    std::int64_t width = pad_to_;
     for (std::int64_t k = 0; k < n; ++k) {
       TRAINER_CHECK(ix[k] >= 0 && ix[k] < size(), "text dataset: sample ", ix[k], " of ", size());
       width = std::max(width, length(ix[k]));
@@ -371,6 +381,7 @@ class TextDataset : public Dataset {
   std::vector<std::int64_t> offsets_;  ///< sample i's tokens: [offsets_[i], offsets_[i + 1])
   std::vector<std::int64_t> labels_;   ///< 0 each with masking
   std::int64_t classes_, pad_, id_limit_, longest_;
+  std::int64_t pad_to_;  ///< padding = "max_length": every batch this wide; 0: to its longest sample
   std::optional<Masking> masking_;
 };
 
@@ -476,11 +487,13 @@ std::shared_ptr<Dataset> text_dataset(const TextSettings& s, Split split) {
   std::sort(lengths.begin(), lengths.end());
   default_logger()->info(
       "dataset text: {}: {} samples, {} tokens, {} classes; lengths {} to {} (median {}, 99th percentile {}); {} cut "
-      "to max_length {}{}",
+      "to max_length {}{}{}",
       where, labels.size(), ids.size(), classes.count, lengths.front(), lengths.back(), lengths[lengths.size() / 2],
-      lengths[std::min(lengths.size() - 1, lengths.size() * 99 / 100)], cut, s.max_length, masked);
+      lengths[std::min(lengths.size() - 1, lengths.size() * 99 / 100)], cut, s.max_length, masked,
+      s.padding == "max_length" ? "; every batch padded to max_length" : "");
   return std::make_shared<TextDataset>(std::move(ids), std::move(types), std::move(special), std::move(offsets),
-                                       std::move(labels), classes.count, *pad, tok.id_limit(), longest, masking);
+                                       std::move(labels), classes.count, *pad, tok.id_limit(), longest,
+                                       s.padding == "max_length" ? s.max_length : 0, masking);
 }
 
 }  // namespace
@@ -493,7 +506,7 @@ void add_text_dataset(Registry<DatasetFactory>& r) {
       },
       TextSettings::keys(),
       "Texts (or pairs) with class labels in CSV, TSV or JSON Lines, tokenized with a tokenizer.json; batches padded "
-      "to their longest; or texts whose tokens BERT's masking hides (masked_lm)");
+      "to their longest (or to max_length); or texts whose tokens BERT's masking hides (masked_lm)");
 }
 
 }  // namespace trainer::detail
