@@ -30,6 +30,8 @@ RecipeFacts recipe_facts(const EstimateRequest& r) {
   if (eval.every_epochs > 0 || eval.at_end) f.eval_batch = eval.batch_size;
   f.memory_format_auto =
       p.config.has("model.memory_format") && p.config.get<std::string>("model.memory_format") == "auto";
+  if (p.config.has("dataset.max_length")) f.max_length = p.config.get<std::int64_t>("dataset.max_length");
+  f.model_trims = p.config.has("model.trim_padding");
   return f;
 }
 
@@ -37,8 +39,12 @@ std::int64_t usable(const MemoryEstimate& e) {
   return static_cast<std::int64_t>(static_cast<double>(e.limit) * (1.0 - e.margin));
 }
 
+std::int64_t limit_measure(const MemoryEstimate& e, std::int64_t batch, std::int64_t micro, std::int64_t len) {
+  return e.limit_on_reserved ? e.predict_reserved_at(batch, micro, len) : e.predict_at(batch, micro, len);
+}
+
 std::int64_t limit_measure(const MemoryEstimate& e, std::int64_t batch, std::int64_t micro) {
-  return e.limit_on_reserved ? e.predict_reserved(batch, micro) : e.predict(batch, micro);
+  return limit_measure(e, batch, micro, e.length);
 }
 
 std::string memory_key(const std::vector<std::string>& overrides, const std::vector<SectionSpec>& sections) {
@@ -68,26 +74,36 @@ std::string memory_key(const std::vector<std::string>& overrides, const Prepared
   return memory_key(overrides, sections);
 }
 
-std::int64_t MemoryEstimate::predict(std::int64_t batch, std::int64_t micro) const {
+std::int64_t MemoryEstimate::predict_at(std::int64_t batch, std::int64_t micro, std::int64_t len) const {
   micro = std::min(micro, batch);
-  const double forward_backward = held + per_sample * double(micro) + per_batch_sample * double(batch - micro);
-  const double step = step_held + step_per_batch_sample * double(batch);
+  const double l = double(len);
+  const double sample = per_sample + per_sample_l1 * l + per_sample_l2 * l * l;
+  const double forward_backward = std::max(
+      floor, held + sample * double(micro) + (per_batch_sample + per_batch_sample_l1 * l) * double(batch - micro));
+  const double step = step_held + (step_per_batch_sample + step_per_batch_sample_l1 * l) * double(batch);
   return static_cast<std::int64_t>(std::llround(std::max(forward_backward, step)));
 }
 
-std::int64_t MemoryEstimate::predict_reserved(std::int64_t batch, std::int64_t micro) const {
+std::int64_t MemoryEstimate::predict_reserved_at(std::int64_t batch, std::int64_t micro, std::int64_t len) const {
   micro = std::min(micro, batch);
-  return predict(batch, micro) + std::max<std::int64_t>(0, std::llround(slack + slack_per_sample * double(micro)));
+  return predict_at(batch, micro, len) +
+         std::max<std::int64_t>(0, std::llround(slack + (slack_per_sample + slack_l1 * double(len)) * double(micro)));
 }
 
 bool MemoryEstimate::fits_at(std::int64_t batch, std::int64_t micro) const {
-  return limit <= 0 || limit_measure(*this, batch, micro) <= usable(*this);
+  return fits_at_length(batch, micro, length);
 }
 
-std::int64_t MemoryEstimate::predict_eval(std::int64_t batch) const {
+bool MemoryEstimate::fits_at_length(std::int64_t batch, std::int64_t micro, std::int64_t len) const {
+  return limit <= 0 || limit_measure(*this, batch, micro, len) <= usable(*this);
+}
+
+std::int64_t MemoryEstimate::predict_eval_at(std::int64_t batch, std::int64_t len) const {
   if (eval_batch <= 0) return 0;
   const double samples = double(test_samples > 0 ? std::min(batch, test_samples) : batch);
-  return static_cast<std::int64_t>(std::llround(eval_base + eval_per_sample * samples));
+  const double l = double(len);
+  return static_cast<std::int64_t>(
+      std::llround(eval_base + (eval_per_sample + eval_per_sample_l1 * l + eval_per_sample_l2 * l * l) * samples));
 }
 
 bool MemoryEstimate::eval_fits_at(std::int64_t batch) const {

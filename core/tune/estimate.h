@@ -17,6 +17,13 @@
 // own model, optimizer and plugins, so mixed precision and activation checkpointing are in the
 // measurement. The peak is everything the device's allocator holds at the step's highest point.
 //
+// Over sequence lengths (--lengths: dataset.max_length, every batch padded to it), what a
+// sample holds grows with its length L, attention's scores with its square:
+//
+//     b(L) = b + b_l1 * L + b_l2 * L^2     c(L) = c + c_l1 * L     c2(L) = c2 + c2_l1 * L
+//
+// and the probes run at each length asked. Without it, L is 0 and those terms are 0.
+//
 // When the recipe evaluates, the first probe also evaluates one batch of eval.batch_size:
 //
 //     evaluation:            held at its start + per sample * eval batch
@@ -48,13 +55,17 @@ struct EstimateRequest {
   std::int64_t probe_steps = 3;  ///< steps per probe (the first steps create optimizer state, fill the read-ahead)
   double margin = 0.10;          ///< the fraction of the limit kept free
   std::string work_dir;          ///< probe run directories go here (each removed after its run)
+  /// Sequence lengths probed (dataset.max_length with dataset.padding = "max_length"), at
+  /// least three distinct; empty: no length axis.
+  std::vector<std::int64_t> lengths;
 };
 
 /// One probe as measured.
 struct Probe {
   std::int64_t batch_size = 0;
   std::int64_t micro_batch = 0;
-  std::int64_t peak = 0;  ///< highest allocated during a step
+  std::int64_t length = 0;  ///< dataset.max_length it ran at, every batch padded to it (0: the recipe's data as is)
+  std::int64_t peak = 0;    ///< highest allocated during a step
   std::int64_t peak_forward_backward = 0;
   std::int64_t peak_optimizer_step = 0;
   std::int64_t reserved = 0;  ///< reserved at the end of that step
@@ -75,6 +86,19 @@ struct MemoryEstimate {
   double step_per_batch_sample = 0;  ///< c2: per sample of the batch during the optimizer step
   double slack = 0;                  ///< reserved - peak = slack + slack_per_sample * micro (allocator slack)
   double slack_per_sample = 0;
+  // The length terms (0 without a length axis): b(L), c(L), c2(L) and the slack per sample as
+  // in the header, the evaluation's rise per sample e + e_l1 * L + e_l2 * L^2.
+  double per_sample_l1 = 0, per_sample_l2 = 0;
+  double per_batch_sample_l1 = 0;
+  double step_per_batch_sample_l1 = 0;
+  double slack_l1 = 0;
+  double eval_per_sample_l1 = 0, eval_per_sample_l2 = 0;
+  /// Over lengths: the forward and backward's floor, the peak of a step too small for its
+  /// activations to outgrow the gradients it creates (0: none).
+  double floor = 0;
+  /// The length predict() and fits_at() take: the recipe's dataset.max_length with a length
+  /// axis (a batch padded to it: what a run with dynamic padding needs at most), else 0.
+  std::int64_t length = 0;
   double fit_residual = 0;  ///< largest |measured - fitted| / measured over the probes
   std::vector<Probe> probes;
   std::vector<std::string> plugins;  ///< plugins active in the probes
@@ -111,24 +135,40 @@ struct MemoryEstimate {
   std::int64_t max_micro_batch = 0;     ///< largest micro-batch that fits, with batch = micro-batch
   std::int64_t max_micro_at_batch = 0;  ///< largest micro-batch <= batch_size that fits at the recipe's batch
 
+  /// With a length axis: at each length asked, the step's peak at the recipe's (batch,
+  /// micro-batch), the largest micro-batches that fit (as max_micro_batch, max_micro_at_batch;
+  /// 0 when the limit is unknown) and the evaluation's peak.
+  struct AtLength {
+    std::int64_t length = 0, peak = 0, max_micro_batch = 0, max_micro_at_batch = 0, eval_peak = 0;
+  };
+  std::vector<AtLength> by_length;
+
   /// --find-max-batch: the largest micro-batch (batch = micro-batch) that ran its steps inside
   /// the limit, and the sizes tried; -1 when not searched.
   std::int64_t found_max_micro_batch = -1;
   std::vector<std::pair<std::int64_t, bool>> search;  ///< (micro-batch, ran without running out of memory)
 
-  /// Predicted peak allocated of a training step at (batch, micro-batch).
-  std::int64_t predict(std::int64_t batch, std::int64_t micro) const;
-  /// Predicted peak allocated of an evaluation at `eval_batch` (0 when not measured).
-  std::int64_t predict_eval(std::int64_t eval_batch) const;
+  /// Predicted peak allocated of a training step at (batch, micro-batch), at `length`.
+  std::int64_t predict(std::int64_t batch, std::int64_t micro) const { return predict_at(batch, micro, length); }
+  /// The same at sequence length `len` (0 without a length axis).
+  std::int64_t predict_at(std::int64_t batch, std::int64_t micro, std::int64_t len) const;
+  /// Predicted peak allocated of an evaluation at `eval_batch` (0 when not measured), at `length`.
+  std::int64_t predict_eval(std::int64_t eval_batch) const { return predict_eval_at(eval_batch, length); }
+  std::int64_t predict_eval_at(std::int64_t eval_batch, std::int64_t len) const;
   /// Whether an evaluation at `eval_batch` fits limit * (1 - margin) (true when unmeasured or
   /// the limit is unknown).
   bool eval_fits_at(std::int64_t eval_batch) const;
   /// The largest evaluation batch that fits (0: none does; -1: not measured or no limit).
   std::int64_t max_eval_batch() const;
   /// Predicted reserved at (batch, micro-batch).
-  std::int64_t predict_reserved(std::int64_t batch, std::int64_t micro) const;
+  std::int64_t predict_reserved(std::int64_t batch, std::int64_t micro) const {
+    return predict_reserved_at(batch, micro, length);
+  }
+  std::int64_t predict_reserved_at(std::int64_t batch, std::int64_t micro, std::int64_t len) const;
   /// Whether (batch, micro-batch) fits limit * (1 - margin); true when the limit is unknown.
   bool fits_at(std::int64_t batch, std::int64_t micro) const;
+  /// The same at sequence length `len`.
+  bool fits_at_length(std::int64_t batch, std::int64_t micro, std::int64_t len) const;
 };
 
 /// The micro-batches probed by default for a recipe's micro-batch: a quarter of it (at least

@@ -17,6 +17,8 @@ struct RecipeFacts {
   std::int64_t eval_batch = 0;  ///< eval.batch_size when the run evaluates, else 0
   MemorySettings memory;
   bool memory_format_auto = false;  ///< model.memory_format = "auto": chosen by a timing probe in each run
+  std::int64_t max_length = 0;      ///< dataset.max_length where the recipe's dataset has one, else 0
+  bool model_trims = false;         ///< the model has trim_padding (bert): the probes turn it off
 };
 
 RecipeFacts recipe_facts(const EstimateRequest& r);
@@ -34,6 +36,9 @@ std::int64_t largest_fitting(F f, std::int64_t budget, std::int64_t cap) {
   return 0;
 }
 
+/// What the limit caps (reserved on CUDA, allocated on the CPU), predicted at (batch, micro) at
+/// the estimate's length, or at `len`.
 std::int64_t limit_measure(const MemoryEstimate& e, std::int64_t batch, std::int64_t micro);
+std::int64_t limit_measure(const MemoryEstimate& e, std::int64_t batch, std::int64_t micro, std::int64_t len);
 
 }  // namespace trainer::tune

@@ -75,36 +75,69 @@ MemoryEstimate estimate_once(const EstimateRequest& request, const RecipeFacts& 
   sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
   TRAINER_CHECK_T(UsageError, sizes.size() >= 2 && sizes.front() >= 1,
                   "the probes need at least two distinct micro-batch sizes >= 1");
+  std::vector<std::int64_t> lengths = request.lengths;
+  std::sort(lengths.begin(), lengths.end());
+  lengths.erase(std::unique(lengths.begin(), lengths.end()), lengths.end());
+  const bool by_length = !lengths.empty();
+  if (by_length) {
+    TRAINER_CHECK_T(UsageError, lengths.size() >= 3 && lengths.front() >= 1,
+                    "--lengths needs at least three distinct lengths >= 1: what a sample holds grows with its "
+                    "length, attention's scores with its square");
+    TRAINER_CHECK_T(UsageError, facts.max_length > 0,
+                    "--lengths probes dataset.max_length, every batch padded to it: the recipe's dataset has no "
+                    "max_length (dataset \"text\" has)");
+    e.length = facts.max_length;
+  } else {
+    lengths = {0};  // the recipe's data as it is
+  }
 
   // Probes at batch = micro-batch, and one with a batch 4x its micro-batch: what the batch
-  // itself holds (c) is told apart from what the micro-batch's forward and backward hold (b).
-  std::vector<std::pair<std::int64_t, std::int64_t>> points;  // (batch, micro)
-  for (auto m : sizes) points.emplace_back(m, m);
-  points.emplace_back(4 * sizes.back(), sizes.back());
+  // itself holds (c) is told apart from what the micro-batch's forward and backward hold (b);
+  // at each length.
+  struct Point {
+    std::int64_t batch, micro, length;
+    std::size_t index;  ///< of the probe among its length's
+  };
+  std::vector<Point> points;
+  for (const auto len : lengths) {
+    // Over lengths, the same tokens per micro-batch at each length (the sizes at the longest,
+    // scaled up at the shorter): each probe's activations stand out from what a step holds anyway.
+    const auto at = [&](std::int64_t m) { return len > 0 ? std::max<std::int64_t>(1, m * lengths.back() / len) : m; };
+    std::size_t i = 0;
+    for (auto m : sizes) points.push_back({at(m), at(m), len, i++});
+    points.push_back({4 * at(sizes.back()), at(sizes.back()), len, i});
+  }
   ShortRunResult first;
   struct Evaluation {
-    std::int64_t samples, start, peak;
+    std::int64_t samples, start, peak, length;
   };
   std::vector<Evaluation> evaluations;
-  for (const auto& [batch, micro] : points) {
+  for (const auto& [batch, micro, len, index] : points) {
     ShortRunSpec spec;
     spec.recipe = request.recipe;
     spec.overrides = request.overrides;
+    if (len > 0) {
+      spec.overrides.push_back("dataset.max_length=" + std::to_string(len));
+      spec.overrides.emplace_back("dataset.padding=\"max_length\"");
+      // Every batch the full length: a model that cuts columns of padding computes over all.
+      if (facts.model_trims) spec.overrides.emplace_back("model.trim_padding=false");
+    }
     spec.plugin_dirs = request.plugin_dirs;
     spec.batch_size = batch;
     spec.micro_batch = micro;
     spec.steps = request.probe_steps;
-    spec.run_dir = probe_dir(request, "probe-" + std::to_string(batch) + "-" + std::to_string(micro));
+    spec.run_dir =
+        probe_dir(request, "probe-" + std::to_string(batch) + "-" + std::to_string(micro) + "-" + std::to_string(len));
     // The first (smallest) probe also evaluates a batch of eval.batch_size, the second one of
     // half that: what an evaluation needs does not depend on the training batch, and two sizes
-    // tell what grows with its batch from what does not.
-    const std::size_t index = e.probes.size();
+    // tell what grows with its batch from what does not (at each length).
     spec.evaluate = facts.eval_batch > 0 && (index == 0 || (index == 1 && facts.eval_batch >= 2));
     if (spec.evaluate) spec.eval_batch = index == 0 ? facts.eval_batch : facts.eval_batch / 2;
     const ShortRunResult r = run_short(spec);
     Probe p;
     p.batch_size = batch;
     p.micro_batch = micro;
+    p.length = len;
     p.peak = r.peak();
     p.peak_forward_backward = r.peak_forward_backward();
     p.peak_optimizer_step = r.peak_optimizer_step();
@@ -120,8 +153,9 @@ MemoryEstimate estimate_once(const EstimateRequest& request, const RecipeFacts& 
                         " ran out of memory on " + r.device + " without a budget: it cannot fit there");
     } else if (r.exit_code != 0 || !steps_ran) {
       p.error = r.message.empty() ? "ran " + std::to_string(r.steps.size()) + " steps" : r.message;
+      if (!r.out_of_memory && r.exit_code == kExitUsage) throw UsageError(r.message);
       TRAINER_CHECK(r.out_of_memory || r.exit_code == 0, "the probe at micro-batch ", micro, " (batch ", batch,
-                    ") failed: ", p.error);
+                    len > 0 ? ", length " + std::to_string(len) : std::string(), ") failed: ", p.error);
       TRAINER_CHECK(r.out_of_memory, "the probe at micro-batch ", micro, " (batch ", batch, ") ran only ",
                     r.steps.size(), " of ", request.probe_steps,
                     " steps: the training set is too small for it (lower the probe sizes with --probe-sizes)");
@@ -133,7 +167,7 @@ MemoryEstimate estimate_once(const EstimateRequest& request, const RecipeFacts& 
       e.train_samples = r.train_samples;
     }
     if (spec.evaluate && r.eval_samples > 0 && r.eval_peak > 0) {
-      evaluations.push_back({r.eval_samples, r.eval_allocated_at_start, r.eval_peak});
+      evaluations.push_back({r.eval_samples, r.eval_allocated_at_start, r.eval_peak, len});
       if (index == 0 && r.eval_samples < facts.eval_batch) e.test_samples = r.eval_samples;  // a small test split
     } else if (spec.evaluate && !eval_oom) {
       e.notes.push_back("the evaluation at eval.batch_size " + std::to_string(spec.eval_batch) +
@@ -145,7 +179,23 @@ MemoryEstimate estimate_once(const EstimateRequest& request, const RecipeFacts& 
                 e.device, "' in this build (a CUDA device needs a LibTorch with CUDA)");
   // The evaluation: held at its start (the first probe's), plus a rise per sample of its batch
   // and a rise that does not grow with it (caches, workspaces), told apart by the two sizes.
-  if (!evaluations.empty()) {
+  if (by_length && evaluations.size() >= 4) {
+    // Over lengths: the rise per sample is e + e_l1 L + e_l2 L^2, on top of a fixed rise.
+    std::vector<std::vector<double>> Xe;
+    std::vector<double> ye;
+    for (const auto& v : evaluations) {
+      const double n = double(v.samples), l = double(v.length);
+      Xe.push_back({1.0, n, n * l, n * l * l});
+      ye.push_back(double(v.peak - v.start));
+    }
+    const auto w = least_squares(Xe, ye);
+    e.eval_batch = facts.eval_batch;
+    e.eval_base = double(evaluations.front().start) + std::max(0.0, w[0]);
+    e.eval_per_sample = w[1], e.eval_per_sample_l1 = w[2], e.eval_per_sample_l2 = w[3];
+    e.eval_peak = e.predict_eval(e.eval_batch);
+  } else if (by_length && !evaluations.empty()) {
+    e.notes.push_back("the evaluation was measured at too few lengths and sizes to fit: it is left out");
+  } else if (!evaluations.empty()) {
     const Evaluation& one = evaluations.front();
     double per_sample = double(one.peak - one.start) / double(one.samples), fixed = 0;
     if (evaluations.size() == 2 && evaluations[1].samples != one.samples) {
@@ -164,24 +214,56 @@ MemoryEstimate estimate_once(const EstimateRequest& request, const RecipeFacts& 
 
   // Fit on the probes that ran.
   std::vector<std::vector<double>> X, Xs, Xo;
-  std::vector<double> y, ys, yo, measured;
+  std::vector<double> y, ys, yo;
+  // Columns: 1, micro, micro L, micro L^2, (batch - micro), (batch - micro) L; without a
+  // length axis the L columns are left out (L = 0).
+  std::set<std::int64_t> micro_sizes, accumulated_lengths;
+  std::vector<const Probe*> ran;
   for (const auto& p : e.probes) {
     if (!p.error.empty()) continue;
-    X.push_back({1.0, double(p.micro_batch), double(p.batch_size - p.micro_batch)});
-    y.push_back(double(p.peak_forward_backward));
-    Xo.push_back({1.0, double(p.batch_size)});
-    yo.push_back(double(p.peak_optimizer_step));
-    measured.push_back(double(p.peak));
-    Xs.push_back({1.0, double(p.micro_batch)});
-    ys.push_back(double(p.reserved - p.peak));
+    ran.push_back(&p);
+    micro_sizes.insert(p.micro_batch);
+    if (p.batch_size > p.micro_batch) accumulated_lengths.insert(p.length);
+  }
+  // Over lengths, a floor: in a step without accumulation the gradients are created during the
+  // backward pass as the activations are freed, so a small step's peak is the gradients' (the
+  // same at every size), a large one's the activations'. The probes on that floor (within 2 %
+  // of the lowest) stay out of the line when enough remain above it; the forward and backward
+  // is then the larger of the floor and the line.
+  std::vector<const Probe*> fitted = ran;
+  if (by_length && !ran.empty()) {
+    std::int64_t lowest = ran.front()->peak_forward_backward;
+    for (const Probe* p : ran) lowest = std::min(lowest, p->peak_forward_backward);
+    std::vector<const Probe*> above;
+    for (const Probe* p : ran) {
+      if (double(p->peak_forward_backward) > 1.02 * double(lowest)) above.push_back(p);
+    }
+    std::set<std::int64_t> above_lengths, above_sizes;
+    for (const Probe* p : above) above_lengths.insert(p->length), above_sizes.insert(p->micro_batch);
+    if (above.size() >= 8 && above_lengths.size() >= 3 && above_sizes.size() >= 2) {
+      fitted = above;
+      e.floor = double(lowest);
+    } else {
+      e.notes.push_back("too few probes rose above the smallest step's peak to fit the line without them");
+    }
+  }
+  const bool accumulated = !accumulated_lengths.empty();
+  const bool accumulated_by_length = by_length && accumulated_lengths.size() >= 2;
+  for (const Probe* p : fitted) {
+    const double m = double(p->micro_batch), rest = double(p->batch_size - p->micro_batch), l = double(p->length);
+    std::vector<double> row = {1.0, m};
+    if (by_length) row.insert(row.end(), {m * l, m * l * l});
+    if (accumulated) row.push_back(rest);
+    if (accumulated_by_length) row.push_back(rest * l);
+    X.push_back(row);
+    y.push_back(double(p->peak_forward_backward));
+    Xo.push_back(by_length ? std::vector<double>{1.0, double(p->batch_size), double(p->batch_size) * l}
+                           : std::vector<double>{1.0, double(p->batch_size)});
+    yo.push_back(double(p->peak_optimizer_step));
+    Xs.push_back(by_length ? std::vector<double>{1.0, m, m * l} : std::vector<double>{1.0, m});
+    ys.push_back(double(p->reserved - p->peak));
   }
   set_limit(e, facts.memory);
-  std::set<std::int64_t> micro_sizes;
-  bool accumulated = false;
-  for (const auto& x : X) {
-    micro_sizes.insert(std::int64_t(x[1]));
-    accumulated |= x[2] > 0;
-  }
   if (micro_sizes.size() < 2) {
     // The smallest probe ran out of memory: the recipe's larger step cannot fit either.
     TRAINER_CHECK(e.probes.front().out_of_memory, "only ", X.size(),
@@ -191,24 +273,34 @@ MemoryEstimate estimate_once(const EstimateRequest& request, const RecipeFacts& 
                       ") ran out of memory");
     return e;
   }
+  if (by_length && accumulated && !accumulated_by_length) {
+    e.notes.push_back(
+        "the probes of a batch 4x its micro-batch ran at one length only: what the rest of a batch holds is "
+        "taken not to grow with the length");
+  }
   if (!accumulated) {
     // The probe with a batch 4x its micro-batch ran out of memory: what the rest of a batch holds
     // cannot be told apart, and is taken as nothing.
-    for (auto& x : X) x.pop_back();
     e.notes.push_back(
         "the probe of a batch 4x its micro-batch ran out of memory: the rest of a batch split "
         "into micro-batches is taken to hold nothing (c = 0)");
   }
   const auto w = least_squares(X, y);
-  e.held = w[0], e.per_sample = w[1], e.per_batch_sample = accumulated ? w[2] : 0.0;
+  std::size_t k = 0;
+  e.held = w[k++], e.per_sample = w[k++];
+  if (by_length) e.per_sample_l1 = w[k++], e.per_sample_l2 = w[k++];
+  if (accumulated) e.per_batch_sample = w[k++];
+  if (accumulated_by_length) e.per_batch_sample_l1 = w[k++];
   const auto wo = least_squares(Xo, yo);
   e.step_held = wo[0], e.step_per_batch_sample = wo[1];
+  if (by_length) e.step_per_batch_sample_l1 = wo[2];
   const auto s = least_squares(Xs, ys);
   e.slack = s[0], e.slack_per_sample = s[1];
-  for (std::size_t i = 0; i < X.size(); ++i) {
-    const double fitted =
-        double(e.predict(std::int64_t(X[i][1] + (accumulated ? X[i][2] : 0.0)), std::int64_t(X[i][1])));
-    e.fit_residual = std::max(e.fit_residual, std::fabs(measured[i] - fitted) / std::max(1.0, measured[i]));
+  if (by_length) e.slack_l1 = s[2];
+  for (const Probe* p : ran) {
+    const double measured = double(p->peak);
+    const double predicted = double(e.predict_at(p->batch_size, p->micro_batch, p->length));
+    e.fit_residual = std::max(e.fit_residual, std::fabs(measured - predicted) / std::max(1.0, measured));
   }
 
   e.peak = e.predict(e.batch_size, e.micro_batch);
@@ -230,6 +322,21 @@ MemoryEstimate estimate_once(const EstimateRequest& request, const RecipeFacts& 
         largest_fitting([&](std::int64_t m) { return limit_measure(e, e.batch_size, m); }, budget, e.batch_size);
   } else {
     e.fits = true;
+  }
+  if (by_length) {
+    for (const auto len : lengths) {
+      MemoryEstimate::AtLength a;
+      a.length = len;
+      a.peak = e.predict_at(e.batch_size, e.micro_batch, len);
+      a.eval_peak = e.predict_eval_at(e.eval_batch, len);
+      if (e.limit > 0) {
+        const std::int64_t budget = usable(e), cap = std::max<std::int64_t>(1, e.train_samples);
+        a.max_micro_batch = largest_fitting([&](std::int64_t m) { return limit_measure(e, m, m, len); }, budget, cap);
+        a.max_micro_at_batch = largest_fitting([&](std::int64_t m) { return limit_measure(e, e.batch_size, m, len); },
+                                               budget, e.batch_size);
+      }
+      e.by_length.push_back(a);
+    }
   }
   return e;
 }

@@ -23,9 +23,15 @@ std::string describe_fit(const MemoryEstimate& e) {
                               : (v >= 0 ? " + " : " - ") + format_bytes(std::llround(std::fabs(v))) + what;
   };
   std::ostringstream s;
-  s << "peak = the larger of forward/backward " << format_bytes(std::llround(e.held))
-    << term(e.per_sample, " x micro-batch") << term(e.per_batch_sample, " x (batch - micro-batch)")
-    << " and optimizer step " << format_bytes(std::llround(e.step_held)) << term(e.step_per_batch_sample, " x batch");
+  s << "peak = the larger of forward/backward ";
+  if (e.floor > 0) s << "(at least " << format_bytes(std::llround(e.floor)) << ") ";
+  s << format_bytes(std::llround(e.held)) << term(e.per_sample, " x micro-batch")
+    << term(e.per_sample_l1, " x micro-batch x L") << term(e.per_sample_l2, " x micro-batch x L^2")
+    << term(e.per_batch_sample, " x (batch - micro-batch)")
+    << term(e.per_batch_sample_l1, " x (batch - micro-batch) x L") << " and optimizer step "
+    << format_bytes(std::llround(e.step_held)) << term(e.step_per_batch_sample, " x batch")
+    << term(e.step_per_batch_sample_l1, " x batch x L");
+  if (e.length > 0) s << ", L the sequence length (dataset.max_length " << e.length << ")";
   return s.str();
 }
 
@@ -33,7 +39,9 @@ void print_estimate(const MemoryEstimate& e, std::ostream& out) {
   out << "memory estimate on " << e.device << ": batch " << e.batch_size << ", micro-batch " << e.micro_batch << "\n";
   out << "  probes (real steps, no budget):";
   for (const auto& p : e.probes) {
-    out << "\n    micro-batch " << std::setw(5) << p.micro_batch << ", batch " << std::setw(5) << p.batch_size << ": ";
+    out << "\n    micro-batch " << std::setw(5) << p.micro_batch << ", batch " << std::setw(5) << p.batch_size;
+    if (p.length > 0) out << ", length " << std::setw(5) << p.length;
+    out << ": ";
     if (p.error.empty()) {
       out << format_bytes(p.peak) << " peak (forward/backward " << format_bytes(p.peak_forward_backward)
           << ", optimizer step " << format_bytes(p.peak_optimizer_step) << ")";
@@ -86,6 +94,19 @@ void print_estimate(const MemoryEstimate& e, std::ostream& out) {
         << format_bytes(budget) << "\n";
     out << "  largest micro-batch that fits: " << e.max_micro_batch << " (batch = micro-batch); at batch_size "
         << e.batch_size << ": " << e.max_micro_at_batch << "\n";
+    if (!e.by_length.empty()) {
+      out << "  by sequence length (dataset.max_length, every batch padded to it: what dynamic padding needs at "
+             "most):\n"
+          << "    length   step peak   largest micro-batch   at batch_size " << e.batch_size
+          << (e.eval_batch > 0 ? "   evaluation peak" : "") << "\n";
+      for (const auto& a : e.by_length) {
+        out << "    " << std::setw(6) << a.length << "   " << std::setw(9) << format_bytes(a.peak) << "   "
+            << std::setw(19) << a.max_micro_batch << "   " << std::setw(13 + std::to_string(e.batch_size).size())
+            << a.max_micro_at_batch;
+        if (e.eval_batch > 0) out << "   " << std::setw(15) << format_bytes(a.eval_peak);
+        out << "\n";
+      }
+    }
     if (e.eval_batch > 0) {
       const bool ok = e.eval_fits_at(e.eval_batch);
       out << "  evaluation at eval.batch_size " << e.eval_batch << (ok ? " fits" : " does NOT fit") << ": predicted "
@@ -112,11 +133,27 @@ void print_estimate_json(const MemoryEstimate& e, std::ostream& out) {
               {"c2", e.step_per_batch_sample},
               {"slack0", e.slack},
               {"slack1", e.slack_per_sample},
-              {"residual", e.fit_residual}};
+              {"residual", e.fit_residual},
+              {"b_l1", e.per_sample_l1},
+              {"b_l2", e.per_sample_l2},
+              {"c_l1", e.per_batch_sample_l1},
+              {"c2_l1", e.step_per_batch_sample_l1},
+              {"slack_l1", e.slack_l1},
+              {"floor", e.floor}};
+  j["length"] = e.length;
+  j["by_length"] = json::array();
+  for (const auto& a : e.by_length) {
+    j["by_length"].push_back({{"length", a.length},
+                              {"peak_bytes", a.peak},
+                              {"max_micro_batch", a.max_micro_batch},
+                              {"max_micro_batch_at_batch_size", a.max_micro_at_batch},
+                              {"eval_peak_bytes", a.eval_peak}});
+  }
   j["probes"] = json::array();
   for (const auto& p : e.probes) {
     j["probes"].push_back({{"batch_size", p.batch_size},
                            {"micro_batch_size", p.micro_batch},
+                           {"length", p.length},
                            {"peak_bytes", p.peak},
                            {"peak_forward_backward_bytes", p.peak_forward_backward},
                            {"peak_optimizer_step_bytes", p.peak_optimizer_step},
@@ -124,9 +161,14 @@ void print_estimate_json(const MemoryEstimate& e, std::ostream& out) {
                            {"out_of_memory", p.out_of_memory},
                            {"error", p.error}});
   }
-  j["eval"] = {{"batch_size", e.eval_batch}, {"test_samples", e.test_samples},
-               {"base_bytes", e.eval_base},  {"per_sample_bytes", e.eval_per_sample},
-               {"peak_bytes", e.eval_peak},  {"max_batch_size", e.max_eval_batch()}};
+  j["eval"] = {{"batch_size", e.eval_batch},
+               {"test_samples", e.test_samples},
+               {"base_bytes", e.eval_base},
+               {"per_sample_bytes", e.eval_per_sample},
+               {"peak_bytes", e.eval_peak},
+               {"max_batch_size", e.max_eval_batch()},
+               {"per_sample_l1_bytes", e.eval_per_sample_l1},
+               {"per_sample_l2_bytes", e.eval_per_sample_l2}};
   j["plugins"] = e.plugins;
   j["notes"] = e.notes;
   j["probe_overrides"] = e.probe_overrides;
@@ -160,10 +202,20 @@ MemoryEstimate estimate_from_json(const std::string& text) {
     e.held = f.at("a"), e.per_sample = f.at("b"), e.per_batch_sample = f.at("c");
     e.step_held = f.at("a2"), e.step_per_batch_sample = f.at("c2");
     e.slack = f.at("slack0"), e.slack_per_sample = f.at("slack1"), e.fit_residual = f.at("residual");
+    // The length terms (absent from an estimate written before there was a length axis: 0).
+    e.per_sample_l1 = f.value("b_l1", 0.0), e.per_sample_l2 = f.value("b_l2", 0.0);
+    e.per_batch_sample_l1 = f.value("c_l1", 0.0), e.step_per_batch_sample_l1 = f.value("c2_l1", 0.0);
+    e.slack_l1 = f.value("slack_l1", 0.0), e.floor = f.value("floor", 0.0);
+    e.length = j.value("length", std::int64_t{0});
+    for (const auto& a : j.value("by_length", json::array())) {
+      e.by_length.push_back({a.at("length"), a.at("peak_bytes"), a.at("max_micro_batch"),
+                             a.at("max_micro_batch_at_batch_size"), a.at("eval_peak_bytes")});
+    }
     for (const auto& p : j.at("probes")) {
       Probe q;
       q.batch_size = p.at("batch_size");
       q.micro_batch = p.at("micro_batch_size");
+      q.length = p.value("length", std::int64_t{0});
       q.peak = p.at("peak_bytes");
       q.peak_forward_backward = p.at("peak_forward_backward_bytes");
       q.peak_optimizer_step = p.at("peak_optimizer_step_bytes");
@@ -178,6 +230,8 @@ MemoryEstimate estimate_from_json(const std::string& text) {
     e.eval_base = ev.at("base_bytes");
     e.eval_per_sample = ev.at("per_sample_bytes");
     e.eval_peak = ev.at("peak_bytes");
+    e.eval_per_sample_l1 = ev.value("per_sample_l1_bytes", 0.0);
+    e.eval_per_sample_l2 = ev.value("per_sample_l2_bytes", 0.0);
     e.plugins = j.at("plugins").get<std::vector<std::string>>();
     e.notes = j.at("notes").get<std::vector<std::string>>();
     e.probe_overrides = j.at("probe_overrides").get<std::vector<std::string>>();

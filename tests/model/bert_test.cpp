@@ -119,6 +119,29 @@ TEST(Bert, PaddingBeyondTheLongestSequenceIsCut) {
   EXPECT_LE(max_diff(m->forward(padded.narrow(0, 2, 2)), b.at("logits").narrow(0, 2, 2)), 1e-5);
 }
 
+// model.trim_padding = false: the forward runs over the batch's full width (64 columns, 52 of
+// them padding), as transformers' does for a batch padded to max_length: the same logits (the
+// attention mask keeps the padding out; 1e-5 as above, sums over more columns of zeros) and
+// more memory than the trimmed forward (scores [4, 4, 64, 64] against [4, 4, 12, 12]).
+TEST(Bert, WithoutTrimmingTheForwardRunsOverTheFullWidth) {
+  install_cpu_tracking_allocator();
+  auto trimmed = bert("bert");
+  auto full = bert("bert", 3, "trim_padding = false\n");
+  auto b = io("bert");
+  trimmed->eval();
+  full->eval();
+  torch::NoGradGuard no_grad;
+  const at::Tensor x = tokens(b);
+  const at::Tensor padded = at::cat({x, at::zeros({4, 3, 52}, x.options())}, 2);
+  const c10::Device cpu(c10::kCPU);
+  MemoryMonitor cut(cpu);
+  EXPECT_LE(max_diff(trimmed->forward(padded), b.at("logits")), 1e-6);
+  const std::int64_t cut_peak = cut.peak_delta();
+  MemoryMonitor wide(cpu);
+  EXPECT_LE(max_diff(full->forward(padded), b.at("logits")), 1e-5);
+  EXPECT_GT(wide.peak_delta(), 2 * cut_peak);
+}
+
 // RobertaModel's directory (bare names, a pooler its classification head does not use): the
 // encoder loads, the pooler is left out; with roberta/'s classifier the logits are roberta/'s.
 TEST(Bert, ARobertaModelWithAPoolerGivesItsEncoder) {

@@ -35,7 +35,8 @@ Command estimate_command() {
   Command c;
   c.name = "estimate";
   c.synopsis =
-      "trainer estimate --recipe FILE [OVERRIDE...] [--find-max-batch] [--margin F] [--probe-sizes A,B,C] [--json]";
+      "trainer estimate --recipe FILE [OVERRIDE...] [--find-max-batch] [--margin F] [--probe-sizes A,B,C] "
+      "[--lengths A,B,C] [--json]";
   c.summary =
       "predict a training step's peak memory from a few probe\n"
       "steps: breakdown, whether it fits the budget or device,\n"
@@ -47,6 +48,8 @@ Command estimate_command() {
         ("find-max-batch", "confirm the largest micro-batch with real steps")                         //
         ("margin", po::value<double>()->default_value(0.10), "fraction of the limit kept free")       //
         ("probe-sizes", po::value<std::string>(), "micro-batches probed, e.g. 8,16,32")               //
+        ("lengths", po::value<std::string>(),
+         "sequence lengths probed (dataset.max_length, every batch padded to it), e.g. 64,128,256")  //
         ("json", "print JSON");
   };
   c.run = [](const Invocation& in) -> int {
@@ -59,6 +62,7 @@ Command estimate_command() {
     if (in.vm.count("probe-sizes")) {
       req.probe_sizes = parse_sizes(in.vm["probe-sizes"].as<std::string>(), "--probe-sizes");
     }
+    if (in.vm.count("lengths")) req.lengths = parse_sizes(in.vm["lengths"].as<std::string>(), "--lengths");
     tune::MemoryEstimate e = tune::estimate_memory(req);
     if (in.vm.count("find-max-batch")) tune::find_max_batch(req, e);
     if (in.vm.count("json")) {

@@ -72,8 +72,8 @@ struct TextSettings : Settings<TextSettings> {
         .max(1 << 20);
     s.add(&TextSettings::padding, "padding",
           "longest: each batch padded to its longest sample (dynamic padding); max_length: every batch padded to "
-          "max_length (transformers' padding=\"max_length\": one shape for every step, the most memory a step at "
-          "this max_length can need; what trainer estimate's lengths probe)")
+          "max_length (transformers' padding=\"max_length\"): one shape for every step (model bert computes over "
+          "it with model.trim_padding = false)")
         .choices({"longest", "max_length"});
     s.add(&TextSettings::bad_rows, "bad_rows",
           "A row without its columns, with an empty text, text that is not UTF-8 or an unknown label: error (stop, "

@@ -40,8 +40,9 @@ class Bert final : public Model {
   /// `config`: the config.json the architecture came from (null when from the recipe's keys).
   /// `masked_lm`: the masked-LM head (BertForMaskedLM, RobertaForMaskedLM) in place of the
   /// sequence classifier; `labels` is then unused.
-  Bert(const BertArch& a, std::int64_t labels, Json config, bool masked_lm)
-      : a_(a), labels_(labels), masked_lm_(masked_lm), config_(std::move(config)) {
+  /// `trim`: cut columns that are padding in every sample (model.trim_padding).
+  Bert(const BertArch& a, std::int64_t labels, Json config, bool masked_lm, bool trim)
+      : a_(a), labels_(labels), masked_lm_(masked_lm), trim_(trim), config_(std::move(config)) {
     backbone_ = register_module(a.layout, std::make_shared<Backbone>(a, a.layout == "bert" && !masked_lm));
     if (masked_lm) {
       if (a.layout == "bert") {
@@ -111,8 +112,8 @@ class Bert final : public Model {
   };
 
   /// The batch's ids, attention mask and token types, each [N, L'], cut to the longest
-  /// sequence of this batch (L' = its last attended position): a micro-batch of short
-  /// sequences computes over its own length, whatever the batch was padded to.
+  /// sequence of this batch (L' = its last attended position; L with trim_ off): a micro-batch
+  /// of short sequences computes over its own length, whatever the batch was padded to.
   Tokens tokens(const at::Tensor& input) const {
     TRAINER_CHECK_T(UsageError,
                     !input.is_floating_point() &&
@@ -141,7 +142,7 @@ class Bert final : public Model {
                     " (vocab_size): the tokenizer and the model must be the same model's");
     TRAINER_CHECK_T(UsageError, s[2] >= 0 && s[3] < a_.types, "model 'bert': a token type of ", s[2] < 0 ? s[2] : s[3],
                     " is outside the model's ", a_.types, " (type_vocab_size)");
-    const std::int64_t keep = std::max<std::int64_t>(s[4], 1);
+    const std::int64_t keep = trim_ ? std::max<std::int64_t>(s[4], 1) : l;
     const std::int64_t most = a_.layout == "roberta" ? a_.positions - a_.pad - 1 : a_.positions;
     TRAINER_CHECK_T(UsageError, keep <= most, "model 'bert': a sequence of ", keep, " tokens; the model takes at most ",
                     most, " (max_position_embeddings", a_.layout == "roberta" ? " less pad_token_id + 1" : "",
@@ -156,7 +157,7 @@ class Bert final : public Model {
 
   BertArch a_;
   std::int64_t labels_;
-  bool masked_lm_;
+  bool masked_lm_, trim_;
   Json config_;
   std::set<std::string> base_names_;
   std::shared_ptr<Backbone> backbone_;
@@ -219,7 +220,7 @@ std::shared_ptr<Model> make_bert(const Config& section, const DataSpec& data) {
                   "model 'bert': roberta's positions "
                   "start after pad_token_id ",
                   a.pad, "; max_position_embeddings ", a.positions, " leaves none");
-  auto model = std::make_shared<Bert>(a, data.num_classes, std::move(config), data.token_outputs);
+  auto model = std::make_shared<Bert>(a, data.num_classes, std::move(config), data.token_outputs, s.trim_padding);
   if (!s.path.empty()) detail::load_bert_weights(*model, s.path, a.layout, data.token_outputs);
   return model;
 }

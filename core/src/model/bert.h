@@ -30,6 +30,7 @@ struct BertSettings : Settings<BertSettings> {
   double attention_probs_dropout_prob = 0.1;
   double layer_norm_eps = 1e-12;
   double initializer_range = 0.02;
+  bool trim_padding = true;
 
   static void declare(SettingsSchema<BertSettings>& s) {
     s.add(&BertSettings::path, "path",
@@ -72,6 +73,10 @@ struct BertSettings : Settings<BertSettings> {
     s.add(&BertSettings::initializer_range, "initializer_range",
           "Standard deviation of the normal that initialises weights and embeddings")
         .min(0, false);
+    s.add(&BertSettings::trim_padding, "trim_padding",
+          "Compute over the batch's longest sample: columns that are padding in every sample are cut (the same "
+          "logits, less work); false: over the batch's full width, one shape per step with dataset.padding = "
+          "\"max_length\" (what trainer estimate --lengths probes). Not an architecture key: it may go beside path");
   }
 };
 
