@@ -21,7 +21,8 @@ Admission admit_trial(const MemoryEstimate& e, const TrialShape& shape) {
   if (!e.fits_at(shape.batch, micro)) {
     std::ostringstream why;
     why << format_bytes(e.limit_on_reserved ? e.predict_reserved(shape.batch, micro) : e.predict(shape.batch, micro))
-        << " at batch " << shape.batch << ", micro-batch " << micro << " > " << usable;
+        << " at batch " << shape.batch << ", micro-batch " << micro
+        << (e.length > 0 ? ", length " + std::to_string(e.length) : std::string()) << " > " << usable;
     // The largest micro-batch predicted to fit at this batch, if oom_backoff could reach it:
     // the trial starts there instead of failing into it.
     std::int64_t m = 0;

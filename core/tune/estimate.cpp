@@ -115,10 +115,12 @@ bool MemoryEstimate::eval_fits_at(std::int64_t batch) const {
 std::int64_t MemoryEstimate::max_eval_batch() const {
   if (eval_batch <= 0 || limit <= 0) return -1;
   if (!eval_fits_at(1)) return 0;
-  if (eval_per_sample <= 0) return std::max<std::int64_t>(1, test_samples);
+  const double l = double(length);
+  const double per_sample = eval_per_sample + eval_per_sample_l1 * l + eval_per_sample_l2 * l * l;
+  if (per_sample <= 0) return std::max<std::int64_t>(1, test_samples);
   // Linear in the batch: the largest b with base + per_sample * b inside, checked around it
   // for rounding.
-  std::int64_t b = static_cast<std::int64_t>((double(usable(*this)) - eval_base) / eval_per_sample);
+  std::int64_t b = static_cast<std::int64_t>((double(usable(*this)) - eval_base) / per_sample);
   b = std::max<std::int64_t>(1, b + 1);
   while (b > 1 && !eval_fits_at(b)) --b;
   return b;

@@ -64,13 +64,13 @@ struct EstimateRequest {
 struct Probe {
   std::int64_t batch_size = 0;
   std::int64_t micro_batch = 0;
-  std::int64_t length = 0;  ///< dataset.max_length it ran at, every batch padded to it (0: the recipe's data as is)
-  std::int64_t peak = 0;    ///< highest allocated during a step
+  std::int64_t peak = 0;  ///< highest allocated during a step
   std::int64_t peak_forward_backward = 0;
   std::int64_t peak_optimizer_step = 0;
   std::int64_t reserved = 0;  ///< reserved at the end of that step
   bool out_of_memory = false;
-  std::string error;  ///< empty when the probe ran its steps
+  std::string error;        ///< empty when the probe ran its steps
+  std::int64_t length = 0;  ///< dataset.max_length it ran at, every batch padded to it (0: the recipe's data as is)
 };
 
 /// The prediction and what it rests on.

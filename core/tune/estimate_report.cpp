@@ -75,9 +75,12 @@ void print_estimate(const MemoryEstimate& e, std::ostream& out) {
   row("predicted step peak", e.peak, "a training step's highest point");
   row("predicted reserved", e.reserved, "with the allocator's slack");
   if (e.eval_batch > 0) {
+    const double l = double(e.length);
+    const double per_sample = e.eval_per_sample + e.eval_per_sample_l1 * l + e.eval_per_sample_l2 * l * l;
     row("evaluation peak", e.eval_peak,
         "eval.batch_size " + std::to_string(e.eval_batch) + ": " + format_bytes(std::llround(e.eval_base)) + " + " +
-            format_bytes(std::llround(e.eval_per_sample)) + " x sample");
+            format_bytes(std::llround(per_sample)) + " x sample" +
+            (e.length > 0 ? " at length " + std::to_string(e.length) : std::string()));
   }
   row("predicted run peak", e.run_peak, "memory_log's memory/peak_mb (steps and evaluations)");
   out << "\n";

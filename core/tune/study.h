@@ -41,7 +41,13 @@ class Study {
         s_(std::move(s)),
         space_(std::move(space)),
         progress_(progress),
-        journal_(req.study_dir + "/study.jsonl") {}
+        journal_(req.study_dir + "/study.jsonl"),
+        probe_lengths_(lengths_to_probe(space_)) {}
+
+  /// The lengths `trainer estimate --lengths` probes for a space over dataset.max_length: its
+  /// shortest, middle and longest values ("64,128,256"); empty when the space has no such
+  /// parameter or fewer than three values of it (then each length is estimated on its own).
+  static std::string lengths_to_probe(const SearchSpace& space);
 
   StudyResult run();
 
@@ -113,6 +119,9 @@ class Study {
   std::vector<Running> running_;
   std::map<std::string, MemoryEstimate> estimates_;  ///< by memory_key
   std::set<std::string> failed_estimates_;
+  /// --lengths of the estimates (lengths_to_probe): one estimate covers every
+  /// dataset.max_length of the space, each trial predicted at its own.
+  std::string probe_lengths_;
   StudyRun mlflow_;
 };
 

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <ostream>
+#include <set>
 
 #include "admission.h"
 #include "pruner.h"
@@ -27,6 +28,37 @@
 namespace trainer::tune {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+
+std::string Study::lengths_to_probe(const SearchSpace& space) {
+  std::set<std::int64_t> values;
+  for (const auto& p : space.params()) {
+    if (p.key != "dataset.max_length") continue;
+    std::vector<const ParamRange*> ranges{&p.range};
+    for (const auto& [_, r] : p.cases) ranges.push_back(&r);
+    for (const ParamRange* r : ranges) {
+      if (p.kind == SearchParam::Kind::Choice) {
+        for (const auto& v : r->values) {
+          try {
+            values.insert(std::stoll(v));
+          } catch (const std::exception&) {
+            return "";  // not a length: the trial's own config says so when it runs
+          }
+        }
+      } else {
+        const auto low = static_cast<std::int64_t>(std::ceil(r->low));
+        const auto high = static_cast<std::int64_t>(std::floor(r->high));
+        const std::int64_t step = p.kind == SearchParam::Kind::Int ? std::max<std::int64_t>(1, r->step) : 1;
+        if (high < low) continue;
+        values.insert(low);
+        values.insert(low + (high - low) / step * step);
+        values.insert(low + (high - low) / step / 2 * step);
+      }
+    }
+  }
+  if (values.size() < 3 || *values.begin() < 1) return "";
+  const std::vector<std::int64_t> v(values.begin(), values.end());
+  return std::to_string(v.front()) + "," + std::to_string(v[v.size() / 2]) + "," + std::to_string(v.back());
+}
 
 std::vector<std::string> Study::trial_overrides(const TrialRecord& t) const {
   std::vector<std::string> o = req_.overrides;
@@ -50,10 +82,19 @@ void Study::begin(TrialRecord& t) {
   fs::remove_all(t.run_dir, ec);  // a trial begun before a crash starts over
   const auto overrides = trial_overrides(t);
   TrialShape shape;
-  std::string memory;  // what the trial's memory estimate depends on
+  std::string memory;       // what the trial's memory estimate depends on
+  std::int64_t length = 0;  // the trial's dataset.max_length, with a length axis
   try {
     const PreparedRun p = prepare_run(req_.recipe, overrides, req_.plugin_dirs);
-    memory = memory_key(overrides, p);
+    std::vector<std::string> keyed = overrides;
+    if (!probe_lengths_.empty()) {
+      // One estimate over the lengths: the trial's own is where it is predicted.
+      length = p.config.get<std::int64_t>("dataset.max_length");
+      keyed.erase(std::remove_if(keyed.begin(), keyed.end(),
+                                 [](const std::string& o) { return o.rfind("dataset.max_length=", 0) == 0; }),
+                  keyed.end());
+    }
+    memory = memory_key(keyed, p);
     const auto ts = TrainingSettings::from(p.config.sub("training"));
     shape.batch = ts.batch_size;
     shape.micro = ts.micro_batch();
@@ -70,7 +111,15 @@ void Study::begin(TrialRecord& t) {
   }
   Admission admit;
   if (s_.estimate) {
-    if (const MemoryEstimate* e = estimate_for(t, overrides, memory, shape.micro)) admit = admit_trial(*e, shape);
+    if (const MemoryEstimate* e = estimate_for(t, overrides, memory, shape.micro)) {
+      if (length > 0 && e->length > 0) {
+        MemoryEstimate at = *e;
+        at.length = length;
+        admit = admit_trial(at, shape);
+      } else {
+        admit = admit_trial(*e, shape);
+      }
+    }
   }
   if (interrupt_requested()) return;  // stays RUNNING: a resumed study begins it again
   t.predicted_peak = admit.predicted_peak;
@@ -106,6 +155,7 @@ const MemoryEstimate* Study::estimate_for(const TrialRecord& t, const std::vecto
   args.insert(args.end(), overrides.begin(), overrides.end());
   for (const auto& d : req_.plugin_dirs) args.insert(args.end(), {"--plugin-dir", d});
   args.push_back("--margin=" + std::to_string(s_.margin));
+  if (!probe_lengths_.empty()) args.push_back("--lengths=" + probe_lengths_);
   const std::string base = req_.study_dir + "/trials/" + trial_name(t.number) + ".estimate";
   // The running trials' reports are read meanwhile: pruning and divergence do not wait.
   const int rc = wait_forwarding_interrupt(spawn(args, base + ".json", base + ".err"), [this] {

@@ -16,8 +16,11 @@ std::map<std::string, std::string> oom_details(const std::string& run_dir, const
     const auto t = TrainingSettings::from(c.sub("training"));
     d["batch_size"] = std::to_string(t.batch_size);  // the effective batch: samples per optimizer step
     if (!d.count("micro_batch_size")) d["micro_batch_size"] = std::to_string(t.micro_batch());
-    for (const char* k : {"dataset.image_size", "dataset.resize", "dataset.crop_size", "model.image_size",
-                          "model.seq_len", "model.sequence_length"}) {
+    // Micro-batches per optimizer step at the micro-batch that ran out of memory.
+    const std::int64_t micro = std::stoll(d["micro_batch_size"]);
+    if (micro > 0) d["accumulation"] = std::to_string((t.batch_size + micro - 1) / micro);
+    for (const char* k : {"dataset.image_size", "dataset.resize", "dataset.crop_size", "dataset.max_length",
+                          "model.image_size", "model.seq_len", "model.sequence_length"}) {
       if (c.has(k) && !c.is_table(k)) d[k] = config_value_to_toml(c.value(k));
     }
   } catch (const std::exception&) {

@@ -14,6 +14,7 @@
 #include "estimate.h"
 #include "short_run.h"
 #include "support/test_util.h"
+#include "support/tiny_text.h"
 #include "trainer/error.h"
 
 namespace {
@@ -23,41 +24,10 @@ using trainer::testing::write_file;
 using trainer::tune::EstimateRequest;
 using trainer::tune::MemoryEstimate;
 
-// A WordPiece tokenizer of a few words, as Hugging Face's tokenizers writes one for BERT.
-constexpr const char* kTokenizer =
-    R"({"added_tokens":[{"id":0,"content":"[PAD]","special":true,"normalized":false},)"
-    R"({"id":1,"content":"[UNK]","special":true,"normalized":false},)"
-    R"({"id":2,"content":"[CLS]","special":true,"normalized":false},)"
-    R"({"id":3,"content":"[SEP]","special":true,"normalized":false},)"
-    R"({"id":4,"content":"[MASK]","special":true,"normalized":false}],)"
-    R"("normalizer":{"type":"BertNormalizer","lowercase":true},"pre_tokenizer":{"type":"BertPreTokenizer"},)"
-    R"("post_processor":{"type":"BertProcessing","sep":["[SEP]",3],"cls":["[CLS]",2]},)"
-    R"("model":{"type":"WordPiece","unk_token":"[UNK]","continuing_subword_prefix":"##",)"
-    R"("max_input_chars_per_word":100,"vocab":{"[PAD]":0,"[UNK]":1,"[CLS]":2,"[SEP]":3,"[MASK]":4,)"
-    R"("hello":5,",":6,"world":7,"!":8,"memory":9,"runs":10,"out":11,"of":12}}})";
-
-/// The recipe: text_classification.toml's encoder (2 layers of width 128, 4 heads) on 1,000
-/// short texts of two classes, batches of 64, an evaluation of 64 each epoch.
+/// The recipe of support/tiny_text.h: text_classification.toml's encoder on 1,000 short texts.
 class EstimateLengths : public ::testing::Test {
  protected:
-  void SetUp() override {
-    write_file(tmp_ / "tokenizer.json", kTokenizer);
-    std::string train = "text,label\n", test = "text,label\n";
-    for (int i = 0; i < 1000; ++i) train += i % 2 ? "hello world!,a\n" : "memory runs out of memory,b\n";
-    for (int i = 0; i < 64; ++i) test += i % 2 ? "hello world,a\n" : "runs out,b\n";
-    write_file(tmp_ / "train.csv", train);
-    write_file(tmp_ / "test.csv", test);
-    write_file(recipe_,
-               "[run]\nname = \"lengths\"\nseed = 1\n"
-               "[model]\nname = \"bert\"\nhidden_size = 128\nnum_hidden_layers = 2\nnum_attention_heads = 4\n"
-               "intermediate_size = 512\nmax_position_embeddings = 64\n"
-               "[dataset]\nname = \"text\"\ntrain = \"" +
-                   (tmp_ / "train.csv") + "\"\ntest = \"" + (tmp_ / "test.csv") + "\"\ntokenizer = \"" +
-                   (tmp_ / "tokenizer.json") +
-                   "\"\nmax_length = 64\n"
-                   "[training]\nepochs = 1\nbatch_size = 64\n[optim]\nname = \"adamw\"\nlr = 0.001\n"
-                   "[eval]\nevery_epochs = 1\nbatch_size = 64\n[runtime]\nnum_threads = 1\n");
-  }
+  void SetUp() override { write_file(recipe_, trainer::testing::tiny_text_recipe(tmp_.str())); }
 
   /// The peak of real steps at micro-batch m of a batch of `batch`, every batch `length` long.
   std::int64_t measured(std::int64_t batch, std::int64_t m, std::int64_t length) {

@@ -10,6 +10,7 @@
 #include "admission.h"
 #include "estimate.h"
 #include "pruner.h"
+#include "study.h"
 #include "study_journal.h"
 #include "support/test_util.h"
 #include "sweep.h"
@@ -145,6 +146,42 @@ TEST(Admission, AnEvaluationThatCannotFitGetsTheLargestEvalBatchThatDoes) {
   MemoryEstimate full = e;
   full.eval_base = 95.0 * kMiB;
   EXPECT_FALSE(trainer::tune::admit_trial(full, {32, 32, 1000, 0}).run);
+}
+
+// With a length axis the estimate predicts at its `length`: the evaluation's rise per sample
+// there (-0.05 MiB + 64 x 0.15/64 MiB = 0.1 MiB) gives the same largest batch as above, though
+// its constant term alone is negative; the step's per-sample term grows with the length.
+TEST(Admission, AtASequenceLengthTheLengthTermsCount) {
+  MemoryEstimate e = toy_estimate();
+  e.length = 64;
+  e.eval_per_sample = -0.05 * kMiB;
+  e.eval_per_sample_l1 = 0.15 * kMiB / 64;
+  EXPECT_EQ(e.max_eval_batch(), 400);
+  e.per_sample = 0.5 * kMiB;
+  e.per_sample_l2 = 0.5 * kMiB / (64 * 64);  // 1 MiB per sample at 64, as above
+  EXPECT_EQ(e.predict(32, 32), 82 * kMiB);
+  EXPECT_EQ(e.predict_at(32, 32, 128), 50 * kMiB + 32 * 2.5 * kMiB);
+  const auto a = trainer::tune::admit_trial(e, {64, 64, 0, 8});
+  EXPECT_EQ(a.overrides, std::vector<std::string>{"training.micro_batch_size=40"});
+  EXPECT_NE(a.reason.find("at batch 64, micro-batch 64, length 64 > 90.0 MiB usable"), std::string::npos) << a.reason;
+}
+
+// The lengths a sweep's estimate probes: the shortest, middle and longest values of the space's
+// dataset.max_length, its conditional cases included; none when it has fewer than three values,
+// values that are not lengths, or no such parameter.
+TEST(StudyLengths, TheShortestMiddleAndLongestOfTheSpacesLengths) {
+  const auto lengths = [](const std::string& toml) {
+    return trainer::tune::Study::lengths_to_probe(
+        trainer::tune::SearchSpace::from_config(trainer::Config::parse(toml, "space.toml"), "sweep.space"));
+  };
+  EXPECT_EQ(lengths("[dataset.max_length]\ntype = \"choice\"\nvalues = [256, 128, 512, 384]\n"), "128,384,512");
+  EXPECT_EQ(lengths("[dataset.max_length]\ntype = \"int\"\nlow = 128\nhigh = 512\nstep = 64\n"), "128,320,512");
+  EXPECT_EQ(lengths("[model]\ntype = \"choice\"\nvalues = [\"a\", \"b\"]\n"
+                    "[dataset.max_length]\ntype = \"choice\"\nvalues = [64, 128]\ncondition_on = \"model\"\n"
+                    "[dataset.max_length.cases.b]\nvalues = [256]\n"),
+            "64,128,256");
+  EXPECT_EQ(lengths("[dataset.max_length]\ntype = \"choice\"\nvalues = [128, 512]\n"), "");
+  EXPECT_EQ(lengths("[optim.lr]\ntype = \"choice\"\nvalues = [0.1, 0.2, 0.3]\n"), "");
 }
 
 TEST(EstimateReport, SaysWhichOfTheStepAndTheEvaluationDoesNotFit) {

@@ -13,10 +13,12 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <thread>
 
 #include "support/test_util.h"
+#include "support/tiny_text.h"
 #include "sweep.h"
 #include "trainer/error.h"
 #include "trainer/interrupt.h"
@@ -139,7 +141,8 @@ TEST(Sweep, AnOutOfMemoryTrialIsPrunedWithItsConfigAndTheNextTrialRuns) {
   EXPECT_EQ(r.out_of_memory(), 1);
   const auto journal = read_file(tmp / "s/study.jsonl");
   EXPECT_NE(
-      journal.find(R"("oom":{"batch_size":"512","dataset":"fashion_mnist","micro_batch_size":"512","model":"cnn")"),
+      journal.find(
+          R"("oom":{"accumulation":"1","batch_size":"512","dataset":"fashion_mnist","micro_batch_size":"512","model":"cnn")"),
       std::string::npos)
       << journal;
 }
@@ -167,6 +170,61 @@ values = [512]
   const auto config = read_file(r.trials[0].run_dir + "/config.toml");
   EXPECT_EQ(config.find("micro_batch_size = 512"), std::string::npos);
   EXPECT_NE(config.find("batch_size = 512"), std::string::npos);  // the effective batch is the trial's
+}
+
+// A space over dataset.max_length (a text model under a 100 MiB budget): one estimate over the
+// lengths (`trainer estimate --lengths 16,40,64`), each trial predicted at its own length; the
+// trial at 64, whose micro-batch of 64 is predicted not to fit, starts at a smaller one and
+// completes, its reason naming the length; the shorter ones run as they are.
+TEST(Sweep, ASpaceOverSequenceLengthsIsEstimatedOnceAndEachTrialAtItsLength) {
+  TempDir tmp;
+  const std::string path = tmp / "study.toml";
+  write_file(path, trainer::testing::tiny_text_recipe(tmp.str()) + R"(
+[memory]
+limit_mb = 100
+[checkpoint]
+every_epochs = 0
+at_end = false
+[plugins]
+load = ["oom_backoff"]
+[plugins.oom_backoff]
+min_micro_batch = 8
+[sweep]
+sampler = "grid"
+pruner = "none"
+budget_steps = 3
+[sweep.space.dataset.max_length]
+type = "choice"
+values = [16, 64, 40]
+)");
+  const auto r = study(path, tmp / "s");
+  ASSERT_EQ(r.trials.size(), 3u);
+  std::map<std::string, const trainer::tune::TrialRecord*> by_length;
+  for (const auto& t : r.trials) {
+    EXPECT_EQ(t.state, TrialState::Complete) << t.reason;
+    by_length[t.params.get("dataset.max_length")] = &t;
+  }
+  ASSERT_EQ(by_length.size(), 3u);
+  EXPECT_EQ(by_length["16"]->reason, "");
+  EXPECT_NE(by_length["64"]->reason.find("micro-batch 64 -> "), std::string::npos) << by_length["64"]->reason;
+  EXPECT_NE(by_length["64"]->reason.find(", length 64 > "), std::string::npos) << by_length["64"]->reason;
+  EXPECT_LT(by_length["16"]->predicted_peak, by_length["40"]->predicted_peak);
+  EXPECT_LE(by_length["64"]->predicted_peak, 90 * 1024 * 1024);
+  // One estimate, probed at the three lengths.
+  int estimates = 0;
+  for (const auto& f : fs::directory_iterator(tmp / "s/trials")) {
+    if (f.path().string().size() > 14 &&
+        f.path().string().compare(f.path().string().size() - 14, 14, ".estimate.json") == 0) {
+      ++estimates;
+      std::set<std::int64_t> lengths;
+      const auto estimate = nlohmann::json::parse(read_file(f.path().string()));
+      for (const auto& p : estimate.at("probes")) {
+        lengths.insert(p.at("length").get<std::int64_t>());
+      }
+      EXPECT_EQ(lengths, (std::set<std::int64_t>{16, 40, 64}));
+    }
+  }
+  EXPECT_EQ(estimates, 1);
 }
 
 TEST(Sweep, TheMedianPrunerStopsATrialBehindTheCompletedOnes) {
