@@ -16,10 +16,10 @@
                                      tests that need a virtual environment from PyPI (the fixtures
                                      PYPI_FIXTURES set up), directly or through another fixture
   gpu_figures.py passed-tests LOG    a ctest log: the tests that passed, one per line
-  gpu_figures.py passed-regex FILES  files (separated by colons) naming tests, one per line: a
-                                     `ctest -E` expression of them
+  gpu_figures.py passed-index JSON:FILES  `ctest --show-only=json-v1` and files naming tests:
+                                     a `ctest -I` list of the other tests ("none": no other)
 
-Each command but `json`, `pypi-tests`, `passed-tests` and `passed-regex` prints one line, the figure, for the summary.
+Each command but `json`, `pypi-tests`, `passed-tests` and `passed-index` prints one line, the figure, for the summary.
 """
 import csv
 import json
@@ -197,9 +197,12 @@ def passed_tests(log):
         print(n)
 
 
-def passed_regex(paths):
-    """The tests named in the files (colon-separated paths, one name per line, `#` comments):
-    a `ctest -E` expression leaving them out; nothing when they name none."""
+def passed_index(args):
+    """`JSON:FILES`: `ctest --show-only=json-v1` and files (separated by colons) naming tests,
+    one per line (`#` comments). A `ctest -I` list of the tests they do not name, by number
+    ("0,0,0,4,7,..."; a list of numbers has no size limit, unlike ctest's -E expressions);
+    "none" when they name every test; nothing when they name none of them."""
+    json_path, _, paths = args.partition(":")
     names = set()
     for path in paths.split(":"):
         for line in open(path):
@@ -208,13 +211,16 @@ def passed_regex(paths):
                 if not re.fullmatch(r"[A-Za-z0-9_.:/-]+", line):
                     raise ValueError(f"{path}: '{line}' is not a test name")
                 names.add(line)
-    if names:
-        print(name_regex(names))
+    tests = [t["name"] for t in json.load(open(json_path))["tests"]]
+    left = [str(i + 1) for i, name in enumerate(tests) if name not in names]
+    if len(left) == len(tests):
+        return
+    print("0,0,0," + ",".join(left) if left else "none")
 
 
 def main():
     commands = {"cuda-tests": cuda_tests, "mem": mem, "peer": peer, "bench": bench, "estimate": estimate,
-                "json": to_json, "pypi-tests": pypi_tests, "passed-regex": passed_regex,
+                "json": to_json, "pypi-tests": pypi_tests, "passed-index": passed_index,
                 "passed-tests": passed_tests}
     if len(sys.argv) != 3 or sys.argv[1] not in commands:
         sys.exit(__doc__)

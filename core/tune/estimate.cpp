@@ -35,6 +35,13 @@ RecipeFacts recipe_facts(const EstimateRequest& r) {
   return f;
 }
 
+std::vector<std::string> length_overrides(std::int64_t len, const RecipeFacts& facts) {
+  if (len <= 0) return {};
+  std::vector<std::string> o = {"dataset.max_length=" + std::to_string(len), "dataset.padding=\"max_length\""};
+  if (facts.model_trims) o.emplace_back("model.trim_padding=false");
+  return o;
+}
+
 std::int64_t usable(const MemoryEstimate& e) {
   return static_cast<std::int64_t>(static_cast<double>(e.limit) * (1.0 - e.margin));
 }
@@ -145,6 +152,9 @@ void find_max_batch(const EstimateRequest& request, MemoryEstimate& e) {
     spec.recipe = request.recipe;
     spec.overrides = request.overrides;
     spec.overrides.insert(spec.overrides.end(), e.probe_overrides.begin(), e.probe_overrides.end());
+    // With a length axis, at the recipe's length as predicted: every batch that long.
+    const auto at_length = length_overrides(e.length, facts);
+    spec.overrides.insert(spec.overrides.end(), at_length.begin(), at_length.end());
     spec.plugin_dirs = request.plugin_dirs;
     spec.batch_size = m;
     spec.micro_batch = m;

@@ -3,6 +3,7 @@
 // estimate_probes.cpp (the probes and the fit) share.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "estimate.h"
 #include "trainer/core_settings.h"
@@ -22,6 +23,10 @@ struct RecipeFacts {
 };
 
 RecipeFacts recipe_facts(const EstimateRequest& r);
+
+/// The overrides of a run at sequence length `len`: every batch padded to it, and a model that
+/// cuts columns of padding computing over all of them (none for `len` 0).
+std::vector<std::string> length_overrides(std::int64_t len, const RecipeFacts& facts);
 
 std::int64_t usable(const MemoryEstimate& e);
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -87,6 +88,11 @@ MemoryEstimate estimate_once(const EstimateRequest& request, const RecipeFacts& 
                     "--lengths probes dataset.max_length, every batch padded to it: the recipe's dataset has no "
                     "max_length (dataset \"text\" has)");
     e.length = facts.max_length;
+    if (e.length < lengths.front() || e.length > lengths.back()) {
+      e.notes.push_back("the recipe's dataset.max_length " + std::to_string(e.length) +
+                        " is outside the lengths probed (" + std::to_string(lengths.front()) + " to " +
+                        std::to_string(lengths.back()) + "): its prediction is extrapolated");
+    }
   } else {
     lengths = {0};  // the recipe's data as it is
   }
@@ -116,12 +122,8 @@ MemoryEstimate estimate_once(const EstimateRequest& request, const RecipeFacts& 
     ShortRunSpec spec;
     spec.recipe = request.recipe;
     spec.overrides = request.overrides;
-    if (len > 0) {
-      spec.overrides.push_back("dataset.max_length=" + std::to_string(len));
-      spec.overrides.emplace_back("dataset.padding=\"max_length\"");
-      // Every batch the full length: a model that cuts columns of padding computes over all.
-      if (facts.model_trims) spec.overrides.emplace_back("model.trim_padding=false");
-    }
+    const auto at_length = length_overrides(len, facts);
+    spec.overrides.insert(spec.overrides.end(), at_length.begin(), at_length.end());
     spec.plugin_dirs = request.plugin_dirs;
     spec.batch_size = batch;
     spec.micro_batch = micro;
@@ -156,9 +158,11 @@ MemoryEstimate estimate_once(const EstimateRequest& request, const RecipeFacts& 
       if (!r.out_of_memory && r.exit_code == kExitUsage) throw UsageError(r.message);
       TRAINER_CHECK(r.out_of_memory || r.exit_code == 0, "the probe at micro-batch ", micro, " (batch ", batch,
                     len > 0 ? ", length " + std::to_string(len) : std::string(), ") failed: ", p.error);
-      TRAINER_CHECK(r.out_of_memory, "the probe at micro-batch ", micro, " (batch ", batch, ") ran only ",
-                    r.steps.size(), " of ", request.probe_steps,
-                    " steps: the training set is too small for it (lower the probe sizes with --probe-sizes)");
+      TRAINER_CHECK(r.out_of_memory, "the probe at micro-batch ", micro, " (batch ", batch,
+                    len > 0 ? ", length " + std::to_string(len) : std::string(), ") ran only ", r.steps.size(), " of ",
+                    request.probe_steps, " steps: the training set is too small for it (lower the probe sizes with ",
+                    "--probe-sizes", len > 0 ? "; at the shorter lengths they are scaled up to the same tokens" : "",
+                    ")");
     }
     if (e.device.empty()) {
       first = r;
@@ -179,22 +183,27 @@ MemoryEstimate estimate_once(const EstimateRequest& request, const RecipeFacts& 
                 e.device, "' in this build (a CUDA device needs a LibTorch with CUDA)");
   // The evaluation: held at its start (the first probe's), plus a rise per sample of its batch
   // and a rise that does not grow with it (caches, workspaces), told apart by the two sizes.
-  if (by_length && evaluations.size() >= 4) {
-    // Over lengths: the rise per sample is e + e_l1 L + e_l2 L^2, on top of a fixed rise.
+  std::set<std::int64_t> eval_sizes, eval_lengths;
+  for (const auto& v : evaluations) eval_sizes.insert(v.samples), eval_lengths.insert(v.length);
+  if (by_length && eval_lengths.size() >= 3) {
+    // Over lengths: the rise per sample is e + e_l1 L + e_l2 L^2, on top of a fixed rise where
+    // two evaluation sizes tell it apart (one size: a small test split, or eval.batch_size 1).
+    const bool fixed = eval_sizes.size() >= 2 && evaluations.size() >= 4;
     std::vector<std::vector<double>> Xe;
     std::vector<double> ye;
     for (const auto& v : evaluations) {
       const double n = double(v.samples), l = double(v.length);
-      Xe.push_back({1.0, n, n * l, n * l * l});
+      Xe.push_back(fixed ? std::vector<double>{1.0, n, n * l, n * l * l} : std::vector<double>{n, n * l, n * l * l});
       ye.push_back(double(v.peak - v.start));
     }
     const auto w = least_squares(Xe, ye);
+    const std::size_t k = fixed ? 1 : 0;
     e.eval_batch = facts.eval_batch;
-    e.eval_base = double(evaluations.front().start) + std::max(0.0, w[0]);
-    e.eval_per_sample = w[1], e.eval_per_sample_l1 = w[2], e.eval_per_sample_l2 = w[3];
+    e.eval_base = double(evaluations.front().start) + (fixed ? std::max(0.0, w[0]) : 0.0);
+    e.eval_per_sample = w[k], e.eval_per_sample_l1 = w[k + 1], e.eval_per_sample_l2 = w[k + 2];
     e.eval_peak = e.predict_eval(e.eval_batch);
   } else if (by_length && !evaluations.empty()) {
-    e.notes.push_back("the evaluation was measured at too few lengths and sizes to fit: it is left out");
+    e.notes.push_back("the evaluation was measured at fewer than three lengths: it is left out of the estimate");
   } else if (!evaluations.empty()) {
     const Evaluation& one = evaluations.front();
     double per_sample = double(one.peak - one.start) / double(one.samples), fixed = 0;
@@ -223,29 +232,86 @@ MemoryEstimate estimate_once(const EstimateRequest& request, const RecipeFacts& 
     if (!p.error.empty()) continue;
     ran.push_back(&p);
     micro_sizes.insert(p.micro_batch);
-    if (p.batch_size > p.micro_batch) accumulated_lengths.insert(p.length);
+  }
+  if (by_length) {
+    // Three lengths must run: the longest run out of memory first (a device: the probes have no
+    // budget), and that is the answer, not a fit.
+    std::set<std::int64_t> ran_lengths, oom_lengths;
+    std::map<std::int64_t, std::int64_t> smallest_oom;  // length -> its smallest micro-batch out of memory
+    for (const Probe* p : ran) ran_lengths.insert(p->length);
+    for (const auto& p : e.probes) {
+      if (!p.out_of_memory) continue;
+      oom_lengths.insert(p.length);
+      auto [it, added] = smallest_oom.emplace(p.length, p.micro_batch);
+      if (!added) it->second = std::min(it->second, p.micro_batch);
+    }
+    if (ran_lengths.size() < 3) {
+      std::string which;
+      for (const auto& [len, m] : smallest_oom) {
+        which += (which.empty() ? "" : ", ") + std::to_string(len) + " (micro-batch " + std::to_string(m) + ")";
+      }
+      TRAINER_CHECK_T(UsageError, false, "--lengths: the probes at length ", which, " ran out of memory on ",
+                      e.device.empty() ? std::string("the device") : e.device,
+                      " (without a budget): a step of that length does not fit there even at that micro-batch; "
+                      "the fit needs three lengths that run: probe shorter lengths or smaller --probe-sizes");
+    }
+    if (!oom_lengths.empty()) {
+      e.notes.push_back("some probes ran out of memory (at length " + std::to_string(*oom_lengths.rbegin()) +
+                        " and maybe others): the fit rests on those that ran");
+    }
   }
   // Over lengths, a floor: in a step without accumulation the gradients are created during the
-  // backward pass as the activations are freed, so a small step's peak is the gradients' (the
-  // same at every size), a large one's the activations'. The probes on that floor (within 2 %
-  // of the lowest) stay out of the line when enough remain above it; the forward and backward
-  // is then the larger of the floor and the line.
+  // backward pass as the activations are freed, so a small step's peak is what the step holds
+  // anyway plus the gradients (the same at every size), a large one's the activations. The floor
+  // is that sum, as the first probe measured it (held at its start, optimizer state, gradients);
+  // the probes on it (within 2 %, or where the line without them falls below it) stay out of the
+  // line when enough remain; the forward and backward is then the larger of the two.
   std::vector<const Probe*> fitted = ran;
   if (by_length && !ran.empty()) {
-    std::int64_t lowest = ran.front()->peak_forward_backward;
-    for (const Probe* p : ran) lowest = std::min(lowest, p->peak_forward_backward);
+    const double floor = double(first.allocated_at_start + first.optimizer_bytes + first.gradient_bytes);
     std::vector<const Probe*> above;
     for (const Probe* p : ran) {
-      if (double(p->peak_forward_backward) > 1.02 * double(lowest)) above.push_back(p);
+      if (double(p->peak_forward_backward) > 1.02 * floor) above.push_back(p);
     }
-    std::set<std::int64_t> above_lengths, above_sizes;
-    for (const Probe* p : above) above_lengths.insert(p->length), above_sizes.insert(p->micro_batch);
-    if (above.size() >= 8 && above_lengths.size() >= 3 && above_sizes.size() >= 2) {
+    const auto enough = [](const std::vector<const Probe*>& v) {
+      std::set<std::int64_t> lengths, sizes;
+      for (const Probe* p : v) lengths.insert(p->length), sizes.insert(p->micro_batch);
+      return v.size() >= 8 && lengths.size() >= 3 && sizes.size() >= 2;
+    };
+    // Then, the probes the line (of the others) puts below the floor, until none is left.
+    for (int round = 0; round < 5 && enough(above); ++round) {
+      std::vector<std::vector<double>> Xa;
+      std::vector<double> ya;
+      for (const Probe* p : above) {
+        const double m = double(p->micro_batch), l = double(p->length);
+        Xa.push_back({1.0, m, m * l, m * l * l, double(p->batch_size - p->micro_batch)});
+        ya.push_back(double(p->peak_forward_backward));
+      }
+      std::vector<double> w;
+      try {
+        w = least_squares(Xa, ya);
+      } catch (const Error&) {
+        break;
+      }
+      std::vector<const Probe*> kept;
+      for (std::size_t i = 0; i < above.size(); ++i) {
+        const auto& x = Xa[i];
+        if (w[0] + w[1] * x[1] + w[2] * x[2] + w[3] * x[3] + w[4] * x[4] >= floor) kept.push_back(above[i]);
+      }
+      if (kept.size() == above.size() || !enough(kept)) break;
+      above = kept;
+    }
+    if (enough(above)) {
       fitted = above;
-      e.floor = double(lowest);
+      e.floor = floor;
     } else {
-      e.notes.push_back("too few probes rose above the smallest step's peak to fit the line without them");
+      e.notes.push_back(
+          "too few probes rose above the floor (held memory and gradients) to fit the line without "
+          "the others");
     }
+  }
+  for (const Probe* p : fitted) {
+    if (p->batch_size > p->micro_batch) accumulated_lengths.insert(p->length);
   }
   const bool accumulated = !accumulated_lengths.empty();
   const bool accumulated_by_length = by_length && accumulated_lengths.size() >= 2;
@@ -310,7 +376,9 @@ MemoryEstimate estimate_once(const EstimateRequest& request, const RecipeFacts& 
   e.gradients = first.gradient_bytes;
   e.optimizer_state = first.optimizer_bytes;
   e.resident = std::max<std::int64_t>(0, first.allocated_at_start - first.parameter_bytes);
-  e.batch_memory = std::max<std::int64_t>(0, std::llround(e.per_batch_sample * double(e.batch_size - e.micro_batch)));
+  e.batch_memory =
+      std::max<std::int64_t>(0, std::llround((e.per_batch_sample + e.per_batch_sample_l1 * double(e.length)) *
+                                             double(e.batch_size - e.micro_batch)));
   e.activations = e.peak - e.parameters - e.gradients - e.optimizer_state - e.resident - e.batch_memory;
 
   if (e.limit > 0) {

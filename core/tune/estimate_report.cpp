@@ -97,24 +97,26 @@ void print_estimate(const MemoryEstimate& e, std::ostream& out) {
         << format_bytes(budget) << "\n";
     out << "  largest micro-batch that fits: " << e.max_micro_batch << " (batch = micro-batch); at batch_size "
         << e.batch_size << ": " << e.max_micro_at_batch << "\n";
-    if (!e.by_length.empty()) {
-      out << "  by sequence length (dataset.max_length, every batch padded to it: what dynamic padding needs at "
-             "most):\n"
-          << "    length   step peak   largest micro-batch   at batch_size " << e.batch_size
-          << (e.eval_batch > 0 ? "   evaluation peak" : "") << "\n";
-      for (const auto& a : e.by_length) {
-        out << "    " << std::setw(6) << a.length << "   " << std::setw(9) << format_bytes(a.peak) << "   "
-            << std::setw(19) << a.max_micro_batch << "   " << std::setw(13 + std::to_string(e.batch_size).size())
-            << a.max_micro_at_batch;
-        if (e.eval_batch > 0) out << "   " << std::setw(15) << format_bytes(a.eval_peak);
-        out << "\n";
-      }
-    }
     if (e.eval_batch > 0) {
       const bool ok = e.eval_fits_at(e.eval_batch);
       out << "  evaluation at eval.batch_size " << e.eval_batch << (ok ? " fits" : " does NOT fit") << ": predicted "
           << format_bytes(e.eval_peak) << (ok ? " <= " : " > ") << format_bytes(budget)
           << "; largest eval.batch_size that fits: " << e.max_eval_batch() << "\n";
+    }
+  }
+  if (!e.by_length.empty()) {
+    // The largest micro-batches need a limit: "-" without one.
+    const auto micro = [&e](std::int64_t m) { return e.limit > 0 ? std::to_string(m) : std::string("-"); };
+    out << "  by sequence length (dataset.max_length, every batch padded to it: what dynamic padding needs at "
+           "most):\n"
+        << "    length   step peak   largest micro-batch   at batch_size " << e.batch_size
+        << (e.eval_batch > 0 ? "   evaluation peak" : "") << "\n";
+    for (const auto& a : e.by_length) {
+      out << "    " << std::setw(6) << a.length << "   " << std::setw(9) << format_bytes(a.peak) << "   "
+          << std::setw(19) << micro(a.max_micro_batch) << "   " << std::setw(13 + std::to_string(e.batch_size).size())
+          << micro(a.max_micro_at_batch);
+      if (e.eval_batch > 0) out << "   " << std::setw(15) << format_bytes(a.eval_peak);
+      out << "\n";
     }
   }
   if (e.found_max_micro_batch >= 0) {

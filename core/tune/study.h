@@ -86,10 +86,11 @@ class Study {
   /// The memory estimate for the trial's config: `trainer estimate --json` in its own process
   /// (its probe steps leave nothing in this one). Trials that differ only in keys declared
   /// memory_neutral() (their batch sizes, the learning rate ...: the same `key`, memory_key())
-  /// share it; it is probed again for a micro-batch more than 4x its largest probe. Null when
-  /// the estimate failed (said once per config).
+  /// share it; it is probed again for a micro-batch more than 4x its largest probe (over
+  /// lengths: micro-batch x `length` tokens, more than 4x a probe's). Null when the estimate
+  /// failed (said once per config).
   const MemoryEstimate* estimate_for(const TrialRecord& t, const std::vector<std::string>& overrides,
-                                     const std::string& key, std::int64_t micro);
+                                     const std::string& key, std::int64_t micro, std::int64_t length);
 
   /// Ctrl-C or SIGTERM: the running trials (in process groups of their own) stop at a safe
   /// point. One SIGINT each: a trainer takes a second one as "stop now", without its

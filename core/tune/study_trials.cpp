@@ -111,7 +111,7 @@ void Study::begin(TrialRecord& t) {
   }
   Admission admit;
   if (s_.estimate) {
-    if (const MemoryEstimate* e = estimate_for(t, overrides, memory, shape.micro)) {
+    if (const MemoryEstimate* e = estimate_for(t, overrides, memory, shape.micro, length)) {
       if (length > 0 && e->length > 0) {
         MemoryEstimate at = *e;
         at.length = length;
@@ -143,13 +143,15 @@ void Study::begin(TrialRecord& t) {
 }
 
 const MemoryEstimate* Study::estimate_for(const TrialRecord& t, const std::vector<std::string>& overrides,
-                                          const std::string& key, std::int64_t micro) {
+                                          const std::string& key, std::int64_t micro, std::int64_t length) {
   if (failed_estimates_.count(key)) return nullptr;
   auto it = estimates_.find(key);
   if (it != estimates_.end()) {
+    // Over lengths, in tokens: the probes at the shorter lengths have larger micro-batches.
+    const auto tokens = [](std::int64_t m, std::int64_t len) { return m * std::max<std::int64_t>(1, len); };
     std::int64_t probed = 0;
-    for (const auto& p : it->second.probes) probed = std::max(probed, p.micro_batch);
-    if (micro <= 4 * probed) return &it->second;
+    for (const auto& p : it->second.probes) probed = std::max(probed, tokens(p.micro_batch, p.length));
+    if (tokens(micro, it->second.length > 0 ? length : 0) <= 4 * probed) return &it->second;
   }
   std::vector<std::string> args{req_.trainer_exe, "estimate", "--json", "--recipe", req_.recipe};
   args.insert(args.end(), overrides.begin(), overrides.end());

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "admission.h"
@@ -164,6 +165,24 @@ TEST(Admission, AtASequenceLengthTheLengthTermsCount) {
   const auto a = trainer::tune::admit_trial(e, {64, 64, 0, 8});
   EXPECT_EQ(a.overrides, std::vector<std::string>{"training.micro_batch_size=40"});
   EXPECT_NE(a.reason.find("at batch 64, micro-batch 64, length 64 > 90.0 MiB usable"), std::string::npos) << a.reason;
+}
+
+// An estimate written before there was a length axis (no length terms, no floor, no lengths of
+// probes) reads back with them 0: it predicts what it did.
+TEST(EstimateReport, AnEstimateWithoutLengthTermsReadsBackAsItWas) {
+  const MemoryEstimate e = toy_estimate();
+  std::ostringstream out;
+  trainer::tune::print_estimate_json(e, out);
+  auto j = nlohmann::json::parse(out.str());
+  for (const char* k : {"b_l1", "b_l2", "c_l1", "c2_l1", "slack_l1", "floor"}) j["fit"].erase(k);
+  for (const char* k : {"per_sample_l1_bytes", "per_sample_l2_bytes"}) j["eval"].erase(k);
+  j.erase("length");
+  j.erase("by_length");
+  const MemoryEstimate back = trainer::tune::estimate_from_json(j.dump());
+  EXPECT_EQ(back.length, 0);
+  EXPECT_EQ(back.predict(64, 64), e.predict(64, 64));
+  EXPECT_EQ(back.predict_eval(1000), e.predict_eval(1000));
+  EXPECT_EQ(back.max_eval_batch(), 400);
 }
 
 // The lengths a sweep's estimate probes: the shortest, middle and longest values of the space's
