@@ -224,8 +224,7 @@ MemoryEstimate estimate_once(const EstimateRequest& request, const RecipeFacts& 
   // Fit on the probes that ran.
   std::vector<std::vector<double>> X, Xs, Xo;
   std::vector<double> y, ys, yo;
-  // Columns: 1, micro, micro L, micro L^2, (batch - micro), (batch - micro) L; without a
-  // length axis the L columns are left out (L = 0).
+  // Without a length axis the L columns are left out (L = 0).
   std::set<std::int64_t> micro_sizes, accumulated_lengths;
   std::vector<const Probe*> ran;
   for (const auto& p : e.probes) {
@@ -266,6 +265,16 @@ MemoryEstimate estimate_once(const EstimateRequest& request, const RecipeFacts& 
   // is that sum, as the first probe measured it (held at its start, optimizer state, gradients);
   // the probes on it (within 2 %, or where the line without them falls below it) stay out of the
   // line when enough remain; the forward and backward is then the larger of the two.
+  // A probe's row of the forward and backward's line: 1, micro, micro L, micro L^2,
+  // (batch - micro), (batch - micro) L, the L columns and those of the batch's rest as asked.
+  const auto line_row = [](const Probe* p, bool lengths, bool rest, bool rest_by_length) {
+    const double m = double(p->micro_batch), r = double(p->batch_size - p->micro_batch), l = double(p->length);
+    std::vector<double> row = {1.0, m};
+    if (lengths) row.insert(row.end(), {m * l, m * l * l});
+    if (rest) row.push_back(r);
+    if (rest_by_length) row.push_back(r * l);
+    return row;
+  };
   std::vector<const Probe*> fitted = ran;
   if (by_length && !ran.empty()) {
     const double floor = double(first.allocated_at_start + first.optimizer_bytes + first.gradient_bytes);
@@ -283,8 +292,7 @@ MemoryEstimate estimate_once(const EstimateRequest& request, const RecipeFacts& 
       std::vector<std::vector<double>> Xa;
       std::vector<double> ya;
       for (const Probe* p : above) {
-        const double m = double(p->micro_batch), l = double(p->length);
-        Xa.push_back({1.0, m, m * l, m * l * l, double(p->batch_size - p->micro_batch)});
+        Xa.push_back(line_row(p, true, true, false));
         ya.push_back(double(p->peak_forward_backward));
       }
       std::vector<double> w;
@@ -295,8 +303,9 @@ MemoryEstimate estimate_once(const EstimateRequest& request, const RecipeFacts& 
       }
       std::vector<const Probe*> kept;
       for (std::size_t i = 0; i < above.size(); ++i) {
-        const auto& x = Xa[i];
-        if (w[0] + w[1] * x[1] + w[2] * x[2] + w[3] * x[3] + w[4] * x[4] >= floor) kept.push_back(above[i]);
+        double line = 0;
+        for (std::size_t c = 0; c < w.size(); ++c) line += w[c] * Xa[i][c];
+        if (line >= floor) kept.push_back(above[i]);
       }
       if (kept.size() == above.size() || !enough(kept)) break;
       above = kept;
@@ -316,12 +325,8 @@ MemoryEstimate estimate_once(const EstimateRequest& request, const RecipeFacts& 
   const bool accumulated = !accumulated_lengths.empty();
   const bool accumulated_by_length = by_length && accumulated_lengths.size() >= 2;
   for (const Probe* p : fitted) {
-    const double m = double(p->micro_batch), rest = double(p->batch_size - p->micro_batch), l = double(p->length);
-    std::vector<double> row = {1.0, m};
-    if (by_length) row.insert(row.end(), {m * l, m * l * l});
-    if (accumulated) row.push_back(rest);
-    if (accumulated_by_length) row.push_back(rest * l);
-    X.push_back(row);
+    const double m = double(p->micro_batch), l = double(p->length);
+    X.push_back(line_row(p, by_length, accumulated, accumulated_by_length));
     y.push_back(double(p->peak_forward_backward));
     Xo.push_back(by_length ? std::vector<double>{1.0, double(p->batch_size), double(p->batch_size) * l}
                            : std::vector<double>{1.0, double(p->batch_size)});
