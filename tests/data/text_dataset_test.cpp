@@ -81,7 +81,7 @@ TEST_P(TextBatches, AreTheBatchesTransformersPadsToTheLongest) {
   const DataSpec spec = ds->spec();
   EXPECT_EQ(spec.num_classes, 3);
   EXPECT_GE(spec.token_id_limit, 4000);
-  EXPECT_EQ(spec.pad_token_id, c.tokenizer == "roberta" ? 1 : 0);
+  EXPECT_EQ(spec.pad_token_id, c.tokenizer == "roberta" ? 1 : 0);  // <pad> is 0 in albert's and t5's models
   ASSERT_EQ(spec.sample_shape.size(), 2u);
   EXPECT_EQ(spec.sample_shape[0], 3);
   EXPECT_LE(spec.sample_shape[1], 24);  // the longest sample
@@ -108,7 +108,8 @@ TEST_P(TextBatches, AreTheBatchesTransformersPadsToTheLongest) {
 INSTANTIATE_TEST_SUITE_P(Text, TextBatches,
                          ::testing::Values(Case{"bert_cased", false, "texts.csv"},
                                            Case{"bert_cased", true, "texts.csv"}, Case{"roberta", false, "texts.jsonl"},
-                                           Case{"roberta", true, "texts.jsonl"}),
+                                           Case{"roberta", true, "texts.jsonl"}, Case{"albert", false, "texts.csv"},
+                                           Case{"albert", true, "texts.jsonl"}, Case{"t5", true, "texts.csv"}),
                          [](const ::testing::TestParamInfo<Case>& info) {
                            const Case& c = info.param;
                            return c.tokenizer + (c.pair ? "_pairs_" : "_") +
@@ -188,7 +189,11 @@ TEST_F(TextRows, SettingsThatCannotWorkAreRefusedNamingTheKey) {
                 .find("dataset.max_length = 3 leaves no room for text beside the 3 special tokens"),
             std::string::npos);
   const std::string no_tokenizer = "train = " + quoted(tmp_ / "a.csv") + "\ntokenizer = " + quoted(tmp_.str());
-  EXPECT_NE(error_of(no_tokenizer).find("no tokenizer.json in that directory"), std::string::npos)
+  EXPECT_NE(error_of(no_tokenizer)
+                .find("dataset.tokenizer: " + tmp_.str() +
+                      ": a directory without a tokenizer (spiece.model or spm.model with tokenizer_config.json, "
+                      "or tokenizer.json"),
+            std::string::npos)
       << error_of(no_tokenizer);
   write_file(tmp_ / "open.csv", "text,label\n\"never closed,pos\n");
   EXPECT_NE(error_of(keys("open.csv")).find("open.csv\" line 2: a quoted field is not closed before the end"),

@@ -23,11 +23,14 @@ OUT/<name>/expected-<L>.txt  for L in 0 (no truncation) and 24: for each line i,
                  tokenizer (truncation=True, max_length=L) and tokenizers' encode give the same;
                  this script checks that before it writes.
 
+OUT/t5, OUT/albert, OUT/deberta  SentencePiece models with transformers' tokenizer_config.json,
+                 and their expected-<L>.txt likewise (tests/text/hf_sentencepiece.py).
+
 OUT/texts.csv, OUT/texts.jsonl  48 samples (text, text_b, label) of the corpus, real and hard
                  lines, as Python's csv module (QUOTE_MINIMAL, "\r\n") and json.dumps write them;
                  labels "neg", "neutral", "pos" in turn (in the JSON Lines file, their indices
                  0, 1, 2 in sorted order).
-OUT/<name>/batch-<pair>.txt  for bert_cased and roberta, transformers' tokenizer on the first 16
+OUT/<name>/batch-<pair>.txt  for bert_cased, roberta, albert and t5, transformers' tokenizer on the first 16
                  samples (pair 0: text alone, 1: with text_b), padding="longest",
                  truncation=True, max_length=24: per sample "ids|attention_mask|token_type_ids".
 
@@ -47,6 +50,9 @@ import sys
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
+from transformers.utils import logging
+
+import hf_sentencepiece
 
 REAL_LINES = 12000
 MAX_LENGTHS = (0, 24)
@@ -181,6 +187,8 @@ def main():
                 rows.append(line(e.ids, e.type_ids, e.special_tokens_mask))
             with open(os.path.join(d, "expected-%d.txt" % max_length), "w") as f:
                 f.write("\n".join(rows) + "\n")
+    logging.set_verbosity_error()  # the slow tokenizers warn on every pair they truncate
+    hf_sentencepiece.write(out, corpus, REAL_LINES, MAX_LENGTHS, line)
     # Samples for the dataset "text": real lines and hard ones, none blank.
     picked = [l for l in corpus[:200] + corpus[REAL_LINES:REAL_LINES + 200] if l.strip()]
     texts = picked[0:96:4][:24] + picked[-96::4][:24]
@@ -194,11 +202,12 @@ def main():
     with open(os.path.join(out, "texts.jsonl"), "w", encoding="utf-8") as f:
         for i, (a, b) in enumerate(zip(texts, pairs)):
             f.write(json.dumps({"text": a, "text_b": b, "label": i % 3}) + "\n")
-    for kind in ("bert_cased", "roberta"):
-        fast = PreTrainedTokenizerFast.from_pretrained(os.path.join(out, kind))
+    for kind in ("bert_cased", "roberta", "albert", "t5"):
+        d = os.path.join(out, kind)
+        tok = hf_sentencepiece.load(kind, d) if kind in hf_sentencepiece.KINDS else PreTrainedTokenizerFast.from_pretrained(d)
         for pair in (0, 1):
-            h = fast(texts[:16], pairs[:16] if pair else None, padding="longest", truncation=True, max_length=24,
-                     return_token_type_ids=True)
+            h = tok(texts[:16], pairs[:16] if pair else None, padding="longest", truncation=True, max_length=24,
+                    return_token_type_ids=True)
             with open(os.path.join(out, kind, "batch-%d.txt" % pair), "w") as f:
                 for ids, mask, types in zip(h["input_ids"], h["attention_mask"], h["token_type_ids"]):
                     f.write(line(ids, mask, types) + "\n")

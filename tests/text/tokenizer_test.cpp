@@ -48,7 +48,9 @@ class HfCorpus : public ::testing::TestWithParam<std::string> {};
 TEST_P(HfCorpus, EveryLineEncodesAsHuggingFaceEncodesIt) {
   const auto corpus = lines_of(kFixtures + "/corpus.txt");
   ASSERT_GE(corpus.size(), 10000u);  // the script refuses fewer real lines
-  const Tokenizer tok = Tokenizer::from_file(kFixtures + "/" + GetParam() + "/tokenizer.json");
+  // The directory as save_pretrained wrote it: tokenizer.json, or a SentencePiece model with
+  // tokenizer_config.json.
+  const Tokenizer tok = Tokenizer::from_path(kFixtures + "/" + GetParam());
   for (const int max_length : {0, 24}) {
     const auto expected = lines_of(kFixtures + "/" + GetParam() + "/expected-" + std::to_string(max_length) + ".txt");
     ASSERT_EQ(expected.size(), corpus.size());
@@ -56,7 +58,11 @@ TEST_P(HfCorpus, EveryLineEncodesAsHuggingFaceEncodesIt) {
     for (std::size_t i = 0; i < corpus.size(); ++i) {
       std::optional<std::string_view> pair;
       if (i % 3 == 0 && i + 1 < corpus.size()) pair = corpus[i + 1];
-      const std::string got = row(tok.encode(corpus[i], pair, max_length));
+      std::string got = row(tok.encode(corpus[i], pair, max_length));
+      // "ids|-|-": T5Tokenizer's type ids and mask are one longer than its ids on this line
+      // (hf_sentencepiece.py says why); the ids are compared.
+      const auto bar = expected[i].find('|');
+      if (expected[i].compare(bar, std::string::npos, "|-|-") == 0) got = got.substr(0, got.find('|')) + "|-|-";
       if (got != expected[i] && ++wrong <= 5) {
         ADD_FAILURE() << GetParam() << " max_length " << max_length << " line " << i << ": " << corpus[i]
                       << "\n  got      " << got << "\n  expected " << expected[i];
@@ -68,7 +74,8 @@ TEST_P(HfCorpus, EveryLineEncodesAsHuggingFaceEncodesIt) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Tokenizers, HfCorpus,
-                         ::testing::Values("bert_uncased", "bert_cased", "roberta", "gpt2_prefix"));
+                         ::testing::Values("bert_uncased", "bert_cased", "roberta", "gpt2_prefix", "t5", "albert",
+                                           "deberta"));
 
 TEST(Tokenizer, TheCharacterTablesAreThoseTheLibraryHas) {
   // scripts/unicode_tables.py reads the classes off tokenizers 0.15.2 again: the committed
@@ -242,7 +249,7 @@ TEST(Tokenizer, FilesItCannotReadAreRefusedNamingTheKeyAndWhatIsAllowed) {
     Tokenizer::from_file(tmp / "missing.json");
     FAIL() << "no error";
   } catch (const trainer::UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find("missing.json: cannot read the tokenizer"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("missing.json: cannot read a tokenizer.json"), std::string::npos) << e.what();
   }
 }
 

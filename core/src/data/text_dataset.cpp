@@ -54,7 +54,8 @@ struct TextSettings : Settings<TextSettings> {
     s.add(&TextSettings::train, "train", "The training split's file: CSV, TSV or JSON Lines").required();
     s.add(&TextSettings::test, "test", "The test split's file; empty = none (then the run must not evaluate)");
     s.add(&TextSettings::tokenizer, "tokenizer",
-          "A tokenizer.json (Hugging Face's), or a directory holding one (a model directory)")
+          "A model directory as save_pretrained writes it (its spiece.model or spm.model with "
+          "tokenizer_config.json, else its tokenizer.json), a tokenizer.json, or a SentencePiece .model file")
         .required();
     s.add(&TextSettings::format, "format", "auto (by extension: .tsv, .jsonl or .json, else CSV), csv, tsv or jsonl")
         .choices({"auto", "csv", "tsv", "jsonl"});
@@ -385,24 +386,18 @@ class TextDataset : public Dataset {
   std::optional<Masking> masking_;
 };
 
-std::string tokenizer_file(const std::string& setting) {
-  std::error_code ec;
-  if (fs::is_directory(setting, ec)) return (fs::path(setting) / "tokenizer.json").string();
-  return setting;
-}
-
 std::shared_ptr<Dataset> text_dataset(const TextSettings& s, Split split) {
   const auto split_path = split_file(split, s.train, s.test, "file");
   const std::string &key = split_path.first, &path = split_path.second;
   const std::string where = key + " = \"" + path + "\"";
-  const std::string tok_file = tokenizer_file(s.tokenizer);
-  {
-    std::error_code ec;
-    TRAINER_CHECK_T(UsageError, fs::is_regular_file(tok_file, ec), "dataset.tokenizer = \"", s.tokenizer, "\": no ",
-                    tok_file == s.tokenizer ? "such file" : "tokenizer.json in that directory",
-                    " (Hugging Face's tokenizer.json, as save_pretrained writes it)");
-  }
-  const text::Tokenizer tok = text::Tokenizer::from_file(tok_file);
+  const text::Tokenizer tok = [&] {
+    try {
+      return text::Tokenizer::from_path(s.tokenizer);
+    } catch (const UsageError& e) {
+      throw UsageError(fmt::format("dataset.tokenizer: {}", e.what()));  // the message names the path
+    }
+  }();
+  const std::string& tok_file = tok.file();
   const auto pad = tok.pad_id();
   TRAINER_CHECK_T(UsageError, pad.has_value(), tok_file,
                   ": no padding token ([PAD], <pad> or padding.pad_id), which padding a batch to its longest sample "

@@ -4,576 +4,74 @@
 
 #include <algorithm>
 #include <fstream>
-#include <functional>
-#include <limits>
-#include <map>
-#include <nlohmann/json.hpp>
-#include <set>
-#include <sstream>
-#include <unordered_map>
-#include <utility>
 
-#include "text/tokenizer_parts.h"
+#include "text/tokenizer_impl.h"
 #include "text/unicode.h"
 #include "trainer/error.h"
-#include "trainer/json.h"
 
 namespace trainer::text {
 
-using detail::Bpe;
-using detail::Normalizer;
-using detail::PreTokenizer;
-using detail::WordPiece;
-using nlohmann::json;
-
-namespace {
-
-/// The largest tokenizer.json read (the largest published ones, of vocabularies of 250,000
-/// tokens and more, are some tens of MB).
-constexpr std::uintmax_t kMaxFileBytes = std::uintmax_t{256} << 20;
-
-struct AddedToken {
-  std::string content;  ///< as matched: the content, or for a normalized token, its normalized form
-  std::int64_t id = 0;
-  bool single_word = false, lstrip = false, rstrip = false;
-};
-
-/// One element of a template: a special token's ids or a text (0: the first, 1: the pair).
-struct TemplatePiece {
-  std::vector<std::int64_t> ids;
-  int sequence = -1;
-  std::int64_t type_id = 0;
-};
-
-/// Added tokens by content, looked up by each length they have: the leftmost match, the longest
-/// there, the first listed among equals (tokenizers' leftmost-longest matching), in time linear
-/// in the text for each distinct length, whatever the number of tokens.
-struct AddedTokens {
-  std::vector<AddedToken> tokens;
-  std::map<std::size_t, std::unordered_map<std::string, std::size_t>, std::greater<>> by_length;
-
-  void add(AddedToken t) {
-    by_length[t.content.size()].emplace(t.content, tokens.size());
-    tokens.push_back(std::move(t));
-  }
-  bool empty() const { return tokens.empty(); }
-  /// The token matching `s` at `at`, longest first; nullptr when none does.
-  const AddedToken* match(const std::string& s, std::size_t at) const {
-    for (const auto& [len, table] : by_length) {
-      if (len > s.size() - at) continue;
-      const auto it = table.find(s.substr(at, len));
-      if (it != table.end()) return &tokens[it->second];
-    }
-    return nullptr;
-  }
-};
-
-/// Where a piece of the input stands: text still to tokenize, or an added token's id.
-struct Segment {
-  std::string text;
-  std::int64_t id = -1;
-};
-
-}  // namespace
-
-struct Tokenizer::Impl {
-  std::string name;  ///< the file, for errors
-  std::optional<Normalizer> normalizer;
-  std::optional<PreTokenizer> pre_tokenizer;
-  std::string model_type;
-  WordPiece wordpiece;
-  Bpe bpe;
-  AddedTokens raw_tokens, normalized_tokens;
-  std::unordered_map<std::string, std::int64_t> added_ids;
-  std::vector<TemplatePiece> single{{{}, 0, 0}}, pair{{{}, 0, 0}, {{}, 1, 1}};
-  std::optional<std::int64_t> padding_id;
-  std::int64_t limit = 0;
-
-  [[noreturn]] void bad(const std::string& key, const std::string& what) const {
-    throw UsageError(fmt::format("{}: {}: {}", name, key, what));
-  }
-
-  const json& field(const json& j, const char* key, const std::string& where) const {
-    const auto it = j.find(key);
-    if (it == j.end()) bad(where, std::string("has no \"") + key + "\"");
-    return *it;
-  }
-  bool flag(const json& j, const char* key, const std::string& where, bool fallback) const {
-    const auto it = j.find(key);
-    if (it == j.end() || it->is_null()) return fallback;
-    if (!it->is_boolean()) bad(where + "." + key, "expected true or false, not " + it->dump().substr(0, 40));
-    return it->get<bool>();
-  }
-  std::string text(const json& j, const std::string& where) const {
-    if (!j.is_string()) bad(where, "expected a string, not " + j.dump().substr(0, 40));
-    const auto s = j.get<std::string>();
-    if (invalid_utf8_at(s) != std::string::npos) bad(where, "not valid UTF-8");
-    return s;
-  }
-  std::int64_t id(const json& j, const std::string& where) const {
-    if (!j.is_number_integer() || j.get<std::int64_t>() < 0 ||
-        j.get<std::int64_t>() > std::numeric_limits<std::int32_t>::max()) {
-      bad(where, "expected a token id from 0 to 2^31 - 1, not " + j.dump().substr(0, 40));
-    }
-    return j.get<std::int64_t>();
-  }
-  std::string type_of(const json& j, const std::string& where) const {
-    if (!j.is_object()) bad(where, "expected an object, not " + j.dump().substr(0, 40));
-    return text(field(j, "type", where), where + ".type");
-  }
-
-  Normalizer read_normalizer(const json& j, const std::string& where) const {
-    const std::string type = type_of(j, where);
-    Normalizer n;
-    if (type == "BertNormalizer") {
-      n.kind = Normalizer::Kind::kBert;
-      n.clean_text = flag(j, "clean_text", where, true);
-      n.chinese_chars = flag(j, "handle_chinese_chars", where, true);
-      n.lowercase = flag(j, "lowercase", where, true);
-      n.strip_accents = flag(j, "strip_accents", where, n.lowercase);  // null: as lowercase
-    } else if (type == "Lowercase") {
-      n.kind = Normalizer::Kind::kLowercase;
-    } else if (type == "NFD") {
-      n.kind = Normalizer::Kind::kNfd;
-    } else if (type == "StripAccents") {
-      n.kind = Normalizer::Kind::kStripAccents;
-    } else if (type == "Sequence") {
-      n.kind = Normalizer::Kind::kSequence;
-      const json& steps = field(j, "normalizers", where);
-      if (!steps.is_array()) bad(where + ".normalizers", "expected a list");
-      for (std::size_t k = 0; k < steps.size(); ++k) {
-        n.steps.push_back(read_normalizer(steps[k], fmt::format("{}.normalizers[{}]", where, k)));
-      }
-    } else {
-      bad(where + ".type", fmt::format("\"{}\" is not a normalizer this reader has; it has BertNormalizer, "
-                                       "Lowercase, NFD, StripAccents and Sequence",
-                                       type));
-    }
-    return n;
-  }
-
-  PreTokenizer read_pre_tokenizer(const json& j, const std::string& where) const {
-    const std::string type = type_of(j, where);
-    PreTokenizer p;
-    if (type == "BertPreTokenizer") {
-      p.kind = PreTokenizer::Kind::kBert;
-    } else if (type == "WhitespaceSplit") {
-      p.kind = PreTokenizer::Kind::kWhitespaceSplit;
-    } else if (type == "ByteLevel") {
-      p.kind = PreTokenizer::Kind::kByteLevel;
-      p.add_prefix_space = flag(j, "add_prefix_space", where, true);
-      p.use_regex = flag(j, "use_regex", where, true);
-    } else if (type == "Sequence") {
-      p.kind = PreTokenizer::Kind::kSequence;
-      const json& steps = field(j, "pretokenizers", where);
-      if (!steps.is_array()) bad(where + ".pretokenizers", "expected a list");
-      for (std::size_t k = 0; k < steps.size(); ++k) {
-        p.steps.push_back(read_pre_tokenizer(steps[k], fmt::format("{}.pretokenizers[{}]", where, k)));
-      }
-    } else {
-      bad(where + ".type", fmt::format("\"{}\" is not a pre-tokenizer this reader has; it has BertPreTokenizer, "
-                                       "ByteLevel, WhitespaceSplit and Sequence",
-                                       type));
-    }
-    return p;
-  }
-
-  std::unordered_map<std::string, std::int64_t> read_vocab(const json& j, const std::string& where) {
-    if (!j.is_object()) bad(where, "expected an object of tokens and their ids");
-    std::unordered_map<std::string, std::int64_t> vocab;
-    vocab.reserve(j.size());
-    for (const auto& [token, value] : j.items()) {
-      if (invalid_utf8_at(token) != std::string::npos) bad(where, "a token is not valid UTF-8");
-      const std::int64_t v = id(value, where + "[" + json(token).dump() + "]");
-      vocab.emplace(token, v);
-      limit = std::max(limit, v + 1);
-    }
-    if (vocab.empty()) bad(where, "is empty");
-    return vocab;
-  }
-
-  void read_model(const json& j) {
-    const std::string type = type_of(j, "model");
-    model_type = type;
-    if (type == "WordPiece") {
-      wordpiece.vocab = read_vocab(field(j, "vocab", "model"), "model.vocab");
-      for (const auto& entry : wordpiece.vocab) wordpiece.longest = std::max(wordpiece.longest, entry.first.size());
-      const std::string unk = text(field(j, "unk_token", "model"), "model.unk_token");
-      const auto it = wordpiece.vocab.find(unk);
-      if (it == wordpiece.vocab.end()) bad("model.unk_token", "\"" + unk + "\" is not in model.vocab");
-      wordpiece.unk_id = it->second;
-      if (j.contains("continuing_subword_prefix")) {
-        wordpiece.prefix = text(j["continuing_subword_prefix"], "model.continuing_subword_prefix");
-      }
-      if (j.contains("max_input_chars_per_word")) {
-        const json& m = j["max_input_chars_per_word"];
-        if (!m.is_number_unsigned()) bad("model.max_input_chars_per_word", "expected a count");
-        wordpiece.max_chars = m.get<std::size_t>();
-      }
-    } else if (type == "BPE") {
-      bpe.vocab = read_vocab(field(j, "vocab", "model"), "model.vocab");
-      if (j.contains("dropout") && !j["dropout"].is_null() &&
-          !(j["dropout"].is_number() && j["dropout"].get<double>() == 0.0)) {
-        bad("model.dropout", "BPE dropout draws merges at random; only null (none) is read");
-      }
-      if (j.contains("unk_token") && !j["unk_token"].is_null()) {
-        const std::string unk = text(j["unk_token"], "model.unk_token");
-        const auto it = bpe.vocab.find(unk);
-        if (it == bpe.vocab.end()) bad("model.unk_token", "\"" + unk + "\" is not in model.vocab");
-        bpe.unk_id = it->second;
-      }
-      for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
-        if (j.contains(key) && !j[key].is_null()) {
-          (std::string(key) == "end_of_word_suffix" ? bpe.suffix : bpe.prefix) =
-              text(j[key], std::string("model.") + key);
-        }
-      }
-      bpe.fuse_unk = flag(j, "fuse_unk", "model", false);
-      bpe.byte_fallback = flag(j, "byte_fallback", "model", false);
-      if (flag(j, "ignore_merges", "model", false)) bad("model.ignore_merges", "only false is read");
-      const json& merges = field(j, "merges", "model");
-      if (!merges.is_array()) bad("model.merges", "expected a list");
-      bpe.merges.reserve(merges.size());
-      for (std::size_t k = 0; k < merges.size(); ++k) {
-        const std::string where = fmt::format("model.merges[{}]", k);
-        std::string a, b;
-        if (merges[k].is_string()) {
-          const std::string m = text(merges[k], where);
-          const auto space = m.find(' ');
-          if (space == std::string::npos || m.find(' ', space + 1) != std::string::npos) {
-            bad(where, "\"" + m.substr(0, 40) + "\" is not two tokens with a space between");
-          }
-          a = m.substr(0, space);
-          b = m.substr(space + 1);
-        } else if (merges[k].is_array() && merges[k].size() == 2) {
-          a = text(merges[k][0], where);
-          b = text(merges[k][1], where);
-        } else {
-          bad(where, "expected \"A B\" or [\"A\", \"B\"]");
-        }
-        // The merged token: the right one less as many bytes as the continuing-subword prefix
-        // has, as tokenizers builds it (whether or not it starts with the prefix).
-        if (b.size() < bpe.prefix.size()) bad(where, "\"" + b + "\" is shorter than continuing_subword_prefix");
-        const std::string merged = a + b.substr(bpe.prefix.size());
-        const auto ia = bpe.vocab.find(a), ib = bpe.vocab.find(b), im = bpe.vocab.find(merged);
-        if (ia == bpe.vocab.end() || ib == bpe.vocab.end() || im == bpe.vocab.end()) {
-          bad(where, fmt::format("\"{}\", \"{}\" or their merge \"{}\" is not in model.vocab", a, b, merged));
-        }
-        const std::uint64_t key =
-            (static_cast<std::uint64_t>(ia->second) << 32) | static_cast<std::uint64_t>(ib->second);
-        // The last of equal pairs counts, as tokenizers' map of merges keeps it.
-        bpe.merges[key] = Bpe::Merge{static_cast<std::uint32_t>(k), static_cast<std::uint32_t>(im->second)};
-      }
-    } else {
-      bad("model.type", fmt::format("\"{}\" is not a model this reader has; it has WordPiece (BERT) and BPE "
-                                    "(RoBERTa, GPT-2)",
-                                    type));
-    }
-  }
-
-  std::vector<std::int64_t> special_ids(const json& j, const std::string& where) const {
-    // [token, id] as BertProcessing and RobertaProcessing write them.
-    if (!j.is_array() || j.size() != 2) bad(where, "expected [\"TOKEN\", ID]");
-    text(j[0], where + "[0]");
-    return {id(j[1], where + "[1]")};
-  }
-
-  void read_post_processor(const json& j, const std::string& where, bool& templated) {
-    const std::string type = type_of(j, where);
-    if (type == "ByteLevel") return;  // offsets only
-    if (type == "Sequence") {
-      const json& steps = field(j, "processors", where);
-      if (!steps.is_array()) bad(where + ".processors", "expected a list");
-      for (std::size_t k = 0; k < steps.size(); ++k) {
-        read_post_processor(steps[k], fmt::format("{}.processors[{}]", where, k), templated);
-      }
-      return;
-    }
-    if (templated) bad(where, "a second processor that adds special tokens");
-    templated = true;
-    if (type == "BertProcessing" || type == "RobertaProcessing") {
-      const auto cls = special_ids(field(j, "cls", where), where + ".cls");
-      const auto sep = special_ids(field(j, "sep", where), where + ".sep");
-      single = {{cls, -1, 0}, {{}, 0, 0}, {sep, -1, 0}};
-      if (type == "BertProcessing") {
-        pair = {{cls, -1, 0}, {{}, 0, 0}, {sep, -1, 0}, {{}, 1, 1}, {sep, -1, 1}};
-      } else {
-        pair = {{cls, -1, 0}, {{}, 0, 0}, {sep, -1, 0}, {sep, -1, 0}, {{}, 1, 0}, {sep, -1, 0}};
-      }
-      return;
-    }
-    if (type == "TemplateProcessing") {
-      const json& specials = field(j, "special_tokens", where);
-      if (!specials.is_object()) bad(where + ".special_tokens", "expected an object");
-      const auto read = [&](const char* key) {
-        const json& pieces = field(j, key, where);
-        if (!pieces.is_array()) bad(where + "." + key, "expected a list");
-        std::vector<TemplatePiece> out;
-        for (std::size_t k = 0; k < pieces.size(); ++k) {
-          const std::string at = fmt::format("{}.{}[{}]", where, key, k);
-          const json& p = pieces[k];
-          if (!p.is_object() || p.size() != 1) bad(at, "expected {\"SpecialToken\": ...} or {\"Sequence\": ...}");
-          TemplatePiece piece;
-          if (p.contains("Sequence")) {
-            const std::string seq = text(field(p["Sequence"], "id", at), at + ".Sequence.id");
-            if (seq != "A" && seq != "B") bad(at + ".Sequence.id", "expected \"A\" or \"B\"");
-            piece.sequence = seq == "A" ? 0 : 1;
-            piece.type_id = id(field(p["Sequence"], "type_id", at), at + ".Sequence.type_id");
-          } else if (p.contains("SpecialToken")) {
-            const std::string token = text(field(p["SpecialToken"], "id", at), at + ".SpecialToken.id");
-            piece.type_id = id(field(p["SpecialToken"], "type_id", at), at + ".SpecialToken.type_id");
-            if (!specials.contains(token)) bad(at, "\"" + token + "\" is not in " + where + ".special_tokens");
-            const json& ids = field(specials[token], "ids", where + ".special_tokens." + token);
-            if (!ids.is_array()) bad(where + ".special_tokens." + token + ".ids", "expected a list");
-            for (const auto& i : ids) piece.ids.push_back(id(i, where + ".special_tokens." + token + ".ids"));
-          } else {
-            bad(at, "expected {\"SpecialToken\": ...} or {\"Sequence\": ...}");
-          }
-          out.push_back(std::move(piece));
-        }
-        return out;
-      };
-      single = read("single");
-      pair = read("pair");
-      const auto count = [](const std::vector<TemplatePiece>& t, int seq) {
-        return std::count_if(t.begin(), t.end(), [&](const TemplatePiece& p) { return p.sequence == seq; });
-      };
-      if (count(single, 0) != 1 || count(single, 1) != 0) bad(where + ".single", "expected $A once and no $B");
-      if (count(pair, 0) != 1 || count(pair, 1) != 1) bad(where + ".pair", "expected $A and $B once each");
-      return;
-    }
-    bad(where + ".type", fmt::format("\"{}\" is not a post-processor this reader has; it has TemplateProcessing, "
-                                     "BertProcessing, RobertaProcessing, ByteLevel and Sequence",
-                                     type));
-  }
-
-  /// The vocabulary of the model (WordPiece's or BPE's).
-  const std::unordered_map<std::string, std::int64_t>& model_vocab() const {
-    return model_type == "WordPiece" ? wordpiece.vocab : bpe.vocab;
-  }
-
-  void read_added_tokens(const json& j) {
-    if (!j.is_array()) bad("added_tokens", "expected a list");
-    struct Entry {
-      AddedToken token;
-      bool special, normalized;
-    };
-    std::vector<Entry> entries;
-    const auto& vocab = model_vocab();
-    const auto vocab_size = static_cast<std::int64_t>(vocab.size());
-    std::int64_t most = -1;  // the largest added id so far
-    for (std::size_t k = 0; k < j.size(); ++k) {
-      const std::string where = fmt::format("added_tokens[{}]", k);
-      const json& t = j[k];
-      if (!t.is_object()) bad(where, "expected an object");
-      Entry e;
-      AddedToken& a = e.token;
-      a.content = text(field(t, "content", where), where + ".content");
-      if (a.content.empty()) bad(where + ".content", "is empty");
-      id(field(t, "id", where), where + ".id");  // checked; tokenizers assigns the id itself:
-      // the token's id in the vocabulary, an earlier entry's, or the next after both.
-      if (const auto seen = added_ids.find(a.content); seen != added_ids.end()) {
-        a.id = seen->second;
-      } else if (const auto in_vocab = vocab.find(a.content); in_vocab != vocab.end()) {
-        a.id = in_vocab->second;
-      } else {
-        a.id = most < 0 ? vocab_size : (most >= vocab_size || vocab_size == 0 ? most + 1 : vocab_size);
-      }
-      most = std::max(most, a.id);
-      a.single_word = flag(t, "single_word", where, false);
-      a.lstrip = flag(t, "lstrip", where, false);
-      a.rstrip = flag(t, "rstrip", where, false);
-      e.special = flag(t, "special", where, false);
-      // tokenizers' default: special tokens are matched as written, others after normalizing.
-      e.normalized = flag(t, "normalized", where, !e.special);
-      limit = std::max(limit, a.id + 1);
-      added_ids[a.content] = a.id;
-      entries.push_back(std::move(e));
-    }
-    // tokenizers matches the special tokens first (each once), then the others, in file order:
-    // of two that match the same text, the first listed wins.
-    std::set<std::string> specials;
-    for (const bool special : {true, false}) {
-      for (auto& e : entries) {
-        if (e.special != special || (special && !specials.insert(e.token.content).second)) continue;
-        AddedToken a = e.token;
-        if (e.normalized && normalizer) {
-          std::u32string s = decode_utf8(a.content);
-          normalizer->apply(s);
-          a.content = encode_utf8(s);
-          if (!a.content.empty()) normalized_tokens.add(std::move(a));
-        } else {
-          (e.normalized ? normalized_tokens : raw_tokens).add(std::move(a));
-        }
-      }
-    }
-  }
-
-  /// Splits `segment` at the added tokens of `tokens` as tokenizers does: the leftmost match,
-  /// the longest there, then on after it; single_word, lstrip and rstrip as the token says.
-  void split_added(const std::string& s, const AddedTokens& tokens, std::vector<Segment>& out) const {
-    if (tokens.empty() || s.empty()) {
-      out.push_back({s, -1});
-      return;
-    }
-    const auto whitespace_at = [&](std::size_t i, std::size_t& len) {
-      // The code point at byte i, when it is whitespace (its length in `len`).
-      const auto b = static_cast<unsigned char>(s[i]);
-      len = b < 0x80 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
-      return in_class(CharClass::kBertWhitespace, decode_utf8(std::string_view(s).substr(i, len))[0]);
-    };
-    const auto char_before = [&](std::size_t i) {
-      std::size_t k = i;
-      do {
-        --k;
-      } while (k > 0 && (static_cast<unsigned char>(s[k]) & 0xC0) == 0x80);
-      return decode_utf8(std::string_view(s).substr(k, i - k))[0];
-    };
-    std::size_t start_offset = 0, pos = 0;
-    while (pos < s.size()) {
-      const AddedToken* best = nullptr;
-      std::size_t at = pos;
-      for (; at < s.size(); ++at) {
-        if ((static_cast<unsigned char>(s[at]) & 0xC0) == 0x80) continue;  // inside a character
-        if ((best = tokens.match(s, at)) != nullptr) break;
-      }
-      if (best == nullptr) break;
-      std::size_t start = at, stop = at + best->content.size();
-      pos = stop;
-      if (best->single_word) {
-        const bool space_before = start == 0 || !in_class(CharClass::kWord, char_before(start));
-        const bool space_after =
-            stop == s.size() ||
-            !in_class(CharClass::kWord,
-                      decode_utf8(std::string_view(s).substr(stop, std::min<std::size_t>(4, s.size() - stop)))[0]);
-        if (!space_before || !space_after) continue;
-      }
-      if (best->lstrip) {
-        std::size_t k = start;
-        while (k > 0) {
-          std::size_t p = k;
-          do {
-            --p;
-          } while (p > 0 && (static_cast<unsigned char>(s[p]) & 0xC0) == 0x80);
-          std::size_t len = 0;
-          if (!whitespace_at(p, len)) break;
-          k = p;
-        }
-        start = std::max(k, start_offset);
-      }
-      if (best->rstrip) {
-        std::size_t len = 0;
-        while (stop < s.size() && whitespace_at(stop, len)) stop += len;
-      }
-      if (start_offset < start) out.push_back({s.substr(start_offset, start - start_offset), -1});
-      out.push_back({std::string(), best->id});
-      start_offset = stop;
-    }
-    if (start_offset != s.size()) out.push_back({s.substr(start_offset), -1});
-  }
-
-  /// The model's ids for one text, before the post-processor.
-  std::vector<std::int64_t> tokenize(std::string_view input) const {
-    std::vector<Segment> raw, segments;
-    split_added(std::string(input), raw_tokens, raw);
-    for (auto& seg : raw) {
-      if (seg.id >= 0) {
-        segments.push_back(std::move(seg));
-        continue;
-      }
-      std::u32string s = decode_utf8(seg.text);
-      if (normalizer) normalizer->apply(s);
-      split_added(encode_utf8(s), normalized_tokens, segments);
-    }
-    std::vector<std::int64_t> ids;
-    for (const auto& seg : segments) {
-      if (seg.id >= 0) {
-        ids.push_back(seg.id);
-        continue;
-      }
-      std::vector<std::u32string> words{decode_utf8(seg.text)};
-      if (pre_tokenizer) pre_tokenizer->apply(words);
-      for (const auto& w : words) {
-        if (w.empty()) continue;
-        const std::string word = encode_utf8(w);
-        if (model_type == "WordPiece") {
-          wordpiece.tokenize(word, ids);
-        } else {
-          bpe.tokenize(word, ids);
-        }
-      }
-    }
-    return ids;
-  }
-};
+namespace fs = std::filesystem;
 
 Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
 
-Tokenizer Tokenizer::from_file(const std::filesystem::path& file) {
+namespace {
+
+/// The largest tokenizer.json read (the largest published ones, of vocabularies of 250,000
+/// tokens and more, are some tens of MB).
+constexpr std::uintmax_t kMaxJsonBytes = std::uintmax_t{256} << 20;
+
+bool is_file(const fs::path& p) {
   std::error_code ec;
-  const auto size = std::filesystem::file_size(file, ec);
-  TRAINER_CHECK_T(UsageError, !ec, file.string(), ": cannot read the tokenizer (", ec.message(), ")");
-  TRAINER_CHECK_T(UsageError, size <= kMaxFileBytes, file.string(), " is ", size,
-                  " bytes; a tokenizer.json is at most ", kMaxFileBytes, " bytes here");
+  return fs::is_regular_file(p, ec);
+}
+
+}  // namespace
+
+std::string detail::read_bounded(const fs::path& file, std::uintmax_t most, const char* what) {
+  std::error_code ec;
+  const auto size = fs::file_size(file, ec);
+  TRAINER_CHECK_T(UsageError, !ec, file.string(), ": cannot read ", what, " (", ec.message(), ")");
+  TRAINER_CHECK_T(UsageError, size <= most, file.string(), " is ", size, " bytes; ", what, " is at most ", most,
+                  " bytes here");
   std::ifstream in(file, std::ios::binary);
-  TRAINER_CHECK_T(UsageError, in.good(), file.string(), ": cannot open the tokenizer");
+  TRAINER_CHECK_T(UsageError, in.good(), file.string(), ": cannot open ", what);
   std::string text(static_cast<std::size_t>(size), '\0');
   in.read(text.data(), static_cast<std::streamsize>(size));
-  TRAINER_CHECK_T(UsageError, in.gcount() == static_cast<std::streamsize>(size), file.string(),
+  TRAINER_CHECK_T(UsageError, in.gcount() == static_cast<std::streamsize>(size) && in.peek() == EOF, file.string(),
                   ": the file changed while it was read");
-  return from_json(text, file.string());
+  return text;
+}
+
+Tokenizer Tokenizer::from_file(const fs::path& file) {
+  return from_json(detail::read_bounded(file, kMaxJsonBytes, "a tokenizer.json"), file.string());
+}
+
+Tokenizer Tokenizer::from_path(const fs::path& path) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    for (const char* model : {"spiece.model", "spm.model"}) {
+      if (is_file(path / model))
+        return Tokenizer(detail::read_sentencepiece(path / model, path / "tokenizer_config.json"));
+    }
+    TRAINER_CHECK_T(UsageError, is_file(path / "tokenizer.json"), path.string(),
+                    ": a directory without a tokenizer (spiece.model or spm.model with tokenizer_config.json, or "
+                    "tokenizer.json, as transformers' save_pretrained writes them)");
+    return from_file(path / "tokenizer.json");
+  }
+  TRAINER_CHECK_T(UsageError, is_file(path), path.string(),
+                  ": no such file (a tokenizer.json, a SentencePiece .model, or a model directory holding one)");
+  if (path.extension() == ".model") {
+    return Tokenizer(detail::read_sentencepiece(path, path.parent_path() / "tokenizer_config.json"));
+  }
+  return from_file(path);
 }
 
 Tokenizer Tokenizer::from_json(const std::string& text, const std::string& name) {
-  auto impl = std::make_unique<Impl>();
-  impl->name = name;
-  TRAINER_CHECK_T(UsageError, json_nesting(text) <= 16, name, ": JSON nested deeper than a tokenizer.json is");
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::parse_error& e) {
-    throw UsageError(fmt::format("{}: not a tokenizer.json: invalid JSON at byte {}", name, e.byte));
-  } catch (const json::exception& e) {
-    // A number out of range, which the parser reports apart.
-    throw UsageError(fmt::format("{}: not a tokenizer.json: {}", name, e.what()));
-  }
-  TRAINER_CHECK_T(UsageError, j.is_object(), name,
-                  ": not a tokenizer.json (a JSON object with a \"model\"; transformers' save_pretrained writes it)");
-  impl->read_model(impl->field(j, "model", "the file"));
-  if (j.contains("normalizer") && !j["normalizer"].is_null()) {
-    impl->normalizer = impl->read_normalizer(j["normalizer"], "normalizer");
-  }
-  if (j.contains("pre_tokenizer") && !j["pre_tokenizer"].is_null()) {
-    impl->pre_tokenizer = impl->read_pre_tokenizer(j["pre_tokenizer"], "pre_tokenizer");
-  }
-  if (j.contains("post_processor") && !j["post_processor"].is_null()) {
-    bool templated = false;
-    impl->read_post_processor(j["post_processor"], "post_processor", templated);
-  }
-  if (j.contains("added_tokens") && !j["added_tokens"].is_null()) impl->read_added_tokens(j["added_tokens"]);
-  if (j.contains("padding") && !j["padding"].is_null() && !j["padding"].is_object()) {
-    impl->bad("padding", "expected an object or null, not " + j["padding"].dump().substr(0, 40));
-  }
-  if (j.contains("padding") && j["padding"].is_object() && j["padding"].contains("pad_id")) {
-    impl->padding_id = impl->id(j["padding"]["pad_id"], "padding.pad_id");
-    impl->limit = std::max(impl->limit, *impl->padding_id + 1);
-  }
-  // The post-processor's ids count too: a model for the tokenizer must have rows for them.
-  for (const auto* t : {&impl->single, &impl->pair}) {
-    for (const auto& piece : *t) {
-      for (const auto id : piece.ids) impl->limit = std::max(impl->limit, id + 1);
-    }
-  }
-  // A model gets a row per id below the limit: ids far beyond the tokens would make a huge one.
-  const auto tokens = static_cast<std::int64_t>(impl->model_vocab().size() + impl->added_ids.size());
-  TRAINER_CHECK_T(UsageError, impl->limit <= 2 * tokens + 1024, name, ": ids run up to ", impl->limit - 1, " for ",
-                  tokens,
-                  " tokens; a vocabulary's ids are 0 to about its size (a model would get a row for "
-                  "each)");
-  return Tokenizer(std::move(impl));
+  return Tokenizer(detail::read_tokenizer_json(text, name));
 }
 
 Encoding Tokenizer::encode(std::string_view text, std::optional<std::string_view> pair, std::int64_t max_length) const {
@@ -592,6 +90,19 @@ Encoding Tokenizer::encode(std::string_view text, std::optional<std::string_view
     const auto most = static_cast<std::size_t>(max_length - added);
     if (!pair) {
       if (a.size() > most) a.resize(most);
+    } else if (a.size() + b.size() > most && m.cut_one_at_a_time) {
+      const std::size_t cut = a.size() + b.size() - most;
+      // Cutting one at a time from the longer: first the longer down to the shorter's length,
+      // then both in turn (the second first).
+      const std::size_t gap = a.size() > b.size() ? a.size() - b.size() : b.size() - a.size();
+      const std::size_t first = std::min(cut, gap), rest = cut - first;
+      if (a.size() > b.size()) {
+        a.resize(a.size() - first);
+      } else {
+        b.resize(b.size() - first);
+      }
+      b.resize(b.size() - (rest + 1) / 2);
+      a.resize(a.size() - rest / 2);
     } else if (a.size() + b.size() > most) {
       // longest_first: the shorter keeps its length when the longer can take the cut; else
       // both are cut to about half.
@@ -608,8 +119,14 @@ Encoding Tokenizer::encode(std::string_view text, std::optional<std::string_view
   }
   Encoding e;
   e.truncated = static_cast<std::int64_t>(before - a.size() - b.size());
+  const std::vector<std::int64_t>* last = nullptr;  // the text the piece before was
   for (const auto& piece : pair ? m.pair : m.single) {
     const std::vector<std::int64_t>& ids = piece.sequence < 0 ? piece.ids : piece.sequence == 0 ? a : b;
+    if (m.close_once && piece.sequence < 0 && last != nullptr && !last->empty() && last->back() == ids.back()) {
+      last = nullptr;
+      continue;  // the text ends with the closing token already (T5Tokenizer adds none then)
+    }
+    last = piece.sequence < 0 ? nullptr : &ids;
     e.ids.insert(e.ids.end(), ids.begin(), ids.end());
     e.type_ids.insert(e.type_ids.end(), ids.size(), piece.type_id);
     e.special_mask.insert(e.special_mask.end(), ids.size(), piece.sequence < 0 ? 1 : 0);
@@ -620,10 +137,7 @@ Encoding Tokenizer::encode(std::string_view text, std::optional<std::string_view
 std::optional<std::int64_t> Tokenizer::token_id(const std::string& token) const {
   const auto a = impl_->added_ids.find(token);
   if (a != impl_->added_ids.end()) return a->second;
-  const auto& vocab = impl_->model_vocab();
-  const auto v = vocab.find(token);
-  if (v != vocab.end()) return v->second;
-  return std::nullopt;
+  return impl_->vocab_id(token);
 }
 
 std::int64_t Tokenizer::id_limit() const { return impl_->limit; }
@@ -637,6 +151,7 @@ std::optional<std::int64_t> Tokenizer::pad_id() const {
 }
 
 std::optional<std::int64_t> Tokenizer::mask_id() const {
+  if (impl_->mask_id) return impl_->mask_id;
   for (const char* t : {"[MASK]", "<mask>"}) {
     if (auto id = token_id(t)) return id;
   }
@@ -650,5 +165,7 @@ std::int64_t Tokenizer::special_tokens_added(bool pair) const {
 }
 
 const std::string& Tokenizer::model_type() const { return impl_->model_type; }
+
+const std::string& Tokenizer::file() const { return impl_->name; }
 
 }  // namespace trainer::text

@@ -1,8 +1,10 @@
 #pragma once
-// A Hugging Face tokenizer read from its tokenizer.json, giving the ids, type ids and special
-// token marks that tokenizers 0.15 (and transformers' fast tokenizers) give: WordPiece (BERT)
-// and byte-level BPE (RoBERTa, GPT-2) with the normalizers, pre-tokenizers, added tokens,
-// post-processors and truncation those files declare.
+// A Hugging Face tokenizer, giving the ids, type ids and special token marks Hugging Face's
+// libraries give: from a tokenizer.json as tokenizers 0.15 (and transformers' fast tokenizers)
+// read it, WordPiece (BERT) and byte-level BPE (RoBERTa, GPT-2) with the normalizers,
+// pre-tokenizers, added tokens, post-processors and truncation it declares; or from a
+// SentencePiece model (spiece.model, spm.model: T5, ALBERT, DeBERTa-v2/v3) with its
+// tokenizer_config.json, as transformers' Python tokenizer of that class reads it.
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -26,6 +28,11 @@ class Tokenizer {
   /// Reads `file` (tokenizer.json). A file that is not one, or that declares a component this
   /// reader does not have, is a UsageError naming the file, the key and what is allowed.
   static Tokenizer from_file(const std::filesystem::path& file);
+  /// A tokenizer as a model directory holds it: a directory with spiece.model or spm.model reads
+  /// that (SentencePiece, with the directory's tokenizer_config.json), else its tokenizer.json;
+  /// a file ending in .model is a SentencePiece model (tokenizer_config.json beside it), any
+  /// other file a tokenizer.json. UsageError naming the path when it holds none.
+  static Tokenizer from_path(const std::filesystem::path& path);
   /// The same from the text of a tokenizer.json; `name` names it in errors.
   static Tokenizer from_json(const std::string& text, const std::string& name);
 
@@ -52,8 +59,10 @@ class Tokenizer {
   std::optional<std::int64_t> mask_id() const;
   /// How many special tokens the post-processor adds to one text, or to a pair.
   std::int64_t special_tokens_added(bool pair) const;
-  /// "WordPiece" or "BPE".
+  /// "WordPiece", "BPE" or "SentencePiece".
   const std::string& model_type() const;
+  /// The file it was read from (tokenizer.json, or the SentencePiece model), for messages.
+  const std::string& file() const;
 
   struct Impl;
 

@@ -209,6 +209,52 @@ std::u32string lowercase(std::u32string_view s) {
   return out;
 }
 
+std::u32string nfkd_without_marks(std::u32string_view s) {
+  std::u32string out;
+  out.reserve(s.size());
+  for (const char32_t c : s) {
+    if (c < 0x80) {
+      out.push_back(c);
+      continue;
+    }
+    utf8proc_int32_t parts[32];  // the longest compatibility decomposition is 18 (U+FDFA)
+    int boundclass = 0;
+    const utf8proc_ssize_t n =
+        utf8proc_decompose_char(static_cast<utf8proc_int32_t>(c), parts, 32,
+                                static_cast<utf8proc_option_t>(UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT), &boundclass);
+    const auto keep = [&](utf8proc_int32_t p) {
+      if (utf8proc_get_property(p)->combining_class == 0) out.push_back(static_cast<char32_t>(p));
+    };
+    if (n < 1 || n > 32) {
+      keep(static_cast<utf8proc_int32_t>(c));
+      continue;
+    }
+    for (utf8proc_ssize_t k = 0; k < n; ++k) keep(parts[k]);
+  }
+  return out;
+}
+
+bool is_python_space(char32_t c) {
+  return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 || c == 0x1680 ||
+         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
+}
+
+bool is_python_digit(char32_t c) {
+  if (c < 0x80) return c >= '0' && c <= '9';
+  if (utf8proc_category(static_cast<utf8proc_int32_t>(c)) == UTF8PROC_CATEGORY_ND) return true;
+  // Numeric_Type=Digit: the digits that are not decimal (superscripts, subscripts, circled and
+  // parenthesized, Ethiopic, dingbats, ...).
+  static constexpr char32_t kDigitRanges[][2] = {
+      {0xB2, 0xB3},     {0xB9, 0xB9},       {0x1369, 0x1371},   {0x19DA, 0x19DA},   {0x2070, 0x2070},
+      {0x2074, 0x2079}, {0x2080, 0x2089},   {0x2460, 0x2468},   {0x2474, 0x247C},   {0x2488, 0x2490},
+      {0x24EA, 0x24EA}, {0x24F5, 0x24FD},   {0x24FF, 0x24FF},   {0x2776, 0x277E},   {0x2780, 0x2788},
+      {0x278A, 0x2792}, {0x10A40, 0x10A43}, {0x10E60, 0x10E68}, {0x11052, 0x1105A}, {0x1F100, 0x1F10A}};
+  for (const auto& r : kDigitRanges) {
+    if (c >= r[0] && c <= r[1]) return true;
+  }
+  return false;
+}
+
 bool is_cjk_ideograph(char32_t c) {
   return (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0x3400 && c <= 0x4DBF) || (c >= 0x20000 && c <= 0x2A6DF) ||
          (c >= 0x2A700 && c <= 0x2B73F) || (c >= 0x2B740 && c <= 0x2B81F) || (c >= 0x2B920 && c <= 0x2CEAF) ||

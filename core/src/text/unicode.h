@@ -44,6 +44,16 @@ std::u32string nfd(std::u32string_view s);
 /// character may become two).
 std::u32string lowercase(std::u32string_view s);
 
+/// Python's unicodedata.normalize("NFKD", s) without the characters of a non-zero combining
+/// class (ALBERT's accent removal; the order of the removed marks does not matter).
+std::u32string nfkd_without_marks(std::u32string_view s);
+
+/// Python's str.isspace() (what str.split() and str.strip() remove).
+bool is_python_space(char32_t c);
+
+/// Python's str.isdigit(): a decimal digit, or a digit of another form (superscripts, circled).
+bool is_python_digit(char32_t c);
+
 /// A CJK ideograph of the blocks the BERT normalizer puts spaces around.
 bool is_cjk_ideograph(char32_t c);
 
