@@ -6,8 +6,11 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
+#include <tuple>
 
+#include "support/sentencepiece_skip.h"
 #include "support/test_util.h"
 #include "text/tokenizer.h"
 #include "trainer/error.h"
@@ -32,6 +35,7 @@ std::string error_of(const fs::path& path) {
 }
 
 TEST(SentencePiece, SpecialIdsAndLimitsComeFromTheFiles) {
+  TRAINER_SKIP_WITHOUT_SENTENCEPIECE();
   const Tokenizer t5 = Tokenizer::from_path(kFixtures + "/t5");
   EXPECT_EQ(t5.model_type(), "SentencePiece");
   EXPECT_EQ(t5.file(), kFixtures + "/t5/spiece.model");
@@ -61,6 +65,7 @@ TEST(SentencePiece, SpecialIdsAndLimitsComeFromTheFiles) {
 }
 
 TEST(SentencePiece, T5ClosesATextOnceAndAlbertLowersOutsideItsSpecialTokens) {
+  TRAINER_SKIP_WITHOUT_SENTENCEPIECE();
   const Tokenizer t5 = Tokenizer::from_path(kFixtures + "/t5");
   const auto plain = t5.encode("hello world");
   const auto closed = t5.encode("hello world</s>");
@@ -94,6 +99,7 @@ class SentencePieceFiles : public ::testing::Test {
 };
 
 TEST_F(SentencePieceFiles, FilesItCannotReadAreRefusedNamingTheKeyAndWhatIsAllowed) {
+  TRAINER_SKIP_WITHOUT_SENTENCEPIECE();
   const std::string config = tmp_ / "albert/tokenizer_config.json";
   struct Case {
     std::function<void(nlohmann::json&)> edit;
@@ -122,6 +128,22 @@ TEST_F(SentencePieceFiles, FilesItCannotReadAreRefusedNamingTheKeyAndWhatIsAllow
        ": legacy: false is T5Tokenizer's newer handling of the text after a special token, not read here"},
       {[](auto& c) { c["tokenizer_class"] = "DebertaV2Tokenizer", c["split_by_punct"] = true; },
        ": split_by_punct: true is not read here"},
+      {[](auto& c) { c["additional_special_tokens"] = {""}; },
+       ": additional_special_tokens: expected tokens (non-empty strings), not \"\""},
+      {[](auto& c) { c["additional_special_tokens"] = {"<not a piece>"}; },
+       ": additional_special_tokens: \"<not a piece>\" is neither an added token nor a piece of spiece.model"},
+      {[](auto& c) {
+         std::vector<std::string> many;
+         for (int i = 0; i < 100'001; ++i) many.push_back("[" + std::to_string(i) + "]");
+         c["additional_special_tokens"] = many;
+       },
+       ": more special tokens than are read here (100000 tokens"},
+      {[](auto& c) { c["split_special_tokens"] = true; }, ": split_special_tokens: true (special tokens tokenized"},
+      {[](auto& c) { c["truncation_side"] = "left"; }, ": truncation_side: only \"right\""},
+      {[](auto& c) {
+         c["sp_model_kwargs"] = {{"enable_sampling", true}};
+       },
+       ": sp_model_kwargs: options of the SentencePiece processor"},
   };
   for (const auto& c : cases) {
     const std::string msg = error_of(with_config(c.edit));
@@ -149,6 +171,126 @@ TEST_F(SentencePieceFiles, FilesItCannotReadAreRefusedNamingTheKeyAndWhatIsAllow
             std::string::npos);
   fs::create_directories(tmp_ / "empty");
   EXPECT_NE(error_of(tmp_ / "empty").find("empty: a directory without a tokenizer"), std::string::npos);
+}
+
+/// A protocol buffer varint.
+std::string varint(std::uint64_t n) {
+  std::string out;
+  do {
+    out += static_cast<char>((n & 0x7F) | (n > 0x7F ? 0x80 : 0));
+    n >>= 7;
+  } while (n != 0);
+  return out;
+}
+
+/// `model` (a serialized ModelProto) with its normalizer's precompiled character map replaced.
+std::string with_charsmap(const std::string& model, const std::string& charsmap) {
+  const auto read_varint = [](const std::string& b, std::size_t& at) {
+    std::uint64_t v = 0;
+    for (int shift = 0;; shift += 7) {
+      const auto c = static_cast<unsigned char>(b.at(at++));
+      v |= std::uint64_t{c & 0x7Fu} << shift;
+      if (c < 0x80) return v;
+    }
+  };
+  // Each field of `b` as (number, wire type, its bytes whole, its payload when length-delimited).
+  const auto fields = [&](const std::string& b) {
+    std::vector<std::tuple<std::uint64_t, std::string, std::string>> out;
+    for (std::size_t at = 0; at < b.size();) {
+      const std::size_t start = at;
+      const std::uint64_t key = read_varint(b, at);
+      std::string payload;
+      if ((key & 7) == 0) {
+        read_varint(b, at);
+      } else if ((key & 7) == 2) {
+        const auto n = static_cast<std::size_t>(read_varint(b, at));
+        payload = b.substr(at, n);
+        at += n;
+      } else {
+        at += (key & 7) == 5 ? 4 : 8;
+      }
+      out.emplace_back(key >> 3, b.substr(start, at - start), payload);
+    }
+    return out;
+  };
+  std::string out;
+  for (const auto& [number, whole, payload] : fields(model)) {
+    if (number != 3) {
+      out += whole;
+      continue;
+    }
+    std::string spec;
+    for (const auto& [n2, whole2, payload2] : fields(payload)) {
+      spec += n2 == 2 ? "\x12" + varint(charsmap.size()) + charsmap : whole2;
+    }
+    out += "\x1a" + varint(spec.size()) + spec;
+  }
+  return out;
+}
+
+std::string u32(std::uint32_t v) { return std::string(reinterpret_cast<const char*>(&v), 4); }
+
+// What a review found, each against transformers' Python tokenizer (run on these inputs).
+TEST_F(SentencePieceFiles, TokensBesideTokensRolesAndTruncationAsTransformersDoes) {
+  TRAINER_SKIP_WITHOUT_SENTENCEPIECE();
+  // A token with lstrip and single_word: "abc <L>" is text and then the token (Python:
+  // ['▁ab', 'c', '<L>']): single_word looks at the text before lstrip removed its space.
+  // (do_lower_case off: lower-casing would make "<L>", a special token no role names, "<l>" first.)
+  const auto dir = with_config([](nlohmann::json& c) {
+    c["do_lower_case"] = false;
+    c["added_tokens_decoder"]["4000"] = {{"content", "<L>"},    {"lstrip", true},  {"rstrip", false},
+                                         {"single_word", true}, {"special", true}, {"normalized", false}};
+  });
+  const Tokenizer albert = Tokenizer::from_path(dir);
+  auto ids = albert.encode("abc <L>").ids;
+  ASSERT_GE(ids.size(), 3u);
+  EXPECT_EQ(ids[ids.size() - 2], 4000);
+  auto text = albert.encode("abc").ids;
+  text.pop_back();
+  EXPECT_EQ(std::vector<std::int64_t>(ids.begin(), ids.end() - 2), text);
+  EXPECT_EQ(albert.encode("   <L>").ids, (std::vector<std::int64_t>{2, 4000, 3}));  // stripped to nothing
+  // [MASK] named by mask_token but missing from added_tokens_decoder is still split out.
+  const Tokenizer no_mask =
+      Tokenizer::from_path(with_config([](nlohmann::json& c) { c["added_tokens_decoder"].erase("4"); }));
+  const auto masked = no_mask.encode("hello [MASK] world").ids;
+  EXPECT_NE(std::find(masked.begin(), masked.end(), 4), masked.end());
+  EXPECT_EQ(no_mask.mask_id(), 4);
+  // A single text at a max_length of just the special tokens stays uncut, as in Python.
+  EXPECT_EQ(albert.encode("hello world", std::nullopt, 2).ids, albert.encode("hello world").ids);
+  EXPECT_EQ(albert.encode("hello world", std::string_view("again"), 3).ids, (std::vector<std::int64_t>{2, 3, 3}));
+  // T5Tokenizer has no do_lower_case: the key changes nothing there.
+  fs::create_directories(tmp_ / "t5");
+  fs::copy_file(kFixtures + "/t5/spiece.model", tmp_ / "t5/spiece.model");
+  auto t5_config = nlohmann::json::parse(read_file(kFixtures + "/t5/tokenizer_config.json"));
+  t5_config["do_lower_case"] = true;
+  write_file(tmp_ / "t5/tokenizer_config.json", t5_config.dump());
+  EXPECT_EQ(Tokenizer::from_path(tmp_ / "t5").encode("Hello WORLD").ids,
+            Tokenizer::from_path(kFixtures + "/t5").encode("Hello WORLD").ids);
+}
+
+// A model whose character map sends libsentencepiece's trie walk outside the map (it reads
+// without bounds checks and crashes on the first text) is refused when it is read.
+TEST_F(SentencePieceFiles, ACharacterMapThatWouldReadOutsideItselfIsRefused) {
+  TRAINER_SKIP_WITHOUT_SENTENCEPIECE();
+  with_config([](nlohmann::json&) {});
+  const std::string model = read_file(kFixtures + "/albert/spiece.model");
+  const std::string far_root = u32(4) + u32((0x3FFFFFu << 10) | (1u << 9)) + std::string("x\0", 2);
+  // 256 units: "a" (0x61) is a leaf whose value unit (0x62) points at byte 5000 of 2 bytes of strings.
+  std::string units;
+  for (std::uint32_t i = 0; i < 256; ++i) {
+    units += u32(i == 0x61 ? (3u << 10) | (1u << 8) | 0x61 : i == 0x62 ? 5000u : 0u);
+  }
+  const std::string past_strings = u32(1024) + units + std::string("x\0", 2);
+  for (const auto& charsmap : {far_root, past_strings, u32(4000) + "xy"}) {
+    write_file(tmp_ / "albert/spiece.model", with_charsmap(model, charsmap));
+    EXPECT_NE(error_of(tmp_ / "albert")
+                  .find("spiece.model: not a SentencePiece model that can be read safely (a "
+                        "character map"),
+              std::string::npos)
+        << error_of(tmp_ / "albert");
+  }
+  write_file(tmp_ / "albert/spiece.model", with_charsmap(model, ""));  // none: the identity
+  EXPECT_EQ(Tokenizer::from_path(tmp_ / "albert").encode("abc").ids.front(), 2);
 }
 
 }  // namespace

@@ -29,6 +29,10 @@ class SentencePieceModel {
   virtual int size() const = 0;
 };
 
+/// Checks the normalization tables of a .model file's bytes, which libsentencepiece walks
+/// without bounds checks: UsageError naming `name` when a walk could leave them.
+void check_normalizers(const std::string& model, const std::string& name);
+
 /// A model from the bytes of a .model file (a serialized ModelProto); UsageError naming `name`
 /// when libsentencepiece refuses them, Error when the module cannot be loaded.
 std::unique_ptr<SentencePieceModel> load_sentencepiece(const std::string& bytes, const std::string& name);

@@ -36,8 +36,8 @@ class Model final : public trainer::text::detail::SentencePieceModel {
 
 }  // namespace
 
-extern "C" __attribute__((visibility("default"))) trainer::text::detail::SentencePieceModel* trainer_sentencepiece_load(
-    const char* bytes, std::size_t size, const char** error) {
+extern "C" __attribute__((visibility("default"))) trainer::text::detail::SentencePieceModel*
+trainer_sentencepiece_load_v1(const char* bytes, std::size_t size, const char** error) {
   try {
     auto m = std::make_unique<Model>();
     const auto status = m->sp.LoadFromSerializedProto(std::string_view(bytes, size));

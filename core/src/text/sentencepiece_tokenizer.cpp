@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <unordered_set>
 
 #include "text/sentencepiece_model.h"
 #include "text/tokenizer_impl.h"
@@ -27,6 +28,10 @@ namespace {
 constexpr std::uintmax_t kMaxModelBytes = std::uintmax_t{64} << 20;
 /// The largest tokenizer_config.json read (chat templates make some a few hundred KB).
 constexpr std::uintmax_t kMaxConfigBytes = std::uintmax_t{16} << 20;
+/// The most special tokens, and bytes of special or added tokens, read (T5 has 100 sentinels;
+/// the tries that match them grow with their bytes).
+constexpr std::size_t kMaxSpecialTokens = 100'000;
+constexpr std::size_t kMaxSpecialBytes = std::size_t{4} << 20;
 
 /// SentencePiece's word-start mark (U+2581), in UTF-8.
 constexpr std::string_view kWordStart = "\xE2\x96\x81";
@@ -49,42 +54,79 @@ std::string strip_python_space(const std::string& s, bool left, bool right) {
   return encode_utf8(std::u32string_view(u).substr(a, b - a));
 }
 
+/// Strings in a byte trie: all of them that start at a position, found in one walk.
+class Trie {
+ public:
+  /// Adds `s` (non-empty) as item `index`; a string added twice keeps its first index.
+  void add(const std::string& s, std::int32_t index) {
+    std::int32_t node = 0;
+    for (const char c : s) {
+      const auto key = edge(node, c);
+      const auto it = edges_.find(key);
+      if (it != edges_.end()) {
+        node = it->second;
+      } else {
+        items_.push_back(-1);
+        node = static_cast<std::int32_t>(items_.size() - 1);
+        edges_.emplace(key, node);
+      }
+    }
+    if (items_[static_cast<std::size_t>(node)] < 0) items_[static_cast<std::size_t>(node)] = index;
+  }
+  /// Calls f(index, length) for each string that starts at `at` in `s`, shortest first.
+  template <class F>
+  void matches(std::string_view s, std::size_t at, F&& f) const {
+    std::int32_t node = 0;
+    for (std::size_t i = at; i < s.size(); ++i) {
+      const auto it = edges_.find(edge(node, s[i]));
+      if (it == edges_.end()) return;
+      node = it->second;
+      if (items_[static_cast<std::size_t>(node)] >= 0) f(items_[static_cast<std::size_t>(node)], i + 1 - at);
+    }
+  }
+  bool empty() const { return items_.size() == 1; }
+
+ private:
+  static std::uint64_t edge(std::int32_t node, char c) {
+    return (static_cast<std::uint64_t>(node) << 8) | static_cast<unsigned char>(c);
+  }
+  std::unordered_map<std::uint64_t, std::int32_t> edges_;
+  std::vector<std::int32_t> items_{-1};  ///< per node: the item ending there, or -1
+};
+
 struct SentencePieceTokenizer final : Tokenizer::Impl {
   Kind kind = Kind::kT5;
   std::unique_ptr<detail::SentencePieceModel> sp;
   bool do_lower_case = false, remove_space = true, keep_accents = false;
   std::vector<Added> added;
-  /// Added tokens by length, longest first: what transformers' trie splits the text at.
-  std::map<std::size_t, std::unordered_map<std::string, std::size_t>, std::greater<>> by_length;
-  /// What lower-casing leaves as written: the special tokens, then the other normalized added tokens.
-  std::vector<std::string> kept_case;
+  /// The added tokens: what transformers' trie splits the text at (the leftmost match, the
+  /// longest there).
+  Trie added_trie;
+  /// What lower-casing leaves as written: the special tokens, then the other normalized added
+  /// tokens (at a position, the first listed that matches, as a regular expression's alternation).
+  Trie kept_case;
 
   /// The added token matching `s` at `at`, longest first; nullptr when none does.
   const Added* match(const std::string& s, std::size_t at) const {
-    for (const auto& [len, table] : by_length) {
-      if (len > s.size() - at) continue;
-      const auto it = table.find(s.substr(at, len));
-      if (it != table.end()) return &added[it->second];
-    }
-    return nullptr;
+    const Added* best = nullptr;
+    added_trie.matches(s, at, [&](std::int32_t i, std::size_t) { best = &added[static_cast<std::size_t>(i)]; });
+    return best;
   }
 
   /// transformers' tokenize() before do_lower_case: each character lower-cased on its own,
-  /// except where a token of kept_case starts (the first listed that matches).
+  /// except where a token of kept_case starts.
   std::string lower_outside_tokens(const std::string& s) const {
     std::string out;
     std::size_t i = 0;
     while (i < s.size()) {
-      const std::string* kept = nullptr;
-      for (const auto& t : kept_case) {
-        if (s.compare(i, t.size(), t) == 0) {
-          kept = &t;
-          break;
-        }
-      }
-      if (kept != nullptr) {
-        out += *kept;
-        i += kept->size();
+      std::int32_t first = -1;
+      std::size_t length = 0;
+      kept_case.matches(s, i, [&](std::int32_t index, std::size_t len) {
+        if (first < 0 || index < first) first = index, length = len;
+      });
+      if (first >= 0) {
+        out.append(s, i, length);
+        i += length;
         continue;
       }
       const auto b = static_cast<unsigned char>(s[i]);
@@ -196,6 +238,9 @@ struct SentencePieceTokenizer final : Tokenizer::Impl {
       if (t == nullptr) continue;
       Chunk* left = i > 0 && !chunks[i - 1].text.empty() ? &chunks[i - 1] : nullptr;
       Chunk* right = i + 1 < chunks.size() && !chunks[i + 1].text.empty() ? &chunks[i + 1] : nullptr;
+      // single_word looks at the neighbours as they were before this token stripped them.
+      const char before = left != nullptr ? left->text.back() : ' ';
+      const char after = right != nullptr ? right->text.front() : ' ';
       const auto restrip = [](Chunk& c, bool l, bool r) {
         std::string stripped = strip_python_space(c.text, l, r);
         if (stripped != c.text) c.token = nullptr;
@@ -203,11 +248,11 @@ struct SentencePieceTokenizer final : Tokenizer::Impl {
       };
       if (t->rstrip && right != nullptr) restrip(*right, true, false);
       if (t->lstrip && left != nullptr) restrip(*left, false, true);
-      if (t->single_word && left != nullptr && left->text.back() != ' ') {
+      if (t->single_word && left != nullptr && before != ' ') {
         left->text += chunks[i].text;
         left->token = nullptr;
         chunks[i] = {std::string(), nullptr};
-      } else if (t->single_word && right != nullptr && right->text.front() != ' ') {
+      } else if (t->single_word && right != nullptr && after != ' ') {
         right->text = chunks[i].text + right->text;
         right->token = nullptr;
         chunks[i] = {std::string(), nullptr};
@@ -302,7 +347,8 @@ std::unique_ptr<Tokenizer::Impl> detail::read_sentencepiece(const fs::path& mode
                     cls ? "\"" + *cls + "\"" : std::string("missing")));
   }
   t->kind = kClasses.at(*cls);
-  t->do_lower_case = flag(c, "do_lower_case", cfg_name, "", t->kind == Kind::kAlbert);
+  // T5Tokenizer has no do_lower_case: transformers leaves the key unread there, and so does this.
+  t->do_lower_case = t->kind != Kind::kT5 && flag(c, "do_lower_case", cfg_name, "", t->kind == Kind::kAlbert);
   t->remove_space = flag(c, "remove_space", cfg_name, "", true);
   t->keep_accents = flag(c, "keep_accents", cfg_name, "", false);
   if (t->kind == Kind::kT5 && !flag(c, "legacy", cfg_name, "", true)) {
@@ -314,8 +360,25 @@ std::unique_ptr<Tokenizer::Impl> detail::read_sentencepiece(const fs::path& mode
     bad(cfg_name, "split_by_punct", "true is not read here (DeBERTa-v3's files have false)");
   }
 
-  // The model, through libsentencepiece (its parser checks the protocol buffer).
-  t->sp = load_sentencepiece(read_bounded(model, kMaxModelBytes, "a SentencePiece model"), model.string());
+  // What would change the pieces or the truncation in ways not read here.
+  if (flag(c, "split_special_tokens", cfg_name, "", false)) {
+    bad(cfg_name, "split_special_tokens", "true (special tokens tokenized as text) is not read here");
+  }
+  if (const auto side = c.find("truncation_side"); side != c.end() && !side->is_null() && *side != json("right")) {
+    bad(cfg_name, "truncation_side",
+        "only \"right\" (the default: a text is cut at its end) is read here, not " + side->dump().substr(0, 40));
+  }
+  if (const auto kw = c.find("sp_model_kwargs"); kw != c.end() && !kw->is_null() && !(kw->is_object() && kw->empty())) {
+    bad(cfg_name, "sp_model_kwargs",
+        "options of the SentencePiece processor (sampling, ...) are not read here; expected {}, not " +
+            kw->dump().substr(0, 60));
+  }
+
+  // The model, through libsentencepiece (its parser checks the protocol buffer; the tables it
+  // walks unchecked are checked first).
+  const std::string model_bytes = read_bounded(model, kMaxModelBytes, "a SentencePiece model");
+  check_normalizers(model_bytes, model.string());
+  t->sp = load_sentencepiece(model_bytes, model.string());
   const auto pieces = static_cast<std::int64_t>(t->sp->size());
   TRAINER_CHECK_T(UsageError, pieces > 0, model.string(), ": a SentencePiece model without pieces");
   t->limit = pieces;
@@ -356,36 +419,64 @@ std::unique_ptr<Tokenizer::Impl> detail::read_sentencepiece(const fs::path& mode
   }
   TRAINER_CHECK_T(UsageError, t->limit <= 2 * pieces + 1024, cfg_name, ": added token ids run up to ", t->limit - 1,
                   " for a model of ", pieces, " pieces (a model would get a row for each id)");
-  for (std::size_t i = 0; i < t->added.size(); ++i)
-    t->by_length[t->added[i].content.size()].emplace(t->added[i].content, i);
 
-  // Special tokens by role, as transformers lists them (all_special_tokens).
-  const auto id_of = [&](const char* key) -> std::optional<std::int64_t> {
-    const auto tok = token_named(c, key, cfg_name);
-    if (!tok) return std::nullopt;
-    const auto a = t->added_ids.find(*tok);
-    if (a != t->added_ids.end()) return a->second;
-    if (const auto v = t->vocab_id(*tok)) return v;
-    bad(cfg_name, key, "\"" + *tok + "\" is neither an added token nor a piece of " + model.filename().string());
+  // Special tokens by role, as transformers lists them (all_special_tokens). transformers adds
+  // a role's token that the file's added tokens lack as one (its piece's id, matched as written).
+  std::vector<std::string> specials;
+  std::unordered_set<std::string> listed;
+  std::size_t special_bytes = 0;
+  const auto add_special = [&](const std::string& tok, const std::string& key) {
+    if (!listed.insert(tok).second) return;
+    special_bytes += tok.size();
+    TRAINER_CHECK_T(UsageError, listed.size() <= kMaxSpecialTokens && special_bytes <= kMaxSpecialBytes, cfg_name,
+                    ": more special tokens than are read here (", kMaxSpecialTokens, " tokens, ", kMaxSpecialBytes,
+                    " bytes)");
+    specials.push_back(tok);
+    if (t->added_ids.count(tok) != 0) return;
+    const auto v = t->vocab_id(tok);
+    if (!v) bad(cfg_name, key, "\"" + tok + "\" is neither an added token nor a piece of " + model.filename().string());
+    Added a;
+    a.content = tok;
+    a.id = *v;
+    a.special = true;
+    t->added_ids[tok] = a.id;
+    t->added.push_back(std::move(a));
   };
   for (const char* key : {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"}) {
-    if (const auto tok = token_named(c, key, cfg_name)) {
-      id_of(key);  // checked: a role names a token the tokenizer has
-      if (std::find(t->kept_case.begin(), t->kept_case.end(), *tok) == t->kept_case.end()) t->kept_case.push_back(*tok);
-    }
+    if (const auto tok = token_named(c, key, cfg_name)) add_special(*tok, key);
   }
   if (const auto extra = c.find("additional_special_tokens"); extra != c.end() && !extra->is_null()) {
     if (!extra->is_array()) bad(cfg_name, "additional_special_tokens", "expected a list of tokens");
+    TRAINER_CHECK_T(UsageError, extra->size() <= kMaxSpecialTokens, cfg_name,
+                    ": more special tokens than are read here (", kMaxSpecialTokens, " tokens, ", kMaxSpecialBytes,
+                    " bytes)");
     for (const auto& e : *extra) {
       const json& v = e.is_object() && e.contains("content") ? e["content"] : e;
-      if (!v.is_string()) bad(cfg_name, "additional_special_tokens", "expected tokens, not " + e.dump().substr(0, 40));
-      const auto s = v.get<std::string>();
-      if (std::find(t->kept_case.begin(), t->kept_case.end(), s) == t->kept_case.end()) t->kept_case.push_back(s);
+      if (!v.is_string() || v.get<std::string>().empty() ||
+          invalid_utf8_at(v.get<std::string>()) != std::string::npos) {
+        bad(cfg_name, "additional_special_tokens",
+            "expected tokens (non-empty strings), not " + e.dump().substr(0, 40));
+      }
+      add_special(v.get<std::string>(), "additional_special_tokens");
     }
   }
-  for (const auto& a : t->added) {
-    if (!a.special && a.normalized) t->kept_case.push_back(a.content);
+  std::size_t added_bytes = 0;
+  for (std::size_t i = 0; i < t->added.size(); ++i) {
+    added_bytes += t->added[i].content.size();
+    TRAINER_CHECK_T(UsageError, added_bytes <= kMaxSpecialBytes, cfg_name, ": added tokens of more than ",
+                    kMaxSpecialBytes, " bytes in all, which is more than is read here");
+    t->added_trie.add(t->added[i].content, static_cast<std::int32_t>(i));
   }
+  std::int32_t order = 0;
+  for (const auto& tok : specials) t->kept_case.add(tok, order++);
+  for (const auto& a : t->added) {
+    if (!a.special && a.normalized) t->kept_case.add(a.content, order++);
+  }
+  const auto id_of = [&](const char* key) -> std::optional<std::int64_t> {
+    const auto tok = token_named(c, key, cfg_name);
+    if (!tok) return std::nullopt;
+    return t->added_ids.at(*tok);  // each role's token is an added token by now
+  };
   t->padding_id = id_of("pad_token");
   t->mask_id = id_of("mask_token");
 

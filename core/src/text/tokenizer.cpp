@@ -89,7 +89,9 @@ Encoding Tokenizer::encode(std::string_view text, std::optional<std::string_view
                     " special tokens");
     const auto most = static_cast<std::size_t>(max_length - added);
     if (!pair) {
-      if (a.size() > most) a.resize(most);
+      // transformers' Python tokenizers leave a text uncut when cutting would take all of it
+      // (max_length of just the special tokens; the dataset refuses that length).
+      if (a.size() > most && !(m.cut_one_at_a_time && most == 0)) a.resize(most);
     } else if (a.size() + b.size() > most && m.cut_one_at_a_time) {
       const std::size_t cut = a.size() + b.size() - most;
       // Cutting one at a time from the longer: first the longer down to the shorter's length,
