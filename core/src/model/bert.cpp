@@ -11,11 +11,13 @@
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 
 #include <spdlog/logger.h>
 #include "model/bert_files.h"
 #include "model/bert_modules.h"
+#include "model/deferred_init.h"
 #include "model/layer_norm.h"
 #include "model/safetensors.h"
 #include "trainer/error.h"
@@ -220,8 +222,14 @@ std::shared_ptr<Model> make_bert(const Config& section, const DataSpec& data) {
                   "model 'bert': roberta's positions "
                   "start after pad_token_id ",
                   a.pad, "; max_position_embeddings ", a.positions, " leaves none");
-  auto model = std::make_shared<Bert>(a, data.num_classes, std::move(config), data.token_outputs, s.trim_padding);
-  if (!s.path.empty()) detail::load_bert_weights(*model, s.path, a.layout, data.token_outputs);
+  std::shared_ptr<Bert> model;
+  {
+    // Weights the file then loads are not drawn at random first (detail::DeferInit).
+    std::optional<detail::DeferInit> defer;
+    if (!s.path.empty()) defer.emplace();
+    model = std::make_shared<Bert>(a, data.num_classes, std::move(config), data.token_outputs, s.trim_padding);
+  }
+  if (!s.path.empty()) detail::load_bert_weights(*model, s.path, a.layout, data.token_outputs, a.init_range);
   return model;
 }
 

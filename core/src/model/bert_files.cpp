@@ -268,7 +268,8 @@ Json bert_hf_config(const BertArch& a, std::int64_t labels, const Json& original
 /// be there with its shape; the pooler and the classifier are taken when there and of the
 /// model's shape, and keep their initial values otherwise (a new head); the file's other heads
 /// are left out. Logs what it did.
-void load_bert_weights(Model& model, const std::string& dir, const std::string& prefix, bool masked_lm) {
+void load_bert_weights(Model& model, const std::string& dir, const std::string& prefix, bool masked_lm,
+                       double init_range) {
   std::string file = (fs::path(dir) / "model.safetensors").string();
   for (const char* index : {"model.safetensors.index.json", "pytorch_model.bin.index.json"}) {
     TRAINER_CHECK_T(UsageError, !fs::exists(fs::path(dir) / index), "model.path = \"", dir, "\": ", index,
@@ -333,6 +334,21 @@ void load_bert_weights(Model& model, const std::string& dir, const std::string& 
     if (it == file_name.end()) continue;
     weights.copy_into(it->second, t);
     ++loaded;
+  }
+  // The model was built without initialising (DeferInit): what the file lacks is initialised
+  // now, as transformers' _init_weights does (normal weights, zero biases, LayerNorm ones).
+  {
+    at::NoGradGuard no_grad;
+    for (const auto& name : fresh) {
+      at::Tensor& t = into.at(name);
+      if (t.dim() >= 2) {
+        t.normal_(0.0, init_range);
+      } else if (name.size() >= 7 && name.compare(name.size() - 7, 7, ".weight") == 0) {
+        t.fill_(1.0);  // a LayerNorm's
+      } else {
+        t.zero_();
+      }
+    }
   }
   std::string note;
   if (!fresh.empty()) note += "; new (initialised here): " + some(fresh);

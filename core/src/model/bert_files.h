@@ -43,9 +43,11 @@ nlohmann::json bert_hf_config(const BertArch& a, std::int64_t labels, const nloh
 /// Loads the weights file of model directory `dir` into `model` (whose names start with
 /// `prefix`, "bert" or "roberta"): every tensor of the encoder must be there with its shape;
 /// the head (BERT's pooler and the classifier, or with `masked_lm` the masked-LM head but its
-/// tied decoder) is taken when there and of the model's shape, and keeps its initial values
-/// otherwise (a new head); the file's other heads, a pooler the model lacks and a tied
-/// decoder are left out. Logs what it did. Throws UsageError naming the file.
-void load_bert_weights(Model& model, const std::string& dir, const std::string& prefix, bool masked_lm);
+/// tied decoder) is taken when there and of the model's shape, and otherwise initialised as
+/// transformers initialises it (normal weights of std `init_range`, zero biases: a new head;
+/// the model was built under DeferInit); the file's other heads, a pooler the model lacks and
+/// a tied decoder are left out. Logs what it did. Throws UsageError naming the file.
+void load_bert_weights(Model& model, const std::string& dir, const std::string& prefix, bool masked_lm,
+                       double init_range);
 
 }  // namespace trainer::detail

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "model/bert_files.h"
+#include "model/deferred_init.h"
 #include "model/layer_norm.h"
 #include "trainer/layers.h"
 #include "trainer/model.h"
@@ -45,6 +46,7 @@ class Embedding final : public torch::nn::Module {
  public:
   Embedding(std::int64_t n, std::int64_t dim, std::int64_t padding_idx, double std)
       : padding_idx_(padding_idx), weight_(register_parameter("weight", at::empty({n, dim}))) {
+    if (DeferInit::active()) return;  // loaded from a file
     at::NoGradGuard no_grad;
     weight_.normal_(0.0, std);
     if (padding_idx_ >= 0 && padding_idx_ < n) weight_[padding_idx_].zero_();
@@ -60,6 +62,7 @@ class Embedding final : public torch::nn::Module {
 /// A trainer::Linear initialised as transformers' _init_weights does: normal weight, zero bias.
 inline std::shared_ptr<Linear> linear(std::int64_t in, std::int64_t out, double std) {
   auto l = std::make_shared<Linear>(in, out);
+  if (DeferInit::active()) return l;  // loaded from a file
   at::NoGradGuard no_grad;
   l->weight().normal_(0.0, std);
   l->bias().zero_();

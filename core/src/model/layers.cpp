@@ -5,15 +5,29 @@
 
 #include <cmath>
 
+#include "model/deferred_init.h"
 #include "trainer/error.h"
 
 namespace trainer {
+
+namespace detail {
+
+namespace {
+thread_local bool deferring = false;
+}  // namespace
+
+DeferInit::DeferInit() : before_(deferring) { deferring = true; }
+DeferInit::~DeferInit() { deferring = before_; }
+bool DeferInit::active() { return deferring; }
+
+}  // namespace detail
 
 namespace {
 
 /// torch::nn::Linear's and Conv2d's reset_parameters(): Kaiming uniform (a = sqrt(5)) for the
 /// weight, U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for the bias, drawn in that order.
 void init_like_torch_nn(at::Tensor& weight, at::Tensor& bias) {
+  if (detail::DeferInit::active()) return;
   torch::nn::init::kaiming_uniform_(weight, std::sqrt(5.0));
   if (bias.defined()) {
     const auto fans = torch::nn::init::_calculate_fan_in_and_fan_out(weight);
