@@ -1,4 +1,4 @@
-// Tokenizer throughput: trainer's tokenizer.json reader encoding the corpus the tokenizer tests
+// Tokenizer throughput: trainer's tokenizers (tokenizer.json; SentencePiece) encoding the corpus the tokenizer tests
 // use (tests/text/hf_tokenizers.py: 12,000 lines of Debian changelogs and licenses and 3,200
 // hard ones), one thread, each line alone as a text and as a pair with the next, as the
 // dataset "text" encodes them when it reads a file. bench/text/hf_tokenizer_speed.py times
@@ -47,7 +47,8 @@ const std::vector<std::string>& lines() {
 }
 
 void BM_Encode(benchmark::State& state, const std::string& name, bool pairs) {
-  const auto tok = trainer::text::Tokenizer::from_file(corpus_dir() + "/" + name + "/tokenizer.json");
+  // The fixture's directory: its tokenizer.json, or its SentencePiece model (albert, t5).
+  const auto tok = trainer::text::Tokenizer::from_path(corpus_dir() + "/" + name);
   const auto& text = lines();
   std::int64_t bytes = 0, tokens = 0;
   for (auto _ : state) {
@@ -69,6 +70,8 @@ BENCHMARK_CAPTURE(BM_Encode, bert_uncased, std::string("bert_uncased"), false)->
 BENCHMARK_CAPTURE(BM_Encode, bert_uncased_pairs, std::string("bert_uncased"), true)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Encode, roberta, std::string("roberta"), false)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Encode, roberta_pairs, std::string("roberta"), true)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Encode, albert, std::string("albert"), false)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Encode, t5, std::string("t5"), false)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

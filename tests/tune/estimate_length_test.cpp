@@ -1,8 +1,8 @@
 // `trainer estimate --lengths`: sequence length as a memory axis. A BERT-layout encoder on a
 // text dataset is probed at three lengths (every batch padded to the length, the model over the
 // full width) and its predictions are checked against real steps at (micro-batch, length)
-// pairs that were not probed, lengths between and beside the probed ones included (the CPU
-// tracking allocator: deterministic bytes); the JSON that `trainer sweep` reads keeps the
+// pairs that were not probed, lengths between and beside the probed ones included, and so is
+// its evaluation peak (the CPU tracking allocator: deterministic bytes); the JSON that `trainer sweep` reads keeps the
 // length terms; what cannot be probed over lengths is a usage error.
 #include <gtest/gtest.h>
 
@@ -42,6 +42,23 @@ class EstimateLengths : public ::testing::Test {
     EXPECT_EQ(r.exit_code, 0) << r.message;
     EXPECT_EQ(r.steps.size(), 3u);
     return r.peak();
+  }
+
+  /// The peak of an evaluation of `eval_batch` samples after steps of 4, every batch `length` long.
+  std::int64_t measured_eval(std::int64_t eval_batch, std::int64_t length) {
+    trainer::tune::ShortRunSpec spec;
+    spec.recipe = recipe_;
+    spec.overrides = {"dataset.max_length=" + std::to_string(length), "dataset.padding=\"max_length\"",
+                      "model.trim_padding=false"};
+    spec.batch_size = 4;
+    spec.micro_batch = 4;
+    spec.evaluate = true;
+    spec.eval_batch = eval_batch;
+    spec.run_dir = tmp_ / "held-out-eval";
+    const auto r = trainer::tune::run_short(spec);
+    EXPECT_EQ(r.exit_code, 0) << r.message;
+    EXPECT_EQ(r.eval_samples, eval_batch);
+    return r.eval_peak;
   }
 
   TempDir tmp_;
@@ -84,6 +101,16 @@ TEST_F(EstimateLengths, HeldOutMicroBatchesAndLengthsArePredictedWithinTenPercen
     EXPECT_LT(std::fabs(double(predicted - real)) / double(real), 0.10)
         << "micro-batch " << p.micro << " of " << p.batch << " at length " << p.length << ": predicted " << predicted
         << ", measured " << real;
+  }
+
+  // The evaluation, fitted over the probes' lengths too: the recipe's evaluation batch at lengths
+  // between the probed ones, and a smaller batch at one of them, within 10 % of its measured peak.
+  for (const Point& p : {Point{64, 0, 24}, Point{64, 0, 48}, Point{32, 0, 64}}) {
+    const std::int64_t real = measured_eval(p.batch, p.length);
+    const std::int64_t predicted = e.predict_eval_at(p.batch, p.length);
+    EXPECT_LT(std::fabs(double(predicted - real)) / double(real), 0.10)
+        << "evaluation of " << p.batch << " at length " << p.length << ": predicted " << predicted << ", measured "
+        << real;
   }
 
   // What `trainer sweep` reads back predicts the same at every length.
