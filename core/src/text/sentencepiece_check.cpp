@@ -83,14 +83,14 @@ std::string check_charsmap(std::string_view blob) {
   const std::string_view trie = blob.substr(4, trie_bytes), strings = blob.substr(4 + trie_bytes);
   const std::size_t n = trie.size() / 4;
   std::vector<bool> seen(n, false);
-  std::vector<std::size_t> todo;
+  std::vector<std::size_t> pending;
   const std::size_t root = offset(unit_at(trie, 0));  // the walk starts at 0 ^ offset(unit 0)
   if (root >= n) return "a character map whose trie leaves its units at the root";
-  todo.push_back(root);
+  pending.push_back(root);
   seen[root] = true;
-  while (!todo.empty()) {
-    const std::size_t p = todo.back();
-    todo.pop_back();
+  while (!pending.empty()) {
+    const std::size_t p = pending.back();
+    pending.pop_back();
     for (std::uint32_t c = 0; c < 256; ++c) {
       const std::size_t q = p ^ c;
       if (q >= n) return "a character map whose trie reads past its units";
@@ -106,7 +106,7 @@ std::string check_charsmap(std::string_view blob) {
       }
       if (!seen[next]) {
         seen[next] = true;
-        todo.push_back(next);
+        pending.push_back(next);
       }
     }
   }

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <unordered_set>
 
+#include "text/byte_trie.h"
 #include "text/sentencepiece_model.h"
 #include "text/tokenizer_impl.h"
 #include "text/unicode.h"
@@ -54,46 +55,6 @@ std::string strip_python_space(const std::string& s, bool left, bool right) {
   return encode_utf8(std::u32string_view(u).substr(a, b - a));
 }
 
-/// Strings in a byte trie: all of them that start at a position, found in one walk.
-class Trie {
- public:
-  /// Adds `s` (non-empty) as item `index`; a string added twice keeps its first index.
-  void add(const std::string& s, std::int32_t index) {
-    std::int32_t node = 0;
-    for (const char c : s) {
-      const auto key = edge(node, c);
-      const auto it = edges_.find(key);
-      if (it != edges_.end()) {
-        node = it->second;
-      } else {
-        items_.push_back(-1);
-        node = static_cast<std::int32_t>(items_.size() - 1);
-        edges_.emplace(key, node);
-      }
-    }
-    if (items_[static_cast<std::size_t>(node)] < 0) items_[static_cast<std::size_t>(node)] = index;
-  }
-  /// Calls f(index, length) for each string that starts at `at` in `s`, shortest first.
-  template <class F>
-  void matches(std::string_view s, std::size_t at, F&& f) const {
-    std::int32_t node = 0;
-    for (std::size_t i = at; i < s.size(); ++i) {
-      const auto it = edges_.find(edge(node, s[i]));
-      if (it == edges_.end()) return;
-      node = it->second;
-      if (items_[static_cast<std::size_t>(node)] >= 0) f(items_[static_cast<std::size_t>(node)], i + 1 - at);
-    }
-  }
-  bool empty() const { return items_.size() == 1; }
-
- private:
-  static std::uint64_t edge(std::int32_t node, char c) {
-    return (static_cast<std::uint64_t>(node) << 8) | static_cast<unsigned char>(c);
-  }
-  std::unordered_map<std::uint64_t, std::int32_t> edges_;
-  std::vector<std::int32_t> items_{-1};  ///< per node: the item ending there, or -1
-};
-
 struct SentencePieceTokenizer final : Tokenizer::Impl {
   Kind kind = Kind::kT5;
   std::unique_ptr<detail::SentencePieceModel> sp;
@@ -101,10 +62,10 @@ struct SentencePieceTokenizer final : Tokenizer::Impl {
   std::vector<Added> added;
   /// The added tokens: what transformers' trie splits the text at (the leftmost match, the
   /// longest there).
-  Trie added_trie;
+  detail::ByteTrie added_trie;
   /// What lower-casing leaves as written: the special tokens, then the other normalized added
   /// tokens (at a position, the first listed that matches, as a regular expression's alternation).
-  Trie kept_case;
+  detail::ByteTrie kept_case;
 
   /// The added token matching `s` at `at`, longest first; nullptr when none does.
   const Added* match(const std::string& s, std::size_t at) const {
