@@ -88,15 +88,18 @@ def worker_load(args):
 
     torch.set_num_threads(args.threads)
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
-    before = status_kb("VmRSS")
+    before, anon_before = status_kb("VmRSS"), status_kb("RssAnon")
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
+    if status_kb("VmHWM") - status_kb("VmRSS") >= 1024:
+        sys.exit("/proc/self/clear_refs does not reset VmHWM here")
     start = time.perf_counter()
     model = BertForSequenceClassification.from_pretrained(args.model, torch_dtype=dtype)
     seconds = time.perf_counter() - start
     rise = (status_kb("VmHWM") - before) / 1024
+    anon = (status_kb("RssAnon") - anon_before) / 1024
     mib = sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers())) / 2**20
-    print(json.dumps({"load_ms": seconds * 1000, "rss_rise_MiB": rise, "model_MiB": mib}))
+    print(json.dumps({"load_ms": seconds * 1000, "rss_rise_MiB": rise, "anon_MiB": anon, "model_MiB": mib}))
 
 
 def write_model(size, d, num_labels, vocab):
@@ -158,11 +161,18 @@ load = {plugins}
 def python_step(args, size, precision, model_dir, data, tuned):
     s = SIZES[size]
     env = dict(os.environ, **(MALLOC if tuned else {}))
-    out = subprocess.run([sys.executable, __file__, "--worker", "step", "--model", model_dir, "--data", data,
-                          "--tokenizer", args.tokenizer, "--precision", precision, "--threads", str(args.threads),
-                          "--batch", str(s["batch"]), "--length", str(s["length"]), "--steps", str(s["steps"]),
-                          "--warmup", str(s["warmup"])], check=True, env=env, capture_output=True, text=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])["step_ms"]
+    return json.loads(worker([sys.executable, __file__, "--worker", "step", "--model", model_dir, "--data", data,
+                              "--tokenizer", args.tokenizer, "--precision", precision, "--threads",
+                              str(args.threads), "--batch", str(s["batch"]), "--length", str(s["length"]),
+                              "--steps", str(s["steps"]), "--warmup", str(s["warmup"])], env))["step_ms"]
+
+
+def worker(cmd, env=None):
+    """The last line of a worker's output; its error output when it fails."""
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit("%s failed (%d):\n%s" % (os.path.basename(cmd[0]), out.returncode, out.stderr[-3000:]))
+    return out.stdout.strip().splitlines()[-1]
 
 
 def main():
@@ -170,9 +180,10 @@ def main():
     p.add_argument("--sizes", default="small,base")
     p.add_argument("--precisions", default="fp32,bf16")
     p.add_argument("--no-load", action="store_true")
+    p.add_argument("--no-steps", action="store_true", help="only the load")
     p.add_argument("--build", default=os.path.join(ROOT, "build"))
     p.add_argument("--tokenizer", default=os.path.join(ROOT, "data/apt/tokenizer.json"))
-    p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--worker")
     for k in ("model", "data", "precision"):
         p.add_argument("--" + k)
@@ -183,6 +194,10 @@ def main():
         return worker_step(args)
     if args.worker == "load":
         return worker_load(args)
+    for k, allowed in (("sizes", SIZES), ("precisions", ("fp32", "bf16"))):
+        for v in getattr(args, k).split(","):
+            if v not in allowed:
+                p.error("--%s: %r is not one of %s" % (k, v, ", ".join(allowed)))
 
     from tokenizers import Tokenizer
 
@@ -203,7 +218,7 @@ def main():
             d = os.path.join(tmp, size)
             write_model(size, d, labels, max(vocab, 30522) if size == "base" else vocab)
             tokens = SIZES[size]["batch"] * SIZES[size]["length"]
-            for precision in args.precisions.split(","):
+            for precision in ([] if args.no_steps else args.precisions.split(",")):
                 t = trainer_step(args, size, precision, d, data, tmp)
                 py = python_step(args, size, precision, d, data, False)
                 tuned = python_step(args, size, precision, d, data, True)
@@ -212,8 +227,8 @@ def main():
         if args.no_load or "base" not in args.sizes.split(","):
             return
         d = os.path.join(tmp, "base")
-        print("\nload of BERT-base (%s)  trainer ms  trainer rise MiB  from_pretrained ms  from_pretrained rise MiB  "
-              "model MiB" % d)
+        print("\nload of BERT-base (%s): ms, peak resident rise MiB, anonymous memory after MiB\n"
+              "into      trainer ms  rise  anon   from_pretrained ms  rise  anon   model MiB" % d)
         for precision in args.precisions.split(","):
             trainer_runs, python_runs = [], []
             for _ in range(3):  # each in a fresh process; the median of three
@@ -222,15 +237,13 @@ def main():
                                      env=dict(os.environ, TRAINER_BERT_DIR=d), check=True, capture_output=True,
                                      text=True)
                 trainer_runs.append(json.loads(out.stdout)["benchmarks"][0])
-                out = subprocess.run([sys.executable, __file__, "--worker", "load", "--model", d, "--precision",
-                                      precision, "--threads", str(args.threads)], check=True, capture_output=True,
-                                     text=True)
-                python_runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+                python_runs.append(json.loads(worker([sys.executable, __file__, "--worker", "load", "--model", d,
+                                                      "--precision", precision, "--threads", str(args.threads)])))
             med = lambda runs, k: statistics.median(r[k] for r in runs)  # noqa: E731
-            print("%-24s %11.0f %17.0f %19.0f %25.0f %10.0f" %
+            print("%-9s %10.0f %5.0f %5.0f %20.0f %5.0f %5.0f %11.0f" %
                   (precision, med(trainer_runs, "real_time"), med(trainer_runs, "rss_rise_MiB"),
-                   med(python_runs, "load_ms"), med(python_runs, "rss_rise_MiB"), trainer_runs[0]["model_MiB"]),
-                  flush=True)
+                   med(trainer_runs, "anon_MiB"), med(python_runs, "load_ms"), med(python_runs, "rss_rise_MiB"),
+                   med(python_runs, "anon_MiB"), trainer_runs[0]["model_MiB"]), flush=True)
 
 
 if __name__ == "__main__":

@@ -144,6 +144,18 @@ TEST(MaskedLmTask, PretrainingAndMaskedLmCheckpointsLoadEitherWay) {
   EXPECT_TRUE(c.at("bert.encoder.layer.1.output.dense.weight").equal(m.at("bert.encoder.layer.1.output.dense.weight")));
   EXPECT_TRUE(c.count("bert.pooler.dense.weight"));
   EXPECT_FALSE(m.count("bert.pooler.dense.weight"));
+  // A classifier's directory into the masked-LM model: the head the file lacks is initialised
+  // as transformers does (the model is built without initialising what the file loads).
+  auto fresh = model_of("bert", mlm_spec(0));
+  std::map<std::string, at::Tensor> f;
+  for (const auto& p : fresh->named_parameters()) f[p.key()] = p.value();
+  EXPECT_TRUE(f.at("cls.predictions.transform.LayerNorm.weight").eq(1).all().item<bool>());
+  EXPECT_TRUE(f.at("cls.predictions.transform.LayerNorm.bias").eq(0).all().item<bool>());
+  EXPECT_TRUE(f.at("cls.predictions.transform.dense.bias").eq(0).all().item<bool>());
+  EXPECT_TRUE(f.at("cls.predictions.bias").eq(0).all().item<bool>());
+  const at::Tensor dense = f.at("cls.predictions.transform.dense.weight");
+  EXPECT_TRUE(dense.isfinite().all().item<bool>());
+  EXPECT_NEAR(dense.std().item<double>(), 0.02, 0.2 * 0.02) << dense.numel() << " values";
 }
 
 // Refusals naming what is wrong: the task on class labels, a task asking for more logits per

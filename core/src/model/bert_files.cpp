@@ -266,8 +266,8 @@ Json bert_hf_config(const BertArch& a, std::int64_t labels, const Json& original
 
 /// Loads the weights file of model directory `dir` into `model`: every tensor of the encoder must
 /// be there with its shape; the pooler and the classifier are taken when there and of the
-/// model's shape, and keep their initial values otherwise (a new head); the file's other heads
-/// are left out. Logs what it did.
+/// model's shape, and initialised here otherwise (a new head; the model was built under
+/// DeferInit); the file's other heads are left out. Logs what it did.
 void load_bert_weights(Model& model, const std::string& dir, const std::string& prefix, bool masked_lm,
                        double init_range) {
   std::string file = (fs::path(dir) / "model.safetensors").string();
