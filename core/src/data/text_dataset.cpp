@@ -1,5 +1,6 @@
 // The dataset "text": texts (and optionally a second text each, a pair) with class labels, from
-// CSV/TSV or JSON Lines files, tokenized once with a tokenizer.json as they are read. A batch is
+// CSV/TSV or JSON Lines files (read by text_rows.cpp), tokenized once with the tokenizer as they
+// are read. A batch is
 // the ids, the attention mask and the token types [N, 3, L], padded to its longest sample (L;
 // with padding = "max_length", to max_length), with the labels [N], or, for masked language
 // modelling, the hidden tokens [N, L] (-100 where none is). Bad rows are errors naming the file and line, or skipped
@@ -21,6 +22,7 @@
 #include "data/array_datasets.h"
 #include "data/text_dataset.h"
 #include "data/text_masking.h"
+#include "data/text_rows.h"
 #include "text/tokenizer.h"
 #include "text/unicode.h"
 #include "trainer/error.h"
@@ -33,199 +35,12 @@ namespace trainer::detail {
 namespace {
 
 namespace fs = std::filesystem;
+using text_data::read_rows;
+using text_data::Row;
+using text_data::shown;
+using text_data::text_problem;
+using text_data::TextSettings;
 
-struct TextSettings : Settings<TextSettings> {
-  std::string train;
-  std::string test;
-  std::string tokenizer;
-  std::string format = "auto";
-  std::string text = "text";
-  std::string text_pair;
-  std::string label = "label";
-  std::vector<std::string> labels;
-  std::int64_t max_length = 512;
-  std::string padding = "longest";
-  std::string bad_rows = "error";
-  bool masked_lm = false;
-  double mlm_probability = 0.15;
-  std::int64_t seed = 0;
-
-  static void declare(SettingsSchema<TextSettings>& s) {
-    s.add(&TextSettings::train, "train", "The training split's file: CSV, TSV or JSON Lines").required();
-    s.add(&TextSettings::test, "test", "The test split's file; empty = none (then the run must not evaluate)");
-    s.add(&TextSettings::tokenizer, "tokenizer",
-          "A model directory as save_pretrained writes it (its spiece.model or spm.model with "
-          "tokenizer_config.json, else its tokenizer.json), a tokenizer.json, or a SentencePiece .model file")
-        .required();
-    s.add(&TextSettings::format, "format", "auto (by extension: .tsv, .jsonl or .json, else CSV), csv, tsv or jsonl")
-        .choices({"auto", "csv", "tsv", "jsonl"});
-    s.add(&TextSettings::text, "text", "The column (JSON Lines: the key) of the text");
-    s.add(&TextSettings::text_pair, "text_pair",
-          "The column of a second text per sample (sentence pairs); empty = none");
-    s.add(&TextSettings::label, "label", "The column of the label: a class name, or a class index");
-    s.add(&TextSettings::labels, "labels",
-          "The class names in index order; empty = from the training split: its integer labels as indices, or its "
-          "names sorted");
-    s.add(&TextSettings::max_length, "max_length",
-          "Tokens per sample at most, special tokens included: longer texts are cut (the longer of a pair first, "
-          "as transformers' truncation=True)")
-        .min(1)
-        .max(1 << 20);
-    s.add(&TextSettings::padding, "padding",
-          "longest: each batch padded to its longest sample (dynamic padding); max_length: every batch padded to "
-          "max_length (transformers' padding=\"max_length\"): one shape for every step (model bert computes over "
-          "it with model.trim_padding = false)")
-        .choices({"longest", "max_length"});
-    s.add(&TextSettings::bad_rows, "bad_rows",
-          "A row without its columns, with an empty text, text that is not UTF-8 or an unknown label: error (stop, "
-          "naming file and line) or skip (leave it out, counted in the log)")
-        .choices({"error", "skip"});
-    s.add(&TextSettings::masked_lm, "masked_lm",
-          "Masked language modelling (task.name = \"masked_lm\"): no labels; each sample's targets are the tokens "
-          "BERT's rule hides (mlm_probability of its tokens other than the special ones: 80 % become the mask "
-          "token, 10 % a random token, 10 % stay), drawn anew each epoch from (seed, epoch, sample); the test "
-          "split's are drawn once");
-    s.add(&TextSettings::mlm_probability, "mlm_probability", "With masked_lm: the share of tokens hidden")
-        .min(0, false)
-        .max(1, false);
-    s.add(&TextSettings::seed, "seed", "With masked_lm: the seed of the masks (with the epoch and the sample's index)")
-        .min(0);
-  }
-};
-
-/// One row of a file: its line and its fields by column, or what is wrong with it.
-struct Row {
-  std::int64_t line = 0;
-  std::string text, pair, label;
-  bool label_is_integer = false;
-  std::string problem;
-};
-
-std::string shown(const std::string& s) { return s.size() > 40 ? s.substr(0, 40) + "..." : s; }
-
-/// A problem with a text field, or "" when it is fine.
-std::string text_problem(const std::string& value, const std::string& column) {
-  const auto bad = text::invalid_utf8_at(value);
-  if (bad != std::string::npos) return fmt::format("column '{}' is not valid UTF-8 (at byte {})", column, bad);
-  if (trimmed(value).empty()) return fmt::format("column '{}' is empty", column);
-  return "";
-}
-
-bool is_index(const std::string& s) {
-  return !s.empty() && s.size() <= 18 && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
-}
-
-std::vector<Row> read_csv_rows(const std::string& text, char delim, const TextSettings& s, const std::string& where) {
-  auto records = csv_records(text, delim, where);
-  TRAINER_CHECK_T(UsageError, !records.empty(), where, ": empty (a header naming the columns comes first)");
-  std::vector<std::string> columns;
-  for (const auto& f : records.front().second) columns.push_back(trimmed(f));
-  const auto index_of = [&](const std::string& name, const char* key) -> std::int64_t {
-    const auto it = std::find(columns.begin(), columns.end(), name);
-    TRAINER_CHECK_T(UsageError, it != columns.end(), "dataset.", key, " = \"", name, "\": no such column in ", where,
-                    "; its header names ", fmt::format("{}", fmt::join(columns, ", ")),
-                    delim == ',' && columns.size() == 1 ? " (one column: is it a TSV file? dataset.format)" : "");
-    return it - columns.begin();
-  };
-  const std::int64_t t = index_of(s.text, "text"), l = s.masked_lm ? -1 : index_of(s.label, "label");
-  const std::int64_t p = s.text_pair.empty() ? -1 : index_of(s.text_pair, "text_pair");
-  std::vector<Row> rows;
-  rows.reserve(records.size() - 1);
-  for (std::size_t r = 1; r < records.size(); ++r) {
-    auto& [line, fields] = records[r];
-    Row row;
-    row.line = line;
-    if (fields.size() != columns.size()) {
-      row.problem = fmt::format("{} fields; the header has {}", fields.size(), columns.size());
-    } else {
-      row.text = std::move(fields[static_cast<std::size_t>(t)]);
-      if (p >= 0) row.pair = std::move(fields[static_cast<std::size_t>(p)]);
-      if (l >= 0) {
-        row.label = trimmed(fields[static_cast<std::size_t>(l)]);
-        row.label_is_integer = is_index(row.label);
-      }
-    }
-    rows.push_back(std::move(row));
-  }
-  return rows;
-}
-
-std::vector<Row> read_jsonl_rows(const std::string& text, const TextSettings& s) {
-  std::vector<Row> rows;
-  std::int64_t line_no = 0;
-  for (std::size_t at = 0; at < text.size();) {
-    std::size_t end = text.find('\n', at);
-    if (end == std::string::npos) end = text.size();
-    std::string line = text.substr(at, end - at);
-    at = end + 1;
-    ++line_no;
-    if (line_no == 1 && line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);
-    if (trimmed(line).empty()) continue;
-    Row row;
-    row.line = line_no;
-    const auto nesting = json_nesting(line);
-    nlohmann::json j;
-    if (nesting > 16) {
-      row.problem = "nested deeper than 16 levels";
-    } else {
-      try {
-        j = nlohmann::json::parse(line);
-        if (!j.is_object()) row.problem = "not a JSON object";
-      } catch (const nlohmann::json::parse_error& e) {
-        row.problem = fmt::format("not valid JSON (at byte {})", e.byte);
-      } catch (const nlohmann::json::exception& e) {
-        row.problem = fmt::format("not valid JSON ({})", e.what());  // a number out of range
-      }
-    }
-    if (!row.problem.empty()) {
-      rows.push_back(std::move(row));
-      continue;
-    }
-    const auto string_of = [&](const std::string& key, std::string& out) {
-      const auto it = j.find(key);
-      if (it == j.end()) return fmt::format("no key '{}'", key);
-      if (!it->is_string()) return fmt::format("'{}' is {}, not a string", key, shown(it->dump()));
-      out = it->get<std::string>();
-      return std::string();
-    };
-    row.problem = string_of(s.text, row.text);
-    if (row.problem.empty() && !s.text_pair.empty()) row.problem = string_of(s.text_pair, row.pair);
-    if (row.problem.empty() && !s.masked_lm) {
-      const auto it = j.find(s.label);
-      if (it == j.end()) {
-        row.problem = fmt::format("no key '{}'", s.label);
-      } else if (it->is_number_unsigned()) {
-        row.label = std::to_string(it->get<std::uint64_t>());
-        row.label_is_integer = true;
-      } else if (it->is_string()) {
-        row.label = it->get<std::string>();
-        row.label_is_integer = is_index(row.label);  // "3" as CSV's 3
-      } else {
-        row.problem = fmt::format("label '{}' is {}: a class name or index is expected", s.label, shown(it->dump()));
-      }
-    }
-    rows.push_back(std::move(row));
-  }
-  return rows;
-}
-
-std::string format_of(const TextSettings& s, const std::string& path) {
-  if (s.format != "auto") return s.format;
-  const auto ext = fs::path(path).extension().string();
-  if (ext == ".tsv") return "tsv";
-  if (ext == ".jsonl" || ext == ".json") return "jsonl";
-  return "csv";
-}
-
-std::vector<Row> read_rows(const TextSettings& s, const std::string& path, const std::string& key) {
-  const std::string text = read_whole(path, key);
-  const std::string where = key + " = \"" + path + "\"";
-  const std::string format = format_of(s, path);
-  if (format == "jsonl") return read_jsonl_rows(text, s);
-  return read_csv_rows(text, format == "tsv" ? '\t' : ',', s, where);
-}
-
-/// The class of each label: the configured names, else the training split's.
 struct Classes {
   std::map<std::string, std::int64_t> by_name;
   std::int64_t count = 0;
