@@ -47,7 +47,6 @@ def load(kind, d):
 
 
 def write(out, corpus, real_lines, max_lengths, line):
-    classes = CLASSES
     for kind in KINDS:
         d = os.path.join(out, kind)
         os.makedirs(d, exist_ok=True)
@@ -55,7 +54,7 @@ def write(out, corpus, real_lines, max_lengths, line):
         with open(model_file, "wb") as f:
             f.write(train(kind, corpus[:real_lines]))
         kwargs = dict(legacy=True) if kind == "t5" else {}
-        classes[kind](model_file, **kwargs).save_pretrained(d)
+        CLASSES[kind](model_file, **kwargs).save_pretrained(d)
         os.remove(model_file)
         tok = load(kind, d)
         for max_length in max_lengths:
