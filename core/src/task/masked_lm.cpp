@@ -6,11 +6,10 @@
 #include "task/masked_lm.h"
 
 #include <ATen/ATen.h>
-#include <fmt/format.h>
-#include <fmt/ranges.h>
 
 #include <cmath>
 
+#include "task/task_common.h"
 #include "trainer/error.h"
 
 namespace trainer::detail {
@@ -23,10 +22,7 @@ constexpr std::int64_t kIgnored = -100;
 class MaskedLm final : public Task {
  public:
   MaskedLm(const DataSpec& data, const Batch& probe) : vocab_(data.token_id_limit) {
-    const auto refused = [&] {
-      return fmt::format("task.name = \"masked_lm\": the dataset's targets are {} of shape [{}] (per batch)",
-                         c10::toString(probe.targets.scalar_type()), fmt::join(probe.targets.sizes(), ", "));
-    };
+    const auto refused = [&] { return refusal("masked_lm", probe); };
     TRAINER_CHECK_T(UsageError,
                     vocab_ > 0 && (probe.inputs.dim() == 2 || probe.inputs.dim() == 3) && probe.targets.dim() == 2,
                     refused(),
