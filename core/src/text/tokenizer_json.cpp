@@ -13,6 +13,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "text/added_tokens.h"
 #include "text/tokenizer_parts.h"
 #include "text/unicode.h"
 #include "trainer/error.h"
@@ -20,50 +21,14 @@
 
 namespace trainer::text {
 
+using detail::AddedToken;
+using detail::AddedTokens;
 using detail::Bpe;
 using detail::Normalizer;
 using detail::PreTokenizer;
+using detail::Segment;
 using detail::WordPiece;
 using nlohmann::json;
-
-namespace {
-
-struct AddedToken {
-  std::string content;  ///< as matched: the content, or for a normalized token, its normalized form
-  std::int64_t id = 0;
-  bool single_word = false, lstrip = false, rstrip = false;
-};
-
-/// Added tokens by content, looked up by each length they have: the leftmost match, the longest
-/// there, the first listed among equals (tokenizers' leftmost-longest matching), in time linear
-/// in the text for each distinct length, whatever the number of tokens.
-struct AddedTokens {
-  std::vector<AddedToken> tokens;
-  std::map<std::size_t, std::unordered_map<std::string, std::size_t>, std::greater<>> by_length;
-
-  void add(AddedToken t) {
-    by_length[t.content.size()].emplace(t.content, tokens.size());
-    tokens.push_back(std::move(t));
-  }
-  bool empty() const { return tokens.empty(); }
-  /// The token matching `s` at `at`, longest first; nullptr when none does.
-  const AddedToken* match(const std::string& s, std::size_t at) const {
-    for (const auto& [len, table] : by_length) {
-      if (len > s.size() - at) continue;
-      const auto it = table.find(s.substr(at, len));
-      if (it != table.end()) return &tokens[it->second];
-    }
-    return nullptr;
-  }
-};
-
-/// Where a piece of the input stands: text still to tokenize, or an added token's id.
-struct Segment {
-  std::string text;
-  std::int64_t id = -1;
-};
-
-}  // namespace
 
 /// A tokenizer.json's pipeline: normalizer, pre-tokenizer, model, added tokens, post-processor.
 struct JsonTokenizer final : Tokenizer::Impl {
@@ -399,73 +364,10 @@ struct JsonTokenizer final : Tokenizer::Impl {
     }
   }
 
-  /// Splits `segment` at the added tokens of `tokens` as tokenizers does: the leftmost match,
-  /// the longest there, then on after it; single_word, lstrip and rstrip as the token says.
-  void split_added(const std::string& s, const AddedTokens& tokens, std::vector<Segment>& out) const {
-    if (tokens.empty() || s.empty()) {
-      out.push_back({s, -1});
-      return;
-    }
-    const auto whitespace_at = [&](std::size_t i, std::size_t& len) {
-      // The code point at byte i, when it is whitespace (its length in `len`).
-      const auto b = static_cast<unsigned char>(s[i]);
-      len = b < 0x80 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
-      return in_class(CharClass::kBertWhitespace, decode_utf8(std::string_view(s).substr(i, len))[0]);
-    };
-    const auto char_before = [&](std::size_t i) {
-      std::size_t k = i;
-      do {
-        --k;
-      } while (k > 0 && (static_cast<unsigned char>(s[k]) & 0xC0) == 0x80);
-      return decode_utf8(std::string_view(s).substr(k, i - k))[0];
-    };
-    std::size_t start_offset = 0, pos = 0;
-    while (pos < s.size()) {
-      const AddedToken* best = nullptr;
-      std::size_t at = pos;
-      for (; at < s.size(); ++at) {
-        if ((static_cast<unsigned char>(s[at]) & 0xC0) == 0x80) continue;  // inside a character
-        if ((best = tokens.match(s, at)) != nullptr) break;
-      }
-      if (best == nullptr) break;
-      std::size_t start = at, stop = at + best->content.size();
-      pos = stop;
-      if (best->single_word) {
-        const bool space_before = start == 0 || !in_class(CharClass::kWord, char_before(start));
-        const bool space_after =
-            stop == s.size() ||
-            !in_class(CharClass::kWord,
-                      decode_utf8(std::string_view(s).substr(stop, std::min<std::size_t>(4, s.size() - stop)))[0]);
-        if (!space_before || !space_after) continue;
-      }
-      if (best->lstrip) {
-        std::size_t k = start;
-        while (k > 0) {
-          std::size_t p = k;
-          do {
-            --p;
-          } while (p > 0 && (static_cast<unsigned char>(s[p]) & 0xC0) == 0x80);
-          std::size_t len = 0;
-          if (!whitespace_at(p, len)) break;
-          k = p;
-        }
-        start = std::max(k, start_offset);
-      }
-      if (best->rstrip) {
-        std::size_t len = 0;
-        while (stop < s.size() && whitespace_at(stop, len)) stop += len;
-      }
-      if (start_offset < start) out.push_back({s.substr(start_offset, start - start_offset), -1});
-      out.push_back({std::string(), best->id});
-      start_offset = stop;
-    }
-    if (start_offset != s.size()) out.push_back({s.substr(start_offset), -1});
-  }
-
   /// The model's ids for one text, before the post-processor.
   std::vector<std::int64_t> tokenize(std::string_view input) const override {
     std::vector<Segment> raw, segments;
-    split_added(std::string(input), raw_tokens, raw);
+    raw_tokens.split(std::string(input), raw);
     for (auto& seg : raw) {
       if (seg.id >= 0) {
         segments.push_back(std::move(seg));
@@ -473,7 +375,7 @@ struct JsonTokenizer final : Tokenizer::Impl {
       }
       std::u32string s = decode_utf8(seg.text);
       if (normalizer) normalizer->apply(s);
-      split_added(encode_utf8(s), normalized_tokens, segments);
+      normalized_tokens.split(encode_utf8(s), segments);
     }
     std::vector<std::int64_t> ids;
     for (const auto& seg : segments) {

@@ -1,0 +1,82 @@
+// Added tokens: matched leftmost-longest, split out with their single_word, lstrip and rstrip
+// rules, as tokenizers 0.15 does.
+#include "text/added_tokens.h"
+
+#include <algorithm>
+#include <string_view>
+
+#include "text/unicode.h"
+
+namespace trainer::text::detail {
+
+const AddedToken* AddedTokens::match(const std::string& s, std::size_t at) const {
+  for (const auto& [len, table] : by_length) {
+    if (len > s.size() - at) continue;
+    const auto it = table.find(s.substr(at, len));
+    if (it != table.end()) return &tokens[it->second];
+  }
+  return nullptr;
+}
+
+void AddedTokens::split(const std::string& s, std::vector<Segment>& out) const {
+  if (empty() || s.empty()) {
+    out.push_back({s, -1});
+    return;
+  }
+  const auto whitespace_at = [&](std::size_t i, std::size_t& len) {
+    // The code point at byte i, when it is whitespace (its length in `len`).
+    const auto b = static_cast<unsigned char>(s[i]);
+    len = b < 0x80 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
+    return in_class(CharClass::kBertWhitespace, decode_utf8(std::string_view(s).substr(i, len))[0]);
+  };
+  const auto char_before = [&](std::size_t i) {
+    std::size_t k = i;
+    do {
+      --k;
+    } while (k > 0 && (static_cast<unsigned char>(s[k]) & 0xC0) == 0x80);
+    return decode_utf8(std::string_view(s).substr(k, i - k))[0];
+  };
+  std::size_t start_offset = 0, pos = 0;
+  while (pos < s.size()) {
+    const AddedToken* best = nullptr;
+    std::size_t at = pos;
+    for (; at < s.size(); ++at) {
+      if ((static_cast<unsigned char>(s[at]) & 0xC0) == 0x80) continue;  // inside a character
+      if ((best = match(s, at)) != nullptr) break;
+    }
+    if (best == nullptr) break;
+    std::size_t start = at, stop = at + best->content.size();
+    pos = stop;
+    if (best->single_word) {
+      const bool space_before = start == 0 || !in_class(CharClass::kWord, char_before(start));
+      const bool space_after =
+          stop == s.size() ||
+          !in_class(CharClass::kWord,
+                    decode_utf8(std::string_view(s).substr(stop, std::min<std::size_t>(4, s.size() - stop)))[0]);
+      if (!space_before || !space_after) continue;
+    }
+    if (best->lstrip) {
+      std::size_t k = start;
+      while (k > 0) {
+        std::size_t p = k;
+        do {
+          --p;
+        } while (p > 0 && (static_cast<unsigned char>(s[p]) & 0xC0) == 0x80);
+        std::size_t len = 0;
+        if (!whitespace_at(p, len)) break;
+        k = p;
+      }
+      start = std::max(k, start_offset);
+    }
+    if (best->rstrip) {
+      std::size_t len = 0;
+      while (stop < s.size() && whitespace_at(stop, len)) stop += len;
+    }
+    if (start_offset < start) out.push_back({s.substr(start_offset, start - start_offset), -1});
+    out.push_back({std::string(), best->id});
+    start_offset = stop;
+  }
+  if (start_offset != s.size()) out.push_back({s.substr(start_offset), -1});
+}
+
+}  // namespace trainer::text::detail
