@@ -41,5 +41,5 @@ std::unique_ptr<SentencePieceModel> load_sentencepiece(const std::string& bytes,
 
 /// The module's one entry point: a model, or nullptr with `error` set to the library's message
 /// (valid until this thread's next call).
-extern "C" trainer::text::detail::SentencePieceModel* trainer_sentencepiece_load(const char* bytes, std::size_t size,
-                                                                                 const char** error);
+extern "C" trainer::text::detail::SentencePieceModel* trainer_sentencepiece_load_v1(const char* bytes, std::size_t size,
+                                                                                    const char** error);

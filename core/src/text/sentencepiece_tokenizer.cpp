@@ -2,49 +2,18 @@
 // writes beside it, tokenized as transformers' Python tokenizer of that class does (T5Tokenizer,
 // AlbertTokenizer, DebertaV2Tokenizer of transformers 4.39): its added tokens split out first,
 // its lower-casing, its class's preprocessing, the pieces of Debian's libsentencepiece, and the
-// class's special tokens around the text.
-#include <fmt/format.h>
+// class's special tokens around the text (sentencepiece_config.cpp reads the file).
+#include "text/sentencepiece_tokenizer.h"
 
-#include <algorithm>
-#include <functional>
-#include <map>
-#include <nlohmann/json.hpp>
-#include <unordered_set>
-
-#include "text/byte_trie.h"
-#include "text/sentencepiece_model.h"
-#include "text/tokenizer_impl.h"
 #include "text/unicode.h"
 #include "trainer/error.h"
-#include "trainer/json.h"
 
-namespace trainer::text {
-
-namespace fs = std::filesystem;
-using nlohmann::json;
+namespace trainer::text::detail {
 
 namespace {
 
-/// The largest SentencePiece model read: published ones are a few MB (mT5's 4.3 MB, XLM-R's 5 MB).
-constexpr std::uintmax_t kMaxModelBytes = std::uintmax_t{64} << 20;
-/// The largest tokenizer_config.json read (chat templates make some a few hundred KB).
-constexpr std::uintmax_t kMaxConfigBytes = std::uintmax_t{16} << 20;
-/// The most special tokens, and bytes of special or added tokens, read (T5 has 100 sentinels;
-/// the tries that match them grow with their bytes).
-constexpr std::size_t kMaxSpecialTokens = 100'000;
-constexpr std::size_t kMaxSpecialBytes = std::size_t{4} << 20;
-
 /// SentencePiece's word-start mark (U+2581), in UTF-8.
 constexpr std::string_view kWordStart = "\xE2\x96\x81";
-
-enum class Kind { kT5, kAlbert, kDebertaV2 };
-
-/// An added token of tokenizer_config.json's added_tokens_decoder.
-struct Added {
-  std::string content;
-  std::int64_t id = 0;
-  bool lstrip = false, rstrip = false, single_word = false, special = false, normalized = false;
-};
 
 /// Python's s.lstrip() / s.rstrip(): without the whitespace str.isspace() names.
 std::string strip_python_space(const std::string& s, bool left, bool right) {
@@ -55,408 +24,178 @@ std::string strip_python_space(const std::string& s, bool left, bool right) {
   return encode_utf8(std::u32string_view(u).substr(a, b - a));
 }
 
-struct SentencePieceTokenizer final : Tokenizer::Impl {
-  Kind kind = Kind::kT5;
-  std::unique_ptr<detail::SentencePieceModel> sp;
-  bool do_lower_case = false, remove_space = true, keep_accents = false;
-  std::vector<Added> added;
-  /// The added tokens: what transformers' trie splits the text at (the leftmost match, the
-  /// longest there).
-  detail::ByteTrie added_trie;
-  /// What lower-casing leaves as written: the special tokens, then the other normalized added
-  /// tokens (at a position, the first listed that matches, as a regular expression's alternation).
-  detail::ByteTrie kept_case;
-
-  /// The added token matching `s` at `at`, longest first; nullptr when none does.
-  const Added* match(const std::string& s, std::size_t at) const {
-    const Added* best = nullptr;
-    added_trie.matches(s, at, [&](std::int32_t i, std::size_t) { best = &added[static_cast<std::size_t>(i)]; });
-    return best;
-  }
-
-  /// transformers' tokenize() before do_lower_case: each character lower-cased on its own,
-  /// except where a token of kept_case starts.
-  std::string lower_outside_tokens(const std::string& s) const {
-    std::string out;
-    std::size_t i = 0;
-    while (i < s.size()) {
-      std::int32_t first = -1;
-      std::size_t length = 0;
-      kept_case.matches(s, i, [&](std::int32_t index, std::size_t len) {
-        if (first < 0 || index < first) first = index, length = len;
-      });
-      if (first >= 0) {
-        out.append(s, i, length);
-        i += length;
-        continue;
-      }
-      const auto b = static_cast<unsigned char>(s[i]);
-      const std::size_t len = b < 0x80 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
-      out += encode_utf8(lowercase(decode_utf8(std::string_view(s).substr(i, len))));
-      i += len;
-    }
-    return out;
-  }
-
-  std::vector<std::string> encode_pieces(const std::string& s) const {
-    std::vector<std::string> pieces;
-    const auto emit = [](void* to, const char* piece, std::size_t size) {
-      static_cast<std::vector<std::string>*>(to)->emplace_back(piece, size);
-    };
-    const char* error = sp->encode(s, emit, &pieces);
-    TRAINER_CHECK_T(UsageError, error == nullptr, name, ": SentencePiece could not encode a text: ", error);
-    return pieces;
-  }
-
-  /// The class's _tokenize: its preprocessing and the model's pieces.
-  void pieces_of(std::string s, std::vector<std::string>& out) const {
-    if (kind == Kind::kT5) {
-      const auto p = encode_pieces(s);
-      out.insert(out.end(), p.begin(), p.end());
-      return;
-    }
-    if (kind == Kind::kDebertaV2) {
-      if (do_lower_case) s = encode_utf8(lowercase(decode_utf8(s)));
-      const auto p = encode_pieces(s);
-      out.insert(out.end(), p.begin(), p.end());
-      return;
-    }
-    // AlbertTokenizer.preprocess_text, then the split of a piece ending in a digit and a comma.
-    std::u32string u = decode_utf8(s);
-    if (remove_space) {  // " ".join(text.strip().split())
-      std::u32string joined;
-      std::size_t i = 0;
-      while (i < u.size()) {
-        while (i < u.size() && is_python_space(u[i])) ++i;
-        const std::size_t start = i;
-        while (i < u.size() && !is_python_space(u[i])) ++i;
-        if (i > start) {
-          if (!joined.empty()) joined += U' ';
-          joined.append(u, start, i - start);
-        }
-      }
-      u = std::move(joined);
-    }
-    std::u32string quoted;  // `` and '' become "
-    for (std::size_t i = 0; i < u.size(); ++i) {
-      if (i + 1 < u.size() && ((u[i] == U'`' && u[i + 1] == U'`') || (u[i] == U'\'' && u[i + 1] == U'\''))) {
-        quoted += U'"';
-        ++i;
-      } else {
-        quoted += u[i];
-      }
-    }
-    u = std::move(quoted);
-    if (!keep_accents) u = nfkd_without_marks(u);
-    if (do_lower_case) u = lowercase(u);
-    for (const auto& piece : encode_pieces(encode_utf8(u))) {
-      const std::u32string p = decode_utf8(piece);
-      if (p.size() > 1 && p.back() == U',' && is_python_digit(p[p.size() - 2])) {
-        std::string bare = encode_utf8(std::u32string_view(p).substr(0, p.size() - 1));
-        for (std::size_t at; (at = bare.find(kWordStart)) != std::string::npos;) bare.erase(at, kWordStart.size());
-        auto cur = encode_pieces(bare);
-        const bool starts = piece.compare(0, kWordStart.size(), kWordStart) == 0;
-        if (!starts && !cur.empty() && cur[0].compare(0, kWordStart.size(), kWordStart) == 0) {
-          if (cur[0].size() == kWordStart.size()) {
-            cur.erase(cur.begin());
-          } else {
-            cur[0].erase(0, kWordStart.size());
-          }
-        }
-        out.insert(out.end(), cur.begin(), cur.end());
-        out.emplace_back(",");
-      } else {
-        out.push_back(piece);
-      }
-    }
-  }
-
-  std::vector<std::int64_t> tokenize(std::string_view input) const override {
-    std::string s(input);
-    if (do_lower_case) s = lower_outside_tokens(s);
-    // The trie's split: text and added tokens in turn (an added token's chunk has its index).
-    struct Chunk {
-      std::string text;
-      const Added* token = nullptr;
-    };
-    std::vector<Chunk> chunks;
-    std::size_t from = 0;
-    for (std::size_t at = 0; at < s.size();) {
-      const Added* t = (static_cast<unsigned char>(s[at]) & 0xC0) == 0x80 ? nullptr : match(s, at);
-      if (t == nullptr) {
-        ++at;
-        continue;
-      }
-      if (at > from) chunks.push_back({s.substr(from, at - from), nullptr});
-      chunks.push_back({t->content, t});
-      at += t->content.size();
-      from = at;
-    }
-    if (from < s.size()) chunks.push_back({s.substr(from), nullptr});
-    // Each token strips or joins its neighbours as transformers does, in order.
-    for (std::size_t i = 0; i < chunks.size(); ++i) {
-      const Added* t = chunks[i].token;
-      if (t == nullptr) continue;
-      Chunk* left = i > 0 && !chunks[i - 1].text.empty() ? &chunks[i - 1] : nullptr;
-      Chunk* right = i + 1 < chunks.size() && !chunks[i + 1].text.empty() ? &chunks[i + 1] : nullptr;
-      // single_word looks at the neighbours as they were before this token stripped them.
-      const char before = left != nullptr ? left->text.back() : ' ';
-      const char after = right != nullptr ? right->text.front() : ' ';
-      const auto restrip = [](Chunk& c, bool l, bool r) {
-        std::string stripped = strip_python_space(c.text, l, r);
-        if (stripped != c.text) c.token = nullptr;
-        c.text = std::move(stripped);
-      };
-      if (t->rstrip && right != nullptr) restrip(*right, true, false);
-      if (t->lstrip && left != nullptr) restrip(*left, false, true);
-      if (t->single_word && left != nullptr && before != ' ') {
-        left->text += chunks[i].text;
-        left->token = nullptr;
-        chunks[i] = {std::string(), nullptr};
-      } else if (t->single_word && right != nullptr && after != ' ') {
-        right->text = chunks[i].text + right->text;
-        right->token = nullptr;
-        chunks[i] = {std::string(), nullptr};
-      }
-    }
-    std::vector<std::string> pieces;
-    std::vector<std::int64_t> ids;
-    for (const auto& c : chunks) {
-      if (c.text.empty()) continue;
-      if (c.token != nullptr) {
-        ids.push_back(c.token->id);
-        continue;
-      }
-      pieces.clear();
-      pieces_of(c.text, pieces);
-      for (const auto& p : pieces) {
-        const auto a = added_ids.find(p);
-        ids.push_back(a != added_ids.end() ? a->second : sp->piece_to_id(p));
-      }
-    }
-    return ids;
-  }
-
-  std::optional<std::int64_t> vocab_id(const std::string& token) const override {
-    const int id = sp->piece_to_id(token);
-    if (sp->is_unknown(id) && sp->id_to_piece(id) != token) return std::nullopt;
-    return id;
-  }
-};
-
-[[noreturn]] void bad(const std::string& file, const std::string& key, const std::string& what) {
-  throw UsageError(fmt::format("{}: {}: {}", file, key, what));
-}
-
-bool flag(const json& j, const char* key, const std::string& file, const std::string& where, bool fallback) {
-  const auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return fallback;
-  if (!it->is_boolean()) bad(file, where + key, "expected true or false, not " + it->dump().substr(0, 40));
-  return it->get<bool>();
-}
-
-/// A special token's content: a string, or an object with "content" (as special_tokens_map
-/// writes them); nullopt when the key is absent or null.
-std::optional<std::string> token_named(const json& config, const char* key, const std::string& file) {
-  const auto it = config.find(key);
-  if (it == config.end() || it->is_null()) return std::nullopt;
-  const json& v = it->is_object() && it->contains("content") ? (*it)["content"] : *it;
-  if (!v.is_string() || v.get<std::string>().empty() || invalid_utf8_at(v.get<std::string>()) != std::string::npos) {
-    bad(file, key, "expected a token (a non-empty string), not " + it->dump().substr(0, 40));
-  }
-  return v.get<std::string>();
-}
-
 }  // namespace
 
-std::unique_ptr<Tokenizer::Impl> detail::read_sentencepiece(const fs::path& model, const fs::path& config) {
-  auto t = std::make_unique<SentencePieceTokenizer>();
-  t->name = model.string();
-  t->model_type = "SentencePiece";
-  t->cut_one_at_a_time = true;
-  const std::string cfg_name = config.string();
-  {
-    std::error_code ec;
-    TRAINER_CHECK_T(
-        UsageError, fs::is_regular_file(config, ec), model.string(),
-        ": no tokenizer_config.json beside it, which names the tokenizer's class and its special tokens "
-        "(transformers' save_pretrained writes it: AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR))");
-  }
-  const std::string text = read_bounded(config, kMaxConfigBytes, "a tokenizer_config.json");
-  TRAINER_CHECK_T(UsageError, json_nesting(text) <= 16, cfg_name,
-                  ": JSON nested deeper than a tokenizer_config.json is");
-  json c;
-  try {
-    c = json::parse(text);
-  } catch (const json::exception& e) {
-    throw UsageError(fmt::format("{}: not a tokenizer_config.json: {}", cfg_name, e.what()));
-  }
-  if (!c.is_object()) bad(cfg_name, "the file", "expected a JSON object (transformers' tokenizer_config.json)");
-
-  // The class, which decides the preprocessing and the special tokens around a text.
-  static const std::map<std::string, Kind> kClasses = {{"T5Tokenizer", Kind::kT5},
-                                                       {"T5TokenizerFast", Kind::kT5},
-                                                       {"AlbertTokenizer", Kind::kAlbert},
-                                                       {"AlbertTokenizerFast", Kind::kAlbert},
-                                                       {"DebertaV2Tokenizer", Kind::kDebertaV2},
-                                                       {"DebertaV2TokenizerFast", Kind::kDebertaV2}};
-  const auto cls = token_named(c, "tokenizer_class", cfg_name);
-  if (!cls || kClasses.count(*cls) == 0) {
-    bad(cfg_name, "tokenizer_class",
-        fmt::format("{} is not a SentencePiece tokenizer read here; allowed: T5Tokenizer, AlbertTokenizer, "
-                    "DebertaV2Tokenizer (or their Fast names)",
-                    cls ? "\"" + *cls + "\"" : std::string("missing")));
-  }
-  t->kind = kClasses.at(*cls);
-  // T5Tokenizer has no do_lower_case: transformers leaves the key unread there, and so does this.
-  t->do_lower_case = t->kind != Kind::kT5 && flag(c, "do_lower_case", cfg_name, "", t->kind == Kind::kAlbert);
-  t->remove_space = flag(c, "remove_space", cfg_name, "", true);
-  t->keep_accents = flag(c, "keep_accents", cfg_name, "", false);
-  if (t->kind == Kind::kT5 && !flag(c, "legacy", cfg_name, "", true)) {
-    bad(cfg_name, "legacy",
-        "false is T5Tokenizer's newer handling of the text after a special token, not read here; "
-        "legacy = true (the default, as T5 and FLAN-T5 were trained) is");
-  }
-  if (t->kind == Kind::kDebertaV2 && flag(c, "split_by_punct", cfg_name, "", false)) {
-    bad(cfg_name, "split_by_punct", "true is not read here (DeBERTa-v3's files have false)");
-  }
-
-  // What would change the pieces or the truncation in ways not read here.
-  if (flag(c, "split_special_tokens", cfg_name, "", false)) {
-    bad(cfg_name, "split_special_tokens", "true (special tokens tokenized as text) is not read here");
-  }
-  if (const auto side = c.find("truncation_side"); side != c.end() && !side->is_null() && *side != json("right")) {
-    bad(cfg_name, "truncation_side",
-        "only \"right\" (the default: a text is cut at its end) is read here, not " + side->dump().substr(0, 40));
-  }
-  if (const auto kw = c.find("sp_model_kwargs"); kw != c.end() && !kw->is_null() && !(kw->is_object() && kw->empty())) {
-    bad(cfg_name, "sp_model_kwargs",
-        "options of the SentencePiece processor (sampling, ...) are not read here; expected {}, not " +
-            kw->dump().substr(0, 60));
-  }
-
-  // The model, through libsentencepiece (its parser checks the protocol buffer; the tables it
-  // walks unchecked are checked first).
-  const std::string model_bytes = read_bounded(model, kMaxModelBytes, "a SentencePiece model");
-  check_normalizers(model_bytes, model.string());
-  t->sp = load_sentencepiece(model_bytes, model.string());
-  const auto pieces = static_cast<std::int64_t>(t->sp->size());
-  TRAINER_CHECK_T(UsageError, pieces > 0, model.string(), ": a SentencePiece model without pieces");
-  t->limit = pieces;
-
-  // The added tokens, with the ids transformers gives them.
-  const auto decoder = c.find("added_tokens_decoder");
-  if (decoder == c.end() || !decoder->is_object()) {
-    bad(cfg_name, "added_tokens_decoder",
-        "missing: transformers before 4.34 did not write it; save the tokenizer again with a newer one "
-        "(AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR))");
-  }
-  for (const auto& [key, v] : decoder->items()) {
-    const std::string where = "added_tokens_decoder." + key;
-    Added a;
-    std::size_t used = 0;
-    try {
-      a.id = std::stoll(key, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != key.size() || used == 0 || a.id < 0 || a.id > pieces + 1'000'000) {
-      bad(cfg_name, where,
-          fmt::format("expected an id from 0 to the vocabulary's size ({}) plus the added tokens", pieces));
-    }
-    if (!v.is_object()) bad(cfg_name, where, "expected an object");
-    const auto content = token_named(v, "content", cfg_name);
-    if (!content) bad(cfg_name, where + ".content", "missing");
-    a.content = *content;
-    a.lstrip = flag(v, "lstrip", cfg_name, where + ".", false);
-    a.rstrip = flag(v, "rstrip", cfg_name, where + ".", false);
-    a.single_word = flag(v, "single_word", cfg_name, where + ".", false);
-    a.special = flag(v, "special", cfg_name, where + ".", false);
-    a.normalized = flag(v, "normalized", cfg_name, where + ".", !a.special);
-    if (t->added_ids.count(a.content) != 0) bad(cfg_name, where, "\"" + a.content + "\" is listed twice");
-    t->added_ids[a.content] = a.id;
-    t->limit = std::max(t->limit, a.id + 1);
-    t->added.push_back(std::move(a));
-  }
-  TRAINER_CHECK_T(UsageError, t->limit <= 2 * pieces + 1024, cfg_name, ": added token ids run up to ", t->limit - 1,
-                  " for a model of ", pieces, " pieces (a model would get a row for each id)");
-
-  // Special tokens by role, as transformers lists them (all_special_tokens). transformers adds
-  // a role's token that the file's added tokens lack as one (its piece's id, matched as written).
-  std::vector<std::string> specials;
-  std::unordered_set<std::string> listed;
-  std::size_t special_bytes = 0;
-  const auto add_special = [&](const std::string& tok, const std::string& key) {
-    if (!listed.insert(tok).second) return;
-    special_bytes += tok.size();
-    TRAINER_CHECK_T(UsageError, listed.size() <= kMaxSpecialTokens && special_bytes <= kMaxSpecialBytes, cfg_name,
-                    ": more special tokens than are read here (", kMaxSpecialTokens, " tokens, ", kMaxSpecialBytes,
-                    " bytes)");
-    specials.push_back(tok);
-    if (t->added_ids.count(tok) != 0) return;
-    const auto v = t->vocab_id(tok);
-    if (!v) bad(cfg_name, key, "\"" + tok + "\" is neither an added token nor a piece of " + model.filename().string());
-    Added a;
-    a.content = tok;
-    a.id = *v;
-    a.special = true;
-    t->added_ids[tok] = a.id;
-    t->added.push_back(std::move(a));
-  };
-  for (const char* key : {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"}) {
-    if (const auto tok = token_named(c, key, cfg_name)) add_special(*tok, key);
-  }
-  if (const auto extra = c.find("additional_special_tokens"); extra != c.end() && !extra->is_null()) {
-    if (!extra->is_array()) bad(cfg_name, "additional_special_tokens", "expected a list of tokens");
-    TRAINER_CHECK_T(UsageError, extra->size() <= kMaxSpecialTokens, cfg_name,
-                    ": more special tokens than are read here (", kMaxSpecialTokens, " tokens, ", kMaxSpecialBytes,
-                    " bytes)");
-    for (const auto& e : *extra) {
-      const json& v = e.is_object() && e.contains("content") ? e["content"] : e;
-      if (!v.is_string() || v.get<std::string>().empty() ||
-          invalid_utf8_at(v.get<std::string>()) != std::string::npos) {
-        bad(cfg_name, "additional_special_tokens",
-            "expected tokens (non-empty strings), not " + e.dump().substr(0, 40));
-      }
-      add_special(v.get<std::string>(), "additional_special_tokens");
-    }
-  }
-  std::size_t added_bytes = 0;
-  for (std::size_t i = 0; i < t->added.size(); ++i) {
-    added_bytes += t->added[i].content.size();
-    TRAINER_CHECK_T(UsageError, added_bytes <= kMaxSpecialBytes, cfg_name, ": added tokens of more than ",
-                    kMaxSpecialBytes, " bytes in all, which is more than is read here");
-    t->added_trie.add(t->added[i].content, static_cast<std::int32_t>(i));
-  }
-  std::int32_t order = 0;
-  for (const auto& tok : specials) t->kept_case.add(tok, order++);
-  for (const auto& a : t->added) {
-    if (!a.special && a.normalized) t->kept_case.add(a.content, order++);
-  }
-  const auto id_of = [&](const char* key) -> std::optional<std::int64_t> {
-    const auto tok = token_named(c, key, cfg_name);
-    if (!tok) return std::nullopt;
-    return t->added_ids.at(*tok);  // each role's token is an added token by now
-  };
-  t->padding_id = id_of("pad_token");
-  t->mask_id = id_of("mask_token");
-
-  // The special tokens around a text: T5's closing </s>; ALBERT's and DeBERTa's [CLS] and [SEP].
-  using detail::TemplatePiece;
-  if (t->kind == Kind::kT5) {
-    const auto eos = id_of("eos_token");
-    if (!eos) bad(cfg_name, "eos_token", "missing: T5Tokenizer closes each text with it");
-    t->single = {{{}, 0, 0}, {{*eos}, -1, 0}};
-    t->pair = {{{}, 0, 0}, {{*eos}, -1, 0}, {{}, 1, 0}, {{*eos}, -1, 0}};
-    t->close_once = true;
-  } else {
-    const auto cls_id = id_of("cls_token"), sep = id_of("sep_token");
-    if (!cls_id || !sep)
-      bad(cfg_name, cls_id ? "sep_token" : "cls_token", std::string("missing: ") + *cls + " puts it around each text");
-    t->single = {{{*cls_id}, -1, 0}, {{}, 0, 0}, {{*sep}, -1, 0}};
-    t->pair = {{{*cls_id}, -1, 0}, {{}, 0, 0}, {{*sep}, -1, 0}, {{}, 1, 1}, {{*sep}, -1, 1}};
-  }
-  return t;
+const SentencePieceAdded* SentencePieceTokenizer::match(const std::string& s, std::size_t at) const {
+  const Added* best = nullptr;
+  added_trie.matches(s, at, [&](std::int32_t i, std::size_t) { best = &added[static_cast<std::size_t>(i)]; });
+  return best;
 }
 
-}  // namespace trainer::text
+std::string SentencePieceTokenizer::lower_outside_tokens(const std::string& s) const {
+  std::string out;
+  std::size_t i = 0;
+  while (i < s.size()) {
+    std::int32_t first = -1;
+    std::size_t length = 0;
+    kept_case.matches(s, i, [&](std::int32_t index, std::size_t len) {
+      if (first < 0 || index < first) first = index, length = len;
+    });
+    if (first >= 0) {
+      out.append(s, i, length);
+      i += length;
+      continue;
+    }
+    const auto b = static_cast<unsigned char>(s[i]);
+    const std::size_t len = b < 0x80 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
+    out += encode_utf8(lowercase(decode_utf8(std::string_view(s).substr(i, len))));
+    i += len;
+  }
+  return out;
+}
+
+std::vector<std::string> SentencePieceTokenizer::encode_pieces(const std::string& s) const {
+  std::vector<std::string> pieces;
+  const auto emit = [](void* to, const char* piece, std::size_t size) {
+    static_cast<std::vector<std::string>*>(to)->emplace_back(piece, size);
+  };
+  const char* error = sp->encode(s, emit, &pieces);
+  TRAINER_CHECK_T(UsageError, error == nullptr, name, ": SentencePiece could not encode a text: ", error);
+  return pieces;
+}
+
+void SentencePieceTokenizer::pieces_of(std::string s, std::vector<std::string>& out) const {
+  if (kind == Kind::kT5) {
+    const auto p = encode_pieces(s);
+    out.insert(out.end(), p.begin(), p.end());
+    return;
+  }
+  if (kind == Kind::kDebertaV2) {
+    if (do_lower_case) s = encode_utf8(lowercase(decode_utf8(s)));
+    const auto p = encode_pieces(s);
+    out.insert(out.end(), p.begin(), p.end());
+    return;
+  }
+  // AlbertTokenizer.preprocess_text, then the split of a piece ending in a digit and a comma.
+  std::u32string u = decode_utf8(s);
+  if (remove_space) {  // " ".join(text.strip().split())
+    std::u32string joined;
+    std::size_t i = 0;
+    while (i < u.size()) {
+      while (i < u.size() && is_python_space(u[i])) ++i;
+      const std::size_t start = i;
+      while (i < u.size() && !is_python_space(u[i])) ++i;
+      if (i > start) {
+        if (!joined.empty()) joined += U' ';
+        joined.append(u, start, i - start);
+      }
+    }
+    u = std::move(joined);
+  }
+  std::u32string quoted;  // `` and '' become "
+  for (std::size_t i = 0; i < u.size(); ++i) {
+    if (i + 1 < u.size() && ((u[i] == U'`' && u[i + 1] == U'`') || (u[i] == U'\'' && u[i + 1] == U'\''))) {
+      quoted += U'"';
+      ++i;
+    } else {
+      quoted += u[i];
+    }
+  }
+  u = std::move(quoted);
+  if (!keep_accents) u = nfkd_without_marks(u);
+  if (do_lower_case) u = lowercase(u);
+  for (const auto& piece : encode_pieces(encode_utf8(u))) {
+    const std::u32string p = decode_utf8(piece);
+    if (p.size() > 1 && p.back() == U',' && is_python_digit(p[p.size() - 2])) {
+      std::string bare = encode_utf8(std::u32string_view(p).substr(0, p.size() - 1));
+      for (std::size_t at; (at = bare.find(kWordStart)) != std::string::npos;) bare.erase(at, kWordStart.size());
+      auto cur = encode_pieces(bare);
+      const bool starts = piece.compare(0, kWordStart.size(), kWordStart) == 0;
+      if (!starts && !cur.empty() && cur[0].compare(0, kWordStart.size(), kWordStart) == 0) {
+        if (cur[0].size() == kWordStart.size()) {
+          cur.erase(cur.begin());
+        } else {
+          cur[0].erase(0, kWordStart.size());
+        }
+      }
+      out.insert(out.end(), cur.begin(), cur.end());
+      out.emplace_back(",");
+    } else {
+      out.push_back(piece);
+    }
+  }
+}
+
+std::vector<std::int64_t> SentencePieceTokenizer::tokenize(std::string_view input) const {
+  std::string s(input);
+  if (do_lower_case) s = lower_outside_tokens(s);
+  // The trie's split: text and added tokens in turn (an added token's chunk has its index).
+  struct Chunk {
+    std::string text;
+    const Added* token = nullptr;
+  };
+  std::vector<Chunk> chunks;
+  std::size_t from = 0;
+  for (std::size_t at = 0; at < s.size();) {
+    const Added* t = (static_cast<unsigned char>(s[at]) & 0xC0) == 0x80 ? nullptr : match(s, at);
+    if (t == nullptr) {
+      ++at;
+      continue;
+    }
+    if (at > from) chunks.push_back({s.substr(from, at - from), nullptr});
+    chunks.push_back({t->content, t});
+    at += t->content.size();
+    from = at;
+  }
+  if (from < s.size()) chunks.push_back({s.substr(from), nullptr});
+  // Each token strips or joins its neighbours as transformers does, in order.
+  for (std::size_t i = 0; i < chunks.size(); ++i) {
+    const Added* t = chunks[i].token;
+    if (t == nullptr) continue;
+    Chunk* left = i > 0 && !chunks[i - 1].text.empty() ? &chunks[i - 1] : nullptr;
+    Chunk* right = i + 1 < chunks.size() && !chunks[i + 1].text.empty() ? &chunks[i + 1] : nullptr;
+    // single_word looks at the neighbours as they were before this token stripped them.
+    const char before = left != nullptr ? left->text.back() : ' ';
+    const char after = right != nullptr ? right->text.front() : ' ';
+    const auto restrip = [](Chunk& c, bool l, bool r) {
+      std::string stripped = strip_python_space(c.text, l, r);
+      if (stripped != c.text) c.token = nullptr;
+      c.text = std::move(stripped);
+    };
+    if (t->rstrip && right != nullptr) restrip(*right, true, false);
+    if (t->lstrip && left != nullptr) restrip(*left, false, true);
+    if (t->single_word && left != nullptr && before != ' ') {
+      left->text += chunks[i].text;
+      left->token = nullptr;
+      chunks[i] = {std::string(), nullptr};
+    } else if (t->single_word && right != nullptr && after != ' ') {
+      right->text = chunks[i].text + right->text;
+      right->token = nullptr;
+      chunks[i] = {std::string(), nullptr};
+    }
+  }
+  std::vector<std::string> pieces;
+  std::vector<std::int64_t> ids;
+  for (const auto& c : chunks) {
+    if (c.text.empty()) continue;
+    if (c.token != nullptr) {
+      ids.push_back(c.token->id);
+      continue;
+    }
+    pieces.clear();
+    pieces_of(c.text, pieces);
+    for (const auto& p : pieces) {
+      const auto a = added_ids.find(p);
+      ids.push_back(a != added_ids.end() ? a->second : sp->piece_to_id(p));
+    }
+  }
+  return ids;
+}
+
+std::optional<std::int64_t> SentencePieceTokenizer::vocab_id(const std::string& token) const {
+  const int id = sp->piece_to_id(token);
+  if (sp->is_unknown(id) && sp->id_to_piece(id) != token) return std::nullopt;
+  return id;
+}
+
+}  // namespace trainer::text::detail
