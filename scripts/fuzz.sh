@@ -7,6 +7,7 @@
 #   report      `trainer report`'s reading of a run directory (metrics.jsonl, status.json, trainer.log)
 #   mlflow_journal  a run's MLflow journal as `trainer mlflow sync` replays it (into a file store)
 #   tokenizer   a tokenizer.json and the text it encodes (text/tokenizer.h)
+#   sentencepiece  a SentencePiece model with its tokenizer_config.json, and the texts they encode
 # It starts from the target's committed corpus (tests/fuzz/corpus for recipe,
 # tests/fuzz/corpus_<NAME> for the others), writes new inputs to build-fuzz/corpus
 # (build-fuzz/corpus_<NAME>) and a crashing input to build-fuzz/artifacts/. Exits non-zero on a

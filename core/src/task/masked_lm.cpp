@@ -98,10 +98,6 @@ class MaskedLm final : public Task {
   }
 
  private:
-  static at::Tensor widened(const at::Tensor& outputs) {
-    return outputs.scalar_type() == at::kDouble ? outputs : outputs.to(at::kFloat);
-  }
-
   /// The targets of the positions the model computed: a model may cut a batch's padding
   /// (model "bert" computes up to the last attended token), where nothing is masked. `check`:
   /// that no target is cut off (one read of the device).

@@ -118,6 +118,7 @@ std::unique_ptr<Tokenizer::Impl> sentencepiece_from_config(
 
   // The model, once the file is known to be one read here.
   t->sp = load();
+  TRAINER_CHECK(t->sp != nullptr, model_name, ": no SentencePiece model was loaded");
   const auto pieces = static_cast<std::int64_t>(t->sp->size());
   TRAINER_CHECK_T(UsageError, pieces > 0, model_name, ": a SentencePiece model without pieces");
   t->limit = pieces;

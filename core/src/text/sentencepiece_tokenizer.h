@@ -54,8 +54,8 @@ struct SentencePieceTokenizer final : Tokenizer::Impl {
 };
 
 /// A tokenizer from a tokenizer_config.json's text (`config`, `config_name` in errors) and the
-/// model `load` gives (`model_name` in errors), called once the file's class and options are
-/// known to be read here. UsageError naming the file and key of what is not read.
+/// model `load` gives (`model_name` in errors; it returns a model or throws), called once the
+/// file's class and options are known to be read here. UsageError naming the file and key of what is not read.
 std::unique_ptr<Tokenizer::Impl> sentencepiece_from_config(
     const std::string& config, const std::string& config_name, const std::string& model_name,
     const std::function<std::unique_ptr<SentencePieceModel>()>& load);

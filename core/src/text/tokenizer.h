@@ -64,10 +64,12 @@ class Tokenizer {
   /// The file it was read from (tokenizer.json, or the SentencePiece model), for messages.
   const std::string& file() const;
 
+  /// A file's reading (text/tokenizer_impl.h: the readers of tokenizer.json and SentencePiece
+  /// models make one).
   struct Impl;
+  explicit Tokenizer(std::unique_ptr<Impl> impl);
 
  private:
-  explicit Tokenizer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 

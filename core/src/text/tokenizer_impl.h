@@ -1,7 +1,7 @@
 #pragma once
 // What the two kinds of tokenizer file give text::Tokenizer: a tokenizer.json pipeline
 // (tokenizer_json.cpp) or a SentencePiece model with transformers' tokenizer_config.json
-// (sentencepiece_tokenizer.cpp). Internal to text/.
+// (sentencepiece_config.cpp reads it, sentencepiece_tokenizer.cpp tokenizes). Internal to text/.
 #include <cstdint>
 #include <filesystem>
 #include <memory>

@@ -4,9 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <functional>
 #include <limits>
-#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
