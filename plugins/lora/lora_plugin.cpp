@@ -2,7 +2,8 @@
 // adapter to every layer matching `targets`, freezes everything but the adapters, the head and
 // `trainable`, and loads `adapters` when given; the optimizer, built after, holds only what
 // trains. At every checkpoint and at the end it writes the adapters alone to
-// <run_dir>/lora_adapters.pt; with export_merged, the end also writes the merged model.
+// <run_dir>/lora_adapters.pt; with export_merged, the end also writes the merged model (a BERT
+// also as a Hugging Face model directory).
 #include <spdlog/spdlog.h>
 
 #include <filesystem>
@@ -31,7 +32,8 @@ struct LoraSettings : trainer::Settings<LoraSettings> {
     s.add(&LoraSettings::dropout, "dropout", "Dropout on the adapters' input while training").min(0).max(1, false);
     s.add(&LoraSettings::targets, "targets",
           "Name patterns (* wildcards) of the Linear/Conv2d layers to adapt, as in the model's module names: "
-          "\"*.q_proj\", \"*.out_proj\", \"*.mlp.0\" (ViT), \"layer4.*.conv2\" (ResNet)");
+          "\"*.q_proj\", \"*.out_proj\", \"*.mlp.0\" (ViT), \"layer4.*.conv2\" (ResNet), \"*.query\", \"*.value\" "
+          "(BERT, as PEFT names them)");
     s.add(&LoraSettings::train_head, "train_head",
           "Train the model's classification head (heads.head for the ViT, fc for the ResNet) with the adapters");
     s.add(&LoraSettings::trainable, "trainable",
@@ -40,7 +42,8 @@ struct LoraSettings : trainer::Settings<LoraSettings> {
           "A lora_adapters.pt of an earlier run to start from (same targets, rank and alpha); empty = fresh adapters");
     s.add(&LoraSettings::export_merged, "export_merged",
           "At the end, also write <run_dir>/merged_model.pt: the model with the adapters merged into its weights, "
-          "loadable as model.weights of a plain model");
+          "loadable as model.weights of a plain model; a model \"bert\" also as <run_dir>/hf_model, the directory "
+          "transformers' from_pretrained loads");
   }
 };
 
@@ -77,6 +80,11 @@ class LoraPlugin final : public trainer::Plugin {
           const std::string file = ctx.run_dir + "/merged_model.pt";
           const auto n = trainer::save_merged_model(*ctx.model, file);
           logger_->info("lora: merged model ({} tensors) written to {}", n, file);
+          // A BERT also as transformers loads it (PEFT's merge_and_unload, then save_pretrained).
+          const std::string hf = ctx.run_dir + "/hf_model";
+          if (trainer::save_merged_hf_directory(*ctx.model, hf)) {
+            logger_->info("lora: merged model written to {} (config.json, model.safetensors)", hf);
+          }
         }
         break;
       default:

@@ -333,6 +333,53 @@ TEST_F(BertTraining, TheRunLeavesAHuggingFaceDirectoryTransformersLoads) {
   EXPECT_GT(max_diff(mine, b.at("logits")), 1e-4);
 }
 
+// LoRA on the query and value projections (PEFT's names, as recipes/lora_bert.toml adapts them):
+// a step trains the adapters and the classifier only, every other weight stays bit-identical;
+// with export_merged, the run's hf_model is the merged model, which transformers loads as a
+// plain BertForSequenceClassification giving the run's logits (within 1e-5, as above). The
+// adapters matter there: B starts at zero and its first step, and so the merged term, scales
+// with (alpha / rank)^2: at the default scale of 4 one step's term moved the logits by 8e-6,
+// too little to tell a merged export from the base's; alpha 256 (a scale of 64) moves them by
+// more than 1e-4.
+TEST_F(BertTraining, LoraTrainsAdaptersAndHeadAndExportsTheMergedModelTransformersLoads) {
+  RunResult r;
+  std::shared_ptr<Model> model;
+  const auto trained =
+      OneStepRun::train(recipe(kDir + "/bert", "bert_io_tokens"), "lora",
+                        {"plugins.load=[\"lora\"]", "plugins.lora.targets=[\"*.query\", \"*.value\"]",
+                         "plugins.lora.rank=4", "plugins.lora.alpha=256", "plugins.lora.export_merged=true"},
+                        {}, &r, &model);
+  ASSERT_EQ(r.exit_code, kExitOk) << r.message;
+  auto initial = bert("bert");
+  std::int64_t layers = 0, adapters = 0;
+  for (const auto& p : initial->named_parameters()) {
+    layers += p.key().find("attention.self.query.weight") != std::string::npos;
+    if (p.key().rfind("classifier.", 0) == 0) {
+      EXPECT_GT(max_diff(trained.at(p.key()), p.value()), 0.0) << p.key();
+    } else {
+      EXPECT_TRUE(torch::equal(trained.at(p.key()), p.value().detach())) << p.key();
+    }
+  }
+  for (const auto& [name, t] : trained) adapters += name.find(".lora.") != std::string::npos;
+  ASSERT_GE(layers, 2);
+  EXPECT_EQ(adapters, layers * 2 * 2);  // A and B of query and value, per layer
+
+  const std::string dir = r.run_dir + "/hf_model";
+  ASSERT_TRUE(std::filesystem::exists(dir + "/model.safetensors"));
+  const auto python = transformers_logits(dir, kDir + "/bert", "hf_models check: BertForSequenceClassification (4, 3)");
+  ASSERT_EQ(python.size(), 12u);
+  auto b = io("bert");
+  model->eval();
+  torch::NoGradGuard no_grad;
+  const at::Tensor mine = model->forward(tokens(b));
+  EXPECT_LE(max_diff(mine, at::tensor(python, at::kDouble).view({4, 3})), 1e-5);
+  for (auto& p : model->named_parameters()) {
+    if (p.key().find(".lora.B") != std::string::npos) p.value().zero_();
+  }
+  const double without = max_diff(model->forward(tokens(b)), mine);
+  EXPECT_GT(without, 1e-4);
+}
+
 // bfloat16 autocast (the mixed_precision plugin, bf16 pinned: "auto" is fp32 on a CPU without
 // native bf16) through the encoder, the additive mask and the LayerNorms: each tensor's update
 // (trained - initial) is the float32 update within a tenth of its largest value (bfloat16 keeps

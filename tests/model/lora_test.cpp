@@ -1,4 +1,4 @@
-// LoRA on the registry's ViT and ResNet (trainer/lora.h) and the layers it adapts
+// LoRA on the registry's ViT, ResNet and BERT (trainer/lora.h) and the layers it adapts
 // (trainer/layers.h): the initialisation of the layers, the adapted model's output at the
 // start, merge and unmerge, which parameters get gradients, the adapter and merged-model files,
 // the q/k/v parts of the fused attention projection, and Model::keep_in_eval.
@@ -181,6 +181,42 @@ TEST(Lora, MergedForwardEqualsUnmergedAndUnmergeRestores) {
   const at::Tensor r_unmerged = res->forward(xr);
   merge_adapters(*res);
   EXPECT_LT((res->forward(xr) - r_unmerged).abs().max().item<double>(), 1e-4);
+}
+
+// A BERT's query and value projections (PEFT's target names): the adapted model computes what
+// it did until the adapters train; merged, it computes what the adapters add (to float32
+// rounding of 64-wide sums, 1e-5), and unmerged it has its weights back (1e-6: W + D - D).
+TEST(Lora, BertQueryAndValueAdaptMergeAndUnmerge) {
+  torch::manual_seed(5);
+  auto m = build_model(Config::parse("name = \"bert\"\nvocab_size = 100\nhidden_size = 32\nnum_hidden_layers = 2\n"
+                                     "num_attention_heads = 2\nintermediate_size = 64\nmax_position_embeddings = 16\n"),
+                       DataSpec{{3, 12}, 4});
+  m->eval();
+  const at::Tensor x = at::stack(
+      {torch::randint(1, 100, {3, 12}, at::kLong), torch::ones({3, 12}, at::kLong), torch::zeros({3, 12}, at::kLong)},
+      1);
+  const at::Tensor before = m->forward(x);
+  LoraOptions o;
+  o.rank = 4;
+  o.targets = {"*.query", "*.value"};
+  o.trainable = {"classifier.*"};
+  const LoraReport r = apply_lora(*m, o);
+  ASSERT_EQ(r.adapted.size(), 4u);
+  EXPECT_EQ(r.adapted.front(), "bert.encoder.layer.0.attention.self.query");
+  EXPECT_EQ(r.adapter_parameters, 4 * 4 * (32 + 32));
+  EXPECT_EQ(r.trainable_parameters, r.adapter_parameters + 32 * 4 + 4);
+  EXPECT_TRUE(torch::equal(m->forward(x), before));
+
+  perturb_adapters(*m);
+  const auto weights = snapshot(*m);
+  const at::Tensor unmerged = m->forward(x);
+  EXPECT_GT((unmerged - before).abs().max().item<double>(), 1e-4);  // the adapters matter
+  EXPECT_EQ(merge_adapters(*m), 4);
+  EXPECT_LT((m->forward(x) - unmerged).abs().max().item<double>(), 1e-5);
+  EXPECT_EQ(unmerge_adapters(*m), 4);
+  for (const auto& [name, t] : snapshot(*m)) {
+    EXPECT_LT((t - weights.at(name)).abs().max().item<double>(), 1e-6) << name;
+  }
 }
 
 TEST(Lora, TheQPartOfTheFusedProjectionChangesOnlyItsRows) {

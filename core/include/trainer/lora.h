@@ -68,4 +68,10 @@ TRAINER_API std::int64_t load_adapters(Model& model, const std::string& file);
 /// left as it was. Written durably. Returns the number of tensors written.
 TRAINER_API std::int64_t save_merged_model(Model& model, const std::string& file);
 
+/// For a model with a Hugging Face layout (model "bert"): writes directory `dir` as
+/// transformers' save_pretrained would, config.json and model.safetensors, with the adapters
+/// merged into the weights (as PEFT's merge_and_unload then save_pretrained); the model is
+/// left as it is. Returns false, writing nothing, for other models.
+TRAINER_API bool save_merged_hf_directory(Model& model, const std::string& dir);
+
 }  // namespace trainer

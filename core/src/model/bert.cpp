@@ -70,6 +70,9 @@ class Bert final : public Model {
     return detail::bert_hf_config(a_, masked_lm_ ? -1 : labels_, config_, parameters()[0].scalar_type());
   }
 
+  /// The names of the architecture's parameters, as built.
+  const std::set<std::string>& base_names() const { return base_names_; }
+
   /// Whether the parameters are the architecture's own (no adapter added since it was built).
   bool plain() const {
     std::set<std::string> names;
@@ -233,16 +236,28 @@ std::shared_ptr<Model> make_bert(const Config& section, const DataSpec& data) {
   return model;
 }
 
-bool save_hf_directory(Model& model, const std::string& dir) {
+bool is_bert(const Model& model) { return dynamic_cast<const Bert*>(&model) != nullptr; }
+
+bool save_hf_directory(Model& model, const std::string& dir, const std::map<std::string, at::Tensor>* merged) {
   auto* bert = dynamic_cast<Bert*>(&model);
   if (bert == nullptr) return false;
-  if (!bert->plain()) {
-    default_logger()->info("model bert: {} not written: the model has adapters (merge them first)", dir);
+  std::map<std::string, at::Tensor> tensors;
+  if (merged != nullptr) {
+    for (const auto& name : bert->base_names()) {
+      const auto it = merged->find(name);
+      TRAINER_CHECK(it != merged->end(), "model bert: the merged weights lack ", name);
+      tensors[name] = it->second;
+    }
+  } else if (!bert->plain()) {
+    default_logger()->info(
+        "model bert: {} not written: the model has adapters (plugins.lora.export_merged = true writes it with "
+        "them merged at the end)",
+        dir);
     return false;
+  } else {
+    for (const auto& p : bert->named_parameters()) tensors[p.key()] = p.value();
   }
   fs::create_directories(dir);
-  std::map<std::string, at::Tensor> tensors;
-  for (const auto& p : bert->named_parameters()) tensors[p.key()] = p.value();
   // transformers' from_pretrained reads a safetensors file only with this metadata.
   detail::write_safetensors((fs::path(dir) / "model.safetensors").string(), tensors, {{"format", "pt"}});
   detail::write_atomic((fs::path(dir) / "config.json").string(), bert->hf_config().dump(2) + "\n");

@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 
+#include "model/bert.h"
 #include "model/tensor_archive.h"
 #include "model/torchscript.h"
 #include "model/zip_archive.h"
@@ -305,7 +306,11 @@ std::int64_t load_adapters(Model& model, const std::string& file) {
   return static_cast<std::int64_t>(into.size());
 }
 
-std::int64_t save_merged_model(Model& model, const std::string& file) {
+namespace {
+
+/// The model's parameters and buffers, the adapters left out and merged into the weights they
+/// adapt (copies of those; the model is left as it is).
+detail::NamedTensors merged_tensors(Model& model) {
   const std::set<const void*> adapters = adapter_tensors(model);
   detail::NamedTensors tensors;
   std::vector<std::pair<std::string, at::Tensor>> own;  // name, the model's tensor
@@ -326,12 +331,25 @@ std::int64_t save_merged_model(Model& model, const std::string& file) {
     at::Tensor rows = out.as_strided(w.sizes(), w.strides(), w.storage_offset() - owner->second.storage_offset());
     rows.add_(l.layer->adapter()->delta_weight());
   }
+  return tensors;
+}
+
+}  // namespace
+
+std::int64_t save_merged_model(Model& model, const std::string& file) {
+  const detail::NamedTensors tensors = merged_tensors(model);
   torch::serialize::OutputArchive ar;
   torch::serialize::OutputArchive inner(ar.compilation_unit());
   detail::write_nested(inner, tensors);
   ar.write("model", inner);
   detail::save_archive(ar, file);
   return static_cast<std::int64_t>(tensors.size());
+}
+
+bool save_merged_hf_directory(Model& model, const std::string& dir) {
+  if (!is_bert(model)) return false;
+  const detail::NamedTensors tensors = merged_tensors(model);
+  return save_hf_directory(model, dir, &tensors);
 }
 
 }  // namespace trainer
