@@ -251,6 +251,9 @@ TEST(Bert, DirectoriesAndInputsThatDoNotFitAreRefusedNamingTheFile) {
        "bad_missing/model.safetensors does not fit the architecture of its config.json: missing from the file: "
        "bert.encoder.layer.1.output.dense.weight (1)"},
       {p + "bad_layers\"", "missing from the file: bert.encoder.layer.2."},
+      {p + "bad_shape\"",
+       "bad_shape/model.safetensors does not fit the architecture of its config.json: mis-shaped: "
+       "bert.encoder.layer.0.intermediate.dense.weight (file [64, 64] Float, model [128, 64])"},
       {p + "bert\"\nhidden_size = 128", "model.hidden_size is set beside model.path"},
       {"name = \"bert\"\nhidden_size = 100\nnum_attention_heads = 3",
        "hidden_size 100 is not a multiple of num_attention_heads 3"},
@@ -262,6 +265,19 @@ TEST(Bert, DirectoriesAndInputsThatDoNotFitAreRefusedNamingTheFile) {
   }
   EXPECT_NE(refusal("name = \"bert\"", DataSpec{{1, 28, 28}, 10}).find("model 'bert' takes token sequences"),
             std::string::npos);
+  // A tokenizer with ids beyond the directory's vocabulary, or another padding token.
+  DataSpec tokens{{3, 12}, 3};
+  tokens.token_id_limit = 1001;
+  EXPECT_NE(refusal(p + "bert\"", tokens)
+                .find("bert/config.json: vocab_size 1000 does not cover the tokenizer's ids (up to 1000): the "
+                      "tokenizer (dataset.tokenizer) is not this model's"),
+            std::string::npos)
+      << refusal(p + "bert\"", tokens);
+  tokens.token_id_limit = 1000;
+  tokens.pad_token_id = 5;
+  EXPECT_NE(refusal(p + "bert\"", tokens).find("bert/config.json: pad_token_id 0, but the dataset pads with 5"),
+            std::string::npos)
+      << refusal(p + "bert\"", tokens);
   // Inputs: images, ids beyond the vocabulary, sequences beyond the positions.
   auto m = bert("bert");
   const auto says = [&](const at::Tensor& x, const std::string& what) {

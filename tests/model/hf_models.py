@@ -13,6 +13,7 @@ gradients are deterministic:
   bad_deberta/        a config.json of model_type deberta-v2
   bad_missing/        bert/ less one tensor of layer 1
   bad_layers/         bert/'s weights with a config.json of 3 layers
+  bad_shape/          bert/ with layer 0's intermediate weight cut to half its rows
 
 and in each good directory io.pt: torch.save of a dict with a batch (input_ids, attention_mask,
 token_type_ids [4, 12], right-padded to lengths 12, 9, 5, 3; labels [4]), the logits in eval
@@ -161,6 +162,12 @@ def main(out):
     config["num_hidden_layers"] = 3
     with open(os.path.join(bad, "config.json"), "w") as f:
         json.dump(config, f)
+    bad = os.path.join(out, "bad_shape")
+    shutil.copytree(os.path.join(out, "bert"), bad, dirs_exist_ok=True)
+    state = load_file(os.path.join(bad, "model.safetensors"))
+    key = "bert.encoder.layer.0.intermediate.dense.weight"
+    state[key] = state[key][: state[key].shape[0] // 2].contiguous()
+    save_file(state, os.path.join(bad, "model.safetensors"), metadata={"format": "pt"})
     print("hf_models: wrote", out)
 
 
