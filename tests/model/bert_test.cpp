@@ -361,7 +361,24 @@ TEST_F(BertTraining, OutOfMemoryRecoveryAndCheckpointingTrainAlike) {
   auto squeeze = std::make_shared<testing::Squeeze>(std::set<std::int64_t>{0}, 64 << 10);
   const auto squeezed = train("squeezed", {}, {squeeze});
   EXPECT_EQ(squeeze->ooms, 1);
-  const auto checkpointed = train("checkpointed", {"plugins.load=[\"grad_checkpoint\"]"});
+  std::shared_ptr<Model> model;
+  const auto checkpointed = OneStepRun::train(recipe(kDir + "/bert", "bert_io_tokens"), "checkpointed",
+                                              {"plugins.load=[\"grad_checkpoint\"]"}, {}, nullptr, &model);
+  // Each encoder layer is a block, which the plugin wrapped, and the forward goes through each.
+  ASSERT_TRUE(model);
+  const auto blocks = model->blocks();
+  ASSERT_EQ(blocks.size(), 2u);
+  int calls = 0;
+  for (const auto& b : blocks) {
+    EXPECT_TRUE(b->wrapped());
+    b->set_wrapper([&calls](Block& block, const at::Tensor& x) {
+      ++calls;
+      return block.forward(x);
+    });
+  }
+  auto b = io("bert");
+  model->forward(tokens(b));
+  EXPECT_EQ(calls, 2);
   for (const auto& [name, t] : clean) {
     EXPECT_LE(max_diff(squeezed.at(name), t), 1e-6) << name;
     EXPECT_LE(max_diff(checkpointed.at(name), t), 1e-6) << name;
