@@ -227,6 +227,44 @@ values = [16, 64, 40]
   EXPECT_EQ(estimates, 1);
 }
 
+// A text trial that runs out of memory (no estimate, no back-off; every batch padded to
+// max_length and the model computing over all of it, so that length 64 needs its full width) is pruned with its
+// sequence length in the record beside its model, batch, micro-batch and accumulation; the trial at length 16 fits.
+TEST(Sweep, AnOutOfMemoryTextTrialIsPrunedWithItsSequenceLength) {
+  TempDir tmp;
+  const std::string path = tmp / "study.toml";
+  write_file(path, trainer::testing::tiny_text_recipe(tmp.str()) + R"(
+[memory]
+limit_mb = 40
+[checkpoint]
+every_epochs = 0
+at_end = false
+[sweep]
+sampler = "grid"
+pruner = "none"
+estimate = false
+budget_steps = 2
+[sweep.space.dataset.max_length]
+type = "choice"
+values = [64, 16]
+)");
+  const auto r =
+      study(path, tmp / "s", {"dataset.padding=\"max_length\"", "model.trim_padding=false", "eval.every_epochs=0"});
+  ASSERT_EQ(r.trials.size(), 2u);
+  const auto& oom = r.trials[0];
+  ASSERT_EQ(oom.params.get("dataset.max_length"), "64");
+  EXPECT_EQ(oom.state, TrialState::Pruned) << oom.reason;
+  EXPECT_TRUE(oom.out_of_memory);
+  EXPECT_EQ(oom.oom.at("model"), "bert");
+  EXPECT_EQ(oom.oom.at("dataset.max_length"), "64");
+  EXPECT_EQ(oom.oom.at("batch_size"), "64");
+  EXPECT_EQ(oom.oom.at("micro_batch_size"), "64");
+  EXPECT_EQ(oom.oom.at("accumulation"), "1");
+  EXPECT_EQ(r.trials[1].state, TrialState::Complete) << r.trials[1].reason;
+  const auto journal = read_file(tmp / "s/study.jsonl");
+  EXPECT_NE(journal.find(R"("dataset.max_length":"64")"), std::string::npos) << journal;
+}
+
 TEST(Sweep, TheMedianPrunerStopsATrialBehindTheCompletedOnes) {
   TempDir tmp;
   const auto r = study(recipe(tmp, "[]", R"(
