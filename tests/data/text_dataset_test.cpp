@@ -261,7 +261,7 @@ class Batches final : public Plugin {
 
 // training.group_by_length: each epoch visits every sample once, in batches of samples of
 // similar length, the longest batch first, computing fewer padded tokens than the order without
-// grouping; a resume continues the same order, and one that would change it is refused; a
+// grouping; a resume continues the same order to the same weights, and one that would change it is refused; a
 // dataset without lengths is a usage error.
 TEST_F(TextRuns, GroupedByLengthTheBatchesHoldSimilarLengthsTheLongestFirst) {
   const std::vector<std::string> data = {"dataset.name=\"text\"",
@@ -291,7 +291,8 @@ TEST_F(TextRuns, GroupedByLengthTheBatchesHoldSimilarLengthsTheLongestFirst) {
   std::vector<std::string> o = data;
   o.push_back("training.group_by_length=true");
   auto grouped = std::make_shared<Batches>();
-  const RunResult r = fit(kRecipe, o, "grouped", {grouped});
+  std::shared_ptr<Model> whole;
+  const RunResult r = fit(kRecipe, o, "grouped", {grouped}, &whole);
   ASSERT_EQ(r.exit_code, 0) << r.message;
   auto plain = std::make_shared<Batches>();
   ASSERT_EQ(fit(kRecipe, data, "plain", {plain}).exit_code, 0);
@@ -326,17 +327,27 @@ TEST_F(TextRuns, GroupedByLengthTheBatchesHoldSimilarLengthsTheLongestFirst) {
   o.push_back("training.max_steps=5");
   o.push_back("checkpoint.every_steps=5");
   ASSERT_EQ(fit(kRecipe, o, "part").exit_code, 0);
-  const auto resume = [&](std::vector<std::string> extra, const std::string& name,
-                          const std::shared_ptr<Batches>& seen) {
+  const auto resume = [&](std::vector<std::string> extra, const std::string& name, const std::shared_ptr<Batches>& seen,
+                          std::shared_ptr<Model>* model = nullptr) {
     std::vector<std::string> ov = data;
     ov.insert(ov.end(), extra.begin(), extra.end());
     TrainerOptions opts = options_for(kRecipe, ov, name, {seen});
     opts.resume = tmp_ / "part";
-    return Trainer(std::move(opts)).fit();
+    Trainer t(std::move(opts));
+    const RunResult result = t.fit();
+    if (model) *model = t.model();
+    return result;
   };
   auto rest = std::make_shared<Batches>();
-  const RunResult resumed = resume({"training.group_by_length=true"}, "resumed", rest);
+  std::shared_ptr<Model> resumed_model;
+  const RunResult resumed = resume({"training.group_by_length=true"}, "resumed", rest, &resumed_model);
   ASSERT_EQ(resumed.exit_code, 0) << resumed.message;
+  // And the same weights, bit for bit (dropout's random draws resumed with the generators).
+  ASSERT_TRUE(whole && resumed_model);
+  auto resumed_params = resumed_model->named_parameters();
+  for (const auto& p : whole->named_parameters()) {
+    EXPECT_TRUE(torch::equal(p.value(), resumed_params[p.key()])) << p.key();
+  }
   std::vector<std::vector<std::int64_t>> expected(grouped->seen[0].begin() + 5, grouped->seen[0].end());
   EXPECT_EQ(rest->seen[0], expected);
   EXPECT_EQ(rest->seen[1], grouped->seen[1]);
