@@ -4,6 +4,7 @@
 // trains on it.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <set>
 
 #include "support/test_util.h"
@@ -111,13 +112,31 @@ TEST(AptCorpus, TheTextClassificationRecipeTrainsOnIt) {
                   "/recipes/text_classification.toml dataset.train=\\\"" + kCorpus +
                   "/train.csv\\\" dataset.test=\\\"" + kCorpus + "/test.csv\\\" dataset.tokenizer=\\\"" + kCorpus +
                   "\\\" training.max_steps=300 sched.warmup_steps=20 eval.at_end=true eval.every_epochs=0 "
-                  "plugins.load=[] --log-level warn --run-dir " +
-                  (tmp / "run"));
+                  "'plugins.load=[\"mlflow\"]' '+plugins.mlflow.tracking_uri=\"file://" +
+                  (tmp / "mlruns") + "\"' --log-level warn --run-dir " + (tmp / "run"));
   ASSERT_EQ(r.code, 0) << r.text;
   const auto accuracy = testing::metric_by_step(tmp / "run/metrics.jsonl", "eval/accuracy");
   ASSERT_EQ(accuracy.size(), 1u);
   // 300 steps of 64 texts: twice the largest class's share (libs, about 11 %), 0.40 on the machine that wrote this.
   EXPECT_GT(accuracy.begin()->second, 0.2);
+
+  // The run in MLflow's file store: its evaluation and its model's name.
+  int runs = 0;
+  for (const auto& f : std::filesystem::recursive_directory_iterator(tmp / "mlruns")) {
+    if (f.path().filename() != "accuracy" || f.path().parent_path().filename() != "eval") continue;
+    ++runs;
+    const std::string metric = read_file(f.path().string());
+    EXPECT_NE(metric.find(" 300\n"), std::string::npos) << metric;  // <time> <value> <step>
+    const auto run = f.path().parent_path().parent_path().parent_path();
+    EXPECT_EQ(read_file((run / "params/model.name").string()), "bert");
+  }
+  EXPECT_EQ(runs, 1);
+  // trainer report draws the run.
+  const auto page = run_command(std::string(TRAINER_CLI) + " report " + (tmp / "run"));
+  ASSERT_EQ(page.code, 0) << page.text;
+  const std::string html = read_file(tmp / "run/report.html");
+  EXPECT_NE(html.find("eval/accuracy"), std::string::npos);
+  EXPECT_NE(html.find("train/loss"), std::string::npos);
 }
 
 }  // namespace
