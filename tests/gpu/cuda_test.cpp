@@ -27,6 +27,7 @@
 #include "support/inject_inf.h"
 #include "support/sample_ledger.h"
 #include "support/test_util.h"
+#include "support/tiny_text.h"
 #include "trainer/devices.h"
 #include "trainer/lease.h"
 #include "trainer/memory.h"
@@ -434,6 +435,44 @@ TEST_F(OnGpu, Bf16AndFp16AutocastTrainOnTheGpuAndTheScalerSkipsAnInfStep) {
     EXPECT_EQ(r.final_metrics.at("amp/loss_scale"), 512.0);
     EXPECT_EQ(r.final_metrics.at("amp/skipped_steps"), 1.0);
     EXPECT_TRUE(std::isfinite(r.final_metrics.at("train/loss")));
+  }
+}
+
+// A BERT-layout text classifier (2 layers of width 128, dynamic padding, token ids kept
+// integers through the move to the GPU) trains on the GPU under bf16 autocast and under fp16
+// with the GradScaler: the steps asked are taken (the scaler's skipped steps are not counted),
+// the loss is finite, and the weights stay float32 on the GPU.
+TEST_F(OnGpu, ATextModelTrainsUnderBf16AndFp16WithTheScaler) {
+  const std::string recipe = testing::tiny_text_recipe(tmp_.str());
+  const std::vector<std::string> common = {"runtime.device=cuda:0",         "training.max_steps=6",
+                                           "training.log_every=1",          "eval.every_epochs=0",
+                                           "plugins.load=[\"memory_log\"]", "metrics.console=false"};
+  const auto fit_with = [&](const std::string& name, std::vector<std::string> more) {
+    std::vector<std::string> o = common;
+    o.insert(o.end(), more.begin(), more.end());
+    TrainerOptions opts = options_for(recipe, o, name);
+    Trainer t(std::move(opts));
+    const RunResult r = t.fit();
+    return std::pair{r, t.model()};
+  };
+  const auto [fp32, fp32_model] = fit_with("fp32", {});
+  ASSERT_EQ(fp32.status, RunStatus::Finished) << fp32.message;
+  EXPECT_EQ(fp32.global_step, 6);
+  for (const std::string precision : {"bf16", "fp16"}) {
+    SCOPED_TRACE(precision);
+    const auto [r, model] = fit_with(precision, {"plugins.load=[\"memory_log\", \"mixed_precision\"]",
+                                                 "+plugins.mixed_precision.precision=\"" + precision + "\""});
+    ASSERT_EQ(r.status, RunStatus::Finished) << r.message;
+    EXPECT_TRUE(std::isfinite(r.final_metrics.at("train/loss")));
+    EXPECT_EQ(r.global_step, 6);
+    if (precision == "fp16") {
+      EXPECT_GT(r.final_metrics.at("amp/loss_scale"), 0.0);
+    }
+    EXPECT_GT(r.final_metrics.at("memory/peak_mb"), 0.0);
+    for (const auto& p : model->named_parameters()) {
+      EXPECT_TRUE(p.value().device().is_cuda()) << p.key();
+      EXPECT_EQ(p.value().scalar_type(), at::kFloat) << p.key();
+    }
   }
 }
 
