@@ -17,6 +17,7 @@
 #include <sstream>
 #include <thread>
 
+#include "estimate.h"
 #include "support/test_util.h"
 #include "support/tiny_text.h"
 #include "sweep.h"
@@ -222,6 +223,31 @@ values = [16, 64, 40]
         lengths.insert(p.at("length").get<std::int64_t>());
       }
       EXPECT_EQ(lengths, (std::set<std::int64_t>{16, 40, 64}));
+      // The largest micro-batch that fits at each length, at the recipe's batch of 64 and with
+      // batch = micro-batch: the next one up does not fit (but where the cap is reached: the
+      // batch, or the 1,000 training samples); fewer fit at longer lengths.
+      const trainer::tune::MemoryEstimate back = trainer::tune::estimate_from_json(read_file(f.path().string()));
+      ASSERT_GT(back.limit, 0);
+      std::int64_t before = 1 << 30;
+      ASSERT_EQ(estimate.at("by_length").size(), 3u);
+      for (const auto& a : estimate.at("by_length")) {
+        const auto len = a.at("length").get<std::int64_t>();
+        const auto at_batch = a.at("max_micro_batch_at_batch_size").get<std::int64_t>();
+        const auto alone = a.at("max_micro_batch").get<std::int64_t>();
+        SCOPED_TRACE("length " + std::to_string(len));
+        ASSERT_GT(at_batch, 0);
+        EXPECT_TRUE(back.fits_at_length(64, at_batch, len));
+        if (at_batch < 64) {
+          EXPECT_FALSE(back.fits_at_length(64, at_batch + 1, len));
+        }
+        EXPECT_TRUE(back.fits_at_length(alone, alone, len));
+        if (alone < 1000) {
+          EXPECT_FALSE(back.fits_at_length(alone + 1, alone + 1, len));
+        }
+        EXPECT_LE(alone, before);
+        before = alone;
+      }
+      EXPECT_LT(estimate.at("by_length").back().at("max_micro_batch_at_batch_size").get<std::int64_t>(), 64);
     }
   }
   EXPECT_EQ(estimates, 1);
