@@ -255,6 +255,21 @@ TEST(Tokenizer, FilesItCannotReadAreRefusedNamingTheKeyAndWhatIsAllowed) {
   } catch (const trainer::UsageError& e) {
     EXPECT_NE(std::string(e.what()).find("missing.json: cannot read a tokenizer.json"), std::string::npos) << e.what();
   }
+  // A tokenizer_config.json beside it that cuts texts at their start (transformers'
+  // truncation_side = "left"): trainer cuts at the end, so it is refused; "right" reads.
+  trainer::testing::write_file(tmp / "tokenizer.json", "{" + wp + "}");
+  trainer::testing::write_file(tmp / "tokenizer_config.json", R"({"truncation_side": "right"})");
+  EXPECT_EQ(Tokenizer::from_path(tmp.str()).id_limit(), 2);
+  trainer::testing::write_file(tmp / "tokenizer_config.json", R"({"truncation_side": "left"})");
+  try {
+    Tokenizer::from_path(tmp.str());
+    FAIL() << "no error";
+  } catch (const trainer::UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("tokenizer_config.json: truncation_side: only \"right\" (the default: a text "
+                                         "is cut at its end) is read beside tokenizer.json, not \"left\""),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Tokenizer, BpeMergesByRankThenFromTheLeft) {

@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "text/tokenizer_impl.h"
 #include "text/unicode.h"
 #include "trainer/error.h"
+#include "trainer/json.h"
 
 namespace trainer::text {
 
@@ -25,6 +27,8 @@ namespace {
 /// The largest tokenizer.json read (the largest published ones, of vocabularies of 250,000
 /// tokens and more, are some tens of MB).
 constexpr std::uintmax_t kMaxJsonBytes = std::uintmax_t{256} << 20;
+/// The largest tokenizer_config.json read (chat templates make some a few hundred KB).
+constexpr std::uintmax_t kMaxConfigBytes = std::uintmax_t{16} << 20;
 
 bool is_file(const fs::path& p) {
   std::error_code ec;
@@ -48,7 +52,37 @@ std::string detail::read_bounded(const fs::path& file, std::uintmax_t most, cons
   return text;
 }
 
+namespace {
+
+/// transformers' fast tokenizers take their truncation from the call and the side from
+/// tokenizer_config.json (a tokenizer.json's own "truncation" section is replaced by the call's,
+/// as here by dataset.max_length): a config beside the file that cuts texts at their start is
+/// refused, since trainer cuts them at their end.
+void check_config_beside(const fs::path& tokenizer_json) {
+  const fs::path config = tokenizer_json.parent_path() / "tokenizer_config.json";
+  if (!is_file(config)) return;
+  const std::string text = detail::read_bounded(config, kMaxConfigBytes, "a tokenizer_config.json");
+  TRAINER_CHECK_T(UsageError, json_nesting(text) <= 16, config.string(),
+                  ": JSON nested deeper than a tokenizer_config.json is");
+  nlohmann::json c;
+  try {
+    c = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw UsageError(fmt::format("{}: not a tokenizer_config.json: {}", config.string(), e.what()));
+  }
+  if (!c.is_object()) return;
+  if (const auto side = c.find("truncation_side"); side != c.end() && !side->is_null() && *side != "right") {
+    throw UsageError(
+        fmt::format("{}: truncation_side: only \"right\" (the default: a text is cut at its end) is "
+                    "read beside {}, not {}",
+                    config.string(), tokenizer_json.filename().string(), side->dump().substr(0, 40)));
+  }
+}
+
+}  // namespace
+
 Tokenizer Tokenizer::from_file(const fs::path& file) {
+  check_config_beside(file);
   return from_json(detail::read_bounded(file, kMaxJsonBytes, "a tokenizer.json"), file.string());
 }
 
