@@ -266,10 +266,21 @@ TEST(Tokenizer, FilesItCannotReadAreRefusedNamingTheKeyAndWhatIsAllowed) {
     FAIL() << "no error";
   } catch (const trainer::UsageError& e) {
     EXPECT_NE(std::string(e.what()).find("tokenizer_config.json: truncation_side: only \"right\" (the default: a text "
-                                         "is cut at its end) is read beside tokenizer.json, not \"left\""),
+                                         "is cut at its end) is read, not \"left\""),
               std::string::npos)
         << e.what();
   }
+  // A tokenizer.json whose truncation direction is Left (transformers' default side then): refused
+  // alone, read when a tokenizer_config.json beside it says right.
+  const std::string left =
+      "{" + wp + R"(, "truncation": {"direction": "Left", "max_length": 8, "strategy": "LongestFirst", "stride": 0}})";
+  has(error_of(left),
+      "dir/tokenizer.json: truncation.direction: \"Left\" (transformers then cuts a text at its start)");
+  has(error_of("{" + wp + R"(, "truncation": {"direction": "Up"}})"),
+      "truncation.direction: expected \"Right\" or \"Left\"");
+  trainer::testing::write_file(tmp / "tokenizer.json", left);
+  trainer::testing::write_file(tmp / "tokenizer_config.json", R"({"truncation_side": "right"})");
+  EXPECT_EQ(Tokenizer::from_path(tmp.str()).id_limit(), 2);
 }
 
 TEST(Tokenizer, BpeMergesByRankThenFromTheLeft) {

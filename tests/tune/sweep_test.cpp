@@ -224,8 +224,10 @@ values = [16, 64, 40]
       }
       EXPECT_EQ(lengths, (std::set<std::int64_t>{16, 40, 64}));
       // The largest micro-batch that fits at each length, at the recipe's batch of 64 and with
-      // batch = micro-batch: the next one up does not fit (but where the cap is reached: the
-      // batch, or the 1,000 training samples); fewer fit at longer lengths.
+      // batch = micro-batch, as the file reports them: the fit the estimate read back from it
+      // predicts agrees (it fits, the next one up does not, but where the cap is reached: the
+      // batch, or the 1,000 training samples), and fewer fit at longer lengths. (Whether the
+      // predictions are right is estimate_length_test.cpp's, against measured steps.)
       const trainer::tune::MemoryEstimate back = trainer::tune::estimate_from_json(read_file(f.path().string()));
       ASSERT_GT(back.limit, 0);
       std::int64_t before = 1 << 30;

@@ -250,8 +250,8 @@ bool save_hf_directory(Model& model, const std::string& dir, const std::map<std:
     }
   } else if (!bert->plain()) {
     default_logger()->info(
-        "model bert: {} not written: the model has adapters (plugins.lora.export_merged = true writes it with "
-        "them merged at the end)",
+        "model bert: {} not written at this checkpoint: the model has adapters (a LoRA run writes it at its end "
+        "with the adapters merged when plugins.lora.export_merged = true)",
         dir);
     return false;
   } else {

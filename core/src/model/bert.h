@@ -87,14 +87,14 @@ struct BertSettings : Settings<BertSettings> {
 /// the classifier. Throws UsageError naming the key or file and what is allowed.
 std::shared_ptr<Model> make_bert(const Config& section, const DataSpec& data);
 
+/// Whether `model` is a model "bert".
+bool is_bert(const Model& model);
+
 /// When `model` is a model "bert": writes it to directory `dir` as a Hugging Face model
 /// directory, config.json and model.safetensors (each durably), which transformers'
 /// from_pretrained reads; returns true. The weights are the model's own, or with `merged` the
 /// tensors of those names there (a LoRA model's weights with its adapters merged). A model
 /// with adapters and no `merged`, or another model, writes nothing and returns false.
-/// Whether `model` is a model "bert".
-bool is_bert(const Model& model);
-
 bool save_hf_directory(Model& model, const std::string& dir, const std::map<std::string, at::Tensor>* merged = nullptr);
 
 /// The directory of a run that a model "bert" is exported to (see save_hf_directory).

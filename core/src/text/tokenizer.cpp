@@ -54,36 +54,43 @@ std::string detail::read_bounded(const fs::path& file, std::uintmax_t most, cons
 
 namespace {
 
-/// transformers' fast tokenizers take their truncation from the call and the side from
-/// tokenizer_config.json (a tokenizer.json's own "truncation" section is replaced by the call's,
-/// as here by dataset.max_length): a config beside the file that cuts texts at their start is
-/// refused, since trainer cuts them at their end.
-void check_config_beside(const fs::path& tokenizer_json) {
-  const fs::path config = tokenizer_json.parent_path() / "tokenizer_config.json";
-  if (!is_file(config)) return;
-  const std::string text = detail::read_bounded(config, kMaxConfigBytes, "a tokenizer_config.json");
-  TRAINER_CHECK_T(UsageError, json_nesting(text) <= 16, config.string(),
-                  ": JSON nested deeper than a tokenizer_config.json is");
-  nlohmann::json c;
-  try {
-    c = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    throw UsageError(fmt::format("{}: not a tokenizer_config.json: {}", config.string(), e.what()));
+/// transformers' fast tokenizers take the length and strategy of their truncation from the
+/// call (here dataset.max_length) and the side from tokenizer_config.json's truncation_side, or
+/// where it has none from the tokenizer.json's truncation.direction. trainer cuts a text at its
+/// end: a side "left" is refused, naming the file that says it. `config` is the
+/// tokenizer_config.json beside the file (none: empty).
+void check_truncation_side(const Tokenizer::Impl& impl, const fs::path& config) {
+  if (!config.empty() && is_file(config)) {
+    const std::string text = detail::read_bounded(config, kMaxConfigBytes, "a tokenizer_config.json");
+    TRAINER_CHECK_T(UsageError, json_nesting(text) <= 16, config.string(),
+                    ": JSON nested deeper than a tokenizer_config.json is");
+    nlohmann::json c;
+    try {
+      c = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::exception& e) {
+      throw UsageError(fmt::format("{}: not a tokenizer_config.json: {}", config.string(), e.what()));
+    }
+    if (c.is_object()) {
+      if (const auto side = c.find("truncation_side"); side != c.end() && !side->is_null()) {
+        TRAINER_CHECK_T(UsageError, *side == "right", config.string(),
+                        ": truncation_side: only \"right\" (the default: a text is cut at its end) is read, not ",
+                        side->dump().substr(0, 40));
+        return;  // the side the call takes, whatever the tokenizer.json says
+      }
+    }
   }
-  if (!c.is_object()) return;
-  if (const auto side = c.find("truncation_side"); side != c.end() && !side->is_null() && *side != "right") {
-    throw UsageError(
-        fmt::format("{}: truncation_side: only \"right\" (the default: a text is cut at its end) is "
-                    "read beside {}, not {}",
-                    config.string(), tokenizer_json.filename().string(), side->dump().substr(0, 40)));
-  }
+  TRAINER_CHECK_T(UsageError, !impl.truncates_left, impl.name,
+                  ": truncation.direction: \"Left\" (transformers then cuts a text at its start) is not read; trainer "
+                  "cuts at the end (\"Right\"; or a tokenizer_config.json beside the file with truncation_side = "
+                  "\"right\")");
 }
 
 }  // namespace
 
 Tokenizer Tokenizer::from_file(const fs::path& file) {
-  check_config_beside(file);
-  return from_json(detail::read_bounded(file, kMaxJsonBytes, "a tokenizer.json"), file.string());
+  auto impl = detail::read_tokenizer_json(detail::read_bounded(file, kMaxJsonBytes, "a tokenizer.json"), file.string());
+  check_truncation_side(*impl, file.parent_path() / "tokenizer_config.json");
+  return Tokenizer(std::move(impl));
 }
 
 Tokenizer Tokenizer::from_path(const fs::path& path) {
@@ -107,7 +114,9 @@ Tokenizer Tokenizer::from_path(const fs::path& path) {
 }
 
 Tokenizer Tokenizer::from_json(const std::string& text, const std::string& name) {
-  return Tokenizer(detail::read_tokenizer_json(text, name));
+  auto impl = detail::read_tokenizer_json(text, name);
+  check_truncation_side(*impl, {});
+  return Tokenizer(std::move(impl));
 }
 
 Encoding Tokenizer::encode(std::string_view text, std::optional<std::string_view> pair, std::int64_t max_length) const {

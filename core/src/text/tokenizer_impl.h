@@ -40,6 +40,9 @@ struct Tokenizer::Impl {
   /// transformers' Python tokenizers truncate a pair one token at a time from the longer text
   /// (the second when they are as long); tokenizers cuts the longer to about half at once.
   bool cut_one_at_a_time = false;
+  /// A tokenizer.json's truncation.direction is "Left": transformers then cuts a text at its
+  /// start unless a tokenizer_config.json beside the file says truncation_side = "right".
+  bool truncates_left = false;
 
   /// The model's ids for one text (valid UTF-8), before the template.
   virtual std::vector<std::int64_t> tokenize(std::string_view text) const = 0;

@@ -427,6 +427,18 @@ std::unique_ptr<Tokenizer::Impl> detail::read_tokenizer_json(const std::string& 
   if (j.contains("padding") && !j["padding"].is_null() && !j["padding"].is_object()) {
     impl->bad("padding", "expected an object or null, not " + j["padding"].dump().substr(0, 40));
   }
+  if (j.contains("truncation") && !j["truncation"].is_null()) {
+    // Its length and strategy are the call's in transformers (here dataset.max_length's); its
+    // direction is the default side of the cut.
+    const json& t = j["truncation"];
+    if (!t.is_object()) impl->bad("truncation", "expected an object or null, not " + t.dump().substr(0, 40));
+    if (t.contains("direction") && !t["direction"].is_null()) {
+      const std::string d = impl->text(t["direction"], "truncation.direction");
+      if (d != "Right" && d != "Left")
+        impl->bad("truncation.direction", "expected \"Right\" or \"Left\", not \"" + d + "\"");
+      impl->truncates_left = d == "Left";
+    }
+  }
   if (j.contains("padding") && j["padding"].is_object() && j["padding"].contains("pad_id")) {
     impl->padding_id = impl->id(j["padding"]["pad_id"], "padding.pad_id");
     impl->limit = std::max(impl->limit, *impl->padding_id + 1);
