@@ -10,6 +10,7 @@
 #include <map>
 #include <vector>
 
+#include "support/hf_io.h"
 #include "support/sentencepiece_skip.h"
 #include "support/test_util.h"
 #include "support/tiny_bert_recipe.h"
@@ -203,6 +204,30 @@ TEST_F(TextRows, SettingsThatCannotWorkAreRefusedNamingTheKey) {
   EXPECT_NE(error_of(keys("open.csv")).find("open.csv\" line 2: a quoted field is not closed before the end"),
             std::string::npos)
       << error_of(keys("open.csv"));
+}
+
+// transformers' BertForSequenceClassification and RobertaForSequenceClassification (random,
+// written by save_pretrained with their tokenizer's vocabulary) on real text: 16 samples of the
+// corpus with their pairs, read by the dataset with the model's tokenizer, are the ids
+// transformers' tokenizer gives (padding="longest", truncation=True, max_length=40), and the
+// model loaded from the directory gives transformers' logits on them within 1e-5 (float32
+// rounding, as in tests/model/bert_test.cpp).
+TEST(TextModels, ModelsFromTransformersGiveItsLogitsOnRealText) {
+  for (const std::string kind : {"bert_uncased", "roberta"}) {
+    SCOPED_TRACE(kind);
+    const std::string dir = kFixtures + "/" + kind + "_model";
+    const auto ds = text_dataset("train = " + quoted(kFixtures + "/texts.csv") + "\ntext_pair = \"text_b\"\n" +
+                                 "tokenizer = " + quoted(kFixtures + "/" + kind) + "\nmax_length = 40");
+    const Batch b = ds->get(at::arange(16, at::kLong));
+    auto io = testing::hf_io(dir + "/io.pt");
+    ASSERT_TRUE(torch::equal(b.inputs.select(1, 0), io.at("input_ids")));
+    auto model = build_model(Config::parse("name = \"bert\"\npath = " + quoted(dir) + "\n"), ds->spec());
+    model->eval();
+    torch::NoGradGuard no_grad;
+    const at::Tensor logits = model->forward(b.inputs);
+    EXPECT_LE((logits.to(at::kDouble) - io.at("logits").to(at::kDouble)).abs().max().item<double>(), 1e-5);
+    EXPECT_GT(io.at("logits").abs().max().item<double>(), 1e-3);  // not a model that outputs zeros
+  }
 }
 
 constexpr const char* kRecipe = testing::kTinyBertRecipe;

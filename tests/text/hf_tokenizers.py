@@ -23,6 +23,9 @@ OUT/<name>/expected-<L>.txt  for L in 0 (no truncation) and 24: for each line i,
                  tokenizer (truncation=True, max_length=L) and tokenizers' encode give the same;
                  this script checks that before it writes.
 
+OUT/bert_uncased_model, OUT/roberta_model  transformers models of those tokenizers' vocabularies
+                 and their logits on the first 16 samples of texts.csv (tests/text/hf_text_models.py).
+
 OUT/t5, OUT/albert, OUT/deberta  SentencePiece models with transformers' tokenizer_config.json,
                  and their expected-<L>.txt likewise (tests/text/hf_sentencepiece.py).
 
@@ -53,6 +56,7 @@ from transformers import PreTrainedTokenizerFast
 from transformers.utils import logging
 
 import hf_sentencepiece
+import hf_text_models
 
 REAL_LINES = 12000
 MAX_LENGTHS = (0, 24)
@@ -211,6 +215,7 @@ def main():
             with open(os.path.join(out, kind, "batch-%d.txt" % pair), "w") as f:
                 for ids, mask, types in zip(h["input_ids"], h["attention_mask"], h["token_type_ids"]):
                     f.write(line(ids, mask, types) + "\n")
+    hf_text_models.write(out, texts[:16], pairs[:16])
     print("wrote", out, len(corpus), "lines")
 
 
