@@ -13,7 +13,6 @@
 #include "text/sentencepiece_tokenizer.h"
 #include "text/unicode.h"
 #include "trainer/error.h"
-#include "trainer/json.h"
 
 namespace trainer::text::detail {
 
@@ -24,8 +23,6 @@ namespace {
 
 /// The largest SentencePiece model read: published ones are a few MB (mT5's 4.3 MB, XLM-R's 5 MB).
 constexpr std::uintmax_t kMaxModelBytes = std::uintmax_t{64} << 20;
-/// The largest tokenizer_config.json read (chat templates make some a few hundred KB).
-constexpr std::uintmax_t kMaxConfigBytes = std::uintmax_t{16} << 20;
 /// The most special tokens, and bytes of special or added tokens, read (T5 has 100 sentinels;
 /// the tries that match them grow with their bytes).
 constexpr std::size_t kMaxSpecialTokens = 100'000;
@@ -64,14 +61,7 @@ std::unique_ptr<Tokenizer::Impl> sentencepiece_from_config(
   t->name = model_name;
   t->model_type = "SentencePiece";
   t->cut_one_at_a_time = true;
-  TRAINER_CHECK_T(UsageError, json_nesting(text) <= 16, cfg_name,
-                  ": JSON nested deeper than a tokenizer_config.json is");
-  json c;
-  try {
-    c = json::parse(text);
-  } catch (const json::exception& e) {
-    throw UsageError(fmt::format("{}: not a tokenizer_config.json: {}", cfg_name, e.what()));
-  }
+  const json c = parse_tokenizer_config(text, cfg_name);
   if (!c.is_object()) bad(cfg_name, "the file", "expected a JSON object (transformers' tokenizer_config.json)");
 
   // The class, which decides the preprocessing and the special tokens around a text.
@@ -106,10 +96,7 @@ std::unique_ptr<Tokenizer::Impl> sentencepiece_from_config(
   if (flag(c, "split_special_tokens", cfg_name, "", false)) {
     bad(cfg_name, "split_special_tokens", "true (special tokens tokenized as text) is not read here");
   }
-  if (const auto side = c.find("truncation_side"); side != c.end() && !side->is_null() && *side != json("right")) {
-    bad(cfg_name, "truncation_side",
-        "only \"right\" (the default: a text is cut at its end) is read here, not " + side->dump().substr(0, 40));
-  }
+  names_truncation_side(c, cfg_name);
   if (const auto kw = c.find("sp_model_kwargs"); kw != c.end() && !kw->is_null() && !(kw->is_object() && kw->empty())) {
     bad(cfg_name, "sp_model_kwargs",
         "options of the SentencePiece processor (sampling, ...) are not read here; expected {}, not " +
@@ -244,7 +231,7 @@ std::unique_ptr<Tokenizer::Impl> read_sentencepiece(const fs::path& model, const
   TRAINER_CHECK_T(UsageError, fs::is_regular_file(config, ec), model.string(),
                   ": no tokenizer_config.json beside it, which names the tokenizer's class and its special tokens "
                   "(transformers' save_pretrained writes it: AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR))");
-  const std::string text = read_bounded(config, kMaxConfigBytes, "a tokenizer_config.json");
+  const std::string text = read_tokenizer_config(config);
   // The model, through libsentencepiece (its parser checks the protocol buffer; the tables it
   // walks unchecked are checked first).
   return sentencepiece_from_config(text, config.string(), model.string(), [&] {

@@ -61,23 +61,9 @@ namespace {
 /// tokenizer_config.json beside the file (none: empty).
 void check_truncation_side(const Tokenizer::Impl& impl, const fs::path& config) {
   if (!config.empty() && is_file(config)) {
-    const std::string text = detail::read_bounded(config, kMaxConfigBytes, "a tokenizer_config.json");
-    TRAINER_CHECK_T(UsageError, json_nesting(text) <= 16, config.string(),
-                    ": JSON nested deeper than a tokenizer_config.json is");
-    nlohmann::json c;
-    try {
-      c = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::exception& e) {
-      throw UsageError(fmt::format("{}: not a tokenizer_config.json: {}", config.string(), e.what()));
-    }
-    if (c.is_object()) {
-      if (const auto side = c.find("truncation_side"); side != c.end() && !side->is_null()) {
-        TRAINER_CHECK_T(UsageError, *side == "right", config.string(),
-                        ": truncation_side: only \"right\" (the default: a text is cut at its end) is read, not ",
-                        side->dump().substr(0, 40));
-        return;  // the side the call takes, whatever the tokenizer.json says
-      }
-    }
+    const nlohmann::json c = detail::parse_tokenizer_config(detail::read_tokenizer_config(config), config.string());
+    // The side the call takes, whatever the tokenizer.json says.
+    if (detail::names_truncation_side(c, config.string())) return;
   }
   TRAINER_CHECK_T(UsageError, !impl.truncates_left, impl.name,
                   ": truncation.direction: \"Left\" (transformers then cuts a text at its start) is not read; trainer "
@@ -86,6 +72,29 @@ void check_truncation_side(const Tokenizer::Impl& impl, const fs::path& config) 
 }
 
 }  // namespace
+
+std::string detail::read_tokenizer_config(const fs::path& file) {
+  return read_bounded(file, kMaxConfigBytes, "a tokenizer_config.json");
+}
+
+nlohmann::json detail::parse_tokenizer_config(const std::string& text, const std::string& name) {
+  TRAINER_CHECK_T(UsageError, json_nesting(text) <= 16, name, ": JSON nested deeper than a tokenizer_config.json is");
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw UsageError(fmt::format("{}: not a tokenizer_config.json: {}", name, e.what()));
+  }
+}
+
+bool detail::names_truncation_side(const nlohmann::json& config, const std::string& name) {
+  if (!config.is_object()) return false;
+  const auto side = config.find("truncation_side");
+  if (side == config.end() || side->is_null()) return false;
+  TRAINER_CHECK_T(UsageError, *side == "right", name,
+                  ": truncation_side: only \"right\" (the default: a text is cut at its end) is read, not ",
+                  side->dump().substr(0, 40));
+  return true;
+}
 
 Tokenizer Tokenizer::from_file(const fs::path& file) {
   auto impl = detail::read_tokenizer_json(detail::read_bounded(file, kMaxJsonBytes, "a tokenizer.json"), file.string());

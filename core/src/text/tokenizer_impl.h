@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -61,6 +62,14 @@ std::unique_ptr<Tokenizer::Impl> read_sentencepiece(const std::filesystem::path&
 
 /// The file's bytes, at most `most` of them; UsageError naming it and `what` it should be.
 std::string read_bounded(const std::filesystem::path& file, std::uintmax_t most, const char* what);
+
+/// A tokenizer_config.json's text (at most 16 MiB).
+std::string read_tokenizer_config(const std::filesystem::path& file);
+/// Its JSON (`name` in errors): UsageError when it is not JSON or nests deeper than 16 levels.
+nlohmann::json parse_tokenizer_config(const std::string& text, const std::string& name);
+/// Whether the config (a JSON object) names a truncation_side: UsageError naming `name` when
+/// it is not "right" (a text is cut at its start; trainer cuts at the end).
+bool names_truncation_side(const nlohmann::json& config, const std::string& name);
 
 }  // namespace detail
 
