@@ -71,6 +71,11 @@ class FakeNvml : public ::testing::Test {
   }
   void TearDown() override { unsetenv("CUDA_VISIBLE_DEVICES"); }
   void script(const std::string& text) { write_file(script_, text); }
+  /// A host whose NVML fails to start and that has no GPU: without NVML the inventory asks the
+  /// CUDA runtime (in a CUDA build), which would find the GPU of a GPU machine, so the test hides
+  /// it the way a user would. The runtime reads the variable when it starts, and each test runs
+  /// in a process of its own.
+  static void no_gpu_for_the_cuda_runtime() { setenv("CUDA_VISIBLE_DEVICES", "", 1); }
   /// Four 16 GiB GPUs with the given used MiB and utilisation.
   void four_gpus(const std::vector<int>& used_mb, const std::vector<int>& util = {0, 0, 0, 0}) {
     std::string s;
@@ -126,6 +131,7 @@ TEST_F(FakeNvml, VisibleDevicesMapLibTorchIndicesToPhysicalGpus) {
 
 TEST_F(FakeNvml, InitFailureLeavesNoGpusAndSaysWhy) {
   script("init_error 999\ngpu total_mb=1024\n");
+  no_gpu_for_the_cuda_runtime();
   const InventorySnapshot s = system_inventory()->snapshot();
   EXPECT_TRUE(s.gpus.empty());
   EXPECT_EQ(s.source, "none");
@@ -195,6 +201,7 @@ TEST_F(FakeNvml, AnExplicitGpuBeyondTheVisibleOnesIsAUsageError) {
 
 TEST_F(FakeNvml, NoGpusAtAllFallsBackWithoutWaiting) {
   script("init_error 9\n");
+  no_gpu_for_the_cuda_runtime();
   // A check every 10 minutes: a select that waited for even one would hang the test, not pass.
   DeviceSelect sel(lease_setting() + "wait_for_gpu = true\ncheck_interval_s = 600\ntimeout_min = 10");
   const auto r = sel.select();
