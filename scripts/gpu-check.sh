@@ -270,14 +270,16 @@ suite_stage() {  # the test suite but the `cuda` tests and what the GPU machine 
     [ -z "$pypi" ] || exclude+="|$pypi"
     [ -z "$pypi" ] || skip tests:pypi "$(($(echo "$pypi" | tr -cd '|' | wc -c) + 1)) tests need a virtual environment from PyPI (MLflow, Hugging Face's libraries; set TRAINER_GPU_PYPI=1 where PyPI is reachable)"
   fi
-  local only=()
+  local select=(-LE '^cuda$' -E "$exclude")
   if [ -n "${TRAINER_GPU_PASSED:-}" ]; then
     # Tests that passed on a GPU before (the files' names, one per line): left out, so that a
     # visit reaches the tests no visit has run yet. The others are selected by number (-I): a
-    # list of numbers has no size limit, ctest's -E expressions have one.
+    # list of numbers has no size limit, ctest's -E expressions have one. The list leaves out
+    # what -LE and -E would, and goes alone: ctest numbers -I among the tests -LE and -E leave.
     local index
     if ! ctest --test-dir "$build" --show-only=json-v1 >"$work/tests-all.json" ||
-      ! index=$(python3 "$root/scripts/gpu_figures.py" passed-index "$work/tests-all.json:$TRAINER_GPU_PASSED"); then
+      ! index=$(python3 "$root/scripts/gpu_figures.py" passed-index "$work/tests-all.json:$TRAINER_GPU_PASSED" \
+        "$exclude" '^cuda$'); then
       record tests:passed-before "could_not_read_$TRAINER_GPU_PASSED" 1
       index=
     fi
@@ -286,12 +288,12 @@ suite_stage() {  # the test suite but the `cuda` tests and what the GPU machine 
       return
     fi
     if [ -n "$index" ]; then
-      only=(-I "$index")
+      select=(-I "$index")
       skip tests:passed-before "the tests named in $TRAINER_GPU_PASSED passed on a GPU before"
     fi
   fi
   start=$(date +%s)
-  bounded 1000000 ctest --test-dir "$build" --output-on-failure -j"$(nproc)" -LE '^cuda$' -E "$exclude" ${only[@]+"${only[@]}"} \
+  bounded 1000000 ctest --test-dir "$build" --output-on-failure -j"$(nproc)" "${select[@]}" \
     >"$out/test.log" 2>&1 || status=$?
   # The tests that passed, for TRAINER_GPU_PASSED of a later call.
   python3 "$root/scripts/gpu_figures.py" passed-tests "$out/test.log" >"$out/tests-passed.txt" || true

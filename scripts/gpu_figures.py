@@ -16,8 +16,12 @@
                                      tests that need a virtual environment from PyPI (the fixtures
                                      PYPI_FIXTURES set up), directly or through another fixture
   gpu_figures.py passed-tests LOG    a ctest log: the tests that passed, one per line
-  gpu_figures.py passed-index JSON:FILES  `ctest --show-only=json-v1` and files naming tests:
-                                     a `ctest -I` list of the other tests ("none": no other)
+  gpu_figures.py passed-index JSON:FILES EXCLUDE LABEL_EXCLUDE
+                                     `ctest --show-only=json-v1` and files naming tests: a `ctest -I`
+                                     list of the other tests ("none": no other) but those whose name
+                                     matches EXCLUDE or a label LABEL_EXCLUDE (ctest's -E and -LE,
+                                     which must not go with -I: ctest numbers -I among the tests
+                                     they leave, not among all)
 
 Each command but `json`, `pypi-tests`, `passed-tests` and `passed-index` prints one line, the figure, for the summary.
 """
@@ -197,11 +201,15 @@ def passed_tests(log):
         print(n)
 
 
-def passed_index(args):
+def passed_index(args, exclude="", label_exclude=""):
     """`JSON:FILES`: `ctest --show-only=json-v1` and files (separated by colons) naming tests,
     one per line (`#` comments). A `ctest -I` list of the tests they do not name, by number
     ("0,0,0,4,7,..."; a list of numbers has no size limit, unlike ctest's -E expressions);
-    "none" when they name every test; nothing when they name none of them."""
+    "none" when they name every test; nothing when they name none of them.
+
+    The tests whose name matches `exclude` or one of whose labels matches `label_exclude` are
+    left out of the list too: ctest 3.25 numbers -I among the tests that -E, -LE and -L leave,
+    while it prints each test's number among all, so the list must be used without them."""
     json_path, _, paths = args.partition(":")
     names = set()
     for path in paths.split(":"):
@@ -211,10 +219,18 @@ def passed_index(args):
                 if not re.fullmatch(r"[A-Za-z0-9_.:/-]+", line):
                     raise ValueError(f"{path}: '{line}' is not a test name")
                 names.add(line)
-    tests = [t["name"] for t in json.load(open(json_path))["tests"]]
-    left = [str(i + 1) for i, name in enumerate(tests) if name not in names]
-    if len(left) == len(tests):
+    tests = json.load(open(json_path))["tests"]
+
+    def dropped(test):
+        if exclude and re.search(exclude, test["name"]):
+            return True
+        labels = [p["value"] for p in test.get("properties", []) if p["name"] == "LABELS"]
+        labels = [label for value in labels for label in (value if isinstance(value, list) else [value])]
+        return bool(label_exclude) and any(re.search(label_exclude, label) for label in labels)
+
+    if not names & {t["name"] for t in tests}:
         return
+    left = [str(i + 1) for i, t in enumerate(tests) if t["name"] not in names and not dropped(t)]
     print("0,0,0," + ",".join(left) if left else "none")
 
 
@@ -222,11 +238,13 @@ def main():
     commands = {"cuda-tests": cuda_tests, "mem": mem, "peer": peer, "bench": bench, "estimate": estimate,
                 "json": to_json, "pypi-tests": pypi_tests, "passed-index": passed_index,
                 "passed-tests": passed_tests}
-    if len(sys.argv) != 3 or sys.argv[1] not in commands:
+    extra = 2 if len(sys.argv) > 1 and sys.argv[1] == "passed-index" else 0
+    if len(sys.argv) != 3 + extra or sys.argv[1] not in commands:
         sys.exit(__doc__)
     try:
-        commands[sys.argv[1]](sys.argv[2])
-    except (OSError, ValueError, KeyError, IndexError, ZeroDivisionError, statistics.StatisticsError) as e:
+        commands[sys.argv[1]](*sys.argv[2:])
+    except (OSError, ValueError, KeyError, IndexError, ZeroDivisionError, statistics.StatisticsError,
+            re.error) as e:
         fail(f"unreadable_{os.path.basename(sys.argv[2])}:{type(e).__name__}:{e}".replace(" ", "_")[:300])
 
 

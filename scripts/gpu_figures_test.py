@@ -121,14 +121,33 @@ class GpuFigures(unittest.TestCase):
                                                           ["Cli.Mem/cpu", "Oom.Recovers", "Config.Parses", "A.B"]]}))
         a = self.write("a.txt", "# visit 3\nOom.Recovers\n\nCli.Mem/cpu  # a comment\n")
         b = self.write("b.txt", "Oom.Recovers\nA.B\n")
-        self.assertEqual(self.figure("passed-index", ctest + ":" + a), (0, "0,0,0,3,4"))
-        self.assertEqual(self.figure("passed-index", ctest + ":" + a + ":" + b), (0, "0,0,0,3"))
+
+        def index(files, exclude="", label_exclude=""):
+            return self.figure("passed-index", ctest + ":" + files, exclude, label_exclude)
+
+        self.assertEqual(index(a), (0, "0,0,0,3,4"))
+        self.assertEqual(index(a + ":" + b), (0, "0,0,0,3"))
         every = self.write("c.txt", "Config.Parses\n")
-        self.assertEqual(self.figure("passed-index", ctest + ":" + a + ":" + b + ":" + every), (0, "none"))
-        self.assertEqual(self.figure("passed-index", ctest + ":" + self.write("none.txt", "# nothing\n")), (0, ""))
-        code, figure = self.figure("passed-index", ctest + ":" + self.write("bad.txt", "Oom.(x)\n"))
+        self.assertEqual(index(a + ":" + b + ":" + every), (0, "none"))
+        self.assertEqual(index(self.write("none.txt", "# nothing\n")), (0, ""))
+        code, figure = index(self.write("bad.txt", "Oom.(x)\n"))
         self.assertEqual(code, 1)
         self.assertIn("is_not_a_test_name", figure)
+        # What ctest's -E and -LE would leave out is left out of the list: ctest numbers -I among
+        # the tests those leave, so the list goes alone, numbered among all the tests.
+        labelled = self.write("l.json", json.dumps({"tests": [
+            {"name": "Cli.Mem/cpu", "properties": [{"name": "LABELS", "value": ["unit"]}]},
+            {"name": "OnGpu.Trains", "properties": [{"name": "LABELS", "value": ["cuda"]}]},
+            {"name": "fuzz.report.short", "properties": [{"name": "LABELS", "value": "fuzz"}]},
+            {"name": "Oom.Recovers"}, {"name": "A.B", "properties": [{"name": "LABELS", "value": ["cudax"]}]}]}))
+        self.assertEqual(self.figure("passed-index", labelled + ":" + a, r"^install\.|^fuzz\.", "^cuda$"),
+                         (0, "0,0,0,5"))
+        self.assertEqual(self.figure("passed-index", labelled + ":" + b, r"^fuzz\.", "^cuda"), (0, "0,0,0,1"))
+        self.assertEqual(self.figure("passed-index", labelled + ":" + b, "", ""), (0, "0,0,0,1,2,3"))
+        code, figure = self.figure("passed-index", labelled + ":" + a, "(", "")
+        self.assertEqual(code, 1)
+        self.assertIn("unterminated_subpattern", figure)
+        self.assertEqual(self.figure("passed-index", labelled + ":" + a)[0], 1)  # the two expressions are needed
 
     def test_json_gathers_the_summary(self):
         self.write("summary.txt", "PASS build 51s\nSKIP tests:chromium no headless Chromium\nFAIL cuda-tests 1_skipped\n")
