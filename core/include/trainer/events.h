@@ -16,7 +16,7 @@ namespace trainer {
 ///     configure() every plugin, in load order
 ///     Init
 ///     SelectDevice                      plugins choose the device; a memory budget is set
-///     ModelCreated                      data loaded, model built (on the CPU); replaceable
+///     ModelCreated                      data loaded, model built (on the CPU, or read onto the device); replaceable
 ///     ModelToDevice                     the one move of the model to the device
 ///     OptimizerCreated
 ///     Resume                            (--resume only: the checkpoint and plugin states are loaded)
@@ -53,7 +53,7 @@ namespace trainer {
 enum class Event : std::uint8_t {
   Init,                  ///< config parsed, run directory made, plugins configured
   SelectDevice,          ///< ctx.device proposes runtime.device; plugins may choose another
-  ModelCreated,          ///< model built on the CPU, not moved yet; plugins may replace ctx.model
+  ModelCreated,          ///< model built (on the CPU; a model.path "bert" on ctx.device); plugins may replace ctx.model
   ModelToDevice,         ///< model on ctx.device, in training mode (again after an OOM device fallback)
   OptimizerCreated,      ///< ctx.optimizer set; the LR schedule is built right after
   Resume,                ///< --resume: checkpoint loaded, plugin states handed back; ctx.resume says what

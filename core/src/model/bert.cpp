@@ -227,9 +227,10 @@ std::shared_ptr<Model> make_bert(const Config& section, const DataSpec& data) {
                   a.pad, "; max_position_embeddings ", a.positions, " leaves none");
   std::shared_ptr<Bert> model;
   {
-    // Weights the file then loads are not drawn at random first (detail::DeferInit).
+    // Weights the file then loads are not drawn at random first, and are made where the run
+    // computes (detail::DeferInit, detail::LoadOnto): the file is read into them there.
     std::optional<detail::DeferInit> defer;
-    if (!s.path.empty()) defer.emplace();
+    if (!s.path.empty()) defer.emplace(detail::LoadOnto::device());
     model = std::make_shared<Bert>(a, data.num_classes, std::move(config), data.token_outputs, s.trim_padding);
   }
   if (!s.path.empty()) detail::load_bert_weights(*model, s.path, a.layout, data.token_outputs, a.init_range);

@@ -337,12 +337,14 @@ void load_bert_weights(Model& model, const std::string& dir, const std::string& 
   }
   // The model was built without initialising (DeferInit): what the file lacks is initialised
   // now, as transformers' _init_weights does (normal weights, zero biases, LayerNorm ones).
+  // The random weights are drawn from the CPU generator wherever the model is, so that a run's
+  // new head is the same on every device for one seed.
   {
     at::NoGradGuard no_grad;
     for (const auto& name : fresh) {
       at::Tensor& t = into.at(name);
       if (t.dim() >= 2) {
-        t.normal_(0.0, init_range);
+        t.copy_(at::empty(t.sizes(), t.options().device(at::kCPU)).normal_(0.0, init_range));
       } else if (name.size() >= 7 && name.compare(name.size() - 7, 7, ".weight") == 0) {
         t.fill_(1.0);  // a LayerNorm's
       } else {

@@ -45,7 +45,7 @@ inline double lowest(c10::ScalarType dtype) {
 class Embedding final : public torch::nn::Module {
  public:
   Embedding(std::int64_t n, std::int64_t dim, std::int64_t padding_idx, double std)
-      : padding_idx_(padding_idx), weight_(register_parameter("weight", at::empty({n, dim}))) {
+      : padding_idx_(padding_idx), weight_(register_parameter("weight", at::empty({n, dim}, DeferInit::options()))) {
     if (DeferInit::active()) return;  // loaded from a file
     at::NoGradGuard no_grad;
     weight_.normal_(0.0, std);
@@ -252,7 +252,7 @@ class MaskedLmHead final : public torch::nn::Module {
     torch::nn::Module& outer = bert ? *register_module("transform", std::make_shared<torch::nn::Module>()) : *this;
     dense_ = outer.register_module("dense", linear(a.hidden, a.hidden, a.init_range));
     norm_ = outer.register_module(bert ? "LayerNorm" : "layer_norm", std::make_shared<LayerNorm>(a.hidden, a.eps));
-    bias_ = register_parameter("bias", at::zeros({a.vocab}));
+    bias_ = register_parameter("bias", at::zeros({a.vocab}, DeferInit::options()));
   }
   /// Logits over the vocabulary [N, L, vocab] of the hidden states [N, L, hidden].
   at::Tensor forward(const at::Tensor& hidden, const at::Tensor& words) {

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "model/deferred_init.h"
+
 namespace trainer::detail {
 
 /// LayerNorm that computes in its parameters' dtype.
@@ -14,8 +16,8 @@ namespace trainer::detail {
 class LayerNorm final : public torch::nn::Module {
  public:
   LayerNorm(std::int64_t dim, double eps) : dim_(dim), eps_(eps) {
-    weight_ = register_parameter("weight", at::ones({dim}));
-    bias_ = register_parameter("bias", at::zeros({dim}));
+    weight_ = register_parameter("weight", at::ones({dim}, DeferInit::options()));
+    bias_ = register_parameter("bias", at::zeros({dim}, DeferInit::options()));
   }
   at::Tensor forward(const at::Tensor& x) {
     const at::Tensor in = x.scalar_type() == weight_.scalar_type() ? x : x.to(weight_.scalar_type());

@@ -14,11 +14,26 @@ namespace detail {
 
 namespace {
 thread_local bool deferring = false;
+thread_local c10::Device deferred_device(c10::kCPU);
+thread_local c10::Device load_device(c10::kCPU);
 }  // namespace
 
-DeferInit::DeferInit() : before_(deferring) { deferring = true; }
-DeferInit::~DeferInit() { deferring = before_; }
+DeferInit::DeferInit(c10::Device device) : before_(deferring), device_before_(deferred_device) {
+  deferring = true;
+  deferred_device = device;
+}
+DeferInit::~DeferInit() {
+  deferring = before_;
+  deferred_device = device_before_;
+}
 bool DeferInit::active() { return deferring; }
+c10::TensorOptions DeferInit::options() {
+  return c10::TensorOptions().device(deferring ? deferred_device : c10::Device(c10::kCPU));
+}
+
+LoadOnto::LoadOnto(c10::Device device) : before_(load_device) { load_device = device; }
+LoadOnto::~LoadOnto() { load_device = before_; }
+c10::Device LoadOnto::device() { return load_device; }
 
 }  // namespace detail
 
@@ -64,8 +79,8 @@ at::Tensor AdaptableLayer::adapt(const at::Tensor& y, const at::Tensor& x) {
 }
 
 Linear::Linear(std::int64_t in_features, std::int64_t out_features, bool bias) : in_(in_features), out_(out_features) {
-  weight_ = register_parameter("weight", at::empty({out_features, in_features}));
-  if (bias) bias_ = register_parameter("bias", at::empty({out_features}));
+  weight_ = register_parameter("weight", at::empty({out_features, in_features}, detail::DeferInit::options()));
+  if (bias) bias_ = register_parameter("bias", at::empty({out_features}, detail::DeferInit::options()));
   at::NoGradGuard no_grad;
   init_like_torch_nn(weight_, bias_);
 }
@@ -99,8 +114,9 @@ Conv2d::Conv2d(std::int64_t in_channels, std::int64_t out_channels, std::int64_t
     : in_(in_channels), out_(out_channels), kernel_(kernel), stride_(stride), padding_(padding) {
   TRAINER_CHECK(in_channels > 0 && out_channels > 0 && kernel > 0 && stride > 0 && padding >= 0, "Conv2d: in ",
                 in_channels, ", out ", out_channels, ", kernel ", kernel, ", stride ", stride, ", padding ", padding);
-  weight_ = register_parameter("weight", at::empty({out_channels, in_channels, kernel, kernel}));
-  if (bias) bias_ = register_parameter("bias", at::empty({out_channels}));
+  weight_ = register_parameter("weight",
+                               at::empty({out_channels, in_channels, kernel, kernel}, detail::DeferInit::options()));
+  if (bias) bias_ = register_parameter("bias", at::empty({out_channels}, detail::DeferInit::options()));
   at::NoGradGuard no_grad;
   init_like_torch_nn(weight_, bias_);
 }

@@ -63,9 +63,13 @@ class LoraAdapter final : public Adapter {
 
  private:
   explicit LoraAdapter(const LoraOptions& o) : rank_(o.rank), alpha_(o.alpha), dropout_(o.dropout) {}
+  /// A as peft initialises it (nn.Linear's own init), drawn from the CPU generator wherever the
+  /// layer is, so that a run's adapters start the same on every device for one seed.
   void init() {
     at::NoGradGuard no_grad;
-    torch::nn::init::kaiming_uniform_(a_, std::sqrt(5.0));  // as peft: nn.Linear's own init for A
+    at::Tensor a = a_.device().is_cpu() ? a_ : at::empty(a_.sizes(), a_.options().device(at::kCPU));
+    torch::nn::init::kaiming_uniform_(a, std::sqrt(5.0));
+    if (!a_.device().is_cpu()) a_.copy_(a);
   }
   double scale() const { return alpha_ / static_cast<double>(rank_); }
 

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "data/epoch_order.h"
+#include "model/deferred_init.h"
 #include "train/checkpoint_files.h"
 #include "train/hooks.h"
 #include "train/memory_format.h"
@@ -168,7 +169,12 @@ void setup_model(RunParts& parts, Hooks& hooks, const Config& cfg, bool resuming
   DataSpec spec = parts.train_set->spec();
   spec.num_classes = parts.task->outputs();
   spec.token_outputs = parts.task->token_outputs();
-  parts.model = build_model(section, spec);
+  {
+    // A model that reads its weights from a file itself (model "bert" with model.path) builds
+    // them on the run's device and reads the file into them there: no copy on the host.
+    detail::LoadOnto onto(parts.device);
+    parts.model = build_model(section, spec);
+  }
   const ModelSettings settings = ModelSettings::from(section);
   parts.input_dtype = model_dtype(settings.dtype);
   if (!settings.weights.empty() && resuming) {
