@@ -130,7 +130,7 @@ class GpuFigures(unittest.TestCase):
         every = self.write("c.txt", "Config.Parses\n")
         self.assertEqual(index(a + ":" + b + ":" + every), (0, "none"))
         self.assertEqual(index(self.write("none.txt", "# nothing\n")), (0, ""))
-        code, figure = index(self.write("bad.txt", "Oom.(x)\n"))
+        code, figure = index(self.write("bad.txt", "Oom.Recovers twice\n"))
         self.assertEqual(code, 1)
         self.assertIn("is_not_a_test_name", figure)
         # What ctest's -E and -LE would leave out is left out of the list: ctest numbers -I among
@@ -148,6 +148,29 @@ class GpuFigures(unittest.TestCase):
         self.assertEqual(code, 1)
         self.assertIn("unterminated_subpattern", figure)
         self.assertEqual(self.figure("passed-index", labelled + ":" + a)[0], 1)  # the two expressions are needed
+        # A label given as a string decides alone; value-parameterised names, quoted or with
+        # gtest's comment, are named by their first word, as passed-tests writes them.
+        params = self.write("p.json", json.dumps({"tests": [
+            {"name": "Run.Gpu", "properties": [{"name": "LABELS", "value": "cuda"}]},
+            {"name": 'Models/Trains.Same/"cnn"'},
+            {"name": 'Devices/OnDevice.Resume/cpu  # GetParam() = "cpu"'},
+            {"name": "Oom.Recovers"}]}))
+        quoted = self.write("q.txt", 'Models/Trains.Same/"cnn"\nDevices/OnDevice.Resume/cpu\n')
+        self.assertEqual(self.figure("passed-index", params + ":" + quoted, "", "^cuda$"), (0, "0,0,0,4"))
+        log = self.write("p.log", "\n".join([
+            ' 1/3 Test #2: Models/Trains.Same/"cnn" ......   Passed    1.0 sec',
+            ' 2/3 Test #3: Devices/OnDevice.Resume/cpu  # GetParam() = "cpu" ...   Passed    1.0 sec',
+        ]) + "\n")
+        self.assertEqual(self.figure("passed-tests", log), (0, 'Devices/OnDevice.Resume/cpu\nModels/Trains.Same/"cnn"'))
+
+    def test_the_committed_list_of_passed_tests_is_readable(self):
+        listed = os.path.join(os.path.dirname(os.path.abspath(SCRIPT)), "..", "docs", "gpu-tests-passed.txt")
+        with open(listed) as f:
+            names = [line.split("#", 1)[0].strip() for line in f]
+        names = [n for n in names if n]
+        ctest = self.write("t.json", json.dumps({"tests": [{"name": n} for n in names + ["Not.YetRun"]]}))
+        self.assertEqual(self.figure("passed-index", ctest + ":" + listed, r"^fuzz\.", "^cuda$"),
+                         (0, f"0,0,0,{len(names) + 1}"))
 
     def test_json_gathers_the_summary(self):
         self.write("summary.txt", "PASS build 51s\nSKIP tests:chromium no headless Chromium\nFAIL cuda-tests 1_skipped\n")

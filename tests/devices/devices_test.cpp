@@ -73,8 +73,8 @@ class FakeNvml : public ::testing::Test {
   void script(const std::string& text) { write_file(script_, text); }
   /// A host whose NVML fails to start and that has no GPU: without NVML the inventory asks the
   /// CUDA runtime (in a CUDA build), which would find the GPU of a GPU machine, so the test hides
-  /// it the way a user would. The runtime reads the variable when it starts, and each test runs
-  /// in a process of its own.
+  /// it the way a user would. The runtime reads the variable when it starts: under ctest each
+  /// test runs in a process of its own (run alone, the binary's earlier tests may have started it).
   static void no_gpu_for_the_cuda_runtime() { setenv("CUDA_VISIBLE_DEVICES", "", 1); }
   /// Four 16 GiB GPUs with the given used MiB and utilisation.
   void four_gpus(const std::vector<int>& used_mb, const std::vector<int>& util = {0, 0, 0, 0}) {

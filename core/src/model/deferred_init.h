@@ -2,8 +2,9 @@
 // Weights a file is about to overwrite need no random initialisation: drawing BERT-base's 110 M
 // random numbers took most of its load (about 1.7 s of 1.9 s on 2 cores, and longer in bf16).
 // Nor do they need to be made on the host first: a model read from a directory is built on the
-// run's device and its file read into it there, a chunk at a time, so that neither the host nor
-// the device ever holds a second copy.
+// run's device and its file read into it there; a safetensors file a chunk at a time, so that
+// neither the host nor the device ever holds a second copy (a pytorch_model.bin is read whole
+// on the host by the torch.save reader).
 #include <c10/core/Device.h>
 #include <c10/core/TensorOptions.h>
 
