@@ -46,6 +46,49 @@ TEST(Cli, HelpAndVersion) {
 
 TEST(Cli, UnknownOptionIsAUsageError) { EXPECT_EQ(run_cli("--frobnicate").code, 2); }
 
+// Help prints a default as it is written (0.1, not the double's 0.10000000000000001).
+TEST(Cli, HelpShowsDefaultsAsWritten) {
+  for (const std::string command : {"estimate", "bench"}) {
+    const auto o = run_cli("help " + command);
+    EXPECT_EQ(o.code, 0) << command;
+    EXPECT_NE(o.text.find("--margin arg (=0.1)"), std::string::npos) << command << ": " << o.text;
+    EXPECT_EQ(o.text.find("0000000"), std::string::npos) << command << ": " << o.text;
+  }
+}
+
+// A data set that is not where the recipe says is a usage error (exit code 2) naming where it
+// looked, as for the image data sets; so is an IDX file that is not one, or whose header claims
+// more than it holds (memory grows with what the file holds, not with its header).
+TEST(Cli, AMissingOrBrokenFashionMnistIsAUsageError) {
+  TempDir tmp;
+  const std::string base = "--recipe " + kRecipe + " --run-dir " + (tmp / "run") + " training.max_steps=1 ";
+  const auto missing = run_cli(base + "dataset.root=" + (tmp / "nowhere"));
+  EXPECT_EQ(missing.code, 2) << missing.text;
+  EXPECT_NE(
+      missing.text.find("Fashion-MNIST not found: no train-images-idx3-ubyte.gz (or train-images-idx3-ubyte) in " +
+                        (tmp / "nowhere")),
+      std::string::npos)
+      << missing.text;
+  const std::string root = tmp / "broken";
+  std::filesystem::create_directories(root);
+  write_file(root + "/train-labels-idx1-ubyte", "");  // found; the images are read first
+  write_file(root + "/train-images-idx3-ubyte", "not an IDX file");
+  const auto bad = run_cli(base + "dataset.root=" + root);
+  EXPECT_EQ(bad.code, 2) << bad.text;
+  EXPECT_NE(bad.text.find(root + "/train-images-idx3-ubyte: not an unsigned-byte IDX file (bad magic number)"),
+            std::string::npos)
+      << bad.text;
+  // A header of 60,000 x 28 x 28 images (47 MB) over 16 bytes of data.
+  const std::string header("\x00\x00\x08\x03\x00\x00\xea\x60\x00\x00\x00\x1c\x00\x00\x00\x1c", 16);
+  write_file(root + "/train-images-idx3-ubyte", header + std::string(16, '\x01'));
+  const auto short_file = run_cli(base + "dataset.root=" + root);
+  EXPECT_EQ(short_file.code, 2) << short_file.text;
+  EXPECT_NE(
+      short_file.text.find(root + "/train-images-idx3-ubyte: truncated IDX data (its header says 47040000 bytes)"),
+      std::string::npos)
+      << short_file.text;
+}
+
 TEST(Cli, EachCommandShowsAndTakesOnlyItsOwnOptions) {
   // The general help lists every command; a command's help only its options.
   const auto all = run_cli("--help");

@@ -66,6 +66,38 @@ TEST(ValidateConfig, TableWhereValueExpected) {
 TEST(ClosestMatch, FindsSmallEdits) {
   EXPECT_EQ(closest_match("batch_sise", {"batch_size", "epochs"}), "batch_size");
   EXPECT_EQ(closest_match("zzzzzz", {"batch_size", "epochs"}), "");
+  EXPECT_EQ(closest_match("fats", {"fast", "slow"}), "fast");  // two letters swapped: one edit
+  // At most one edit in four letters: two of three letters changed is another word.
+  EXPECT_EQ(closest_match("zzz", {"npz", "npy", "csv"}), "");
+  EXPECT_EQ(closest_match("warmup", {"name", "lr"}), "");
+}
+
+TEST(DidYouMean, OtherToolsNamesOtherSectionsAndNoWildGuesses) {
+  const std::vector<std::string> known = {"optim.name",
+                                          "optim.lr",
+                                          "optim.weight_decay",
+                                          "sched.name",
+                                          "sched.warmup_steps",
+                                          "training.epochs",
+                                          "training.batch_size",
+                                          "training.max_steps",
+                                          "training.micro_batch_size",
+                                          "run.seed",
+                                          "eval.batch_size"};
+  EXPECT_EQ(did_you_mean("optim.learning_rate", known), "; did you mean 'optim.lr'?");
+  EXPECT_EQ(did_you_mean("optim.warmup", known), "; did you mean 'sched.warmup_steps'?");
+  EXPECT_EQ(did_you_mean("training.warmup_steps", known), "; did you mean 'sched.warmup_steps'?");
+  EXPECT_EQ(did_you_mean("training.max_epochs", known), "; did you mean 'training.epochs'?");
+  EXPECT_EQ(did_you_mean("training.gradient_accumulation_steps", known),
+            "; did you mean 'training.micro_batch_size'? (trainer takes the samples per forward: batch_size / "
+            "accumulation steps)");
+  EXPECT_EQ(did_you_mean("training.epoch", known), "; did you mean 'training.epochs'?");
+  EXPECT_EQ(did_you_mean("training.batch_size_", known), "; did you mean 'training.batch_size'?");
+  EXPECT_EQ(did_you_mean("model.name", known), "; did you mean one of 'optim.name', 'sched.name'?");
+  EXPECT_EQ(did_you_mean("traning.epochs", known), "; did you mean 'training.epochs'?");
+  EXPECT_EQ(did_you_mean("trainig.zzz", known), "; did you mean section [training]?");
+  EXPECT_EQ(did_you_mean("optim.zzz", known), "");  // a known section and nothing near: no guess
+  EXPECT_EQ(did_you_mean("optim.warmup", {"optim.name", "optim.lr"}), "");  // no [sched] in this schema
 }
 
 }  // namespace

@@ -148,7 +148,7 @@ TEST_F(LoadRecipe, CollectsEveryProblemBeforeThrowing) {
 }
 
 TEST_F(LoadRecipe, ValidationReportsOverrideOrigins) {
-  auto r = load_recipe(recipe(), {"training.batch_size=-1", "training.epochs=abc", "traning.lr=1"});
+  auto r = load_recipe(recipe(), {"training.batch_size=-1", "training.epochs=abc", "traning.zzz=1"});
   try {
     validate_recipe(r);
     FAIL();
@@ -161,9 +161,49 @@ TEST_F(LoadRecipe, ValidationReportsOverrideOrigins) {
     EXPECT_NE(msg.find("override 'training.epochs=abc': training.epochs = \"abc\": expected integer"),
               std::string::npos)
         << msg;
-    EXPECT_NE(msg.find("override 'traning.lr=1': no key 'traning.lr'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("override 'traning.zzz=1': no key 'traning.zzz'"), std::string::npos) << msg;
     EXPECT_NE(msg.find("did you mean section [training]?"), std::string::npos) << msg;
   }
+}
+
+// Keys users bring from Lightning, Hugging Face's Trainer and torchtune get trainer's key of that
+// meaning, also in another section; a list whose words the shell stripped of their quotes gets
+// the command line that keeps them.
+TEST_F(LoadRecipe, OtherToolsKeysAndUnquotedListsGetTheLineToWrite) {
+  auto r = load_recipe(recipe(), {"optim.learning_rate=1e-3", "optim.warmup=10", "training.max_epochs=3"});
+  try {
+    validate_recipe(r);
+    FAIL();
+  } catch (const ConfigError& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(e.problems().size(), 3u) << msg;
+    EXPECT_NE(msg.find("no key 'optim.learning_rate' in the recipe or its schema; did you mean 'optim.lr'?"),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("no key 'optim.warmup' in the recipe or its schema; did you mean 'sched.warmup_steps'?"),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("no key 'training.max_epochs' in the recipe or its schema; did you mean 'training.epochs'?"),
+              std::string::npos)
+        << msg;
+  }
+  try {
+    load_recipe(recipe(), {"plugins.load=[console,early_stopping]"});
+    FAIL();
+  } catch (const ConfigError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("override 'plugins.load=[console,early_stopping]': [console,early_stopping] is not a TOML "
+                       "list: its words need quotes, [\"console\", \"early_stopping\"]"),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("on the command line, in single quotes: 'plugins.load=[\"console\", \"early_stopping\"]'"),
+              std::string::npos)
+        << msg;
+  }
+  // The quoted list, and a string that starts with '[' when quoted, are taken.
+  EXPECT_EQ(std::get<std::vector<std::string>>(parse_override_value("[\"console\", \"early_stopping\"]")),
+            (std::vector<std::string>{"console", "early_stopping"}));
+  EXPECT_EQ(std::get<std::string>(parse_override_value("\"[a,b]\"")), "[a,b]");
 }
 
 TEST_F(LoadRecipe, AddRequiresANewKeyAndSetAKnownOne) {

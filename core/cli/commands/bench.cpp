@@ -29,7 +29,7 @@ Command bench_command() {
         ("csv", po::value<std::string>(), "also write the results as CSV")                            //
         ("md", po::value<std::string>(), "also write the results as a Markdown table")                //
         ("no-estimate", "run every cell, also those predicted not to fit")                            //
-        ("margin", po::value<double>()->default_value(0.10), "fraction of the limit kept free");
+        ("margin", po::value<double>()->default_value(0.10, "0.1"), "fraction of the limit kept free");
   };
   // 0 when every cell ran or was marked, 3 when a cell failed for another reason than memory.
   c.run = [](const Invocation& in) -> int {

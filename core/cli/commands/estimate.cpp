@@ -42,12 +42,12 @@ Command estimate_command() {
       "steps: breakdown, whether it fits the budget or device,\n"
       "the largest micro-batch that does (docs/memory.md)";
   c.options = [](po::options_description& d) {
-    d.add_options()                                                                                   //
-        ("recipe,r", po::value<std::string>(), "recipe TOML file")                                    //
-        ("plugin-dir", po::value<std::vector<std::string>>(), "extra plugin directory (repeatable)")  //
-        ("find-max-batch", "confirm the largest micro-batch with real steps")                         //
-        ("margin", po::value<double>()->default_value(0.10), "fraction of the limit kept free")       //
-        ("probe-sizes", po::value<std::string>(), "micro-batches probed, e.g. 8,16,32")               //
+    d.add_options()                                                                                     //
+        ("recipe,r", po::value<std::string>(), "recipe TOML file")                                      //
+        ("plugin-dir", po::value<std::vector<std::string>>(), "extra plugin directory (repeatable)")    //
+        ("find-max-batch", "confirm the largest micro-batch with real steps")                           //
+        ("margin", po::value<double>()->default_value(0.10, "0.1"), "fraction of the limit kept free")  //
+        ("probe-sizes", po::value<std::string>(), "micro-batches probed, e.g. 8,16,32")                 //
         ("lengths", po::value<std::string>(),
          "sequence lengths probed (dataset.max_length, every batch padded to it), e.g. 64,128,256")  //
         ("json", "print JSON");

@@ -79,8 +79,11 @@ struct TRAINER_API SectionSpec {
 TRAINER_API std::vector<std::string> validate_config(Config& cfg, const std::vector<SectionSpec>& sections,
                                                      const std::vector<std::string>& open_sections = {});
 
-/// "; did you mean 'training.epochs'?" for a near-miss among `known` dotted keys, else
-/// "; did you mean section [training]?" when only the first component is misspelt, else "".
+/// "; did you mean 'optim.lr'?" for `known`'s key of that meaning where `key` is another tool's
+/// name for it (`optim.learning_rate`, `optim.warmup`: Lightning's, Hugging Face's, torchtune's),
+/// for a near-miss in its own section (`training.epoch`), or for the key of that name in
+/// another section (`optim.warmup_steps`); else "; did you mean section [training]?" when only
+/// the first component is misspelt; else "".
 TRAINER_API std::string did_you_mean(const std::string& key, const std::vector<std::string>& known);
 
 /// The closest candidate within a small edit distance, or "" (for did-you-mean hints).

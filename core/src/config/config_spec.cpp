@@ -107,20 +107,26 @@ std::string key_table_markdown(const std::vector<KeySpec>& keys, const std::stri
 }
 
 std::string closest_match(const std::string& word, const std::vector<std::string>& candidates) {
+  // Edits between a and b (Damerau's optimal string alignment: an insertion, a deletion, a
+  // change or two neighbours swapped count one each).
   auto distance = [](const std::string& a, const std::string& b) {
-    std::vector<std::size_t> prev(b.size() + 1), cur(b.size() + 1);
-    for (std::size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+    std::vector<std::vector<std::size_t>> d(a.size() + 1, std::vector<std::size_t>(b.size() + 1));
+    for (std::size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+    for (std::size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
     for (std::size_t i = 1; i <= a.size(); ++i) {
-      cur[0] = i;
       for (std::size_t j = 1; j <= b.size(); ++j) {
-        cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+        d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+        if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) {
+          d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+        }
       }
-      std::swap(prev, cur);
     }
-    return prev[b.size()];
+    return d[a.size()][b.size()];
   };
+  // At most one edit in four letters (one for words of up to 7): a guess past that names keys
+  // that have nothing to do with the word ("zzz" is not "npz").
   std::string best;
-  std::size_t best_d = std::max<std::size_t>(2, word.size() / 3) + 1;
+  std::size_t best_d = std::max<std::size_t>(1, word.size() / 4) + 1;
   for (const auto& c : candidates) {
     const std::size_t d = distance(word, c);
     if (d < best_d) {
@@ -131,9 +137,100 @@ std::string closest_match(const std::string& word, const std::vector<std::string
   return best;
 }
 
+namespace {
+
+/// A key of the tools users come from (Lightning, Hugging Face's Trainer, torchtune, timm,
+/// Composer), as the last part of a dotted key, and trainer's key of that meaning (suggested
+/// only where the recipe's schema has it), with what differs when something does.
+struct KeyAlias {
+  const char* theirs;
+  const char* ours;
+  const char* note;
+};
+
+constexpr KeyAlias kKeyAliases[] = {
+    {"learning_rate", "optim.lr", ""},
+    {"lr", "optim.lr", ""},
+    {"weight_decay", "optim.weight_decay", ""},
+    {"optimizer", "optim.name", ""},
+    {"warmup", "sched.warmup_steps", ""},
+    {"warmup_steps", "sched.warmup_steps", ""},
+    {"num_warmup_steps", "sched.warmup_steps", ""},
+    {"warmup_iters", "sched.warmup_steps", ""},
+    {"lr_scheduler", "sched.name", ""},
+    {"lr_scheduler_type", "sched.name", ""},
+    {"scheduler", "sched.name", ""},
+    {"max_epochs", "training.epochs", ""},
+    {"num_epochs", "training.epochs", ""},
+    {"num_train_epochs", "training.epochs", ""},
+    {"epochs", "training.epochs", ""},
+    {"batch_size", "training.batch_size", ""},
+    {"train_batch_size", "training.batch_size", ""},
+    {"per_device_train_batch_size", "training.batch_size", ""},
+    {"max_steps", "training.max_steps", ""},
+    {"max_grad_norm", "training.grad_clip_norm", ""},
+    {"gradient_clip_val", "training.grad_clip_norm", ""},
+    {"clip_grad_norm", "training.grad_clip_norm", ""},
+    {"accumulate_grad_batches", "training.micro_batch_size",
+     " (trainer takes the samples per forward: batch_size / accumulation steps)"},
+    {"gradient_accumulation_steps", "training.micro_batch_size",
+     " (trainer takes the samples per forward: batch_size / accumulation steps)"},
+    {"log_every_n_steps", "training.log_every", ""},
+    {"logging_steps", "training.log_every", ""},
+    {"eval_batch_size", "eval.batch_size", ""},
+    {"per_device_eval_batch_size", "eval.batch_size", ""},
+    {"save_total_limit", "checkpoint.keep_last", ""},
+    {"save_steps", "checkpoint.every_steps", ""},
+    {"seed", "run.seed", ""},
+    {"max_seq_len", "dataset.max_length", ""},
+    {"max_seq_length", "dataset.max_length", ""},
+    {"num_workers", "loader.workers", ""},
+    {"dataloader_num_workers", "loader.workers", ""},
+    {"accelerator", "runtime.device", ""},
+};
+
+std::string parent_of(const std::string& key) {
+  const auto dot = key.rfind('.');
+  return dot == std::string::npos ? std::string() : key.substr(0, dot);
+}
+
+std::string leaf_of(const std::string& key) {
+  const auto dot = key.rfind('.');
+  return dot == std::string::npos ? key : key.substr(dot + 1);
+}
+
+}  // namespace
+
 std::string did_you_mean(const std::string& key, const std::vector<std::string>& known) {
-  const std::string full = closest_match(key, known);
-  if (!full.empty()) return "; did you mean '" + full + "'?";
+  const auto mean = [](const std::string& k) { return "; did you mean '" + k + "'?"; };
+  const std::string parent = parent_of(key), leaf = leaf_of(key);
+  // Another tool's name for one of trainer's keys: `optim.learning_rate`, `optim.warmup`.
+  for (const KeyAlias& a : kKeyAliases) {
+    if (leaf == a.theirs && std::find(known.begin(), known.end(), a.ours) != known.end()) {
+      return mean(a.ours) + a.note;
+    }
+  }
+  // A misspelt key of its own section: `training.epoch`.
+  std::vector<std::string> siblings;
+  bool parent_known = parent.empty();
+  for (const auto& k : known) {
+    if (parent_of(k) != parent) continue;
+    parent_known = true;
+    siblings.push_back(leaf_of(k));
+  }
+  if (const std::string near = closest_match(leaf, siblings); !near.empty()) {
+    return mean(parent.empty() ? near : parent + "." + near);
+  }
+  // The key of that name in another section: `optim.warmup_steps`.
+  std::vector<std::string> elsewhere;
+  for (const auto& k : known) {
+    if (leaf_of(k) == leaf) elsewhere.push_back(k);
+  }
+  if (elsewhere.size() == 1) return mean(elsewhere.front());
+  if (elsewhere.size() > 1) return "; did you mean one of '" + fmt::format("{}", fmt::join(elsewhere, "', '")) + "'?";
+  if (parent_known) return {};
+  // A misspelt section: `traning.epochs`.
+  if (const std::string full = closest_match(key, known); !full.empty()) return mean(full);
   const auto dot = key.find('.');
   if (dot == std::string::npos) return {};
   std::vector<std::string> sections;

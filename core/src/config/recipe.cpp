@@ -6,7 +6,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
+#include <optional>
 #include <regex>
+#include <sstream>
 
 #include "config/config_numbers.h"
 #include "trainer/data.h"
@@ -104,6 +106,20 @@ bool is_group_dir(const std::string& name, const std::vector<std::string>& dirs)
   return false;
 }
 
+/// `[a, b]` of a bracketed `text` whose words lack TOML's quotes (`[console,early_stopping]`):
+/// `["console", "early_stopping"]`; nothing for other text.
+std::optional<std::string> quoted_list(const std::string& text) {
+  if (text.size() < 2 || text.front() != '[' || text.back() != ']') return std::nullopt;
+  std::vector<std::string> items;
+  std::string item;
+  std::istringstream in(text.substr(1, text.size() - 2));
+  while (std::getline(in, item, ',')) {
+    const auto first = item.find_first_not_of(" \t"), last = item.find_last_not_of(" \t");
+    if (first != std::string::npos) items.push_back("\"" + item.substr(first, last - first + 1) + "\"");
+  }
+  return "[" + fmt::format("{}", fmt::join(items, ", ")) + "]";
+}
+
 }  // namespace
 
 ConfigValue parse_override_value(const std::string& text) {
@@ -111,6 +127,14 @@ ConfigValue parse_override_value(const std::string& text) {
     Config c = Config::parse("v = " + text, "override");
     if (c.has("v") && !c.is_table("v")) return c.value("v");
   } catch (const ConfigError&) {
+    // A list whose words lack their quotes, `plugins.load=[console,early_stopping]`: TOML's
+    // strings need them, and the shell takes those off unless the value is in single quotes.
+    if (const auto quoted = quoted_list(text)) {
+      throw ConfigError(
+          {fmt::format("{} is not a TOML list: its words need quotes, {} (a string that starts with '[' "
+                       "is written \"{}\")",
+                       text, *quoted, text)});
+    }
     // Not TOML: a bare string such as `run.name=baseline` or `dataset.root=/data/x`, unless
     // it is written as a number that TOML cannot hold.
     // (`007` is not a TOML number either, and stays the string "007".)
@@ -294,7 +318,12 @@ LoadedRecipe load_recipe(const std::string& recipe_path, const std::vector<std::
     try {
       merged.set(o.key, parse_override_value(o.value), origin);
     } catch (const ConfigError& e) {
-      for (const auto& p : e.problems()) problems.push_back(fmt::format("{}: {}", origin, p));
+      // The command line to write instead, where the shell took the words' quotes away.
+      const auto quoted = quoted_list(o.value);
+      const std::string instead = quoted ? fmt::format("; on the command line, in single quotes: '{}{}={}'",
+                                                       o.kind == Override::Kind::Add ? "+" : "", o.key, *quoted)
+                                         : std::string();
+      for (const auto& p : e.problems()) problems.push_back(fmt::format("{}: {}{}", origin, p, instead));
     }
   }
   out.overrides = std::move(parsed);

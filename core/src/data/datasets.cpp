@@ -4,8 +4,10 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <set>
+#include <vector>
 
 #include "data/array_datasets.h"
 #include "data/image_datasets.h"
@@ -21,7 +23,7 @@ namespace trainer {
 at::Tensor read_idx_file(const std::string& path) {
   // gzopen reads plain files as well, so .gz and decompressed IDX files both work.
   gzFile f = gzopen(path.c_str(), "rb");
-  TRAINER_CHECK(f != nullptr, "cannot open ", path);
+  TRAINER_CHECK_T(UsageError, f != nullptr, "cannot open ", path);
   auto read_exact = [&](void* buf, std::size_t n) {
     std::size_t done = 0;
     while (done < n) {
@@ -35,7 +37,7 @@ at::Tensor read_idx_file(const std::string& path) {
   unsigned char magic[4];
   if (!read_exact(magic, 4) || magic[0] != 0 || magic[1] != 0 || magic[2] != 0x08 || magic[3] < 1 || magic[3] > 4) {
     gzclose(f);
-    throw Error(fmt::format("{}: not an unsigned-byte IDX file (bad magic number)", path));
+    throw UsageError(fmt::format("{}: not an unsigned-byte IDX file (bad magic number)", path));
   }
   std::vector<std::int64_t> dims(magic[3]);
   std::int64_t total = 1;
@@ -43,15 +45,30 @@ at::Tensor read_idx_file(const std::string& path) {
     unsigned char b[4];
     if (!read_exact(b, 4)) {
       gzclose(f);
-      throw Error(fmt::format("{}: truncated IDX header", path));
+      throw UsageError(fmt::format("{}: truncated IDX header", path));
     }
     d = (std::int64_t(b[0]) << 24) | (std::int64_t(b[1]) << 16) | (std::int64_t(b[2]) << 8) | std::int64_t(b[3]);
+    // At most 2^40 bytes in all (each size is below 2^32): the product cannot overflow.
+    if (d > 0 && total > (std::int64_t{1} << 40) / d) {
+      gzclose(f);
+      throw UsageError(fmt::format("{}: an IDX header whose sizes make more than 2^40 bytes", path));
+    }
     total *= d;
   }
-  at::Tensor t = at::empty(dims, at::kByte);
-  const bool ok = read_exact(t.data_ptr<std::uint8_t>(), static_cast<std::size_t>(total));
+  // The header's sizes are the file's word: the data is read a chunk at a time, so that memory
+  // grows with what the file holds, not with what its header claims.
+  std::vector<std::uint8_t> data;
+  constexpr std::int64_t kChunk = std::int64_t{1} << 24;
+  bool ok = true;
+  for (std::int64_t done = 0; ok && done < total; done += kChunk) {
+    const std::int64_t n = std::min(kChunk, total - done);
+    data.resize(static_cast<std::size_t>(done + n));
+    ok = read_exact(data.data() + done, static_cast<std::size_t>(n));
+  }
   gzclose(f);
-  TRAINER_CHECK(ok, path, ": truncated IDX data (expected ", total, " bytes)");
+  TRAINER_CHECK_T(UsageError, ok, path, ": truncated IDX data (its header says ", total, " bytes)");
+  at::Tensor t = at::empty(dims, at::kByte);
+  if (total > 0) std::memcpy(t.data_ptr<std::uint8_t>(), data.data(), static_cast<std::size_t>(total));
   return t;
 }
 
@@ -104,7 +121,7 @@ std::string find_idx(const std::string& configured_root, const std::string& stem
     if (fs::is_regular_file(p)) return p.string();
   }
   const std::string moved = root == configured_root ? "" : " ($TRAINER_DATASETS_DIR in place of /usr/share/datasets)";
-  throw Error(
+  throw UsageError(
       fmt::format("Fashion-MNIST not found: no {}.gz (or {}) in {}{}. Install Debian's dataset-fashion-mnist package "
                   "(scripts/install-deps.sh does) or point dataset.root at a directory holding the IDX files.",
                   stem, stem, root, moved));
@@ -231,9 +248,18 @@ Registry<DatasetFactory>& dataset_registry() {
         [](const Config& c, Split split) -> std::shared_ptr<Dataset> {
           const auto s = FashionMnistSettings::from(c);
           const std::string prefix = split == Split::Train ? "train" : "t10k";
-          auto images = read_idx_file(find_idx(s.root, prefix + "-images-idx3-ubyte"));
-          auto labels = read_idx_file(find_idx(s.root, prefix + "-labels-idx1-ubyte"));
-          TRAINER_CHECK(images.dim() == 3 && labels.dim() == 1, s.root, ": unexpected IDX shapes");
+          const std::string images_file = find_idx(s.root, prefix + "-images-idx3-ubyte");
+          const std::string labels_file = find_idx(s.root, prefix + "-labels-idx1-ubyte");
+          auto images = read_idx_file(images_file);
+          auto labels = read_idx_file(labels_file);
+          TRAINER_CHECK_T(UsageError, images.dim() == 3 && labels.dim() == 1, images_file, " and ", labels_file,
+                          ": IDX files of images [N, rows, columns] and labels [N] expected, got ", images.sizes(),
+                          " and ", labels.sizes());
+          TRAINER_CHECK_T(UsageError, images.size(0) == labels.size(0), images_file, " holds ", images.size(0),
+                          " images and ", labels_file, " ", labels.size(0), " labels");
+          TRAINER_CHECK_T(UsageError, labels.numel() == 0 || labels.max().item<std::int64_t>() < 10, labels_file,
+                          ": a label of ", labels.numel() == 0 ? 0 : labels.max().item<std::int64_t>(),
+                          "; Fashion-MNIST's are 0 to 9");
           std::int64_t classes = 10;
           if (!s.classes.empty()) {
             // The samples of the chosen classes, in file order, relabelled by position in the list.
