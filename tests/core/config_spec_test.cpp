@@ -95,6 +95,15 @@ TEST(DidYouMean, OtherToolsNamesOtherSectionsAndNoWildGuesses) {
   EXPECT_EQ(did_you_mean("training.batch_size_", known), "; did you mean 'training.batch_size'?");
   EXPECT_EQ(did_you_mean("model.name", known), "; did you mean one of 'optim.name', 'sched.name'?");
   EXPECT_EQ(did_you_mean("traning.epochs", known), "; did you mean 'training.epochs'?");
+  EXPECT_EQ(did_you_mean("evl.batch_size", known), "; did you mean 'eval.batch_size'?");  // the section first
+  EXPECT_EQ(did_you_mean("traiing.batch_sise", known), "; did you mean 'training.batch_size'?");
+  EXPECT_EQ(did_you_mean("eval.max_steps", known), "; did you mean 'training.max_steps'?");  // alias
+  EXPECT_EQ(did_you_mean("training.micro_batch", known), "; did you mean 'training.micro_batch_size'?");
+  EXPECT_EQ(did_you_mean("optim.seed", {"optim.name", "run.seed"}), "; did you mean 'run.seed'?");
+  EXPECT_EQ(did_you_mean("eval.shuffle", {"eval.batch_size", "training.shuffle"}),
+            "; did you mean 'training.shuffle'?");  // the same name in another section
+  // A plugin's section has its own keys: no other tool's name is taken for the core's there.
+  EXPECT_EQ(did_you_mean("plugins.device_select.accelerator", {"runtime.device", "plugins.device_select.device"}), "");
   EXPECT_EQ(did_you_mean("trainig.zzz", known), "; did you mean section [training]?");
   EXPECT_EQ(did_you_mean("optim.zzz", known), "");  // a known section and nothing near: no guess
   EXPECT_EQ(did_you_mean("optim.warmup", {"optim.name", "optim.lr"}), "");  // no [sched] in this schema

@@ -201,16 +201,16 @@ std::string leaf_of(const std::string& key) {
 
 }  // namespace
 
+// "; did you mean 'optim.lr'?": in this order, for a near-miss of the whole key when its section
+// is not one (`traning.epochs`); for `known`'s key of that meaning where `key` is another tool's
+// name for it (`optim.learning_rate`, `optim.warmup`: Lightning's, Hugging Face's, torchtune's;
+// not in a plugin's section); for a near-miss or the one longer form in its own section
+// (`training.epoch`, `training.grad_clip`); for the key of that name in another section
+// (`eval.shuffle`). Else "; did you mean section [training]?" when only the first component is
+// near a section; else "".
 std::string did_you_mean(const std::string& key, const std::vector<std::string>& known) {
   const auto mean = [](const std::string& k) { return "; did you mean '" + k + "'?"; };
   const std::string parent = parent_of(key), leaf = leaf_of(key);
-  // Another tool's name for one of trainer's keys: `optim.learning_rate`, `optim.warmup`.
-  for (const KeyAlias& a : kKeyAliases) {
-    if (leaf == a.theirs && std::find(known.begin(), known.end(), a.ours) != known.end()) {
-      return mean(a.ours) + a.note;
-    }
-  }
-  // A misspelt key of its own section: `training.epoch`.
   std::vector<std::string> siblings;
   bool parent_known = parent.empty();
   for (const auto& k : known) {
@@ -218,10 +218,28 @@ std::string did_you_mean(const std::string& key, const std::vector<std::string>&
     parent_known = true;
     siblings.push_back(leaf_of(k));
   }
-  if (const std::string near = closest_match(leaf, siblings); !near.empty()) {
-    return mean(parent.empty() ? near : parent + "." + near);
+  // A misspelt section: `traning.epochs`, `evl.batch_size`.
+  if (!parent_known) {
+    if (const std::string full = closest_match(key, known); !full.empty()) return mean(full);
   }
-  // The key of that name in another section: `optim.warmup_steps`.
+  // Another tool's name for one of trainer's keys: `optim.learning_rate`, `optim.warmup`. (Not in
+  // a plugin's section: its keys are its own.)
+  if (parent.rfind("plugins.", 0) != 0) {
+    for (const KeyAlias& a : kKeyAliases) {
+      if (leaf == a.theirs && std::find(known.begin(), known.end(), a.ours) != known.end()) {
+        return mean(a.ours) + a.note;
+      }
+    }
+  }
+  // A misspelt or shortened key of its own section: `training.epoch`, `training.grad_clip`.
+  const std::string prefix = parent.empty() ? std::string() : parent + ".";
+  if (const std::string near = closest_match(leaf, siblings); !near.empty()) return mean(prefix + near);
+  std::vector<std::string> longer;
+  for (const auto& s : siblings) {
+    if (leaf.size() >= 3 && s.size() > leaf.size() && s.compare(0, leaf.size(), leaf) == 0) longer.push_back(s);
+  }
+  if (longer.size() == 1) return mean(prefix + longer.front());
+  // The key of that name in another section: `eval.shuffle`.
   std::vector<std::string> elsewhere;
   for (const auto& k : known) {
     if (leaf_of(k) == leaf) elsewhere.push_back(k);
@@ -229,8 +247,7 @@ std::string did_you_mean(const std::string& key, const std::vector<std::string>&
   if (elsewhere.size() == 1) return mean(elsewhere.front());
   if (elsewhere.size() > 1) return "; did you mean one of '" + fmt::format("{}", fmt::join(elsewhere, "', '")) + "'?";
   if (parent_known) return {};
-  // A misspelt section: `traning.epochs`.
-  if (const std::string full = closest_match(key, known); !full.empty()) return mean(full);
+  // Only the section is near one: `trainig.clip`.
   const auto dot = key.find('.');
   if (dot == std::string::npos) return {};
   std::vector<std::string> sections;

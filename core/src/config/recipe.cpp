@@ -106,17 +106,37 @@ bool is_group_dir(const std::string& name, const std::vector<std::string>& dirs)
   return false;
 }
 
-/// `[a, b]` of a bracketed `text` whose words lack TOML's quotes (`[console,early_stopping]`):
-/// `["console", "early_stopping"]`; nothing for other text.
+/// `["console", "early_stopping"]` for a bracketed `text` of bare words that lack TOML's quotes
+/// (`[console,early_stopping]`), each word quoted that is not a TOML value by itself; nothing for
+/// other text: a list with quotes, brackets or braces inside, or whose unparsable items look like
+/// numbers (`[16 32]`, `[0.9,.95]`, a number out of range), keeps the error it has.
 std::optional<std::string> quoted_list(const std::string& text) {
   if (text.size() < 2 || text.front() != '[' || text.back() != ']') return std::nullopt;
+  const std::string inner = text.substr(1, text.size() - 2);
+  if (inner.find_first_of("\"'[]{}\\") != std::string::npos) return std::nullopt;
   std::vector<std::string> items;
+  bool bare = false;
   std::string item;
-  std::istringstream in(text.substr(1, text.size() - 2));
+  std::istringstream in(inner);
   while (std::getline(in, item, ',')) {
     const auto first = item.find_first_not_of(" \t"), last = item.find_last_not_of(" \t");
-    if (first != std::string::npos) items.push_back("\"" + item.substr(first, last - first + 1) + "\"");
+    if (first == std::string::npos) return std::nullopt;
+    item = item.substr(first, last - first + 1);
+    bool value = true;
+    try {
+      Config::parse("v = " + item, "override");
+    } catch (const ConfigError&) {
+      value = false;
+    }
+    if (!value) {
+      const char c = item.front();
+      if (std::isdigit(static_cast<unsigned char>(c)) || c == '+' || c == '-' || c == '.') return std::nullopt;
+      bare = true;
+      item = "\"" + item + "\"";
+    }
+    items.push_back(item);
   }
+  if (!bare) return std::nullopt;
   return "[" + fmt::format("{}", fmt::join(items, ", ")) + "]";
 }
 
@@ -132,7 +152,7 @@ ConfigValue parse_override_value(const std::string& text) {
     if (const auto quoted = quoted_list(text)) {
       throw ConfigError(
           {fmt::format("{} is not a TOML list: its words need quotes, {} (a string that starts with '[' "
-                       "is written \"{}\")",
+                       "is written in quotes, inside single ones on the command line: '\"{}\"')",
                        text, *quoted, text)});
     }
     // Not TOML: a bare string such as `run.name=baseline` or `dataset.root=/data/x`, unless
