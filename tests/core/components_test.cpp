@@ -133,13 +133,35 @@ TEST(ReadIdx, ReadsGzipAndPlainFiles) {
 TEST(ReadIdx, RejectsBadMagicAndTruncatedData) {
   testing::TempDir tmp;
   write_idx(tmp / "bad", {2}, {1, 2}, false, 0x0d);
-  EXPECT_THROW(read_idx_file(tmp / "bad"), Error);
+  EXPECT_THROW(read_idx_file(tmp / "bad"), UsageError);
+  // Uncompressed, a header that claims more than the file holds is refused before the data is
+  // allocated; gzip'd, the file is read until it ends short.
   write_idx(tmp / "short", {10}, {1, 2}, false);
   try {
     read_idx_file(tmp / "short");
     FAIL();
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("truncated"), std::string::npos) << e.what();
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("its IDX header says 10 bytes of data; the file can hold at most 2"),
+              std::string::npos)
+        << e.what();
+  }
+  write_idx(tmp / "short.gz", {10}, {1, 2}, true);
+  try {
+    read_idx_file(tmp / "short.gz");
+    FAIL();
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("truncated IDX data (its header says 10 bytes)"), std::string::npos)
+        << e.what();
+  }
+  // A gzip'd header beyond deflate's 1032:1 of the file is refused unread.
+  write_idx(tmp / "claims.gz", {1 << 30}, {1, 2}, true);
+  try {
+    read_idx_file(tmp / "claims.gz");
+    FAIL();
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("its IDX header says 1073741824 bytes of data; the file can hold at most"),
+              std::string::npos)
+        << e.what();
   }
 }
 
