@@ -132,37 +132,28 @@ TEST(ReadIdx, ReadsGzipAndPlainFiles) {
 
 TEST(ReadIdx, RejectsBadMagicAndTruncatedData) {
   testing::TempDir tmp;
+  // The usage error reading `file` raises, or "" when it reads.
+  const auto refusal = [](const std::string& file) -> std::string {
+    try {
+      read_idx_file(file);
+    } catch (const UsageError& e) {
+      return e.what();
+    }
+    return "";
+  };
   write_idx(tmp / "bad", {2}, {1, 2}, false, 0x0d);
-  EXPECT_THROW(read_idx_file(tmp / "bad"), UsageError);
+  EXPECT_NE(refusal(tmp / "bad").find("not an unsigned-byte IDX file (bad magic number)"), std::string::npos);
   // Uncompressed, a header that claims more than the file holds is refused before the data is
   // allocated; gzip'd, the file is read until it ends short.
   write_idx(tmp / "short", {10}, {1, 2}, false);
-  try {
-    read_idx_file(tmp / "short");
-    FAIL();
-  } catch (const UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find("its IDX header says 10 bytes of data; the file can hold at most 2"),
-              std::string::npos)
-        << e.what();
-  }
+  EXPECT_NE(refusal(tmp / "short").find("its IDX header says 10 bytes of data; the file can hold at most 2"),
+            std::string::npos);
   write_idx(tmp / "short.gz", {10}, {1, 2}, true);
-  try {
-    read_idx_file(tmp / "short.gz");
-    FAIL();
-  } catch (const UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find("truncated IDX data (its header says 10 bytes)"), std::string::npos)
-        << e.what();
-  }
+  EXPECT_NE(refusal(tmp / "short.gz").find("truncated IDX data (its header says 10 bytes)"), std::string::npos);
   // A gzip'd header beyond deflate's 1032:1 of the file is refused unread.
   write_idx(tmp / "claims.gz", {1 << 30}, {1, 2}, true);
-  try {
-    read_idx_file(tmp / "claims.gz");
-    FAIL();
-  } catch (const UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find("its IDX header says 1073741824 bytes of data; the file can hold at most"),
-              std::string::npos)
-        << e.what();
-  }
+  EXPECT_NE(refusal(tmp / "claims.gz").find("its IDX header says 1073741824 bytes of data; the file can hold at most"),
+            std::string::npos);
 }
 
 TEST(Datasets, FashionMnistFromAnIdxTreeWithLimit) {
