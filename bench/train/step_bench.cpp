@@ -4,6 +4,8 @@
 // And trainer's step of a model written in Python (model "torchscript":
 // docs/examples/torchscript/fashion_cnn.py, the built-in cnn's network with dropout 0.25)
 // against the built-in cnn with the same settings. Ratio target: <= 1.10.
+// And "mlp_unchecked": the MLP with training.on_nonfinite = "ignore", the cost of the default
+// check of the loss and the gradients' norm before each optimizer step.
 #include <benchmark/benchmark.h>
 #include <torch/torch.h>
 
@@ -44,6 +46,7 @@ const std::string& torchscript_cnn() {
 std::string model_section(const std::string& model) {
   if (model == "cnn_torchscript") return "name = \"torchscript\"\npath = \"" + torchscript_cnn() + "\"\n";
   if (model == "cnn_dropout") return "name = \"cnn\"\ndropout = 0.25\n";
+  if (model == "mlp_unchecked") return "name = \"mlp\"\n";
   return "name = \"" + model + "\"\n";
 }
 
@@ -52,6 +55,7 @@ trainer::Config make_config(const std::string& model, std::int64_t steps) {
   r.config = trainer::Config::parse(
       "[run]\nseed = 1\n[model]\n" + model_section(model) + "[dataset]\nname = \"synthetic\"\nsize = " +
       std::to_string(steps * kBatch) + "\n[training]\nbatch_size = " + std::to_string(kBatch) +
+      (model == "mlp_unchecked" ? "\non_nonfinite = \"ignore\"" : "") +
       "\nshuffle = false\n[optim]\nname = \"adamw\"\n[eval]\nevery_epochs = 0\n[checkpoint]\nevery_epochs = 0\n"
       "at_end = false\n[metrics]\njsonl = false\nconsole = false\n[runtime]\nnum_threads = 2\n");
   trainer::validate_recipe(r);
@@ -133,6 +137,9 @@ void BM_HandLoop_Step(benchmark::State& state, const std::string& model_name) {
 
 BENCHMARK_CAPTURE(BM_HandLoop_Step, mlp, std::string("mlp"))->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Trainer_Step, mlp, std::string("mlp"))->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Trainer_Step, mlp_unchecked, std::string("mlp_unchecked"))
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_HandLoop_Step, cnn, std::string("cnn"))->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Trainer_Step, cnn, std::string("cnn"))->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Trainer_Step, cnn_dropout, std::string("cnn_dropout"))

@@ -21,6 +21,7 @@ constexpr const char* kPalette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd",
                                     "#8c564b", "#e377c2", "#17becf", "#7f7f7f"};
 constexpr const char* kOomColour = "#d62728";
 constexpr const char* kMicroBatchColour = "#b8860b";
+constexpr const char* kResumeColour = "#555555";
 
 Line step_line(const RunData& data, const std::string& name, const std::string& colour) {
   Line l{name, colour, {}, false};
@@ -57,7 +58,7 @@ const std::vector<StepChart>& step_charts() {
 }
 
 const std::vector<std::string> kMemoryNames = {"memory/allocated_mb", "memory/reserved_mb", "memory/peak_mb"};
-const std::vector<std::string> kEventNames = {"oom/micro_batch_size", "train/micro_batch_size"};
+const std::vector<std::string> kEventNames = {"oom/micro_batch_size", "train/micro_batch_size", "resume/step"};
 
 std::string join(const std::vector<std::string>& parts, const std::string& sep) {
   std::string out;
@@ -175,6 +176,14 @@ std::string render_html(const RunData& d) {
     Chart c{spec.title, "step", spec.y_label, true, 600, 300, {}, {}};
     for (std::size_t i = 0; i < spec.names.size(); ++i) {
       if (logged(d, spec.names[i])) c.lines.push_back(step_line(d, spec.names[i], kPalette[i]));
+    }
+    // Where the run resumed (a run resumed in place from an earlier step draws over its steps again).
+    if (const auto resumes = d.metrics.find("resume/step"); !c.lines.empty() && resumes != d.metrics.end()) {
+      for (const auto& p : resumes->second) {
+        if (c.markers.size() == kMaxMarkers) break;
+        const std::string label = "resumed";
+        c.markers.push_back({p.step, label, "resumed at step " + format_number(p.step, 12), kResumeColour, "resume"});
+      }
     }
     if (!c.lines.empty()) training.push_back(figure(c));
   }

@@ -97,6 +97,10 @@ summary{cursor:pointer;color:#374151}
 footer{color:#6b7280;font-size:12px;text-align:center;padding:4px 0 12px}
 )";
 
+namespace {
+constexpr std::size_t kMaxListedResumes = 10;  // resumes named in the header
+}  // namespace
+
 void render_header(const RunData& d, double t_first, double t_last, std::ostringstream& h) {
   std::string status, badge;
   if (d.status) {
@@ -138,6 +142,17 @@ void render_header(const RunData& d, double t_first, double t_last, std::ostring
     h << fact("Epoch", std::to_string(d.status->epoch) + " (status.json, from 0)");
   }
   h << fact("Started (UTC)", html_escape(iso_utc(t_first)));
+  const auto resumes = d.metrics.find("resume/step");
+  if (resumes != d.metrics.end() && !resumes->second.empty()) {
+    std::string at;
+    for (std::size_t i = 0; i < resumes->second.size() && i < kMaxListedResumes; ++i) {
+      const Point& p = resumes->second[i];
+      at += (i ? ", " : "") + format_number(p.step, 12) + (std::isfinite(p.time) ? " (" + iso_utc(p.time) + ")" : "");
+    }
+    if (resumes->second.size() > kMaxListedResumes) at += ", …";
+    const std::size_t n = resumes->second.size();
+    h << fact("Resumed", html_escape(std::to_string(n) + (n == 1 ? " time, at step " : " times, at steps ") + at));
+  }
   h << fact("Duration", html_escape(duration_text(t_last - t_first)) + " (first to last metric)");
   if (!d.status && std::isfinite(t_last)) {
     h << fact("Last metric",

@@ -27,7 +27,7 @@ RecipeFacts recipe_facts(const EstimateRequest& r) {
   f.micro = t.micro_batch();
   f.memory = MemorySettings::from(p.config.sub("memory"));
   const auto eval = EvalSettings::from(p.config.sub("eval"));
-  if (eval.every_epochs > 0 || eval.at_end) f.eval_batch = eval.batch_size;
+  if (eval.evaluates()) f.eval_batch = eval.batch_size;
   f.memory_format_auto =
       p.config.has("model.memory_format") && p.config.get<std::string>("model.memory_format") == "auto";
   if (p.config.has("dataset.max_length")) f.max_length = p.config.get<std::int64_t>("dataset.max_length");

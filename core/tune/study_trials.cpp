@@ -99,7 +99,7 @@ void Study::begin(TrialRecord& t) {
     shape.batch = ts.batch_size;
     shape.micro = ts.micro_batch();
     const auto es = EvalSettings::from(p.config.sub("eval"));
-    shape.eval_batch = es.every_epochs > 0 || es.at_end ? es.batch_size : 0;
+    shape.eval_batch = es.evaluates() ? es.batch_size : 0;
     shape.eval_limit_batches = es.limit_batches;
     // With oom_backoff the recipe lets the micro-batch change (gradient accumulation keeps
     // the effective batch): down to its min_micro_batch (the resolved config has its default).

@@ -23,11 +23,15 @@ std::string hms(double seconds) {
 
 struct ConsoleSettings : trainer::Settings<ConsoleSettings> {
   std::int64_t every_steps = 100;
+  double every_s = 30.0;
   std::string mode = "auto";
   bool metrics = true;
 
   static void declare(trainer::SettingsSchema<ConsoleSettings>& s) {
     s.add(&ConsoleSettings::every_steps, "every_steps", "Plain mode: print every N optimizer steps").min(1);
+    s.add(&ConsoleSettings::every_s, "every_s",
+          "Plain mode: also print when this many seconds passed since the last line; 0 = only every_steps")
+        .min(0);
     s.add(&ConsoleSettings::mode, "mode", "auto picks tty when stdout is a terminal").choices({"auto", "tty", "plain"});
     s.add(&ConsoleSettings::metrics, "metrics",
           "Add the latest value of every other training metric (train/grad_norm, plugins' metrics) to the line");
@@ -49,6 +53,7 @@ class ConsolePlugin final : public trainer::Plugin {
     Plugin::configure(section, std::move(logger));
     const auto s = ConsoleSettings::from(section);
     every_ = s.every_steps;
+    every_s_ = s.every_s;
     metrics_ = s.metrics;
     tty_ = s.mode == "tty" || (s.mode == "auto" && isatty(STDOUT_FILENO));
     rank_ = trainer::rank_of_this_process();
@@ -71,11 +76,12 @@ class ConsolePlugin final : public trainer::Plugin {
           std::printf("\r%s\033[K", line(s, now).c_str());
           std::fflush(stdout);
           drawn_ = true;
-        } else if (s.global_step % every_ == 0) {
-          std::printf("%s\n", line(s, now).c_str());
-          std::fflush(stdout);
+          last_draw_ = now;
+        } else if (s.global_step != printed_step_ &&
+                   (s.global_step % every_ == 0 ||
+                    (every_s_ > 0 && now - last_draw_ >= std::chrono::duration<double>(every_s_)))) {
+          print_line(s, now);
         }
-        last_draw_ = now;
         break;
       }
       case trainer::Event::EvalEnd:
@@ -93,13 +99,12 @@ class ConsolePlugin final : public trainer::Plugin {
         break;
       case trainer::Event::EpochEnd:
         end_line();
-        if (!tty_) {
-          std::printf("%s\n", line(s, Clock::now()).c_str());
-          std::fflush(stdout);
-        }
+        if (!tty_) print_line(s, Clock::now());
         break;
       case trainer::Event::FitEnd: {
         end_line();
+        // The values the run ends with, unless the last line printed showed them.
+        if (!tty_ && s.global_step != printed_step_ && s.global_step > start_step_) print_line(s, Clock::now());
         const double secs = std::chrono::duration<double>(Clock::now() - start_).count();
         std::printf("done: %lld steps in %s (%s)\n", static_cast<long long>(s.global_step), hms(secs).c_str(),
                     trainer::run_status_name(ctx.status));
@@ -138,6 +143,13 @@ class ConsolePlugin final : public trainer::Plugin {
     return name == "train/loss" || name == "train/lr" || name == "train/epoch" || name == "train/samples_per_s" ||
            name.rfind("eval/", 0) == 0;
   }
+  /// Plain mode: one line now.
+  void print_line(const trainer::RunState& s, Clock::time_point now) {
+    std::printf("%s\n", line(s, now).c_str());
+    std::fflush(stdout);
+    last_draw_ = now;
+    printed_step_ = s.global_step;
+  }
   void end_line() {
     if (tty_ && drawn_) {
       std::printf("\n");
@@ -146,6 +158,8 @@ class ConsolePlugin final : public trainer::Plugin {
   }
 
   std::int64_t every_ = 100;
+  double every_s_ = 30.0;
+  std::int64_t printed_step_ = -1;  ///< plain mode: the step of the last line printed
   bool tty_ = false, drawn_ = false, metrics_ = true;
   std::int64_t rank_ = 0;  ///< this process's rank in a data-parallel run
   trainer::MetricsLogger* metrics_log_ = nullptr;

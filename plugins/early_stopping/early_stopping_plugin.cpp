@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <optional>
 #include <system_error>
 
 #include "trainer/core_settings.h"
@@ -19,16 +20,20 @@ namespace fs = std::filesystem;
 namespace {
 
 struct EarlyStoppingSettings : trainer::Settings<EarlyStoppingSettings> {
-  std::string monitor = "eval/loss";
-  std::string mode = "min";
+  std::optional<std::string> monitor;  ///< unset: checkpoint.monitor when set, else eval/loss
+  std::optional<std::string> mode;     ///< unset: checkpoint.mode with checkpoint.monitor, else min
   std::int64_t patience = 3;
   double min_delta = 0.0;
   bool save_best = false;
 
   static void declare(trainer::SettingsSchema<EarlyStoppingSettings>& s) {
     s.add(&EarlyStoppingSettings::monitor, "monitor",
-          "Evaluation metric to watch (eval/loss, eval/accuracy, or one a plugin adds in EvalMetrics)");
-    s.add(&EarlyStoppingSettings::mode, "mode", "min: lower is better; max: higher is better").choices({"min", "max"});
+          "Evaluation metric to watch (eval/loss, eval/accuracy, or one a plugin adds in EvalMetrics); unset: "
+          "checkpoint.monitor when set, else eval/loss");
+    s.add(&EarlyStoppingSettings::mode, "mode",
+          "min: lower is better; max: higher is better; unset: checkpoint.mode when watching checkpoint.monitor, "
+          "else min")
+        .choices({"min", "max"});
     s.add(&EarlyStoppingSettings::patience, "patience", "Evaluations without improvement before stopping").min(0);
     s.add(&EarlyStoppingSettings::min_delta, "min_delta", "Smallest change that counts as an improvement").min(0);
     s.add(&EarlyStoppingSettings::save_best, "save_best",
@@ -55,7 +60,7 @@ class EarlyStoppingPlugin final : public trainer::Plugin {
   }
   std::vector<trainer::Event> events() const override {
     using E = trainer::Event;
-    return {E::Resume, E::FitStart, E::EvalEnd, E::Checkpoint};
+    return {E::Init, E::Resume, E::FitStart, E::EvalEnd, E::Checkpoint};
   }
   std::vector<trainer::KeySpec> config_keys() const override { return EarlyStoppingSettings::keys(); }
   // A monitor that names no metric is a usage error (exit code 2), not something to log and
@@ -78,15 +83,15 @@ class EarlyStoppingPlugin final : public trainer::Plugin {
   }
   void save_state(trainer::PluginState& state) override {
     // What was watched, so that a resume that watches something else starts afresh.
-    state.set_string("monitor", s_.monitor);
-    state.set_string("mode", s_.mode);
+    state.set_string("monitor", monitor_);
+    state.set_string("mode", mode_);
     progress().save(state);
   }
   void load_state(const trainer::PluginState& state) override {
-    const std::string monitored = state.get_string("monitor"), mode = state.get_string("mode", s_.mode);
-    if (monitored != s_.monitor || mode != s_.mode) {
+    const std::string monitored = state.get_string("monitor"), mode = state.get_string("mode", mode_);
+    if (monitored != monitor_ || mode != mode_) {
       logger_->warn("early_stopping: the checkpoint watched {} ({}), this run watches {} ({}): starting afresh",
-                    monitored, mode, s_.monitor, s_.mode);
+                    monitored, mode, monitor_, mode_);
       return;
     }
     progress().load(state);
@@ -94,17 +99,27 @@ class EarlyStoppingPlugin final : public trainer::Plugin {
 
   void on_event(trainer::EventContext& ctx, trainer::Control& control) override {
     switch (ctx.event) {
+      case trainer::Event::Init: {
+        // The metric the checkpoints are kept by, unless this plugin names its own.
+        const auto checkpoint = trainer::CheckpointSettings::from(ctx.config->sub("checkpoint"));
+        const bool follow = !s_.monitor && !checkpoint.monitor.empty();
+        monitor_ = s_.monitor.value_or(follow ? checkpoint.monitor : "eval/loss");
+        monitor_key_ = follow ? "checkpoint.monitor" : "plugins.early_stopping.monitor";
+        mode_ = s_.mode.value_or(follow ? checkpoint.mode : "min");
+        break;
+      }
       case trainer::Event::Resume:
         if (has_best_) {
           logger_->info("early_stopping: restored best {} = {:.6g} at step {}, {} evaluation(s) without improvement",
-                        s_.monitor, best_, best_step_, wait_);
+                        monitor_, best_, best_step_, wait_);
         }
         break;
       case trainer::Event::FitStart: {
         const auto eval = trainer::EvalSettings::from(ctx.config->sub("eval"));
-        TRAINER_CHECK_T(trainer::UsageError, eval.every_epochs > 0,
-                        "plugins.early_stopping watches evaluation metrics, but eval.every_epochs = 0 never "
-                        "evaluates; set eval.every_epochs (e.g. 1)");
+        TRAINER_CHECK_T(trainer::UsageError, eval.every_epochs > 0 || eval.every_steps > 0,
+                        "plugins.early_stopping watches evaluation metrics, but eval.every_epochs = 0 and "
+                        "eval.every_steps = 0 never evaluate during training; set eval.every_epochs (e.g. 1) or "
+                        "eval.every_steps");
         // Stopped before the checkpoint it resumes from, and still out of patience.
         if (stopped_ && wait_ >= s_.patience) {
           control.stop_training = true;
@@ -127,22 +142,23 @@ class EarlyStoppingPlugin final : public trainer::Plugin {
  private:
   void check(const trainer::EventContext& ctx, trainer::Control& control) {
     const auto& m = *ctx.eval_metrics;
-    const auto it = m.find(s_.monitor);
+    const auto it = m.find(monitor_);
     if (it == m.end()) {
       std::vector<std::string> names;
       for (const auto& kv : m) names.push_back(kv.first);
-      throw trainer::UsageError("plugins.early_stopping.monitor = '" + s_.monitor +
-                                "' is not among the evaluation's metrics (" + fmt::to_string(fmt::join(names, ", ")) +
+      throw trainer::UsageError(monitor_key_ + " = '" + monitor_ + "'" +
+                                (monitor_key_ == "checkpoint.monitor" ? " (which early_stopping watches)" : "") +
+                                " is not among the evaluation's metrics (" + fmt::to_string(fmt::join(names, ", ")) +
                                 ")");
     }
     const double v = it->second;
     if (!std::isfinite(v)) {
       stopped_ = true;
       control.stop_training = true;
-      control.reason = s_.monitor + " is " + std::to_string(v) + " at step " + std::to_string(ctx.state.global_step);
+      control.reason = monitor_ + " is " + std::to_string(v) + " at step " + std::to_string(ctx.state.global_step);
       return;
     }
-    const bool better = !has_best_ || (s_.mode == "min" ? v < best_ - s_.min_delta : v > best_ + s_.min_delta);
+    const bool better = !has_best_ || (mode_ == "min" ? v < best_ - s_.min_delta : v > best_ + s_.min_delta);
     if (better) {
       has_best_ = true;
       best_ = v;
@@ -151,13 +167,13 @@ class EarlyStoppingPlugin final : public trainer::Plugin {
       if (s_.save_best) {
         best_pending_ = true;
         control.request_checkpoint = true;
-        control.reason = "new best " + s_.monitor;
+        control.reason = "new best " + monitor_;
       }
       return;
     }
     ++wait_;
     logger_->info("early_stopping: {} = {:.6g}, no improvement on {:.6g} (step {}) for {} of {} evaluation(s)",
-                  s_.monitor, v, best_, best_step_, wait_, s_.patience);
+                  monitor_, v, best_, best_step_, wait_, s_.patience);
     if (wait_ >= s_.patience) {
       stopped_ = true;
       control.stop_training = true;
@@ -174,7 +190,7 @@ class EarlyStoppingPlugin final : public trainer::Plugin {
       replace_with(file, best);
       if (fs::exists(file + ".sum")) replace_with(file + ".sum", best.string() + ".sum");
       best_checkpoint_ = best.string();
-      logger_->info("early_stopping: best {} = {:.6g} kept as {}", s_.monitor, best_, best_checkpoint_);
+      logger_->info("early_stopping: best {} = {:.6g} kept as {}", monitor_, best_, best_checkpoint_);
     } catch (const std::exception& e) {
       logger_->error("early_stopping: cannot keep {} as {}: {}", file, best.string(), e.what());
     }
@@ -183,11 +199,13 @@ class EarlyStoppingPlugin final : public trainer::Plugin {
   std::string why() const {
     char best[32];
     std::snprintf(best, sizeof best, "%.6g", best_);
-    return "no improvement of " + s_.monitor + " (" + s_.mode + ") for " + std::to_string(wait_) +
-           " evaluation(s); best " + best + " at step " + std::to_string(best_step_);
+    return "no improvement of " + monitor_ + " (" + mode_ + ") for " + std::to_string(wait_) + " evaluation(s); best " +
+           best + " at step " + std::to_string(best_step_);
   }
 
   EarlyStoppingSettings s_;
+  std::string monitor_ = "eval/loss", mode_ = "min";            ///< what is watched (Init resolves the unset keys)
+  std::string monitor_key_ = "plugins.early_stopping.monitor";  ///< where monitor_ came from, for messages
   bool has_best_ = false, stopped_ = false, best_pending_ = false;
   double best_ = 0.0;
   std::int64_t best_step_ = 0, wait_ = 0;

@@ -139,7 +139,7 @@ TEST(Cli, BashCompletionIsGeneratedFromTheCommandTable) {
 TEST(Cli, MissingRecipeIsAUsageError) {
   const auto o = run_cli("");
   EXPECT_EQ(o.code, 2);
-  EXPECT_NE(o.text.find("--recipe is required"), std::string::npos);
+  EXPECT_NE(o.text.find("--recipe (or --resume RUN_DIR) is required"), std::string::npos) << o.text;
 }
 
 TEST(Cli, PrintConfigShowsResolvedValues) {
@@ -215,6 +215,26 @@ TEST(Cli, TrainsAndExitsZero) {
   EXPECT_TRUE(std::filesystem::exists(tmp / "run/checkpoints/latest"));
 }
 
+// Plain progress lines (not a terminal): the step the run ends at is always shown, and
+// plugins.console.every_s prints between every_steps lines (a tiny interval: every step).
+TEST(Cli, PlainProgressShowsTheFinalStepAndPrintsOnATimeInterval) {
+  TempDir tmp;
+  const std::string base = "--recipe " + kRecipe +
+                           " dataset.limit=512 dataset.eval_limit=128 training.epochs=1 training.max_steps=3"
+                           " plugins.console.mode=plain plugins.console.every_steps=1000 --run-dir ";
+  const auto end_only = run_cli(base + (tmp / "a") + " plugins.console.every_s=0");
+  ASSERT_EQ(end_only.code, 0) << end_only.text;
+  EXPECT_EQ(end_only.text.find("| step 2/3 |"), std::string::npos) << end_only.text;
+  const auto last = end_only.text.find("epoch 1/1 | step 3/3 | loss");
+  EXPECT_NE(last, std::string::npos) << end_only.text;
+  EXPECT_EQ(end_only.text.find("epoch 1/1 | step 3/3 | loss", last + 1), std::string::npos) << end_only.text;
+  const auto every = run_cli(base + (tmp / "b") + " plugins.console.every_s=1e-9");
+  ASSERT_EQ(every.code, 0) << every.text;
+  for (const char* step : {"| step 1/3 |", "| step 2/3 |", "| step 3/3 |"}) {
+    EXPECT_NE(every.text.find(step), std::string::npos) << step << "\n" << every.text;
+  }
+}
+
 TEST(Cli, SigintStopsWithACheckpointAndExitCode130) {
   TempDir tmp;
   const std::string out = tmp / "out.txt";
@@ -240,6 +260,67 @@ TEST(Cli, MissingDatasetFailsWithTheFixInTheMessage) {
   EXPECT_EQ(o.code, 2) << o.text;  // a usage error, as a missing image data set is
   EXPECT_NE(o.text.find("dataset-fashion-mnist"), std::string::npos) << o.text;
   EXPECT_NE(trainer::testing::read_file(tmp / "run/status.json").find("FAILED"), std::string::npos);
+}
+
+// `trainer --resume RUN_DIR [OVERRIDE...]`: the run goes on in its directory with the config it
+// stored there, overrides applied on top and checked as with a recipe.
+TEST(Cli, ResumeAloneGoesOnInTheRunDirectoryWithItsStoredConfig) {
+  TempDir tmp;
+  const std::string run = tmp / "run";
+  const auto first = run_cli("--recipe " + kRecipe + " --run-dir " + run +
+                             " dataset.limit=256 dataset.eval_limit=128 training.epochs=2 training.max_steps=1");
+  ASSERT_EQ(first.code, 0) << first.text;
+  const auto resumed = run_cli("--resume " + run + " training.max_steps=3");
+  ASSERT_EQ(resumed.code, 0) << resumed.text;
+  EXPECT_NE(resumed.text.find("run directory: " + run + " (resuming in place)"), std::string::npos) << resumed.text;
+  const std::string status = trainer::testing::read_file(run + "/status.json");
+  EXPECT_NE(status.find("\"status\":\"FINISHED\""), std::string::npos) << status;
+  EXPECT_NE(status.find("\"global_step\":3"), std::string::npos) << status;
+  EXPECT_NE(trainer::testing::read_file(run + "/metrics.jsonl").find("\"resume/step\""), std::string::npos);
+  EXPECT_NE(
+      trainer::testing::read_file(run + "/trainer.log").find("resumed with config changes: training.max_steps 1 -> 3"),
+      std::string::npos);
+  // A checkpoint file of the run's checkpoints/ finds the run's config too.
+  const auto from_file = run_cli("--resume " + run + "/checkpoints/step_00000002.pt training.max_steps=4");
+  EXPECT_EQ(from_file.code, 0) << from_file.text;
+
+  const auto group = run_cli("--resume " + run + " model=mlp");
+  EXPECT_EQ(group.code, 2) << group.text;
+  EXPECT_NE(group.text.find("'model=mlp': --resume without --recipe uses " + run +
+                            "/config.toml, which holds every key already; a group cannot be swapped under it"),
+            std::string::npos)
+      << group.text;
+  const auto reorder = run_cli("--resume " + run + " dataset.limit=128");
+  EXPECT_EQ(reorder.code, 2) << reorder.text;
+  EXPECT_NE(reorder.text.find("the order of the training samples would change: dataset.limit = 256 there, 128 now"),
+            std::string::npos)
+      << reorder.text;
+  std::filesystem::copy_file(run + "/checkpoints/step_00000004.pt", tmp / "copied.pt");
+  const auto loose = run_cli("--resume " + (tmp / "copied.pt"));
+  EXPECT_EQ(loose.code, 2) << loose.text;
+  EXPECT_NE(loose.text.find("not a run directory or a checkpoint in a run's checkpoints/ directory, so no stored "
+                            "config goes with it; give the recipe too"),
+            std::string::npos)
+      << loose.text;
+  std::filesystem::create_directories(tmp / "empty/checkpoints");
+  const auto empty = run_cli("--resume " + (tmp / "empty"));
+  EXPECT_EQ(empty.code, 2) << empty.text;
+  EXPECT_NE(empty.text.find((tmp / "empty") + "/config.toml not found"), std::string::npos) << empty.text;
+  const auto missing = run_cli("--resume " + (tmp / "nowhere"));
+  EXPECT_EQ(missing.code, 2) << missing.text;
+  EXPECT_NE(missing.text.find("--resume " + (tmp / "nowhere") + ": not found"), std::string::npos) << missing.text;
+  // A refused resume leaves the run as it was: its config and status are not this attempt's.
+  EXPECT_NE(trainer::testing::read_file(run + "/config.toml").find("limit = 256"), std::string::npos);
+  EXPECT_NE(trainer::testing::read_file(run + "/status.json").find("\"status\":\"FINISHED\""), std::string::npos);
+}
+
+// A start that fails before training leaves no run directory of its own naming behind.
+TEST(Cli, AFailedStartLeavesNoRunDirectoryOfItsOwnNaming) {
+  TempDir tmp;
+  const auto o = run_cli("--recipe " + kRecipe + " run.dir=" + (tmp / "runs") + " dataset.root=" + (tmp / "nowhere"));
+  EXPECT_EQ(o.code, 2) << o.text;
+  EXPECT_TRUE(std::filesystem::is_empty(tmp / "runs")) << o.text;
+  EXPECT_EQ(o.text.find("trainer: run directory"), std::string::npos) << o.text;
 }
 
 }  // namespace

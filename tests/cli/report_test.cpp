@@ -172,6 +172,23 @@ TEST(ReportPage, RunningRunShowsChartsEventsStatusAndNotes) {
   EXPECT_FALSE(contains(html, "<h3>train/micro_batch_size</h3>"));
 }
 
+// A run resumed in place from step 60 (after running to 80): the header says so and the step
+// charts mark it; resume/step gets no chart of its own.
+TEST(ReportPage, AResumedRunIsMarkedWhereItResumed) {
+  TempDir tmp;
+  std::string m;
+  for (int step = 10; step <= 80; step += 10) m += metric(step, "train/loss", std::to_string(2.0 - step * 0.01), step);
+  m += metric(60, "resume/step", "60", 90);
+  for (int step = 70; step <= 100; step += 10) {
+    m += metric(step, "train/loss", std::to_string(1.9 - step * 0.01), step + 30);
+  }
+  write_file(tmp / "metrics.jsonl", m);
+  const std::string html = render(tmp.str());
+  EXPECT_TRUE(contains(html, "Resumed</dt><dd>1 time, at step 60 (2026-11-24T15:26:14Z)")) << html;
+  EXPECT_TRUE(contains(html, "<title>resumed at step 60</title>")) << html;
+  EXPECT_FALSE(contains(html, "<h3>resume/step</h3>"));
+}
+
 TEST(ReportPage, ConfigIsShownEscaped) {
   TempDir tmp;
   write_running_run(tmp.str());

@@ -254,6 +254,28 @@ TEST(DataParallelFailures, ARankAliveButStuckOutsideTheCollectivesIsNamedAfterTh
   EXPECT_EQ(exit_code_within(*ranks.r1, std::chrono::seconds(60)), 3) << read_file(tmp / "stall.r1");
 }
 
+// A NaN in one rank's backward reaches every rank's summed gradients; the ranks agree on the
+// verdict before the optimizer step, so that a rank that would only skip the step (a plugin
+// asked it) fails with the one that found the NaN instead of waiting for it in a collective.
+TEST(DataParallelFailures, ADivergenceOnOneRankEndsEveryRankAsDiverged) {
+  TempDir tmp;
+  const std::string args = std::string("--plugin-dir ") + TRAINER_TEST_PLUGIN_DIR +
+                           " 'plugins.load=[\"nonfinite\"]' plugins.nonfinite.rank=1 plugins.nonfinite.skip_rank=0";
+  Ranks ranks(recipe(tmp), tmp / "nan", args, args);
+  EXPECT_EQ(exit_code_within(*ranks.r0, std::chrono::seconds(120)), 3) << read_file(tmp / "nan.r0");
+  EXPECT_EQ(exit_code_within(*ranks.r1, std::chrono::seconds(60)), 3) << read_file(tmp / "nan.r1");
+  const std::string status = read_file(tmp / "nan/status.json");
+  EXPECT_NE(status.find("\"failure\":\"diverged\""), std::string::npos) << status;
+  EXPECT_NE(status.find("training diverged at step 3 (epoch 1, batch 3): another rank found a NaN or infinite loss "
+                        "or gradient"),
+            std::string::npos)
+      << status;
+  EXPECT_NE(read_file(tmp / "nan.r1").find("training diverged at step 3 (epoch 1, batch 3): the gradient norm is NaN"),
+            std::string::npos)
+      << read_file(tmp / "nan.r1");
+  EXPECT_EQ(status_steps(status).first, 2) << status;
+}
+
 TEST(DataParallelFailures, AKilledRankMakesTheOthersFailNamingIt) {
   TempDir tmp;
   lose_a_rank(tmp, 1, SIGKILL, "killed");

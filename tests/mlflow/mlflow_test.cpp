@@ -469,6 +469,31 @@ TEST_F(Mlflow, AResumedRunContinuesItsMlflowRun) {
   EXPECT_TRUE(resumed_config) << run["artifacts"].dump();
 }
 
+// `trainer --resume RUN_DIR` goes on in RUN_DIR: its journal goes on too, into the same MLflow run.
+TEST_F(Mlflow, AResumeInPlaceContinuesItsMlflowRun) {
+  const std::string uri = "file:" + (tmp_ / "mlruns");
+  const auto first = train(uri, {"training.epochs=1"}, "run");
+  ASSERT_EQ(first.status, trainer::RunStatus::Finished) << first.message;
+  auto o = mlflow_overrides(uri);
+  o.push_back("training.epochs=2");
+  auto options = options_for(kRun, o, "unused");
+  options.run_dir.clear();
+  options.resume = first.run_dir;
+  const auto second = trainer::Trainer(std::move(options)).fit();
+  ASSERT_EQ(second.status, trainer::RunStatus::Finished) << second.message;
+  EXPECT_EQ(second.run_dir, first.run_dir);
+  const std::string id = run_id_of(first.run_dir, uri);
+  ASSERT_FALSE(id.empty());
+  const json found = mlflow_read("search " + uri + " '" + experiment() + "'");
+  EXPECT_EQ(found["runs"].size(), 1u) << found.dump();
+  const json run = mlflow_read("run " + uri + " " + id);
+  EXPECT_EQ(run["info"]["status"], "FINISHED");
+  std::set<long> steps;
+  for (const auto& p : run["metrics"]["train/loss"]) steps.insert(p[0].get<long>());
+  EXPECT_EQ(steps, (std::set<long>{1, 2, 3, 4}));
+  ASSERT_EQ(run["metrics"]["resume/step"].size(), 1u) << run["metrics"].dump();
+}
+
 TEST_F(Mlflow, AResumedRunContinuesTheMlflowRunOfTheDirectoryItsCheckpointWasLoadedFrom) {
   // A run directory moved after it ended (or copied from another machine): its journal and
   // sent.json are where the checkpoint was loaded from, not where its state says it was written.

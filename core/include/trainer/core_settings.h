@@ -41,6 +41,7 @@ struct TrainingSettings : Settings<TrainingSettings> {
   bool shuffle = true;
   bool drop_last = false;
   bool group_by_length = false;
+  std::string on_nonfinite = "stop";
 
   /// Samples per forward/backward as configured: `micro_batch_size`, where 0 means
   /// `batch_size` and a larger value is clamped to it.
@@ -67,18 +68,28 @@ struct TrainingSettings : Settings<TrainingSettings> {
     s.add(&TrainingSettings::drop_last, "drop_last", "Drop the last incomplete batch of an epoch");
     s.add(&TrainingSettings::group_by_length, "group_by_length",
           "Batch samples of similar length (a text dataset's), longest batch first: less padding");
+    s.add(&TrainingSettings::on_nonfinite, "on_nonfinite",
+          "A NaN or infinite loss or gradient: stop (the run fails, reason diverged), skip_step (no optimizer "
+          "step for the batch) or ignore")
+        .choices({"stop", "skip_step", "ignore"})
+        .memory_neutral();
   }
 };
 
 /// [eval]
 struct EvalSettings : Settings<EvalSettings> {
   std::int64_t every_epochs = 1;
+  std::int64_t every_steps = 0;
   std::int64_t batch_size = 1000;
   bool at_end = false;
   std::int64_t limit_batches = 0;
 
+  /// Whether the run evaluates at all (and so needs the test split).
+  bool evaluates() const { return every_epochs > 0 || every_steps > 0 || at_end; }
+
   static void declare(SettingsSchema<EvalSettings>& s) {
     s.add(&EvalSettings::every_epochs, "every_epochs", "Evaluate every N epochs; 0 = never").min(0);
+    s.add(&EvalSettings::every_steps, "every_steps", "Also evaluate every N optimizer steps; 0 = never").min(0);
     s.add(&EvalSettings::batch_size, "batch_size", "Evaluation batch size").min(1).memory_neutral();
     s.add(&EvalSettings::at_end, "at_end",
           "Also evaluate when training ends (its last epoch, or training.max_steps) unless that step was just "
@@ -95,6 +106,11 @@ struct CheckpointSettings : Settings<CheckpointSettings> {
   std::int64_t every_steps = 0;
   std::int64_t keep_last = 2;
   bool at_end = true;
+  bool autoresume = false;
+  std::string monitor;
+  std::string mode = "min";
+  std::int64_t save_top_k = 1;
+  bool save_last = true;
 
   static void declare(SettingsSchema<CheckpointSettings>& s) {
     s.add(&CheckpointSettings::every_epochs, "every_epochs", "Checkpoint every N epochs; 0 = never")
@@ -107,6 +123,21 @@ struct CheckpointSettings : Settings<CheckpointSettings> {
         .min(1)
         .memory_neutral();
     s.add(&CheckpointSettings::at_end, "at_end", "Write a checkpoint when the run ends (also on failure)")
+        .memory_neutral();
+    s.add(&CheckpointSettings::autoresume, "autoresume",
+          "With --run-dir: resume from the run directory's newest checkpoint when it has one (a requeued job)")
+        .memory_neutral();
+    s.add(&CheckpointSettings::monitor, "monitor",
+          "Keep checkpoints by this evaluation metric (eval/accuracy, eval/loss, ...); empty = the newest keep_last")
+        .memory_neutral();
+    s.add(&CheckpointSettings::mode, "mode", "With monitor: min (lower is better) or max")
+        .choices({"min", "max"})
+        .memory_neutral();
+    s.add(&CheckpointSettings::save_top_k, "save_top_k", "With monitor: the K best checkpoints kept")
+        .min(1)
+        .memory_neutral();
+    s.add(&CheckpointSettings::save_last, "save_last",
+          "With monitor: also keep the newest keep_last checkpoints (what a resume continues from)")
         .memory_neutral();
   }
 };

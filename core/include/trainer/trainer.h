@@ -20,7 +20,9 @@ namespace trainer {
 struct TrainerOptions {
   /// Validated config with defaults filled (validate_recipe).
   Config config;
-  /// Run directory; empty: `<run.dir>/<run.name>-<YYYYmmdd-HHMMSS>`.
+  /// Run directory; empty: the run directory `resume` belongs to (run_dir_of_resume: the run
+  /// continues in place), else `<run.dir>/<run.name>-<YYYYmmdd-HHMMSS>`. With
+  /// checkpoint.autoresume, a run directory given here that holds a checkpoint is resumed.
   std::string run_dir;
   /// Checkpoint file or run directory to resume from; empty: start fresh.
   std::string resume;
@@ -34,6 +36,12 @@ struct TrainerOptions {
   std::vector<std::string> notes;
 };
 
+/// The run directory a resume path belongs to: a directory that has `checkpoints/`, the
+/// parent of a `checkpoints/` directory, or for a checkpoint file in a `checkpoints/`
+/// directory its parent; empty for anything else (a folder of checkpoint files, a file
+/// elsewhere, a path that does not exist). Nothing is read but the directories' entries.
+TRAINER_API std::string run_dir_of_resume(const std::string& resume);
+
 /// How a run ended.
 struct RunResult {
   int exit_code = kExitOk;  ///< kExitOk, kExitUsage, kExitTrainingFailed, kExitNoDevice, kExitInterrupted
@@ -43,6 +51,9 @@ struct RunResult {
   FailureKind failure = FailureKind::None;
   std::optional<OomPhase> oom_phase;
   std::int64_t oom_micro_batch = 0;
+  /// The run directory; empty when the run failed before training in a directory it had named
+  /// itself that then held nothing but its log, config and status (it is removed: no empty
+  /// run directories from failed starts).
   std::string run_dir;
   std::string message;  ///< why it failed, empty on success
   std::int64_t global_step = 0;

@@ -148,7 +148,7 @@ std::pair<std::string, std::string> split_file(Split split, const std::string& t
                                                const std::string& what) {
   if (split == Split::Train) return {"dataset.train", train};
   TRAINER_CHECK_T(UsageError, !test.empty(),
-                  "dataset.test is empty: the run evaluates (eval.every_epochs or "
+                  "dataset.test is empty: the run evaluates (eval.every_epochs, every_steps or "
                   "eval.at_end) and needs a test ",
                   what, "; set dataset.test or eval.every_epochs = 0");
   return {"dataset.test", test};

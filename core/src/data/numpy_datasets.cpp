@@ -146,7 +146,8 @@ std::shared_ptr<Dataset> npy_dataset(const NpySettings& s, Split split) {
   const std::string inputs_path = train ? s.train_inputs : s.test_inputs;
   const std::string targets_path = train ? s.train_targets : s.test_targets;
   TRAINER_CHECK_T(UsageError, !inputs_path.empty() && !targets_path.empty(),
-                  "dataset.test_inputs and dataset.test_targets: the run evaluates (eval.every_epochs or eval.at_end) "
+                  "dataset.test_inputs and dataset.test_targets: the run evaluates (eval.every_epochs, every_steps or "
+                  "eval.at_end) "
                   "and needs both; set them or eval.every_epochs = 0");
   return array_dataset(read_npy(inputs_path, inputs_key), as_targets(read_npy(targets_path, targets_key)),
                        s.num_classes, inputs_key + " = \"" + inputs_path + "\"",

@@ -141,16 +141,16 @@ StepTotals RankGroupSync::gradients(const std::function<StepTotals()>& local, st
   return {agreed.loss, agreed.stats, agreed.skip};
 }
 
-bool RankGroupSync::before_step(const std::function<bool()>& local) {
+StepVerdict RankGroupSync::before_step(const std::function<StepVerdict()>& local) {
   // After the gradients' all-reduce, before the optimizer step: a rank that ran out of memory
   // here (writing the reduced gradients back, a plugin's unscaling, clipping, the optimizer's
   // state or reserve) retries the batch with every other rank; a skip asked on any rank is
-  // every rank's.
-  bool skip = false;
+  // every rank's, and so is a divergence.
+  StepVerdict verdict = StepVerdict::Step;
   std::optional<LocalOom> failed;
   try {
     grads_->unpack();
-    skip = local();
+    verdict = local();
   } catch (const std::exception& e) {
     if (!is_out_of_memory(e)) throw;
     failed = LocalOom{oom_.phase(), detail::error_text(e)};
@@ -159,12 +159,12 @@ bool RankGroupSync::before_step(const std::function<bool()>& local) {
   const std::int64_t size = group_.size(), rank = group_.rank();
   // The lowest failing rank wins the max: (phase, size - 1 - rank).
   const std::int64_t code = failed ? oom_phase_info(failed->phase).wire_code * size + (size - 1 - rank) : 0;
-  const auto agreed = group_.all_reduce_max({code, skip ? 1 : 0});
+  const auto agreed = group_.all_reduce_max({code, static_cast<std::int64_t>(verdict)});
   if (agreed[0] > 0) {
     drop_gradients(model_);
     throw_ranks_out_of_memory(failed, size - 1 - agreed[0] % size, oom_phase_of_wire(agreed[0] / size));
   }
-  return agreed[1] > 0;
+  return static_cast<StepVerdict>(agreed[1]);
 }
 
 void RankGroupSync::throw_ranks_out_of_memory(const std::optional<LocalOom>& failed, std::int64_t rank,

@@ -42,7 +42,7 @@ class RankGroupSync final : public StepSync {
     return static_cast<double>(global_samples) * weight_per_sample_;
   }
   void before_last_backward() override;
-  bool before_step(const std::function<bool()>& local) override;
+  StepVerdict before_step(const std::function<StepVerdict()>& local) override;
   ProcessGroup* ranks() override { return &group_; }
 
  private:

@@ -6,13 +6,16 @@
 #include <torch/serialize.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "model/bert.h"
 #include "model/torchscript.h"
 #include "train/checkpoint_files.h"
+#include "train/evaluate.h"
 #include "train/hooks.h"
 #include "train/oom_recovery.h"
 #include "train/setup.h"
@@ -189,17 +192,20 @@ DataOrder data_order_of(const Config& cfg, std::int64_t train_samples, const at:
   return order;
 }
 
-Checkpointer::Checkpointer(const CheckpointSettings& settings, std::string dir, DataOrder order, RunParts& parts,
-                           RunState& state, Hooks& hooks, OomRecovery& oom, TrainMetrics& window, spdlog::logger& log)
+Checkpointer::Checkpointer(const CheckpointSettings& settings, std::string dir, DataOrder order, std::string config,
+                           RunParts& parts, RunState& state, Hooks& hooks, OomRecovery& oom, TrainMetrics& window,
+                           const Evaluator& evaluator, spdlog::logger& log)
     : settings_(settings),
       dir_(std::move(dir)),
       order_(std::move(order)),
+      config_(std::move(config)),
       parts_(parts),
       state_(state),
       hooks_(hooks),
       oom_(oom),
       window_(window),
-      log_(log) {}
+      log_(log),
+      evaluator_(evaluator) {}
 
 std::string Checkpointer::save(Position next, bool together) {
   // Saved already at this step and position (every_steps on an epoch's last batch, then the
@@ -243,11 +249,16 @@ void Checkpointer::write(Position next, const GeneratorStates& generators) {
   ar.write("samples_seen", at::tensor(state_.samples_seen));
   ar.write("eval_batch", at::tensor(parts_.eval_batch));
   ar.write("data_order", c10::IValue(order_text(order_)));
+  ar.write("config", c10::IValue(config_));
   write_plugin_states(ar, hooks_.save_states());
   write_generator_states(ar, generators);
+  const std::optional<double> score = score_now();
   const std::string name = checkpoint_name(state_.global_step);
   const std::string file = (fs::path(dir_) / name).string();
+  std::error_code ec;
+  fs::remove(file + ".score", ec);  // a score goes only with the file it was written with, once that is there
   write_checkpoint_file(file, [&](const std::string& tmp) { ar.save_to(tmp); });
+  if (score) write_score(file, settings_.monitor, *score);
   point_latest(dir_, name);
   // A model from Python also leaves its TorchScript module with these weights in the run
   // directory, for torch.jit.load.
@@ -255,15 +266,86 @@ void Checkpointer::write(Position next, const GeneratorStates& generators) {
   // A model "bert" leaves a Hugging Face model directory with these weights, for from_pretrained.
   save_hf_directory(*parts_.model, (fs::path(dir_).parent_path() / kHfModelDir).string());
   // Older checkpoints go only once the new one and `latest` are on the disk.
-  if (std::find(files_.begin(), files_.end(), file) == files_.end()) files_.push_back(file);
-  while (static_cast<std::int64_t>(files_.size()) > settings_.keep_last) {
-    remove_checkpoint(files_.front());
-    files_.erase(files_.begin());
-  }
+  files_.erase(std::remove(files_.begin(), files_.end(), file), files_.end());
+  files_.push_back(file);
+  scores_.erase(file);
+  if (score) scores_[file] = *score;
+  prune();
   last_ = file;
   log_.info("checkpoint written: {}", last_);
   hooks_.context().checkpoint_path = last_;
   hooks_.fire(Event::Checkpoint);
+}
+
+void Checkpointer::check_monitor() const {
+  const auto& last = evaluator_.last();
+  if (settings_.monitor.empty() || last.step < 0 || last.metrics.count(settings_.monitor)) return;
+  std::vector<std::string> names;
+  for (const auto& kv : last.metrics) names.push_back(kv.first);
+  throw UsageError(fmt::format("checkpoint.monitor = '{}' is not among the evaluation's metrics ({})",
+                               settings_.monitor, fmt::join(names, ", ")));
+}
+
+std::optional<double> Checkpointer::score_now() const {
+  if (settings_.monitor.empty()) return std::nullopt;
+  const auto& last = evaluator_.last();
+  if (last.step != state_.global_step) return std::nullopt;
+  const auto it = last.metrics.find(settings_.monitor);
+  // Not there (check_monitor() failed the run at the evaluation), or NaN/infinite: never the best.
+  if (it == last.metrics.end() || !std::isfinite(it->second)) return std::nullopt;
+  return it->second;
+}
+
+void Checkpointer::prune() {
+  std::set<std::string> keep;
+  const bool monitored = !settings_.monitor.empty();
+  // The newest: keep_last of them (one at least, which `latest` names, for a resume).
+  const std::int64_t newest = !monitored || settings_.save_last ? settings_.keep_last : 1;
+  for (auto it = files_.rbegin(); it != files_.rend() && static_cast<std::int64_t>(keep.size()) < newest; ++it) {
+    keep.insert(*it);
+  }
+  const std::vector<std::string> best = ranked();
+  for (std::size_t i = 0; i < best.size() && static_cast<std::int64_t>(i) < settings_.save_top_k; ++i) {
+    keep.insert(best[i]);
+  }
+  for (auto it = files_.begin(); it != files_.end();) {
+    if (keep.count(*it)) {
+      ++it;
+      continue;
+    }
+    remove_checkpoint(*it);
+    scores_.erase(*it);
+    it = files_.erase(it);
+  }
+  point_at_best(best);
+}
+
+std::vector<std::string> Checkpointer::ranked() const {
+  std::vector<std::pair<double, std::string>> scored;
+  for (const auto& f : files_) {
+    if (const auto it = scores_.find(f); it != scores_.end()) scored.emplace_back(it->second, f);
+  }
+  // Better first; of equal scores, the older (stable).
+  const bool max = settings_.mode == "max";
+  std::stable_sort(scored.begin(), scored.end(),
+                   [max](const auto& a, const auto& b) { return max ? a.first > b.first : a.first < b.first; });
+  std::vector<std::string> out;
+  for (auto& [score, file] : scored) out.push_back(std::move(file));
+  return out;
+}
+
+void Checkpointer::point_at_best(const std::vector<std::string>& ranked) {
+  if (ranked.empty()) {
+    // No scored checkpoint kept: no `best` left naming one that is gone (pruned or moved aside).
+    std::error_code ec;
+    fs::remove(fs::path(dir_) / "best", ec);
+    best_.clear();
+    return;
+  }
+  if (ranked.front() == best_) return;
+  best_ = ranked.front();
+  point_best(dir_, fs::path(best_).filename().string());
+  log_.info("best checkpoint by {} ({}): {} ({:.6g})", settings_.monitor, settings_.mode, best_, scores_.at(best_));
 }
 
 void Checkpointer::save_final(Position next, bool params_consistent, bool together) {
@@ -304,7 +386,9 @@ Position Checkpointer::load(const std::string& path, ResumeInfo& info) {
       continue;
     }
     if (!passed.empty()) log_.warn("resuming from {}, the newest complete checkpoint in {}", file, path);
-    return restore(ar, file, info);
+    const Position at = restore(ar, file, info);
+    go_on_from(file, at);
+    return at;
   }
   throw UsageError(fmt::format("--resume {}: no complete checkpoint there ({})", path, fmt::join(passed, "; ")));
 }
@@ -314,6 +398,8 @@ Position Checkpointer::restore(torch::serialize::InputArchive& ar, const std::st
   try_scalar(ar, "format", format);
   TRAINER_CHECK_T(UsageError, format <= kFormat, "cannot resume from ", file, ": written in checkpoint format ", format,
                   " by a newer trainer; this one reads formats up to ", kFormat);
+  c10::IValue config;
+  if (ar.try_read("config", config) && config.isString()) loaded_config_ = config.toStringRef();
   c10::IValue order;
   if (ar.try_read("data_order", order) && order.isString()) {
     check_data_order(order.toStringRef(), file);
@@ -391,6 +477,32 @@ Position Checkpointer::restore(torch::serialize::InputArchive& ar, const std::st
             state_.global_step);
   hooks_.load_states(plugin_states, info);
   return at;
+}
+
+void Checkpointer::go_on_from(const std::string& file, Position at) {
+  std::error_code ec;
+  bool in_place = fs::equivalent(fs::path(file).parent_path(), dir_, ec);
+  // Every rank tracks its saves alike (they are made together): rank 0's view decides.
+  if (parts_.group) in_place = parts_.group->share("resume/in_place", in_place ? "1" : "0") == "1";
+  if (!in_place) return;
+  std::string moved;
+  if (parts_.writer()) {
+    files_ = adopt_checkpoints(dir_, file, moved);
+    best_.clear();
+    for (const auto& f : files_) {
+      if (const auto score = settings_.monitor.empty() ? std::nullopt : read_score(f, settings_.monitor)) {
+        scores_[f] = *score;
+      }
+    }
+    point_at_best(ranked());  // one moved aside may have been the best
+    if (!moved.empty()) {
+      log_.warn("resuming in place from an earlier checkpoint: the later ones ({}) are not this run's course; moved",
+                moved);
+    }
+  }
+  last_ = file;
+  saved_step_ = state_.global_step;  // a run that trains nothing more does not write this checkpoint again
+  saved_position_ = at;
 }
 
 void Checkpointer::check_data_order(const std::string& saved, const std::string& file) const {

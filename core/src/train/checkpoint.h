@@ -4,6 +4,8 @@
 // finding a complete file, checking that it fits this run, and loading model, optimizer,
 // position, counters and random generators.
 #include <cstdint>
+#include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,6 +26,7 @@ class logger;
 namespace trainer {
 
 class Config;
+class Evaluator;
 class Hooks;
 class OomRecovery;
 class TrainMetrics;
@@ -39,12 +42,15 @@ DataOrder data_order_of(const Config& cfg, std::int64_t train_samples, const at:
 
 class Checkpointer {
  public:
-  /// Writes into `dir` (the run's checkpoints/ directory).
-  Checkpointer(const CheckpointSettings& settings, std::string dir, DataOrder order, RunParts& parts, RunState& state,
-               Hooks& hooks, OomRecovery& oom, TrainMetrics& window, spdlog::logger& log);
+  /// Writes into `dir` (the run's checkpoints/ directory); each checkpoint records `config`, the
+  /// run's resolved config (TOML). With checkpoint.monitor, a checkpoint written at the step
+  /// `evaluator` last evaluated is scored by that metric.
+  Checkpointer(const CheckpointSettings& settings, std::string dir, DataOrder order, std::string config,
+               RunParts& parts, RunState& state, Hooks& hooks, OomRecovery& oom, TrainMetrics& window,
+               const Evaluator& evaluator, spdlog::logger& log);
 
   /// Writes `checkpoints/step_<global_step>.pt` recording that training continues at `next`,
-  /// points `checkpoints/latest` at it, prunes old ones and fires Checkpoint. Out of memory
+  /// points `checkpoints/latest` at it, prunes old ones (prune()) and fires Checkpoint. Out of memory
   /// while writing: retried once after freeing memory, then skipped (logged; the run goes
   /// on). A second save at the same step and position writes nothing and fires nothing.
   /// Returns the newest checkpoint.
@@ -64,31 +70,59 @@ class Checkpointer {
   /// Loads a checkpoint file, or the newest complete one of a run directory (saying so when
   /// it passes over newer ones that are truncated or damaged), into model and optimizer;
   /// restores global_step, samples_seen and the random generators, hands the plugins their
-  /// saved state (`info` says what was restored), and returns where to continue. Throws UsageError when none can be
+  /// saved state (`info` says what was restored), and returns where to continue. A checkpoint of
+  /// this run's own directory (resuming in place) is where the run goes on from: see
+  /// adopt_checkpoints; it is not written again at the end when nothing was trained. Throws UsageError when none can be
   /// found, the file asked for is not complete, the data order would change, or it does not fit this model and
   /// optimizer (naming the parameter); trainer::Error when memory runs out while loading it.
   Position load(const std::string& path, ResumeInfo& info);
 
-  /// The newest checkpoint written by this run ("" before the first).
+  /// The newest checkpoint written by this run ("" before the first), or the one it resumed from
+  /// in place.
   const std::string& last() const { return last_; }
+
+  /// After an evaluation (on every rank): throws UsageError when checkpoint.monitor is set and
+  /// not among its metrics, naming those it has.
+  void check_monitor() const;
+
+  /// The resolved config the loaded checkpoint records ("" when it records none: an older one).
+  const std::string& loaded_config() const { return loaded_config_; }
 
  private:
   void write(Position next, const GeneratorStates& generators);
   /// Model, optimizer, position, counters and generators from a readable archive.
   Position restore(torch::serialize::InputArchive& ar, const std::string& file, ResumeInfo& info);
+  /// The value of checkpoint.monitor for a checkpoint written now: the last evaluation's, when it
+  /// evaluated this step and it is finite; nullopt otherwise (or without a monitor).
+  std::optional<double> score_now() const;
+  /// Keeps the newest checkpoint.keep_last; with a monitor, the save_top_k best scored ones and
+  /// the newest (keep_last of them with save_last), and points `best` at the best.
+  void prune();
+  /// The scored checkpoints kept, best first (of equal scores, the older).
+  std::vector<std::string> ranked() const;
+  /// Points `best` at the first of `ranked` when it is not already.
+  void point_at_best(const std::vector<std::string>& ranked);
+  /// After loading `file` (continuing at `at`): when it is a checkpoint of this run's own
+  /// directory, the run goes on from it (adopt_checkpoints; it is this run's last save).
+  void go_on_from(const std::string& file, Position at);
   /// Throws UsageError naming every key of the data order that differs from `saved`.
   void check_data_order(const std::string& saved, const std::string& file) const;
 
   const CheckpointSettings& settings_;
   std::string dir_;
   DataOrder order_;
+  std::string config_;
+  std::string loaded_config_;
   RunParts& parts_;
   RunState& state_;
   Hooks& hooks_;
   OomRecovery& oom_;
   TrainMetrics& window_;
   spdlog::logger& log_;
-  std::vector<std::string> files_;  ///< written by this run and kept, oldest first
+  const Evaluator& evaluator_;
+  std::vector<std::string> files_;        ///< written by this run and kept, oldest first
+  std::map<std::string, double> scores_;  ///< of the files kept, those scored by checkpoint.monitor
+  std::string best_;                      ///< the file `best` names
   std::string last_;
   std::int64_t saved_step_ = -1;  ///< global_step of the last save (written, or skipped out of memory)
   Position saved_position_;       ///< where the last save continues

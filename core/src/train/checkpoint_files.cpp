@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -20,6 +22,8 @@ namespace {
 /// The digest beside a checkpoint; nullopt when it cannot be read or is not one. Its first 128
 /// bytes at most: the file may come from someone else.
 std::optional<CheckpointDigest> read_digest(const std::string& sum_file) {
+  std::error_code ec;
+  if (!fs::is_regular_file(sum_file, ec)) return std::nullopt;  // not a FIFO that blocks the read
   std::ifstream in(sum_file, std::ios::binary);
   if (!in) return std::nullopt;
   char text[128];
@@ -68,10 +72,38 @@ void point_latest(const std::string& dir, const std::string& name) {
   detail::write_atomic((fs::path(dir) / "latest").string(), name + "\n");
 }
 
+void point_best(const std::string& dir, const std::string& name) {
+  detail::write_atomic((fs::path(dir) / "best").string(), name + "\n");
+}
+
+void write_score(const std::string& file, const std::string& monitor, double score) {
+  detail::write_atomic(file + ".score", fmt::format("{} {:.17g}\n", monitor, score));
+}
+
+std::optional<double> read_score(const std::string& file, const std::string& monitor) {
+  std::error_code ec;
+  if (!fs::is_regular_file(file + ".score", ec)) return std::nullopt;  // not a FIFO that blocks the read
+  std::ifstream in(file + ".score", std::ios::binary);
+  if (!in) return std::nullopt;
+  char text[512];
+  in.read(text, sizeof text);
+  const std::string line(text, std::size_t(in.gcount()));
+  const auto space = line.rfind(' ');
+  if (space == std::string::npos || line.compare(0, space, monitor) != 0 || space != monitor.size()) {
+    return std::nullopt;
+  }
+  const std::string number = line.substr(space + 1);
+  char* end = nullptr;
+  const double v = std::strtod(number.c_str(), &end);
+  if (end == number.c_str() || (*end != '\n' && *end != '\0') || !std::isfinite(v)) return std::nullopt;
+  return v;
+}
+
 void remove_checkpoint(const std::string& file) {
   std::error_code ec;
   fs::remove(file, ec);
   fs::remove(file + ".sum", ec);
+  fs::remove(file + ".score", ec);
 }
 
 std::optional<std::string> checkpoint_problem(const std::string& file) {
@@ -92,6 +124,59 @@ std::optional<std::string> checkpoint_problem(const std::string& file) {
   return detail::archive_problem(file);
 }
 
+namespace {
+
+/// The `step_<N>.pt` files of `dir`, by step.
+std::vector<std::pair<std::int64_t, fs::path>> step_files(const fs::path& dir) {
+  std::vector<std::pair<std::int64_t, fs::path>> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::int64_t step = step_of(e.path().filename().string());
+    if (step >= 0 && e.is_regular_file(ec)) out.emplace_back(step, e.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
+bool holds_checkpoints(const std::string& run_dir) {
+  const fs::path dir = fs::path(run_dir) / "checkpoints";
+  std::error_code ec;
+  return fs::exists(dir / "latest", ec) || !step_files(dir).empty();
+}
+
+std::vector<std::string> adopt_checkpoints(const std::string& dir, const std::string& file, std::string& moved) {
+  moved.clear();
+  const std::string name = fs::path(file).filename().string();
+  const std::int64_t step = step_of(name);
+  std::error_code ec;
+  if (step < 0 || !fs::equivalent(fs::path(file).parent_path(), dir, ec)) return {};
+  std::vector<std::string> kept, later;
+  for (const auto& [s, path] : step_files(dir)) (s > step ? later : kept).push_back(path.string());
+  point_latest(dir, name);  // first: `latest` never names a file already moved
+  if (!later.empty()) {
+    const std::string base = (fs::path(dir) / ("superseded_after_step_" + std::to_string(step))).string();
+    std::string to = base;
+    for (int k = 2; fs::exists(to, ec); ++k) to = base + "-" + std::to_string(k);
+    fs::create_directories(to, ec);
+    TRAINER_CHECK(!ec, "cannot create ", to, " for the checkpoints after ", name, ": ", ec.message());
+    for (const auto& f : later) {
+      const fs::path target = fs::path(to) / fs::path(f).filename();
+      fs::rename(f, target, ec);
+      TRAINER_CHECK(!ec, "cannot move ", f, " to ", to, ": ", ec.message());
+      for (const char* side : {".sum", ".score"}) {
+        if (!fs::exists(f + side, ec)) continue;
+        fs::rename(f + side, target.string() + side, ec);
+        TRAINER_CHECK(!ec, "cannot move ", f, side, " to ", to, ": ", ec.message());
+      }
+      moved += (moved.empty() ? "" : ", ") + fs::path(f).filename().string();
+    }
+    moved += " to " + to;
+  }
+  return kept;
+}
+
 ResumeCandidates resume_candidates(const std::string& path, const std::string& setting) {
   ResumeCandidates out;
   const fs::path p(path);
@@ -103,22 +188,25 @@ ResumeCandidates resume_candidates(const std::string& path, const std::string& s
     return out;
   }
   const fs::path dir = fs::is_directory(p / "checkpoints") ? p / "checkpoints" : p;
-  std::ifstream in(dir / "latest");
-  std::string latest;
-  if (in && std::getline(in, latest) && !latest.empty()) {
+  std::string latest;  // its first line; a checkpoint name is short (and a FIFO is not read)
+  if (fs::is_regular_file(dir / "latest", ec)) {
+    std::ifstream in(dir / "latest", std::ios::binary);
+    char text[64];
+    in.read(text, sizeof text);
+    latest.assign(text, std::size_t(in.gcount()));
+    latest = latest.substr(0, latest.find('\n'));
+  }
+  if (!latest.empty()) {
     // `latest` names a file beside it, as the checkpointer writes it: a run directory from
     // elsewhere must not send the resume (and the MLflow run it continues) to another directory.
     TRAINER_CHECK_T(UsageError, step_of(latest) >= 0, setting, " ", path, ": ", (dir / "latest").string(), " names '",
                     latest, "', not a step_<N>.pt file beside it; resume from a checkpoint file instead");
     out.files.push_back((dir / latest).string());
   }
-  std::vector<std::pair<std::int64_t, std::string>> steps;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (step_of(name) >= 0 && name != latest) steps.emplace_back(step_of(name), e.path().string());
+  const auto steps = step_files(dir);
+  for (auto s = steps.rbegin(); s != steps.rend(); ++s) {
+    if (s->second.filename() != latest) out.files.push_back(s->second.string());
   }
-  std::sort(steps.rbegin(), steps.rend());
-  for (const auto& s : steps) out.files.push_back(s.second);
   TRAINER_CHECK_T(UsageError, !out.files.empty(), setting, " ", path, ": no checkpoints/latest and no step_<N>.pt in ",
                   dir.string());
   return out;

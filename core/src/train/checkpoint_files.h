@@ -23,13 +23,34 @@ void write_checkpoint_file(const std::string& file, const std::function<void(con
 /// Points `<dir>/latest` at `name` (durably).
 void point_latest(const std::string& dir, const std::string& name);
 
-/// Removes a checkpoint and its digest.
+/// Points `<dir>/best` at `name` (durably): the best checkpoint by checkpoint.monitor.
+void point_best(const std::string& dir, const std::string& name);
+
+/// `<file>.score`: the value of the metric `monitor` the checkpoint was written with (durably).
+void write_score(const std::string& file, const std::string& monitor, double score);
+/// The score of `file` by `monitor`; nullopt when it has none, one by another metric, or one that
+/// cannot be read (its first 512 bytes at most: a run directory may come from someone else).
+std::optional<double> read_score(const std::string& file, const std::string& monitor);
+
+/// Removes a checkpoint, its digest and its score.
 void remove_checkpoint(const std::string& file);
 
 /// Why `file` cannot be a complete checkpoint (missing, empty, its contents differ from its
 /// digest, or an archive that LibTorch's reader must not be given: detail::archive_problem),
 /// or nullopt when nothing says so.
 std::optional<std::string> checkpoint_problem(const std::string& file);
+
+/// Whether `run_dir` holds checkpoints to resume from: `checkpoints/latest` or a
+/// `checkpoints/step_<N>.pt` (complete or not: resuming says which it can load).
+bool holds_checkpoints(const std::string& run_dir);
+
+/// A run that resumes in place from `file`, a `step_<N>.pt` of its own checkpoints directory
+/// `dir`, goes on from there: the step files newer than `file` (written after it by the run
+/// before, whose course this one leaves) move with their digests and scores to
+/// `dir/superseded_after_step_<N>[-K]/`, where neither `latest` nor a later resume finds them,
+/// and `latest` names `file`. Returns the step files left, oldest first (empty when `file` is
+/// not a step file of `dir`: nothing is moved), and in `moved` what went where.
+std::vector<std::string> adopt_checkpoints(const std::string& dir, const std::string& file, std::string& moved);
 
 /// What `--resume PATH` may load, most wanted first. A file: that file only (`explicit_file`).
 /// A run directory (or its checkpoints/ directory): the one `latest` names, then every other

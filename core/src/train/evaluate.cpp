@@ -135,6 +135,7 @@ std::map<std::string, double> Evaluator::run() {
   // Plugins add their metrics (computed from the batches they saw); all are logged together.
   hooks_.fire(Event::EvalMetrics, EventArgs::evaluated(m));
   metrics_.log(state_.global_step, m);
+  last_ = {state_.global_step, m};
   hooks_.fire(Event::EvalEnd, EventArgs::evaluated(m));
   return m;
 }

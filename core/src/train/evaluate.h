@@ -29,6 +29,14 @@ class Evaluator {
   /// test split.
   std::map<std::string, double> run();
 
+  /// The last evaluation's metrics (plugins' included) and the step it evaluated; step -1
+  /// before the first.
+  struct Last {
+    std::int64_t step = -1;
+    std::map<std::string, double> metrics;
+  };
+  const Last& last() const { return last_; }
+
  private:
   RunParts& parts_;
   const RunState& state_;
@@ -38,6 +46,7 @@ class Evaluator {
   TrainMetrics& window_;
   std::int64_t limit_ = 0;  ///< samples evaluated (eval.limit_batches x eval.batch_size); 0 = all
   at::Tensor rows_;         ///< the task's row of each evaluated sample [samples, Task::eval_width()]
+  Last last_;
 };
 
 }  // namespace trainer

@@ -1,5 +1,6 @@
 #include "trainer/exit_status.h"
 
+#include "train/diverged.h"
 #include "train/oom_recovery.h"
 #include "trainer/memory.h"
 
@@ -19,6 +20,7 @@ ExitStatus exit_status_of(const std::exception& e, bool during_run) {
   if (dynamic_cast<const PluginError*>(&e) && !during_run) {
     return {kExitUsage, RunStatus::Failed, FailureKind::Usage};
   }
+  if (dynamic_cast<const Diverged*>(&e)) return {kExitTrainingFailed, RunStatus::Failed, FailureKind::Diverged};
   if (dynamic_cast<const OomFailure*>(&e) || is_out_of_memory(e)) {
     return {kExitTrainingFailed, RunStatus::Failed, FailureKind::OutOfMemory};
   }

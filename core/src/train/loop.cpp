@@ -28,6 +28,12 @@ void EpochLoop::start_at(Position p) {
 std::optional<StopCause> EpochLoop::run() {
   const std::int64_t first_step = state_.global_step;
   auto why = train_epochs();
+  if (why) {
+    // Stopped between log_every steps (training.max_steps, a plugin, a signal): the steps since
+    // the last log are logged, so a run always ends with its final training metrics.
+    window_.log(state_);
+    window_.commit();
+  }
   // Not after a signal or a plugin's stop (they stop now); not when this process trained
   // nothing (a resumed run that was already done).
   const bool ended =
@@ -41,6 +47,7 @@ std::optional<StopCause> EpochLoop::run() {
 
 void EpochLoop::evaluate() {
   evaluator_.run();
+  checkpointer_.check_monitor();
   evaluated_at_ = state_.global_step;
 }
 
@@ -110,6 +117,9 @@ void EpochLoop::after_batch(bool stepped, bool last) {
     eval = asked[0] > 0;
     checkpoint = asked[1] > 0;
   }
+  // eval.every_steps, unless the epoch's end evaluates at this step anyway.
+  const std::int64_t every_eval = s_.eval.every_steps;
+  eval |= stepped && every_eval > 0 && state_.global_step % every_eval == 0 && !(last && epoch_evaluates(state_.epoch));
   if (eval) evaluate();
   const std::int64_t every = s_.checkpoint.every_steps;
   const bool due = stepped && every > 0 && state_.global_step % every == 0;
@@ -123,7 +133,7 @@ void EpochLoop::after_batch(bool stepped, bool last) {
 
 void EpochLoop::end_epoch(std::int64_t epoch) {
   window_.log(state_);
-  if (s_.eval.every_epochs > 0 && (epoch + 1) % s_.eval.every_epochs == 0) evaluate();
+  if (epoch_evaluates(epoch)) evaluate();
   epochs_completed_ = epoch + 1;
   hooks_.fire(Event::EpochEnd);
   // Requested during the epoch's last batch, its evaluation or EpochEnd, due by every_steps at
@@ -133,6 +143,10 @@ void EpochLoop::end_epoch(std::int64_t epoch) {
   requested = std::exchange(checkpoint_due_, false) || requested;
   const std::int64_t every = s_.checkpoint.every_epochs;
   if (requested || (every > 0 && (epoch + 1) % every == 0)) checkpointer_.save({epoch + 1, 0});
+}
+
+bool EpochLoop::epoch_evaluates(std::int64_t epoch) const {
+  return s_.eval.every_epochs > 0 && (epoch + 1) % s_.eval.every_epochs == 0;
 }
 
 std::optional<StopCause> EpochLoop::stop_reason() const {

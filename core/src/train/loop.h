@@ -57,8 +57,8 @@ class EpochLoop {
   void start_at(Position p);
 
   /// Trains from the start position to the last epoch, or to a stop at a safe point (a
-  /// plugin's stop_training, training.max_steps, a signal). Returns why it stopped early,
-  /// nullopt when it ran to the end.
+  /// plugin's stop_training, training.max_steps, a signal; the steps since the last log are
+  /// then logged). Returns why it stopped early, nullopt when it ran to the end.
   /// With eval.at_end, the model it ends with is evaluated (unless that step just was).
   std::optional<StopCause> run();
 
@@ -70,9 +70,11 @@ class EpochLoop {
   std::optional<StopCause> train_epochs();
   /// Evaluates now and remembers the step it evaluated.
   void evaluate();
-  /// After a batch: training metrics, a requested evaluation and checkpoint (after the epoch's
+  /// After a batch: training metrics, a requested or eval.every_steps evaluation and checkpoint (after the epoch's
   /// last batch the checkpoint is left to end_epoch, so it holds what the epoch's end changed).
   void after_batch(bool stepped, bool last);
+  /// Whether eval.every_epochs evaluates at the end of `epoch`.
+  bool epoch_evaluates(std::int64_t epoch) const;
   /// After an epoch's batches: metrics, the epoch's evaluation, EpochEnd, its checkpoint.
   void end_epoch(std::int64_t epoch);
   /// Batches of an epoch of `n` samples still to train from sample `begin` of its order

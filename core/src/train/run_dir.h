@@ -17,14 +17,20 @@ using detail::write_atomic;
 class RunDir {
  public:
   /// The run's directory: `explicit_dir` when not empty (without trailing slashes), else a new
-  /// name under run.dir.
-  static std::string path_for(const RunSettings& run, const std::string& explicit_dir);
+  /// name under run.dir, which `claim` creates (atomically: this run's alone, even when
+  /// another picks the same name in the same second).
+  static std::string path_for(const RunSettings& run, const std::string& explicit_dir, bool claim);
 
   /// Creates `path` and its checkpoints/ directory. Throws UsageError when it cannot.
   explicit RunDir(std::string path);
 
   const std::string& path() const { return path_; }
   std::string checkpoints() const { return path_ + "/checkpoints"; }
+
+  /// Removes the directory when it holds nothing but what the core writes before training
+  /// (trainer.log, config.toml, status.json, an empty metrics.jsonl, an empty checkpoints/);
+  /// returns whether it did. Anything else (a plugin's files) keeps it.
+  bool remove_if_only_core_files() const;
 
   /// Writes status.json (with the time now); an I/O error is returned as text (a run never
   /// fails over it).

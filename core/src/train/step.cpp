@@ -10,6 +10,7 @@
 #include <cmath>
 
 #include "dist/rank_sync.h"
+#include "train/diverged.h"
 #include "train/hooks.h"
 #include "train/oom_recovery.h"
 #include "train/setup.h"
@@ -79,7 +80,11 @@ bool TrainStep::run(const at::Tensor& indices, std::int64_t global_size, Positio
   state_.samples_seen += global_size;
   advance();
   hooks_.fire(Event::AfterOptimizerStep);
-  metrics_.add_step(done.loss, global_size, done.stats, state_.micro_batch_size,
+  // The micro-batch a full batch is trained in (this rank's part of it in a rank group), not the
+  // size of an epoch's short last batch.
+  const std::int64_t full_batch_micro =
+      std::min(micro_batch_, sync_->attempt_samples(training_.batch_size, training_.batch_size));
+  metrics_.add_step(done.loss, global_size, done.stats, full_batch_micro,
                     training_.grad_clip_norm > 0 ? std::optional<double>(state_.grad_norm) : std::nullopt);
   return true;
 }
@@ -107,21 +112,71 @@ TrainStep::AttemptResult TrainStep::attempt(const at::Tensor& indices, std::int6
   state_.grad_norm = 0.0;
   // From here on the memory needed does not depend on the micro-batch.
   oom_.enter(OomPhase::OptimizerStep);
-  if (sync_->before_step([&] { return before_optimizer_step(totals.skip); })) return {true, 0.0, {}};
+  diverged_.clear();
+  const StepVerdict verdict = sync_->before_step([&] { return before_optimizer_step(totals.skip); });
+  if (verdict == StepVerdict::Diverge) {
+    drop_gradients(*parts_.model);
+    throw Diverged(fmt::format(
+        "training diverged at step {} (epoch {}, batch {}): {}; training.on_nonfinite = \"stop\" ends the run before "
+        "that optimizer step (no checkpoint of it is written; \"skip_step\" would skip such steps, a lower optim.lr "
+        "or training.grad_clip_norm may avoid them)",
+        state_.global_step + 1, state_.epoch + 1, state_.batch_in_epoch + 1,
+        diverged_.empty() ? "another rank found a NaN or infinite loss or gradient" : diverged_));
+  }
+  if (verdict == StepVerdict::Skip) return {true, 0.0, {}};
   take_step();
   return {false, totals.loss, totals.stats};
 }
 
-bool TrainStep::before_optimizer_step(bool skip) {
+StepVerdict TrainStep::before_optimizer_step(bool skip) {
   if (!skip) skip = hooks_.fire(Event::GradientsAccumulated).skip_step;
-  if (skip) return true;
+  if (skip) return StepVerdict::Skip;
   if (training_.grad_clip_norm > 0) {
     state_.grad_norm = torch::nn::utils::clip_grad_norm_(parts_.model->parameters(), training_.grad_clip_norm);
   }
+  if (const StepVerdict v = nonfinite(); v != StepVerdict::Step) return v;
   set_learning_rate(*parts_.optim, state_.lr);
-  if (hooks_.fire(Event::BeforeOptimizerStep).skip_step) return true;
+  if (hooks_.fire(Event::BeforeOptimizerStep).skip_step) return StepVerdict::Skip;
   prepare_step();
-  return false;
+  return StepVerdict::Step;
+}
+
+StepVerdict TrainStep::nonfinite() {
+  if (training_.on_nonfinite == "ignore") return StepVerdict::Step;
+  // NaN, infinity, -infinity (not C's "-nan", whose sign means nothing).
+  const auto text = [](double v) { return std::isnan(v) ? std::string("NaN") : v > 0 ? "infinity" : "-infinity"; };
+  std::string what;
+  if (!std::isfinite(state_.loss)) {
+    what = "the loss is " + text(state_.loss);
+  } else {
+    // The gradients' norm: clipping's when it clips; else computed here (fused per group of
+    // tensors on a GPU, one read of the device).
+    double norm = state_.grad_norm;
+    if (training_.grad_clip_norm <= 0) {
+      std::vector<at::Tensor> grads;
+      for (const auto& p : parts_.model->parameters()) {
+        if (p.grad().defined()) grads.push_back(p.grad().detach());
+      }
+      std::vector<at::Tensor> norms = grads.empty() ? grads : at::_foreach_norm(grads);
+      for (auto& n : norms) n = n.to(at::kFloat);  // one dtype to stack (a model may mix them)
+      norm = norms.empty() ? 0.0 : at::stack(norms).norm().item<double>();
+    }
+    if (!std::isfinite(norm)) what = "the gradient norm is " + text(norm);
+  }
+  if (what.empty()) return StepVerdict::Step;
+  if (training_.on_nonfinite == "stop") {
+    diverged_ = what;
+    return StepVerdict::Diverge;
+  }
+  const std::string where =
+      fmt::format("step {} (epoch {}, batch {})", state_.global_step + 1, state_.epoch + 1, state_.batch_in_epoch + 1);
+  ++nonfinite_skips_;
+  // Each of the first few, then every 100th: a run that keeps skipping says so without flooding its log.
+  if (nonfinite_skips_ <= 10 || nonfinite_skips_ % 100 == 0) {
+    log_.warn("{}: {}; optimizer step skipped (training.on_nonfinite = \"skip_step\"; {} skipped so far)", where, what,
+              nonfinite_skips_);
+  }
+  return StepVerdict::Skip;
 }
 
 StepTotals TrainStep::forward_backward(const at::Tensor& indices, std::int64_t micro, std::int64_t global_size) {

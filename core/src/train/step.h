@@ -81,9 +81,14 @@ class TrainStep {
   /// Forward and backward over the micro-batches of `full`: the summed (batch-normalised) loss,
   /// the task's training statistics and whether a plugin asked to skip the step.
   StepTotals accumulate(const Batch& full, const at::Tensor& indices, std::int64_t micro, std::int64_t global_size);
-  /// GradientsAccumulated, clipping, the learning rate, BeforeOptimizerStep and prepare_step(),
-  /// unless skipped (`skip` or a plugin's request); returns whether the step is skipped.
-  bool before_optimizer_step(bool skip);
+  /// GradientsAccumulated, clipping, the non-finite check, the learning rate,
+  /// BeforeOptimizerStep and prepare_step(), unless skipped (`skip` or a plugin's request);
+  /// returns this rank's verdict.
+  StepVerdict before_optimizer_step(bool skip);
+  /// training.on_nonfinite, before the optimizer step: Step when the batch's loss and gradient
+  /// norm are finite (or unchecked, "ignore"); else Skip ("skip_step", warned) or Diverge
+  /// ("stop", the reason kept in diverged_).
+  StepVerdict nonfinite();
   /// The optimizer's state created and its temporaries reserved: after this, optimizer.step()
   /// has the memory it needs, so an out-of-memory error leaves parameters and optimizer state
   /// as they were.
@@ -105,7 +110,9 @@ class TrainStep {
   std::int64_t reserve_ = 0;         ///< bytes the optimizer step may allocate for temporaries
   bool state_materialized_ = false;  ///< optimizer state created before the first step
   bool params_consistent_ = true;
-  std::unique_ptr<StepSync> sync_;  ///< where the ranks agree (nothing to agree in a run of one)
+  std::int64_t nonfinite_skips_ = 0;  ///< optimizer steps skipped for a NaN or infinite loss or gradient
+  std::string diverged_;              ///< what nonfinite() found when it said Diverge
+  std::unique_ptr<StepSync> sync_;    ///< where the ranks agree (nothing to agree in a run of one)
   Position position_;
   Position next_;  ///< position_ once the current batch is consumed
 };

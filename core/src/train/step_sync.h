@@ -4,7 +4,7 @@
 //
 //   plan = sync.start_batch(skip, micro)   // after BatchStart: skip on all or none, one micro-batch
 //   totals = sync.gradients(local)         // local forward/backward, then the gradients summed
-//   skip = sync.before_step(local)         // local unscale/clip/reserve, then one skip for all
+//   verdict = sync.before_step(local)      // local unscale/clip/checks/reserve, then one verdict for all
 //
 // In a run of one (LocalSync) each just runs its local part. The rank group's implementation
 // (dist/rank_sync.h) holds an out-of-memory error of its local part until every rank has said
@@ -37,6 +37,13 @@ struct StepTotals {
   /// what its micro-batches' losses were divided by (weight_denominator()).
   bool weighted = false;
   double weight = 0.0;
+};
+
+/// What becomes of an optimizer step, agreed by the ranks (the strongest wins).
+enum class StepVerdict : std::uint8_t {
+  Step = 0,     ///< take it
+  Skip = 1,     ///< skip it (a plugin asked, or training.on_nonfinite = "skip_step")
+  Diverge = 2,  ///< a non-finite loss or gradient with training.on_nonfinite = "stop": the run fails
 };
 
 class StepSync {
@@ -72,9 +79,10 @@ class StepSync {
   /// gradients' all-reduce inside it).
   virtual void before_last_backward() {}
 
-  /// Runs `local` (what comes before optimizer.step(): unscaling, clipping, the reserve;
-  /// returns whether this rank skips) and returns whether the step is skipped on every rank.
-  virtual bool before_step(const std::function<bool()>& local) = 0;
+  /// Runs `local` (what comes before optimizer.step(): unscaling, clipping, the non-finite
+  /// check, the reserve; returns this rank's verdict) and returns every rank's: the strongest
+  /// of them, so that all skip, or all fail, together.
+  virtual StepVerdict before_step(const std::function<StepVerdict()>& local) = 0;
 
   /// The ranks an out-of-memory retry agrees with; null in a run of one.
   virtual ProcessGroup* ranks() = 0;
@@ -89,7 +97,7 @@ class LocalSync final : public StepSync {
   double weight_denominator(double local_weight, std::int64_t) const override {
     return local_weight > 0 ? local_weight : 1.0;
   }
-  bool before_step(const std::function<bool()>& local) override { return local(); }
+  StepVerdict before_step(const std::function<StepVerdict()>& local) override { return local(); }
   ProcessGroup* ranks() override { return nullptr; }
 };
 

@@ -22,9 +22,11 @@
 #include <spdlog/sinks/basic_file_sink.h>
 
 #include <chrono>
+#include <filesystem>
 
 #include "dist/dist_settings.h"
 #include "train/checkpoint.h"
+#include "train/checkpoint_files.h"
 #include "train/evaluate.h"
 #include "train/hooks.h"
 #include "train/loop.h"
@@ -41,19 +43,22 @@
 #include "trainer/logging.h"
 #include "trainer/memory.h"
 
+namespace fs = std::filesystem;
+
 namespace trainer {
 
 namespace {
 
 /// The loop's rooms, built once set-up is done (they act on the model and the optimizer).
 struct Rooms {
-  Rooms(const LoopSettings& s, const std::string& checkpoint_dir, DataOrder order, RunParts& parts, RunState& state,
-        Hooks& hooks, MetricsLogger& metrics, spdlog::logger& log)
+  Rooms(const LoopSettings& s, const std::string& checkpoint_dir, DataOrder order, std::string config, RunParts& parts,
+        RunState& state, Hooks& hooks, MetricsLogger& metrics, spdlog::logger& log)
       : window(metrics, parts.task),
         oom(parts, state, hooks, log),
         step(s.training, parts, state, hooks, oom, window, log),
         evaluator(s.eval, parts, state, hooks, oom, metrics, window),
-        checkpointer(s.checkpoint, checkpoint_dir, std::move(order), parts, state, hooks, oom, window, log),
+        checkpointer(s.checkpoint, checkpoint_dir, std::move(order), std::move(config), parts, state, hooks, oom,
+                     window, evaluator, log),
         loop(s, parts, state, hooks, step, evaluator, checkpointer, window) {}
 
   TrainMetrics window;
@@ -75,6 +80,7 @@ struct Trainer::Impl {
   LoopSettings settings;
   RunState state;
   std::string attempted_dir;  ///< the run directory, also when it could not be created
+  bool named_here = false;    ///< the run named its directory itself and created it
   std::optional<RunDir> dir;
   std::unique_ptr<MetricsLogger> metrics;
   std::unique_ptr<Hooks> hooks;
@@ -83,6 +89,9 @@ struct Trainer::Impl {
   std::unique_ptr<Rooms> rooms;
   bool fit_started = false;  ///< model, optimizer and resume state are in place
   bool fitted = false;       ///< fit() was called: a Trainer runs once
+  bool autoresumed = false;  ///< checkpoint.autoresume found checkpoints in the run directory
+  bool in_place = false;     ///< resuming from a checkpoint of the run directory itself
+  bool claimed = false;      ///< config.toml and status.json are this run's (claim_run_dir)
 
   RunResult fit() {
     if (fitted) {
@@ -117,25 +126,48 @@ struct Trainer::Impl {
     settings = {TrainingSettings::from(cfg.sub("training")), EvalSettings::from(cfg.sub("eval")),
                 CheckpointSettings::from(cfg.sub("checkpoint")), RunSettings::from(cfg.sub("run")).seed};
     join_group();
-    attempted_dir = RunDir::path_for(RunSettings::from(cfg.sub("run")), opts.run_dir);
+    choose_resume();
+    attempted_dir = RunDir::path_for(RunSettings::from(cfg.sub("run")), opts.run_dir, /*claim=*/parts.writer());
     // One run, one directory: rank 0's (its name has the time in it).
     if (parts.group) attempted_dir = parts.group->share("run_dir", attempted_dir);
+    named_here = opts.run_dir.empty();
     dir.emplace(attempted_dir);
+    std::error_code ec;
+    in_place = !opts.resume.empty() && fs::equivalent(run_dir_of_resume(opts.resume), dir->path(), ec);
     log = configure_logging(parts.writer() ? dir->path() : std::string(), opts.log_level);
     if (parts.group) log_as_rank(*log, dir->path(), parts.group->rank());
-    if (parts.writer()) write_atomic(dir->path() + "/config.toml", cfg.to_toml());
-    RunResult running;
-    running.status = RunStatus::Running;
-    write_status(running);
+    // Resuming in place, the run's config.toml and status.json stay as they are until its
+    // checkpoint has loaded: a resume that is refused leaves the run as it was.
+    if (!in_place) claim_run_dir();
     auto metric_settings = MetricsSettings::from(cfg.sub("metrics"));
     if (!parts.writer()) metric_settings.jsonl = metric_settings.console = false;  // rank 0 reports the run
     metrics = make_metrics(metric_settings, dir->path(), log);
     hooks = std::make_unique<Hooks>(cfg, log, *metrics, dir->path(), state);
     hooks->context().group = parts.group.get();
     hooks->add_plugins(opts.plugins);
-    log->info("run directory: {}", dir->path());
+    log->info("run directory: {}{}", dir->path(), in_place ? " (resuming in place)" : "");
+    if (autoresumed) log->info("checkpoint.autoresume: {} holds checkpoints; resuming from them", dir->path());
     for (const auto& note : opts.notes) log->warn("{}", note);
     hooks->fire(Event::Init);
+  }
+
+  /// Where the run resumes from and in which directory: a run given only `resume` continues in
+  /// the run directory that holds it; with checkpoint.autoresume a run directory given that
+  /// holds checkpoints is resumed (rank 0 looks; every rank follows).
+  void choose_resume() {
+    if (!opts.resume.empty()) {
+      if (opts.run_dir.empty()) opts.run_dir = run_dir_of_resume(opts.resume);
+      return;
+    }
+    if (!settings.checkpoint.autoresume) return;
+    TRAINER_CHECK_T(UsageError, !opts.run_dir.empty(),
+                    "checkpoint.autoresume = true needs the run directory named (--run-dir DIR, the same at every "
+                    "start): a newly named one has nothing to resume");
+    bool found = holds_checkpoints(opts.run_dir);
+    if (parts.group) found = parts.group->share("autoresume", found ? "1" : "0") == "1";
+    if (!found) return;
+    opts.resume = opts.run_dir;
+    autoresumed = true;
   }
 
   /// A data-parallel launch (torchrun's variables): joins the other ranks before anything else,
@@ -173,7 +205,7 @@ struct Trainer::Impl {
     if (parts.group) check_one_gpu_per_rank();
     budget.emplace(parts.device, MemorySettings::from(cfg.sub("memory")), *log);
     log->info("device: {}", parts.device.str());
-    setup_data(parts, cfg, settings.eval.every_epochs > 0 || settings.eval.at_end, *log);
+    setup_data(parts, cfg, settings.eval.evaluates(), *log);
     setup_model(parts, *hooks, cfg, /*resuming=*/!opts.resume.empty(), *log);
     setup_optimizer(parts, *hooks, cfg);
     if (parts.group) {
@@ -186,8 +218,8 @@ struct Trainer::Impl {
     const auto loader = LoaderSettings::from(cfg.sub("loader"));
     parts.loader = std::make_shared<BatchLoader>(parts.train_set, loader.workers, loader.prefetch);
     rooms = std::make_unique<Rooms>(settings, dir->checkpoints(),
-                                    data_order_of(cfg, parts.train_set->size(), parts.train_set->lengths()), parts,
-                                    state, *hooks, *metrics, *log);
+                                    data_order_of(cfg, parts.train_set->size(), parts.train_set->lengths()),
+                                    cfg.to_toml(), parts, state, *hooks, *metrics, *log);
   }
 
   /// Two ranks on one GPU would share its memory and, with NCCL, fail: each rank of a host
@@ -219,7 +251,35 @@ struct Trainer::Impl {
       if (parts.group) parts.group->share("resume", info.checkpoint);
     }
     hooks->context().checkpoint_path = info.checkpoint;
+    if (in_place) claim_run_dir();
+    log_config_changes(rooms->checkpointer.loaded_config());
+    // metrics.jsonl marks where the run resumed (a run resumed in place appends to it).
+    metrics->log(state.global_step, {{"resume/step", static_cast<double>(state.global_step)}});
+    metrics->commit();
     hooks->fire(Event::Resume, EventArgs::resumed(info));
+  }
+
+  /// The keys whose values differ from those the checkpoint was written with (overrides of a
+  /// resume), logged once.
+  void log_config_changes(const std::string& then_text) {
+    if (then_text.empty()) return;
+    std::vector<std::string> changed;
+    try {
+      const Config then = Config::parse(then_text, "the checkpoint's config");
+      const auto now_keys = cfg.leaf_keys();
+      for (const auto& key : now_keys) {
+        const std::string now = config_value_to_toml(cfg.value(key));
+        const std::string was = then.has(key) ? config_value_to_toml(then.value(key)) : "(not set)";
+        if (now != was) changed.push_back(key + " " + was + " -> " + now);
+      }
+      for (const auto& key : then.leaf_keys()) {
+        if (!cfg.has(key)) changed.push_back(key + " " + config_value_to_toml(then.value(key)) + " -> (not set)");
+      }
+    } catch (const std::exception& e) {
+      log->warn("the checkpoint's config cannot be read ({}): its changes are not listed", e.what());
+      return;
+    }
+    if (!changed.empty()) log->info("resumed with config changes: {}", fmt::join(changed, "; "));
   }
 
   /// FitStart, the epochs, the final checkpoint, FitEnd.
@@ -275,7 +335,14 @@ struct Trainer::Impl {
       r.message = "unknown exception";
     }
     log->error("run failed: {}", r.message);
-    final_checkpoint(false);
+    if (r.failure == FailureKind::Diverged) {
+      // The weights that gave a NaN may already be ruined: the last checkpoint stays `latest`.
+      const std::string last = last_checkpoint();
+      log->info("no final checkpoint after divergence; {}",
+                last.empty() ? "no checkpoint was written before it" : "the last one stays latest: " + last);
+    } else {
+      final_checkpoint(false);
+    }
     if (hooks) {
       hooks->context().exception = failure;
       hooks->context().status = r.status;
@@ -302,6 +369,7 @@ struct Trainer::Impl {
     if (metrics) guarded("closing the metric sinks", [&] { metrics->close(run_status_name(r.status)); });
     write_status(r);
     r.run_dir = dir ? dir->path() : attempted_dir;
+
     r.global_step = state.global_step;
     r.epochs_completed = rooms ? rooms->loop.epochs_completed() : 0;
     r.final_metrics = metrics ? metrics->latest() : std::map<std::string, double>{};
@@ -311,6 +379,17 @@ struct Trainer::Impl {
                                  : " (stopped by " + r.stopped_by + ": " + r.stop_reason + ")";
     log->info("run {}: {} steps, status {}{}", r.run_dir, state.global_step, run_status_name(r.status), stop);
     log->flush();
+    // A start that failed before training leaves no directory of its own naming behind when it
+    // holds only what the core wrote (the error is on the console; an explicit --run-dir stays,
+    // its status.json saying why).
+    if (r.status == RunStatus::Failed && !fit_started && named_here && dir && !parts.group) {
+      guarded("removing the run directory", [&] {
+        if (dir->remove_if_only_core_files()) {
+          log->info("run directory {} removed: the run failed before training, nothing in it to keep", r.run_dir);
+          r.run_dir.clear();
+        }
+      });
+    }
   }
 
   /// Runs `f` where the run is already ending: whatever it throws is logged, never thrown
@@ -336,8 +415,18 @@ struct Trainer::Impl {
 
   std::string last_checkpoint() const { return rooms ? rooms->checkpointer.last() : std::string(); }
 
+  /// This run's config.toml and status.json (RUNNING) in its directory; from now on the
+  /// status is this run's.
+  void claim_run_dir() {
+    if (parts.writer()) write_atomic(dir->path() + "/config.toml", cfg.to_toml());
+    claimed = true;
+    RunResult running;
+    running.status = RunStatus::Running;
+    write_status(running);
+  }
+
   void write_status(const RunResult& r) {
-    if (!dir || !parts.writer()) return;
+    if (!dir || !parts.writer() || !claimed) return;
     RunStatusRecord s;
     s.status = r.status;
     s.exit_code = r.exit_code;

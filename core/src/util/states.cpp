@@ -22,12 +22,13 @@ constexpr std::array<Named<RunStatus>, 4> kRunStatusTable = {{
     {RunStatus::Killed, "KILLED"},
 }};
 
-constexpr std::array<Named<FailureKind>, 5> kFailureKindTable = {{
+constexpr std::array<Named<FailureKind>, 6> kFailureKindTable = {{
     {FailureKind::None, "none"},
     {FailureKind::OutOfMemory, "out_of_memory"},
     {FailureKind::Usage, "usage"},
     {FailureKind::NoDevice, "no_device"},
     {FailureKind::Error, "error"},
+    {FailureKind::Diverged, "diverged"},
 }};
 
 // Each row sits at its enumerator's place: the name is the table indexed by the value.
