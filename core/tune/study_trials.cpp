@@ -290,6 +290,12 @@ void Study::classify(Running& r, int rc) {
     }
     return end(t, TrialState::Complete, "");
   }
+  if (status && status->failure == FailureKind::Diverged) {
+    // Its loss or gradient went NaN before an objective could say so (training.on_nonfinite).
+    t.diverged = true;
+    t.value.reset();
+    return end(t, TrialState::Failed, message + " (diverged)");
+  }
   if (status && status->failure == FailureKind::OutOfMemory) {
     t.out_of_memory = true;
     t.oom = oom_details(t.run_dir, *status);

@@ -67,7 +67,7 @@ struct TrialRecord {
   TrialState state = TrialState::Running;
   std::string reason;  ///< why it was pruned, failed or skipped
   bool out_of_memory = false;
-  bool diverged = false;             ///< FAILED: the objective it reported was NaN or infinite
+  bool diverged = false;             ///< FAILED: its objective or its training went NaN or infinite
   std::optional<double> value;       ///< the objective: the last value the trial logged
   std::vector<double> intermediate;  ///< every value of the objective, in order
   double seconds = 0;

@@ -369,7 +369,6 @@ struct Trainer::Impl {
     if (metrics) guarded("closing the metric sinks", [&] { metrics->close(run_status_name(r.status)); });
     write_status(r);
     r.run_dir = dir ? dir->path() : attempted_dir;
-
     r.global_step = state.global_step;
     r.epochs_completed = rooms ? rooms->loop.epochs_completed() : 0;
     r.final_metrics = metrics ? metrics->latest() : std::map<std::string, double>{};
