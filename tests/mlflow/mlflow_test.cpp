@@ -49,6 +49,13 @@ json mlflow_read(const std::string& args) {
   return j;
 }
 
+/// The steps of an MLflow run's train/loss points (mlflow_read("run ...")).
+std::set<long> loss_steps(const json& run) {
+  std::set<long> steps;
+  for (const auto& p : run["metrics"]["train/loss"]) steps.insert(p[0].get<long>());
+  return steps;
+}
+
 std::string run_id_of(const std::string& run_dir, const std::string& uri) {
   return mlf::read_progress(mlf::journal_dir(run_dir), uri).run_id;
 }
@@ -461,9 +468,7 @@ TEST_F(Mlflow, AResumedRunContinuesItsMlflowRun) {
   EXPECT_EQ(found["runs"].size(), 1u) << found.dump();
   const json run = mlflow_read("run " + uri + " " + id);
   EXPECT_EQ(run["info"]["status"], "FINISHED");
-  std::set<long> steps;
-  for (const auto& p : run["metrics"]["train/loss"]) steps.insert(p[0].get<long>());
-  EXPECT_EQ(steps, (std::set<long>{1, 2, 3, 4}));
+  EXPECT_EQ(loss_steps(run), (std::set<long>{1, 2, 3, 4}));
   bool resumed_config = false;
   for (const auto& a : run["artifacts"]) resumed_config |= a["path"].get<std::string>().rfind("config_resumed", 0) == 0;
   EXPECT_TRUE(resumed_config) << run["artifacts"].dump();
@@ -488,9 +493,7 @@ TEST_F(Mlflow, AResumeInPlaceContinuesItsMlflowRun) {
   EXPECT_EQ(found["runs"].size(), 1u) << found.dump();
   const json run = mlflow_read("run " + uri + " " + id);
   EXPECT_EQ(run["info"]["status"], "FINISHED");
-  std::set<long> steps;
-  for (const auto& p : run["metrics"]["train/loss"]) steps.insert(p[0].get<long>());
-  EXPECT_EQ(steps, (std::set<long>{1, 2, 3, 4}));
+  EXPECT_EQ(loss_steps(run), (std::set<long>{1, 2, 3, 4}));
   ASSERT_EQ(run["metrics"]["resume/step"].size(), 1u) << run["metrics"].dump();
 }
 

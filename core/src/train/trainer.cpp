@@ -266,8 +266,7 @@ struct Trainer::Impl {
     std::vector<std::string> changed;
     try {
       const Config then = Config::parse(then_text, "the checkpoint's config");
-      const auto now_keys = cfg.leaf_keys();
-      for (const auto& key : now_keys) {
+      for (const auto& key : cfg.leaf_keys()) {
         const std::string now = config_value_to_toml(cfg.value(key));
         const std::string was = then.has(key) ? config_value_to_toml(then.value(key)) : "(not set)";
         if (now != was) changed.push_back(key + " " + was + " -> " + now);
