@@ -63,7 +63,7 @@ void BM_DataParallel(benchmark::State& state) {
       " --recipe " + recipe + " " + model + " training.batch_size=" + std::to_string(batch) +
       " training.max_steps=" + std::to_string(kSteps) + " training.log_every=" + std::to_string(kLogEvery) +
       " dataset.limit=" + std::to_string(batch * kSteps) +
-      " eval.every_epochs=0 checkpoint.at_end=false metrics.console=false runtime.num_threads=" +
+      " eval.every_epochs=0 eval.at_end=false checkpoint.at_end=false metrics.console=false runtime.num_threads=" +
       std::to_string(threads) + " distributed.bucket_mb=0.25 distributed.overlap=" + (overlap ? "true" : "false") +
       " --log-level warn --run-dir " + dir.string();
   const std::string cmd = "TRAINER_CONFIG_PATH=" TRAINER_SOURCE_DIR "/configs " TRAINER_CLI +

@@ -28,7 +28,8 @@ trainer::Config make_config(std::int64_t steps, std::int64_t micro, bool backoff
       "[run]\nseed = 1\n[model]\nname = \"cnn\"\nbatch_norm = false\n[dataset]\nname = \"synthetic\"\nsize = " +
       std::to_string(steps * kBatch) + "\n[training]\nbatch_size = " + std::to_string(kBatch) +
       "\nmicro_batch_size = " + std::to_string(micro) +
-      "\nshuffle = false\n[optim]\nname = \"sgd\"\nlr = 0.01\n[eval]\nevery_epochs = 0\n[checkpoint]\nevery_epochs = "
+      "\nshuffle = false\n[optim]\nname = \"sgd\"\nlr = 0.01\n[eval]\nevery_epochs = 0\nat_end = "
+      "false\n[checkpoint]\nevery_epochs = "
       "0\n"
       "at_end = false\n[metrics]\njsonl = false\nconsole = false\n[runtime]\nnum_threads = 2\n" +
       (backoff ? "[plugins]\nload = [\"oom_backoff\"]\n[plugins.oom_backoff]\ngrow_after = " +

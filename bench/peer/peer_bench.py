@@ -208,7 +208,7 @@ def resolve_precision(args, overrides):
     run_dir = os.path.join(args.out_dir, "precision-probe")
     shutil.rmtree(run_dir, ignore_errors=True)
     cmd = [trainer_cli(args), "--recipe", args.recipe, "--run-dir", run_dir, "training.max_steps=1",
-           "eval.every_epochs=0", "checkpoint.every_epochs=0", "checkpoint.at_end=false"] + overrides
+           "eval.every_epochs=0", "eval.at_end=false", "checkpoint.every_epochs=0", "checkpoint.at_end=false"] + overrides
     if run(cmd, capture_output=True).returncode != 0:
         fail(f"the one-step trainer run that resolves precision = \"auto\" failed: {' '.join(cmd)}")
     line = log_value(run_dir, r"(mixed_precision: .*)")

@@ -5,7 +5,8 @@
 // docs/examples/torchscript/fashion_cnn.py, the built-in cnn's network with dropout 0.25)
 // against the built-in cnn with the same settings. Ratio target: <= 1.10.
 // And "mlp_unchecked": the MLP with training.on_nonfinite = "ignore", the cost of the default
-// check of the loss and the gradients' norm before each optimizer step.
+// check of the loss and the gradients' norm before each optimizer step. And "mlp_ema": the MLP
+// with the ema plugin, the cost of averaging every parameter after each optimizer step.
 #include <benchmark/benchmark.h>
 #include <torch/torch.h>
 
@@ -16,6 +17,7 @@
 #include "support/bench_smoke.h"
 #include "trainer/data.h"
 #include "trainer/optim.h"
+#include "trainer/plugin_host.h"
 #include "trainer/recipe.h"
 #include "trainer/runtime.h"
 #include "trainer/trainer.h"
@@ -46,18 +48,20 @@ const std::string& torchscript_cnn() {
 std::string model_section(const std::string& model) {
   if (model == "cnn_torchscript") return "name = \"torchscript\"\npath = \"" + torchscript_cnn() + "\"\n";
   if (model == "cnn_dropout") return "name = \"cnn\"\ndropout = 0.25\n";
-  if (model == "mlp_unchecked") return "name = \"mlp\"\n";
+  if (model == "mlp_unchecked" || model == "mlp_ema") return "name = \"mlp\"\n";
   return "name = \"" + model + "\"\n";
 }
 
 trainer::Config make_config(const std::string& model, std::int64_t steps) {
   trainer::LoadedRecipe r;
-  r.config = trainer::Config::parse(
-      "[run]\nseed = 1\n[model]\n" + model_section(model) + "[dataset]\nname = \"synthetic\"\nsize = " +
-      std::to_string(steps * kBatch) + "\n[training]\nbatch_size = " + std::to_string(kBatch) +
-      (model == "mlp_unchecked" ? "\non_nonfinite = \"ignore\"" : "") +
-      "\nshuffle = false\n[optim]\nname = \"adamw\"\n[eval]\nevery_epochs = 0\n[checkpoint]\nevery_epochs = 0\n"
-      "at_end = false\n[metrics]\njsonl = false\nconsole = false\n[runtime]\nnum_threads = 2\n");
+  r.config =
+      trainer::Config::parse("[run]\nseed = 1\n[model]\n" + model_section(model) +
+                             "[dataset]\nname = \"synthetic\"\nsize = " + std::to_string(steps * kBatch) +
+                             "\n[training]\nbatch_size = " + std::to_string(kBatch) +
+                             (model == "mlp_unchecked" ? "\non_nonfinite = \"ignore\"" : "") +
+                             "\nshuffle = false\n[optim]\nname = \"adamw\"\n[eval]\nevery_epochs = 0\nat_end = "
+                             "false\n[checkpoint]\nevery_epochs = 0\n"
+                             "at_end = false\n[metrics]\njsonl = false\nconsole = false\n[runtime]\nnum_threads = 2\n");
   trainer::validate_recipe(r);
   return r.config;
 }
@@ -94,6 +98,7 @@ void BM_Trainer_Step(benchmark::State& state, const std::string& model) {
     trainer::TrainerOptions o;
     o.config = cfg;
     o.plugins = {timer};
+    if (model == "mlp_ema") o.plugins.push_back(trainer::PluginHost({TRAINER_BUILD_PLUGIN_DIR}).load("ema"));
     o.run_dir = dir.string();
     o.log_level = "error";
     trainer::Trainer t(std::move(o));
@@ -140,6 +145,7 @@ BENCHMARK_CAPTURE(BM_Trainer_Step, mlp, std::string("mlp"))->UseManualTime()->Un
 BENCHMARK_CAPTURE(BM_Trainer_Step, mlp_unchecked, std::string("mlp_unchecked"))
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Trainer_Step, mlp_ema, std::string("mlp_ema"))->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_HandLoop_Step, cnn, std::string("cnn"))->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Trainer_Step, cnn, std::string("cnn"))->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Trainer_Step, cnn_dropout, std::string("cnn_dropout"))

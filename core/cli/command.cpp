@@ -6,8 +6,8 @@ namespace trainer::cli {
 
 const std::vector<Command>& commands() {
   static const std::vector<Command> all = {
-      train_command(), plugins_command(), mem_command(),    estimate_command(), bench_command(),      launch_command(),
-      sweep_command(), report_command(),  mlflow_command(), help_command(),     completion_command(),
+      train_command(),  plugins_command(), mem_command(),    estimate_command(), bench_command(), lr_find_command(),
+      launch_command(), sweep_command(),   report_command(), mlflow_command(),   help_command(),  completion_command(),
   };
   return all;
 }

@@ -59,6 +59,7 @@ Command plugins_command();
 Command mem_command();
 Command estimate_command();
 Command bench_command();
+Command lr_find_command();
 Command launch_command();
 Command sweep_command();
 Command report_command();

@@ -68,12 +68,10 @@ std::vector<MicroBatchChange> micro_batch_changes(const RunData& data) {
   return changes;
 }
 
-int write_report(const std::string& run_dir, const std::string& out_path, std::ostream& err,
-                 std::string* written_path) {
+int write_page(const std::function<std::pair<std::string, std::string>()>& page, std::ostream& err,
+               std::string* written_path) {
   try {
-    const RunData data = read_run(run_dir);
-    const std::string html = render_html(data);
-    const std::string out = out_path.empty() ? (fs::path(run_dir) / "report.html").string() : out_path;
+    const auto [out, html] = page();
     std::error_code ec;
     if (fs::is_directory(out, ec)) {
       err << "trainer report: cannot write " << out << ": it is a directory\n";
@@ -113,6 +111,16 @@ int write_report(const std::string& run_dir, const std::string& out_path, std::o
     err << "trainer report: internal error\n";
     return 1;
   }
+}
+
+int write_report(const std::string& run_dir, const std::string& out_path, std::ostream& err,
+                 std::string* written_path) {
+  return write_page(
+      [&] {
+        const std::string html = render_html(read_run(run_dir));
+        return std::make_pair(out_path.empty() ? (fs::path(run_dir) / "report.html").string() : out_path, html);
+      },
+      err, written_path);
 }
 
 }  // namespace trainer::report

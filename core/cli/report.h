@@ -12,11 +12,13 @@
 // Only the standard library and nlohmann-json: the report reads a run without LibTorch.
 
 #include <cstddef>
+#include <functional>
 #include <map>
 #include <optional>
 #include <ostream>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "trainer/run_records.h"
@@ -32,6 +34,7 @@ inline constexpr std::size_t kMaxStatusBytes = std::size_t(256) << 10;     ///< 
 inline constexpr std::size_t kMaxConfigBytes = std::size_t(1) << 20;       ///< config.toml: its first 1 MiB shown
 inline constexpr std::size_t kMaxLogBytes = std::size_t(16) << 20;         ///< trainer.log: its last 16 MiB read
 inline constexpr std::size_t kMaxLogLineChars = 2000;                      ///< a longer log line is cut
+inline constexpr std::size_t kMaxLrFindBytes = std::size_t(16) << 20;      ///< a larger lr_find.json is not read
 
 // What the page draws at most, however many points and names metrics.jsonl holds.
 inline constexpr std::size_t kMaxLinePoints = 2000;  ///< points of one chart line (each bucket's min and max kept)
@@ -62,6 +65,18 @@ struct MicroBatchChange {
   double to = 0;
 };
 
+/// A `trainer lr-find` run's lr_find.json: the sweep's points (the readable ones) and its outcome.
+struct LrFindData {
+  struct Sample {
+    double step = 0, lr = 0, loss = 0, smoothed = 0;  ///< loss, smoothed: NaN when null in the file
+  };
+  std::vector<Sample> points;
+  std::optional<double> suggested_lr;
+  std::string no_suggestion;   ///< why there is none
+  std::string stopped;         ///< why the sweep ended before its last step
+  std::size_t bad_points = 0;  ///< points left out: not an object, or no positive finite lr
+};
+
 /// Everything the page shows, as read from a run directory.
 struct RunData {
   std::string dir;   ///< the run directory, as given
@@ -86,6 +101,8 @@ struct RunData {
   std::size_t log_warnings = 0;           ///< warning lines in trainer.log
   std::size_t log_errors = 0;             ///< error and critical lines in trainer.log
   std::vector<std::string> log_tail;      ///< the last lines of trainer.log
+  std::optional<LrFindData> lr_find;      ///< lr_find.json, when present and readable
+  std::string lr_find_error;              ///< why lr_find.json could not be read (it exists)
   double generated_at = 0;                ///< when it was read, seconds since the Unix epoch
 };
 
@@ -116,10 +133,30 @@ std::vector<double> nice_ticks(double lo, double hi, int max_ticks, bool integer
 /// `text` with & < > " ' replaced by entities.
 std::string html_escape(const std::string& text);
 
+/// Writes the page `page` returns ({where, HTML}) there, beside and renamed over (a browser
+/// reloading it never sees half a page). Returns write_report's exit codes: 2 when a run
+/// directory cannot be read (ReportError) or the file cannot be written, 1 on another error,
+/// with the message on `err`. Never throws.
+int write_page(const std::function<std::pair<std::string, std::string>()>& page, std::ostream& err,
+               std::string* written_path = nullptr);
+
 /// Writes RUN_DIR's report to `out_path` (empty: RUN_DIR/report.html). Returns an exit code:
 /// 0 written, 2 when the run directory or its metrics.jsonl is missing/unreadable or out_path cannot be written
 /// (message to `err` naming the path and what is wrong), 1 on an unexpected internal error. Never throws.
 int write_report(const std::string& run_dir, const std::string& out_path, std::ostream& err,
                  std::string* written_path = nullptr);
+
+/// The leaf keys of a config.toml ("training.batch_size") with their values as written
+/// (`32`, `"adamw"`, `[1, 2]`), read line by line: what the comparison sets side by side.
+std::map<std::string, std::string> config_leaves(const std::string& toml);
+
+/// Several runs on one page: a line per run in each chart (x in steps), the legend by run
+/// name, and the config keys whose values differ.
+std::string render_comparison(const std::vector<RunData>& runs);
+
+/// Writes the comparison of `run_dirs` (two or more) to `out_path` (empty: compare.html beside
+/// the first run directory); exit codes as write_report's. Never throws.
+int write_comparison(const std::vector<std::string>& run_dirs, const std::string& out_path, std::ostream& err,
+                     std::string* written_path = nullptr);
 
 }  // namespace trainer::report

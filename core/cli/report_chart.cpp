@@ -214,14 +214,19 @@ std::string render_svg(const Chart& c) {
   if (!(xmin <= xmax)) xmin = 0, xmax = 1;
   if (!(ymin <= ymax)) ymin = 0, ymax = 1;
   // The x axis spans the data (from 0 when the data starts near it), the y axis round values.
-  if (xmin > 0 && xmin < 0.2 * xmax) xmin = 0;
+  if (xmin > 0 && xmin < 0.2 * xmax && !c.x_log10) xmin = 0;
   double x0 = xmin, x1 = xmax;
-  std::vector<double> xt = nice_ticks(xmin, xmax, std::max(3, int(pw / 80)), c.x_is_step);
+  std::vector<double> xt = nice_ticks(xmin, xmax, std::max(3, int(pw / 80)), c.x_is_step || c.x_log10);
   const double x_step = xt[1] - xt[0];
   if (x1 > x0) {
     const double pad = x1 * 0.015 - x0 * 0.015;  // finite where x1 - x0 is not
     x0 = std::max(x0 - pad, -kMaxDouble), x1 = std::min(x1 + pad, kMaxDouble);
     xt.erase(std::remove_if(xt.begin(), xt.end(), [&](double t) { return t < x0 || t > x1; }), xt.end());
+    if (c.x_log10 && xt.size() < 2) {
+      // Less than a decade: powers of ten between the ends are too few, so round exponents are not.
+      xt = nice_ticks(xmin, xmax, std::max(3, int(pw / 80)), false);
+      xt.erase(std::remove_if(xt.begin(), xt.end(), [&](double t) { return t < x0 || t > x1; }), xt.end());
+    }
   } else {
     x0 = xt.front(), x1 = xt.back();
   }
@@ -235,7 +240,11 @@ std::string render_svg(const Chart& c) {
     << "\">\n";
   s << "<rect class=\"plot\" x=\"" << left << "\" y=\"" << top << "\" width=\"" << pw << "\" height=\"" << ph
     << "\"/>\n";
-  const auto xl = tick_labels(xt, x_step), yl = tick_labels(yt, yt[1] - yt[0]);
+  auto xl = tick_labels(xt, x_step);
+  const auto yl = tick_labels(yt, yt[1] - yt[0]);
+  if (c.x_log10) {
+    for (std::size_t i = 0; i < xt.size(); ++i) xl[i] = format_number(std::pow(10.0, xt[i]), 3);
+  }
   for (std::size_t i = 0; i < yt.size(); ++i) {
     const std::string y = coord(py(yt[i]));
     s << "<line class=\"grid\" x1=\"" << left << "\" y1=\"" << y << "\" x2=\"" << left + pw << "\" y2=\"" << y
@@ -277,7 +286,8 @@ std::string render_svg(const Chart& c) {
     auto tip = [&](const XY& p) {
       std::string t = l.label + ": " + format_number(p.y) + " at ";
       if (c.x_is_step) return t + "step " + format_number(p.step, 12);
-      return t + format_number(p.x, 4) + " " + c.x_label + " (step " + format_number(p.step, 12) + ")";
+      const double x = c.x_log10 ? std::pow(10.0, p.x) : p.x;
+      return t + format_number(x, 4) + " " + c.x_label + " (step " + format_number(p.step, 12) + ")";
     };
     if (finite.size() <= kMaxDots) {
       for (const auto& p : finite) {

@@ -40,6 +40,8 @@ struct Chart {
   int height = 300;
   std::vector<Line> lines;
   std::vector<Marker> markers;
+  /// x holds log10 of the value (a learning rate): tick labels and tooltips show the value.
+  bool x_log10 = false;
 };
 
 /// The chart as an `<svg>` element: plot area, grid, axes with tick labels, axis labels, legend,

@@ -39,6 +39,31 @@ std::string figure(const Chart& c, const std::string& extra_class = "") {
          "</figure>\n";
 }
 
+/// A `trainer lr-find` run: the loss and the smoothed loss over the learning rate (a log axis),
+/// the suggestion marked and said in words.
+std::string lr_find_section(const LrFindData& f) {
+  Chart c{"Loss over the learning rate", "learning rate", "training loss", false, 1200, 360, {}, {}};
+  c.x_log10 = true;
+  Line loss{"train/loss", kPalette[0], {}, true}, smoothed{"smoothed", kPalette[1], {}, false};
+  for (const auto& p : f.points) {
+    loss.points.push_back({std::log10(p.lr), p.loss, p.step});
+    smoothed.points.push_back({std::log10(p.lr), p.smoothed, p.step});
+  }
+  c.lines = {loss, smoothed};
+  std::string words;
+  if (f.suggested_lr) {
+    const std::string lr = format_number(*f.suggested_lr, 3);
+    c.markers.push_back({std::log10(*f.suggested_lr), "suggested " + lr,
+                         "the smoothed loss falls fastest at learning rate " + lr, kOomColour, "suggestion"});
+    words = "Suggested learning rate: <b>" + html_escape(lr) + "</b> (where the smoothed loss falls fastest): <code>" +
+            html_escape("optim.lr=" + lr) + "</code>.";
+  } else {
+    words = "No suggestion: " + html_escape(f.no_suggestion.empty() ? "none recorded" : f.no_suggestion) + ".";
+  }
+  if (!f.stopped.empty()) words += " The sweep stopped early: " + html_escape(f.stopped) + ".";
+  return "<section><h2>Learning-rate finder</h2>\n<p>" + words + "</p>\n" + figure(c) + "</section>\n";
+}
+
 // ---- The page ------------------------------------------------------------------------------
 
 struct StepChart {
@@ -145,9 +170,7 @@ std::string render_html(const RunData& d) {
   } else if (!missing_memory.empty()) {
     notes.push_back("Memory: " + join(missing_memory, ", ") + " not logged.");
   }
-  std::size_t events = 0;  // drawn as markers: those with a time
-  for (const auto& e : ooms) events += std::isfinite(e.time);
-  for (const auto& c : changes) events += std::isfinite(c.time);
+  const std::size_t events = ooms.size() + changes.size();  // each drawn as a marker
   if (memory_chart && events > kMaxMarkers) {
     notes.push_back(std::to_string(events) + " out-of-memory errors and micro-batch changes: the first " +
                     std::to_string(kMaxMarkers) + " marked on the memory chart, the first " +
@@ -165,11 +188,18 @@ std::string render_html(const RunData& d) {
                     std::to_string(kMaxOtherCharts) + " drawn (by name), the rest left out.");
     other_names.resize(kMaxOtherCharts);
   }
+  if (!d.lr_find_error.empty()) notes.push_back(d.lr_find_error);
+  if (d.lr_find && d.lr_find->bad_points > 0) {
+    notes.push_back("lr_find.json: " + std::to_string(d.lr_find->bad_points) +
+                    " points without a step and a positive learning rate left out.");
+  }
   if (!notes.empty()) {
     h << "<section class=\"card notes\"><h2>Notes</h2><ul>\n";
     for (const auto& n : notes) h << "<li>" << html_escape(n) << "</li>\n";
     h << "</ul></section>\n";
   }
+
+  if (d.lr_find) h << lr_find_section(*d.lr_find);
 
   std::vector<std::string> training;
   for (const auto& spec : step_charts()) {
@@ -191,37 +221,27 @@ std::string render_html(const RunData& d) {
     h << "<section><h2>Training</h2><div class=\"grid2\">\n" << join(training, "") << "</div></section>\n";
 
   if (memory_chart) {
+    // In steps, as every chart (what happened before the first step is drawn at step 0; the
+    // table below gives each event's time).
     const double t0 = std::isfinite(t_first) ? t_first : 0;
-    double span = 0;
-    for (const auto& n : kMemoryNames) {
-      const auto it = d.metrics.find(n);
-      if (it == d.metrics.end()) continue;
-      for (const auto& p : it->second) {
-        if (std::isfinite(p.time)) span = std::max(span, p.time - t0);
-      }
-    }
-    const double unit = span > 3 * 3600 ? 3600 : span > 600 ? 60 : 1;
-    const std::string unit_name = unit == 3600 ? "hours" : unit == 60 ? "minutes" : "seconds";
-    Chart c{"Memory", unit_name + " since the first metric", "MB", false, 1200, 360, {}, {}};
+    Chart c{"Memory", "step", "MB", true, 1200, 360, {}, {}};
     const char* const colours[] = {"#1f77b4", "#2ca02c", "#9467bd"};
     for (std::size_t i = 0; i < kMemoryNames.size(); ++i) {
       const auto it = d.metrics.find(kMemoryNames[i]);
       if (it == d.metrics.end()) continue;
       Line l{kMemoryNames[i], colours[i], {}, kMemoryNames[i] == "memory/reserved_mb"};
-      for (const auto& p : it->second) l.points.push_back({(p.time - t0) / unit, p.value, p.step});
+      for (const auto& p : it->second) l.points.push_back({p.step, p.value, p.step});
       c.lines.push_back(std::move(l));
     }
     for (const auto& e : ooms) {
-      if (!std::isfinite(e.time)) continue;
       const std::string label = "OOM (micro-batch " + format_number(e.micro_batch) + ")";
-      c.markers.push_back({(e.time - t0) / unit, label, label + " at step " + format_number(e.step, 12), kOomColour,
-                           "out-of-memory error"});
+      c.markers.push_back(
+          {e.step, label, label + " at step " + format_number(e.step, 12), kOomColour, "out-of-memory error"});
     }
     for (const auto& ch : changes) {
-      if (!std::isfinite(ch.time)) continue;
       const std::string label = "micro-batch " + format_number(ch.from) + " → " + format_number(ch.to);
-      c.markers.push_back({(ch.time - t0) / unit, label, label + " at step " + format_number(ch.step, 12),
-                           kMicroBatchColour, "micro-batch change"});
+      c.markers.push_back(
+          {ch.step, label, label + " at step " + format_number(ch.step, 12), kMicroBatchColour, "micro-batch change"});
     }
     std::stable_sort(c.markers.begin(), c.markers.end(), [](const Marker& a, const Marker& b) { return a.x < b.x; });
     if (c.markers.size() > kMaxMarkers) c.markers.resize(kMaxMarkers);

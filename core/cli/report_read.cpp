@@ -3,6 +3,7 @@
 // than a line's limit, files that are not regular files are not opened, and what was left out is
 // recorded for the page.
 #include "report.h"
+#include "trainer/json.h"
 #include "trainer/run_records.h"
 
 #include <cerrno>
@@ -14,6 +15,8 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 namespace trainer::report {
@@ -260,6 +263,69 @@ void read_config(const fs::path& path, RunData& data) {
   data.config_toml = std::move(config);
 }
 
+/// A JSON number, or NaN for null (a non-finite value written by lr-find); nullopt otherwise.
+std::optional<double> number_or_nan(const nlohmann::json& j, const char* key) {
+  const auto it = j.find(key);
+  if (it == j.end()) return std::nullopt;
+  if (it->is_null()) return std::numeric_limits<double>::quiet_NaN();
+  if (it->is_number()) return it->get<double>();
+  return std::nullopt;
+}
+
+void read_lr_find(const fs::path& path, RunData& data) {
+  std::uintmax_t size = 0;
+  if (!regular_file(path, data.lr_find_error, size)) return;  // absent: not an lr-find run
+  if (size > kMaxLrFindBytes) {
+    data.lr_find_error =
+        path.string() + " is " + size_text(size) + ", more than the " + size_text(kMaxLrFindBytes) + " read: not read";
+    return;
+  }
+  std::string text;
+  if (!read_start(path, text, kMaxLrFindBytes + 1) || text.size() > kMaxLrFindBytes) {
+    data.lr_find_error =
+        "cannot read " + path.string() + (text.size() > kMaxLrFindBytes ? ": it grew" : ": " + errno_text());
+    return;
+  }
+  if (json_nesting(text) > 8) {
+    data.lr_find_error = path.string() + " nests deeper than an lr_find.json does: not read";
+    return;
+  }
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    data.lr_find_error = path.string() + " is not JSON: " + e.what();
+    return;
+  }
+  if (!j.is_object() || !j.contains("points") || !j["points"].is_array()) {
+    data.lr_find_error = path.string() + " has no \"points\" array: not an lr_find.json";
+    return;
+  }
+  LrFindData f;
+  for (const auto& p : j["points"]) {
+    const auto lr = p.is_object() ? number_or_nan(p, "lr") : std::nullopt;
+    const auto step = p.is_object() ? number_or_nan(p, "step") : std::nullopt;
+    if (!lr || !step || !(std::isfinite(*lr) && *lr > 0)) {
+      ++f.bad_points;
+      continue;
+    }
+    const auto loss = number_or_nan(p, "loss"), smoothed = number_or_nan(p, "smoothed");
+    f.points.push_back({*step, *lr, loss.value_or(std::numeric_limits<double>::quiet_NaN()),
+                        smoothed.value_or(std::numeric_limits<double>::quiet_NaN())});
+  }
+  const auto suggested = number_or_nan(j, "suggested_lr");
+  if (suggested && std::isfinite(*suggested) && *suggested > 0) f.suggested_lr = *suggested;
+  const auto text_of = [&j](const char* key) {
+    const auto it = j.find(key);
+    std::string s = it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+    if (s.size() > 1000) s = s.substr(0, 1000) + " …";
+    return s;
+  };
+  f.no_suggestion = text_of("no_suggestion");
+  f.stopped = text_of("stopped");
+  data.lr_find = std::move(f);
+}
+
 }  // namespace
 
 RunData read_run(const std::string& dir) {
@@ -287,6 +353,7 @@ RunData read_run(const std::string& dir) {
   read_config(root / "config.toml", data);
   read_status(root / "status.json", data);
   read_log(root / "trainer.log", data);
+  read_lr_find(root / "lr_find.json", data);
   data.generated_at = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   return data;
 }

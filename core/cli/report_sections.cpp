@@ -91,7 +91,8 @@ svg .nonfinite{stroke:#d62728;stroke-width:2;fill:none}
 table{border-collapse:collapse;font-size:13px;margin-top:10px}
 td,th{border-bottom:1px solid #e5e7eb;padding:3px 12px 3px 0;text-align:left}
 pre{margin:0;background:#f8f9fb;border:1px solid #e5e7eb;border-radius:6px;padding:10px;overflow:auto;
-  max-height:520px;font:12px/1.45 ui-monospace,"DejaVu Sans Mono",monospace;white-space:pre}
+  max-height:520px;font:12px/1.45 ui-monospace,"DejaVu Sans Mono",monospace;white-space:pre-wrap;
+  overflow-wrap:anywhere}
 details{margin-top:10px}
 summary{cursor:pointer;color:#374151}
 footer{color:#6b7280;font-size:12px;text-align:center;padding:4px 0 12px}

@@ -217,6 +217,8 @@ BenchReport run_bench(const BenchRequest& req, std::ostream& progress) {
         }
       } catch (const UsageError&) {
         throw;  // the cell's own error (ConfigError is one too), not the estimate's: exit 2
+      } catch (const Interrupted&) {
+        throw;  // Ctrl-C during the cell's estimate ends the suite
       } catch (const Error& e) {
         // Not knowing is not a reason to skip: the cell runs and shows what happens.
         failed_estimates[key] = e.what();

@@ -5,10 +5,14 @@
 #include <torch/optim/optimizer.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <csignal>
 #include <filesystem>
 
 #include "trainer/core_settings.h"
+#include "trainer/error.h"
+#include "trainer/interrupt.h"
 #include "trainer/json.h"
 #include "trainer/logging.h"
 #include "trainer/memory.h"
@@ -154,7 +158,29 @@ std::int64_t ShortRunResult::reserved() const {
   return r;
 }
 
+namespace {
+std::atomic<bool> g_stop{false};
+
+extern "C" void on_stop_signal(int sig) {
+  g_stop.store(true);
+  request_interrupt();
+  std::signal(sig, SIG_DFL);
+}
+
+void throw_if_stopped() {
+  if (g_stop.load()) throw Interrupted("interrupted by a signal");
+}
+}  // namespace
+
+void request_stop() noexcept { g_stop.store(true); }
+
+void stop_on_signals() {
+  std::signal(SIGINT, on_stop_signal);
+  std::signal(SIGTERM, on_stop_signal);
+}
+
 ShortRunResult run_short(const ShortRunSpec& spec) {
+  throw_if_stopped();
   // Which plugins.load entries stay: loaded once as the user's run would be, to learn the
   // name behind each entry (an entry may be a path to a .so).
   const PreparedRun as_given = prepare_run(spec.recipe, spec.overrides, spec.plugin_dirs);
@@ -176,11 +202,15 @@ ShortRunResult run_short(const ShortRunSpec& spec) {
   add("training.max_steps", std::to_string(spec.steps));
   // The test split stays loaded as the recipe has it (it is memory the run holds). An
   // evaluation at the end runs when asked for, or when the recipe has one anyway: on one batch.
+  // Otherwise the recipe's end evaluation (eval.at_end, the default) sees one sample only.
+  const bool evaluates_at_end = spec.evaluate || EvalSettings::from(as_given.config.sub("eval")).at_end;
   if (spec.evaluate) {
     add("eval.at_end", "true");
     if (spec.eval_batch > 0) add("eval.batch_size", std::to_string(spec.eval_batch));
+  } else if (evaluates_at_end) {
+    add("eval.batch_size", "1");
   }
-  if (spec.evaluate || EvalSettings::from(as_given.config.sub("eval")).at_end) add("eval.limit_batches", "1");
+  if (evaluates_at_end) add("eval.limit_batches", "1");
   add("checkpoint.every_epochs", "0");
   add("checkpoint.every_steps", "0");
   add("checkpoint.at_end", "false");
@@ -226,6 +256,7 @@ ShortRunResult run_short(const ShortRunSpec& spec) {
     std::error_code ec;
     std::filesystem::remove_all(spec.run_dir, ec);
   }
+  throw_if_stopped();
   return out;
 }
 

@@ -34,6 +34,16 @@ struct ShortRunSpec {
   bool keep_run_dir = false;
 };
 
+/// Ctrl-C for a command made of short runs (`trainer estimate`, `trainer bench`): its signal
+/// handler calls this (async-signal-safe) beside request_interrupt(). The run in progress
+/// stops at its next step (its directory removed as always); unlike the run's interrupt flag,
+/// which each run clears when it starts, this one stays set, so a signal between two runs is
+/// not lost: the next run_short throws trainer::Interrupted instead of starting.
+void request_stop() noexcept;
+/// Installs SIGINT/SIGTERM handlers that call request_stop() and request_interrupt() (a second
+/// signal kills the process the ordinary way), for the rest of the process.
+void stop_on_signals();
+
 /// One optimizer step as measured.
 struct StepRecord {
   double seconds = 0.0;      ///< BatchStart to BatchEnd

@@ -14,6 +14,7 @@
 #include "trainer/data.h"
 #include "trainer/distributed.h"
 #include "trainer/error.h"
+#include "trainer/interrupt.h"
 #include "trainer/layers.h"
 #include "trainer/loader.h"
 #include "trainer/lora.h"
@@ -73,6 +74,9 @@ class FeatureDataset final : public trainer::Dataset {
     loader.plan(0, plan);
     at::NoGradGuard no_grad;
     for (std::size_t i = 0; i < plan.size(); ++i) {
+      // Caching a large data set through a big backbone takes minutes: Ctrl-C ends the run
+      // here, before any step, so no checkpoint holds an untrained head.
+      trainer::throw_if_interrupted("caching the probe's features");
       const at::Tensor& idx = plan[i];
       const std::int64_t start = static_cast<std::int64_t>(i) * batch;
       const trainer::Batch b = loader.next(idx);
@@ -157,6 +161,11 @@ class LinearProbePlugin final : public trainer::Plugin {
       case trainer::Event::FitEnd: {
         if (trainer::rank_of_this_process() != 0) break;  // the ranks hold the same model: rank 0 writes
         const std::string file = ctx.run_dir + "/probe_model.pt";
+        if (ctx.state.global_step == 0) {
+          // Stopped before its first step (Ctrl-C): the head is untrained, nothing to keep.
+          logger_->info("linear_probe: no step was trained, {} not written", file);
+          break;
+        }
         const auto n = trainer::save_merged_model(*full_, file);
         logger_->info("linear_probe: the model ({} tensors, backbone and trained head) written to {}", n, file);
         break;

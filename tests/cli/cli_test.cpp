@@ -2,10 +2,13 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <chrono>
 #include <csignal>
 
 #include <cstdio>
+#include <filesystem>
 #include <string>
+#include <thread>
 
 #include "support/test_util.h"
 
@@ -54,6 +57,8 @@ TEST(Cli, HelpShowsDefaultsAsWritten) {
     EXPECT_NE(o.text.find("--margin arg (=0.1)"), std::string::npos) << command << ": " << o.text;
     EXPECT_EQ(o.text.find("0000000"), std::string::npos) << command << ": " << o.text;
   }
+  const auto lr_find = run_cli("help lr-find");
+  EXPECT_NE(lr_find.text.find("--min-lr arg (=1e-07)"), std::string::npos) << lr_find.text;
 }
 
 // A data set that is not where the recipe says is a usage error (exit code 2) naming where it
@@ -94,8 +99,8 @@ TEST(Cli, EachCommandShowsAndTakesOnlyItsOwnOptions) {
   // The general help lists every command; a command's help only its options.
   const auto all = run_cli("--help");
   for (const char* c :
-       {"trainer plugins", "trainer mem", "trainer estimate", "trainer bench", "trainer launch", "trainer sweep",
-        "trainer report", "trainer mlflow sync", "trainer help", "trainer completion"}) {
+       {"trainer plugins", "trainer mem", "trainer estimate", "trainer bench", "trainer lr-find", "trainer launch",
+        "trainer sweep", "trainer report", "trainer mlflow sync", "trainer help", "trainer completion"}) {
     EXPECT_NE(all.text.find(c), std::string::npos) << c;
   }
   for (const std::string how : {"help estimate", "estimate --help"}) {
@@ -235,6 +240,18 @@ TEST(Cli, PlainProgressShowsTheFinalStepAndPrintsOnATimeInterval) {
   }
 }
 
+// The documented 30-step check ends with its loss and an evaluation (eval.at_end, the default),
+// though the recipe logs every 100 steps and evaluates at epoch ends only.
+TEST(Cli, TheSmokePresetShowsTheLossAndAnEvaluation) {
+  TempDir tmp;
+  const auto o = run_cli("--recipe " + kRecipe + " smoke plugins.console.mode=plain --run-dir " + (tmp / "run"));
+  ASSERT_EQ(o.code, 0) << o.text;
+  EXPECT_NE(o.text.find("epoch 1/1 | step 30/30 | loss"), std::string::npos) << o.text;
+  const auto eval = o.text.find("eval  epoch 1/1 |");
+  ASSERT_NE(eval, std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("accuracy", eval), std::string::npos) << o.text;
+}
+
 TEST(Cli, SigintStopsWithACheckpointAndExitCode130) {
   TempDir tmp;
   const std::string out = tmp / "out.txt";
@@ -252,6 +269,45 @@ TEST(Cli, SigintStopsWithACheckpointAndExitCode130) {
   EXPECT_NE(text.find("interrupted by a signal"), std::string::npos) << text;
   EXPECT_NE(trainer::testing::read_file(tmp / "run/status.json").find("\"status\":\"KILLED\""), std::string::npos);
   EXPECT_FALSE(trainer::testing::read_file(tmp / "run/checkpoints/latest").empty());
+}
+
+// Ctrl-C during `trainer estimate` stops the probe run in progress and the estimate: exit code
+// 130, and no probe directory is left behind in the temporary directory.
+TEST(Cli, SigintStopsAnEstimateLeavingNoProbeDirectory) {
+  TempDir tmp;
+  const std::string out = tmp / "out.txt", work = tmp / "t";
+  std::filesystem::create_directories(work);
+  trainer::testing::Child cli("env TMPDIR=" + work + " " + TRAINER_CLI + " estimate --recipe " + kRecipe + " >" + out +
+                              " 2>&1");
+  ASSERT_TRUE(cli.started());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (std::filesystem::is_empty(work) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_FALSE(std::filesystem::is_empty(work)) << trainer::testing::read_file(out);  // a probe runs
+  ASSERT_TRUE(cli.signal(SIGINT));
+  const int status = cli.wait();
+  const std::string text = trainer::testing::read_file(out);
+  ASSERT_TRUE(WIFEXITED(status)) << text;
+  EXPECT_EQ(WEXITSTATUS(status), 130) << text;
+  EXPECT_NE(text.find("trainer estimate: interrupted by a signal"), std::string::npos) << text;
+  EXPECT_TRUE(std::filesystem::is_empty(work)) << std::filesystem::directory_iterator(work)->path();
+}
+
+// The build tree's trainer finds the source tree's config groups for a recipe anywhere; a group
+// that is nowhere is named with the directories searched and TRAINER_CONFIG_PATH.
+TEST(Cli, TheBuildTreeFindsTheSourceConfigsAndAMissingGroupSaysWhereToAddOne) {
+  TempDir tmp;
+  write_file(tmp / "elsewhere/recipe.toml",
+             "defaults = [\"model/mlp\", \"dataset/synthetic\", \"optim/sgd\"]\n[training]\nepochs = 1\n"
+             "[metrics]\nconsole = false\n");
+  const auto ok = run_cli("--recipe " + (tmp / "elsewhere/recipe.toml") + " --run-dir " + (tmp / "run"));
+  EXPECT_EQ(ok.code, 0) << ok.text;
+  const auto missing = run_cli("--recipe " + (tmp / "elsewhere/recipe.toml") + " model=nonesuch");
+  EXPECT_EQ(missing.code, 2) << missing.text;
+  EXPECT_NE(missing.text.find("config group 'model/nonesuch' not found"), std::string::npos) << missing.text;
+  EXPECT_NE(missing.text.find(std::string(TRAINER_SOURCE_DIR) + "/configs"), std::string::npos) << missing.text;
+  EXPECT_NE(missing.text.find("TRAINER_CONFIG_PATH"), std::string::npos) << missing.text;
 }
 
 TEST(Cli, MissingDatasetFailsWithTheFixInTheMessage) {

@@ -580,3 +580,77 @@ TEST(ReportCli, WritesTheOutputFile) {
 }
 
 }  // namespace
+
+namespace {
+
+/// A finished run of `steps` steps: train/loss falling, eval/accuracy at the end, peak memory,
+/// and a config.toml with the learning rate given.
+void write_finished_run(const std::string& dir, const std::string& lr, int steps) {
+  std::string m;
+  for (int s = 1; s <= steps; ++s) {
+    m += metric(s, "train/loss", std::to_string(2.0 / s), s);
+    m += metric(s, "memory/peak_mb", std::to_string(100 + s), s);
+  }
+  m += metric(steps, "eval/accuracy", "0.75", steps + 1);
+  write_file(dir + "/metrics.jsonl", m);
+  write_file(dir + "/config.toml", "[run]\nname = \"t\"\nseed = 1\n[optim]\nname = \"adamw\"\nlr = " + lr +
+                                       "\nbetas = [\n  0.9,\n  0.999,\n]\n[model]\nhidden = [32, 32]\n");
+  write_file(dir + "/status.json", R"({"status":"FINISHED","exit_code":0,"global_step":)" + std::to_string(steps) +
+                                       R"(,"epoch":1,"message":"","last_checkpoint":"","time":1795533890.0})");
+}
+
+TEST(ReportCompare, ConfigLeavesAreReadWithTheirTables) {
+  const auto leaves = rp::config_leaves(
+      "# comment\n[run]\nname = \"a = b\"\n[optim]\nlr = 0.001\nbetas = [\n  0.9,\n  0.999,\n]\n[plugins.x]\n\"odd "
+      "key\" "
+      "= true\n");
+  EXPECT_EQ(leaves.at("run.name"), "\"a = b\"");
+  EXPECT_EQ(leaves.at("optim.lr"), "0.001");
+  EXPECT_EQ(leaves.at("optim.betas"), "[ 0.9, 0.999, ]");
+  EXPECT_EQ(leaves.at("plugins.x.odd key"), "true");
+  EXPECT_EQ(leaves.size(), 4u);
+}
+
+// Two runs overlaid: a line per run in each chart (memory in steps too), the legend naming the
+// runs, the config keys that differ and only those; a run without a metric is noted.
+TEST(ReportCompare, OverlaysTheRunsAndListsTheConfigKeysThatDiffer) {
+  TempDir tmp;
+  write_finished_run(tmp / "runs/lr-small", "0.001", 6);
+  write_finished_run(tmp / "runs/lr-large", "0.01", 4);
+  write_file(tmp / "runs/lr-large/metrics.jsonl",
+             read_file(tmp / "runs/lr-large/metrics.jsonl") + metric(4, "train/samples_per_s", "1000", 5));
+  std::vector<rp::RunData> runs{rp::read_run(tmp / "runs/lr-small"), rp::read_run(tmp / "runs/lr-large")};
+  const std::string html = rp::render_comparison(runs);
+  EXPECT_TRUE(contains(html, "<h1>2 runs compared</h1>")) << html;
+  for (const char* chart :
+       {"<h3>train/loss</h3>", "<h3>eval/accuracy</h3>", "<h3>memory/peak_mb</h3>", "<h3>train/samples_per_s</h3>"}) {
+    EXPECT_TRUE(contains(html, chart)) << chart;
+  }
+  EXPECT_TRUE(contains(html, ">lr-small</text>")) << "the legend names the runs";
+  EXPECT_TRUE(contains(html, ">lr-large</text>"));
+  EXPECT_TRUE(contains(html, "<code>optim.lr</code></td><td>0.001</td><td>0.01</td>")) << html;
+  EXPECT_FALSE(contains(html, "<code>optim.betas</code>"));  // the same in both
+  EXPECT_FALSE(contains(html, "<code>run.seed</code>"));
+  EXPECT_TRUE(contains(html, "train/samples_per_s: not logged by lr-small")) << html;
+  EXPECT_TRUE(contains(html, ">6</td>")) << "the steps of each run";
+
+  // Two runs of one name: their parents tell them apart.
+  write_finished_run(tmp / "a/run", "0.1", 3);
+  write_finished_run(tmp / "b/run", "0.1", 3);
+  const std::string same = rp::render_comparison({rp::read_run(tmp / "a/run"), rp::read_run(tmp / "b/run")});
+  EXPECT_TRUE(contains(same, "a/run")) << same;
+  EXPECT_TRUE(contains(same, "The runs' configs hold the same values.")) << same;
+}
+
+TEST(ReportCompare, TheCommandWritesCompareHtmlBesideTheFirstRun) {
+  TempDir tmp;
+  write_finished_run(tmp / "runs/one", "0.001", 3);
+  write_finished_run(tmp / "runs/two", "0.002", 3);
+  const auto o = run_cli("report " + (tmp / "runs/one") + " " + (tmp / "runs/two"));
+  ASSERT_EQ(o.code, 0) << o.text;
+  EXPECT_TRUE(contains(o.text, tmp / "runs/compare.html")) << o.text;
+  EXPECT_TRUE(contains(read_file(tmp / "runs/compare.html"), "<code>optim.lr</code>"));
+  EXPECT_EQ(run_cli("report " + (tmp / "runs/one") + " " + (tmp / "missing")).code, 2);
+}
+
+}  // namespace

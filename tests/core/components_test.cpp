@@ -38,6 +38,71 @@ TEST(Schedules, CosineReachesTheFloorAtTheLastStep) {
   EXPECT_DOUBLE_EQ(s->lr_at(109), 0.1);
 }
 
+TEST(Schedules, ExponentialMultipliesEveryStep) {
+  auto s = schedule("exponential", "gamma = 2.0", 1e-3, 100);
+  EXPECT_DOUBLE_EQ(s->lr_at(0), 1e-3);
+  EXPECT_DOUBLE_EQ(s->lr_at(3), 8e-3);
+  auto decay = schedule("exponential", "gamma = 0.5\nwarmup_steps = 2", 1.0, 100);
+  EXPECT_DOUBLE_EQ(decay->lr_at(0), 0.5);
+  EXPECT_DOUBLE_EQ(decay->lr_at(2), 0.25);
+}
+
+TEST(Schedules, LinearDecaysToTheFloorAtTheLastStep) {
+  auto s = schedule("linear", "warmup_steps = 10\nmin_lr_ratio = 0.1", 1.0, 110);
+  EXPECT_DOUBLE_EQ(s->lr_at(0), 0.1);
+  EXPECT_DOUBLE_EQ(s->lr_at(10), 1.0);
+  EXPECT_NEAR(s->lr_at(59), 0.1 + 0.9 * (1.0 - 49.0 / 99.0), 1e-12);
+  EXPECT_DOUBLE_EQ(s->lr_at(109), 0.1);
+  EXPECT_DOUBLE_EQ(s->lr_at(200), 0.1);  // past the plan (a resume with more steps): the floor
+}
+
+// The values torch.optim.lr_scheduler.MultiStepLR([10, 30], gamma=0.5) gives for lr 2 at
+// optimizer steps 9, 10, 29, 30 and 99 (the scheduler stepped after each optimizer step).
+TEST(Schedules, MultiStepDecaysAtEachMilestoneAsTorchDoes) {
+  auto s = schedule("multistep", "milestones = [10, 30]\ngamma = 0.5", 2.0, 100);
+  EXPECT_DOUBLE_EQ(s->lr_at(9), 2.0);
+  EXPECT_DOUBLE_EQ(s->lr_at(10), 1.0);
+  EXPECT_DOUBLE_EQ(s->lr_at(29), 1.0);
+  EXPECT_DOUBLE_EQ(s->lr_at(30), 0.5);
+  EXPECT_DOUBLE_EQ(s->lr_at(99), 0.5);
+  auto warm = schedule("multistep", "milestones = [10]\nwarmup_steps = 4", 2.0, 100);
+  EXPECT_DOUBLE_EQ(warm->lr_at(0), 0.5);
+  EXPECT_DOUBLE_EQ(warm->lr_at(3), 2.0);
+  EXPECT_THROW(schedule("multistep", "milestones = [30, 10]", 1.0, 100), UsageError);
+  EXPECT_THROW(schedule("multistep", "milestones = []", 1.0, 100), UsageError);
+}
+
+// The values torch.optim.lr_scheduler.OneCycleLR(max_lr=1, total_steps=100) gives (printed by
+// torch 1.13 to 17 digits), with its defaults and with a linear anneal, div_factor 10 and
+// final_div_factor 100; a warm-up of 30 steps peaks where pct_start 0.3 does.
+TEST(Schedules, OneCycleFollowsTorch) {
+  auto cos = schedule("onecycle", "", 1.0, 100);
+  EXPECT_NEAR(cos->lr_at(0), 0.040000000000000036, 1e-15);
+  EXPECT_NEAR(cos->lr_at(10), 0.29516394846410077, 1e-15);
+  EXPECT_NEAR(cos->lr_at(29), 1.0, 1e-15);
+  EXPECT_NEAR(cos->lr_at(30), 0.9994965352845243, 1e-15);
+  EXPECT_NEAR(cos->lr_at(50), 0.793893450575732, 1e-15);
+  EXPECT_NEAR(cos->lr_at(99), 4e-06, 1e-15);
+  auto line = schedule("onecycle", "anneal_strategy = \"linear\"\ndiv_factor = 10\nfinal_div_factor = 100", 1.0, 100);
+  EXPECT_NEAR(line->lr_at(0), 0.1, 1e-15);
+  EXPECT_NEAR(line->lr_at(10), 0.41034482758620694, 1e-15);
+  EXPECT_NEAR(line->lr_at(30), 0.9857285714285714, 1e-15);
+  EXPECT_NEAR(line->lr_at(50), 0.7003, 1e-15);
+  EXPECT_NEAR(line->lr_at(99), 0.0010000000000000009, 1e-15);
+  auto warm = schedule("onecycle", "warmup_steps = 30", 1.0, 100);
+  for (const std::int64_t step : {0, 10, 29, 30, 50, 99}) EXPECT_DOUBLE_EQ(warm->lr_at(step), cos->lr_at(step)) << step;
+  EXPECT_THROW(schedule("onecycle", "warmup_steps = 100", 1.0, 100), UsageError);
+  // The edges as torch has them: a peak between the last two steps (pct_start 0.95 of 10), and a
+  // peak before step 0 (0.3 of 3: torch starts falling at once).
+  auto late = schedule("onecycle", "pct_start = 0.95", 1.0, 10);
+  EXPECT_NEAR(late->lr_at(8), 0.9918270878482729, 1e-15);
+  EXPECT_NEAR(late->lr_at(9), 4e-06, 1e-15);
+  auto early = schedule("onecycle", "", 1.0, 3);
+  EXPECT_NEAR(early->lr_at(0), 0.9944154354509117, 1e-15);
+  EXPECT_NEAR(early->lr_at(1), 0.46263710266697505, 1e-15);
+  EXPECT_NEAR(early->lr_at(2), 4e-06, 1e-15);
+}
+
 TEST(Models, ProduceLogitsPerClass) {
   const DataSpec spec{{1, 28, 28}, 10};
   for (const std::string name : {"mlp", "cnn"}) {

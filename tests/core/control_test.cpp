@@ -28,6 +28,7 @@ micro_batch_size = 16
 name = "sgd"
 [eval]
 every_epochs = 0
+at_end = false
 [metrics]
 console = false
 [plugins]

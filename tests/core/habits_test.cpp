@@ -1,6 +1,7 @@
 // What users of other trainers do without thinking: resume a run in place (or have a requeued
-// job resume itself), evaluate every N steps, and have a diverging run stop instead of training
-// on NaN; a start that fails leaves no empty run directory of its own naming.
+// job resume itself), evaluate every N steps and at the end, have a diverging run stop instead
+// of training on NaN, and Ctrl-C answered in the long phases before the first step; a start
+// that fails or is interrupted leaves no empty run directory of its own naming.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -9,6 +10,8 @@
 #include <set>
 
 #include "support/test_util.h"
+#include "support/tiny_text.h"
+#include "trainer/interrupt.h"
 #include "trainer/run_records.h"
 #include "trainer/trainer.h"
 
@@ -42,6 +45,18 @@ class NanAt final : public Plugin {
   std::string which_;
   std::set<std::int64_t> at_;
   std::int64_t batch_ = 0;
+};
+
+/// Raises the interrupt flag at `at`, as Ctrl-C arriving then would.
+class InterruptAt final : public Plugin {
+ public:
+  explicit InterruptAt(Event at) : at_(at) {}
+  std::string name() const override { return "interrupt_at"; }
+  std::vector<Event> events() const override { return {at_}; }
+  void on_event(EventContext&, Control&) override { request_interrupt(); }
+
+ private:
+  Event at_;
 };
 
 class Habits : public testing::TrainerTest {
@@ -193,17 +208,19 @@ TEST_F(Habits, EvalEveryStepsEvaluatesBetweenTheEpochsOnce) {
   EXPECT_EQ(steps_of(tmp_ / "run", "eval/loss"), (std::vector<long>{3, 4, 6, 8}));
   ASSERT_EQ(fit(options({"eval.every_steps=2"}, "both")).exit_code, kExitOk);
   EXPECT_EQ(steps_of(tmp_ / "both", "eval/loss"), (std::vector<long>{2, 4, 6, 8}));
-  ASSERT_EQ(fit(options({"eval.every_steps=2", "eval.every_epochs=0"}, "steps")).exit_code, kExitOk);
+  ASSERT_EQ(fit(options({"eval.every_steps=2", "eval.every_epochs=0", "eval.at_end=false"}, "steps")).exit_code,
+            kExitOk);
   EXPECT_EQ(steps_of(tmp_ / "steps", "eval/loss"), (std::vector<long>{2, 4, 6, 8}));
 }
 
 // checkpoint.monitor: the save_top_k best scored checkpoints and the newest keep_last are kept,
 // each scored one with its score beside it, and `best` names the best.
 TEST_F(Habits, CheckpointsAreKeptByTheMonitoredMetric) {
-  const RunResult r = fit(options({"training.epochs=4", "eval.every_steps=2", "eval.every_epochs=0",
-                                   "checkpoint.every_steps=2", "checkpoint.every_epochs=0", "checkpoint.keep_last=1",
-                                   "checkpoint.monitor=\"eval/loss\"", "checkpoint.save_top_k=2"},
-                                  "run"));
+  const RunResult r =
+      fit(options({"training.epochs=4", "eval.every_steps=2", "eval.every_epochs=0", "eval.at_end=false",
+                   "checkpoint.every_steps=2", "checkpoint.every_epochs=0", "checkpoint.keep_last=1",
+                   "checkpoint.monitor=\"eval/loss\"", "checkpoint.save_top_k=2"},
+                  "run"));
   ASSERT_EQ(r.exit_code, kExitOk) << r.message;
   ASSERT_EQ(r.global_step, 16);
   // The two lowest eval/loss of the run's own evaluations (steps 2, 4, ..., 16), and step 16.
@@ -292,6 +309,59 @@ TEST_F(Habits, SkipStepSkipsTheNonFiniteStepsAndIgnoreTrainsOnThem) {
   ASSERT_EQ(ignored.exit_code, kExitOk) << ignored.message;
   EXPECT_EQ(ignored.global_step, 8);
   EXPECT_TRUE(std::isnan(parameters(tmp_ / "ignore/checkpoints/step_00000008.pt").at(0)));
+}
+
+// Every run ends with its evaluation (eval.at_end, the default), once: one stopped by
+// training.max_steps in the middle of an epoch too, and one with eval.every_epochs = 0; with
+// eval.at_end = false as well the run never evaluates.
+TEST_F(Habits, ARunEndsWithItsEvaluationByDefault) {
+  const RunResult r = fit(options({"training.max_steps=3"}, "short"));
+  ASSERT_EQ(r.exit_code, kExitOk) << r.message;
+  EXPECT_EQ(steps_of(tmp_ / "short", "eval/accuracy"), (std::vector<long>{3}));
+  EXPECT_EQ(r.final_metrics.count("eval/accuracy"), 1u);
+  EXPECT_EQ(steps_of(tmp_ / "short", "train/loss"), (std::vector<long>{1, 2, 3}));
+  ASSERT_EQ(fit(options({}, "full")).exit_code, kExitOk);
+  EXPECT_EQ(steps_of(tmp_ / "full", "eval/loss"), (std::vector<long>{4, 8}));  // the last epoch's, not twice
+  ASSERT_EQ(fit(options({"eval.every_epochs=0"}, "end_only")).exit_code, kExitOk);
+  EXPECT_EQ(steps_of(tmp_ / "end_only", "eval/loss"), (std::vector<long>{8}));
+  ASSERT_EQ(fit(options({"eval.every_epochs=0", "eval.at_end=false"}, "never")).exit_code, kExitOk);
+  EXPECT_TRUE(steps_of(tmp_ / "never", "eval/loss").empty());
+}
+
+// Ctrl-C while a text data set is tokenized ends the run there (KILLED, exit code 130), not
+// after the scan: no checkpoint, and a run directory the run named itself, holding only what
+// the core wrote, goes; one named with run_dir stays, its status.json saying KILLED.
+TEST_F(Habits, CtrlCWhileADataSetIsTokenizedEndsTheRunThere) {
+  const std::string recipe = testing::tiny_text_recipe(tmp_ / "text");
+  const auto interrupt = std::make_shared<InterruptAt>(Event::SelectDevice);  // before the data set
+  TrainerOptions o = options_for(recipe, {"run.dir=\"" + (tmp_ / "runs") + "\""}, "unused", {interrupt});
+  o.run_dir.clear();
+  const RunResult r = Trainer(std::move(o)).fit();
+  clear_interrupt();
+  EXPECT_EQ(r.exit_code, kExitInterrupted) << r.message;
+  EXPECT_EQ(r.status, RunStatus::Killed);
+  EXPECT_NE(r.message.find("interrupted by a signal while tokenizing the text dataset"), std::string::npos)
+      << r.message;
+  EXPECT_TRUE(r.run_dir.empty()) << r.run_dir;
+  EXPECT_TRUE(fs::is_empty(tmp_ / "runs"));
+
+  const RunResult named = Trainer(options_for(recipe, {}, "named", {interrupt})).fit();
+  clear_interrupt();
+  EXPECT_EQ(named.exit_code, kExitInterrupted) << named.message;
+  EXPECT_EQ(named.run_dir, tmp_ / "named");
+  EXPECT_EQ(decode_status(read_file(tmp_ / "named/status.json")).status, RunStatus::Killed);
+  EXPECT_TRUE(named.last_checkpoint.empty()) << named.last_checkpoint;
+}
+
+// Ctrl-C before the first step (here while the model is built) stops the loop before it: no
+// checkpoint of untrained weights, though checkpoint.at_end is on.
+TEST_F(Habits, CtrlCBeforeTheFirstStepWritesNoCheckpoint) {
+  const RunResult r = fit(options({}, "run", {std::make_shared<InterruptAt>(Event::ModelCreated)}));
+  clear_interrupt();
+  EXPECT_EQ(r.exit_code, kExitInterrupted) << r.message;
+  EXPECT_EQ(r.global_step, 0);
+  EXPECT_TRUE(r.last_checkpoint.empty()) << r.last_checkpoint;
+  EXPECT_EQ(decode_status(read_file(tmp_ / "run/status.json")).status, RunStatus::Killed);
 }
 
 // A start that fails before training, in a run directory it named itself, leaves none behind;

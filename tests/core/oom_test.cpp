@@ -48,6 +48,7 @@ name = "sgd"
 lr = 0.05
 [eval]
 every_epochs = 0
+at_end = false
 [metrics]
 console = false
 [plugins]

@@ -88,8 +88,11 @@ TEST_F(TrainerRun, EvalAtEndEvaluatesAStopAtMaxStepsMidEpochOnce) {
   ASSERT_EQ(r.exit_code, kExitOk) << r.message;
   ev = events("full");
   EXPECT_EQ(std::count(ev.begin(), ev.end(), "EvalStart"), 2);  // one per epoch
-  // Without it, the stop at max_steps is not evaluated.
-  r = run({"training.max_steps=3"}, "plain");
+  // It is the default: the stop at max_steps is evaluated too; without it, it is not.
+  r = run({"training.max_steps=3"}, "default");
+  ev = events("default");
+  EXPECT_EQ(std::count(ev.begin(), ev.end(), "EvalStart"), 2);  // the first epoch's and the end's
+  r = run({"training.max_steps=3", "eval.at_end=false"}, "plain");
   ev = events("plain");
   EXPECT_EQ(std::count(ev.begin(), ev.end(), "EvalStart"), 1);  // the first epoch's
 }
@@ -138,8 +141,8 @@ TEST_F(TrainerRun, AccumulatedGradientEqualsFullBatchGradient) {
   // One SGD step without momentum: the parameter change is -lr * gradient, so equal
   // parameters after the step mean equal gradients.
   const std::vector<std::string> common = {
-      "training.max_steps=1", "training.shuffle=false",  "optim.lr=0.5",
-      "eval.every_epochs=0",  "checkpoint.at_end=false", "checkpoint.every_epochs=0"};
+      "training.max_steps=1",    "training.shuffle=false",   "optim.lr=0.5", "eval.every_epochs=0", "eval.at_end=false",
+      "checkpoint.at_end=false", "checkpoint.every_epochs=0"};
   auto with = [&](std::vector<std::string> extra) {
     extra.insert(extra.end(), common.begin(), common.end());
     return extra;

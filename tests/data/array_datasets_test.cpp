@@ -195,15 +195,16 @@ struct Bad {
 TEST_F(ArrayDatasets, BadFilesExitTwoNamingFileLineAndWhatIsAllowed) {
   const auto csv = [](const std::string& name, const std::string& targets = "[\"y\"]") {
     return std::vector<std::string>{"dataset.name=\"csv\"", "dataset.train=" + quoted(file(name)),
-                                    "dataset.targets=" + targets, "eval.every_epochs=0"};
+                                    "dataset.targets=" + targets, "eval.every_epochs=0", "eval.at_end=false"};
   };
   const auto npz = [](const std::string& archive) {
     return std::vector<std::string>{"dataset.name=\"npz\"", "dataset.train=" + quoted(file(archive)),
-                                    "eval.every_epochs=0"};
+                                    "eval.every_epochs=0", "eval.at_end=false"};
   };
   const auto npy = [](const std::string& x, const std::string& y) {
     return std::vector<std::string>{"dataset.name=\"npy\"", "dataset.train_inputs=" + quoted(file(x)),
-                                    "dataset.train_targets=" + quoted(file(y)), "eval.every_epochs=0"};
+                                    "dataset.train_targets=" + quoted(file(y)), "eval.every_epochs=0",
+                                    "eval.at_end=false"};
   };
   const std::vector<Bad> cases = {
       {csv("bad_number.csv"), file("bad_number.csv") + " line 4, column 'b': 'abc' is not a finite number"},
@@ -237,7 +238,7 @@ TEST_F(ArrayDatasets, BadFilesExitTwoNamingFileLineAndWhatIsAllowed) {
        "holds 16 samples, dataset.train_targets = \"" + file("bad_count_y.npy") + "\" 5 targets"},
       // The data does not fit the task: float targets for classification.
       {{"dataset.name=\"csv\"", "dataset.train=" + quoted(file("regression_train.csv")), "dataset.targets=[\"y0\"]",
-        "eval.every_epochs=0"},
+        "eval.every_epochs=0", "eval.at_end=false"},
        "task.name = \"classification\": the dataset's targets are Float of shape [8] (per batch); classification "
        "needs integer class indices"},
   };

@@ -297,7 +297,8 @@ TEST_F(TextRuns, GroupedByLengthTheBatchesHoldSimilarLengthsTheLongestFirst) {
                                          "dataset.max_length=40",
                                          "training.batch_size=4",
                                          "training.epochs=2",
-                                         "eval.every_epochs=0"};
+                                         "eval.every_epochs=0",
+                                         "eval.at_end=false"};
   const auto ds = text_dataset("train = " + quoted(kFixtures + "/texts.csv") +
                                "\ntokenizer = " + quoted(kFixtures + "/bert_uncased") + "\nmax_length = 40");
   const at::Tensor lengths = ds->lengths();
@@ -435,6 +436,7 @@ TEST_F(TextRuns, AnOutOfMemoryRetryResplitsTheSameSamples) {
                                       "optim.lr=0.1",
                                       "training.max_steps=2",
                                       "eval.every_epochs=0",
+                                      "eval.at_end=false",
                                       "plugins.load=[\"oom_backoff\"]",
                                       "run.seed=1"};  // a shuffle whose first batch's halves differ in length
   std::shared_ptr<Model> clean_model, squeezed_model;

@@ -101,6 +101,7 @@ name = "adamw"
 lr = 0.001
 [eval]
 every_epochs = 0
+at_end = false
 [metrics]
 console = false
 [plugins]
@@ -448,9 +449,9 @@ TEST_F(OnGpu, Bf16AndFp16AutocastTrainOnTheGpuAndTheScalerSkipsAnInfStep) {
 // the loss is finite, and the weights stay float32 on the GPU.
 TEST_F(OnGpu, ATextModelTrainsUnderBf16AndFp16WithTheScaler) {
   const std::string recipe = testing::tiny_text_recipe(tmp_.str());
-  const std::vector<std::string> common = {"runtime.device=cuda:0",         "training.max_steps=6",
-                                           "training.log_every=1",          "eval.every_epochs=0",
-                                           "plugins.load=[\"memory_log\"]", "metrics.console=false"};
+  const std::vector<std::string> common = {
+      "runtime.device=cuda:0", "training.max_steps=6",          "training.log_every=1", "eval.every_epochs=0",
+      "eval.at_end=false",     "plugins.load=[\"memory_log\"]", "metrics.console=false"};
   const auto fit_with = [&](const std::string& name, std::vector<std::string> more) {
     std::vector<std::string> o = common;
     o.insert(o.end(), more.begin(), more.end());
@@ -530,11 +531,11 @@ TEST_F(OnGpu, ABertFromADirectoryIsReadStraightOntoTheGpu) {
   ASSERT_NE(data_at, std::string::npos);
   recipe.replace(model_at, data_at - model_at, "[model]\nname = \"bert\"\npath = \"" + dir + "\"\n");
   const auto fit_on = [&](const std::string& device, AtModelCreated& probe) {
-    TrainerOptions o = options_for(
-        recipe,
-        {"runtime.device=" + device, "training.max_steps=1", "eval.every_epochs=0", "metrics.console=false",
-         "runtime.num_threads=8", "plugins.load=[]", "checkpoint.every_epochs=0", "checkpoint.at_end=false"},
-        "on_" + device.substr(0, 3), {std::shared_ptr<Plugin>(&probe, [](Plugin*) {})});
+    TrainerOptions o = options_for(recipe,
+                                   {"runtime.device=" + device, "training.max_steps=1", "eval.every_epochs=0",
+                                    "eval.at_end=false", "metrics.console=false", "runtime.num_threads=8",
+                                    "plugins.load=[]", "checkpoint.every_epochs=0", "checkpoint.at_end=false"},
+                                   "on_" + device.substr(0, 3), {std::shared_ptr<Plugin>(&probe, [](Plugin*) {})});
     o.log_level = "error";
     return Trainer(std::move(o)).fit();
   };

@@ -117,7 +117,8 @@ std::string cli_run(const std::string& recipe, const std::string& run_dir, const
 }
 
 /// Runs until it is signalled.
-constexpr const char* kEndless = " training.epochs=100000 eval.every_epochs=0 checkpoint.every_epochs=0";
+constexpr const char* kEndless =
+    " training.epochs=100000 eval.every_epochs=0 eval.at_end=false checkpoint.every_epochs=0";
 
 class Mlflow : public TrainerTest {
  protected:
@@ -328,7 +329,7 @@ TEST_F(Mlflow, AKill9RunIsMarkedFailedBySync) {
 TEST_F(Mlflow, AKill9RunResumedContinuesItsMlflowRun) {
   const std::string uri = shared_uri();
   const std::string dir = tmp_ / "run";
-  const std::string args = " dataset.size=512 eval.every_epochs=0 checkpoint.every_steps=4";
+  const std::string args = " dataset.size=512 eval.every_epochs=0 eval.at_end=false checkpoint.every_steps=4";
   Child child(cli_command(uri, "run", args + " training.epochs=50"));
   ASSERT_TRUE(wait_for_sent_metrics(dir, uri)) << read_file(dir + ".log");
   ASSERT_TRUE(trainer::testing::wait_for_text(dir + "/checkpoints/latest", "step_")) << read_file(dir + ".log");

@@ -51,6 +51,7 @@ lr = 0.02
 momentum = 0.9
 [eval]
 every_epochs = 0
+at_end = false
 [runtime]
 num_threads = 1
 [metrics]

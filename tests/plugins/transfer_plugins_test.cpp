@@ -1,14 +1,15 @@
 // The lora and linear_probe plugins (.so) in real runs: what trains and what stays
 // bit-identical (also BatchNorm statistics under a probe), what the optimizer holds, the files
 // each writes and that they load back (model.weights, adapters), an exact resume, cached
-// features training the same head as the backbone run every step, and exit code 2 for
-// settings that cannot work.
+// features training the same head as the backbone run every step, Ctrl-C while they are cached
+// saving nothing untrained, and exit code 2 for settings that cannot work.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <filesystem>
 
 #include "support/test_util.h"
+#include "trainer/interrupt.h"
 #include "trainer/layers.h"
 #include "trainer/lora.h"
 #include "trainer/trainer.h"
@@ -127,6 +128,15 @@ class SkipEveryStep final : public Plugin {
   std::string name() const override { return "skip_every_step"; }
   std::vector<Event> events() const override { return {Event::BatchStart}; }
   void on_event(EventContext&, Control& control) override { control.skip_step = true; }
+};
+
+/// Raises the interrupt flag at OptimizerCreated, as Ctrl-C arriving then would: after the
+/// probe's ModelCreated, before its FitStart.
+class InterruptBeforeFit final : public Plugin {
+ public:
+  std::string name() const override { return "interrupt_before_fit"; }
+  std::vector<Event> events() const override { return {Event::OptimizerCreated}; }
+  void on_event(EventContext&, Control&) override { request_interrupt(); }
 };
 
 class TransferPlugins : public testing::TrainerTest {
@@ -257,6 +267,28 @@ TEST_F(TransferPlugins, CachedFeaturesTrainTheSameHeadAsTheBackboneEveryStep) {
   ASSERT_EQ(resumed.exit_code, kExitOk) << resumed.message;
   const Tensors after = state_of(*model_, "model.");
   EXPECT_TRUE(torch::equal(after.at("fc.weight"), got.at("fc.weight")));
+}
+
+// Ctrl-C while the probe caches its features ends the run there (exit code 130), before any
+// step: no checkpoint and no probe_model.pt hold an untrained head. Without the cache the loop
+// stops before its first step, and the head is not written either.
+TEST_F(TransferPlugins, CtrlCWhileFeaturesAreCachedSavesNoUntrainedHead) {
+  const RunResult r = run(kResnetRecipe, {"+plugins.linear_probe.cache_features=true"}, "cached",
+                          {std::make_shared<InterruptBeforeFit>()});
+  clear_interrupt();
+  EXPECT_EQ(r.exit_code, kExitInterrupted) << r.message;
+  EXPECT_EQ(r.status, RunStatus::Killed);
+  EXPECT_NE(r.message.find("interrupted by a signal while caching the probe's features"), std::string::npos)
+      << r.message;
+  EXPECT_EQ(r.global_step, 0);
+  EXPECT_TRUE(r.last_checkpoint.empty()) << r.last_checkpoint;
+  EXPECT_FALSE(fs::exists(tmp_ / "cached/probe_model.pt"));
+
+  const RunResult plain = run(kResnetRecipe, {}, "plain", {std::make_shared<InterruptBeforeFit>()});
+  clear_interrupt();
+  EXPECT_EQ(plain.exit_code, kExitInterrupted) << plain.message;
+  EXPECT_TRUE(plain.last_checkpoint.empty()) << plain.last_checkpoint;
+  EXPECT_FALSE(fs::exists(tmp_ / "plain/probe_model.pt"));
 }
 
 TEST_F(TransferPlugins, LinearProbeNeedsAHead) {

@@ -50,7 +50,7 @@ class OneStepRun : public TrainerTest {
            "\"\n[dataset]\nname = \"" + dataset + "\"\n" + (task.empty() ? "" : "[task]\nname = \"" + task + "\"\n") +
            "[training]\nepochs = 1\nbatch_size = 8\nshuffle = false\nlog_every = 1\n"
            "[optim]\nname = \"sgd\"\nlr = 0.1\nmomentum = 0.0\nweight_decay = 0.0\n"
-           "[eval]\nevery_epochs = 0\n[runtime]\nnum_threads = 1\n[metrics]\nconsole = false\n";
+           "[eval]\nevery_epochs = 0\nat_end = false\n[runtime]\nnum_threads = 1\n[metrics]\nconsole = false\n";
   }
 
   /// The parameters after the run of `recipe` named `name` (its one step expected), copied.

@@ -1,10 +1,12 @@
 // `trainer bench`: a benchmark suite over a grid of overrides.
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
 
 #include "bench_suite.h"
 #include "command.h"
+#include "short_run.h"
 #include "trainer/error.h"
 
 namespace trainer::cli {
@@ -52,7 +54,19 @@ Command bench_command() {
     // The files are opened first: a path that cannot be written fails before the suite runs.
     const auto csv = in.vm.count("csv") ? open(in.vm["csv"].as<std::string>()) : nullptr;
     const auto md = in.vm.count("md") ? open(in.vm["md"].as<std::string>()) : nullptr;
-    const tune::BenchReport r = tune::run_bench(req, std::cerr);
+    // Ctrl-C stops the cell in progress (its directory removed) and the suite; the output
+    // files, opened empty, go too.
+    tune::stop_on_signals();
+    tune::BenchReport r;
+    try {
+      r = tune::run_bench(req, std::cerr);
+    } catch (const Interrupted&) {
+      std::error_code ec;
+      for (const char* key : {"csv", "md"}) {
+        if (in.vm.count(key)) std::filesystem::remove(in.vm[key].as<std::string>(), ec);
+      }
+      throw;
+    }
     tune::print_bench_table(r, std::cout);
     if (csv) tune::write_bench_csv(r, *csv);
     if (md) tune::write_bench_markdown(r, *md);

@@ -4,6 +4,7 @@
 
 #include "command.h"
 #include "estimate.h"
+#include "short_run.h"
 #include "trainer/error.h"
 
 namespace trainer::cli {
@@ -63,6 +64,8 @@ Command estimate_command() {
       req.probe_sizes = parse_sizes(in.vm["probe-sizes"].as<std::string>(), "--probe-sizes");
     }
     if (in.vm.count("lengths")) req.lengths = parse_sizes(in.vm["lengths"].as<std::string>(), "--lengths");
+    // Ctrl-C stops the probe in progress (its directory removed) and the estimate (exit 130).
+    tune::stop_on_signals();
     tune::MemoryEstimate e = tune::estimate_memory(req);
     if (in.vm.count("find-max-batch")) tune::find_max_batch(req, e);
     if (in.vm.count("json")) {

@@ -81,19 +81,21 @@ struct EvalSettings : Settings<EvalSettings> {
   std::int64_t every_epochs = 1;
   std::int64_t every_steps = 0;
   std::int64_t batch_size = 1000;
-  bool at_end = false;
+  bool at_end = true;
   std::int64_t limit_batches = 0;
 
   /// Whether the run evaluates at all (and so needs the test split).
   bool evaluates() const { return every_epochs > 0 || every_steps > 0 || at_end; }
 
   static void declare(SettingsSchema<EvalSettings>& s) {
-    s.add(&EvalSettings::every_epochs, "every_epochs", "Evaluate every N epochs; 0 = never").min(0);
+    s.add(&EvalSettings::every_epochs, "every_epochs",
+          "Evaluate every N epochs; 0 = not at epoch ends (eval.at_end still evaluates once at the end)")
+        .min(0);
     s.add(&EvalSettings::every_steps, "every_steps", "Also evaluate every N optimizer steps; 0 = never").min(0);
     s.add(&EvalSettings::batch_size, "batch_size", "Evaluation batch size").min(1).memory_neutral();
     s.add(&EvalSettings::at_end, "at_end",
           "Also evaluate when training ends (its last epoch, or training.max_steps) unless that step was just "
-          "evaluated");
+          "evaluated; false with every_epochs = 0 and every_steps = 0: the run never evaluates");
     s.add(&EvalSettings::limit_batches, "limit_batches",
           "Evaluate on the first N x batch_size samples of the test split only; 0 = all")
         .min(0);

@@ -47,6 +47,14 @@ class TRAINER_API PluginError : public Error {
   using Error::Error;
 };
 
+/// SIGINT/SIGTERM answered in a long phase outside the training step (a dataset scan, feature
+/// caching, an estimate's probes): the run ends KILLED with exit code 130 and leaves nothing
+/// half-made (no checkpoint when no step was trained). Thrown by throw_if_interrupted().
+class TRAINER_API Interrupted : public Error {
+ public:
+  using Error::Error;
+};
+
 /// Ends the run with a given exit code and status. The event bus passes it through
 /// unchanged whatever the plugin's policy, so a plugin can end the run the way it means:
 /// device_select throws it with kExitNoDevice when no device can be had.

@@ -44,8 +44,16 @@ std::vector<std::string> config_search_dirs(const std::string& recipe_path,
       }
     }
   }
-  // Installed layout: <prefix>/lib/libtrainer_core.so and <prefix>/share/trainer/configs.
+  // Installed layout: <prefix>/lib/libtrainer_core.so and <prefix>/share/trainer/configs (a
+  // prefix moved elsewhere keeps finding its own). A build tree's library: the source tree's.
   const std::string lib_dir = detail::core_library_dir();
+#if defined(TRAINER_BUILD_CORE_DIR) && defined(TRAINER_SOURCE_CONFIG_DIR)
+  std::error_code ec;
+  if (!lib_dir.empty() && fs::equivalent(lib_dir, TRAINER_BUILD_CORE_DIR, ec)) {
+    dirs.push_back(TRAINER_SOURCE_CONFIG_DIR);
+    return dirs;
+  }
+#endif
   if (!lib_dir.empty()) {
     const fs::path installed = fs::path(lib_dir).parent_path() / "share" / "trainer" / "configs";
     if (fs::is_directory(installed)) dirs.push_back(installed.string());
@@ -224,8 +232,10 @@ LoadedRecipe load_recipe(const std::string& recipe_path, const std::vector<std::
     const std::string file = find_group_file(group, dirs);
     const auto slash = group.find('/');
     if (file.empty()) {
-      std::string msg =
-          fmt::format("{}: config group '{}' not found; searched: {}", origin, group, fmt::join(dirs, ", "));
+      std::string msg = fmt::format(
+          "{}: config group '{}' not found; searched: {} (TRAINER_CONFIG_PATH, colon-separated, adds "
+          "directories that hold <group>/<name>.toml files)",
+          origin, group, fmt::join(dirs, ", "));
       if (slash != std::string::npos) {
         const auto opts = group_options(group.substr(0, slash), dirs);
         msg += fmt::format("; available for {}: {}", group.substr(0, slash),

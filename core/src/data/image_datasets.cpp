@@ -17,6 +17,7 @@
 
 #include "data/image_datasets_detail.h"
 #include "trainer/error.h"
+#include "trainer/interrupt.h"
 #include "trainer/settings.h"
 
 namespace trainer {
@@ -117,6 +118,8 @@ std::shared_ptr<Dataset> image_folder(const Config& c, Split split) {
     }
     std::vector<std::string> files;
     for (const auto& e : fs::directory_iterator(dir / name, ec)) {
+      // A folder of a million images on a slow disk takes a while: Ctrl-C is answered here.
+      if (files.size() % 1024 == 0) throw_if_interrupted("listing the image folders");
       if (e.is_regular_file() && is_image_file(e.path())) files.push_back(e.path().string());
     }
     std::sort(files.begin(), files.end());

@@ -26,6 +26,7 @@
 #include "text/tokenizer.h"
 #include "text/unicode.h"
 #include "trainer/error.h"
+#include "trainer/interrupt.h"
 #include "trainer/json.h"
 #include "trainer/logging.h"
 #include "trainer/settings.h"
@@ -242,7 +243,10 @@ std::shared_ptr<Dataset> text_dataset(const TextSettings& s, Split split) {
   std::vector<std::int64_t> offsets{0}, labels;
   std::int64_t skipped = 0, longest = 0, cut = 0;
   std::string first_skipped;
+  std::size_t seen = 0;
   for (auto& r : rows) {
+    // Tokenizing a large corpus takes a while: Ctrl-C is answered every few thousand rows.
+    if (seen++ % 2048 == 0) throw_if_interrupted("tokenizing the text dataset");
     if (r.problem.empty()) r.problem = text_problem(r.text, s.text);
     if (r.problem.empty() && !s.text_pair.empty()) r.problem = text_problem(r.pair, s.text_pair);
     std::optional<std::int64_t> label;

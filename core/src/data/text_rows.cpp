@@ -13,6 +13,7 @@
 #include "data/array_datasets.h"
 #include "text/unicode.h"
 #include "trainer/error.h"
+#include "trainer/interrupt.h"
 #include "trainer/json.h"
 
 namespace trainer::detail::text_data {
@@ -74,6 +75,7 @@ std::vector<Row> read_jsonl_rows(const std::string& text, const TextSettings& s)
   std::vector<Row> rows;
   std::int64_t line_no = 0;
   for (std::size_t at = 0; at < text.size();) {
+    if (line_no % 4096 == 0) throw_if_interrupted("reading the text dataset");  // Ctrl-C in a large file
     std::size_t end = text.find('\n', at);
     if (end == std::string::npos) end = text.size();
     std::string line = text.substr(at, end - at);

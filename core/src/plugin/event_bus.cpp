@@ -55,6 +55,8 @@ void EventBus::guarded(const Entry& e, std::string_view where, F&& f) {
     throw;  // the core's OOM handling decides
   } catch (const ExitRequest&) {
     throw;  // the plugin ends the run with its own exit code
+  } catch (const Interrupted&) {
+    throw;  // Ctrl-C answered inside the plugin's long work (throw_if_interrupted)
   } catch (const std::exception& ex) {
     if (is_out_of_memory(ex)) throw;  // CUDA libraries' OOMs arrive as plain c10::Error
     const std::string msg = fmt::format("plugin '{}' failed in {}: {}", e.name, where, ex.what());

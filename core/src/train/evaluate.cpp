@@ -12,10 +12,21 @@
 #include "train/oom_recovery.h"
 #include "train/setup.h"
 #include "train/train_metrics.h"
+#include "trainer/evaluation.h"
+#include "trainer/memory.h"
 
 namespace trainer {
 
 namespace {
+
+/// The evaluator whose EvalMetrics is being dispatched on this thread (evaluate_now()).
+thread_local Evaluator* t_evaluating = nullptr;
+
+/// A c10::Error's message without its C++ backtrace; what() for any other exception.
+std::string c10_message(const std::exception& e) {
+  if (const auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
+  return e.what();
+}
 
 /// The model in eval mode for the guard's lifetime.
 struct EvalMode {
@@ -44,6 +55,23 @@ std::map<std::string, double> Evaluator::run() {
   std::map<std::string, double> m;
   if (!parts_.test_set) return m;
   TrainMetrics::Pause pause(window_);
+  for (const auto& [name, value] : evaluate(/*events=*/true)) m["eval/" + name] = value;
+  {
+    // Plugins add their metrics (computed from the batches they saw, or by evaluate_now());
+    // all are logged together.
+    t_evaluating = this;
+    struct Reset {
+      ~Reset() { t_evaluating = nullptr; }
+    } reset;
+    hooks_.fire(Event::EvalMetrics, EventArgs::evaluated(m));
+  }
+  metrics_.log(state_.global_step, m);
+  last_ = {state_.global_step, m};
+  hooks_.fire(Event::EvalEnd, EventArgs::evaluated(m));
+  return m;
+}
+
+std::map<std::string, double> Evaluator::evaluate(bool events) {
   const std::int64_t n = limit_ > 0 ? std::min(limit_, parts_.test_set->size()) : parts_.test_set->size();
   // In a data-parallel run each rank evaluates its part of the samples; the sums are added up
   // after, so the metrics are those of one process evaluating them all.
@@ -62,47 +90,59 @@ std::map<std::string, double> Evaluator::run() {
   std::int64_t gave_up_at = 0;         // the last micro-batch it tried
   {
     EvalMode eval_mode(*parts_.model);
-    const bool per_batch = hooks_.wants(Event::EvalBatchStart) || hooks_.wants(Event::EvalBatchEnd);
+    const bool per_batch = events && (hooks_.wants(Event::EvalBatchStart) || hooks_.wants(Event::EvalBatchEnd));
+    const auto pass = [&](std::int64_t batch) {
+      // Every attempt tells the plugins it starts again: a retried evaluation counts each
+      // sample once (its rows are rewritten).
+      oom_.enter(OomPhase::Eval);
+      if (events) hooks_.fire(Event::EvalStart);
+      at::NoGradGuard no_grad;
+      for (std::int64_t begin = first, len = 0; begin < last; begin += len) {  // += len: no begin + batch to overflow
+        len = std::min(batch, last - begin);
+        const at::Tensor idx = at::arange(begin, begin + len, at::kLong);
+        const Batch host = parts_.test_set->get(idx);
+        const Batch b = to_device(parts_, host);
+        if (per_batch) hooks_.fire(Event::EvalBatchStart, EventArgs::micro_batch(b, idx));
+        at::Tensor out, rows;
+        {
+          // The same forward scopes as in training (autocast): evaluation runs at the training precision.
+          const auto scopes = hooks_.forward_scopes(Event::EvalBatchStart, EventArgs::micro_batch(b, idx));
+          out = parts_.model->forward(b.inputs);
+          check_outputs(out, task);
+          rows = task.eval_rows(out, b.targets);
+        }
+        TRAINER_CHECK(rows.dim() == 2 && rows.size(0) == len && rows.size(1) == task.eval_width(), "task '",
+                      parts_.task_name, "': eval_rows gave ", rows.sizes(), " for ", len,
+                      " samples; its eval_width() is ", task.eval_width());
+        rows_.narrow(0, begin, len).copy_(rows);
+        if (per_batch) {
+          // The batch's loss as eval/loss counts it: weighted by the task's sample weights.
+          const at::Tensor w = task.sample_weights(b.targets);
+          const at::Tensor losses = rows.select(1, 0);
+          const at::Tensor mean = (w.defined() ? (losses * w.to(losses.device(), at::kDouble)).sum() /
+                                                     w.to(at::kDouble).sum().clamp_min(1e-300)
+                                               : losses.mean())
+                                      .to(at::kFloat);
+          hooks_.fire(Event::EvalBatchEnd, EventArgs::micro_batch(b, idx, &out, &mean));
+        }
+      }
+    };
     std::optional<std::int64_t> settled;
     try {
-      settled = oom_.retry(
-          OomRetry::AskPlugins, parts_.eval_batch, std::max<std::int64_t>(1, last - first), [&](std::int64_t batch) {
-            // Every attempt tells the plugins it starts again: a retried evaluation counts each
-            // sample once (its rows are rewritten).
-            oom_.enter(OomPhase::Eval);
-            hooks_.fire(Event::EvalStart);
-            at::NoGradGuard no_grad;
-            for (std::int64_t begin = first, len = 0; begin < last;
-                 begin += len) {  // += len: no begin + batch to overflow
-              len = std::min(batch, last - begin);
-              const at::Tensor idx = at::arange(begin, begin + len, at::kLong);
-              const Batch host = parts_.test_set->get(idx);
-              const Batch b = to_device(parts_, host);
-              if (per_batch) hooks_.fire(Event::EvalBatchStart, EventArgs::micro_batch(b, idx));
-              at::Tensor out, rows;
-              {
-                // The same forward scopes as in training (autocast): evaluation runs at the training precision.
-                const auto scopes = hooks_.forward_scopes(Event::EvalBatchStart, EventArgs::micro_batch(b, idx));
-                out = parts_.model->forward(b.inputs);
-                check_outputs(out, task);
-                rows = task.eval_rows(out, b.targets);
-              }
-              TRAINER_CHECK(rows.dim() == 2 && rows.size(0) == len && rows.size(1) == task.eval_width(), "task '",
-                            parts_.task_name, "': eval_rows gave ", rows.sizes(), " for ", len,
-                            " samples; its eval_width() is ", task.eval_width());
-              rows_.narrow(0, begin, len).copy_(rows);
-              if (per_batch) {
-                // The batch's loss as eval/loss counts it: weighted by the task's sample weights.
-                const at::Tensor w = task.sample_weights(b.targets);
-                const at::Tensor losses = rows.select(1, 0);
-                const at::Tensor mean = (w.defined() ? (losses * w.to(losses.device(), at::kDouble)).sum() /
-                                                           w.to(at::kDouble).sum().clamp_min(1e-300)
-                                                     : losses.mean())
-                                            .to(at::kFloat);
-                hooks_.fire(Event::EvalBatchEnd, EventArgs::micro_batch(b, idx, &out, &mean));
-              }
-            }
-          });
+      if (events) {
+        settled = oom_.retry(OomRetry::AskPlugins, parts_.eval_batch, std::max<std::int64_t>(1, last - first), pass);
+      } else {
+        // evaluate_now(), from an EvalMetrics handler: at the batch the evaluation settled on,
+        // no retry (the plugins are being asked about something else).
+        try {
+          pass(parts_.eval_batch);
+        } catch (const std::exception& e) {
+          if (!is_out_of_memory(e)) throw;
+          throw OomFailure(
+              fmt::format("out of memory evaluating again at eval batch {}: {}", parts_.eval_batch, c10_message(e)),
+              OomPhase::Eval, parts_.eval_batch);
+        }
+      }
     } catch (const OomFailure& e) {
       // Each rank retries its own part; one that gives up tells the others in the reduction
       // below, and every rank fails the same way instead of waiting for it.
@@ -129,15 +169,23 @@ std::map<std::string, double> Evaluator::run() {
     std::vector<at::Tensor> table{rows_};
     parts_.group->all_reduce_sum(table);
   }
-  for (const auto& [name, value] : task.evaluate(rows_)) m["eval/" + name] = value;
+  std::map<std::string, double> m = task.evaluate(rows_);
   // The mean of the samples' losses, unless the task weighs them (Task::evaluate).
-  if (!m.count("eval/loss")) m["eval/loss"] = n > 0 ? rows_.select(1, 0).sum().item<double>() / double(n) : 0.0;
-  // Plugins add their metrics (computed from the batches they saw); all are logged together.
-  hooks_.fire(Event::EvalMetrics, EventArgs::evaluated(m));
-  metrics_.log(state_.global_step, m);
-  last_ = {state_.global_step, m};
-  hooks_.fire(Event::EvalEnd, EventArgs::evaluated(m));
+  if (!m.count("loss")) m["loss"] = n > 0 ? rows_.select(1, 0).sum().item<double>() / double(n) : 0.0;
   return m;
+}
+
+std::map<std::string, double> evaluate_now() {
+  TRAINER_CHECK(t_evaluating,
+                "trainer::evaluate_now() is for a plugin's EvalMetrics handler only (it evaluates the "
+                "model as it is then, on the samples of that evaluation)");
+  Evaluator* e = t_evaluating;
+  t_evaluating = nullptr;  // not again from within
+  struct Restore {
+    Evaluator* e;
+    ~Restore() { t_evaluating = e; }
+  } restore{e};
+  return e->evaluate(/*events=*/false);
 }
 
 }  // namespace trainer

@@ -37,6 +37,11 @@ class Evaluator {
   };
   const Last& last() const { return last_; }
 
+  /// The model as it is now on the evaluation's samples: the task's metrics (unprefixed:
+  /// "loss", "accuracy"). With `events`, EvalStart and the batch events fire and an
+  /// out-of-memory error is retried with a smaller batch; without (evaluate_now()), neither.
+  std::map<std::string, double> evaluate(bool events);
+
  private:
   RunParts& parts_;
   const RunState& state_;

@@ -16,6 +16,7 @@ ExitStatus exit_status_of(const std::exception& e, bool during_run) {
                                                          : FailureKind::Error;
     return {code, status, kind};
   }
+  if (dynamic_cast<const Interrupted*>(&e)) return {kExitInterrupted, RunStatus::Killed, FailureKind::None};
   if (dynamic_cast<const UsageError*>(&e)) return {kExitUsage, RunStatus::Failed, FailureKind::Usage};
   if (dynamic_cast<const PluginError*>(&e) && !during_run) {
     return {kExitUsage, RunStatus::Failed, FailureKind::Usage};

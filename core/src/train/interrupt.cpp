@@ -2,8 +2,10 @@
 
 #include <atomic>
 #include <csignal>
+#include <string>
 
 #include "train/signal_scope.h"
+#include "trainer/error.h"
 
 namespace trainer {
 
@@ -22,6 +24,10 @@ extern "C" void on_signal(int sig) {
 void request_interrupt() noexcept { g_interrupt.store(true); }
 bool interrupt_requested() noexcept { return g_interrupt.load(); }
 void clear_interrupt() noexcept { g_interrupt.store(false); }
+
+void throw_if_interrupted(const char* during) {
+  if (g_interrupt.load()) throw Interrupted(std::string("interrupted by a signal while ") + during);
+}
 
 namespace detail {
 

@@ -87,11 +87,12 @@ struct Trainer::Impl {
   RunParts parts;
   std::optional<MemoryBudget> budget;
   std::unique_ptr<Rooms> rooms;
-  bool fit_started = false;  ///< model, optimizer and resume state are in place
-  bool fitted = false;       ///< fit() was called: a Trainer runs once
-  bool autoresumed = false;  ///< checkpoint.autoresume found checkpoints in the run directory
-  bool in_place = false;     ///< resuming from a checkpoint of the run directory itself
-  bool claimed = false;      ///< config.toml and status.json are this run's (claim_run_dir)
+  bool fit_started = false;      ///< model, optimizer and resume state are in place
+  std::int64_t first_step = -1;  ///< the step this process's training started at (FitStart)
+  bool fitted = false;           ///< fit() was called: a Trainer runs once
+  bool autoresumed = false;      ///< checkpoint.autoresume found checkpoints in the run directory
+  bool in_place = false;         ///< resuming from a checkpoint of the run directory itself
+  bool claimed = false;          ///< config.toml and status.json are this run's (claim_run_dir)
 
   RunResult fit() {
     if (fitted) {
@@ -284,6 +285,7 @@ struct Trainer::Impl {
   /// FitStart, the epochs, the final checkpoint, FitEnd.
   RunResult train() {
     fit_started = true;
+    first_step = state.global_step;
     hooks->fire(Event::FitStart);
     const std::optional<StopCause> stopped = rooms->loop.run();
     // A signal on any rank of a data-parallel run interrupts every rank (they agree on it).
@@ -298,7 +300,7 @@ struct Trainer::Impl {
       log->info("stopping: {}",
                 stopped->kind == StopKind::Signal ? stopped->reason : stopped->by + ": " + stopped->reason);
     }
-    final_checkpoint(true);
+    if (!(interrupted && nothing_trained())) final_checkpoint(true);
     hooks->context().status = r.status;
     hooks->fire(Event::FitEnd);
     return r;
@@ -333,8 +335,16 @@ struct Trainer::Impl {
     } catch (...) {
       r.message = "unknown exception";
     }
-    log->error("run failed: {}", r.message);
-    if (r.failure == FailureKind::Diverged) {
+    if (r.status == RunStatus::Killed) {
+      log->info("stopping: {}", r.message);
+    } else {
+      log->error("run failed: {}", r.message);
+    }
+    if (r.status == RunStatus::Killed && nothing_trained()) {
+      // Interrupted in a phase before the first step (a dataset scan, feature caching): a
+      // checkpoint would hold nothing trained (a probe's untrained head).
+      if (fit_started) log->info("no final checkpoint: no step was trained since the run started");
+    } else if (r.failure == FailureKind::Diverged) {
       // The weights that gave a NaN may already be ruined: the last checkpoint stays `latest`.
       const std::string last = last_checkpoint();
       log->info("no final checkpoint after divergence; {}",
@@ -380,10 +390,13 @@ struct Trainer::Impl {
     // A start that failed before training leaves no directory of its own naming behind when it
     // holds only what the core wrote (the error is on the console; an explicit --run-dir stays,
     // its status.json saying why).
-    if (r.status == RunStatus::Failed && !fit_started && named_here && dir && !parts.group) {
+    const bool failed_start = r.status == RunStatus::Failed && !fit_started;
+    const bool interrupted_start = r.status == RunStatus::Killed && nothing_trained();
+    if ((failed_start || interrupted_start) && named_here && dir && !parts.group) {
       guarded("removing the run directory", [&] {
         if (dir->remove_if_only_core_files()) {
-          log->info("run directory {} removed: the run failed before training, nothing in it to keep", r.run_dir);
+          log->info("run directory {} removed: the run {} before training, nothing in it to keep", r.run_dir,
+                    failed_start ? "failed" : "was interrupted");
           r.run_dir.clear();
         }
       });
@@ -410,6 +423,9 @@ struct Trainer::Impl {
       rooms->checkpointer.save_final(rooms->step.position(), rooms->step.params_consistent(), together);
     }
   }
+
+  /// No step was trained by this process (it stopped before or at its first step).
+  bool nothing_trained() const { return !fit_started || state.global_step == first_step; }
 
   std::string last_checkpoint() const { return rooms ? rooms->checkpointer.last() : std::string(); }
 
