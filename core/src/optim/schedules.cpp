@@ -40,42 +40,26 @@ class StepSchedule final : public LrSchedule {
   double gamma_;
 };
 
-class CosineSchedule final : public LrSchedule {
+/// Warm-up, then a decay from lr to min_ratio x lr at the last step (total - 1): a half cosine
+/// ("cosine") or a straight line ("linear", like Hugging Face's linear schedule with warm-up,
+/// which starts its warm-up at 0 and reaches 0 one step later).
+class DecaySchedule final : public LrSchedule {
  public:
-  CosineSchedule(double base, std::int64_t warmup, std::int64_t total, double min_ratio)
-      : base_(base), warmup_(warmup), total_(total), min_ratio_(min_ratio) {}
+  DecaySchedule(double base, std::int64_t warmup, std::int64_t total, double min_ratio, bool cosine)
+      : base_(base), warmup_(warmup), total_(total), min_ratio_(min_ratio), cosine_(cosine) {}
   double lr_at(std::int64_t step) const override {
     if (step < warmup_) return base_ * warmup_factor(step, warmup_);
-    // The last step taken is total - 1: that is where the LR reaches min_lr_ratio * lr.
     const double span = std::max<std::int64_t>(1, total_ - 1 - warmup_);
     const double progress = std::min(1.0, double(step - warmup_) / span);
-    const double cos = 0.5 * (1.0 + std::cos(M_PI * progress));
-    return base_ * (min_ratio_ + (1.0 - min_ratio_) * cos);
+    const double left = cosine_ ? 0.5 * (1.0 + std::cos(M_PI * progress)) : 1.0 - progress;
+    return base_ * (min_ratio_ + (1.0 - min_ratio_) * left);
   }
 
  private:
   double base_;
   std::int64_t warmup_, total_;
   double min_ratio_;
-};
-
-/// Warm-up, then a straight line from lr down to min_ratio x lr at the last step (like Hugging
-/// Face's linear schedule with warm-up, which starts its warm-up at 0 and reaches 0 one step later).
-class LinearSchedule final : public LrSchedule {
- public:
-  LinearSchedule(double base, std::int64_t warmup, std::int64_t total, double min_ratio)
-      : base_(base), warmup_(warmup), total_(total), min_ratio_(min_ratio) {}
-  double lr_at(std::int64_t step) const override {
-    if (step < warmup_) return base_ * warmup_factor(step, warmup_);
-    const double span = std::max<std::int64_t>(1, total_ - 1 - warmup_);
-    const double progress = std::min(1.0, double(step - warmup_) / span);
-    return base_ * (min_ratio_ + (1.0 - min_ratio_) * (1.0 - progress));
-  }
-
- private:
-  double base_;
-  std::int64_t warmup_, total_;
-  double min_ratio_;
+  bool cosine_;
 };
 
 /// Warm-up, then the LR times gamma every step (torch's ExponentialLR stepped once per optimizer
@@ -254,14 +238,14 @@ Registry<ScheduleFactory>& schedule_registry() {
         "cosine",
         [](const Config& c, double base, std::int64_t total) -> std::unique_ptr<LrSchedule> {
           const auto s = CosineSettings::from(c);
-          return std::make_unique<CosineSchedule>(base, s.warmup.warmup_steps, total, s.min_lr_ratio);
+          return std::make_unique<DecaySchedule>(base, s.warmup.warmup_steps, total, s.min_lr_ratio, true);
         },
         CosineSettings::keys(), "Linear warm-up then cosine decay to min_lr_ratio x lr at the last step");
     r->add(
         "linear",
         [](const Config& c, double base, std::int64_t total) -> std::unique_ptr<LrSchedule> {
           const auto s = CosineSettings::from(c);
-          return std::make_unique<LinearSchedule>(base, s.warmup.warmup_steps, total, s.min_lr_ratio);
+          return std::make_unique<DecaySchedule>(base, s.warmup.warmup_steps, total, s.min_lr_ratio, false);
         },
         CosineSettings::keys(), "Linear warm-up then linear decay to min_lr_ratio x lr at the last step");
     r->add(
