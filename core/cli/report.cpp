@@ -14,10 +14,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-std::string errno_text() { return std::strerror(errno); }
-
 }  // namespace
 
 std::string html_escape(const std::string& text) {

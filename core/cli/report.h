@@ -11,8 +11,11 @@
 //
 // Only the standard library and nlohmann-json: the report reads a run without LibTorch.
 
+#include <cerrno>
 #include <cstddef>
+#include <cstring>
 #include <functional>
+#include <limits>
 #include <map>
 #include <optional>
 #include <ostream>
@@ -24,6 +27,12 @@
 #include "trainer/run_records.h"
 
 namespace trainer::report {
+
+/// A value that is missing (a metric not logged at a step).
+inline constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+/// The text of errno, for messages about a file.
+inline std::string errno_text() { return std::strerror(errno); }
 
 // What the report reads of a run directory at most. A larger file is cut (or, for status.json,
 // not read) and the page says so; a file that is not a regular file (a FIFO, a device) is not read.

@@ -29,8 +29,6 @@ constexpr std::size_t kLogProblemLines = 30;  // warning/error lines of trainer.
 constexpr std::size_t kLogTailLines = 40;     // last lines of trainer.log shown
 constexpr std::size_t kChunkBytes = 64 << 10;
 
-std::string errno_text() { return std::strerror(errno); }
-
 /// "1024 MiB", "256 KiB", "1.5 MiB", "12 bytes".
 std::string size_text(std::uintmax_t bytes) {
   const bool mib = bytes >= (1u << 20), kib = bytes >= (1u << 10);

@@ -12,7 +12,7 @@ using testing::json_num;
 using testing::read_file;
 using testing::read_lines;
 
-constexpr const char* kRecipe = R"(
+constexpr const char* kControlRecipe = R"(
 [model]
 name = "mlp"
 hidden = [16]
@@ -53,7 +53,7 @@ class Misplaced final : public Plugin {
 class ControlTable : public testing::TrainerTest {};
 
 TEST_F(ControlTable, FieldsAnEventDoesNotHonourChangeNothing) {
-  TrainerOptions o = options_for(kRecipe, {}, "run", {std::make_shared<Misplaced>()});
+  TrainerOptions o = options_for(kControlRecipe, {}, "run", {std::make_shared<Misplaced>()});
   o.log_level = "info";
   const RunResult r = Trainer(std::move(o)).fit();
   ASSERT_EQ(r.exit_code, kExitOk) << r.message;

@@ -12,7 +12,7 @@ namespace {
 
 using testing::read_file;
 
-constexpr const char* kRecipe = R"(
+constexpr const char* kFormatRecipe = R"(
 [run]
 seed = 5
 [model]
@@ -61,7 +61,7 @@ class SetupProbe final : public Plugin {
 class MemoryFormat : public testing::TrainerTest {
  protected:
   RunResult run(const std::string& name, const std::vector<std::string>& overrides, std::shared_ptr<SetupProbe> probe) {
-    TrainerOptions o = options_for(kRecipe, overrides, name, {probe});
+    TrainerOptions o = options_for(kFormatRecipe, overrides, name, {probe});
     o.log_level = "info";
     Trainer t(std::move(o));
     RunResult r = t.fit();
@@ -100,7 +100,7 @@ TEST_F(MemoryFormat, AutoMeasuresBothAndLeavesNoTraceInTheRun) {
 }
 
 TEST_F(MemoryFormat, AModelWithoutTheKeyRefusesIt) {
-  std::string mlp = kRecipe;
+  std::string mlp = kFormatRecipe;
   mlp.replace(mlp.find("name = \"cnn\""), std::string("name = \"cnn\"").size(), "name = \"mlp\"");
   mlp.replace(mlp.find("channels = [8, 16]\n"), std::string("channels = [8, 16]\n").size(), "");
   mlp.replace(mlp.find("hidden = 32\n"), std::string("hidden = 32\n").size(), "");

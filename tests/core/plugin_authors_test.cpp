@@ -21,7 +21,7 @@ using testing::kSmallRun;
 using testing::read_file;
 using testing::read_lines;
 
-const c10::Device kCpu(c10::kCPU);
+const c10::Device kAuthorsCpu(c10::kCPU);
 
 /// Keeps micro-batches above 16 from fitting (the next allocation after BeforeForward fails)
 /// and records the micro-batch of every forward and each out-of-memory error.
@@ -32,13 +32,13 @@ class Tight final : public Plugin {
   int default_priority() const override { return -10; }
   void on_event(EventContext& ctx, Control&) override {
     if (ctx.event == Event::OutOfMemory) {
-      set_memory_limit(kCpu, 0);
+      set_memory_limit(kAuthorsCpu, 0);
       ++ooms;
       return;
     }
     micro.push_back(ctx.state.micro_batch_size);
     if (ctx.state.micro_batch_size > 16 && ctx.state.micro_batch_index == 0) {
-      set_memory_limit(kCpu, memory_stats(kCpu).allocated + 1024);
+      set_memory_limit(kAuthorsCpu, memory_stats(kAuthorsCpu).allocated + 1024);
     }
   }
   std::vector<std::int64_t> micro;
@@ -47,7 +47,7 @@ class Tight final : public Plugin {
 
 class PluginAuthors : public testing::TrainerTest {
  protected:
-  void TearDown() override { set_memory_limit(kCpu, 0); }
+  void TearDown() override { set_memory_limit(kAuthorsCpu, 0); }
   RunResult run(const std::vector<std::string>& overrides, const std::string& name,
                 const std::vector<std::shared_ptr<Plugin>>& extra = {}, const std::string& resume = "",
                 const std::string& recipe = kSmallRun) {
@@ -240,7 +240,7 @@ class EvalAccuracy final : public Plugin {
         // The second batch of the first evaluation runs out of memory once.
         if (squeeze && ctx.indices->index({0}).item<std::int64_t>() == 8) {
           squeeze = false;
-          set_memory_limit(kCpu, memory_stats(kCpu).allocated + 1024);
+          set_memory_limit(kAuthorsCpu, memory_stats(kAuthorsCpu).allocated + 1024);
         }
         break;
       case Event::EvalBatchEnd:
@@ -254,7 +254,7 @@ class EvalAccuracy final : public Plugin {
         samples.push_back(seen_);
         break;
       case Event::OutOfMemory:
-        set_memory_limit(kCpu, 0);
+        set_memory_limit(kAuthorsCpu, 0);
         break;
       default:
         break;

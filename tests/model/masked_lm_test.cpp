@@ -26,9 +26,11 @@ namespace {
 using testing::hf_tokens;
 using testing::max_diff;
 
-const std::string kDir = TRAINER_HF_MODELS;
+const std::string kMlmModels = TRAINER_HF_MODELS;
 
-std::map<std::string, at::Tensor> io(const std::string& dir) { return testing::hf_io(kDir + "/" + dir + "/io.pt"); }
+std::map<std::string, at::Tensor> mlm_io(const std::string& dir) {
+  return testing::hf_io(kMlmModels + "/" + dir + "/io.pt");
+}
 
 /// The spec a run builds a masked-LM model with: 1000 token ids, logits per token.
 DataSpec mlm_spec(std::int64_t pad) {
@@ -39,7 +41,7 @@ DataSpec mlm_spec(std::int64_t pad) {
 
 std::shared_ptr<Model> model_of(const std::string& dir, const DataSpec& spec) {
   torch::manual_seed(7);
-  return build_model(Config::parse("name = \"bert\"\npath = \"" + kDir + "/" + dir + "\"\n"), spec);
+  return build_model(Config::parse("name = \"bert\"\npath = \"" + kMlmModels + "/" + dir + "\"\n"), spec);
 }
 
 std::unique_ptr<Task> masked_lm(const std::map<std::string, at::Tensor>& b, std::int64_t pad) {
@@ -59,7 +61,7 @@ TEST_P(MaskedLmFromTransformers, SameLogitsLossAndGradients) {
   const std::string dir = GetParam();
   const std::int64_t pad = dir == std::string("bert_mlm") ? 0 : 1;
   auto m = model_of(dir, mlm_spec(pad));
-  auto b = io(dir);
+  auto b = mlm_io(dir);
   const at::Tensor x = hf_tokens(b);
   m->eval();
   {
@@ -94,7 +96,7 @@ INSTANTIATE_TEST_SUITE_P(Directories, MaskedLmFromTransformers, ::testing::Value
 // evaluation's loss is token-weighted and its perplexity exp(loss). Padding the model did not
 // compute (outputs narrower than the targets) is cut from the targets.
 TEST(MaskedLmTask, LossesAreMeansOverMaskedTokens) {
-  auto b = io("bert_mlm");
+  auto b = mlm_io("bert_mlm");
   const auto task = masked_lm(b, 0);
   auto m = model_of("bert_mlm", mlm_spec(0));
   m->eval();
@@ -130,7 +132,7 @@ TEST(MaskedLmTask, LossesAreMeansOverMaskedTokens) {
 // model (the next-sentence head and the pooler are left out) and gives its prediction logits;
 // a masked-LM checkpoint loads into a classifier (encoder taken, pooler and classifier new).
 TEST(MaskedLmTask, PretrainingAndMaskedLmCheckpointsLoadEitherWay) {
-  auto b = io("bert_pretraining");
+  auto b = mlm_io("bert_pretraining");
   auto mlm = model_of("bert_pretraining", mlm_spec(0));
   mlm->eval();
   torch::NoGradGuard no_grad;
@@ -161,7 +163,7 @@ TEST(MaskedLmTask, PretrainingAndMaskedLmCheckpointsLoadEitherWay) {
 // Refusals naming what is wrong: the task on class labels, a task asking for more logits per
 // token than the vocabulary has.
 TEST(MaskedLmTask, DataThatIsNotMaskedIsRefused) {
-  auto b = io("bert");
+  auto b = mlm_io("bert");
   const Batch probe{hf_tokens(b), b.at("labels")};
   try {
     task_registry().get("masked_lm").factory(Config(), DataSpec{{3, 12}, 3, 1000, 0}, probe);
@@ -185,7 +187,7 @@ TEST(MaskedLmTask, DataThatIsNotMaskedIsRefused) {
 class IoMasked final : public Dataset {
  public:
   IoMasked() {
-    auto b = io("bert_mlm");
+    auto b = mlm_io("bert_mlm");
     const at::Tensor rows = at::tensor({0, 2, 0, 2, 1, 3, 1, 3}, at::kLong);
     inputs_ = hf_tokens(b).index_select(0, rows);
     targets_ = b.at("labels").index_select(0, rows);
@@ -207,7 +209,7 @@ class MaskedLmTraining : public testing::OneStepRun {
       return std::make_shared<IoMasked>();
     });
   }
-  static std::string mlm_recipe() { return recipe(kDir + "/bert_mlm", "bert_io_masked", "masked_lm"); }
+  static std::string mlm_recipe() { return recipe(kMlmModels + "/bert_mlm", "bert_io_masked", "masked_lm"); }
   std::map<std::string, at::Tensor> train(const std::string& name, const std::vector<std::string>& overrides = {},
                                           const std::vector<std::shared_ptr<Plugin>>& extra = {}) {
     return OneStepRun::train(mlm_recipe(), name, overrides, extra);
@@ -226,7 +228,7 @@ TEST_F(MaskedLmTraining, TheStepIsTransformersStepHoweverTheBatchIsSplit) {
   const auto whole = train("whole");
   ASSERT_FALSE(whole.empty());
   auto initial = model_of("bert_mlm", mlm_spec(0));
-  auto b = io("bert_mlm");
+  auto b = mlm_io("bert_mlm");
   for (const auto& p : initial->named_parameters()) {
     const at::Tensor grad = b.at("grad." + p.key());
     const double weights = p.value().abs().max().item<double>();
@@ -254,9 +256,10 @@ TEST_F(MaskedLmTraining, TheRunLeavesADirectoryAutoModelForMaskedLmLoads) {
   ASSERT_EQ(r.exit_code, kExitOk) << r.message;
   const std::string dir = r.run_dir + "/hf_model";
   EXPECT_NE(testing::read_file(dir + "/config.json").find("\"BertForMaskedLM\""), std::string::npos);
-  const auto python = transformers_logits(dir, kDir + "/bert_mlm", "hf_models check: BertForMaskedLM (4, 12, 1000)");
+  const auto python =
+      transformers_logits(dir, kMlmModels + "/bert_mlm", "hf_models check: BertForMaskedLM (4, 12, 1000)");
   ASSERT_EQ(python.size(), 4u * 12 * 1000);
-  auto b = io("bert_mlm");
+  auto b = mlm_io("bert_mlm");
   model->eval();
   torch::NoGradGuard no_grad;
   const at::Tensor mine = model->forward(hf_tokens(b));

@@ -23,9 +23,9 @@ using trainer::testing::TempDir;
 using trainer::testing::write_file;
 using trainer::text::Tokenizer;
 
-const std::string kFixtures = TRAINER_HF_TOKENIZERS;
+const std::string kSpFixtures = TRAINER_HF_TOKENIZERS;
 
-std::string error_of(const fs::path& path) {
+std::string spiece_error_of(const fs::path& path) {
   try {
     Tokenizer::from_path(path);
   } catch (const trainer::UsageError& e) {
@@ -36,9 +36,9 @@ std::string error_of(const fs::path& path) {
 
 TEST(SentencePiece, SpecialIdsAndLimitsComeFromTheFiles) {
   TRAINER_SKIP_WITHOUT_SENTENCEPIECE();
-  const Tokenizer t5 = Tokenizer::from_path(kFixtures + "/t5");
+  const Tokenizer t5 = Tokenizer::from_path(kSpFixtures + "/t5");
   EXPECT_EQ(t5.model_type(), "SentencePiece");
-  EXPECT_EQ(t5.file(), kFixtures + "/t5/spiece.model");
+  EXPECT_EQ(t5.file(), kSpFixtures + "/t5/spiece.model");
   EXPECT_EQ(t5.pad_id(), 0);
   EXPECT_EQ(t5.mask_id(), std::nullopt);         // T5 has sentinels, not a mask token
   EXPECT_EQ(t5.id_limit(), 4100);                // 4000 pieces and the 100 <extra_id_N>
@@ -47,14 +47,14 @@ TEST(SentencePiece, SpecialIdsAndLimitsComeFromTheFiles) {
   EXPECT_EQ(t5.special_tokens_added(true), 2);   // a </s> b </s>
   EXPECT_EQ(t5.token_id("no such piece"), std::nullopt);
 
-  const Tokenizer albert = Tokenizer::from_path(kFixtures + "/albert/spiece.model");  // the file itself
+  const Tokenizer albert = Tokenizer::from_path(kSpFixtures + "/albert/spiece.model");  // the file itself
   EXPECT_EQ(albert.pad_id(), 0);
   EXPECT_EQ(albert.mask_id(), 4);  // [MASK], a control piece of the model
   EXPECT_EQ(albert.id_limit(), 4000);
   EXPECT_EQ(albert.special_tokens_added(true), 3);
 
-  const Tokenizer deberta = Tokenizer::from_path(kFixtures + "/deberta");
-  EXPECT_EQ(deberta.file(), kFixtures + "/deberta/spm.model");
+  const Tokenizer deberta = Tokenizer::from_path(kSpFixtures + "/deberta");
+  EXPECT_EQ(deberta.file(), kSpFixtures + "/deberta/spm.model");
   EXPECT_EQ(deberta.pad_id(), 0);
   EXPECT_EQ(deberta.mask_id(), 4000);  // added after the pieces, as DebertaV2Tokenizer does
   EXPECT_EQ(deberta.id_limit(), 4001);
@@ -66,7 +66,7 @@ TEST(SentencePiece, SpecialIdsAndLimitsComeFromTheFiles) {
 
 TEST(SentencePiece, T5ClosesATextOnceAndAlbertLowersOutsideItsSpecialTokens) {
   TRAINER_SKIP_WITHOUT_SENTENCEPIECE();
-  const Tokenizer t5 = Tokenizer::from_path(kFixtures + "/t5");
+  const Tokenizer t5 = Tokenizer::from_path(kSpFixtures + "/t5");
   const auto plain = t5.encode("hello world");
   const auto closed = t5.encode("hello world</s>");
   EXPECT_EQ(plain.ids, closed.ids);  // no second </s>
@@ -74,7 +74,7 @@ TEST(SentencePiece, T5ClosesATextOnceAndAlbertLowersOutsideItsSpecialTokens) {
   EXPECT_EQ(closed.special_mask.back(), 0);  // the text's own </s>, not one the template added
   EXPECT_EQ(t5.encode("a <extra_id_0> b").ids[1 + t5.encode("a").ids.size() - 2], 4099);
 
-  const Tokenizer albert = Tokenizer::from_path(kFixtures + "/albert");
+  const Tokenizer albert = Tokenizer::from_path(kSpFixtures + "/albert");
   EXPECT_EQ(albert.encode("HELLO World").ids, albert.encode("hello world").ids);
   EXPECT_EQ(albert.encode("Café").ids, albert.encode("cafe").ids);  // accents removed
   const auto masked = albert.encode("hello [MASK] world").ids;
@@ -88,9 +88,9 @@ class SentencePieceFiles : public ::testing::Test {
   /// A copy of the albert directory with tokenizer_config.json changed by `edit`.
   fs::path with_config(const std::function<void(nlohmann::json&)>& edit) {
     fs::create_directories(tmp_ / "albert");
-    fs::copy_file(kFixtures + "/albert/spiece.model", tmp_ / "albert/spiece.model",
+    fs::copy_file(kSpFixtures + "/albert/spiece.model", tmp_ / "albert/spiece.model",
                   fs::copy_options::overwrite_existing);
-    auto config = nlohmann::json::parse(read_file(kFixtures + "/albert/tokenizer_config.json"));
+    auto config = nlohmann::json::parse(read_file(kSpFixtures + "/albert/tokenizer_config.json"));
     edit(config);
     write_file(tmp_ / "albert/tokenizer_config.json", config.dump());
     return tmp_ / "albert";
@@ -146,31 +146,33 @@ TEST_F(SentencePieceFiles, FilesItCannotReadAreRefusedNamingTheKeyAndWhatIsAllow
        ": sp_model_kwargs: options of the SentencePiece processor"},
   };
   for (const auto& c : cases) {
-    const std::string msg = error_of(with_config(c.edit));
+    const std::string msg = spiece_error_of(with_config(c.edit));
     EXPECT_NE(msg.find(config + c.message), std::string::npos) << msg << "\n  expected " << c.message;
   }
   // The model itself: not a protocol buffer of a model, or cut short.
   with_config([](nlohmann::json&) {});
   write_file(tmp_ / "albert/spiece.model", "not a model at all");
-  EXPECT_NE(error_of(tmp_ / "albert").find("albert/spiece.model: not a SentencePiece model ("), std::string::npos)
-      << error_of(tmp_ / "albert");
-  const std::string model = read_file(kFixtures + "/albert/spiece.model");
+  EXPECT_NE(spiece_error_of(tmp_ / "albert").find("albert/spiece.model: not a SentencePiece model ("),
+            std::string::npos)
+      << spiece_error_of(tmp_ / "albert");
+  const std::string model = read_file(kSpFixtures + "/albert/spiece.model");
   write_file(tmp_ / "albert/spiece.model", model.substr(0, model.size() / 2));
-  EXPECT_NE(error_of(tmp_ / "albert").find("albert/spiece.model: not a SentencePiece model ("), std::string::npos);
+  EXPECT_NE(spiece_error_of(tmp_ / "albert").find("albert/spiece.model: not a SentencePiece model ("),
+            std::string::npos);
   // Without tokenizer_config.json, or with one that is not JSON.
   fs::remove(config);
-  EXPECT_NE(error_of(tmp_ / "albert")
+  EXPECT_NE(spiece_error_of(tmp_ / "albert")
                 .find("spiece.model: no tokenizer_config.json beside it, which names the "
                       "tokenizer's class"),
             std::string::npos)
-      << error_of(tmp_ / "albert");
+      << spiece_error_of(tmp_ / "albert");
   write_file(config, "{\"tokenizer_class\": ");
-  EXPECT_NE(error_of(tmp_ / "albert").find(config + ": not a tokenizer_config.json"), std::string::npos);
+  EXPECT_NE(spiece_error_of(tmp_ / "albert").find(config + ": not a tokenizer_config.json"), std::string::npos);
   // A path that holds no tokenizer.
-  EXPECT_NE(error_of(tmp_ / "nowhere").find("nowhere: no such file (a tokenizer.json, a SentencePiece .model"),
+  EXPECT_NE(spiece_error_of(tmp_ / "nowhere").find("nowhere: no such file (a tokenizer.json, a SentencePiece .model"),
             std::string::npos);
   fs::create_directories(tmp_ / "empty");
-  EXPECT_NE(error_of(tmp_ / "empty").find("empty: a directory without a tokenizer"), std::string::npos);
+  EXPECT_NE(spiece_error_of(tmp_ / "empty").find("empty: a directory without a tokenizer"), std::string::npos);
 }
 
 /// A protocol buffer varint.
@@ -260,12 +262,12 @@ TEST_F(SentencePieceFiles, TokensBesideTokensRolesAndTruncationAsTransformersDoe
   EXPECT_EQ(albert.encode("hello world", std::string_view("again"), 3).ids, (std::vector<std::int64_t>{2, 3, 3}));
   // T5Tokenizer has no do_lower_case: the key changes nothing there.
   fs::create_directories(tmp_ / "t5");
-  fs::copy_file(kFixtures + "/t5/spiece.model", tmp_ / "t5/spiece.model");
-  auto t5_config = nlohmann::json::parse(read_file(kFixtures + "/t5/tokenizer_config.json"));
+  fs::copy_file(kSpFixtures + "/t5/spiece.model", tmp_ / "t5/spiece.model");
+  auto t5_config = nlohmann::json::parse(read_file(kSpFixtures + "/t5/tokenizer_config.json"));
   t5_config["do_lower_case"] = true;
   write_file(tmp_ / "t5/tokenizer_config.json", t5_config.dump());
   EXPECT_EQ(Tokenizer::from_path(tmp_ / "t5").encode("Hello WORLD").ids,
-            Tokenizer::from_path(kFixtures + "/t5").encode("Hello WORLD").ids);
+            Tokenizer::from_path(kSpFixtures + "/t5").encode("Hello WORLD").ids);
 }
 
 // A model whose character map sends libsentencepiece's trie walk outside the map (it reads
@@ -273,7 +275,7 @@ TEST_F(SentencePieceFiles, TokensBesideTokensRolesAndTruncationAsTransformersDoe
 TEST_F(SentencePieceFiles, ACharacterMapThatWouldReadOutsideItselfIsRefused) {
   TRAINER_SKIP_WITHOUT_SENTENCEPIECE();
   with_config([](nlohmann::json&) {});
-  const std::string model = read_file(kFixtures + "/albert/spiece.model");
+  const std::string model = read_file(kSpFixtures + "/albert/spiece.model");
   const std::string far_root = u32(4) + u32((0x3FFFFFu << 10) | (1u << 9)) + std::string("x\0", 2);
   // 256 units: "a" (0x61) is a leaf whose value unit (0x62) points at byte 5000 of 2 bytes of strings.
   std::string units;
@@ -283,11 +285,11 @@ TEST_F(SentencePieceFiles, ACharacterMapThatWouldReadOutsideItselfIsRefused) {
   const std::string past_strings = u32(1024) + units + std::string("x\0", 2);
   for (const auto& charsmap : {far_root, past_strings, u32(4000) + "xy"}) {
     write_file(tmp_ / "albert/spiece.model", with_charsmap(model, charsmap));
-    EXPECT_NE(error_of(tmp_ / "albert")
+    EXPECT_NE(spiece_error_of(tmp_ / "albert")
                   .find("spiece.model: not a SentencePiece model that can be read safely (a "
                         "character map"),
               std::string::npos)
-        << error_of(tmp_ / "albert");
+        << spiece_error_of(tmp_ / "albert");
   }
   write_file(tmp_ / "albert/spiece.model", with_charsmap(model, ""));  // none: the identity
   EXPECT_EQ(Tokenizer::from_path(tmp_ / "albert").encode("abc").ids.front(), 2);

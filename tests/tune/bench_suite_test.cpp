@@ -15,7 +15,7 @@ namespace {
 using trainer::testing::TempDir;
 using trainer::tune::parse_grid;
 
-const std::string kTight = std::string(TRAINER_SOURCE_DIR) + "/recipes/fashion_mnist_tight.toml";
+const std::string kBenchTight = std::string(TRAINER_SOURCE_DIR) + "/recipes/fashion_mnist_tight.toml";
 
 TEST(BenchGrid, ParsesAxesAndValuesWithBracketsAndQuotes) {
   const auto g = parse_grid(R"(training.micro_batch_size=32,64  model=mlp,cnn plugins.load=["a","b"],[])");
@@ -51,7 +51,7 @@ TEST(BenchGrid, BadGridsAreUsageErrorsNamingThePart) {
 TEST(Bench, EveryCellIsRunOrMarkedAndPredictedOutOfMemoryCellsAreNotRun) {
   TempDir tmp;
   trainer::tune::BenchRequest req;
-  req.recipe = kTight;  // 100 MiB budget, oom_backoff
+  req.recipe = kBenchTight;  // 100 MiB budget, oom_backoff
   req.overrides = {"training.micro_batch_size=0"};
   req.grid = parse_grid("model=mlp,cnn training.batch_size=32,512");
   req.steps = 3;
@@ -94,7 +94,7 @@ TEST(Bench, EveryCellIsRunOrMarkedAndPredictedOutOfMemoryCellsAreNotRun) {
 TEST(Bench, WithoutTheEstimateAnOutOfMemoryCellRunsAndSaysSo) {
   TempDir tmp;
   trainer::tune::BenchRequest req;
-  req.recipe = kTight;
+  req.recipe = kBenchTight;
   req.overrides = {"model=cnn", "model.memory_format=contiguous", "training.micro_batch_size=0",
                    "plugins.oom_backoff.min_micro_batch=8"};
   req.grid = parse_grid("training.batch_size=256 plugins.load=[\"oom_backoff\"],[]");
@@ -117,16 +117,16 @@ TEST(Bench, WithoutTheEstimateAnOutOfMemoryCellRunsAndSaysSo) {
   EXPECT_NE(r.cells[1].message.find("out of memory"), std::string::npos);
 }
 
-trainer::testing::CommandOutput run_cli(const std::string& args) {
+trainer::testing::CommandOutput bench_cli(const std::string& args) {
   return trainer::testing::run_command(std::string(TRAINER_CLI) + " " + args);
 }
 
 TEST(BenchCli, WritesTheTableCsvAndMarkdown) {
   TempDir tmp;
-  const auto o = run_cli("bench --recipe " + kTight +
-                         " --grid 'training.micro_batch_size=16,32' --steps 2 --warmup 1 "
-                         "--csv " +
-                         (tmp / "out.csv") + " --md " + (tmp / "out.md") + " model=mlp");
+  const auto o = bench_cli("bench --recipe " + kBenchTight +
+                           " --grid 'training.micro_batch_size=16,32' --steps 2 --warmup 1 "
+                           "--csv " +
+                           (tmp / "out.csv") + " --md " + (tmp / "out.md") + " model=mlp");
   ASSERT_EQ(o.code, 0) << o.text;
   EXPECT_NE(o.text.find("bench on cpu:"), std::string::npos) << o.text;
   EXPECT_NE(o.text.find("training.micro_batch_size  status"), std::string::npos) << o.text;
@@ -135,19 +135,19 @@ TEST(BenchCli, WritesTheTableCsvAndMarkdown) {
 }
 
 TEST(BenchCli, BadInputIsAUsageError) {
-  auto o = run_cli("bench --recipe " + kTight);
+  auto o = bench_cli("bench --recipe " + kBenchTight);
   EXPECT_EQ(o.code, 2);
   EXPECT_NE(o.text.find("--recipe and --grid are required"), std::string::npos) << o.text;
-  o = run_cli("bench --recipe " + kTight + " --grid 'model'");
+  o = bench_cli("bench --recipe " + kBenchTight + " --grid 'model'");
   EXPECT_EQ(o.code, 2);
   EXPECT_NE(o.text.find("'model' is not key=v1,v2"), std::string::npos) << o.text;
-  o = run_cli("bench --recipe " + kTight + " --grid 'model=mlp,nope'");
+  o = bench_cli("bench --recipe " + kBenchTight + " --grid 'model=mlp,nope'");
   EXPECT_EQ(o.code, 2);
   EXPECT_NE(o.text.find("nope"), std::string::npos) << o.text;
-  o = run_cli("bench --recipe " + kTight + " --grid 'model=mlp' --margin 1.5");
+  o = bench_cli("bench --recipe " + kBenchTight + " --grid 'model=mlp' --margin 1.5");
   EXPECT_EQ(o.code, 2);
   EXPECT_NE(o.text.find("--margin 1.5 is outside [0, 1)"), std::string::npos) << o.text;
-  o = run_cli("bench --recipe " + kTight + " --grid 'model=mlp' --steps 0");
+  o = bench_cli("bench --recipe " + kBenchTight + " --grid 'model=mlp' --steps 0");
   EXPECT_EQ(o.code, 2);
   EXPECT_NE(o.text.find("--steps 0: at least 1 measured step"), std::string::npos) << o.text;
 }
