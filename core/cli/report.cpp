@@ -2,19 +2,13 @@
 
 #include <unistd.h>
 
-#include <cerrno>
 #include <cmath>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <limits>
 
 namespace trainer::report {
-namespace {
 
 namespace fs = std::filesystem;
-
-}  // namespace
 
 std::string html_escape(const std::string& text) {
   std::string out;
