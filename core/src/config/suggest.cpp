@@ -91,6 +91,10 @@ constexpr KeyAlias kKeyAliases[] = {
     {"num_workers", "loader.workers", ""},
     {"dataloader_num_workers", "loader.workers", ""},
     {"accelerator", "runtime.device", ""},
+    {"min_scale", "dataset.scale", " (torchvision's RandomResizedCrop scale: [min, max])"},
+    {"hflip_prob", "dataset.hflip", ""},
+    {"horizontal_flip", "dataset.hflip", " (the probability)"},
+    {"color_jitter", "dataset.brightness", " (and dataset.contrast, dataset.saturation: ColorJitter's own keys)"},
 };
 
 std::string parent_of(const std::string& key) {

@@ -2,6 +2,7 @@
 #include "trainer/image.h"
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 #include <png.h>
 #include <turbojpeg.h>
 
@@ -11,6 +12,7 @@
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <utility>
 
 namespace trainer {
 
@@ -81,14 +83,27 @@ at::Tensor decode_png(const std::vector<unsigned char>& bytes, const std::string
   return out.permute({2, 0, 1}).contiguous();
 }
 
-/// Bilinear resize of float [C, H, W] to [C, h, w], antialiased when shrinking.
+/// Bilinear resize of float [C, H, W] to [C, h, w], antialiased (torchvision's resize with
+/// antialias=True, which takes the antialiasing kernel whether it shrinks or enlarges).
 at::Tensor resize(const at::Tensor& x, std::int64_t h, std::int64_t w) {
   if (x.size(1) == h && x.size(2) == w) return x;
-  const at::Tensor in = x.unsqueeze(0);
-  const bool shrink = h < x.size(1) || w < x.size(2);
-  at::Tensor out = shrink ? at::_upsample_bilinear2d_aa(in, {h, w}, /*align_corners=*/false)
-                          : at::upsample_bilinear2d(in, {h, w}, /*align_corners=*/false);
-  return out.squeeze(0);
+  return at::_upsample_bilinear2d_aa(x.unsqueeze(0), {h, w}, /*align_corners=*/false).squeeze(0);
+}
+
+/// torchvision's _blend: ratio * a + (1 - ratio) * b, clamped to [0, 1].
+at::Tensor blend(const at::Tensor& a, const at::Tensor& b, double ratio) {
+  return (a * ratio + b * (1.0 - ratio)).clamp(0, 1);
+}
+
+/// torchvision's rgb_to_grayscale: [1, H, W].
+at::Tensor grayscale(const at::Tensor& x) { return (x[0] * 0.2989 + x[1] * 0.587 + x[2] * 0.114).unsqueeze(0); }
+
+/// Python's round(): halves to even (the current rounding mode, to nearest by default).
+std::int64_t round_even(double v) { return static_cast<std::int64_t>(std::nearbyint(v)); }
+
+void check_float_image(const at::Tensor& x, const char* what) {
+  TRAINER_CHECK(x.dim() == 3 && x.size(0) == 3 && x.is_floating_point(), what,
+                ": expected a float [3, H, W] image, got ", x.sizes(), " ", x.scalar_type());
 }
 
 }  // namespace
@@ -113,56 +128,183 @@ at::Tensor decode_image_file(const std::string& path, std::int64_t min_side) {
   return decode_image(bytes, path, min_side);
 }
 
+ImageDraw draw_image_transform(std::int64_t height, std::int64_t width, const ImageTransform& t, std::mt19937_64& rng) {
+  TRAINER_CHECK(height > 0 && width > 0, "draw_image_transform: an image of ", height, "x", width);
+  check_image_transform(t, "draw_image_transform");
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  const auto uniform = [&](double lo, double hi) { return lo + (hi - lo) * unit(rng); };
+  ImageDraw d;
+  // RandomResizedCrop.get_params.
+  const double area = static_cast<double>(height * width);
+  const double log_lo = std::log(t.ratio[0]), log_hi = std::log(t.ratio[1]);
+  bool found = false;
+  for (int attempt = 0; attempt < 10 && !found; ++attempt) {
+    const double target = area * uniform(t.scale[0], t.scale[1]);
+    const double aspect = std::exp(uniform(log_lo, log_hi));
+    const std::int64_t w = round_even(std::sqrt(target * aspect)), h = round_even(std::sqrt(target / aspect));
+    if (w > 0 && h > 0 && w <= width && h <= height) {
+      d.top = static_cast<std::int64_t>(unit(rng) * static_cast<double>(height - h + 1));
+      d.left = static_cast<std::int64_t>(unit(rng) * static_cast<double>(width - w + 1));
+      d.height = h;
+      d.width = w;
+      found = true;
+    }
+  }
+  if (!found) {  // the centre crop of the image's aspect clamped to `ratio`
+    const double in_ratio = static_cast<double>(width) / static_cast<double>(height);
+    d.width = width;
+    d.height = height;
+    if (in_ratio < t.ratio[0]) {
+      d.height = std::clamp<std::int64_t>(round_even(static_cast<double>(width) / t.ratio[0]), 1, height);
+    } else if (in_ratio > t.ratio[1]) {
+      d.width = std::clamp<std::int64_t>(round_even(static_cast<double>(height) * t.ratio[1]), 1, width);
+    }
+    d.top = (height - d.height) / 2;
+    d.left = (width - d.width) / 2;
+  }
+  // RandomHorizontalFlip, drawn only when it can go either way (hflip 0 or 1 draws nothing).
+  d.flip = t.hflip >= 1 || (t.hflip > 0 && unit(rng) < t.hflip);
+  // ColorJitter.get_params: a random order of the four, then each factor that is on.
+  if (t.brightness > 0 || t.contrast > 0 || t.saturation > 0 || t.hue > 0) {
+    for (int i = 3; i > 0; --i) {
+      const auto j = static_cast<int>(unit(rng) * (i + 1));
+      std::swap(d.order[static_cast<std::size_t>(i)], d.order[static_cast<std::size_t>(std::min(j, i))]);
+    }
+    if (t.brightness > 0) d.brightness = uniform(std::max(0.0, 1 - t.brightness), 1 + t.brightness);
+    if (t.contrast > 0) d.contrast = uniform(std::max(0.0, 1 - t.contrast), 1 + t.contrast);
+    if (t.saturation > 0) d.saturation = uniform(std::max(0.0, 1 - t.saturation), 1 + t.saturation);
+    if (t.hue > 0) d.hue = uniform(-t.hue, t.hue);
+  }
+  return d;
+}
+
+at::Tensor resized_crop(const at::Tensor& image, std::int64_t top, std::int64_t left, std::int64_t height,
+                        std::int64_t width, std::int64_t out_height, std::int64_t out_width) {
+  check_float_image(image, "resized_crop");
+  TRAINER_CHECK(top >= 0 && left >= 0 && height > 0 && width > 0 && top + height <= image.size(1) &&
+                    left + width <= image.size(2),
+                "resized_crop: the crop (top ", top, ", left ", left, ", ", height, "x", width, ") is not inside ",
+                image.sizes());
+  return resize(image.narrow(1, top, height).narrow(2, left, width), out_height, out_width);
+}
+
+at::Tensor adjust_brightness(const at::Tensor& image, double factor) {
+  check_float_image(image, "adjust_brightness");
+  TRAINER_CHECK(factor >= 0, "adjust_brightness: factor ", factor, " is negative");
+  return blend(image, at::zeros_like(image), factor);
+}
+
+at::Tensor adjust_contrast(const at::Tensor& image, double factor) {
+  check_float_image(image, "adjust_contrast");
+  TRAINER_CHECK(factor >= 0, "adjust_contrast: factor ", factor, " is negative");
+  return blend(image, grayscale(image).mean({-3, -2, -1}, /*keepdim=*/true), factor);
+}
+
+at::Tensor adjust_saturation(const at::Tensor& image, double factor) {
+  check_float_image(image, "adjust_saturation");
+  TRAINER_CHECK(factor >= 0, "adjust_saturation: factor ", factor, " is negative");
+  return blend(image, grayscale(image), factor);
+}
+
+at::Tensor adjust_hue(const at::Tensor& image, double shift) {
+  check_float_image(image, "adjust_hue");
+  TRAINER_CHECK(shift >= -0.5 && shift <= 0.5, "adjust_hue: shift ", shift, " is not in [-0.5, 0.5]");
+  // torchvision's _rgb2hsv (after Pillow's), its formulas in its order.
+  const at::Tensor r = image[0], g = image[1], b = image[2];
+  const at::Tensor maxc = std::get<0>(image.max(0)), minc = std::get<0>(image.min(0));
+  const at::Tensor eqc = maxc == minc;
+  const at::Tensor cr = maxc - minc;
+  const at::Tensor ones = at::ones_like(maxc);
+  const at::Tensor s = cr / at::where(eqc, ones, maxc);
+  const at::Tensor divisor = at::where(eqc, ones, cr);
+  const at::Tensor rc = (maxc - r) / divisor, gc = (maxc - g) / divisor, bc = (maxc - b) / divisor;
+  const at::Tensor hr = (maxc == r) * (bc - gc);
+  const at::Tensor hg = ((maxc == g) & (maxc != r)) * (2.0 + rc - bc);
+  const at::Tensor hb = ((maxc != g) & (maxc != r)) * (4.0 + gc - rc);
+  at::Tensor h = at::fmod((hr + hg + hb) / 6.0 + 1.0, 1.0);
+  h = at::remainder(h + shift, 1.0);
+  const at::Tensor& v = maxc;
+  // _hsv2rgb: the sector i of the hue picks each channel among v, p, q, t.
+  const at::Tensor i_float = at::floor(h * 6.0);
+  const at::Tensor f = h * 6.0 - i_float;
+  const at::Tensor i = at::remainder(i_float.to(at::kInt), 6);
+  const at::Tensor p = (v * (1.0 - s)).clamp(0.0, 1.0);
+  const at::Tensor q = (v * (1.0 - s * f)).clamp(0.0, 1.0);
+  const at::Tensor t = (v * (1.0 - s * (1.0 - f))).clamp(0.0, 1.0);
+  const auto pick = [&i](std::array<at::Tensor, 6> by_sector) {
+    at::Tensor out = by_sector[5];
+    for (int k = 4; k >= 0; --k) out = at::where(i == k, by_sector[static_cast<std::size_t>(k)], out);
+    return out;
+  };
+  return at::stack({pick({v, q, p, p, t, v}), pick({t, v, v, q, p, p}), pick({p, p, t, v, v, q})});
+}
+
+at::Tensor apply_image_draw(const at::Tensor& image, const ImageTransform& t, const ImageDraw& d) {
+  check_image_transform(t, "apply_image_draw");
+  at::Tensor out = resized_crop(image, d.top, d.left, d.height, d.width, t.size, t.size);
+  if (d.flip) out = out.flip({2});
+  for (const int fn : d.order) {
+    if (fn == 0 && t.brightness > 0) out = adjust_brightness(out, d.brightness);
+    if (fn == 1 && t.contrast > 0) out = adjust_contrast(out, d.contrast);
+    if (fn == 2 && t.saturation > 0) out = adjust_saturation(out, d.saturation);
+    if (fn == 3 && t.hue > 0) out = adjust_hue(out, d.hue);
+  }
+  return out;
+}
+
+void check_image_transform(const ImageTransform& t, const std::string& where) {
+  const auto fail = [&](const std::string& key, const std::string& why) {
+    throw UsageError(where + "." + key + ": " + why);
+  };
+  const auto range = [](const std::vector<double>& v) {
+    std::string s = "[";
+    for (std::size_t k = 0; k < v.size(); ++k) s += (k ? ", " : "") + fmt::format("{}", v[k]);
+    return s + "]";
+  };
+  if (t.scale.size() != 2) fail("scale", "needs 2 values [min, max], got " + range(t.scale));
+  if (!(t.scale[0] > 0 && t.scale[0] <= t.scale[1] && t.scale[1] <= 1)) {
+    fail("scale", "needs 0 < min <= max <= 1 (area fractions of the image), got " + range(t.scale));
+  }
+  if (t.ratio.size() != 2) fail("ratio", "needs 2 values [min, max], got " + range(t.ratio));
+  if (!(t.ratio[0] > 0 && t.ratio[0] <= t.ratio[1])) {
+    fail("ratio", "needs 0 < min <= max (aspect ratios, width / height), got " + range(t.ratio));
+  }
+  if (!(t.hflip >= 0 && t.hflip <= 1)) fail("hflip", "is a probability in [0, 1], got " + fmt::format("{}", t.hflip));
+  for (const auto& [key, v] : {std::pair<const char*, double>{"brightness", t.brightness},
+                               {"contrast", t.contrast},
+                               {"saturation", t.saturation}}) {
+    if (!(v >= 0))
+      fail(key, "needs >= 0 (the factor is drawn from [max(0, 1 - x), 1 + x]), got " + fmt::format("{}", v));
+  }
+  if (!(t.hue >= 0 && t.hue <= 0.5)) {
+    fail("hue", "needs 0 <= hue <= 0.5 (the shift is drawn from [-hue, hue] turns), got " + fmt::format("{}", t.hue));
+  }
+  if (t.mean.size() != 3) fail("mean", "needs 3 values (R, G, B), got " + range(t.mean));
+  if (t.std.size() != 3) fail("std", "needs 3 values (R, G, B), got " + range(t.std));
+  for (const double v : t.std) {
+    if (!(v > 0)) fail("std", "needs values > 0, got " + range(t.std));
+  }
+}
+
 at::Tensor transform_image(const at::Tensor& image, const ImageTransform& t, std::mt19937_64* rng) {
   TRAINER_CHECK(image.dim() == 3 && image.size(0) == 3 && image.scalar_type() == at::kByte,
                 "transform_image: expected uint8 [3, H, W], got ", image.sizes());
+  check_image_transform(t, "transform_image");
   const std::int64_t H = image.size(1), W = image.size(2);
   const at::Tensor x = image.to(at::kFloat).div_(255.0);
   at::Tensor out;
   if (rng == nullptr) {
-    // Resize the shorter side to `resize` (keeping the aspect), then the centre size x size.
-    const double s = static_cast<double>(t.resize) / static_cast<double>(std::min(H, W));
-    const std::int64_t h = std::max<std::int64_t>(t.size, std::llround(H * s));
-    const std::int64_t w = std::max<std::int64_t>(t.size, std::llround(W * s));
+    // Resize: the shorter side to `resize` (at least `size`: torchvision would pad the crop with
+    // zeros instead), the other by the same factor, truncated as torchvision does
+    // (int(short * long / short_before)); then the centre size x size.
+    const std::int64_t side = std::max(t.size, t.resize);
+    const std::int64_t h = H <= W ? side : side * H / W, w = H <= W ? side * W / H : side;
     const at::Tensor r = resize(x, h, w);
-    out = r.narrow(1, (h - t.size) / 2, t.size).narrow(2, (w - t.size) / 2, t.size);
+    // CenterCrop: torchvision rounds the offsets (int(round((h - size) / 2.0))).
+    out = r.narrow(1, round_even((h - t.size) / 2.0), t.size).narrow(2, round_even((w - t.size) / 2.0), t.size);
   } else {
-    std::uniform_real_distribution<double> unit(0.0, 1.0);
-    const double area = static_cast<double>(H * W);
-    const double log_lo = std::log(3.0 / 4.0), log_hi = std::log(4.0 / 3.0);
-    std::int64_t top = 0, left = 0, h = H, w = W;
-    bool found = false;
-    for (int attempt = 0; attempt < 10 && !found; ++attempt) {
-      const double target = area * (t.min_scale + (t.max_scale - t.min_scale) * unit(*rng));
-      const double ratio = std::exp(log_lo + (log_hi - log_lo) * unit(*rng));
-      const auto cw = static_cast<std::int64_t>(std::llround(std::sqrt(target * ratio)));
-      const auto ch = static_cast<std::int64_t>(std::llround(std::sqrt(target / ratio)));
-      if (cw > 0 && ch > 0 && cw <= W && ch <= H) {
-        top = static_cast<std::int64_t>(unit(*rng) * static_cast<double>(H - ch + 1));
-        left = static_cast<std::int64_t>(unit(*rng) * static_cast<double>(W - cw + 1));
-        h = ch;
-        w = cw;
-        found = true;
-      }
-    }
-    if (!found) {  // torchvision's fallback: the centre crop of the ratio clamped to [3/4, 4/3]
-      const double r = static_cast<double>(W) / static_cast<double>(H);
-      if (r < 3.0 / 4.0) {
-        w = W;
-        h = std::llround(W / (3.0 / 4.0));
-      } else if (r > 4.0 / 3.0) {
-        h = H;
-        w = std::llround(H * (4.0 / 3.0));
-      }
-      h = std::min(h, H);
-      w = std::min(w, W);
-      top = (H - h) / 2;
-      left = (W - w) / 2;
-    }
-    out = resize(x.narrow(1, top, h).narrow(2, left, w), t.size, t.size);
-    if (t.flip && unit(*rng) < 0.5) out = out.flip({2});
+    out = apply_image_draw(x, t, draw_image_transform(H, W, t, *rng));
   }
-  TRAINER_CHECK(t.mean.size() == 3 && t.std.size() == 3, "transform_image: mean and std need 3 values each");
   const at::Tensor mean = at::tensor(std::vector<float>(t.mean.begin(), t.mean.end())).view({3, 1, 1});
   const at::Tensor std = at::tensor(std::vector<float>(t.std.begin(), t.std.end())).view({3, 1, 1});
   return ((out - mean) / std).contiguous();

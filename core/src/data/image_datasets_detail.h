@@ -18,7 +18,10 @@ struct ImageFields {
   std::int64_t image_size = 224;
   std::int64_t resize = 256;
   bool augment = true;
-  double min_scale = 0.08;
+  std::vector<double> scale{0.08, 1.0};
+  std::vector<double> ratio{3.0 / 4.0, 4.0 / 3.0};
+  double hflip = 0.5;
+  double brightness = 0, contrast = 0, saturation = 0, hue = 0;
   std::vector<double> mean{0.485, 0.456, 0.406};
   std::vector<double> std{0.229, 0.224, 0.225};
   std::string on_corrupt = "fail";
@@ -45,11 +48,30 @@ void declare_common(SettingsSchema<S>& s) {
         "Evaluation: the shorter side is resized to this, then the centre image_size crop is taken")
       .min(1);
   s.add(field<S>(&ImageFields::augment), "augment",
-        "Training: random-resized crop (min_scale to 1 of the area, ratio 3/4 to 4/3) and horizontal flip; "
-        "false = the evaluation transform");
-  s.add(field<S>(&ImageFields::min_scale), "min_scale", "Smallest area fraction of the random-resized crop")
+        "Training: torchvision's RandomResizedCrop(image_size, scale, ratio), RandomHorizontalFlip(hflip) and "
+        "ColorJitter(brightness, contrast, saturation, hue); false = the evaluation transform");
+  s.add(field<S>(&ImageFields::scale), "scale",
+        "Training: RandomResizedCrop's range of the crop's area, fractions of the image [min, max]")
       .min(0, false)
       .max(1);
+  s.add(field<S>(&ImageFields::ratio), "ratio",
+        "Training: RandomResizedCrop's range of the crop's aspect ratio (width / height) [min, max], drawn "
+        "log-uniformly")
+      .min(0, false);
+  s.add(field<S>(&ImageFields::hflip), "hflip", "Training: probability of a horizontal flip").min(0).max(1);
+  s.add(field<S>(&ImageFields::brightness), "brightness",
+        "Training: ColorJitter's brightness: a factor drawn from [max(0, 1 - x), 1 + x]; 0 = off")
+      .min(0);
+  s.add(field<S>(&ImageFields::contrast), "contrast",
+        "Training: ColorJitter's contrast: a factor drawn from [max(0, 1 - x), 1 + x]; 0 = off")
+      .min(0);
+  s.add(field<S>(&ImageFields::saturation), "saturation",
+        "Training: ColorJitter's saturation: a factor drawn from [max(0, 1 - x), 1 + x]; 0 = off")
+      .min(0);
+  s.add(field<S>(&ImageFields::hue), "hue",
+        "Training: ColorJitter's hue: a shift drawn from [-x, x] turns of the colour wheel; 0 = off")
+      .min(0)
+      .max(0.5);
   s.add(field<S>(&ImageFields::mean), "mean", "Per-channel mean subtracted (the backbone's: ImageNet's by default)");
   s.add(field<S>(&ImageFields::std), "std", "Per-channel standard deviation divided by").min(0, false);
   s.add(field<S>(&ImageFields::on_corrupt), "on_corrupt",

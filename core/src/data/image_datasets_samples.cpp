@@ -35,13 +35,16 @@ class ImageDataset final : public Dataset {
         seed_(static_cast<std::uint64_t>(s.seed)) {
     t_.size = s.image_size;
     t_.resize = s.resize;
-    t_.min_scale = s.min_scale;
+    t_.scale = s.scale;
+    t_.ratio = s.ratio;
+    t_.hflip = s.hflip;
+    t_.brightness = s.brightness;
+    t_.contrast = s.contrast;
+    t_.saturation = s.saturation;
+    t_.hue = s.hue;
     t_.mean = s.mean;
     t_.std = s.std;
-    TRAINER_CHECK_T(UsageError, s.mean.size() == 3 && s.std.size() == 3,
-                    "dataset.mean and dataset.std need 3 values "
-                    "each (R, G, B), got ",
-                    s.mean.size(), " and ", s.std.size());
+    check_image_transform(t_, "dataset");
   }
 
   std::int64_t size() const override { return static_cast<std::int64_t>(samples_.size()); }
