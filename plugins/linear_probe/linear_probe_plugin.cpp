@@ -2,10 +2,12 @@
 // the head's is frozen and the backbone is kept in eval mode (BatchNorm statistics and
 // dropout untouched), so the backbone ends the run bit-identical. With cache_features the
 // backbone runs once over both splits (at FitStart, with the weights the run starts from:
-// model.weights or the checkpoint resumed) and the run trains the head alone on those
-// features: the model becomes the head (the backbone rides along, unused, so checkpoints hold
-// it) and the datasets become the cached features. At the end the whole model (backbone and
-// trained head) is written to <run_dir>/probe_model.pt, loadable as model.weights.
+// model.weights, or the checkpoint resumed when it holds the whole model) and the run trains
+// the head alone on those features: the model becomes the head (the backbone rides along,
+// unused) and the datasets become the cached features. Checkpoints over model.weights hold the
+// head (what trains) and a digest of the frozen backbone; with export_model the end also
+// writes the whole model (backbone and trained head) to <run_dir>/probe_model.pt, loadable as
+// model.weights.
 #include <ATen/ATen.h>
 #include <spdlog/spdlog.h>
 
@@ -26,12 +28,16 @@ namespace {
 struct ProbeSettings : trainer::Settings<ProbeSettings> {
   bool cache_features = false;
   std::int64_t batch_size = 256;
+  bool export_model = false;
 
   static void declare(trainer::SettingsSchema<ProbeSettings>& s) {
     s.add(&ProbeSettings::cache_features, "cache_features",
           "Run the frozen backbone once over the data and train the head on the cached features (every epoch "
           "sees the same, unaugmented samples)");
     s.add(&ProbeSettings::batch_size, "batch_size", "Samples per backbone forward while caching features").min(1);
+    s.add(&ProbeSettings::export_model, "export_model",
+          "At the end, also write <run_dir>/probe_model.pt: the whole model (frozen backbone and trained head), "
+          "loadable as model.weights of a plain run (checkpoints hold the head alone)");
   }
 };
 
@@ -103,7 +109,7 @@ class FeatureDataset final : public trainer::Dataset {
 };
 
 /// The model a cached probe trains: the head on features. The full model is its child
-/// "model" (its head is this head), so checkpoints hold all of it; only the head trains.
+/// "model" (its head is this head), so its parameters keep their names; only the head trains.
 class HeadOnly final : public trainer::Model {
  public:
   HeadOnly(std::shared_ptr<trainer::Model> full, std::shared_ptr<trainer::Linear> head)
@@ -159,7 +165,8 @@ class LinearProbePlugin final : public trainer::Plugin {
         if (s_.cache_features) cache(ctx);
         break;
       case trainer::Event::FitEnd: {
-        if (trainer::rank_of_this_process() != 0) break;  // the ranks hold the same model: rank 0 writes
+        // The ranks hold the same model: rank 0 writes.
+        if (!s_.export_model || trainer::rank_of_this_process() != 0) break;
         const std::string file = ctx.run_dir + "/probe_model.pt";
         if (ctx.state.global_step == 0) {
           // Stopped before its first step (Ctrl-C): the head is untrained, nothing to keep.

@@ -2,8 +2,8 @@
 // adapter to every layer matching `targets`, freezes everything but the adapters, the head and
 // `trainable`, and loads `adapters` when given; the optimizer, built after, holds only what
 // trains. At every checkpoint and at the end it writes the adapters alone to
-// <run_dir>/lora_adapters.pt; with export_merged, the end also writes the merged model (a BERT
-// also as a Hugging Face model directory).
+// <run_dir>/lora_adapters.pt, with the digest of the frozen weights they apply to; with export_merged, the end also
+// writes the merged model (a BERT also as a Hugging Face model directory).
 #include <spdlog/spdlog.h>
 
 #include <filesystem>
@@ -125,15 +125,19 @@ class LoraPlugin final : public trainer::Plugin {
       const auto n = trainer::load_adapters(*ctx.model, s_.adapters);
       logger_->info("lora: {} tensors loaded from {}", n, s_.adapters);
     }
+    // The frozen weights the adapters apply to, recorded in every adapter file: read once here
+    // (on the host, before the model moves to its device), not at every save.
+    base_ = trainer::frozen_base_digest(*ctx.model);
   }
 
   void save(trainer::EventContext& ctx) {
     const std::string file = ctx.run_dir + "/lora_adapters.pt";
-    const auto n = trainer::save_adapters(*ctx.model, file);
+    const auto n = trainer::save_adapters(*ctx.model, file, base_);
     logger_->debug("lora: {} tensors written to {}", n, file);
   }
 
   LoraSettings s_;
+  std::string base_;  ///< frozen_base_digest after adapt()
 };
 
 }  // namespace

@@ -264,6 +264,27 @@ TEST(Lora, AdapterFilesRoundTripAndAreSmall) {
   EXPECT_EQ(load_adapters(*other, file), 2 * 5 * 2 + 2);
   EXPECT_TRUE(torch::equal(other->forward(x), expected));
 
+  // The same adapters over another base (one frozen weight moved): refused, naming both digests.
+  auto moved = tiny_vit();
+  {
+    torch::NoGradGuard no_grad;
+    auto src = vit->named_parameters();
+    for (auto& p : moved->named_parameters()) p.value().copy_(src[p.key()]);
+    moved->named_parameters()["conv_proj.weight"][0][0][0][0].add_(1e-3);
+  }
+  apply_lora(*moved, vit_options());
+  try {
+    load_adapters(*moved, file);
+    FAIL() << "adapters were loaded over another base";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("were trained over frozen weights of digest frozen-digest-v1:"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("this model's frozen weights have digest frozen-digest-v1:"),
+              std::string::npos)
+        << e.what();
+  }
+
   // Other targets, rank or a model without adapters: refused, naming the file.
   auto fewer = tiny_vit();
   LoraOptions o = vit_options();

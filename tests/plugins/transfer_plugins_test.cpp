@@ -1,6 +1,7 @@
 // The lora and linear_probe plugins (.so) in real runs: what trains and what stays
 // bit-identical (also BatchNorm statistics under a probe), what the optimizer holds, the files
-// each writes and that they load back (model.weights, adapters), an exact resume, cached
+// each writes and that they load back (model.weights, adapters), checkpoints of what trains over
+// the digest of the frozen base, an exact resume, cached
 // features training the same head as the backbone run every step, Ctrl-C while they are cached
 // saving nothing untrained, and exit code 2 for settings that cannot work.
 #include <gtest/gtest.h>
@@ -155,8 +156,26 @@ class TransferPlugins : public testing::TrainerTest {
     std::snprintf(file, sizeof file, "step_%08d.pt", step);
     return tmp_ / (run + "/checkpoints/" + file);
   }
+  /// The override that starts a run of kResnetRecipe from weights read from a file (the
+  /// checkpoint of a plain epoch of it): the frozen base of a probe's checkpoints.
+  std::string base_weights() {
+    const RunResult r = run(kResnetRecipe, {"plugins.load=[]", "training.epochs=1"}, "base");
+    EXPECT_EQ(r.exit_code, kExitOk) << r.message;
+    return "model.weights=\"" + checkpoint("base", 3) + "\"";
+  }
   std::shared_ptr<Model> model_;
 };
+
+/// A checkpoint's format, and the digest of its frozen base ("" when it records none).
+std::int64_t format_of(const std::string& file, std::string& frozen_base) {
+  torch::serialize::InputArchive ar;
+  ar.load_from(file);
+  c10::IValue base;
+  frozen_base = ar.try_read("frozen_base", base) && base.isString() ? base.toStringRef() : "";
+  at::Tensor format;
+  ar.read("format", format);
+  return format.item<std::int64_t>();
+}
 
 TEST_F(TransferPlugins, LoraTrainsAdaptersAndHeadOnlyAndTheBaseStaysBitIdentical) {
   auto snap = std::make_shared<Snapshot>();
@@ -206,9 +225,73 @@ TEST_F(TransferPlugins, LoraResumesExactly) {
   const RunResult whole = run(kVitRecipe, {}, "whole");
   ASSERT_EQ(whole.exit_code, kExitOk) << whole.message;
   const Tensors expected = state_of(*model_);
+  // Its frozen weights are a random initialisation, which no file gives again (nor another CPU,
+  // whose kernels draw it otherwise): the checkpoints hold the whole model.
+  std::string base;
+  EXPECT_EQ(format_of(checkpoint("whole", 6), base), 2);
+  EXPECT_EQ(base, "");
   const RunResult resumed = run(kVitRecipe, {}, "resumed", {}, checkpoint("whole", 6));
   ASSERT_EQ(resumed.exit_code, kExitOk) << resumed.message;
   for (const auto& [name, t] : state_of(*model_)) EXPECT_TRUE(torch::equal(t, expected.at(name))) << name;
+}
+
+// A LoRA run over weights read from a file checkpoints what trains (adapters, head, their
+// optimizer state) with the digest of the frozen weights, not the weights: a small file, which
+// resumes exactly over the same file. Another base is refused, at a resume and for its adapters,
+// and model.weights refuses such a checkpoint. (Over a random initialisation, which no file
+// gives again, checkpoints hold the whole model: LoraResumesExactly.)
+TEST_F(TransferPlugins, LoraCheckpointsHoldWhatTrainsOverTheDigestOfTheBase) {
+  // The base: the checkpoint of a plain run of the same ViT (whole: everything trains there).
+  ASSERT_EQ(run(kVitRecipe, {"plugins.load=[]", "training.epochs=1"}, "base").exit_code, kExitOk);
+  const std::string weights = "model.weights=\"" + checkpoint("base", 6) + "\"";
+  ASSERT_EQ(run(kVitRecipe, {weights, "plugins.lora.export_merged=true"}, "lora").exit_code, kExitOk);
+  const Tensors trained = state_of(*model_);
+  std::string base, none;
+  EXPECT_EQ(format_of(checkpoint("lora", 6), base), 3);
+  EXPECT_EQ(base.rfind("frozen-digest-v1:", 0), 0u) << base;
+  EXPECT_NE(base.find(" tensors, "), std::string::npos) << base;
+  EXPECT_EQ(format_of(checkpoint("base", 6), none), 2);  // a model that trains whole: as before
+  EXPECT_EQ(none, "");
+  // 1,924 parameters train of about 40 k: the checkpoint holds them with AdamW's two moments.
+  EXPECT_LT(fs::file_size(checkpoint("lora", 6)) * 4, fs::file_size(checkpoint("base", 6)));
+  torch::serialize::InputArchive ar, model, sub;
+  ar.load_from(checkpoint("lora", 6));
+  ar.read("model", model);
+  EXPECT_TRUE(model.try_read("heads", sub));       // the head trains
+  EXPECT_FALSE(model.try_read("conv_proj", sub));  // the patch embedding is frozen
+
+  // Resumed over the same file: the run's end, bit for bit.
+  RunResult r = run(kVitRecipe, {weights}, "resumed", {}, checkpoint("lora", 6));
+  ASSERT_EQ(r.exit_code, kExitOk) << r.message;
+  for (const auto& [name, t] : state_of(*model_)) EXPECT_TRUE(torch::equal(t, trained.at(name))) << name;
+  // Over another base (a random initialisation; the merged weights): refused, both digests named.
+  r = run(kVitRecipe, {}, "random_base", {}, checkpoint("lora", 6));
+  EXPECT_EQ(r.exit_code, kExitUsage);
+  EXPECT_NE(r.message.find("it holds what trained over frozen weights of digest " + base), std::string::npos)
+      << r.message;
+  EXPECT_NE(r.message.find("this run's frozen weights have digest frozen-digest-v1:"), std::string::npos) << r.message;
+  const std::string merged = tmp_ / "lora/merged_model.pt";
+  r = run(kVitRecipe, {"model.weights=\"" + merged + "\""}, "other_base", {}, checkpoint("lora", 6));
+  EXPECT_EQ(r.exit_code, kExitUsage);
+  EXPECT_NE(r.message.find("frozen weights of digest " + base), std::string::npos) << r.message;
+  // Another split of what trains (the head frozen too) is another base.
+  r = run(kVitRecipe, {weights, "plugins.lora.train_head=false"}, "frozen_head", {}, checkpoint("lora", 6));
+  EXPECT_EQ(r.exit_code, kExitUsage);
+  EXPECT_NE(r.message.find("frozen weights of digest " + base), std::string::npos) << r.message;
+  // A weights file gone since: the refusal says it was not loaded.
+  r = run(kVitRecipe, {"model.weights=\"" + (tmp_ / "gone.pt") + "\""}, "gone", {}, checkpoint("lora", 6));
+  EXPECT_EQ(r.exit_code, kExitUsage);
+  EXPECT_NE(r.message.find("gone.pt\" was not loaded"), std::string::npos) << r.message;
+  // model.weights takes whole models only.
+  r = run(kVitRecipe, {"model.weights=\"" + checkpoint("lora", 6) + "\"", "plugins.load=[]"}, "as_weights");
+  EXPECT_EQ(r.exit_code, kExitUsage);
+  EXPECT_NE(r.message.find("a checkpoint of a run that trained part of its model"), std::string::npos) << r.message;
+  // The adapters file records its base too.
+  r = run(kVitRecipe,
+          {"model.weights=\"" + merged + "\"", "+plugins.lora.adapters=\"" + (tmp_ / "lora/lora_adapters.pt") + "\""},
+          "adapters_other_base");
+  EXPECT_EQ(r.exit_code, kExitUsage);
+  EXPECT_NE(r.message.find("were trained over frozen weights of digest " + base), std::string::npos) << r.message;
 }
 
 TEST_F(TransferPlugins, LoraSettingsThatCannotWorkAreUsageErrors) {
@@ -224,8 +307,9 @@ TEST_F(TransferPlugins, LoraSettingsThatCannotWorkAreUsageErrors) {
 }
 
 TEST_F(TransferPlugins, LinearProbeLeavesTheBackboneBitIdenticalStatisticsIncluded) {
+  const std::string weights = base_weights();
   auto snap = std::make_shared<Snapshot>();
-  const RunResult r = run(kResnetRecipe, {}, "probe", {snap});
+  const RunResult r = run(kResnetRecipe, {weights}, "probe", {snap});
   ASSERT_EQ(r.exit_code, kExitOk) << r.message;
   EXPECT_EQ(snap->optimized, 512 * 3 + 3);
   for (const auto& [name, end] : state_of(*model_)) {
@@ -235,8 +319,20 @@ TEST_F(TransferPlugins, LinearProbeLeavesTheBackboneBitIdenticalStatisticsInclud
       EXPECT_TRUE(torch::equal(end, snap->start.at(name))) << name;  // running_mean/var and counters too
     }
   }
-  // The whole model (backbone and trained head) in a file model.weights loads.
-  const std::string file = tmp_ / "probe/probe_model.pt";
+  // Checkpoints hold the head and the buffers over the digest of the frozen backbone.
+  std::string base;
+  EXPECT_EQ(format_of(checkpoint("probe", 6), base), 3);
+  EXPECT_NE(base.find("frozen-digest-v1:"), std::string::npos);
+  torch::serialize::InputArchive ar, model, sub;
+  ar.load_from(checkpoint("probe", 6));
+  ar.read("model", model);
+  EXPECT_TRUE(model.try_read("fc", sub));
+  at::Tensor weight;
+  EXPECT_FALSE(model.try_read("conv1", sub) && sub.try_read("weight", weight));  // the stem's weight is frozen
+  // The whole model (backbone and trained head) only with export_model, in a file model.weights loads.
+  EXPECT_FALSE(fs::exists(tmp_ / "probe/probe_model.pt"));
+  ASSERT_EQ(run(kResnetRecipe, {weights, "+plugins.linear_probe.export_model=true"}, "exported").exit_code, kExitOk);
+  const std::string file = tmp_ / "exported/probe_model.pt";
   ASSERT_TRUE(fs::exists(file));
   auto plain =
       build_model(Config::parse("name = \"resnet\"\ndepth = 18\nstem = \"small\"\n"), DataSpec{{1, 12, 12}, 3});
@@ -245,11 +341,12 @@ TEST_F(TransferPlugins, LinearProbeLeavesTheBackboneBitIdenticalStatisticsInclud
 }
 
 TEST_F(TransferPlugins, CachedFeaturesTrainTheSameHeadAsTheBackboneEveryStep) {
-  const RunResult plain = run(kResnetRecipe, {}, "every_step");
+  const std::string weights = base_weights();
+  const RunResult plain = run(kResnetRecipe, {weights}, "every_step");
   ASSERT_EQ(plain.exit_code, kExitOk) << plain.message;
   const Tensors expected = state_of(*model_);
   auto snap = std::make_shared<Snapshot>();
-  const RunResult cached = run(kResnetRecipe, {"+plugins.linear_probe.cache_features=true"}, "cached", {snap});
+  const RunResult cached = run(kResnetRecipe, {weights, "+plugins.linear_probe.cache_features=true"}, "cached", {snap});
   ASSERT_EQ(cached.exit_code, kExitOk) << cached.message;
   EXPECT_EQ(snap->optimized, 512 * 3 + 3);
   // The cached run's model is the head, with the full model as its child "model".
@@ -259,11 +356,14 @@ TEST_F(TransferPlugins, CachedFeaturesTrainTheSameHeadAsTheBackboneEveryStep) {
   EXPECT_TRUE(torch::equal(got.at("layer1.0.bn1.running_mean"), expected.at("layer1.0.bn1.running_mean")));
   EXPECT_DOUBLE_EQ(cached.final_metrics.at("eval/accuracy"), plain.final_metrics.at("eval/accuracy"));
   EXPECT_NEAR(cached.final_metrics.at("eval/loss"), plain.final_metrics.at("eval/loss"), 1e-5);
-  EXPECT_TRUE(fs::exists(tmp_ / "cached/probe_model.pt"));
+  EXPECT_FALSE(fs::exists(tmp_ / "cached/probe_model.pt"));  // export_model is off
 
-  // A resumed cached run computes the features again from the checkpoint's backbone.
-  const RunResult resumed =
-      run(kResnetRecipe, {"+plugins.linear_probe.cache_features=true"}, "resumed", {}, checkpoint("cached", 3));
+  // A resumed cached run computes the features again from the backbone of model.weights, under
+  // the head the checkpoint holds.
+  std::string base;
+  EXPECT_EQ(format_of(checkpoint("cached", 3), base), 3);
+  const RunResult resumed = run(kResnetRecipe, {weights, "+plugins.linear_probe.cache_features=true"}, "resumed", {},
+                                checkpoint("cached", 3));
   ASSERT_EQ(resumed.exit_code, kExitOk) << resumed.message;
   const Tensors after = state_of(*model_, "model.");
   EXPECT_TRUE(torch::equal(after.at("fc.weight"), got.at("fc.weight")));
@@ -273,8 +373,9 @@ TEST_F(TransferPlugins, CachedFeaturesTrainTheSameHeadAsTheBackboneEveryStep) {
 // step: no checkpoint and no probe_model.pt hold an untrained head. Without the cache the loop
 // stops before its first step, and the head is not written either.
 TEST_F(TransferPlugins, CtrlCWhileFeaturesAreCachedSavesNoUntrainedHead) {
-  const RunResult r = run(kResnetRecipe, {"+plugins.linear_probe.cache_features=true"}, "cached",
-                          {std::make_shared<InterruptBeforeFit>()});
+  const RunResult r =
+      run(kResnetRecipe, {"+plugins.linear_probe.cache_features=true", "+plugins.linear_probe.export_model=true"},
+          "cached", {std::make_shared<InterruptBeforeFit>()});
   clear_interrupt();
   EXPECT_EQ(r.exit_code, kExitInterrupted) << r.message;
   EXPECT_EQ(r.status, RunStatus::Killed);
@@ -284,7 +385,8 @@ TEST_F(TransferPlugins, CtrlCWhileFeaturesAreCachedSavesNoUntrainedHead) {
   EXPECT_TRUE(r.last_checkpoint.empty()) << r.last_checkpoint;
   EXPECT_FALSE(fs::exists(tmp_ / "cached/probe_model.pt"));
 
-  const RunResult plain = run(kResnetRecipe, {}, "plain", {std::make_shared<InterruptBeforeFit>()});
+  const RunResult plain = run(kResnetRecipe, {"+plugins.linear_probe.export_model=true"}, "plain",
+                              {std::make_shared<InterruptBeforeFit>()});
   clear_interrupt();
   EXPECT_EQ(plain.exit_code, kExitInterrupted) << plain.message;
   EXPECT_TRUE(plain.last_checkpoint.empty()) << plain.last_checkpoint;

@@ -49,16 +49,27 @@ TRAINER_API std::int64_t unmerge_adapters(Model& model);
 
 /// Writes what a LoRA run trained: every adapter's A and B, every other parameter that
 /// requires grad (the new head) and every buffer of the model (BatchNorm's running statistics,
-/// which move while the adapters train in train mode), by name, with the adapters' rank and alpha. A TorchScript
+/// which move while the adapters train in train mode), by name, with the adapters' rank and
+/// alpha and the digest of the frozen parameters they apply to ("frozen_base"). A TorchScript
 /// archive (torch.jit.load(file).tensors.state_dict() in Python), written durably. Returns the
 /// number of tensors written.
-TRAINER_API std::int64_t save_adapters(Model& model, const std::string& file);
+/// `frozen_base`: that digest as the caller computed it (frozen_base_digest, once per run: it
+/// reads every frozen weight); "" = computed here.
+TRAINER_API std::int64_t save_adapters(Model& model, const std::string& file, const std::string& frozen_base = "");
+
+/// A digest of the model's frozen parameters (those that do not require grad): their names,
+/// dtypes, shapes and values, whatever the device and memory format, as
+/// "frozen-digest-v1:<16 hex digits> (<n> tensors, <m> elements)". Adapter files and the
+/// checkpoints of runs that train part of their model record it, and are applied only over
+/// frozen weights with the same digest.
+TRAINER_API std::string frozen_base_digest(Model& model);
 
 /// Loads a file of save_adapters() into a model adapted the same way (apply_lora with the
 /// same targets, rank and alpha, adapters not merged): every tensor of the file must name one
 /// of the model's adapter or trainable parameters or buffers with the same shape, and each of
-/// them must be in the file. Throws UsageError naming the file and the first mismatch,
-/// changing nothing.
+/// them must be in the file, and the model's frozen parameters must have the digest the file
+/// records (a file without one, written before files recorded it, is taken as it is). Throws
+/// UsageError naming the file and the first mismatch (or both digests), changing nothing.
 /// Returns the number of tensors loaded.
 TRAINER_API std::int64_t load_adapters(Model& model, const std::string& file);
 

@@ -238,7 +238,7 @@ std::int64_t unmerge_adapters(Model& model) {
   return n;
 }
 
-std::int64_t save_adapters(Model& model, const std::string& file) {
+std::int64_t save_adapters(Model& model, const std::string& file, const std::string& frozen_base) {
   const auto layers = adapted_layers(model);
   TRAINER_CHECK_T(UsageError, !layers.empty(), "cannot save adapters to ", file, ": the model has none");
   const LoraAdapter& first = lora_of(layers.front());
@@ -253,6 +253,7 @@ std::int64_t save_adapters(Model& model, const std::string& file) {
   ar.write("tensors", inner);
   ar.write("lora_rank", at::scalar_tensor(first.rank(), at::kLong));
   ar.write("lora_alpha", at::scalar_tensor(first.alpha(), at::kDouble));
+  ar.write("frozen_base", c10::IValue(frozen_base.empty() ? frozen_base_digest(model) : frozen_base));
   detail::save_archive(ar, file);
   return static_cast<std::int64_t>(tensors.size());
 }
@@ -304,6 +305,17 @@ std::int64_t load_adapters(Model& model, const std::string& file) {
                         ? " (a buffer of the model, e.g. BatchNorm's running statistics: the file holds "
                           "none, as files written before adapter files carried the model's buffers)"
                         : " (other LoRA targets or trainable?)");
+  }
+  // The frozen weights they were trained over (files written before adapter files recorded
+  // them are taken as they are).
+  c10::IValue base;
+  if (ar.try_read("frozen_base", base) && base.isString()) {
+    const std::string now = frozen_base_digest(model);
+    TRAINER_CHECK_T(UsageError, now == base.toStringRef(), "LoRA adapters \"", file,
+                    "\" were trained over frozen weights of digest ", base.toStringRef(),
+                    "; this model's frozen weights have digest ", now,
+                    " (another model.weights, or other targets, trainable or train_head): adapters apply to the "
+                    "weights they were trained with");
   }
   at::NoGradGuard no_grad;
   for (auto& [name, t] : into) t.copy_(from.at(name));

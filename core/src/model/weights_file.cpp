@@ -28,6 +28,14 @@ Tensors read_trainer_checkpoint(const std::string& setting, const std::string& f
   TRAINER_CHECK_T(UsageError, ar.try_read("model", model), setting, " = \"", file,
                   "\": a TorchScript archive without a 'model' entry: not a trainer checkpoint (a Python "
                   "state_dict must be saved with torch.save(model.state_dict(), path))");
+  c10::IValue base;
+  TRAINER_CHECK_T(UsageError, !ar.try_read("frozen_base", base), setting, " = \"", file,
+                  "\": a checkpoint of a run that trained part of its model (LoRA adapters, a probe's head): it holds "
+                  "what trained, not the frozen weights (",
+                  base.isString() ? base.toStringRef() : std::string("?"),
+                  "). Resume that run with --resume, start from its adapters with plugins.lora.adapters = "
+                  "\"<run>/lora_adapters.pt\" over the same model.weights, or write whole models with "
+                  "plugins.lora.export_merged / plugins.linear_probe.export_model");
   Tensors out;
   read_nested(model, "", out);
   return out;

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "model/bert.h"
+#include "model/tensor_archive.h"
 #include "model/torchscript.h"
 #include "train/checkpoint_files.h"
 #include "train/hooks.h"
@@ -29,9 +30,12 @@ namespace trainer {
 
 namespace {
 
-/// 2: the position counts samples of the epoch; the data order and the device generator are
+/// 3: the model holds only what trains and the buffers, over the frozen base "frozen_base"
+/// digests (written only then: a checkpoint of a model that trains whole is format 2). 2: the
+/// position counts samples of the epoch; the data order and the device generator are
 /// recorded. 1 (no "format" key): the position counted batches.
-constexpr std::int64_t kFormat = 2;
+constexpr std::int64_t kFormat = 3;
+constexpr std::int64_t kWholeModelFormat = 2;
 
 std::int64_t scalar(torch::serialize::InputArchive& ar, const std::string& key) {
   at::Tensor t;
@@ -202,7 +206,13 @@ Checkpointer::Checkpointer(const CheckpointSettings& settings, std::string dir, 
       oom_(oom),
       window_(window),
       log_(log),
-      evaluator_(evaluator) {}
+      evaluator_(evaluator) {
+  // The frozen weights as the run starts (from files): checkpoints hold what trains over them
+  // while they stay so.
+  if (parts_.base_from_file && !detail::frozen_parameters(*parts_.model).empty()) {
+    start_base_ = frozen_base_.of(*parts_.model);
+  }
+}
 
 std::string Checkpointer::save(Position next, bool together) {
   // Saved already at this step and position (every_steps on an epoch's last batch, then the
@@ -234,12 +244,33 @@ std::string Checkpointer::save(Position next, bool together) {
 
 void Checkpointer::write(Position next, const GeneratorStates& generators) {
   oom_.enter(OomPhase::Checkpoint);
-  torch::serialize::OutputArchive ar, m, o;
-  parts_.model->save(m);
+  torch::serialize::OutputArchive ar, o;
+  torch::serialize::OutputArchive m(ar.compilation_unit());
+  // A model that trains in part (LoRA adapters, a probe's head) over weights read from files is
+  // saved without its frozen weights, which a resume reads again: what trains and the buffers,
+  // and the digest of the frozen base they apply to. Frozen weights that are not a file's (a
+  // random initialisation differs between CPUs) or that changed since the start (a plugin
+  // wrote them) are saved with the rest.
+  bool partly = !start_base_.empty();
+  if (partly && frozen_base_.of(*parts_.model) != start_base_) {
+    partly = false;
+    if (!warned_base_) {
+      log_.warn(
+          "frozen parameters changed since the run started (a plugin wrote them): checkpoints hold the "
+          "whole model");
+      warned_base_ = true;
+    }
+  }
+  if (partly) {
+    detail::write_nested(m, detail::trained_state(*parts_.model));
+    ar.write("frozen_base", c10::IValue(frozen_base_.of(*parts_.model)));
+  } else {
+    parts_.model->save(m);
+  }
   parts_.optim->save(o);
   ar.write("model", m);
   ar.write("optimizer", o);
-  ar.write("format", at::tensor(kFormat));
+  ar.write("format", at::tensor(partly ? kFormat : kWholeModelFormat));
   ar.write("epoch", at::tensor(next.epoch));
   ar.write("sample_in_epoch", at::tensor(next.sample));
   ar.write("global_step", at::tensor(state_.global_step));
@@ -336,21 +367,7 @@ Position Checkpointer::restore(torch::serialize::InputArchive& ar, const std::st
         file);
   }
 
-  const auto shapes = shapes_of(*parts_.model);
-  try {
-    torch::serialize::InputArchive m;
-    ar.read("model", m);
-    parts_.model->load(m);
-  } catch (const c10::Error& e) {
-    throw_load_failure(e, file, parts_.device,
-                       "it does not fit this model (was it written with other model.* settings?)");
-  }
-  for (const auto& [name, shape] : shapes_of(*parts_.model)) {
-    const auto& expected = shapes.at(name);
-    TRAINER_CHECK_T(UsageError, shape == expected, "cannot resume from ", file, ": model parameter '", name,
-                    "' has shape ", shape_text(shape), " there, ", shape_text(expected),
-                    " in this model (was it written with other model.* settings?)");
-  }
+  restore_model(ar, file);
   try {
     torch::serialize::InputArchive o;
     ar.read("optimizer", o);
@@ -403,6 +420,66 @@ Position Checkpointer::restore(torch::serialize::InputArchive& ar, const std::st
             state_.global_step);
   hooks_.load_states(plugin_states, info);
   return at;
+}
+
+void Checkpointer::restore_model(torch::serialize::InputArchive& ar, const std::string& file) {
+  c10::IValue base;
+  if (!ar.try_read("frozen_base", base) || !base.isString()) {
+    const auto shapes = shapes_of(*parts_.model);
+    try {
+      torch::serialize::InputArchive m;
+      ar.read("model", m);
+      parts_.model->load(m);
+    } catch (const c10::Error& e) {
+      throw_load_failure(e, file, parts_.device,
+                         "it does not fit this model (was it written with other model.* settings?)");
+    }
+    for (const auto& [name, shape] : shapes_of(*parts_.model)) {
+      const auto& expected = shapes.at(name);
+      TRAINER_CHECK_T(UsageError, shape == expected, "cannot resume from ", file, ": model parameter '", name,
+                      "' has shape ", shape_text(shape), " there, ", shape_text(expected),
+                      " in this model (was it written with other model.* settings?)");
+    }
+    return;
+  }
+  // What trained, over the frozen weights this run starts from: those must be the ones it
+  // trained over (the same model.weights, frozen alike).
+  const std::string& now = frozen_base_.of(*parts_.model);
+  TRAINER_CHECK_T(UsageError, now == base.toStringRef(), "cannot resume from ", file,
+                  ": it holds what trained over frozen weights of digest ", base.toStringRef(),
+                  "; this run's frozen weights have digest ", now,
+                  " (another model.weights, or another split of what trains: plugins.lora targets, trainable or "
+                  "train_head, plugins.linear_probe)",
+                  parts_.weights_note.empty() ? std::string() : "; " + parts_.weights_note,
+                  ". Resume with the settings and weights it was written with (the config.toml of its run holds "
+                  "them), or start a new run");
+  detail::NamedTensors saved;
+  try {
+    torch::serialize::InputArchive m;
+    ar.read("model", m);
+    detail::read_nested(m, "", saved);
+  } catch (const c10::Error& e) {
+    throw_load_failure(e, file, parts_.device, "its model cannot be read");
+  }
+  const detail::NamedTensors into = detail::trained_state(*parts_.model);
+  for (const auto& [name, t] : into) {
+    const auto it = saved.find(name);
+    TRAINER_CHECK_T(UsageError, it != saved.end(), "cannot resume from ", file, ": it holds no '", name,
+                    "', which trains (or is a buffer) in this model");
+    TRAINER_CHECK_T(UsageError, it->second.sizes() == t.sizes(), "cannot resume from ", file, ": '", name,
+                    "' has shape ", shape_text(it->second.sizes()), " there, ", shape_text(t.sizes()),
+                    " in this model (was it written with other model.* or plugin settings?)");
+  }
+  for (const auto& [name, t] : saved) {
+    TRAINER_CHECK_T(UsageError, into.count(name), "cannot resume from ", file, ": it holds '", name,
+                    "', which this model does not train (was it written with other plugin settings?)");
+  }
+  at::NoGradGuard no_grad;
+  try {
+    for (const auto& [name, t] : into) t.copy_(saved.at(name));
+  } catch (const c10::Error& e) {
+    throw_load_failure(e, file, parts_.device, "its model cannot be copied into this one");
+  }
 }
 
 void Checkpointer::go_on_from(const std::string& file, Position at) {

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "model/frozen_base.h"
 #include "train/rank_generators.h"
 #include "train/step.h"
 #include "trainer/context.h"
@@ -90,6 +91,9 @@ class Checkpointer {
 
  private:
   void write(Position next, const GeneratorStates& generators);
+  /// The model's tensors from the archive's "model": all of them, or (a checkpoint recording
+  /// its frozen base) what trained, over a frozen base with the same digest.
+  void restore_model(torch::serialize::InputArchive& ar, const std::string& file);
   /// Model, optimizer, position, counters and generators from a readable archive.
   Position restore(torch::serialize::InputArchive& ar, const std::string& file, ResumeInfo& info);
   /// The value of checkpoint.monitor for a checkpoint written now: the last evaluation's, when it
@@ -127,6 +131,9 @@ class Checkpointer {
   std::int64_t saved_step_ = -1;  ///< global_step of the last save (written, or skipped out of memory)
   Position saved_position_;       ///< where the last save continues
   std::int64_t saves_ = 0;        ///< saves made together: names the ranks' exchanges of each
+  detail::FrozenBaseDigest frozen_base_;
+  std::string start_base_;  ///< the frozen weights' digest at the start when they are a file's; "" otherwise
+  bool warned_base_ = false;
 };
 
 }  // namespace trainer

@@ -177,15 +177,28 @@ void setup_model(RunParts& parts, Hooks& hooks, const Config& cfg, bool resuming
   }
   const ModelSettings settings = ModelSettings::from(section);
   parts.input_dtype = model_dtype(settings.dtype);
-  if (!settings.weights.empty() && resuming) {
-    log.info("model weights: {} not loaded, the checkpoint resumed from holds the model", settings.weights);
-  } else if (!settings.weights.empty()) {
-    const std::string file = weights_file(settings.weights, log);
-    const WeightsReport r = load_weights(*parts.model, file, settings.weights_exclude);
-    log.info("model weights: {} tensors from {} ({}){}", r.loaded, file, r.format,
-             r.excluded.empty()
-                 ? std::string()
-                 : ", " + std::to_string(r.excluded.size()) + " kept at their initial values (model.weights_exclude)");
+  if (!settings.weights.empty()) {
+    // Resuming, the checkpoint holds the model, or (a run that trains part of it: LoRA, a probe)
+    // what trained over the frozen weights these give; without them it must hold all of it.
+    try {
+      const std::string file = weights_file(settings.weights, log);
+      const WeightsReport r = load_weights(*parts.model, file, settings.weights_exclude);
+      log.info("model weights: {} tensors from {} ({}){}{}", r.loaded, file, r.format,
+               r.excluded.empty()
+                   ? std::string()
+                   : ", " + std::to_string(r.excluded.size()) + " kept at their initial values (model.weights_exclude)",
+               resuming ? "; the checkpoint resumed from goes over them" : "");
+      parts.base_from_file = true;
+    } catch (const UsageError& e) {
+      if (!resuming) throw;
+      parts.weights_note = fmt::format("model.weights = \"{}\" was not loaded: {}", settings.weights, e.what());
+      log.warn("model weights: {} not loaded ({}); the checkpoint resumed from must hold the whole model",
+               settings.weights, e.what());
+    }
+  }
+  // A model that reads its weights itself (model "torchscript", "bert" with model.path).
+  if (section.has("path") && !section.get<std::string>("path").empty()) {
+    parts.base_from_file = true;
   }
   EventContext& ctx = hooks.context();
   ctx.model = parts.model;

@@ -48,6 +48,11 @@ struct RunParts {
   /// The evaluation batch: eval.batch_size, or the size an out-of-memory retry settled on (kept
   /// in checkpoints, so a resumed run does not run out of memory where this one learnt better).
   std::int64_t eval_batch = 0;
+  /// The model's weights come from files (model.weights, or the model's own model.path), so a
+  /// run that trains part of it can checkpoint that part alone: the rest is read again.
+  bool base_from_file = false;
+  /// Resuming: why model.weights was not loaded ("" when it was, or none is set).
+  std::string weights_note;
   /// The ranks of a data-parallel run (null in a run of one), and the size of the buckets its
   /// gradients are averaged in ([distributed]).
   std::shared_ptr<ProcessGroup> group;
@@ -90,8 +95,9 @@ class MemoryBudget {
 /// the task ([task]) for their targets: UsageError when they do not fit it.
 void setup_data(RunParts& parts, const Config& cfg, bool with_test_split, spdlog::logger& log);
 
-/// Builds the model in its dtype ([model]), loads model.weights unless `resuming` (the
-/// checkpoint holds the model then, and the weights file need not exist any more), fires
+/// Builds the model in its dtype ([model]), loads model.weights (`resuming`: the base a
+/// checkpoint of what trained goes over; a weights file that is gone is then only logged, as
+/// a checkpoint of the whole model needs none), fires
 /// ModelCreated (plugins may replace it), moves it to parts.device once, applies
 /// model.memory_format where the model has the key (a probe for "auto"), puts it in training
 /// mode and fires ModelToDevice.
