@@ -15,10 +15,12 @@
 #include "train/step.h"
 #include "trainer/context.h"
 #include "trainer/core_settings.h"
+#include "trainer/plugin_state.h"
 
 namespace torch::serialize {
 class InputArchive;
-}
+class OutputArchive;
+}  // namespace torch::serialize
 
 namespace spdlog {
 class logger;
@@ -40,6 +42,14 @@ struct RunParts;
 /// FNV-1a hash). A resume that changed any of them would skip or repeat samples.
 using DataOrder = std::vector<std::pair<std::string, std::string>>;
 DataOrder data_order_of(const Config& cfg, std::int64_t train_samples, const at::Tensor& lengths);
+
+namespace detail {
+/// The data order as a checkpoint records it: a line `key<TAB>value` each.
+std::string data_order_text(const DataOrder& order);
+/// The plugins' states as a checkpoint's "plugin_state" (nothing when there are none), and back.
+void write_plugin_states(torch::serialize::OutputArchive& ar, const std::map<std::string, PluginState>& states);
+std::map<std::string, PluginState> read_plugin_states(torch::serialize::InputArchive& ar);
+}  // namespace detail
 
 class Checkpointer {
  public:
