@@ -165,17 +165,20 @@ void BM_OomBackoff_FinalMicroBatch(benchmark::State& state) {
 BENCHMARK(BM_OomBackoff_FinalMicroBatch)->Iterations(1)->Unit(benchmark::kSecond);
 
 /// The tracking allocator's cost per allocation + free of 4 KiB, against c10's default CPU
-/// allocator (both called directly, as LibTorch does for every CPU tensor).
+/// allocator (both called directly, as LibTorch does for every CPU tensor): 0 c10's, 1 the
+/// tracking allocator with memory categories (the default), 2 without them.
 void BM_CpuAllocator_AllocFree(benchmark::State& state) {
   trainer::install_cpu_tracking_allocator();
-  c10::Allocator* a = state.range(0) == 1 ? c10::GetCPUAllocator() : c10::GetDefaultCPUAllocator();
+  trainer::set_memory_categories(state.range(0) != 2);
+  c10::Allocator* a = state.range(0) >= 1 ? c10::GetCPUAllocator() : c10::GetDefaultCPUAllocator();
   for (auto _ : state) {
     c10::DataPtr p = a->allocate(4096);
     benchmark::DoNotOptimize(p.get());
   }
-  state.SetLabel(state.range(0) == 1 ? "tracking" : "c10 default");
+  trainer::set_memory_categories(true);
+  state.SetLabel(state.range(0) == 0 ? "c10 default" : state.range(0) == 1 ? "tracking, categories" : "tracking");
 }
-BENCHMARK(BM_CpuAllocator_AllocFree)->Arg(0)->Arg(1);
+BENCHMARK(BM_CpuAllocator_AllocFree)->Arg(0)->Arg(1)->Arg(2);
 
 void BM_TrackingAllocator_AllocationsPerStep(benchmark::State& state) {
   const std::int64_t steps = full_or_smoke<std::int64_t>(10, 2);

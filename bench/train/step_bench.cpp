@@ -6,7 +6,9 @@
 // against the built-in cnn with the same settings. Ratio target: <= 1.10.
 // And "mlp_unchecked": the MLP with training.on_nonfinite = "ignore", the cost of the default
 // check of the loss and the gradients' norm before each optimizer step. And "mlp_ema": the MLP
-// with the ema plugin, the cost of averaging every parameter after each optimizer step.
+// with the ema plugin, the cost of averaging every parameter after each optimizer step. And
+// "mlp_nocat"/"cnn_nocat": memory.categories = false, against the default (memory split into
+// categories, a line of memory.jsonl per step), the cost of knowing where the memory went.
 #include <benchmark/benchmark.h>
 #include <torch/torch.h>
 
@@ -48,20 +50,21 @@ const std::string& torchscript_cnn() {
 std::string model_section(const std::string& model) {
   if (model == "cnn_torchscript") return "name = \"torchscript\"\npath = \"" + torchscript_cnn() + "\"\n";
   if (model == "cnn_dropout") return "name = \"cnn\"\ndropout = 0.25\n";
-  if (model == "mlp_unchecked" || model == "mlp_ema") return "name = \"mlp\"\n";
+  if (model == "mlp_unchecked" || model == "mlp_ema" || model == "mlp_nocat") return "name = \"mlp\"\n";
+  if (model == "cnn_nocat") return "name = \"cnn\"\n";
   return "name = \"" + model + "\"\n";
 }
 
 trainer::Config make_config(const std::string& model, std::int64_t steps) {
   trainer::LoadedRecipe r;
-  r.config =
-      trainer::Config::parse("[run]\nseed = 1\n[model]\n" + model_section(model) +
-                             "[dataset]\nname = \"synthetic\"\nsize = " + std::to_string(steps * kBatch) +
-                             "\n[training]\nbatch_size = " + std::to_string(kBatch) +
-                             (model == "mlp_unchecked" ? "\non_nonfinite = \"ignore\"" : "") +
-                             "\nshuffle = false\n[optim]\nname = \"adamw\"\n[eval]\nevery_epochs = 0\nat_end = "
-                             "false\n[checkpoint]\nevery_epochs = 0\n"
-                             "at_end = false\n[metrics]\njsonl = false\nconsole = false\n[runtime]\nnum_threads = 2\n");
+  r.config = trainer::Config::parse(
+      "[run]\nseed = 1\n[model]\n" + model_section(model) + "[dataset]\nname = \"synthetic\"\nsize = " +
+      std::to_string(steps * kBatch) + "\n[training]\nbatch_size = " + std::to_string(kBatch) +
+      (model == "mlp_unchecked" ? "\non_nonfinite = \"ignore\"" : "") +
+      "\nshuffle = false\n[optim]\nname = \"adamw\"\n[eval]\nevery_epochs = 0\nat_end = "
+      "false\n[checkpoint]\nevery_epochs = 0\n"
+      "at_end = false\n[metrics]\njsonl = false\nconsole = false\n[runtime]\nnum_threads = 2\n" +
+      (model.size() > 6 && model.substr(model.size() - 6) == "_nocat" ? "[memory]\ncategories = false\n" : ""));
   trainer::validate_recipe(r);
   return r.config;
 }
@@ -146,8 +149,10 @@ BENCHMARK_CAPTURE(BM_Trainer_Step, mlp_unchecked, std::string("mlp_unchecked"))
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Trainer_Step, mlp_ema, std::string("mlp_ema"))->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Trainer_Step, mlp_nocat, std::string("mlp_nocat"))->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_HandLoop_Step, cnn, std::string("cnn"))->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Trainer_Step, cnn, std::string("cnn"))->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Trainer_Step, cnn_nocat, std::string("cnn_nocat"))->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Trainer_Step, cnn_dropout, std::string("cnn_dropout"))
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);

@@ -4,6 +4,9 @@
 // needs is told apart from what building the model and loading its weights needed.
 #include <spdlog/spdlog.h>
 
+#include <map>
+#include <string>
+
 #include "trainer/memory.h"
 #include "trainer/plugin.h"
 #include "trainer/settings.h"
@@ -50,20 +53,31 @@ class MemoryLogPlugin final : public trainer::Plugin {
                     ctx.device.str(), trainer::format_bytes(max_peak_), training, trainer::format_bytes(s.allocated),
                     s.num_ooms, s.limit > 0 ? trainer::format_bytes(s.limit) : std::string("none"));
     } else if (e == trainer::Event::OutOfMemory && ctx.oom) {
-      logger_->warn("memory at OutOfMemory ({}, micro-batch {}): {} allocated, {} requested, budget {}",
-                    trainer::oom_phase_name(ctx.oom->phase), ctx.oom->micro_batch_size,
-                    trainer::format_bytes(s.allocated), trainer::format_bytes(ctx.oom->requested_bytes),
-                    s.limit > 0 ? trainer::format_bytes(s.limit) : std::string("none"));
+      logger_->warn(
+          "memory at OutOfMemory ({}, micro-batch {}): {} allocated, {} requested, budget {}{}",
+          trainer::oom_phase_name(ctx.oom->phase), ctx.oom->micro_batch_size, trainer::format_bytes(s.allocated),
+          trainer::format_bytes(ctx.oom->requested_bytes),
+          s.limit > 0 ? trainer::format_bytes(s.limit) : std::string("none"),
+          ctx.oom->live ? "; live at the failure: " + trainer::largest_category_text(*ctx.oom->live) : std::string());
     } else {
       logger_->info("memory at {}: {} allocated, {} reserved, {} peak", trainer::event_name(e),
                     trainer::format_bytes(s.allocated), trainer::format_bytes(s.reserved),
                     trainer::format_bytes(s.peak_allocated));
     }
     constexpr double kMiB = 1024.0 * 1024.0;
-    ctx.metrics->log(ctx.state.global_step, {{"memory/allocated_mb", double(s.allocated) / kMiB},
-                                             {"memory/reserved_mb", double(s.reserved) / kMiB},
-                                             {"memory/peak_mb", double(s.peak_allocated) / kMiB},
-                                             {"memory/num_ooms", double(s.num_ooms)}});
+    std::map<std::string, double> values = {{"memory/allocated_mb", double(s.allocated) / kMiB},
+                                            {"memory/reserved_mb", double(s.reserved) / kMiB},
+                                            {"memory/peak_mb", double(s.peak_allocated) / kMiB},
+                                            {"memory/num_ooms", double(s.num_ooms)}};
+    if (trainer::has_memory_categories(ctx.device)) {  // memory/parameters_mb, memory/activations_mb, ...
+      const trainer::MemoryBreakdown b = trainer::memory_breakdown(ctx.device);
+      for (std::size_t i = 0; i < trainer::kMemoryCategoryCount; ++i) {
+        const auto name = trainer::memory_category_name(static_cast<trainer::MemoryCategory>(i));
+        values[std::string("memory/") + name + "_mb"] = double(b.bytes[i]) / kMiB;
+      }
+      values["memory/slack_mb"] = double(b.slack()) / kMiB;
+    }
+    ctx.metrics->log(ctx.state.global_step, values);
     if (e == trainer::Event::FitStart) {  // from here on, the peaks are training's
       trainer::reset_peak_memory(ctx.device);
       fit_started_ = true;

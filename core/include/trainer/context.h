@@ -6,6 +6,7 @@
 #include <exception>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "trainer/config.h"
@@ -63,6 +64,10 @@ struct OomInfo {
   /// state and the step's temporaries) and Checkpoint.
   bool micro_batch_helps = true;
   MemoryStats stats;  ///< device counters right after the failed attempt was dropped
+  /// The live memory by category at the moment the allocation was refused, before the failed
+  /// attempt was dropped (the refused request not among it): on the CPU with memory categories
+  /// on, when the error came from the allocator; nullopt otherwise.
+  std::optional<MemoryBreakdown> live;
 };
 
 /// What a hook may read and act on. The core owns everything referenced here; pointers are

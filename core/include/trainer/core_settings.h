@@ -181,6 +181,9 @@ struct LoaderSettings : Settings<LoaderSettings> {
 struct MemorySettings : Settings<MemorySettings> {
   double limit_mb = 0.0;
   double fraction = 0.0;
+  bool categories = true;
+  std::int64_t timeline_every = 1;
+  std::int64_t timeline_lines = 10000;
 
   static void declare(SettingsSchema<MemorySettings>& s) {
     s.add(&MemorySettings::limit_mb, "limit_mb",
@@ -192,6 +195,19 @@ struct MemorySettings : Settings<MemorySettings> {
           "fraction). 0 = none; not together with limit_mb")
         .min(0)
         .max(1);
+    s.add(&MemorySettings::categories, "categories",
+          "Split the device's live memory into categories (parameters, gradients, optimizer state, activations, "
+          "batch, evaluation, dataset, other): memory.jsonl, memory/* metrics, the out-of-memory log line; CPU only")
+        .memory_neutral();
+    s.add(&MemorySettings::timeline_every, "timeline_every",
+          "Write a step's memory by category to <run_dir>/memory.jsonl every N optimizer steps; 0 = no file")
+        .min(0)
+        .memory_neutral();
+    s.add(&MemorySettings::timeline_lines, "timeline_lines",
+          "memory.jsonl moves to memory.1.jsonl (replacing it) at this many lines: at most twice this many are kept")
+        .min(10)
+        .max(100000000)
+        .memory_neutral();
   }
 };
 

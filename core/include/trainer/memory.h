@@ -1,11 +1,19 @@
 #pragma once
 #include <c10/core/Device.h>
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "trainer/export.h"
+
+namespace at {
+class Tensor;
+}
 
 namespace trainer {
 
@@ -22,6 +30,77 @@ struct MemoryStats {
   std::int64_t limit = 0;                ///< the budget in bytes; 0 = none
   std::int64_t last_failed_request = 0;  ///< size of the last refused allocation
   std::int64_t num_allocations = 0;      ///< allocations served since the process started
+};
+
+/// What a live byte on a device is for. Each block of the CPU tracking allocator counts as the
+/// category of the thread that allocated it (the core sets it by phase: the batch is read as
+/// Batch, the forward allocates Activations, an evaluation Evaluation, loading the data sets
+/// Dataset, building the model Parameters; anything else, the backward's and the optimizer
+/// step's temporaries included, is Other), and the core re-attributes what it knows by
+/// identity at the step's boundaries: parameters and buffers, gradients, optimizer state.
+enum class MemoryCategory : std::uint8_t {
+  Other = 0,       ///< workspace and temporaries, and whatever nothing else claims
+  Parameters,      ///< parameters and buffers of the model
+  Gradients,       ///< parameters' .grad
+  OptimizerState,  ///< the optimizer's per-parameter state (AdamW's moments, SGD's momentum)
+  Activations,     ///< allocated in the forward and still live: what it keeps for the backward
+  Batch,           ///< the batch being trained, as read from the dataset
+  Evaluation,      ///< allocated during an evaluation
+  Dataset,         ///< data sets held in memory (on the CPU, the device is the host)
+};
+inline constexpr std::size_t kMemoryCategoryCount = 8;
+
+/// "other", "parameters", "gradients", "optimizer_state", "activations", "batch",
+/// "evaluation", "dataset": the names in memory.jsonl and the memory/<name>_mb metrics.
+TRAINER_API const char* memory_category_name(MemoryCategory category);
+/// The category named `name` (memory_category_name's), or nullopt.
+TRAINER_API std::optional<MemoryCategory> memory_category_named(std::string_view name);
+
+/// Live bytes of a device by category.
+struct MemoryBreakdown {
+  std::array<std::int64_t, kMemoryCategoryCount> bytes{};  ///< indexed by MemoryCategory
+  std::int64_t allocated = 0;  ///< the sum of bytes: memory_stats().allocated at the same moment
+  std::int64_t reserved = 0;   ///< what the allocator holds for them (CPU: + 64 B of header per block)
+
+  std::int64_t operator[](MemoryCategory c) const { return bytes[static_cast<std::size_t>(c)]; }
+  /// reserved - allocated: the allocator's slack.
+  std::int64_t slack() const { return reserved - allocated; }
+  /// The category holding the most bytes (the first of equals in enum order).
+  TRAINER_API MemoryCategory largest() const;
+};
+
+/// "activations 61 % of 94.7 MiB": the largest category, its share and the total.
+TRAINER_API std::string largest_category_text(const MemoryBreakdown& breakdown);
+
+/// True when `device`'s live memory can be split into categories now: CPU with the tracking
+/// allocator installed and categories on (set_memory_categories).
+TRAINER_API bool has_memory_categories(const c10::Device& device);
+/// Turns the attribution of CPU blocks to categories on or off (on by default). Blocks
+/// allocated while it is off count as Other for as long as they live.
+TRAINER_API void set_memory_categories(bool on);
+/// Live bytes of `device` by category. CPU: exact, every byte of `allocated` in one category.
+/// Throws trainer::Error where has_memory_categories is false.
+TRAINER_API MemoryBreakdown memory_breakdown(const c10::Device& device);
+/// The breakdown at the moment `allocated` was highest since the last
+/// reset_peak_breakdown(device) (a window of its own, apart from reset_peak_memory's); its
+/// `reserved` is its `allocated`.
+TRAINER_API MemoryBreakdown peak_memory_breakdown(const c10::Device& device);
+TRAINER_API void reset_peak_breakdown(const c10::Device& device);
+/// Counts the memory of `tensor` (its whole storage) as `category` from now on. Returns false
+/// when its memory is not attributed (another device, not from the tracking allocator,
+/// allocated while categories were off).
+TRAINER_API bool attribute_memory(const at::Tensor& tensor, MemoryCategory category);
+
+/// While it lives, this thread's allocations count as `category`; then the previous one again.
+class TRAINER_API MemoryCategoryScope {
+ public:
+  explicit MemoryCategoryScope(MemoryCategory category);
+  ~MemoryCategoryScope();
+  MemoryCategoryScope(const MemoryCategoryScope&) = delete;
+  MemoryCategoryScope& operator=(const MemoryCategoryScope&) = delete;
+
+ private:
+  MemoryCategory previous_;
 };
 
 /// Installs the CPU tracking allocator (c10::SetCPUAllocator) once per process. Tensors

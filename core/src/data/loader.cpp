@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "trainer/memory.h"
+
 namespace trainer {
 
 BatchLoader::BatchLoader(std::shared_ptr<Dataset> dataset, std::int64_t workers, std::int64_t prefetch)
@@ -37,6 +39,7 @@ void BatchLoader::plan(std::int64_t epoch, std::vector<at::Tensor> batches) {
 
 void BatchLoader::work() {
   at::NoGradGuard no_grad;
+  MemoryCategoryScope batches(MemoryCategory::Batch);
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
     changed_.wait(

@@ -3,11 +3,16 @@
 // is always built; the CUDA backend (cuda/cuda_backend.cpp) only against a LibTorch with
 // CUDA, which defines TRAINER_WITH_CUDA for the core.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "trainer/devices.h"
 #include "trainer/memory.h"
+
+namespace at {
+class Tensor;
+}
 
 namespace trainer::detail {
 
@@ -15,6 +20,41 @@ MemoryStats cpu_memory_stats();
 void cpu_reset_peak();
 void cpu_set_limit(std::int64_t bytes);
 void cpu_clear(bool force);
+
+/// The category this thread's CPU allocations count as (MemoryCategoryScope sets it too).
+void set_thread_memory_category(MemoryCategory category);
+MemoryCategory thread_memory_category();
+
+/// Live bytes by category; they sum to allocated (blocks allocated while categories were off
+/// count as Other).
+MemoryBreakdown cpu_breakdown();
+/// The breakdown at the highest allocated since cpu_reset_peak_breakdown().
+MemoryBreakdown cpu_peak_breakdown();
+void cpu_reset_peak_breakdown();
+/// Whether blocks are being listed with their category (the allocator installed, categories on).
+bool cpu_categories_on();
+void cpu_set_categories(bool on);
+/// Counts the storage of `tensor` as `category` from now on; false when it is not a listed
+/// block of the tracking allocator (another allocator's, from_blob, allocated with categories off).
+bool cpu_attribute(const at::Tensor& tensor, MemoryCategory category);
+
+/// What was live when an allocation was refused.
+struct Refusal {
+  MemoryBreakdown live;  ///< the live bytes by category, the refused request not among them
+  std::int64_t requested = 0;
+};
+/// The last refusal since the previous call, once (nullopt when none, or categories were off).
+std::optional<Refusal> cpu_take_refusal();
+
+/// One live block of the tracking allocator.
+struct LiveBlock {
+  std::uintptr_t address;  ///< of its data
+  std::int64_t size;
+  std::uint64_t serial;  ///< allocation number in the process, from 1
+  MemoryCategory category;
+};
+/// Every listed live block, oldest first.
+std::vector<LiveBlock> cpu_live_blocks();
 
 #ifdef TRAINER_WITH_CUDA
 /// Caching-allocator counters of one GPU (LibTorch index).

@@ -1,5 +1,8 @@
-// The CPU tracking allocator: counts every byte LibTorch allocates on CPU and enforces the
-// memory budget (memory.limit_mb) by refusing allocations with c10::OutOfMemoryError.
+// The CPU tracking allocator: counts every byte LibTorch allocates on CPU, enforces the
+// memory budget (memory.limit_mb) by refusing allocations with c10::OutOfMemoryError, and —
+// with memory categories on — keeps every live block in a list with the category it counts
+// as, so that the live bytes split exactly into categories (memory_breakdown).
+#include <ATen/core/Tensor.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
 #include <malloc.h>
@@ -8,17 +11,32 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <optional>
+#include <utility>
 
+#include "memory/backend.h"
 #include "trainer/memory.h"
 #include "util/torch_compat.h"
 
 namespace trainer {
 namespace {
 
-// NOTE: each block carries a 64-byte header holding its size, so the deleter finds the size
-// from the data pointer alone; the data stays 64-byte aligned like c10's own allocator.
+// NOTE: each block carries a 64-byte header in front of its data, so the deleter finds the
+// block from the data pointer alone; the data stays 64-byte aligned like c10's own allocator.
 // oneDNN's convolution asserts DataPtr context == data pointer, hence no separate context.
 constexpr std::size_t kHeader = 64;
+
+struct TrackedBlock {
+  std::int64_t size;   ///< bytes asked for (the storage's nbytes)
+  TrackedBlock* prev;  ///< the live list, when linked
+  TrackedBlock* next;
+  std::uint64_t serial;   ///< which allocation of the process this is (from 1)
+  std::uint8_t category;  ///< MemoryCategory it counts as, when linked
+  bool linked;            ///< in the live list (allocated while categories were on)
+};
+static_assert(sizeof(TrackedBlock) <= kHeader, "the block header must fit in front of the data");
+
+constexpr std::size_t kCategories = kMemoryCategoryCount;
 
 std::atomic<std::int64_t> g_allocated{0};
 std::atomic<std::int64_t> g_blocks{0};
@@ -28,6 +46,26 @@ std::atomic<std::int64_t> g_ooms{0};
 std::atomic<std::int64_t> g_last_failed{0};
 std::atomic<std::int64_t> g_total_allocs{0};
 std::atomic<bool> g_installed{false};
+std::atomic<bool> g_categories{true};
+
+// The live list and the category counters, under g_list_mutex. Blocks allocated while
+// categories were off are not in the list; their bytes count as Other.
+std::mutex g_list_mutex;
+TrackedBlock g_list{0, &g_list, &g_list, 0, 0, false};  // sentinel of the circular live list
+std::array<std::int64_t, kCategories> g_category_bytes{};
+std::int64_t g_linked_bytes = 0;
+std::int64_t g_window_peak = 0;  ///< highest allocated since reset_peak_breakdown
+std::array<std::int64_t, kCategories> g_window_peak_bytes{};
+std::int64_t g_window_peak_unlinked = 0;
+
+// The live bytes by category when the last allocation was refused (taken by the core's
+// out-of-memory recovery: by then the failed attempt's memory is gone).
+bool g_refusal_pending = false;
+std::array<std::int64_t, kCategories> g_refusal_bytes{};
+std::int64_t g_refusal_unlinked = 0;
+std::int64_t g_refusal_request = 0;
+
+thread_local std::uint8_t t_category = 0;  // MemoryCategory::Other
 
 void bump_peak(std::int64_t now) {
   std::int64_t peak = g_peak.load(std::memory_order_relaxed);
@@ -35,13 +73,54 @@ void bump_peak(std::int64_t now) {
   }
 }
 
+TrackedBlock* block_of(void* data) { return reinterpret_cast<TrackedBlock*>(static_cast<char*>(data) - kHeader); }
+
 void tracked_free(void* data) {
   if (!data) return;
-  char* block = static_cast<char*>(data) - kHeader;
-  const auto size = *reinterpret_cast<std::int64_t*>(block);
-  g_allocated.fetch_sub(size, std::memory_order_relaxed);
+  TrackedBlock* b = block_of(data);
+  const std::int64_t size = b->size;
+  if (b->linked) {
+    std::lock_guard<std::mutex> lock(g_list_mutex);
+    b->prev->next = b->next;
+    b->next->prev = b->prev;
+    g_category_bytes[b->category] -= size;
+    g_linked_bytes -= size;
+    g_allocated.fetch_sub(size, std::memory_order_relaxed);
+  } else {
+    g_allocated.fetch_sub(size, std::memory_order_relaxed);
+  }
   g_blocks.fetch_sub(1, std::memory_order_relaxed);
-  std::free(block);
+  std::free(b);
+}
+
+void link(TrackedBlock* b) {
+  std::lock_guard<std::mutex> lock(g_list_mutex);
+  b->linked = true;
+  b->category = t_category;
+  b->next = &g_list;
+  b->prev = g_list.prev;
+  g_list.prev->next = b;
+  g_list.prev = b;
+  g_category_bytes[b->category] += b->size;
+  g_linked_bytes += b->size;
+  // allocated is read under the lock that every linked block changes it under, so a new
+  // peak of the breakdown's window is exact whenever only linked blocks come and go.
+  const std::int64_t now = g_allocated.load(std::memory_order_relaxed);
+  if (now > g_window_peak) {
+    g_window_peak = now;
+    g_window_peak_bytes = g_category_bytes;
+    g_window_peak_unlinked = now - g_linked_bytes;
+  }
+}
+
+/// Keeps the split of the live bytes at a refused allocation of `size` bytes.
+void capture_refusal(std::int64_t size) {
+  if (!g_categories.load(std::memory_order_relaxed)) return;
+  std::lock_guard<std::mutex> lock(g_list_mutex);
+  g_refusal_pending = true;
+  g_refusal_bytes = g_category_bytes;
+  g_refusal_unlinked = g_allocated.load(std::memory_order_relaxed) - g_linked_bytes;
+  g_refusal_request = size;
 }
 
 class TrackingCpuAllocator final : public c10::Allocator {
@@ -58,30 +137,43 @@ class TrackingCpuAllocator final : public c10::Allocator {
       if (limit > 0 && in_use + size > limit) {
         g_ooms.fetch_add(1, std::memory_order_relaxed);
         g_last_failed.store(size, std::memory_order_relaxed);
+        capture_refusal(size);
         TORCH_CHECK_WITH(OutOfMemoryError, false, "CPU out of memory: tried to allocate ", format_bytes(size), "; ",
                          format_bytes(in_use), " in use; ", format_bytes(limit), " budget (memory.limit_mb)");
       }
     } while (!g_allocated.compare_exchange_weak(in_use, in_use + size, std::memory_order_relaxed));
     const std::int64_t now = in_use + size;
-    void* block = nullptr;
-    if (posix_memalign(&block, kHeader, n + kHeader) != 0 || block == nullptr) {
+    void* raw = nullptr;
+    if (posix_memalign(&raw, kHeader, n + kHeader) != 0 || raw == nullptr) {
       g_allocated.fetch_sub(size, std::memory_order_relaxed);
       g_ooms.fetch_add(1, std::memory_order_relaxed);
       g_last_failed.store(size, std::memory_order_relaxed);
+      capture_refusal(size);
       TORCH_CHECK_WITH(OutOfMemoryError, false, "CPU out of memory: the system refused ", format_bytes(size), "; ",
                        format_bytes(now - size), " in use");
     }
-    *static_cast<std::int64_t*>(block) = size;
+    auto* b = static_cast<TrackedBlock*>(raw);
+    b->size = size;
+    b->linked = false;
+    b->serial = static_cast<std::uint64_t>(g_total_allocs.fetch_add(1, std::memory_order_relaxed)) + 1;
     g_blocks.fetch_add(1, std::memory_order_relaxed);
-    g_total_allocs.fetch_add(1, std::memory_order_relaxed);
     bump_peak(now);
-    void* data = static_cast<char*>(block) + kHeader;
+    if (g_categories.load(std::memory_order_relaxed)) link(b);
+    void* data = static_cast<char*>(raw) + kHeader;
     return {data, data, &tracked_free, cpu};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &tracked_free; }
   // Pure virtual since LibTorch 2.3 (no `override`: 1.13 has no such function).
   void copy_data(void* dest, const void* src, std::size_t count) const { std::memcpy(dest, src, count); }
 };
+
+MemoryBreakdown breakdown_of(const std::array<std::int64_t, kCategories>& bytes, std::int64_t unlinked) {
+  MemoryBreakdown out;
+  out.bytes = bytes;
+  out.bytes[static_cast<std::size_t>(MemoryCategory::Other)] += unlinked;
+  for (const std::int64_t b : out.bytes) out.allocated += b;
+  return out;
+}
 
 }  // namespace
 
@@ -94,6 +186,12 @@ void install_cpu_tracking_allocator() {
     g_installed.store(true);
   });
 }
+
+MemoryCategoryScope::MemoryCategoryScope(MemoryCategory category) : previous_(static_cast<MemoryCategory>(t_category)) {
+  t_category = static_cast<std::uint8_t>(category);
+}
+
+MemoryCategoryScope::~MemoryCategoryScope() { t_category = static_cast<std::uint8_t>(previous_); }
 
 namespace detail {
 
@@ -116,6 +214,77 @@ void cpu_set_limit(std::int64_t bytes) { g_limit.store(bytes < 0 ? 0 : bytes); }
 
 void cpu_clear(bool force) {
   if (force) malloc_trim(0);
+}
+
+void set_thread_memory_category(MemoryCategory category) { t_category = static_cast<std::uint8_t>(category); }
+
+MemoryCategory thread_memory_category() { return static_cast<MemoryCategory>(t_category); }
+
+bool cpu_categories_on() { return g_installed.load() && g_categories.load(); }
+
+void cpu_set_categories(bool on) { g_categories.store(on); }
+
+MemoryBreakdown cpu_breakdown() {
+  std::int64_t blocks = 0;
+  MemoryBreakdown out;
+  {
+    std::lock_guard<std::mutex> lock(g_list_mutex);
+    const std::int64_t allocated = g_allocated.load();
+    blocks = g_blocks.load();
+    out = breakdown_of(g_category_bytes, allocated - g_linked_bytes);
+  }
+  out.reserved = out.allocated + blocks * static_cast<std::int64_t>(kHeader);
+  return out;
+}
+
+MemoryBreakdown cpu_peak_breakdown() {
+  std::lock_guard<std::mutex> lock(g_list_mutex);
+  MemoryBreakdown out = breakdown_of(g_window_peak_bytes, g_window_peak_unlinked);
+  out.reserved = out.allocated;
+  return out;
+}
+
+void cpu_reset_peak_breakdown() {
+  std::lock_guard<std::mutex> lock(g_list_mutex);
+  const std::int64_t allocated = g_allocated.load();
+  g_window_peak = allocated;
+  g_window_peak_bytes = g_category_bytes;
+  g_window_peak_unlinked = allocated - g_linked_bytes;
+}
+
+bool cpu_attribute(const at::Tensor& tensor, MemoryCategory category) {
+  if (!tensor.defined() || !tensor.has_storage() || !tensor.device().is_cpu()) return false;
+  const c10::DataPtr& ptr = tensor.storage().data_ptr();
+  if (ptr.get() == nullptr || ptr.get_deleter() != &tracked_free) return false;  // not one of ours
+  TrackedBlock* b = block_of(ptr.get());
+  if (!b->linked) return false;  // allocated while categories were off: counted as other
+  const auto to = static_cast<std::uint8_t>(category);
+  std::lock_guard<std::mutex> lock(g_list_mutex);
+  if (b->category == to) return true;
+  g_category_bytes[b->category] -= b->size;
+  g_category_bytes[to] += b->size;
+  b->category = to;
+  return true;
+}
+
+std::optional<Refusal> cpu_take_refusal() {
+  std::lock_guard<std::mutex> lock(g_list_mutex);
+  if (!std::exchange(g_refusal_pending, false)) return std::nullopt;
+  Refusal r;
+  r.live = breakdown_of(g_refusal_bytes, g_refusal_unlinked);
+  r.live.reserved = r.live.allocated;
+  r.requested = g_refusal_request;
+  return r;
+}
+
+std::vector<LiveBlock> cpu_live_blocks() {
+  std::vector<LiveBlock> out;
+  std::lock_guard<std::mutex> lock(g_list_mutex);
+  for (const TrackedBlock* b = g_list.next; b != &g_list; b = b->next) {
+    out.push_back(
+        {reinterpret_cast<std::uintptr_t>(b) + kHeader, b->size, b->serial, static_cast<MemoryCategory>(b->category)});
+  }
+  return out;
 }
 
 }  // namespace detail

@@ -75,6 +75,69 @@ void clear_memory(const c10::Device& device, bool force) {
 #endif
 }
 
+namespace {
+constexpr std::array<const char*, kMemoryCategoryCount> kCategoryNames = {
+    "other", "parameters", "gradients", "optimizer_state", "activations", "batch", "evaluation", "dataset"};
+}  // namespace
+
+const char* memory_category_name(MemoryCategory category) {
+  return kCategoryNames.at(static_cast<std::size_t>(category));
+}
+
+std::optional<MemoryCategory> memory_category_named(std::string_view name) {
+  for (std::size_t i = 0; i < kCategoryNames.size(); ++i) {
+    if (name == kCategoryNames[i]) return static_cast<MemoryCategory>(i);
+  }
+  return std::nullopt;
+}
+
+MemoryCategory MemoryBreakdown::largest() const {
+  std::size_t best = 0;
+  for (std::size_t i = 1; i < bytes.size(); ++i) {
+    if (bytes[i] > bytes[best]) best = i;
+  }
+  return static_cast<MemoryCategory>(best);
+}
+
+std::string largest_category_text(const MemoryBreakdown& breakdown) {
+  const MemoryCategory top = breakdown.largest();
+  const double share = breakdown.allocated > 0 ? 100.0 * double(breakdown[top]) / double(breakdown.allocated) : 0.0;
+  return fmt::format("{} {:.0f} % of {}", memory_category_name(top), share, format_bytes(breakdown.allocated));
+}
+
+bool has_memory_categories(const c10::Device& device) { return device.is_cpu() && detail::cpu_categories_on(); }
+
+void set_memory_categories(bool on) { detail::cpu_set_categories(on); }
+
+namespace {
+void need_categories(const c10::Device& device, const char* what) {
+  if (has_memory_categories(device)) return;
+  throw Error(fmt::format("{} on {}: {}", what, device.str(),
+                          device.is_cpu() ? "memory categories are off (memory.categories = false), or the tracking "
+                                            "allocator is not installed"
+                                          : "this build splits memory into categories on the CPU only"));
+}
+}  // namespace
+
+MemoryBreakdown memory_breakdown(const c10::Device& device) {
+  need_categories(device, "memory_breakdown");
+  return detail::cpu_breakdown();
+}
+
+MemoryBreakdown peak_memory_breakdown(const c10::Device& device) {
+  need_categories(device, "peak_memory_breakdown");
+  return detail::cpu_peak_breakdown();
+}
+
+void reset_peak_breakdown(const c10::Device& device) {
+  need_categories(device, "reset_peak_breakdown");
+  detail::cpu_reset_peak_breakdown();
+}
+
+bool attribute_memory(const at::Tensor& tensor, MemoryCategory category) {
+  return detail::cpu_attribute(tensor, category);
+}
+
 bool is_out_of_memory(const std::exception& e) {
   if (dynamic_cast<const c10::OutOfMemoryError*>(&e)) return true;
   // Fallback: CUDA libraries (cuBLAS, cuDNN) report OOM as a plain c10::Error.

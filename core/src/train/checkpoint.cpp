@@ -129,6 +129,7 @@ std::string Checkpointer::save(Position next, bool together) {
 }
 
 void Checkpointer::write(Position next, const GeneratorStates& generators) {
+  MemoryCategoryScope other(MemoryCategory::Other);  // whatever the phase before: this comes back after
   oom_.enter(OomPhase::Checkpoint);
   torch::serialize::OutputArchive ar, o;
   torch::serialize::OutputArchive m(ar.compilation_unit());

@@ -98,7 +98,12 @@ struct ScopedArgs {
 
 }  // namespace
 
+void Hooks::start_memory_timeline(const MemorySettings& s, const std::string& path) {
+  timeline_ = std::make_unique<MemoryTimeline>(s, path, log_);
+}
+
 Control Hooks::fire(Event e, const EventArgs& args) {
+  if (timeline_) timeline_->observe(e, state_, ctx_, args.oom);
   Control control;
   if (bus_.subscribers(e) == 0) return control;
   const ScopedArgs scoped(ctx_, e, state_, args);

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "train/memory_timeline.h"
 #include "trainer/context.h"
 #include "trainer/control.h"
 #include "trainer/event_bus.h"
@@ -79,6 +80,10 @@ class Hooks {
   /// `e` = BeforeForward (training) or EvalBatchStart (evaluation) with the batch in `args`.
   EventBus::ForwardScopes forward_scopes(Event e, const EventArgs& args);
 
+  /// Samples the live memory by category at the step's events into `path` (memory.jsonl), as
+  /// `s` says ([memory]); until then, and with "" as `path`, it is only attributed.
+  void start_memory_timeline(const MemorySettings& s, const std::string& path);
+
   /// Whether any plugin subscribed to `e` (to skip work only its arguments need).
   bool wants(Event e) const { return bus_.subscribers(e) > 0; }
 
@@ -112,6 +117,7 @@ class Hooks {
   const RunState& state_;
   EventBus bus_;
   EventContext ctx_;
+  std::unique_ptr<MemoryTimeline> timeline_;
   bool stop_ = false, checkpoint_ = false, eval_ = false;
   std::string stopped_by_, stop_reason_;
 };

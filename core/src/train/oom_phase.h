@@ -8,6 +8,7 @@
 #include <optional>
 #include <string_view>
 
+#include "trainer/memory.h"
 #include "trainer/states.h"
 
 namespace trainer {
@@ -22,6 +23,9 @@ struct OomPhaseInfo {
   std::int64_t wire_code;
   /// What to change when recovery gave up here (the run's failure message).
   const char* advice;
+  /// What the memory allocated in this phase counts as, until the core attributes it by
+  /// identity (parameters' gradients, optimizer state): memory_breakdown's categories.
+  MemoryCategory allocates;
 };
 
 inline constexpr const char* kActivationAdvice =
@@ -31,18 +35,21 @@ inline constexpr const char* kActivationAdvice =
 inline constexpr std::array<OomPhaseInfo, 7> kOomPhaseTable = {{
     {OomPhase::Data, "data", false, 1,
      "the batch is read whole before it is split into micro-batches, so only a smaller training.batch_size (or more "
-     "host memory) helps here"},
-    {OomPhase::Forward, "forward", true, 2, nullptr},
-    {OomPhase::Backward, "backward", true, 3, nullptr},
+     "host memory) helps here",
+     MemoryCategory::Batch},
+    {OomPhase::Forward, "forward", true, 2, nullptr, MemoryCategory::Activations},
+    {OomPhase::Backward, "backward", true, 3, nullptr, MemoryCategory::Other},
     {OomPhase::AllReduce, "all_reduce", false, 4,
      "a data-parallel rank keeps a flat copy of every gradient for their all-reduce, whatever the micro-batch or "
-     "distributed.bucket_mb: a smaller model or a larger memory.limit_mb"},
+     "distributed.bucket_mb: a smaller model or a larger memory.limit_mb",
+     MemoryCategory::Other},
     {OomPhase::OptimizerStep, "optimizer_step", false, 5,
      "parameters, gradients, optimizer state and the step's temporaries do not depend on the micro-batch: a smaller "
      "model, an optimizer with less state (sgd keeps none without momentum, adamw two tensors per parameter), a "
-     "larger memory.limit_mb, or another device (plugins.oom_backoff.fallback_devices)"},
-    {OomPhase::Eval, "eval", true, 0, nullptr},
-    {OomPhase::Checkpoint, "checkpoint", false, 0, nullptr},
+     "larger memory.limit_mb, or another device (plugins.oom_backoff.fallback_devices)",
+     MemoryCategory::Other},
+    {OomPhase::Eval, "eval", true, 0, nullptr, MemoryCategory::Evaluation},
+    {OomPhase::Checkpoint, "checkpoint", false, 0, nullptr, MemoryCategory::Other},
 }};
 
 /// The table's row of `phase`.

@@ -21,6 +21,10 @@ void drop_gradients(Model& model) {
   }
 }
 
+void OomRecovery::forget_refusal() {
+  if (parts_.device.is_cpu()) detail::cpu_take_refusal();
+}
+
 Control OomRecovery::report(const std::exception& e, std::int64_t size, std::int64_t samples, std::int64_t attempt,
                             bool force_clear) {
   clear_memory(parts_.device, force_clear);
@@ -34,6 +38,7 @@ Control OomRecovery::report(const std::exception& e, std::int64_t size, std::int
   info.micro_batch_helps = oom_phase_info(phase_).micro_batch_helps;
   info.stats = has_memory_backend(parts_.device) ? memory_stats(parts_.device) : MemoryStats{};
   info.requested_bytes = info.stats.last_failed_request;
+  info.live = live_;
   // One point per out-of-memory error, for every sink (MLflow, the report's memory plot).
   if (auto* m = hooks_.context().metrics) m->log(state_.global_step, {{"oom/micro_batch_size", double(size)}});
   return hooks_.fire(Event::OutOfMemory, EventArgs::out_of_memory(info));
@@ -41,6 +46,10 @@ Control OomRecovery::report(const std::exception& e, std::int64_t size, std::int
 
 std::int64_t OomRecovery::recover(const std::exception& e, OomRetry rule, std::int64_t micro, std::int64_t samples,
                                   std::int64_t attempt, std::vector<std::int64_t>& tried, ProcessGroup* ranks) {
+  live_.reset();
+  if (parts_.device.is_cpu()) {
+    if (auto refused = detail::cpu_take_refusal()) live_ = refused->live;
+  }
   if (rule == OomRetry::Once) {
     // The plugins hear of it, but a checkpoint has no size to change: the core retries it once
     // after freeing every cached block.
@@ -53,7 +62,8 @@ std::int64_t OomRecovery::recover(const std::exception& e, OomRetry rule, std::i
   tried.push_back(micro);
   const OomPhase phase = phase_;
   const std::string message = error_text(e);
-  log_.warn("out of memory in {} (micro-batch {}, attempt {}): {}", oom_phase_name(phase), micro, attempt + 1, message);
+  log_.warn("out of memory in {} (micro-batch {}, attempt {}): {}{}", oom_phase_name(phase), micro, attempt + 1,
+            message, live_ ? "; live then: " + largest_category_text(*live_) : std::string());
   const Control c = report(e, micro, samples, attempt, /*force_clear=*/false);
   bool again = (c.switch_device || c.retry_with_micro_batch) && attempt + 1 < kMaxAttempts;
   std::int64_t next = std::clamp<std::int64_t>(c.retry_with_micro_batch.value_or(micro), 1, samples);

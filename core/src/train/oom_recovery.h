@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "memory/backend.h"
 #include "train/oom_phase.h"
 #include "train/setup.h"
 #include "trainer/context.h"
@@ -58,8 +59,12 @@ class OomRecovery {
   OomRecovery(RunParts& parts, RunState& state, Hooks& hooks, spdlog::logger& log)
       : parts_(parts), state_(state), hooks_(hooks), log_(log) {}
 
-  /// Names what the loop is doing: the phase an out-of-memory error is reported in.
-  void enter(OomPhase phase) { phase_ = phase; }
+  /// Names what the loop is doing: the phase an out-of-memory error is reported in, and what
+  /// this thread's allocations count as from now on (oom_phase_info(phase).allocates).
+  void enter(OomPhase phase) {
+    phase_ = phase;
+    detail::set_thread_memory_category(oom_phase_info(phase).allocates);
+  }
   OomPhase phase() const { return phase_; }
 
   /// Runs `attempt(size)` until one returns. After an out-of-memory error the attempt is
@@ -77,6 +82,7 @@ class OomRecovery {
     std::vector<std::int64_t> tried;
     std::optional<std::int64_t> settled;
     for (std::int64_t n = 0;; ++n) {
+      forget_refusal();
       try {
         attempt(size);
         return settled;
@@ -91,6 +97,9 @@ class OomRecovery {
   }
 
  private:
+  /// Forgets a refused allocation that an earlier attempt's code caught itself: what recover()
+  /// reports is this attempt's.
+  void forget_refusal();
   /// Drops the failed attempt, fires OutOfMemory and returns the size to retry with; throws
   /// OomFailure when there is no retry.
   std::int64_t recover(const std::exception& e, OomRetry rule, std::int64_t size, std::int64_t samples,
@@ -106,8 +115,9 @@ class OomRecovery {
   RunState& state_;
   Hooks& hooks_;
   spdlog::logger& log_;
-  OomPhase phase_ = OomPhase::Data;  // every path that recovers enters its phase first
-  std::vector<std::string> moves_;   ///< "cuda:0 -> cpu" per device fallback, for the give-up summary
+  OomPhase phase_ = OomPhase::Data;      // every path that recovers enters its phase first
+  std::vector<std::string> moves_;       ///< "cuda:0 -> cpu" per device fallback, for the give-up summary
+  std::optional<MemoryBreakdown> live_;  ///< what was live at the refusal being recovered from
 };
 
 }  // namespace trainer

@@ -69,9 +69,11 @@ c10::Device select_device(Hooks& hooks, const RuntimeSettings& s) {
   return ctx.device;
 }
 
-MemoryBudget::MemoryBudget(const c10::Device& device, const MemorySettings& s, spdlog::logger& log) {
+MemoryBudget::MemoryBudget(const c10::Device& device, const MemorySettings& s, spdlog::logger& log)
+    : categories_before_(has_memory_categories(c10::kCPU)) {
   TRAINER_CHECK_T(UsageError, s.limit_mb == 0 || s.fraction == 0,
                   "memory.limit_mb and memory.fraction are both set; set one of them");
+  set_memory_categories(s.categories);
   if (!has_memory_backend(device)) {
     TRAINER_CHECK_T(UsageError, s.limit_mb == 0 && s.fraction == 0, "memory.limit_mb/memory.fraction on ", device.str(),
                     " need its memory backend, which this build does not have");
@@ -95,6 +97,7 @@ MemoryBudget::MemoryBudget(const c10::Device& device, const MemorySettings& s, s
 }
 
 MemoryBudget::~MemoryBudget() {
+  set_memory_categories(categories_before_);
   if (!device_) return;
   try {
     set_memory_limit(*device_, previous_);

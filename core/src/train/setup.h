@@ -77,8 +77,9 @@ c10::Device select_device(Hooks& hooks, const RuntimeSettings& s);
 /// Throws unless this process can use CUDA device `d` (`what` names who asked).
 void check_cuda_device(const c10::Device& d, const std::string& what);
 
-/// The run's memory budget on its device (memory.limit_mb or memory.fraction), logged. The
-/// device gets its previous limit back when the budget dies: the budget is the run's.
+/// The run's memory budget on its device (memory.limit_mb or memory.fraction), logged, and
+/// whether memory is split into categories (memory.categories). The process gets its previous
+/// limit and categories back when the budget dies: they are the run's.
 class MemoryBudget {
  public:
   MemoryBudget(const c10::Device& device, const MemorySettings& s, spdlog::logger& log);
@@ -89,6 +90,7 @@ class MemoryBudget {
  private:
   std::optional<c10::Device> device_;  ///< where a budget was set
   std::int64_t previous_ = 0;          ///< the limit before
+  bool categories_before_;             ///< memory categories were on before (memory.categories)
 };
 
 /// Loads the training split and, when `with_test_split`, the test split ([dataset]), and builds

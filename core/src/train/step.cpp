@@ -12,6 +12,7 @@
 #include "dist/rank_sync.h"
 #include "train/diverged.h"
 #include "train/hooks.h"
+#include "train/memory_timeline.h"
 #include "train/oom_recovery.h"
 #include "train/setup.h"
 #include "train/train_metrics.h"
@@ -50,6 +51,7 @@ TrainStep::TrainStep(const TrainingSettings& training, RunParts& parts, RunState
 TrainStep::~TrainStep() = default;
 
 bool TrainStep::run(const at::Tensor& indices, std::int64_t global_size, Position next) {
+  MemoryCategoryScope other(MemoryCategory::Other);  // the phases of the step set theirs; this comes back after
   next_ = next;
   if (!start_batch(indices.size(0))) {
     log_.debug("batch {} skipped at BatchStart", state_.batch_in_epoch);
@@ -270,7 +272,10 @@ StepTotals TrainStep::accumulate(const Batch& full, const at::Tensor& indices, s
 
 void TrainStep::prepare_step() {
   oom_.enter(OomPhase::OptimizerStep);
-  if (!state_materialized_) state_materialized_ = materialize_optimizer_state(*parts_.optim);
+  if (!state_materialized_) {
+    state_materialized_ = materialize_optimizer_state(*parts_.optim);
+    attribute_run_memory(nullptr, parts_.optim.get());  // the state it created
+  }
   { at::Tensor reserve = at::empty({reserve_}, at::TensorOptions(at::kByte).device(parts_.device)); }
 }
 

@@ -1,0 +1,144 @@
+// Memory categories on the CPU: every live byte of the tracking allocator in one category, the
+// thread's category at allocation, re-attribution by identity, the breakdown at the peak.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <thread>
+
+#include "trainer/error.h"
+#include "trainer/memory.h"
+
+namespace trainer {
+namespace {
+
+const c10::Device kHostDevice(c10::kCPU);
+
+class MemoryCategories : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    install_cpu_tracking_allocator();
+    set_memory_categories(true);
+  }
+};
+
+std::int64_t sum(const MemoryBreakdown& b) {
+  std::int64_t s = 0;
+  for (const std::int64_t v : b.bytes) s += v;
+  return s;
+}
+
+TEST_F(MemoryCategories, NamesRoundTrip) {
+  for (std::size_t i = 0; i < kMemoryCategoryCount; ++i) {
+    const auto c = static_cast<MemoryCategory>(i);
+    EXPECT_EQ(memory_category_named(memory_category_name(c)), c);
+  }
+  EXPECT_STREQ(memory_category_name(MemoryCategory::OptimizerState), "optimizer_state");
+  EXPECT_FALSE(memory_category_named("weights").has_value());
+}
+
+TEST_F(MemoryCategories, TheThreadsCategoryAtAllocationCountsAndSumsToAllocated) {
+  const MemoryBreakdown before = memory_breakdown(kHostDevice);
+  at::Tensor a, b;
+  {
+    MemoryCategoryScope scope(MemoryCategory::Activations);
+    a = torch::empty({1000}, torch::kFloat);  // 4000 bytes
+    {
+      MemoryCategoryScope inner(MemoryCategory::Batch);
+      b = torch::empty({250}, torch::kDouble);  // 2000 bytes
+    }
+    EXPECT_EQ(memory_breakdown(kHostDevice)[MemoryCategory::Batch] - before[MemoryCategory::Batch], 2000);
+  }
+  const MemoryBreakdown now = memory_breakdown(kHostDevice);
+  EXPECT_EQ(now[MemoryCategory::Activations] - before[MemoryCategory::Activations], 4000);
+  EXPECT_EQ(now[MemoryCategory::Batch] - before[MemoryCategory::Batch], 2000);
+  EXPECT_EQ(sum(now), now.allocated);
+  EXPECT_EQ(now.allocated, memory_stats(kHostDevice).allocated);
+  EXPECT_GE(now.slack(), 0);
+  a.reset();
+  b.reset();
+  const MemoryBreakdown after = memory_breakdown(kHostDevice);
+  EXPECT_EQ(after.bytes, before.bytes);  // freed bytes leave the category they were in
+}
+
+TEST_F(MemoryCategories, AttributeMovesAWholeStorageOnce) {
+  MemoryCategoryScope scope(MemoryCategory::Other);
+  const MemoryBreakdown before = memory_breakdown(kHostDevice);
+  at::Tensor p = torch::zeros({10, 10});  // 400 bytes
+  at::Tensor view = p.narrow(0, 2, 3);
+  EXPECT_TRUE(attribute_memory(view, MemoryCategory::Gradients));  // the view's storage is p's
+  EXPECT_TRUE(attribute_memory(p, MemoryCategory::Gradients));     // already there: nothing moves
+  MemoryBreakdown now = memory_breakdown(kHostDevice);
+  EXPECT_EQ(now[MemoryCategory::Gradients] - before[MemoryCategory::Gradients], 400);
+  EXPECT_EQ(now[MemoryCategory::Other], before[MemoryCategory::Other]);
+  EXPECT_FALSE(attribute_memory(at::Tensor(), MemoryCategory::Parameters));
+  float outside[4] = {1, 2, 3, 4};
+  EXPECT_FALSE(attribute_memory(torch::from_blob(outside, {4}), MemoryCategory::Parameters));
+  view.reset();
+  p.reset();
+  EXPECT_EQ(memory_breakdown(kHostDevice).bytes, before.bytes);
+}
+
+TEST_F(MemoryCategories, BlocksAllocatedWhileOffCountAsOtherAndAreNotAttributed) {
+  MemoryCategoryScope scope(MemoryCategory::Activations);
+  const MemoryBreakdown before = memory_breakdown(kHostDevice);
+  set_memory_categories(false);
+  at::Tensor off = torch::empty({100});  // 400 bytes, not listed
+  EXPECT_FALSE(has_memory_categories(kHostDevice));
+  EXPECT_THROW(memory_breakdown(kHostDevice), Error);
+  set_memory_categories(true);
+  EXPECT_FALSE(attribute_memory(off, MemoryCategory::Parameters));
+  const MemoryBreakdown now = memory_breakdown(kHostDevice);
+  EXPECT_EQ(now[MemoryCategory::Other] - before[MemoryCategory::Other], 400);
+  EXPECT_EQ(now[MemoryCategory::Activations], before[MemoryCategory::Activations]);
+  EXPECT_EQ(sum(now), memory_stats(kHostDevice).allocated);
+  off.reset();
+  EXPECT_EQ(memory_breakdown(kHostDevice).bytes, before.bytes);
+}
+
+TEST_F(MemoryCategories, OtherThreadsKeepTheirOwnCategory) {
+  const MemoryBreakdown before = memory_breakdown(kHostDevice);
+  MemoryCategoryScope scope(MemoryCategory::Activations);
+  at::Tensor from_thread;
+  std::thread([&] {
+    MemoryCategoryScope batch(MemoryCategory::Batch);
+    from_thread = torch::empty({64}, torch::kByte);
+  }).join();
+  at::Tensor here = torch::empty({32}, torch::kByte);
+  const MemoryBreakdown now = memory_breakdown(kHostDevice);
+  EXPECT_EQ(now[MemoryCategory::Batch] - before[MemoryCategory::Batch], 64);
+  EXPECT_EQ(now[MemoryCategory::Activations] - before[MemoryCategory::Activations], 32);
+}
+
+TEST_F(MemoryCategories, ThePeakBreakdownIsTheSplitAtTheHighestPoint) {
+  reset_peak_breakdown(kHostDevice);
+  const MemoryBreakdown base = memory_breakdown(kHostDevice);
+  {
+    MemoryCategoryScope scope(MemoryCategory::Activations);
+    at::Tensor saved = torch::empty({1 << 18});  // 1 MiB of "activations"
+    MemoryCategoryScope other(MemoryCategory::Other);
+    at::Tensor temp = torch::empty({1 << 17});  // 512 KiB temporary on top: the peak
+  }
+  {
+    MemoryCategoryScope scope(MemoryCategory::Batch);
+    at::Tensor small = torch::empty({1 << 16});  // 256 KiB later: lower, not a new peak
+  }
+  const MemoryBreakdown peak = peak_memory_breakdown(kHostDevice);
+  EXPECT_EQ(peak.allocated - base.allocated, (1 << 20) + (1 << 19));
+  EXPECT_EQ(peak[MemoryCategory::Activations] - base[MemoryCategory::Activations], 1 << 20);
+  EXPECT_EQ(peak[MemoryCategory::Other] - base[MemoryCategory::Other], 1 << 19);
+  EXPECT_EQ(peak[MemoryCategory::Batch], base[MemoryCategory::Batch]);
+  EXPECT_EQ(sum(peak), peak.allocated);
+  reset_peak_breakdown(kHostDevice);
+  EXPECT_EQ(peak_memory_breakdown(kHostDevice).bytes, memory_breakdown(kHostDevice).bytes);
+}
+
+TEST_F(MemoryCategories, LargestIsTheFirstOfTheMost) {
+  MemoryBreakdown b;
+  EXPECT_EQ(b.largest(), MemoryCategory::Other);
+  b.bytes[static_cast<std::size_t>(MemoryCategory::Gradients)] = 5;
+  b.bytes[static_cast<std::size_t>(MemoryCategory::Activations)] = 7;
+  EXPECT_EQ(b.largest(), MemoryCategory::Activations);
+}
+
+}  // namespace
+}  // namespace trainer

@@ -1,0 +1,314 @@
+// Where the memory went, in real runs on the CPU: the live memory by category at the step's
+// events equals what the model implies, every byte is in one category, memory.jsonl records the
+// step, and at a real out-of-memory error (the budget refusing an allocation) the category that
+// holds the most is the one the test engineered to dominate.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <map>
+#include <regex>
+
+#include "support/test_util.h"
+#include "trainer/memory.h"
+#include "trainer/trainer.h"
+
+namespace trainer {
+namespace {
+
+using testing::read_file;
+using testing::read_lines_of;
+
+const c10::Device kMapDevice(c10::kCPU);
+
+// An MLP with AdamW: parameters, gradients and optimizer state are exactly known.
+constexpr const char* kMlpRecipe = R"(
+[run]
+seed = 5
+[model]
+name = "mlp"
+hidden = [64, 32]
+[dataset]
+name = "synthetic"
+size = 96
+eval_size = 32
+shape = [1, 8, 8]
+[training]
+epochs = 1
+batch_size = 32
+micro_batch_size = 16
+[optim]
+name = "adamw"
+lr = 0.01
+[eval]
+every_epochs = 1
+at_end = false
+[metrics]
+console = false
+)";
+
+std::int64_t sum(const MemoryBreakdown& b) {
+  std::int64_t s = 0;
+  for (const std::int64_t v : b.bytes) s += v;
+  return s;
+}
+
+std::int64_t bytes_of(const std::vector<at::Tensor>& ts) {
+  std::int64_t n = 0;
+  for (const auto& t : ts) n += static_cast<std::int64_t>(t.numel() * t.element_size());
+  return n;
+}
+
+/// The breakdown at each event it listens to, per step; sums checked against allocated.
+class BreakdownProbe final : public Plugin {
+ public:
+  std::string name() const override { return "breakdown_probe"; }
+  std::vector<Event> events() const override {
+    return {Event::FitStart, Event::AfterForward, Event::AfterBackward, Event::GradientsAccumulated,
+            Event::BatchEnd, Event::EvalEnd,      Event::OutOfMemory};
+  }
+  void on_event(EventContext& ctx, Control&) override {
+    const MemoryBreakdown b = memory_breakdown(ctx.device);
+    sums_match = sums_match && sum(b) == b.allocated && b.allocated == memory_stats(ctx.device).allocated;
+    at[{ctx.state.global_step, ctx.event}] = b;
+    if (ctx.event == Event::FitStart) {
+      params = bytes_of(ctx.model->parameters());
+      buffers = bytes_of(ctx.model->buffers());
+    }
+    if (ctx.event == Event::OutOfMemory && ctx.oom->live) live_at_oom.push_back(*ctx.oom->live);
+  }
+  std::map<std::pair<std::int64_t, Event>, MemoryBreakdown> at;
+  std::vector<MemoryBreakdown> live_at_oom;
+  std::int64_t params = 0, buffers = 0;
+  bool sums_match = true;
+};
+
+/// The live bytes of the point `point` ("start", "peak", "live", …) of a memory.jsonl line, by
+/// name; "allocated" is the total.
+std::map<std::string, std::int64_t> point_of(const std::string& line, const std::string& point) {
+  std::map<std::string, std::int64_t> out;
+  const std::string key = "\"" + point + "\":{";
+  const auto at = line.find(key);
+  if (at == std::string::npos) return out;
+  const auto begin = at + key.size(), end = line.find('}', begin);
+  const std::string body = line.substr(begin, end - begin);
+  static const std::regex pair("\"([a-z_]+)\":(-?[0-9]+)");
+  for (std::sregex_iterator it(body.begin(), body.end(), pair), stop; it != stop; ++it) {
+    out[(*it)[1]] = std::stoll((*it)[2]);
+  }
+  return out;
+}
+
+std::int64_t categories_sum(const std::map<std::string, std::int64_t>& point) {
+  std::int64_t s = 0;
+  for (const auto& [name, bytes] : point) {
+    if (name != "allocated" && name != "reserved") s += bytes;
+  }
+  return s;
+}
+
+class MemoryMap : public testing::TrainerTest {
+ protected:
+  void TearDown() override { set_memory_limit(kMapDevice, 0); }
+};
+
+TEST_F(MemoryMap, AStepsCategoriesAreWhatTheModelImplies) {
+  auto probe = std::make_shared<BreakdownProbe>();
+  const RunResult r = fit(kMlpRecipe, {}, "run", {probe});
+  ASSERT_EQ(r.exit_code, kExitOk) << r.message;
+  ASSERT_EQ(r.global_step, 3);
+  EXPECT_TRUE(probe->sums_match);
+  const std::int64_t P = probe->params;
+  ASSERT_EQ(P, (64 * 64 + 64 + 64 * 32 + 32 + 32 * 10 + 10) * 4);
+  using C = MemoryCategory;
+  const MemoryBreakdown& fit_start = probe->at.at({0, Event::FitStart});
+  EXPECT_EQ(fit_start[C::Parameters], P + probe->buffers);
+  EXPECT_EQ(fit_start[C::Gradients], 0);
+  EXPECT_EQ(fit_start[C::OptimizerState], 0);
+  EXPECT_EQ(fit_start[C::Activations], 0);
+  // The data sets: 96 + 32 samples of 64 floats, and their int64 labels.
+  EXPECT_EQ(fit_start[C::Dataset], (96 + 32) * (64 * 4 + 8));
+  for (std::int64_t step = 0; step < 3; ++step) {
+    SCOPED_TRACE(step);
+    // The forward kept its activations for the backward.
+    EXPECT_GT(probe->at.at({step, Event::AfterForward})[C::Activations], 0);
+    // After the backward of both micro-batches: the gradients are the parameters' size and the
+    // activations are gone.
+    const MemoryBreakdown& accumulated = probe->at.at({step, Event::GradientsAccumulated});
+    EXPECT_EQ(accumulated[C::Gradients], P);
+    EXPECT_EQ(accumulated[C::Activations], 0);
+    EXPECT_EQ(accumulated[C::Parameters], P + probe->buffers);
+    // After the step: AdamW's two moments per parameter; the batch is released.
+    const MemoryBreakdown& end = probe->at.at({step + 1, Event::BatchEnd});
+    EXPECT_EQ(end[C::OptimizerState], 2 * P);
+    EXPECT_EQ(end[C::Gradients], P);
+    EXPECT_EQ(end[C::Activations], 0);
+    EXPECT_EQ(end[C::Evaluation], 0);
+  }
+  // memory.jsonl: one line per step, and one for the evaluation; each point's categories sum to its total.
+  const auto lines = read_lines_of(read_file(tmp_ / "run/memory.jsonl"));
+  ASSERT_EQ(lines.size(), 4u);
+  for (int i = 0; i < 3; ++i) {
+    SCOPED_TRACE(lines[i]);
+    EXPECT_NE(lines[i].find("\"kind\":\"step\",\"step\":" + std::to_string(i + 1)), std::string::npos);
+    EXPECT_NE(lines[i].find("\"micro_batch\":16"), std::string::npos);
+    for (const char* point : {"start", "forward", "backward", "optimizer_step", "peak"}) {
+      const auto p = point_of(lines[i], point);
+      ASSERT_TRUE(p.count("allocated")) << point;
+      EXPECT_EQ(categories_sum(p), p.at("allocated")) << point;
+    }
+    EXPECT_EQ(point_of(lines[i], "optimizer_step").at("optimizer_state"), 2 * P);
+    EXPECT_EQ(point_of(lines[i], "backward").at("gradients"), P);
+    // The step's highest point is above each sampled one.
+    EXPECT_GE(point_of(lines[i], "peak").at("allocated"), point_of(lines[i], "forward").at("allocated"));
+  }
+  EXPECT_NE(lines[3].find("\"kind\":\"eval\",\"step\":3"), std::string::npos) << lines[3];
+  EXPECT_GT(point_of(lines[3], "peak").at("evaluation"), 0);
+}
+
+/// Sets the budget to what is in use plus 1 KiB at `at` of step `step`, so that the next
+/// allocation is refused; lifts it at OutOfMemory and asks for the same micro-batch again.
+class Tighten final : public Plugin {
+ public:
+  Tighten(Event at, std::int64_t step) : at_(at), step_(step) {}
+  std::string name() const override { return "tighten"; }
+  std::vector<Event> events() const override { return {at_, Event::OutOfMemory}; }
+  int default_priority() const override { return 10; }  // after the probe
+  void on_event(EventContext& ctx, Control& c) override {
+    if (ctx.event == Event::OutOfMemory) {
+      set_memory_limit(kMapDevice, 0);
+      c.retry_with_micro_batch = ctx.oom->micro_batch_size;
+      return;
+    }
+    if (done_ || ctx.state.global_step != step_) return;
+    done_ = true;
+    set_memory_limit(kMapDevice, memory_stats(kMapDevice).allocated + 1024);
+  }
+
+ private:
+  Event at_;
+  std::int64_t step_;
+  bool done_ = false;
+};
+
+TEST_F(MemoryMap, AtAnOutOfMemoryErrorTheDominantCategoryIsNamed) {
+  struct Case {
+    std::string what, recipe_extra, phase;
+    Event at;
+    std::int64_t step;
+    MemoryCategory dominant;
+  };
+  const std::vector<Case> cases = {
+      // A CNN on 32×32 images: the feature maps the forward keeps for the backward of 64
+      // samples (several MiB) outweigh its few thousand parameters; the backward's first
+      // allocation is refused while they are all live.
+      {"activations", R"(
+[model]
+name = "cnn"
+channels = [32, 32]
+hidden = 16
+batch_norm = false
+[dataset]
+name = "synthetic"
+size = 64
+eval_size = 8
+shape = [3, 32, 32]
+[training]
+epochs = 1
+batch_size = 64
+[optim]
+name = "sgd"
+lr = 0.01
+[eval]
+every_epochs = 0
+at_end = false
+[metrics]
+console = false
+)",
+       "backward", Event::BeforeBackward, 0, MemoryCategory::Activations},
+      // A wide MLP on tiny inputs with AdamW, one sample a step: at the second step's optimizer
+      // step, the two moments per parameter outweigh the parameters and the gradients.
+      {"optimizer state", R"(
+[model]
+name = "mlp"
+hidden = [512, 512]
+[dataset]
+name = "synthetic"
+size = 4
+eval_size = 2
+shape = [1, 4, 4]
+[training]
+epochs = 1
+batch_size = 1
+[optim]
+name = "adamw"
+lr = 0.01
+[eval]
+every_epochs = 0
+at_end = false
+[metrics]
+console = false
+)",
+       "optimizer_step", Event::BeforeOptimizerStep, 1, MemoryCategory::OptimizerState},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    auto probe = std::make_shared<BreakdownProbe>();
+    auto tighten = std::make_shared<Tighten>(c.at, c.step);
+    auto o = options_for(c.recipe_extra, {}, c.what == "activations" ? "act" : "opt", {probe, tighten});
+    o.log_level = "info";
+    Trainer t(std::move(o));
+    const RunResult r = t.fit();
+    ASSERT_EQ(r.exit_code, kExitOk) << r.message;
+    ASSERT_EQ(probe->live_at_oom.size(), 1u);
+    const MemoryBreakdown& live = probe->live_at_oom[0];
+    EXPECT_EQ(live.largest(), c.dominant) << largest_category_text(live);
+    EXPECT_EQ(sum(live), live.allocated);
+    EXPECT_TRUE(probe->sums_match);
+    const std::string dir = tmp_ / (c.what == "activations" ? "act" : "opt");
+    // The log line names it, and memory.jsonl has the out-of-memory line with what was live.
+    const std::string log = read_file(dir + "/trainer.log");
+    EXPECT_NE(log.find("out of memory in " + c.phase + " (micro-batch"), std::string::npos) << log;
+    EXPECT_NE(log.find("live then: " + std::string(memory_category_name(c.dominant))), std::string::npos) << log;
+    std::string oom_line;
+    for (const auto& line : read_lines_of(read_file(dir + "/memory.jsonl"))) {
+      if (line.find("\"kind\":\"oom\"") != std::string::npos) oom_line = line;
+    }
+    ASSERT_FALSE(oom_line.empty());
+    EXPECT_NE(oom_line.find("\"phase\":\"" + c.phase + "\""), std::string::npos) << oom_line;
+    const auto jl = point_of(oom_line, "live");
+    EXPECT_EQ(jl.at("allocated"), live.allocated);
+    EXPECT_EQ(jl.at(memory_category_name(c.dominant)), live[c.dominant]);
+    EXPECT_EQ(categories_sum(jl), jl.at("allocated"));
+  }
+}
+
+TEST_F(MemoryMap, OffMeansNoCategoriesAndNoFile) {
+  auto r = fit(kMlpRecipe, {"memory.categories=false"}, "off");
+  ASSERT_EQ(r.exit_code, kExitOk) << r.message;
+  EXPECT_FALSE(std::filesystem::exists(tmp_ / "off/memory.jsonl"));
+  // The run's setting is the run's: the process has categories on again.
+  EXPECT_TRUE(has_memory_categories(kMapDevice));
+  r = fit(kMlpRecipe, {"memory.timeline_every=2"}, "every2");
+  ASSERT_EQ(r.exit_code, kExitOk) << r.message;
+  const auto lines = read_lines_of(read_file(tmp_ / "every2/memory.jsonl"));
+  ASSERT_EQ(lines.size(), 2u);  // step 2 and the evaluation
+  EXPECT_NE(lines[0].find("\"step\":2,"), std::string::npos) << lines[0];
+}
+
+TEST_F(MemoryMap, TheTimelineMovesAsideAtItsBound) {
+  // 30 steps of one sample, 10 lines a file: memory.1.jsonl holds the 10 before the last 10…
+  const auto r = fit(kMlpRecipe,
+                     {"training.batch_size=1", "training.micro_batch_size=1", "dataset.size=30", "eval.every_epochs=0",
+                      "memory.timeline_lines=10"},
+                     "bounded");
+  ASSERT_EQ(r.exit_code, kExitOk) << r.message;
+  const auto newer = read_lines_of(read_file(tmp_ / "bounded/memory.jsonl"));
+  const auto older = read_lines_of(read_file(tmp_ / "bounded/memory.1.jsonl"));
+  ASSERT_EQ(newer.size(), 10u);
+  ASSERT_EQ(older.size(), 10u);
+  EXPECT_NE(older.front().find("\"step\":11,"), std::string::npos) << older.front();
+  EXPECT_NE(newer.back().find("\"step\":30,"), std::string::npos) << newer.back();
+}
+
+}  // namespace
+}  // namespace trainer
