@@ -5,8 +5,10 @@
 
 #include <thread>
 
+#include "support/test_util.h"
 #include "trainer/error.h"
 #include "trainer/memory.h"
+#include "trainer/memory_snapshot.h"
 
 namespace trainer {
 namespace {
@@ -130,6 +132,37 @@ TEST_F(MemoryCategories, ThePeakBreakdownIsTheSplitAtTheHighestPoint) {
   EXPECT_EQ(sum(peak), peak.allocated);
   reset_peak_breakdown(kHostDevice);
   EXPECT_EQ(peak_memory_breakdown(kHostDevice).bytes, memory_breakdown(kHostDevice).bytes);
+}
+
+TEST_F(MemoryCategories, ASnapshotListsEveryLiveBlockWithItsCategory) {
+  MemoryCategoryScope scope(MemoryCategory::Batch);
+  at::Tensor t = torch::empty({12345}, torch::kByte);
+  const MemorySnapshot s = memory_snapshot(kHostDevice, "asked");
+  EXPECT_EQ(s.reason, "asked");
+  EXPECT_EQ(s.device, "cpu");
+  std::int64_t listed = 0;
+  const MemoryBlockInfo* mine = nullptr;
+  for (const auto& b : s.blocks) {
+    listed += b.size;
+    if (b.address == reinterpret_cast<std::uint64_t>(t.data_ptr())) mine = &b;
+  }
+  ASSERT_NE(mine, nullptr);
+  EXPECT_EQ(mine->size, 12345);
+  EXPECT_EQ(mine->category, MemoryCategory::Batch);
+  EXPECT_EQ(mine->phase, "");  // not allocated in a phase of the loop
+  // Every listed block's bytes, and only those, are in the categories (none allocated with categories off here).
+  EXPECT_LE(listed, s.live.allocated);
+  EXPECT_EQ(s.blocks_left_out, 0);
+  for (std::size_t i = 1; i < s.blocks.size(); ++i) EXPECT_LT(s.blocks[i - 1].serial, s.blocks[i].serial);
+  testing::TempDir dir;
+  write_memory_snapshot(s, dir / "snap", 3);
+  const std::string text = testing::read_file(dir / "snap.json");
+  EXPECT_NE(text.find("\"reason\": \"asked\""), std::string::npos) << text;
+  EXPECT_NE(text.find("\"blocks\": " + std::to_string(s.blocks.size())), std::string::npos) << text;
+  std::size_t shown = 0;
+  for (auto at = text.find("{\"size\": "); at != std::string::npos; at = text.find("{\"size\": ", at + 1)) ++shown;
+  EXPECT_EQ(shown, std::min<std::size_t>(3, s.blocks.size()));
+  EXPECT_THROW(memory_snapshot(c10::Device(c10::kMeta), "x"), Error);
 }
 
 TEST_F(MemoryCategories, LargestIsTheFirstOfTheMost) {

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <filesystem>
 #include <map>
 #include <regex>
 
@@ -86,8 +88,12 @@ class BreakdownProbe final : public Plugin {
 /// name; "allocated" is the total.
 std::map<std::string, std::int64_t> point_of(const std::string& line, const std::string& point) {
   std::map<std::string, std::int64_t> out;
-  const std::string key = "\"" + point + "\":{";
-  const auto at = line.find(key);
+  std::string key = "\"" + point + "\":{";
+  auto at = line.find(key);
+  if (at == std::string::npos) {  // a snapshot's JSON is spaced
+    key = "\"" + point + "\": {";
+    at = line.find(key);
+  }
   if (at == std::string::npos) return out;
   const auto begin = at + key.size(), end = line.find('}', begin);
   const std::string body = line.substr(begin, end - begin);
@@ -279,7 +285,84 @@ console = false
     EXPECT_EQ(jl.at("allocated"), live.allocated);
     EXPECT_EQ(jl.at(memory_category_name(c.dominant)), live[c.dominant]);
     EXPECT_EQ(categories_sum(jl), jl.at("allocated"));
+    // The snapshot: named by step, phase and attempt; the log line points to it.
+    const std::string name = "memory/oom-0000000" + std::to_string(c.step) + "-" + c.phase + "-1.json";
+    EXPECT_NE(log.find("; snapshot " + name), std::string::npos) << log;
+    const std::string snap = read_file(dir + "/" + name);
+    ASSERT_FALSE(snap.empty()) << name;
+    EXPECT_NE(snap.find("\"phase\": \"" + c.phase + "\""), std::string::npos) << snap;
+    EXPECT_NE(snap.find("\"largest_category\": \"" + std::string(memory_category_name(c.dominant)) + "\""),
+              std::string::npos)
+        << snap;
+    EXPECT_NE(snap.find("\"allocated\": " + std::to_string(live.allocated)), std::string::npos) << snap;
+    const auto categories = point_of(snap, "categories");
+    EXPECT_EQ(categories_sum(categories), live.allocated);
+    // The largest allocations, largest first; in the activations case the largest of all is a
+    // feature map the forward kept.
+    static const std::regex block("\\{\"size\": ([0-9]+), \"category\": \"([a-z_]+)\", \"phase\": \"([a-z_]*)\"");
+    std::vector<std::int64_t> sizes;
+    std::vector<std::string> categories_of, phases_of;
+    for (std::sregex_iterator it(snap.begin(), snap.end(), block), stop; it != stop; ++it) {
+      sizes.push_back(std::stoll((*it)[1]));
+      categories_of.push_back((*it)[2]);
+      phases_of.push_back((*it)[3]);
+    }
+    ASSERT_FALSE(sizes.empty()) << snap;
+    EXPECT_TRUE(std::is_sorted(sizes.rbegin(), sizes.rend())) << snap;
+    if (c.dominant == MemoryCategory::Activations) {
+      EXPECT_EQ(categories_of[0], "activations") << snap;
+      EXPECT_EQ(phases_of[0], "forward") << snap;
+    } else {
+      // The four largest are the 512×512 layer's weight, AdamW's two moments of it (created at
+      // the first optimizer step) and its gradient (this step's backward): equal sizes, oldest first.
+      ASSERT_GE(sizes.size(), 4u);
+      EXPECT_EQ(std::vector<std::string>(categories_of.begin(), categories_of.begin() + 4),
+                (std::vector<std::string>{"parameters", "optimizer_state", "optimizer_state", "gradients"}))
+          << snap;
+      EXPECT_EQ(std::vector<std::string>(phases_of.begin(), phases_of.begin() + 4),
+                (std::vector<std::string>{"", "optimizer_step", "optimizer_step", "backward"}))
+          << snap;
+      EXPECT_EQ(sizes[3], 512 * 512 * 4);
+    }
   }
+}
+
+TEST_F(MemoryMap, OnlyTheNewestSnapshotsAreKept) {
+  // An out-of-memory error at the backward of each of five steps, two snapshots kept.
+  class EveryStep final : public Plugin {
+   public:
+    std::string name() const override { return "every_step"; }
+    std::vector<Event> events() const override { return {Event::BeforeBackward, Event::OutOfMemory}; }
+    void on_event(EventContext& ctx, Control& c) override {
+      if (ctx.event == Event::OutOfMemory) {
+        set_memory_limit(kMapDevice, 0);
+        c.retry_with_micro_batch = ctx.oom->micro_batch_size;
+        return;
+      }
+      if (ctx.state.global_step == squeezed_) return;
+      squeezed_ = ctx.state.global_step;
+      set_memory_limit(kMapDevice, memory_stats(kMapDevice).allocated + 64);
+    }
+
+   private:
+    std::int64_t squeezed_ = -1;
+  };
+  const auto r =
+      fit(kMlpRecipe, {"training.batch_size=16", "dataset.size=80", "eval.every_epochs=0", "memory.snapshots=2"},
+          "kept", {std::make_shared<EveryStep>()});
+  ASSERT_EQ(r.exit_code, kExitOk) << r.message;
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(tmp_ / "kept/memory")) {
+    names.push_back(e.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"oom-00000003-backward-1.json", "oom-00000004-backward-1.json"}));
+  // With none kept, there is no directory.
+  const auto none =
+      fit(kMlpRecipe, {"training.batch_size=16", "dataset.size=32", "eval.every_epochs=0", "memory.snapshots=0"},
+          "none", {std::make_shared<EveryStep>()});
+  ASSERT_EQ(none.exit_code, kExitOk) << none.message;
+  EXPECT_FALSE(std::filesystem::exists(tmp_ / "none/memory"));
 }
 
 TEST_F(MemoryMap, OffMeansNoCategoriesAndNoFile) {

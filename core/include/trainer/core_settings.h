@@ -184,6 +184,7 @@ struct MemorySettings : Settings<MemorySettings> {
   bool categories = true;
   std::int64_t timeline_every = 1;
   std::int64_t timeline_lines = 10000;
+  std::int64_t snapshots = 10;
 
   static void declare(SettingsSchema<MemorySettings>& s) {
     s.add(&MemorySettings::limit_mb, "limit_mb",
@@ -207,6 +208,12 @@ struct MemorySettings : Settings<MemorySettings> {
           "memory.jsonl moves to memory.1.jsonl (replacing it) at this many lines: at most twice this many are kept")
         .min(10)
         .max(100000000)
+        .memory_neutral();
+    s.add(&MemorySettings::snapshots, "snapshots",
+          "Out-of-memory snapshots kept in <run_dir>/memory (oom-<step>-<phase>-<attempt>.json, the newest); 0 = "
+          "none")
+        .min(0)
+        .max(100000)
         .memory_neutral();
   }
 };

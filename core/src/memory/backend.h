@@ -9,6 +9,7 @@
 
 #include "trainer/devices.h"
 #include "trainer/memory.h"
+#include "trainer/memory_snapshot.h"
 
 namespace at {
 class Tensor;
@@ -38,23 +39,50 @@ void cpu_set_categories(bool on);
 /// block of the tracking allocator (another allocator's, from_blob, allocated with categories off).
 bool cpu_attribute(const at::Tensor& tensor, MemoryCategory category);
 
-/// What was live when an allocation was refused.
-struct Refusal {
-  MemoryBreakdown live;  ///< the live bytes by category, the refused request not among them
-  std::int64_t requested = 0;
-};
-/// The last refusal since the previous call, once (nullopt when none, or categories were off).
-std::optional<Refusal> cpu_take_refusal();
-
 /// One live block of the tracking allocator.
 struct LiveBlock {
   std::uintptr_t address;  ///< of its data
   std::int64_t size;
   std::uint64_t serial;  ///< allocation number in the process, from 1
   MemoryCategory category;
+  std::uint8_t phase;  ///< the allocating thread's phase code (0: none)
 };
-/// Every listed live block, oldest first.
-std::vector<LiveBlock> cpu_live_blocks();
+
+/// Blocks a listing copies at most (32 bytes each); the rest are counted.
+inline constexpr std::int64_t kMaxListedBlocks = 200000;
+
+/// What was live when an allocation was refused.
+struct Refusal {
+  MemoryBreakdown live;  ///< the live bytes by category, the refused request not among them
+  std::int64_t requested = 0;
+  std::vector<LiveBlock> blocks;     ///< the live blocks then, oldest first
+  std::int64_t blocks_left_out = 0;  ///< past kMaxListedBlocks, or not copied (no memory)
+};
+/// The last refusal since the previous call, once (nullopt when none, or categories were off).
+std::optional<Refusal> cpu_take_refusal();
+
+/// Every listed live block, oldest first (at most kMaxListedBlocks; `left_out` gets the rest's count).
+std::vector<LiveBlock> cpu_live_blocks(std::int64_t* left_out = nullptr);
+
+/// The blocks of a listing as the public snapshot shows them (phase codes named).
+std::vector<MemoryBlockInfo> blocks_of(const std::vector<LiveBlock>& live);
+
+/// A code for what this thread is doing, kept with each block it allocates: the core's
+/// OomPhase + 1, 0 outside the loop's phases.
+void set_thread_memory_phase(std::uint8_t code);
+std::uint8_t thread_memory_phase();
+
+/// This thread's category and phase code for the scope's lifetime; the previous ones after.
+class MemoryTagScope {
+ public:
+  MemoryTagScope(MemoryCategory category, std::uint8_t phase);
+  ~MemoryTagScope();
+  MemoryTagScope(const MemoryTagScope&) = delete;
+  MemoryTagScope& operator=(const MemoryTagScope&) = delete;
+
+ private:
+  std::uint8_t category_, phase_;
+};
 
 #ifdef TRAINER_WITH_CUDA
 /// Caching-allocator counters of one GPU (LibTorch index).

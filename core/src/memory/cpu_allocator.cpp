@@ -13,6 +13,7 @@
 #include <mutex>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "memory/backend.h"
 #include "trainer/memory.h"
@@ -20,6 +21,9 @@
 
 namespace trainer {
 namespace {
+
+using detail::kMaxListedBlocks;
+using detail::LiveBlock;
 
 // NOTE: each block carries a 64-byte header in front of its data, so the deleter finds the
 // block from the data pointer alone; the data stays 64-byte aligned like c10's own allocator.
@@ -32,6 +36,7 @@ struct TrackedBlock {
   TrackedBlock* next;
   std::uint64_t serial;   ///< which allocation of the process this is (from 1)
   std::uint8_t category;  ///< MemoryCategory it counts as, when linked
+  std::uint8_t phase;     ///< the allocating thread's phase code (set_thread_memory_phase)
   bool linked;            ///< in the live list (allocated while categories were on)
 };
 static_assert(sizeof(TrackedBlock) <= kHeader, "the block header must fit in front of the data");
@@ -51,7 +56,7 @@ std::atomic<bool> g_categories{true};
 // The live list and the category counters, under g_list_mutex. Blocks allocated while
 // categories were off are not in the list; their bytes count as Other.
 std::mutex g_list_mutex;
-TrackedBlock g_list{0, &g_list, &g_list, 0, 0, false};  // sentinel of the circular live list
+TrackedBlock g_list{0, &g_list, &g_list, 0, 0, 0, false};  // sentinel of the circular live list
 std::array<std::int64_t, kCategories> g_category_bytes{};
 std::int64_t g_linked_bytes = 0;
 std::int64_t g_window_peak = 0;  ///< highest allocated since reset_peak_breakdown
@@ -64,8 +69,11 @@ bool g_refusal_pending = false;
 std::array<std::int64_t, kCategories> g_refusal_bytes{};
 std::int64_t g_refusal_unlinked = 0;
 std::int64_t g_refusal_request = 0;
+std::vector<LiveBlock> g_refusal_blocks;
+std::int64_t g_refusal_left_out = 0;
 
 thread_local std::uint8_t t_category = 0;  // MemoryCategory::Other
+thread_local std::uint8_t t_phase = 0;     // outside the loop's phases
 
 void bump_peak(std::int64_t now) {
   std::int64_t peak = g_peak.load(std::memory_order_relaxed);
@@ -97,6 +105,7 @@ void link(TrackedBlock* b) {
   std::lock_guard<std::mutex> lock(g_list_mutex);
   b->linked = true;
   b->category = t_category;
+  b->phase = t_phase;
   b->next = &g_list;
   b->prev = g_list.prev;
   g_list.prev->next = b;
@@ -113,6 +122,11 @@ void link(TrackedBlock* b) {
   }
 }
 
+LiveBlock live_block(const TrackedBlock* b) {
+  return {reinterpret_cast<std::uintptr_t>(b) + kHeader, b->size, b->serial, static_cast<MemoryCategory>(b->category),
+          b->phase};
+}
+
 /// Keeps the split of the live bytes at a refused allocation of `size` bytes.
 void capture_refusal(std::int64_t size) {
   if (!g_categories.load(std::memory_order_relaxed)) return;
@@ -121,6 +135,22 @@ void capture_refusal(std::int64_t size) {
   g_refusal_bytes = g_category_bytes;
   g_refusal_unlinked = g_allocated.load(std::memory_order_relaxed) - g_linked_bytes;
   g_refusal_request = size;
+  // Every live block, for the snapshot (memory_snapshot.h); a system that refuses this copy
+  // too gets the categories alone.
+  g_refusal_blocks.clear();
+  g_refusal_left_out = 0;
+  try {
+    for (const TrackedBlock* b = g_list.next; b != &g_list; b = b->next) {
+      if (static_cast<std::int64_t>(g_refusal_blocks.size()) >= kMaxListedBlocks) {
+        ++g_refusal_left_out;
+        continue;
+      }
+      g_refusal_blocks.push_back(live_block(b));
+    }
+  } catch (const std::bad_alloc&) {
+    g_refusal_left_out += static_cast<std::int64_t>(g_refusal_blocks.size());
+    std::vector<LiveBlock>().swap(g_refusal_blocks);
+  }
 }
 
 class TrackingCpuAllocator final : public c10::Allocator {
@@ -274,17 +304,39 @@ std::optional<Refusal> cpu_take_refusal() {
   r.live = breakdown_of(g_refusal_bytes, g_refusal_unlinked);
   r.live.reserved = r.live.allocated;
   r.requested = g_refusal_request;
+  r.blocks = std::move(g_refusal_blocks);
+  r.blocks_left_out = g_refusal_left_out;
+  g_refusal_blocks = {};
   return r;
 }
 
-std::vector<LiveBlock> cpu_live_blocks() {
+std::vector<LiveBlock> cpu_live_blocks(std::int64_t* left_out) {
   std::vector<LiveBlock> out;
+  std::int64_t extra = 0;
   std::lock_guard<std::mutex> lock(g_list_mutex);
   for (const TrackedBlock* b = g_list.next; b != &g_list; b = b->next) {
-    out.push_back(
-        {reinterpret_cast<std::uintptr_t>(b) + kHeader, b->size, b->serial, static_cast<MemoryCategory>(b->category)});
+    if (static_cast<std::int64_t>(out.size()) >= kMaxListedBlocks) {
+      ++extra;
+      continue;
+    }
+    out.push_back(live_block(b));
   }
+  if (left_out) *left_out = extra;
   return out;
+}
+
+void set_thread_memory_phase(std::uint8_t code) { t_phase = code; }
+
+std::uint8_t thread_memory_phase() { return t_phase; }
+
+MemoryTagScope::MemoryTagScope(MemoryCategory category, std::uint8_t phase) : category_(t_category), phase_(t_phase) {
+  t_category = static_cast<std::uint8_t>(category);
+  t_phase = phase;
+}
+
+MemoryTagScope::~MemoryTagScope() {
+  t_category = category_;
+  t_phase = phase_;
 }
 
 }  // namespace detail

@@ -1,4 +1,5 @@
 #include "train/checkpoint.h"
+#include "memory/backend.h"
 
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
@@ -129,7 +130,7 @@ std::string Checkpointer::save(Position next, bool together) {
 }
 
 void Checkpointer::write(Position next, const GeneratorStates& generators) {
-  MemoryCategoryScope other(MemoryCategory::Other);  // whatever the phase before: this comes back after
+  detail::MemoryTagScope other(MemoryCategory::Other, 0);  // whatever the phase before: this comes back after
   oom_.enter(OomPhase::Checkpoint);
   torch::serialize::OutputArchive ar, o;
   torch::serialize::OutputArchive m(ar.compilation_unit());

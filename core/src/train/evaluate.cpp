@@ -1,4 +1,5 @@
 #include "train/evaluate.h"
+#include "memory/backend.h"
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -72,7 +73,7 @@ std::map<std::string, double> Evaluator::run() {
 }
 
 std::map<std::string, double> Evaluator::evaluate(bool events) {
-  MemoryCategoryScope other(MemoryCategory::Other);  // its passes count as Evaluation; this comes back after
+  detail::MemoryTagScope other(MemoryCategory::Other, 0);  // its passes count as Evaluation; this comes back after
   const std::int64_t n = limit_ > 0 ? std::min(limit_, parts_.test_set->size()) : parts_.test_set->size();
   // In a data-parallel run each rank evaluates its part of the samples; the sums are added up
   // after, so the metrics are those of one process evaluating them all.

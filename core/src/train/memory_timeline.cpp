@@ -5,10 +5,12 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <utility>
+#include <vector>
 
 #include "trainer/optim.h"
 #include "trainer/states.h"
@@ -62,6 +64,32 @@ std::int64_t count_lines(const std::string& path) {
 }
 
 }  // namespace
+
+std::string write_oom_snapshot(const MemorySnapshot& s, const std::string& run_dir, std::int64_t rank,
+                               std::int64_t keep, spdlog::logger& log) {
+  if (keep <= 0 || run_dir.empty()) return "";
+  const std::string rel_dir = rank > 0 ? "memory/rank-" + std::to_string(rank) : std::string("memory");
+  const std::string name = fmt::format("oom-{:08d}-{}-{}", s.step, s.phase.empty() ? "none" : s.phase, s.attempt + 1);
+  try {
+    const fs::path dir = fs::path(run_dir) / rel_dir;
+    fs::create_directories(dir);
+    write_memory_snapshot(s, (dir / name).string());
+    // The newest `keep`: by time written, then by name.
+    std::vector<std::pair<fs::file_time_type, fs::path>> kept;
+    for (const auto& entry : fs::directory_iterator(dir)) {
+      const std::string file = entry.path().filename().string();
+      if (entry.is_regular_file() && file.rfind("oom-", 0) == 0 && entry.path().extension() == ".json") {
+        kept.emplace_back(entry.last_write_time(), entry.path());
+      }
+    }
+    std::sort(kept.begin(), kept.end());
+    for (std::size_t i = 0; i + static_cast<std::size_t>(keep) < kept.size(); ++i) fs::remove(kept[i].second);
+  } catch (const std::exception& e) {
+    log.warn("the out-of-memory snapshot {}/{}.json was not written: {}", rel_dir, name, e.what());
+    return "";
+  }
+  return rel_dir + "/" + name + ".json";
+}
 
 MemoryTimeline::MemoryTimeline(const MemorySettings& s, std::string path, std::shared_ptr<spdlog::logger> log)
     : every_(s.categories ? s.timeline_every : 0),

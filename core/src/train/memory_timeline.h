@@ -14,6 +14,7 @@
 #include "trainer/core_settings.h"
 #include "trainer/events.h"
 #include "trainer/memory.h"
+#include "trainer/memory_snapshot.h"
 
 namespace spdlog {
 class logger;
@@ -24,6 +25,13 @@ namespace trainer {
 /// Counts `model`'s parameters and buffers as Parameters, their gradients as Gradients and
 /// `optim`'s state as OptimizerState (either may be null).
 void attribute_run_memory(const Model* model, torch::optim::Optimizer* optim);
+
+/// Writes `s`, the snapshot of an out-of-memory error, as
+/// RUN_DIR/memory/oom-<step>-<phase>-<attempt>.json (memory/rank-<r>/… for ranks other than 0)
+/// and keeps the newest `keep` there. Returns its path relative to `run_dir`; "" when `keep` is
+/// 0 or the write failed (`log` warned: a snapshot never fails the run).
+std::string write_oom_snapshot(const MemorySnapshot& s, const std::string& run_dir, std::int64_t rank,
+                               std::int64_t keep, spdlog::logger& log);
 
 class MemoryTimeline {
  public:

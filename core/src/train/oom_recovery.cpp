@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "train/hooks.h"
+#include "train/memory_timeline.h"
 #include "trainer/distributed.h"
 #include "trainer/optim.h"
 #include "util/error_text.h"
@@ -19,6 +20,26 @@ void drop_gradients(Model& model) {
   for (auto& p : model.parameters()) {
     if (p.grad().defined()) p.mutable_grad() = at::Tensor();
   }
+}
+
+std::string OomRecovery::write_snapshot(const detail::Refusal& refused, const std::exception& e, std::int64_t size,
+                                        std::int64_t attempt) {
+  MemorySnapshot s;
+  s.device = parts_.device.str();
+  s.reason = error_text(e);
+  s.live = refused.live;
+  s.blocks = detail::blocks_of(refused.blocks);
+  s.blocks_left_out = refused.blocks_left_out;
+  s.requested = refused.requested;
+  s.limit = memory_stats(parts_.device).limit;
+  s.step = state_.global_step;
+  s.epoch = state_.epoch;
+  s.micro_batch = size;
+  s.attempt = attempt;
+  s.phase = oom_phase_name(phase_);
+  const EventContext& ctx = hooks_.context();
+  const std::int64_t keep = ctx.config ? MemorySettings::from(ctx.config->sub("memory")).snapshots : 0;
+  return write_oom_snapshot(s, ctx.run_dir, parts_.group ? parts_.group->rank() : 0, keep, log_);
 }
 
 void OomRecovery::forget_refusal() {
@@ -47,15 +68,21 @@ Control OomRecovery::report(const std::exception& e, std::int64_t size, std::int
 std::int64_t OomRecovery::recover(const std::exception& e, OomRetry rule, std::int64_t micro, std::int64_t samples,
                                   std::int64_t attempt, std::vector<std::int64_t>& tried, ProcessGroup* ranks) {
   live_.reset();
+  std::string seen;  // "; live then: …; snapshot …" for the warning
   if (parts_.device.is_cpu()) {
-    if (auto refused = detail::cpu_take_refusal()) live_ = refused->live;
+    if (auto refused = detail::cpu_take_refusal()) {
+      live_ = refused->live;
+      seen = "; live then: " + largest_category_text(refused->live);
+      const std::string file = write_snapshot(*refused, e, rule == OomRetry::Once ? 0 : micro, attempt);
+      if (!file.empty()) seen += "; snapshot " + file;
+    }
   }
   if (rule == OomRetry::Once) {
     // The plugins hear of it, but a checkpoint has no size to change: the core retries it once
     // after freeing every cached block.
     report(e, 0, 0, attempt, /*force_clear=*/true);
     if (attempt >= 1) throw OomFailure("out of memory while writing it twice: " + error_text(e), phase_);
-    log_.warn("out of memory while writing a checkpoint; retrying once after freeing memory");
+    log_.warn("out of memory while writing a checkpoint{}; retrying once after freeing memory", seen);
     return micro;
   }
   drop_gradients(*parts_.model);
@@ -63,7 +90,7 @@ std::int64_t OomRecovery::recover(const std::exception& e, OomRetry rule, std::i
   const OomPhase phase = phase_;
   const std::string message = error_text(e);
   log_.warn("out of memory in {} (micro-batch {}, attempt {}): {}{}", oom_phase_name(phase), micro, attempt + 1,
-            message, live_ ? "; live then: " + largest_category_text(*live_) : std::string());
+            message, seen);
   const Control c = report(e, micro, samples, attempt, /*force_clear=*/false);
   bool again = (c.switch_device || c.retry_with_micro_batch) && attempt + 1 < kMaxAttempts;
   std::int64_t next = std::clamp<std::int64_t>(c.retry_with_micro_batch.value_or(micro), 1, samples);

@@ -64,6 +64,7 @@ class OomRecovery {
   void enter(OomPhase phase) {
     phase_ = phase;
     detail::set_thread_memory_category(oom_phase_info(phase).allocates);
+    detail::set_thread_memory_phase(static_cast<std::uint8_t>(static_cast<int>(phase) + 1));
   }
   OomPhase phase() const { return phase_; }
 
@@ -97,6 +98,10 @@ class OomRecovery {
   }
 
  private:
+  /// Writes the snapshot of `refused` (RUN_DIR/memory, memory.snapshots kept); returns its
+  /// path in the run directory, "" when none was written.
+  std::string write_snapshot(const detail::Refusal& refused, const std::exception& e, std::int64_t size,
+                             std::int64_t attempt);
   /// Forgets a refused allocation that an earlier attempt's code caught itself: what recover()
   /// reports is this attempt's.
   void forget_refusal();

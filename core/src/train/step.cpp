@@ -51,7 +51,7 @@ TrainStep::TrainStep(const TrainingSettings& training, RunParts& parts, RunState
 TrainStep::~TrainStep() = default;
 
 bool TrainStep::run(const at::Tensor& indices, std::int64_t global_size, Position next) {
-  MemoryCategoryScope other(MemoryCategory::Other);  // the phases of the step set theirs; this comes back after
+  detail::MemoryTagScope other(MemoryCategory::Other, 0);  // the phases of the step set theirs; this comes back after
   next_ = next;
   if (!start_batch(indices.size(0))) {
     log_.debug("batch {} skipped at BatchStart", state_.batch_in_epoch);

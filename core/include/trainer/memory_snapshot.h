@@ -1,0 +1,52 @@
+#pragma once
+// What was live on a device at one moment, allocation by allocation: the core takes one at
+// every out-of-memory error in the loop (RUN_DIR/memory/oom-*.json), a plugin whenever it
+// wants one. CPU only: each block of the tracking allocator, with the category and the phase
+// of the run that allocated it (memory categories on, the default).
+#include <c10/core/Device.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "trainer/export.h"
+#include "trainer/memory.h"
+
+namespace trainer {
+
+/// One live allocation.
+struct MemoryBlockInfo {
+  std::uint64_t address = 0;
+  std::int64_t size = 0;
+  std::uint64_t serial = 0;  ///< the process's allocation number, from 1: lower is older
+  MemoryCategory category = MemoryCategory::Other;
+  std::string phase;  ///< the loop's phase that allocated it ("data", "forward" …); "" outside them
+};
+
+/// The live memory of a device at one moment.
+struct MemorySnapshot {
+  std::string device;    ///< "cpu"
+  std::string reason;    ///< why it was taken: the out-of-memory error's message, or the requester's words
+  MemoryBreakdown live;  ///< by category (the refused request not among it)
+  std::vector<MemoryBlockInfo> blocks;  ///< every live block, oldest first
+  std::int64_t blocks_left_out = 0;     ///< live blocks not listed (past 200,000)
+  std::int64_t requested = 0;           ///< the refused allocation; 0 when taken on request
+  std::int64_t limit = 0;               ///< the budget then; 0 = none
+  // Where the run was (the core fills these in; -1 / "" when unknown).
+  std::int64_t step = -1;         ///< optimizer steps completed
+  std::int64_t epoch = -1;        ///< 0-based
+  std::int64_t micro_batch = -1;  ///< of the failed attempt
+  std::int64_t attempt = -1;      ///< 0-based, of the failed batch
+  std::string phase;              ///< where it failed ("forward" …)
+};
+
+/// What is live on `device` now. Throws trainer::Error where has_memory_categories(device) is false.
+TRAINER_API MemorySnapshot memory_snapshot(const c10::Device& device, const std::string& reason);
+
+/// Writes `<path_prefix>.json` (atomically): the snapshot's device, reason, where the run was,
+/// the request and the budget, the categories, and its `largest` blocks, largest first.
+TRAINER_API void write_memory_snapshot(const MemorySnapshot& snapshot, const std::string& path_prefix,
+                                       std::size_t largest = 50);
+
+}  // namespace trainer
