@@ -3,8 +3,11 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <atomic>
 #include <thread>
+#include <vector>
 
+#include "memory/backend.h"
 #include "support/test_util.h"
 #include "trainer/error.h"
 #include "trainer/memory.h"
@@ -157,12 +160,93 @@ TEST_F(MemoryCategories, ASnapshotListsEveryLiveBlockWithItsCategory) {
   testing::TempDir dir;
   write_memory_snapshot(s, dir / "snap", 3);
   const std::string text = testing::read_file(dir / "snap.json");
+  // Beside it, the pickle PyTorch's viewers read (tests/memory/snapshot_in_python.py reads one in Python).
+  const std::string pickle = testing::read_file(dir / "snap.pickle");
+  ASSERT_GT(pickle.size(), 3u);
+  EXPECT_EQ(pickle.substr(0, 3), "\x80\x02}");  // protocol 2, a dict
+  EXPECT_EQ(pickle.back(), '.');
   EXPECT_NE(text.find("\"reason\": \"asked\""), std::string::npos) << text;
   EXPECT_NE(text.find("\"blocks\": " + std::to_string(s.blocks.size())), std::string::npos) << text;
   std::size_t shown = 0;
   for (auto at = text.find("{\"size\": "); at != std::string::npos; at = text.find("{\"size\": ", at + 1)) ++shown;
   EXPECT_EQ(shown, std::min<std::size_t>(3, s.blocks.size()));
   EXPECT_THROW(memory_snapshot(c10::Device(c10::kMeta), "x"), Error);
+}
+
+TEST_F(MemoryCategories, AnUnknownCategoryIsRefused) {
+  const auto unknown = static_cast<MemoryCategory>(kMemoryCategoryCount);
+  EXPECT_THROW(MemoryCategoryScope scope(unknown), Error);
+  at::Tensor t = torch::empty({4});
+  EXPECT_THROW(attribute_memory(t, static_cast<MemoryCategory>(200)), Error);
+  // Nothing changed: this thread still allocates as before, and t is where it was.
+  const MemoryBreakdown before = memory_breakdown(kHostDevice);
+  at::Tensor u = torch::empty({8});
+  EXPECT_EQ(memory_breakdown(kHostDevice)[MemoryCategory::Other] - before[MemoryCategory::Other], 32);
+}
+
+TEST_F(MemoryCategories, ARefusalIsTheRefusingThreadsOwnUntilHandedOver) {
+  detail::cpu_take_refusal();  // none left from before
+  const std::int64_t big = std::int64_t{16} << 20;
+  set_memory_limit(kHostDevice, memory_stats(kHostDevice).allocated + (1 << 20));
+  std::optional<detail::Refusal> theirs;
+  bool refused = false;
+  std::thread([&] {
+    try {
+      auto t = torch::empty({big}, torch::kByte);
+    } catch (const c10::Error&) {
+      refused = true;
+    }
+    theirs = detail::cpu_take_refusal();
+  }).join();
+  set_memory_limit(kHostDevice, 0);
+  ASSERT_TRUE(refused);
+  EXPECT_FALSE(detail::cpu_take_refusal().has_value());  // not this thread's
+  ASSERT_TRUE(theirs.has_value());
+  EXPECT_EQ(theirs->requested, big);
+  EXPECT_EQ(sum(theirs->live), theirs->live.allocated);
+  detail::cpu_keep_refusal(std::move(theirs));  // handed over, as a loader worker's with its error
+  const auto taken = detail::cpu_take_refusal();
+  ASSERT_TRUE(taken.has_value());
+  EXPECT_EQ(taken->requested, big);
+  EXPECT_FALSE(detail::cpu_take_refusal().has_value());  // once
+}
+
+TEST_F(MemoryCategories, BytesAnotherThreadIsAllocatingAreNeverCountedAsOther) {
+  // Another thread allocates and frees batch blocks as fast as it can; between reserving a
+  // block's bytes and listing it they are in neither category, so every reading here sees
+  // exactly the other bytes there were, and the batch bytes of whole blocks.
+  const MemoryBreakdown before = memory_breakdown(kHostDevice);
+  std::atomic<bool> stop{false};
+  std::atomic<std::int64_t> churned{0};
+  std::thread churn([&] {
+    MemoryCategoryScope batch(MemoryCategory::Batch);
+    for (; !stop.load(); churned.fetch_add(1)) at::Tensor t = torch::empty({1024}, torch::kByte);
+  });
+  std::int64_t wrong_other = 0, torn_batch = 0;
+  // Readings while the other thread has made 100,000 blocks, and at least 20,000 of them.
+  for (std::int64_t i = 0; i < 20000 || churned.load() < 100000; ++i) {
+    const MemoryBreakdown b = memory_breakdown(kHostDevice);
+    wrong_other += b[MemoryCategory::Other] != before[MemoryCategory::Other];
+    const std::int64_t batch = b[MemoryCategory::Batch] - before[MemoryCategory::Batch];
+    torn_batch += batch != 0 && batch != 1024;
+  }
+  stop = true;
+  churn.join();
+  EXPECT_GE(churned.load(), 100000);
+  EXPECT_EQ(wrong_other, 0);
+  EXPECT_EQ(torn_batch, 0);
+}
+
+TEST_F(MemoryCategories, AListingPastItsBoundCountsTheRest) {
+  std::vector<at::Tensor> many;
+  many.reserve(static_cast<std::size_t>(detail::kMaxListedBlocks) + 10);
+  for (std::int64_t i = 0; i < detail::kMaxListedBlocks + 10; ++i) many.push_back(torch::empty({1}, torch::kByte));
+  const MemorySnapshot s = memory_snapshot(kHostDevice, "many");
+  EXPECT_EQ(static_cast<std::int64_t>(s.blocks.size()), detail::kMaxListedBlocks);
+  EXPECT_GE(s.blocks_left_out, 10);
+  // Listed oldest first: the newest blocks are the ones counted, not listed.
+  const auto newest = reinterpret_cast<std::uint64_t>(many.back().data_ptr());
+  for (const auto& b : s.blocks) ASSERT_NE(b.address, newest);
 }
 
 TEST_F(MemoryCategories, LargestIsTheFirstOfTheMost) {

@@ -7,9 +7,11 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <regex>
 
+#include "support/refusing_data.h"
 #include "support/test_util.h"
 #include "trainer/memory.h"
 #include "trainer/trainer.h"
@@ -43,6 +45,32 @@ name = "adamw"
 lr = 0.01
 [eval]
 every_epochs = 1
+at_end = false
+[metrics]
+console = false
+)";
+
+// A CNN on 32×32 images: the feature maps the forward keeps for the backward of 64 samples
+// (several MiB) outweigh its few thousand parameters.
+constexpr const char* kCnnRecipe = R"(
+[model]
+name = "cnn"
+channels = [32, 32]
+hidden = 16
+batch_norm = false
+[dataset]
+name = "synthetic"
+size = 64
+eval_size = 8
+shape = [3, 32, 32]
+[training]
+epochs = 1
+batch_size = 64
+[optim]
+name = "sgd"
+lr = 0.01
+[eval]
+every_epochs = 0
 at_end = false
 [metrics]
 console = false
@@ -204,33 +232,8 @@ TEST_F(MemoryMap, AtAnOutOfMemoryErrorTheDominantCategoryIsNamed) {
     MemoryCategory dominant;
   };
   const std::vector<Case> cases = {
-      // A CNN on 32×32 images: the feature maps the forward keeps for the backward of 64
-      // samples (several MiB) outweigh its few thousand parameters; the backward's first
-      // allocation is refused while they are all live.
-      {"activations", R"(
-[model]
-name = "cnn"
-channels = [32, 32]
-hidden = 16
-batch_norm = false
-[dataset]
-name = "synthetic"
-size = 64
-eval_size = 8
-shape = [3, 32, 32]
-[training]
-epochs = 1
-batch_size = 64
-[optim]
-name = "sgd"
-lr = 0.01
-[eval]
-every_epochs = 0
-at_end = false
-[metrics]
-console = false
-)",
-       "backward", Event::BeforeBackward, 0, MemoryCategory::Activations},
+      // The CNN: the backward's first allocation is refused while the feature maps are all live.
+      {"activations", kCnnRecipe, "backward", Event::BeforeBackward, 0, MemoryCategory::Activations},
       // A wide MLP on tiny inputs with AdamW, one sample a step: at the second step's optimizer
       // step, the two moments per parameter outweigh the parameters and the gradients.
       {"optimizer state", R"(
@@ -286,7 +289,7 @@ console = false
     EXPECT_EQ(jl.at(memory_category_name(c.dominant)), live[c.dominant]);
     EXPECT_EQ(categories_sum(jl), jl.at("allocated"));
     // The snapshot: named by step, phase and attempt; the log line points to it.
-    const std::string name = "memory/oom-0000000" + std::to_string(c.step) + "-" + c.phase + "-1.json";
+    const std::string name = "memory/oom-0000000" + std::to_string(c.step) + "-" + c.phase + "-01.json";
     EXPECT_NE(log.find("; snapshot " + name), std::string::npos) << log;
     const std::string snap = read_file(dir + "/" + name);
     ASSERT_FALSE(snap.empty()) << name;
@@ -327,6 +330,116 @@ console = false
   }
 }
 
+/// At an out-of-memory error at the backward of the first step, asks for half the micro-batch.
+class HalveAtBackward final : public Plugin {
+ public:
+  std::string name() const override { return "halve_at_backward"; }
+  std::vector<Event> events() const override { return {Event::BeforeBackward, Event::OutOfMemory}; }
+  void on_event(EventContext& ctx, Control& c) override {
+    if (ctx.event == Event::OutOfMemory) {
+      set_memory_limit(kMapDevice, 0);
+      if (ctx.oom->live) live = *ctx.oom->live;
+      c.retry_with_micro_batch = ctx.oom->micro_batch_size / 2;
+      return;
+    }
+    if (done_) return;
+    done_ = true;
+    set_memory_limit(kMapDevice, memory_stats(kMapDevice).allocated + 1024);
+  }
+  MemoryBreakdown live;
+
+ private:
+  bool done_ = false;
+};
+
+TEST_F(MemoryMap, AfterARetryTheStepsPointsAreTheRetrys) {
+  // The CNN of the activations case: 64 samples' feature maps are live when its backward is
+  // refused; the retry runs two micro-batches of 32, each keeping about half of them.
+  auto halve = std::make_shared<HalveAtBackward>();
+  const auto r = fit(kCnnRecipe, {}, "halved", {halve});
+  ASSERT_EQ(r.exit_code, kExitOk) << r.message;
+  const std::int64_t failed = halve->live[MemoryCategory::Activations];
+  ASSERT_GT(failed, 0);
+  std::string step;
+  for (const auto& line : read_lines_of(read_file(tmp_ / "halved/memory.jsonl"))) {
+    if (line.find("\"kind\":\"step\"") != std::string::npos) step = line;
+  }
+  ASSERT_FALSE(step.empty());
+  EXPECT_NE(step.find("\"micro_batch\":32"), std::string::npos) << step;
+  // The forward point is a micro-batch of 32's (the failed attempt's 64 are forgotten), and so
+  // is the peak: both well under what the failed attempt held.
+  EXPECT_LT(point_of(step, "forward").at("activations"), failed * 3 / 4) << step;
+  EXPECT_LT(point_of(step, "peak").at("activations"), failed * 3 / 4) << step;
+  EXPECT_GT(point_of(step, "forward").at("activations"), failed / 4) << step;
+}
+
+TEST_F(MemoryMap, ASkippedBatchWritesNoStepLine) {
+  // A plugin skips the second batch: two optimizer steps, one line each.
+  class SkipSecond final : public Plugin {
+   public:
+    std::string name() const override { return "skip_second"; }
+    std::vector<Event> events() const override { return {Event::BatchStart}; }
+    void on_event(EventContext& ctx, Control& c) override { c.skip_step = ctx.state.batch_in_epoch == 1; }
+  };
+  const auto r = fit(kMlpRecipe, {"eval.every_epochs=0"}, "skipped", {std::make_shared<SkipSecond>()});
+  ASSERT_EQ(r.exit_code, kExitOk) << r.message;
+  ASSERT_EQ(r.global_step, 2);
+  const auto lines = read_lines_of(read_file(tmp_ / "skipped/memory.jsonl"));
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_NE(lines[0].find("\"step\":1,"), std::string::npos) << lines[0];
+  EXPECT_NE(lines[1].find("\"step\":2,"), std::string::npos) << lines[1];
+}
+
+TEST_F(MemoryMap, AResumedRunAppendsAfterALineTheKilledRunLeftUnfinished) {
+  const std::vector<std::string> keys = {"eval.every_epochs=0", "checkpoint.every_steps=1"};
+  auto first = keys;
+  first.push_back("training.max_steps=2");
+  ASSERT_EQ(fit(kMlpRecipe, first, "run").exit_code, kExitOk);
+  const std::string path = tmp_ / "run/memory.jsonl";
+  ASSERT_EQ(read_lines_of(read_file(path)).size(), 2u);
+  {
+    std::ofstream cut(path, std::ios::app);
+    cut << "{\"kind\":\"step\",\"step\":3,\"ep";  // a line the killed run did not finish
+  }
+  TrainerOptions o = options_for(kMlpRecipe, keys, "ignored");
+  o.run_dir.clear();
+  o.resume = tmp_ / "run";
+  const RunResult r = Trainer(std::move(o)).fit();
+  ASSERT_EQ(r.exit_code, kExitOk) << r.message;
+  ASSERT_EQ(r.global_step, 3);
+  const auto lines = read_lines_of(read_file(path));
+  ASSERT_EQ(lines.size(), 4u);
+  EXPECT_EQ(lines[2], "{\"kind\":\"step\",\"step\":3,\"ep");
+  EXPECT_EQ(lines[3].rfind("{\"kind\":\"step\",\"step\":3,\"epoch\":0,", 0), 0u) << lines[3];
+  EXPECT_EQ(lines[3].back(), '}') << lines[3];
+}
+
+TEST_F(MemoryMap, ALoaderWorkersRefusalIsReportedByTheStepThatReadsTheBatch) {
+  // The split's second read (a batch the loader worker reads ahead; the set-up read the first)
+  // asks for 128 MiB with 64 MiB left: far above what the step being trained meanwhile needs,
+  // so only the worker is refused.
+  testing::RefusingData::add("refusing_train", "synthetic", Split::Train, 2, std::int64_t{64} << 20,
+                             std::int64_t{128} << 20);
+  auto retry = std::make_shared<Tighten>(Event::Shutdown, -1);  // retries at the same size; never tightens
+  auto o = options_for(kMlpRecipe, {"dataset.name=refusing_train", "loader.workers=1", "eval.every_epochs=0"}, "worker",
+                       {retry});
+  o.log_level = "info";
+  const RunResult r = Trainer(std::move(o)).fit();
+  ASSERT_EQ(r.exit_code, kExitOk) << r.message;
+  ASSERT_EQ(r.global_step, 3);
+  const std::string log = read_file(tmp_ / "worker/trainer.log");
+  // The step that asked for the batch reports the worker's refusal: what was live, the snapshot.
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(log, m,
+                                std::regex("out of memory in data \\(micro-batch 16, attempt 1\\): .*; live then: "
+                                           "[a-z_]+ [0-9]+ % of [^;]+; snapshot (memory/oom-[0-9]{8}-data-01\\.json)")))
+      << log;
+  const std::string name = m[1];
+  const std::string snap = read_file(tmp_ / ("worker/" + name));
+  EXPECT_NE(snap.find("\"requested\": " + std::to_string(std::int64_t{128} << 20) + ","), std::string::npos) << snap;
+  EXPECT_EQ(categories_sum(point_of(snap, "categories")), std::stoll(snap.substr(snap.find("\"allocated\": ") + 13)));
+}
+
 TEST_F(MemoryMap, OnlyTheNewestSnapshotsAreKept) {
   // An out-of-memory error at the backward of each of five steps, two snapshots kept.
   class EveryStep final : public Plugin {
@@ -356,7 +469,8 @@ TEST_F(MemoryMap, OnlyTheNewestSnapshotsAreKept) {
     names.push_back(e.path().filename().string());
   }
   std::sort(names.begin(), names.end());
-  EXPECT_EQ(names, (std::vector<std::string>{"oom-00000003-backward-1.json", "oom-00000004-backward-1.json"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"oom-00000003-backward-01.json", "oom-00000003-backward-01.pickle",
+                                             "oom-00000004-backward-01.json", "oom-00000004-backward-01.pickle"}));
   // With none kept, there is no directory.
   const auto none =
       fit(kMlpRecipe, {"training.batch_size=16", "dataset.size=32", "eval.every_epochs=0", "memory.snapshots=0"},
@@ -370,6 +484,11 @@ TEST_F(MemoryMap, OffMeansNoCategoriesAndNoFile) {
   ASSERT_EQ(r.exit_code, kExitOk) << r.message;
   EXPECT_FALSE(std::filesystem::exists(tmp_ / "off/memory.jsonl"));
   // The run's setting is the run's: the process has categories on again.
+  EXPECT_TRUE(has_memory_categories(kMapDevice));
+  // So it is for a run refused while it sets its budget.
+  r = fit(kMlpRecipe, {"memory.categories=false", "memory.limit_mb=100", "memory.fraction=0.5"}, "refused");
+  EXPECT_EQ(r.exit_code, kExitUsage) << r.message;
+  EXPECT_NE(r.message.find("memory.limit_mb and memory.fraction are both set"), std::string::npos) << r.message;
   EXPECT_TRUE(has_memory_categories(kMapDevice));
   r = fit(kMlpRecipe, {"memory.timeline_every=2"}, "every2");
   ASSERT_EQ(r.exit_code, kExitOk) << r.message;

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <set>
 
+#include "support/refusing_data.h"
 #include "support/sample_ledger.h"
 #include "support/test_util.h"
 #include "trainer/memory.h"
@@ -371,39 +372,9 @@ TEST_F(Oom, WithoutAPolicyTheRunFailsAndSaysWhatToLoad) {
       << r.message;
 }
 
-/// A test split whose second batch of the first evaluation runs out of memory for real.
-class FlakyEvalData final : public Dataset {
- public:
-  explicit FlakyEvalData(std::shared_ptr<Dataset> base) : base_(std::move(base)) {}
-  std::int64_t size() const override { return base_->size(); }
-  DataSpec spec() const override { return base_->spec(); }
-  Batch get(const at::Tensor& idx) const override {
-    if (++calls_ == 2) {
-      set_memory_limit(kCpu, memory_stats(kCpu).allocated + 1024);
-      try {
-        auto big = at::empty({1 << 20}, at::kFloat);
-      } catch (...) {
-        set_memory_limit(kCpu, 0);
-        throw;
-      }
-    }
-    return base_->get(idx);
-  }
-
- private:
-  std::shared_ptr<Dataset> base_;
-  mutable int calls_ = 0;
-};
-
 TEST_F(Oom, EvalOomRetriesWithoutDoubleCounting) {
-  auto synthetic = dataset_registry().get("synthetic");
-  dataset_registry().add(
-      "flaky_eval",
-      [synthetic](const Config& c, Split split) -> std::shared_ptr<Dataset> {
-        auto ds = synthetic.factory(c, split);
-        return split == Split::Test ? std::make_shared<FlakyEvalData>(ds) : ds;
-      },
-      synthetic.keys);
+  // The second batch of the first evaluation runs out of memory for real.
+  testing::RefusingData::add("flaky_eval", "synthetic", Split::Test, 2, 1024, 4 << 20);
   const std::vector<std::string> eval = {"eval.every_epochs=1", "eval.batch_size=24"};
   ASSERT_EQ(run("clean", eval).exit_code, kExitOk);
   const auto clean = read_file(tmp_ / "clean/events.jsonl");

@@ -20,6 +20,10 @@
 
 namespace trainer {
 
+namespace detail {
+struct Refusal;
+}
+
 class TRAINER_API BatchLoader {
  public:
   BatchLoader(std::shared_ptr<Dataset> dataset, std::int64_t workers, std::int64_t prefetch);
@@ -51,6 +55,7 @@ class TRAINER_API BatchLoader {
     at::Tensor indices;
     Batch batch;
     std::exception_ptr error;
+    std::shared_ptr<detail::Refusal> refused;  ///< what was live when the worker's allocation was refused
     bool done = false;
   };
   void work();

@@ -1,8 +1,8 @@
 #pragma once
 // What was live on a device at one moment, allocation by allocation: the core takes one at
-// every out-of-memory error in the loop (RUN_DIR/memory/oom-*.json), a plugin whenever it
-// wants one. CPU only: each block of the tracking allocator, with the category and the phase
-// of the run that allocated it (memory categories on, the default).
+// every out-of-memory error in the loop (RUN_DIR/memory/oom-*.json and .pickle), a plugin
+// whenever it wants one. CPU only: each block of the tracking allocator, with the category and
+// the phase of the run that allocated it (memory categories on, the default).
 #include <c10/core/Device.h>
 
 #include <cstddef>
@@ -33,6 +33,7 @@ struct MemorySnapshot {
   std::int64_t blocks_left_out = 0;     ///< live blocks not listed (past 200,000)
   std::int64_t requested = 0;           ///< the refused allocation; 0 when taken on request
   std::int64_t limit = 0;               ///< the budget then; 0 = none
+  std::int64_t block_overhead = 0;      ///< bytes the allocator reserves beside each block (CPU: 64)
   // Where the run was (the core fills these in; -1 / "" when unknown).
   std::int64_t step = -1;         ///< optimizer steps completed
   std::int64_t epoch = -1;        ///< 0-based
@@ -45,7 +46,13 @@ struct MemorySnapshot {
 TRAINER_API MemorySnapshot memory_snapshot(const c10::Device& device, const std::string& reason);
 
 /// Writes `<path_prefix>.json` (atomically): the snapshot's device, reason, where the run was,
-/// the request and the budget, the categories, and its `largest` blocks, largest first.
+/// the request and the budget, the categories, and its `largest` blocks, largest first; and
+/// `<path_prefix>.pickle`: every listed block in the format of PyTorch's
+/// torch.cuda.memory._dump_snapshot (a dict of "segments" and "device_traces"), which
+/// pytorch.org/memory_viz and torch.cuda._memory_viz read. Each block is a segment of its own
+/// (the allocator's overhead in front of it, then the block); its frames name its category and
+/// phase; the trace allocates every listed block oldest first (the blocks freed in between are
+/// not recorded), each with its category, then, after an out-of-memory error, the refused request.
 TRAINER_API void write_memory_snapshot(const MemorySnapshot& snapshot, const std::string& path_prefix,
                                        std::size_t largest = 50);
 

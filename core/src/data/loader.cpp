@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "memory/backend.h"
 #include "trainer/memory.h"
 
 namespace trainer {
@@ -52,15 +53,19 @@ void BatchLoader::work() {
     lock.unlock();
     Batch batch;
     std::exception_ptr error;
+    std::shared_ptr<detail::Refusal> refused;
     try {
       batch = dataset_->get_in_epoch(indices, epoch);
     } catch (...) {
       error = std::current_exception();
+      // A refused allocation goes with its error to the thread that recovers from it.
+      if (auto r = detail::cpu_take_refusal()) refused = std::make_shared<detail::Refusal>(std::move(*r));
     }
     lock.lock();
     if (generation != generation_ || i < take_) continue;  // a new plan came, or the step went past it
     jobs_[i].batch = std::move(batch);
     jobs_[i].error = error;
+    jobs_[i].refused = std::move(refused);
     jobs_[i].done = true;
     changed_.notify_all();
   }
@@ -97,11 +102,13 @@ Batch BatchLoader::next(const at::Tensor& indices) {
     (job.done ? ready_ : waited_) += 1;
     changed_.wait(lock, [&] { return job.done; });
     std::exception_ptr error = job.error;
+    std::shared_ptr<detail::Refusal> refused = std::move(job.refused);
     batch = std::move(job.batch);
     job = Job{};
     ++take_;
     lock.unlock();
     changed_.notify_all();  // room for the workers to read further ahead
+    if (refused) detail::cpu_keep_refusal(std::move(*refused));
     if (error) std::rethrow_exception(error);
   } else {
     const std::int64_t epoch = epoch_;

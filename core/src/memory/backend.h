@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "trainer/devices.h"
+#include "trainer/export.h"
 #include "trainer/memory.h"
 #include "trainer/memory_snapshot.h"
 
@@ -24,10 +25,9 @@ void cpu_clear(bool force);
 
 /// The category this thread's CPU allocations count as (MemoryCategoryScope sets it too).
 void set_thread_memory_category(MemoryCategory category);
-MemoryCategory thread_memory_category();
 
 /// Live bytes by category; they sum to allocated (blocks allocated while categories were off
-/// count as Other).
+/// count as Other), but for blocks other threads are allocating at that instant.
 MemoryBreakdown cpu_breakdown();
 /// The breakdown at the highest allocated since cpu_reset_peak_breakdown().
 MemoryBreakdown cpu_peak_breakdown();
@@ -48,6 +48,10 @@ struct LiveBlock {
   std::uint8_t phase;  ///< the allocating thread's phase code (0: none)
 };
 
+/// Bytes the CPU tracking allocator keeps in front of each block (its header): reserved is
+/// allocated plus this per live block.
+inline constexpr std::int64_t kCpuBlockHeader = 64;
+
 /// Blocks a listing copies at most (32 bytes each); the rest are counted.
 inline constexpr std::int64_t kMaxListedBlocks = 200000;
 
@@ -58,11 +62,15 @@ struct Refusal {
   std::vector<LiveBlock> blocks;     ///< the live blocks then, oldest first
   std::int64_t blocks_left_out = 0;  ///< past kMaxListedBlocks, or not copied (no memory)
 };
-/// The last refusal since the previous call, once (nullopt when none, or categories were off).
-std::optional<Refusal> cpu_take_refusal();
+/// This thread's last refusal since the previous call, once (nullopt when none, or categories
+/// were off). Exported for the tests, as cpu_keep_refusal.
+TRAINER_API std::optional<Refusal> cpu_take_refusal();
+/// Makes `refusal` this thread's pending one: a loader worker's, handed over with its error.
+TRAINER_API void cpu_keep_refusal(std::optional<Refusal> refusal);
 
-/// Every listed live block, oldest first (at most kMaxListedBlocks; `left_out` gets the rest's count).
-std::vector<LiveBlock> cpu_live_blocks(std::int64_t* left_out = nullptr);
+/// The live bytes by category and every listed live block, oldest first, at one instant
+/// (`blocks` gets at most kMaxListedBlocks; `left_out` the rest's count).
+MemoryBreakdown cpu_live(std::vector<LiveBlock>& blocks, std::int64_t& left_out);
 
 /// The blocks of a listing as the public snapshot shows them (phase codes named).
 std::vector<MemoryBlockInfo> blocks_of(const std::vector<LiveBlock>& live);
@@ -70,7 +78,6 @@ std::vector<MemoryBlockInfo> blocks_of(const std::vector<LiveBlock>& live);
 /// A code for what this thread is doing, kept with each block it allocates: the core's
 /// OomPhase + 1, 0 outside the loop's phases.
 void set_thread_memory_phase(std::uint8_t code);
-std::uint8_t thread_memory_phase();
 
 /// This thread's category and phase code for the scope's lifetime; the previous ones after.
 class MemoryTagScope {

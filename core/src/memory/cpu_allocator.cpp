@@ -1,7 +1,8 @@
 // The CPU tracking allocator: counts every byte LibTorch allocates on CPU, enforces the
 // memory budget (memory.limit_mb) by refusing allocations with c10::OutOfMemoryError, and —
 // with memory categories on — keeps every live block in a list with the category it counts
-// as, so that the live bytes split exactly into categories (memory_breakdown).
+// as, so that the live bytes split into categories (memory_breakdown): exactly, but for the
+// blocks other threads are allocating at that instant, counted from their next reading on.
 #include <ATen/core/Tensor.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "memory/backend.h"
+#include "trainer/error.h"
 #include "trainer/memory.h"
 #include "util/torch_compat.h"
 
@@ -28,7 +30,7 @@ using detail::LiveBlock;
 // NOTE: each block carries a 64-byte header in front of its data, so the deleter finds the
 // block from the data pointer alone; the data stays 64-byte aligned like c10's own allocator.
 // oneDNN's convolution asserts DataPtr context == data pointer, hence no separate context.
-constexpr std::size_t kHeader = 64;
+constexpr std::size_t kHeader = detail::kCpuBlockHeader;
 
 struct TrackedBlock {
   std::int64_t size;   ///< bytes asked for (the storage's nbytes)
@@ -54,26 +56,25 @@ std::atomic<bool> g_installed{false};
 std::atomic<bool> g_categories{true};
 
 // The live list and the category counters, under g_list_mutex. Blocks allocated while
-// categories were off are not in the list; their bytes count as Other.
+// categories were off are not in the list; their bytes (g_unlinked_bytes) count as Other. The
+// bytes of a block being allocated are in g_allocated (reserved against the budget) before
+// they are in either: the breakdown sums what is linked or unlinked, never a block in flight.
 std::mutex g_list_mutex;
 TrackedBlock g_list{0, &g_list, &g_list, 0, 0, 0, false};  // sentinel of the circular live list
 std::array<std::int64_t, kCategories> g_category_bytes{};
 std::int64_t g_linked_bytes = 0;
+std::int64_t g_linked_count = 0;
+std::atomic<std::int64_t> g_unlinked_bytes{0};
 std::int64_t g_window_peak = 0;  ///< highest allocated since reset_peak_breakdown
 std::array<std::int64_t, kCategories> g_window_peak_bytes{};
 std::int64_t g_window_peak_unlinked = 0;
 
-// The live bytes by category when the last allocation was refused (taken by the core's
-// out-of-memory recovery: by then the failed attempt's memory is gone).
-bool g_refusal_pending = false;
-std::array<std::int64_t, kCategories> g_refusal_bytes{};
-std::int64_t g_refusal_unlinked = 0;
-std::int64_t g_refusal_request = 0;
-std::vector<LiveBlock> g_refusal_blocks;
-std::int64_t g_refusal_left_out = 0;
-
 thread_local std::uint8_t t_category = 0;  // MemoryCategory::Other
 thread_local std::uint8_t t_phase = 0;     // outside the loop's phases
+// What was live when this thread's last allocation was refused, until taken (by the core's
+// out-of-memory recovery: by then the failed attempt's memory is gone). One per thread: a
+// loader worker's refusal is its own, handed over with its error.
+thread_local std::optional<detail::Refusal> t_refusal;
 
 void bump_peak(std::int64_t now) {
   std::int64_t peak = g_peak.load(std::memory_order_relaxed);
@@ -93,8 +94,10 @@ void tracked_free(void* data) {
     b->next->prev = b->prev;
     g_category_bytes[b->category] -= size;
     g_linked_bytes -= size;
+    --g_linked_count;
     g_allocated.fetch_sub(size, std::memory_order_relaxed);
   } else {
+    g_unlinked_bytes.fetch_sub(size, std::memory_order_relaxed);
     g_allocated.fetch_sub(size, std::memory_order_relaxed);
   }
   g_blocks.fetch_sub(1, std::memory_order_relaxed);
@@ -112,13 +115,13 @@ void link(TrackedBlock* b) {
   g_list.prev = b;
   g_category_bytes[b->category] += b->size;
   g_linked_bytes += b->size;
-  // allocated is read under the lock that every linked block changes it under, so a new
-  // peak of the breakdown's window is exact whenever only linked blocks come and go.
-  const std::int64_t now = g_allocated.load(std::memory_order_relaxed);
+  ++g_linked_count;
+  const std::int64_t unlinked = g_unlinked_bytes.load(std::memory_order_relaxed);
+  const std::int64_t now = g_linked_bytes + unlinked;
   if (now > g_window_peak) {
     g_window_peak = now;
     g_window_peak_bytes = g_category_bytes;
-    g_window_peak_unlinked = now - g_linked_bytes;
+    g_window_peak_unlinked = unlinked;
   }
 }
 
@@ -127,30 +130,46 @@ LiveBlock live_block(const TrackedBlock* b) {
           b->phase};
 }
 
-/// Keeps the split of the live bytes at a refused allocation of `size` bytes.
+MemoryBreakdown breakdown_of(const std::array<std::int64_t, kCategories>& bytes, std::int64_t unlinked) {
+  MemoryBreakdown out;
+  out.bytes = bytes;
+  out.bytes[static_cast<std::size_t>(MemoryCategory::Other)] += unlinked;
+  for (const std::int64_t b : out.bytes) out.allocated += b;
+  return out;
+}
+
+/// Every listed block, oldest first, at most kMaxListedBlocks (`left_out` counts the rest).
+/// Under g_list_mutex. Throws std::bad_alloc when the copy itself finds no memory.
+std::vector<LiveBlock> list_blocks(std::int64_t& left_out) {
+  std::vector<LiveBlock> out;
+  out.reserve(static_cast<std::size_t>(std::min(g_linked_count, kMaxListedBlocks)));
+  for (const TrackedBlock* b = g_list.next; b != &g_list && static_cast<std::int64_t>(out.size()) < kMaxListedBlocks;
+       b = b->next) {
+    out.push_back(live_block(b));
+  }
+  left_out = g_linked_count - static_cast<std::int64_t>(out.size());
+  return out;
+}
+
+/// Keeps what was live at this thread's refused allocation of `size` bytes.
 void capture_refusal(std::int64_t size) {
   if (!g_categories.load(std::memory_order_relaxed)) return;
+  // Its own memory first, so that the copy under the lock allocates nothing but the block list.
+  t_refusal.reset();
+  detail::Refusal r;
   std::lock_guard<std::mutex> lock(g_list_mutex);
-  g_refusal_pending = true;
-  g_refusal_bytes = g_category_bytes;
-  g_refusal_unlinked = g_allocated.load(std::memory_order_relaxed) - g_linked_bytes;
-  g_refusal_request = size;
+  r.live = breakdown_of(g_category_bytes, g_unlinked_bytes.load(std::memory_order_relaxed));
+  r.live.reserved = r.live.allocated;
+  r.requested = size;
   // Every live block, for the snapshot (memory_snapshot.h); a system that refuses this copy
   // too gets the categories alone.
-  g_refusal_blocks.clear();
-  g_refusal_left_out = 0;
   try {
-    for (const TrackedBlock* b = g_list.next; b != &g_list; b = b->next) {
-      if (static_cast<std::int64_t>(g_refusal_blocks.size()) >= kMaxListedBlocks) {
-        ++g_refusal_left_out;
-        continue;
-      }
-      g_refusal_blocks.push_back(live_block(b));
-    }
+    r.blocks = list_blocks(r.blocks_left_out);
   } catch (const std::bad_alloc&) {
-    g_refusal_left_out += static_cast<std::int64_t>(g_refusal_blocks.size());
-    std::vector<LiveBlock>().swap(g_refusal_blocks);
+    r.blocks.clear();
+    r.blocks_left_out = g_linked_count;
   }
+  t_refusal = std::move(r);
 }
 
 class TrackingCpuAllocator final : public c10::Allocator {
@@ -188,7 +207,11 @@ class TrackingCpuAllocator final : public c10::Allocator {
     b->serial = static_cast<std::uint64_t>(g_total_allocs.fetch_add(1, std::memory_order_relaxed)) + 1;
     g_blocks.fetch_add(1, std::memory_order_relaxed);
     bump_peak(now);
-    if (g_categories.load(std::memory_order_relaxed)) link(b);
+    if (g_categories.load(std::memory_order_relaxed)) {
+      link(b);
+    } else {
+      g_unlinked_bytes.fetch_add(size, std::memory_order_relaxed);
+    }
     void* data = static_cast<char*>(raw) + kHeader;
     return {data, data, &tracked_free, cpu};
   }
@@ -196,14 +219,6 @@ class TrackingCpuAllocator final : public c10::Allocator {
   // Pure virtual since LibTorch 2.3 (no `override`: 1.13 has no such function).
   void copy_data(void* dest, const void* src, std::size_t count) const { std::memcpy(dest, src, count); }
 };
-
-MemoryBreakdown breakdown_of(const std::array<std::int64_t, kCategories>& bytes, std::int64_t unlinked) {
-  MemoryBreakdown out;
-  out.bytes = bytes;
-  out.bytes[static_cast<std::size_t>(MemoryCategory::Other)] += unlinked;
-  for (const std::int64_t b : out.bytes) out.allocated += b;
-  return out;
-}
 
 }  // namespace
 
@@ -218,7 +233,7 @@ void install_cpu_tracking_allocator() {
 }
 
 MemoryCategoryScope::MemoryCategoryScope(MemoryCategory category) : previous_(static_cast<MemoryCategory>(t_category)) {
-  t_category = static_cast<std::uint8_t>(category);
+  detail::set_thread_memory_category(category);
 }
 
 MemoryCategoryScope::~MemoryCategoryScope() { t_category = static_cast<std::uint8_t>(previous_); }
@@ -246,9 +261,12 @@ void cpu_clear(bool force) {
   if (force) malloc_trim(0);
 }
 
-void set_thread_memory_category(MemoryCategory category) { t_category = static_cast<std::uint8_t>(category); }
-
-MemoryCategory thread_memory_category() { return static_cast<MemoryCategory>(t_category); }
+void set_thread_memory_category(MemoryCategory category) {
+  // A category out of range would index past the counters.
+  TRAINER_CHECK(static_cast<std::size_t>(category) < kCategories, "memory category ", static_cast<int>(category),
+                " does not exist: there are ", kCategories, " (MemoryCategory)");
+  t_category = static_cast<std::uint8_t>(category);
+}
 
 bool cpu_categories_on() { return g_installed.load() && g_categories.load(); }
 
@@ -259,9 +277,8 @@ MemoryBreakdown cpu_breakdown() {
   MemoryBreakdown out;
   {
     std::lock_guard<std::mutex> lock(g_list_mutex);
-    const std::int64_t allocated = g_allocated.load();
     blocks = g_blocks.load();
-    out = breakdown_of(g_category_bytes, allocated - g_linked_bytes);
+    out = breakdown_of(g_category_bytes, g_unlinked_bytes.load());
   }
   out.reserved = out.allocated + blocks * static_cast<std::int64_t>(kHeader);
   return out;
@@ -276,13 +293,14 @@ MemoryBreakdown cpu_peak_breakdown() {
 
 void cpu_reset_peak_breakdown() {
   std::lock_guard<std::mutex> lock(g_list_mutex);
-  const std::int64_t allocated = g_allocated.load();
-  g_window_peak = allocated;
+  g_window_peak_unlinked = g_unlinked_bytes.load();
+  g_window_peak = g_linked_bytes + g_window_peak_unlinked;
   g_window_peak_bytes = g_category_bytes;
-  g_window_peak_unlinked = allocated - g_linked_bytes;
 }
 
 bool cpu_attribute(const at::Tensor& tensor, MemoryCategory category) {
+  TRAINER_CHECK(static_cast<std::size_t>(category) < kCategories, "attribute_memory: memory category ",
+                static_cast<int>(category), " does not exist: there are ", kCategories, " (MemoryCategory)");
   if (!tensor.defined() || !tensor.has_storage() || !tensor.device().is_cpu()) return false;
   const c10::DataPtr& ptr = tensor.storage().data_ptr();
   if (ptr.get() == nullptr || ptr.get_deleter() != &tracked_free) return false;  // not one of ours
@@ -297,37 +315,21 @@ bool cpu_attribute(const at::Tensor& tensor, MemoryCategory category) {
   return true;
 }
 
-std::optional<Refusal> cpu_take_refusal() {
-  std::lock_guard<std::mutex> lock(g_list_mutex);
-  if (!std::exchange(g_refusal_pending, false)) return std::nullopt;
-  Refusal r;
-  r.live = breakdown_of(g_refusal_bytes, g_refusal_unlinked);
-  r.live.reserved = r.live.allocated;
-  r.requested = g_refusal_request;
-  r.blocks = std::move(g_refusal_blocks);
-  r.blocks_left_out = g_refusal_left_out;
-  g_refusal_blocks = {};
-  return r;
+std::optional<Refusal> cpu_take_refusal() { return std::exchange(t_refusal, std::nullopt); }
+
+void cpu_keep_refusal(std::optional<Refusal> refusal) {
+  if (refusal) t_refusal = std::move(refusal);
 }
 
-std::vector<LiveBlock> cpu_live_blocks(std::int64_t* left_out) {
-  std::vector<LiveBlock> out;
-  std::int64_t extra = 0;
+MemoryBreakdown cpu_live(std::vector<LiveBlock>& blocks, std::int64_t& left_out) {
   std::lock_guard<std::mutex> lock(g_list_mutex);
-  for (const TrackedBlock* b = g_list.next; b != &g_list; b = b->next) {
-    if (static_cast<std::int64_t>(out.size()) >= kMaxListedBlocks) {
-      ++extra;
-      continue;
-    }
-    out.push_back(live_block(b));
-  }
-  if (left_out) *left_out = extra;
+  MemoryBreakdown out = breakdown_of(g_category_bytes, g_unlinked_bytes.load());
+  out.reserved = out.allocated + g_blocks.load() * static_cast<std::int64_t>(kHeader);
+  blocks = list_blocks(left_out);
   return out;
 }
 
 void set_thread_memory_phase(std::uint8_t code) { t_phase = code; }
-
-std::uint8_t thread_memory_phase() { return t_phase; }
 
 MemoryTagScope::MemoryTagScope(MemoryCategory category, std::uint8_t phase) : category_(t_category), phase_(t_phase) {
   t_category = static_cast<std::uint8_t>(category);

@@ -8,6 +8,7 @@
 #include "trainer/json.h"
 #include "trainer/states.h"
 #include "util/durable_file.h"
+#include "util/pickle_writer.h"
 
 namespace trainer {
 
@@ -32,11 +33,14 @@ std::vector<MemoryBlockInfo> blocks_of(const std::vector<LiveBlock>& live) {
 
 MemorySnapshot memory_snapshot(const c10::Device& device, const std::string& reason) {
   MemorySnapshot s;
-  s.live = memory_breakdown(device);  // throws without categories
+  if (!has_memory_categories(device)) memory_breakdown(device);  // throws, saying why there is none
   s.device = device.str();
   s.reason = reason;
-  s.blocks = detail::blocks_of(detail::cpu_live_blocks(&s.blocks_left_out));
+  std::vector<detail::LiveBlock> live;
+  s.live = detail::cpu_live(live, s.blocks_left_out);  // the categories and the blocks of one instant
+  s.blocks = detail::blocks_of(live);
   s.limit = memory_stats(device).limit;
+  s.block_overhead = detail::kCpuBlockHeader;
   return s;
 }
 
@@ -48,6 +52,71 @@ std::string categories_json(const MemoryBreakdown& b) {
     out += fmt::format("{}\"{}\":{}", i ? "," : "", memory_category_name(static_cast<MemoryCategory>(i)), b.bytes[i]);
   }
   return out + "}";
+}
+
+/// The frames PyTorch's viewers show for a block, innermost first: its phase, then its category.
+void frames_of(detail::PickleWriter& p, const MemoryBlockInfo& b) {
+  p.begin_list();
+  p.begin_dict().item("filename", "phase").item("line", 0).item("name", b.phase.empty() ? "none" : b.phase).end_dict();
+  p.begin_dict().item("filename", "category").item("line", 0).item("name", memory_category_name(b.category)).end_dict();
+  p.end_list();
+}
+
+/// `s` as torch.cuda.memory._snapshot() gives it (see write_memory_snapshot).
+std::string pickle_of(const MemorySnapshot& s) {
+  detail::PickleWriter p;
+  const std::int64_t overhead = std::max<std::int64_t>(s.block_overhead, 0);
+  p.begin_dict();
+  p.value("segments").begin_list();
+  for (const MemoryBlockInfo& b : s.blocks) {
+    const auto address = static_cast<std::int64_t>(b.address);
+    p.begin_dict()
+        .item("device", 0)
+        .item("address", address - overhead)
+        .item("total_size", b.size + overhead)
+        .item("allocated_size", b.size)
+        .item("active_size", b.size)
+        .item("requested_size", b.size)
+        .item("stream", 0)
+        .item("segment_type", "large")
+        .item("is_expandable", false);
+    p.value("segment_pool_id").begin_tuple().value(0).value(0).end_tuple();
+    p.value("frames").begin_list().end_list();
+    p.value("blocks").begin_list();
+    if (overhead > 0) {
+      p.begin_dict().item("address", address - overhead).item("size", overhead).item("requested_size", 0);
+      p.item("state", "inactive").value("frames").begin_list().end_list().end_dict();
+    }
+    p.begin_dict().item("address", address).item("size", b.size).item("requested_size", b.size);
+    p.item("state", "active_allocated").value("frames");
+    frames_of(p, b);
+    // Torch 1.13's viewers read the frames from here.
+    p.value("history").begin_list().begin_dict().item("addr", address).item("real_size", b.size).value("frames");
+    frames_of(p, b);
+    p.end_dict().end_list();
+    p.end_dict();  // the block
+    p.end_list().end_dict();
+  }
+  p.end_list();
+  p.value("device_traces").begin_list().begin_list();
+  // Some versions of the viewer add the category "unknown" when the trace lacks it, through a
+  // misspelt name that throws: a first event of that category keeps them from it.
+  p.begin_dict().item("action", "snapshot").item("addr", 0).item("size", 0).item("stream", 0);
+  p.item("category", "unknown").value("frames").begin_list().end_list().end_dict();
+  for (const MemoryBlockInfo& b : s.blocks) {
+    p.begin_dict().item("action", "alloc").item("addr", static_cast<std::int64_t>(b.address)).item("size", b.size);
+    p.item("stream", 0).item("category", memory_category_name(b.category)).value("frames");
+    frames_of(p, b);
+    p.end_dict();
+  }
+  if (s.requested > 0) {
+    const std::int64_t free = s.limit > 0 ? std::max<std::int64_t>(s.limit - s.live.allocated, 0) : 0;
+    p.begin_dict().item("action", "oom").item("addr", 0).item("size", s.requested).item("stream", 0);
+    p.item("device_free", free).value("frames").begin_list().end_list().end_dict();
+  }
+  p.end_list().end_list();
+  p.end_dict();
+  return p.finish();
 }
 
 }  // namespace
@@ -77,6 +146,7 @@ void write_memory_snapshot(const MemorySnapshot& s, const std::string& path_pref
   }
   text += "\n  ]\n}\n";
   detail::write_atomic(path_prefix + ".json", text);
+  detail::write_atomic(path_prefix + ".pickle", pickle_of(s));
 }
 
 }  // namespace trainer

@@ -98,12 +98,22 @@ struct ScopedArgs {
 
 }  // namespace
 
-void Hooks::start_memory_timeline(const MemorySettings& s, const std::string& path) {
-  timeline_ = std::make_unique<MemoryTimeline>(s, path, log_);
+void Hooks::start_memory_timeline(const MemorySettings& s, std::int64_t rank) {
+  const std::string name = rank > 0 ? "memory-rank-" + std::to_string(rank) + ".jsonl" : std::string("memory.jsonl");
+  timeline_ = std::make_unique<MemoryTimeline>(s, ctx_.run_dir.empty() ? "" : ctx_.run_dir + "/" + name, log_);
 }
 
 Control Hooks::fire(Event e, const EventArgs& args) {
-  if (timeline_) timeline_->observe(e, state_, ctx_, args.oom);
+  if (timeline_) {
+    try {
+      timeline_->observe(e, state_, ctx_, args.oom);
+    } catch (const std::exception& error) {
+      // What the memory was spent on is never worth the run (nor the event the plugins are
+      // about to hear of: an out-of-memory error's retry may depend on it).
+      log_->warn("the memory timeline stops at {}: {}", event_name(e), error.what());
+      timeline_.reset();
+    }
+  }
   Control control;
   if (bus_.subscribers(e) == 0) return control;
   const ScopedArgs scoped(ctx_, e, state_, args);

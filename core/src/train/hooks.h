@@ -80,9 +80,10 @@ class Hooks {
   /// `e` = BeforeForward (training) or EvalBatchStart (evaluation) with the batch in `args`.
   EventBus::ForwardScopes forward_scopes(Event e, const EventArgs& args);
 
-  /// Samples the live memory by category at the step's events into `path` (memory.jsonl), as
-  /// `s` says ([memory]); until then, and with "" as `path`, it is only attributed.
-  void start_memory_timeline(const MemorySettings& s, const std::string& path);
+  /// Attributes the run's memory and samples it by category at the step's events into
+  /// RUN_DIR/memory.jsonl (memory-rank-<rank>.jsonl for the ranks other than 0), as `s` says
+  /// ([memory]); nothing before this is called.
+  void start_memory_timeline(const MemorySettings& s, std::int64_t rank);
 
   /// Whether any plugin subscribed to `e` (to skip work only its arguments need).
   bool wants(Event e) const { return bus_.subscribers(e) > 0; }

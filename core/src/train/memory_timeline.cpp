@@ -51,16 +51,21 @@ std::string json_of(const MemoryBreakdown& b, bool with_reserved) {
 }
 
 /// Lines in the file at `path` (0 when there is none): a run resumed in place goes on counting.
-std::int64_t count_lines(const std::string& path) {
+/// `cut` tells whether its last line has no end (the run that wrote it was killed mid-line).
+std::int64_t count_lines(const std::string& path, bool& cut) {
+  cut = false;
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (!f) return 0;
   std::int64_t n = 0;
   char buf[1 << 16];
+  char last = '\n';
   for (std::size_t got; (got = std::fread(buf, 1, sizeof buf, f)) > 0;) {
     for (std::size_t i = 0; i < got; ++i) n += buf[i] == '\n';
+    last = buf[got - 1];
   }
   std::fclose(f);
-  return n;
+  cut = last != '\n';
+  return n + (cut ? 1 : 0);
 }
 
 }  // namespace
@@ -69,24 +74,39 @@ std::string write_oom_snapshot(const MemorySnapshot& s, const std::string& run_d
                                std::int64_t keep, spdlog::logger& log) {
   if (keep <= 0 || run_dir.empty()) return "";
   const std::string rel_dir = rank > 0 ? "memory/rank-" + std::to_string(rank) : std::string("memory");
-  const std::string name = fmt::format("oom-{:08d}-{}-{}", s.step, s.phase.empty() ? "none" : s.phase, s.attempt + 1);
+  // Zero-padded, so that names sort as steps and attempts do (at most OomRecovery::kMaxAttempts).
+  const std::string name =
+      fmt::format("oom-{:08d}-{}-{:02d}", s.step, s.phase.empty() ? "none" : s.phase, s.attempt + 1);
+  const fs::path dir = fs::path(run_dir) / rel_dir;
   try {
-    const fs::path dir = fs::path(run_dir) / rel_dir;
     fs::create_directories(dir);
     write_memory_snapshot(s, (dir / name).string());
-    // The newest `keep`: by time written, then by name.
-    std::vector<std::pair<fs::file_time_type, fs::path>> kept;
-    for (const auto& entry : fs::directory_iterator(dir)) {
-      const std::string file = entry.path().filename().string();
-      if (entry.is_regular_file() && file.rfind("oom-", 0) == 0 && entry.path().extension() == ".json") {
-        kept.emplace_back(entry.last_write_time(), entry.path());
-      }
-    }
-    std::sort(kept.begin(), kept.end());
-    for (std::size_t i = 0; i + static_cast<std::size_t>(keep) < kept.size(); ++i) fs::remove(kept[i].second);
   } catch (const std::exception& e) {
     log.warn("the out-of-memory snapshot {}/{}.json was not written: {}", rel_dir, name, e.what());
     return "";
+  }
+  // The newest `keep` (each a .json and its .pickle), by time written, then by name. A file that
+  // cannot be listed or removed stays: it was written, and the next snapshot tries again.
+  std::vector<std::pair<fs::file_time_type, fs::path>> kept;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const fs::path& file = it->path();
+    std::error_code bad;
+    const auto when = it->last_write_time(bad);
+    if (!bad && it->is_regular_file(bad) && !bad && file.filename().string().rfind("oom-", 0) == 0 &&
+        file.extension() == ".json") {
+      kept.emplace_back(when, file);
+    }
+  }
+  std::sort(kept.begin(), kept.end());
+  for (std::size_t i = 0; i + static_cast<std::size_t>(keep) < kept.size(); ++i) {
+    fs::path pickle = kept[i].second;
+    pickle.replace_extension(".pickle");
+    for (const fs::path& old : {kept[i].second, pickle}) {
+      if (fs::remove(old, ec); ec) {
+        log.warn("could not remove the old out-of-memory snapshot {}: {}", old.string(), ec.message());
+      }
+    }
   }
   return rel_dir + "/" + name + ".json";
 }
@@ -106,13 +126,21 @@ MemoryTimeline::~MemoryTimeline() {
 void MemoryTimeline::write(const std::string& line) {
   if (every_ == 0 || failed_) return;
   if (!file_) {
-    lines_ = count_lines(path_);
+    bool cut = false;
+    lines_ = count_lines(path_, cut);
     file_ = std::fopen(path_.c_str(), "a");
+    // A line cut short stays a line of its own (readers skip it), not the start of this one.
+    if (file_ && cut && std::fputc('\n', file_) == EOF) {
+      std::fclose(file_);
+      file_ = nullptr;
+    }
   }
   if (file_ && lines_ >= max_lines_) {
     std::fclose(file_);
     std::error_code ec;
-    fs::rename(path_, path_.substr(0, path_.size() - 6) + ".1.jsonl", ec);  // memory.jsonl -> memory.1.jsonl
+    fs::path older(path_);  // memory.jsonl -> memory.1.jsonl
+    older.replace_extension(".1" + older.extension().string());
+    fs::rename(path_, older, ec);
     file_ = std::fopen(path_.c_str(), ec ? "a" : "w");
     lines_ = ec ? lines_ : 0;
   }
@@ -134,11 +162,13 @@ void MemoryTimeline::observe(Event e, const RunState& state, const EventContext&
       attribute_run_memory(ctx.model.get(), ctx.optimizer);
       // The model's parameters from here on (Module::parameters() names each one: too slow for every step).
       params_ = ctx.model ? ctx.model->parameters() : std::vector<at::Tensor>{};
+      state_entries_ = ctx.optimizer ? ctx.optimizer->state().size() : 0;
       break;
     case Event::BatchStart:
       reset_peak_breakdown(ctx.device);
       start_ = memory_breakdown(ctx.device);
       forward_ = backward_ = step_ = MemoryBreakdown{};
+      stepped_ = false;
       break;
     case Event::AfterForward: {
       const MemoryBreakdown b = memory_breakdown(ctx.device);
@@ -154,11 +184,18 @@ void MemoryTimeline::observe(Event e, const RunState& state, const EventContext&
       break;
     }
     case Event::AfterOptimizerStep:
-      attribute_run_memory(nullptr, ctx.optimizer);  // state an optimizer created in its step
+      // The state an optimizer created in its step (LibTorch's create theirs at the first one;
+      // they change it in place after).
+      if (ctx.optimizer && ctx.optimizer->state().size() != state_entries_) {
+        attribute_run_memory(nullptr, ctx.optimizer);
+        state_entries_ = ctx.optimizer->state().size();
+      }
       step_ = memory_breakdown(ctx.device);
+      stepped_ = true;
       break;
     case Event::BatchEnd:
-      if (every_ > 0 && state.global_step % every_ == 0) {
+      // One line per optimizer step: a batch skipped (a plugin's skip, a non-finite loss) took none.
+      if (stepped_ && every_ > 0 && state.global_step % every_ == 0) {
         write(fmt::format(
             "{{\"kind\":\"step\",\"step\":{},\"epoch\":{},\"micro_batch\":{},\"start\":{},\"forward\":{},"
             "\"backward\":{},\"optimizer_step\":{},\"peak\":{}}}",
@@ -175,7 +212,8 @@ void MemoryTimeline::observe(Event e, const RunState& state, const EventContext&
             oom->requested_bytes, oom->live ? "\"live\":" + json_of(*oom->live, false) + "," : std::string(),
             json_of(peak_memory_breakdown(ctx.device), false), json_of(memory_breakdown(ctx.device), true)));
       }
-      reset_peak_breakdown(ctx.device);  // the retry's peak is its own
+      reset_peak_breakdown(ctx.device);  // the retry's peak and points are its own
+      forward_ = backward_ = step_ = MemoryBreakdown{};
       break;
     case Event::EvalStart:
       reset_peak_breakdown(ctx.device);

@@ -27,8 +27,8 @@ namespace trainer {
 void attribute_run_memory(const Model* model, torch::optim::Optimizer* optim);
 
 /// Writes `s`, the snapshot of an out-of-memory error, as
-/// RUN_DIR/memory/oom-<step>-<phase>-<attempt>.json (memory/rank-<r>/… for ranks other than 0)
-/// and keeps the newest `keep` there. Returns its path relative to `run_dir`; "" when `keep` is
+/// RUN_DIR/memory/oom-<step>-<phase>-<attempt>.json and .pickle (memory/rank-<r>/… for ranks
+/// other than 0) and keeps the newest `keep` there. Returns its path relative to `run_dir`; "" when `keep` is
 /// 0 or the write failed (`log` warned: a snapshot never fails the run).
 std::string write_oom_snapshot(const MemorySnapshot& s, const std::string& run_dir, std::int64_t rank,
                                std::int64_t keep, spdlog::logger& log);
@@ -54,8 +54,10 @@ class MemoryTimeline {
   std::FILE* file_ = nullptr;
   std::int64_t lines_ = 0;  ///< in the current file
   bool failed_ = false;     ///< a write failed once: the timeline stopped (warned)
+  bool stepped_ = false;    ///< the optimizer stepped since BatchStart
   MemoryBreakdown start_, forward_, backward_, step_;
   std::vector<at::Tensor> params_;  ///< the model's, as of its last change (ModelToDevice … FitStart)
+  std::size_t state_entries_ = 0;   ///< the optimizer's per-parameter states when last attributed
 };
 
 }  // namespace trainer

@@ -32,6 +32,7 @@ std::string OomRecovery::write_snapshot(const detail::Refusal& refused, const st
   s.blocks_left_out = refused.blocks_left_out;
   s.requested = refused.requested;
   s.limit = memory_stats(parts_.device).limit;
+  s.block_overhead = detail::kCpuBlockHeader;
   s.step = state_.global_step;
   s.epoch = state_.epoch;
   s.micro_batch = size;
@@ -72,9 +73,15 @@ std::int64_t OomRecovery::recover(const std::exception& e, OomRetry rule, std::i
   if (parts_.device.is_cpu()) {
     if (auto refused = detail::cpu_take_refusal()) {
       live_ = refused->live;
-      seen = "; live then: " + largest_category_text(refused->live);
-      const std::string file = write_snapshot(*refused, e, rule == OomRetry::Once ? 0 : micro, attempt);
-      if (!file.empty()) seen += "; snapshot " + file;
+      // Telling what was live is never worth the recovery: without memory even for that, the
+      // warning goes without it.
+      try {
+        seen = "; live then: " + largest_category_text(refused->live);
+        const std::string file = write_snapshot(*refused, e, rule == OomRetry::Once ? 0 : micro, attempt);
+        if (!file.empty()) seen += "; snapshot " + file;
+      } catch (const std::exception& error) {
+        log_.warn("the out-of-memory snapshot was not written: {}", error.what());
+      }
     }
   }
   if (rule == OomRetry::Once) {

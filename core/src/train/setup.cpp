@@ -73,10 +73,12 @@ MemoryBudget::MemoryBudget(const c10::Device& device, const MemorySettings& s, s
     : categories_before_(has_memory_categories(c10::kCPU)) {
   TRAINER_CHECK_T(UsageError, s.limit_mb == 0 || s.fraction == 0,
                   "memory.limit_mb and memory.fraction are both set; set one of them");
-  set_memory_categories(s.categories);
+  // The categories switch only once nothing else here can throw: a constructor that throws
+  // has no destructor to switch them back.
   if (!has_memory_backend(device)) {
     TRAINER_CHECK_T(UsageError, s.limit_mb == 0 && s.fraction == 0, "memory.limit_mb/memory.fraction on ", device.str(),
                     " need its memory backend, which this build does not have");
+    set_memory_categories(s.categories);
     return;
   }
   previous_ = memory_stats(device).limit;
@@ -91,6 +93,7 @@ MemoryBudget::MemoryBudget(const c10::Device& device, const MemorySettings& s, s
     set_memory_limit(device, previous_);
     throw;
   }
+  set_memory_categories(s.categories);
   if (const std::int64_t limit = memory_stats(device).limit; limit > 0) {
     log.info("memory budget: {} on {}", format_bytes(limit), device.str());
   }
@@ -107,6 +110,7 @@ MemoryBudget::~MemoryBudget() {
 }
 
 void setup_data(RunParts& parts, const Config& cfg, bool with_test_split, spdlog::logger& log) {
+  const MemoryCategoryScope held(MemoryCategory::Dataset);  // what the data sets keep in memory
   const Config section = cfg.sub("dataset");
   const std::string name = cfg.get<std::string>("dataset.name");
   auto factory = dataset_registry().get(name).factory;
@@ -167,6 +171,9 @@ static std::string weights_file(const std::string& path, spdlog::logger& log) {
 }
 
 void setup_model(RunParts& parts, Hooks& hooks, const Config& cfg, bool resuming, spdlog::logger& log) {
+  // The weights and buffers, whatever a plugin builds or loads in ModelCreated; the core
+  // attributes them again by identity once they are on the device.
+  const MemoryCategoryScope weights(MemoryCategory::Parameters);
   const Config section = cfg.sub("model");
   // The model's outputs per sample are what the task needs (the classes, labels or targets).
   DataSpec spec = parts.train_set->spec();

@@ -145,10 +145,7 @@ struct Trainer::Impl {
     metrics = make_metrics(metric_settings, dir->path(), log);
     hooks = std::make_unique<Hooks>(cfg, log, *metrics, dir->path(), state);
     hooks->context().group = parts.group.get();
-    hooks->start_memory_timeline(
-        MemorySettings::from(cfg.sub("memory")),
-        dir->path() + (parts.writer() ? std::string("/memory.jsonl")
-                                      : "/memory-rank-" + std::to_string(parts.group->rank()) + ".jsonl"));
+    hooks->start_memory_timeline(MemorySettings::from(cfg.sub("memory")), parts.group ? parts.group->rank() : 0);
     hooks->add_plugins(opts.plugins);
     log->info("run directory: {}{}", dir->path(), in_place ? " (resuming in place)" : "");
     if (autoresumed) log->info("checkpoint.autoresume: {} holds checkpoints; resuming from them", dir->path());
@@ -210,14 +207,8 @@ struct Trainer::Impl {
     if (parts.group) check_one_gpu_per_rank();
     budget.emplace(parts.device, MemorySettings::from(cfg.sub("memory")), *log);
     log->info("device: {}", parts.device.str());
-    {
-      MemoryCategoryScope data(MemoryCategory::Dataset);
-      setup_data(parts, cfg, settings.eval.evaluates(), *log);
-    }
-    {
-      MemoryCategoryScope weights(MemoryCategory::Parameters);
-      setup_model(parts, *hooks, cfg, /*resuming=*/!opts.resume.empty(), *log);
-    }
+    setup_data(parts, cfg, settings.eval.evaluates(), *log);
+    setup_model(parts, *hooks, cfg, /*resuming=*/!opts.resume.empty(), *log);
     setup_optimizer(parts, *hooks, cfg);
     if (parts.group) {
       // Every rank starts from rank 0's weights (a resume then loads the same checkpoint on each).
