@@ -11,6 +11,7 @@
 //
 // Only the standard library and nlohmann-json: the report reads a run without LibTorch.
 
+#include <array>
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
@@ -44,6 +45,12 @@ inline constexpr std::size_t kMaxConfigBytes = std::size_t(1) << 20;       ///< 
 inline constexpr std::size_t kMaxLogBytes = std::size_t(16) << 20;         ///< trainer.log: its last 16 MiB read
 inline constexpr std::size_t kMaxLogLineChars = 2000;                      ///< a longer log line is cut
 inline constexpr std::size_t kMaxLrFindBytes = std::size_t(16) << 20;      ///< a larger lr_find.json is not read
+inline constexpr std::size_t kMaxTimelineBytes = std::size_t(64)
+                                                 << 20;  ///< memory.jsonl, memory.1.jsonl: their first 64 MiB
+inline constexpr std::size_t kMaxTimelineLineBytes = std::size_t(16) << 10;  ///< a longer line is skipped
+inline constexpr std::size_t kMaxSnapshots = 20;  ///< memory/oom-*.json read: the last by name (the newest steps)
+inline constexpr std::size_t kMaxSnapshotBytes = std::size_t(8) << 20;  ///< a larger snapshot is not read
+inline constexpr std::size_t kSnapshotRows = 10;                        ///< largest allocations shown per snapshot
 
 // What the page draws at most, however many points and names metrics.jsonl holds.
 inline constexpr std::size_t kMaxLinePoints = 2000;  ///< points of one chart line (each bucket's min and max kept)
@@ -64,6 +71,47 @@ struct OomEvent {
   double step = 0;
   double time = 0;
   double micro_batch = 0;  ///< the micro-batch size of the attempt that failed
+};
+
+/// The memory categories of the core's accounting (trainer/memory.h's MemoryCategory, in its
+/// order), as memory.jsonl and the snapshots name them.
+inline constexpr std::size_t kMemoryCategoryCount = 8;
+inline constexpr const char* kMemoryCategoryNames[kMemoryCategoryCount] = {
+    "other", "parameters", "gradients", "optimizer_state", "activations", "batch", "evaluation", "dataset"};
+
+/// Bytes by category (kMemoryCategoryNames' order).
+using CategoryBytes = std::array<double, kMemoryCategoryCount>;
+
+/// A `step` line of memory.jsonl: the split at the step's highest point.
+struct MemoryStep {
+  double step = 0;
+  double micro_batch = 0;
+  CategoryBytes peak{};
+};
+
+/// An `oom` line of memory.jsonl.
+struct MemoryOom {
+  double step = 0;
+  std::string phase;
+  double micro_batch = 0;
+  double attempt = 0;  ///< 0-based
+  double requested = 0;
+  std::optional<CategoryBytes> live;  ///< what was live at the refusal, when recorded
+};
+
+/// An out-of-memory snapshot (RUN_DIR/memory/oom-*.json): where it happened, the split and its
+/// largest allocations.
+struct SnapshotSummary {
+  std::string file;  ///< relative to the run directory
+  double step = 0, micro_batch = 0, attempt = 0, requested = 0, limit = 0, allocated = 0;
+  std::string phase, reason, largest_category;
+  CategoryBytes categories{};
+  struct Block {
+    double size = 0;
+    std::string category, phase;
+    double serial = 0;
+  };
+  std::vector<Block> largest;  ///< the first kSnapshotRows of its "largest"
 };
 
 /// A change of `train/micro_batch_size` from one logged point to the next.
@@ -112,7 +160,12 @@ struct RunData {
   std::vector<std::string> log_tail;      ///< the last lines of trainer.log
   std::optional<LrFindData> lr_find;      ///< lr_find.json, when present and readable
   std::string lr_find_error;              ///< why lr_find.json could not be read (it exists)
-  double generated_at = 0;                ///< when it was read, seconds since the Unix epoch
+  std::vector<MemoryStep> memory_steps;   ///< memory.1.jsonl then memory.jsonl, in file order
+  std::vector<MemoryOom> memory_ooms;
+  std::size_t memory_bad_lines = 0;         ///< lines of memory.jsonl that could not be read
+  std::vector<SnapshotSummary> snapshots;   ///< by name (step, phase, attempt)
+  std::vector<std::string> snapshot_notes;  ///< snapshots not read, and why
+  double generated_at = 0;                  ///< when it was read, seconds since the Unix epoch
 };
 
 /// A run directory or metrics file that cannot be read; the message names the path.

@@ -158,9 +158,53 @@ std::vector<XY> downsample(const std::vector<XY>& pts) {
   return out;
 }
 
+/// `lines` stacked: each line's y is its own plus those of the lines before it.
+std::vector<Line> stack(const std::vector<Line>& lines) {
+  std::vector<Line> out = lines;
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    for (std::size_t k = 0; k < out[i].points.size(); ++k) {
+      double& y = out[i].points[k].y;
+      if (!std::isfinite(y)) y = 0;
+      if (i > 0 && k < out[i - 1].points.size()) y += out[i - 1].points[k].y;
+    }
+  }
+  return out;
+}
+
+/// The indices a stacked chart draws: all of them, or at most kMaxLinePoints: of each run of
+/// consecutive points, the first, the highest (of the whole stack) and the last.
+std::vector<std::size_t> stacked_indices(const std::vector<XY>& top) {
+  std::vector<std::size_t> out;
+  const std::size_t n = top.size();
+  if (n <= kMaxLinePoints) {
+    for (std::size_t k = 0; k < n; ++k) out.push_back(k);
+    return out;
+  }
+  const std::size_t buckets = kMaxLinePoints / 3;
+  for (std::size_t b = 0; b < buckets; ++b) {
+    const std::size_t begin = b * n / buckets, end = (b + 1) * n / buckets;
+    if (begin == end) continue;
+    std::size_t hi = begin;
+    for (std::size_t k = begin; k < end; ++k) {
+      if (top[k].y > top[hi].y) hi = k;
+    }
+    for (const std::size_t k : {begin, hi, end - 1}) {
+      if (out.empty() || out.back() < k) out.push_back(k);
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
-std::string render_svg(const Chart& c) {
+std::string render_svg(const Chart& chart) {
+  // A stacked chart is drawn from its running sums; its legend names the lines as given.
+  Chart stacked_copy;
+  if (chart.stacked) {
+    stacked_copy = chart;
+    stacked_copy.lines = stack(chart.lines);
+  }
+  const Chart& c = chart.stacked ? stacked_copy : chart;
   // Legend: rows of swatches above the plot, wrapped to the chart's width.
   struct Item {
     std::string text, colour, dash;
@@ -213,6 +257,7 @@ std::string render_svg(const Chart& c) {
   }
   if (!(xmin <= xmax)) xmin = 0, xmax = 1;
   if (!(ymin <= ymax)) ymin = 0, ymax = 1;
+  if (c.stacked) ymin = std::min(ymin, 0.0);  // areas rise from 0
   // The x axis spans the data (from 0 when the data starts near it), the y axis round values.
   if (xmin > 0 && xmin < 0.2 * xmax && !c.x_log10) xmin = 0;
   double x0 = xmin, x1 = xmax;
@@ -265,7 +310,44 @@ std::string render_svg(const Chart& c) {
       << ") rotate(-90)\" text-anchor=\"middle\">" << html_escape(c.y_label) << "</text>\n";
   }
 
+  const bool areas = c.stacked && !c.lines.empty() && std::all_of(c.lines.begin(), c.lines.end(), [&](const Line& l) {
+                       return l.points.size() == c.lines.front().points.size();
+                     });
+  if (areas) {
+    // An area per line, between its running sum and the one below, under a tooltip of its name.
+    const std::vector<std::size_t> drawn = stacked_indices(c.lines.back().points);
+    for (std::size_t i = 0; i < c.lines.size(); ++i) {
+      const auto& l = c.lines[i];
+      s << "<polygon fill=\"" << l.colour << "\" fill-opacity=\"0.85\" stroke=\"" << l.colour
+        << "\" stroke-width=\"0.5\" points=\"";
+      for (const std::size_t k : drawn) s << coord(px(l.points[k].x)) << ',' << coord(py(l.points[k].y)) << ' ';
+      for (auto k = drawn.rbegin(); k != drawn.rend(); ++k) {
+        const double below = i > 0 ? c.lines[i - 1].points[*k].y : 0.0;
+        s << coord(px(l.points[*k].x)) << ',' << coord(py(below)) << ' ';
+      }
+      s << "\"><title>" << html_escape(l.label) << "</title></polygon>\n";
+    }
+    // Over them, columns (at most kMaxDots, evenly spread over the drawn points) whose tooltips
+    // give every line's own value at that step.
+    const auto& sum = c.lines.back().points;
+    std::vector<std::size_t> cols;
+    const std::size_t stride = (drawn.size() + kMaxDots - 1) / kMaxDots;
+    for (std::size_t d = 0; d < drawn.size(); d += std::max<std::size_t>(stride, 1)) cols.push_back(drawn[d]);
+    for (std::size_t d = 0; d < cols.size(); ++d) {
+      const std::size_t k = cols[d];
+      const double from = px(d == 0 ? sum[k].x : (sum[cols[d - 1]].x + sum[k].x) / 2);
+      const double to = px(d + 1 == cols.size() ? sum[k].x : (sum[k].x + sum[cols[d + 1]].x) / 2);
+      std::string tip = "step " + format_number(sum[k].step, 12);
+      for (auto l = chart.lines.rbegin(); l != chart.lines.rend(); ++l) {
+        if (k < l->points.size()) tip += "\n" + l->label + ": " + format_number(l->points[k].y, 4);
+      }
+      s << "<rect class=\"column\" x=\"" << coord(from) << "\" y=\"" << top << "\" width=\""
+        << coord(std::max(to - from, 1.0)) << "\" height=\"" << ph << "\" fill=\"transparent\"><title>"
+        << html_escape(tip) << "</title></rect>\n";
+    }
+  }
   for (const auto& l : c.lines) {
+    if (c.stacked) break;
     std::vector<XY> finite;
     std::vector<const XY*> bad;
     for (const auto& p : l.points) {

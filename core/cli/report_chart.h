@@ -42,6 +42,9 @@ struct Chart {
   std::vector<Marker> markers;
   /// x holds log10 of the value (a learning rate): tick labels and tooltips show the value.
   bool x_log10 = false;
+  /// The lines are stacked areas, each on top of the ones before it: every line has the same
+  /// x values in the same order (a y that is not finite counts as 0).
+  bool stacked = false;
 };
 
 /// The chart as an `<svg>` element: plot area, grid, axes with tick labels, axis labels, legend,

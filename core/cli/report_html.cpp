@@ -3,6 +3,7 @@
 #include "report.h"
 
 #include "report_chart.h"
+#include "report_memory.h"
 #include "report_sections.h"
 
 #include <algorithm>
@@ -251,6 +252,8 @@ std::string render_html(const RunData& d) {
     }
     h << "</section>\n";
   }
+
+  h << memory_map_section(d);
 
   std::vector<std::string> others;
   std::size_t colour = 0;

@@ -184,31 +184,58 @@ TEST_F(MemoryCategories, AnUnknownCategoryIsRefused) {
   EXPECT_EQ(memory_breakdown(kHostDevice)[MemoryCategory::Other] - before[MemoryCategory::Other], 32);
 }
 
-TEST_F(MemoryCategories, ARefusalIsTheRefusingThreadsOwnUntilHandedOver) {
-  detail::cpu_take_refusal();  // none left from before
-  const std::int64_t big = std::int64_t{16} << 20;
+/// Allocates `bytes` under a budget of what is in use plus 1 MiB, which refuses it; true when it was refused.
+bool refused_here(std::int64_t bytes) {
   set_memory_limit(kHostDevice, memory_stats(kHostDevice).allocated + (1 << 20));
-  std::optional<detail::Refusal> theirs;
   bool refused = false;
-  std::thread([&] {
-    try {
-      auto t = torch::empty({big}, torch::kByte);
-    } catch (const c10::Error&) {
-      refused = true;
-    }
-    theirs = detail::cpu_take_refusal();
-  }).join();
+  try {
+    auto t = torch::empty({bytes}, torch::kByte);
+  } catch (const c10::Error&) {
+    refused = true;
+  }
   set_memory_limit(kHostDevice, 0);
-  ASSERT_TRUE(refused);
-  EXPECT_FALSE(detail::cpu_take_refusal().has_value());  // not this thread's
-  ASSERT_TRUE(theirs.has_value());
-  EXPECT_EQ(theirs->requested, big);
-  EXPECT_EQ(sum(theirs->live), theirs->live.allocated);
-  detail::cpu_keep_refusal(std::move(theirs));  // handed over, as a loader worker's with its error
-  const auto taken = detail::cpu_take_refusal();
-  ASSERT_TRUE(taken.has_value());
-  EXPECT_EQ(taken->requested, big);
-  EXPECT_FALSE(detail::cpu_take_refusal().has_value());  // once
+  return refused;
+}
+
+TEST_F(MemoryCategories, ARefusalIsItsThreadsAndAnotherThreadsOnlyWhenThatThreadLeftIt) {
+  const std::int64_t mine = std::int64_t{16} << 20, theirs = std::int64_t{32} << 20;
+  detail::cpu_take_refusal();
+  const std::uint64_t mark = detail::cpu_refusal_mark();
+  // Another thread's refusal that it took itself (a loader worker's, handed over with its
+  // error) is not seen here, however recent.
+  detail::RefusalPtr handed;
+  std::thread([&] {
+    ASSERT_TRUE(refused_here(theirs));
+    handed = detail::cpu_take_refusal();
+  }).join();
+  ASSERT_NE(handed, nullptr);
+  EXPECT_EQ(handed->requested, theirs);
+  EXPECT_EQ(detail::cpu_take_refusal(mark), nullptr);
+  detail::cpu_keep_refusal(handed);  // handed over: now this thread's own
+  EXPECT_EQ(detail::cpu_take_refusal(mark), handed);
+  EXPECT_EQ(detail::cpu_take_refusal(mark), nullptr);  // once
+
+  // One it left (an intra-op worker's, whose error the caller rethrows) is seen after the mark
+  // only; this thread's own comes first.
+  const std::uint64_t before = detail::cpu_refusal_mark();
+  std::thread([&] { ASSERT_TRUE(refused_here(theirs)); }).join();
+  const detail::RefusalPtr left = detail::cpu_take_refusal(before);
+  ASSERT_NE(left, nullptr);
+  EXPECT_EQ(left->requested, theirs);
+  EXPECT_GT(left->sequence, before);
+  std::thread([&] { ASSERT_TRUE(refused_here(theirs)); }).join();
+  const std::uint64_t after = detail::cpu_refusal_mark();
+  EXPECT_EQ(detail::cpu_take_refusal(after), nullptr);  // not after the mark: an earlier attempt's
+  ASSERT_TRUE(refused_here(mine));
+  std::thread([&] { ASSERT_TRUE(refused_here(theirs)); }).join();  // newer, but not this thread's
+  const detail::RefusalPtr own = detail::cpu_take_refusal(after);
+  ASSERT_NE(own, nullptr);
+  EXPECT_EQ(own->requested, mine);
+  EXPECT_EQ(sum(own->live), own->live.allocated);
+  const detail::RefusalPtr next = detail::cpu_take_refusal(after);  // then the one the other thread left
+  ASSERT_NE(next, nullptr);
+  EXPECT_EQ(next->requested, theirs);
+  EXPECT_EQ(detail::cpu_take_refusal(after), nullptr);
 }
 
 TEST_F(MemoryCategories, BytesAnotherThreadIsAllocatingAreNeverCountedAsOther) {

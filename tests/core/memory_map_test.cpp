@@ -11,6 +11,7 @@
 #include <map>
 #include <regex>
 
+#include "report.h"
 #include "support/refusing_data.h"
 #include "support/test_util.h"
 #include "trainer/memory.h"
@@ -58,6 +59,7 @@ name = "cnn"
 channels = [32, 32]
 hidden = 16
 batch_norm = false
+memory_format = "contiguous"
 [dataset]
 name = "synthetic"
 size = 64
@@ -300,6 +302,16 @@ console = false
     EXPECT_NE(snap.find("\"allocated\": " + std::to_string(live.allocated)), std::string::npos) << snap;
     const auto categories = point_of(snap, "categories");
     EXPECT_EQ(categories_sum(categories), live.allocated);
+    // `trainer report` reads what the run wrote: a point per optimizer step, the error, the snapshot.
+    const report::RunData page = report::read_run(dir);
+    EXPECT_EQ(page.memory_bad_lines, 0u);
+    EXPECT_EQ(page.memory_steps.size(), static_cast<std::size_t>(r.global_step));
+    ASSERT_EQ(page.memory_ooms.size(), 1u);
+    EXPECT_EQ(page.memory_ooms[0].phase, c.phase);
+    ASSERT_EQ(page.snapshots.size(), 1u);
+    EXPECT_EQ(page.snapshots[0].largest_category, memory_category_name(c.dominant));
+    EXPECT_EQ(page.snapshots[0].allocated, static_cast<double>(live.allocated));
+    EXPECT_NE(report::render_html(page).find("<h2>Memory by category</h2>"), std::string::npos);
     // The largest allocations, largest first; in the activations case the largest of all is a
     // feature map the forward kept.
     static const std::regex block("\\{\"size\": ([0-9]+), \"category\": \"([a-z_]+)\", \"phase\": \"([a-z_]*)\"");
@@ -412,6 +424,28 @@ TEST_F(MemoryMap, AResumedRunAppendsAfterALineTheKilledRunLeftUnfinished) {
   EXPECT_EQ(lines[2], "{\"kind\":\"step\",\"step\":3,\"ep");
   EXPECT_EQ(lines[3].rfind("{\"kind\":\"step\",\"step\":3,\"epoch\":0,", 0), 0u) << lines[3];
   EXPECT_EQ(lines[3].back(), '}') << lines[3];
+}
+
+TEST_F(MemoryMap, AMemoryJsonlThatIsALinkIsNotWrittenThrough) {
+  // A run directory is untrusted: a memory.jsonl planted as a link to another file (or a FIFO,
+  // which would block) is not opened; the run goes on without its timeline, and says so.
+  const std::vector<std::string> keys = {"eval.every_epochs=0", "checkpoint.every_steps=1"};
+  auto first = keys;
+  first.push_back("training.max_steps=2");
+  ASSERT_EQ(fit(kMlpRecipe, first, "run").exit_code, kExitOk);
+  const std::string outside = tmp_ / "outside.txt";
+  testing::write_file(outside, "not the run's\n");
+  std::filesystem::remove(tmp_ / "run/memory.jsonl");
+  std::filesystem::create_symlink(outside, tmp_ / "run/memory.jsonl");
+  TrainerOptions o = options_for(kMlpRecipe, keys, "ignored");
+  o.run_dir.clear();
+  o.resume = tmp_ / "run";
+  o.log_level = "info";
+  const RunResult r = Trainer(std::move(o)).fit();
+  ASSERT_EQ(r.exit_code, kExitOk) << r.message;
+  EXPECT_EQ(read_file(outside), "not the run's\n");
+  const std::string log = read_file(tmp_ / "run/trainer.log");
+  EXPECT_NE(log.find("cannot write the memory timeline"), std::string::npos) << log;
 }
 
 TEST_F(MemoryMap, ALoaderWorkersRefusalIsReportedByTheStepThatReadsTheBatch) {

@@ -43,6 +43,7 @@ name = "cnn"
 channels = [32, 32]
 hidden = 16
 batch_norm = false
+memory_format = "contiguous"  # auto picks a layout by timing, and the layouts' memory differs
 [dataset]
 name = "synthetic"
 size = 64

@@ -55,7 +55,7 @@ class TRAINER_API BatchLoader {
     at::Tensor indices;
     Batch batch;
     std::exception_ptr error;
-    std::shared_ptr<detail::Refusal> refused;  ///< what was live when the worker's allocation was refused
+    std::shared_ptr<const detail::Refusal> refused;  ///< what was live when the worker's allocation was refused
     bool done = false;
   };
   void work();

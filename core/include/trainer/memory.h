@@ -59,8 +59,10 @@ TRAINER_API std::optional<MemoryCategory> memory_category_named(std::string_view
 /// Live bytes of a device by category.
 struct MemoryBreakdown {
   std::array<std::int64_t, kMemoryCategoryCount> bytes{};  ///< indexed by MemoryCategory
-  std::int64_t allocated = 0;  ///< the sum of bytes: memory_stats().allocated at the same moment
-  std::int64_t reserved = 0;   ///< what the allocator holds for them (CPU: + 64 B of header per block)
+  /// The sum of bytes: memory_stats().allocated at the same moment, less the blocks other threads
+  /// are allocating at that instant (they join their category a moment later).
+  std::int64_t allocated = 0;
+  std::int64_t reserved = 0;  ///< what the allocator holds for them (CPU: + 64 B of header per block)
 
   std::int64_t operator[](MemoryCategory c) const { return bytes[static_cast<std::size_t>(c)]; }
   /// reserved - allocated: the allocator's slack.

@@ -42,12 +42,16 @@ struct MemorySnapshot {
   std::string phase;              ///< where it failed ("forward" …)
 };
 
+/// Blocks a snapshot's pickle holds at most (write_memory_snapshot).
+inline constexpr std::size_t kMaxPickledBlocks = 20000;
+
 /// What is live on `device` now. Throws trainer::Error where has_memory_categories(device) is false.
 TRAINER_API MemorySnapshot memory_snapshot(const c10::Device& device, const std::string& reason);
 
 /// Writes `<path_prefix>.json` (atomically): the snapshot's device, reason, where the run was,
 /// the request and the budget, the categories, and its `largest` blocks, largest first; and
-/// `<path_prefix>.pickle`: every listed block in the format of PyTorch's
+/// `<path_prefix>.pickle`: the listed blocks (the kMaxPickledBlocks largest of more; about
+/// 1 KB each) in the format of PyTorch's
 /// torch.cuda.memory._dump_snapshot (a dict of "segments" and "device_traces"), which
 /// pytorch.org/memory_viz and torch.cuda._memory_viz read. Each block is a segment of its own
 /// (the allocator's overhead in front of it, then the block); its frames name its category and

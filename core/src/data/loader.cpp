@@ -53,13 +53,16 @@ void BatchLoader::work() {
     lock.unlock();
     Batch batch;
     std::exception_ptr error;
-    std::shared_ptr<detail::Refusal> refused;
+    detail::RefusalPtr refused;
+    detail::cpu_take_refusal();  // one the dataset caught itself before is not this read's
     try {
       batch = dataset_->get_in_epoch(indices, epoch);
-    } catch (...) {
+    } catch (const std::exception& e) {
       error = std::current_exception();
       // A refused allocation goes with its error to the thread that recovers from it.
-      if (auto r = detail::cpu_take_refusal()) refused = std::make_shared<detail::Refusal>(std::move(*r));
+      if (is_out_of_memory(e)) refused = detail::cpu_take_refusal();
+    } catch (...) {
+      error = std::current_exception();
     }
     lock.lock();
     if (generation != generation_ || i < take_) continue;  // a new plan came, or the step went past it
@@ -102,13 +105,13 @@ Batch BatchLoader::next(const at::Tensor& indices) {
     (job.done ? ready_ : waited_) += 1;
     changed_.wait(lock, [&] { return job.done; });
     std::exception_ptr error = job.error;
-    std::shared_ptr<detail::Refusal> refused = std::move(job.refused);
+    detail::RefusalPtr refused = std::move(job.refused);
     batch = std::move(job.batch);
     job = Job{};
     ++take_;
     lock.unlock();
     changed_.notify_all();  // room for the workers to read further ahead
-    if (refused) detail::cpu_keep_refusal(std::move(*refused));
+    if (refused) detail::cpu_keep_refusal(std::move(refused));
     if (error) std::rethrow_exception(error);
   } else {
     const std::int64_t epoch = epoch_;

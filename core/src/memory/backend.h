@@ -3,6 +3,7 @@
 // is always built; the CUDA backend (cuda/cuda_backend.cpp) only against a LibTorch with
 // CUDA, which defines TRAINER_WITH_CUDA for the core.
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -61,12 +62,20 @@ struct Refusal {
   std::int64_t requested = 0;
   std::vector<LiveBlock> blocks;     ///< the live blocks then, oldest first
   std::int64_t blocks_left_out = 0;  ///< past kMaxListedBlocks, or not copied (no memory)
+  std::uint64_t sequence = 0;        ///< the process's refusals counted, from 1
 };
-/// This thread's last refusal since the previous call, once (nullopt when none, or categories
-/// were off). Exported for the tests, as cpu_keep_refusal.
-TRAINER_API std::optional<Refusal> cpu_take_refusal();
-/// Makes `refusal` this thread's pending one: a loader worker's, handed over with its error.
-TRAINER_API void cpu_keep_refusal(std::optional<Refusal> refusal);
+/// A refusal as it is kept and handed between threads (moving it allocates nothing).
+using RefusalPtr = std::shared_ptr<const Refusal>;
+
+/// The sequence number of the process's last refusal (0: none yet).
+TRAINER_API std::uint64_t cpu_refusal_mark();
+/// This thread's own last refusal, else the process's last one if it came after `mark` and its
+/// thread did not take it (an error thrown on another thread, an intra-op worker's, and
+/// rethrown here); once. Null when none (or categories were off). Exported for the tests, as
+/// the two beside it.
+TRAINER_API RefusalPtr cpu_take_refusal(std::uint64_t mark = UINT64_MAX);
+/// Makes `refusal` this thread's own: a loader worker's, handed over with its error.
+TRAINER_API void cpu_keep_refusal(RefusalPtr refusal);
 
 /// The live bytes by category and every listed live block, oldest first, at one instant
 /// (`blocks` gets at most kMaxListedBlocks; `left_out` the rest's count).

@@ -73,8 +73,11 @@ thread_local std::uint8_t t_category = 0;  // MemoryCategory::Other
 thread_local std::uint8_t t_phase = 0;     // outside the loop's phases
 // What was live when this thread's last allocation was refused, until taken (by the core's
 // out-of-memory recovery: by then the failed attempt's memory is gone). One per thread: a
-// loader worker's refusal is its own, handed over with its error.
-thread_local std::optional<detail::Refusal> t_refusal;
+// loader worker's refusal is its own, handed over with its error. The process's last one is
+// also kept (under g_list_mutex) for an error that another thread rethrows.
+thread_local detail::RefusalPtr t_refusal;
+detail::RefusalPtr g_last_refusal;
+std::uint64_t g_refusals = 0;
 
 void bump_peak(std::int64_t now) {
   std::int64_t peak = g_peak.load(std::memory_order_relaxed);
@@ -151,25 +154,31 @@ std::vector<LiveBlock> list_blocks(std::int64_t& left_out) {
   return out;
 }
 
-/// Keeps what was live at this thread's refused allocation of `size` bytes.
-void capture_refusal(std::int64_t size) {
+/// Keeps what was live at this thread's refused allocation of `size` bytes. Never throws: the
+/// caller's out-of-memory error is what the allocation ends in.
+void capture_refusal(std::int64_t size) noexcept {
   if (!g_categories.load(std::memory_order_relaxed)) return;
-  // Its own memory first, so that the copy under the lock allocates nothing but the block list.
-  t_refusal.reset();
-  detail::Refusal r;
-  std::lock_guard<std::mutex> lock(g_list_mutex);
-  r.live = breakdown_of(g_category_bytes, g_unlinked_bytes.load(std::memory_order_relaxed));
-  r.live.reserved = r.live.allocated;
-  r.requested = size;
-  // Every live block, for the snapshot (memory_snapshot.h); a system that refuses this copy
-  // too gets the categories alone.
+  t_refusal.reset();  // its memory first
   try {
-    r.blocks = list_blocks(r.blocks_left_out);
-  } catch (const std::bad_alloc&) {
-    r.blocks.clear();
-    r.blocks_left_out = g_linked_count;
+    auto r = std::make_shared<detail::Refusal>();
+    std::lock_guard<std::mutex> lock(g_list_mutex);
+    r->live = breakdown_of(g_category_bytes, g_unlinked_bytes.load(std::memory_order_relaxed));
+    r->live.reserved = r->live.allocated;
+    r->requested = size;
+    r->sequence = ++g_refusals;
+    // Every live block, for the snapshot (memory_snapshot.h); a system that refuses this copy
+    // too gets the categories alone.
+    try {
+      r->blocks = list_blocks(r->blocks_left_out);
+    } catch (const std::bad_alloc&) {
+      r->blocks.clear();
+      r->blocks_left_out = g_linked_count;
+    }
+    g_last_refusal = r;
+    t_refusal = std::move(r);
+  } catch (const std::exception&) {
+    // No memory even for the record: the error goes without it.
   }
-  t_refusal = std::move(r);
 }
 
 class TrackingCpuAllocator final : public c10::Allocator {
@@ -315,9 +324,23 @@ bool cpu_attribute(const at::Tensor& tensor, MemoryCategory category) {
   return true;
 }
 
-std::optional<Refusal> cpu_take_refusal() { return std::exchange(t_refusal, std::nullopt); }
+std::uint64_t cpu_refusal_mark() {
+  std::lock_guard<std::mutex> lock(g_list_mutex);
+  return g_refusals;
+}
 
-void cpu_keep_refusal(std::optional<Refusal> refusal) {
+RefusalPtr cpu_take_refusal(std::uint64_t mark) {
+  RefusalPtr own = std::exchange(t_refusal, nullptr);
+  std::lock_guard<std::mutex> lock(g_list_mutex);
+  if (own) {
+    if (g_last_refusal == own) g_last_refusal.reset();
+    return own;
+  }
+  if (g_last_refusal && g_last_refusal->sequence > mark) return std::exchange(g_last_refusal, nullptr);
+  return nullptr;
+}
+
+void cpu_keep_refusal(RefusalPtr refusal) {
   if (refusal) t_refusal = std::move(refusal);
 }
 

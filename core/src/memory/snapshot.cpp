@@ -62,13 +62,33 @@ void frames_of(detail::PickleWriter& p, const MemoryBlockInfo& b) {
   p.end_list();
 }
 
+/// The blocks the pickle holds: every one, or the kMaxPickledBlocks largest (equal sizes: the
+/// oldest), oldest first.
+std::vector<const MemoryBlockInfo*> pickled_blocks(const MemorySnapshot& s) {
+  std::vector<const MemoryBlockInfo*> out;
+  out.reserve(s.blocks.size());
+  for (const auto& b : s.blocks) out.push_back(&b);
+  if (out.size() > kMaxPickledBlocks) {
+    const auto larger = [](const MemoryBlockInfo* a, const MemoryBlockInfo* b) {
+      return a->size != b->size ? a->size > b->size : a->serial < b->serial;
+    };
+    std::nth_element(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(kMaxPickledBlocks), out.end(), larger);
+    out.resize(kMaxPickledBlocks);
+    std::sort(out.begin(), out.end(),
+              [](const MemoryBlockInfo* a, const MemoryBlockInfo* b) { return a->serial < b->serial; });
+  }
+  return out;
+}
+
 /// `s` as torch.cuda.memory._snapshot() gives it (see write_memory_snapshot).
 std::string pickle_of(const MemorySnapshot& s) {
   detail::PickleWriter p;
   const std::int64_t overhead = std::max<std::int64_t>(s.block_overhead, 0);
+  const std::vector<const MemoryBlockInfo*> blocks = pickled_blocks(s);
   p.begin_dict();
   p.value("segments").begin_list();
-  for (const MemoryBlockInfo& b : s.blocks) {
+  for (const MemoryBlockInfo* block : blocks) {
+    const MemoryBlockInfo& b = *block;
     const auto address = static_cast<std::int64_t>(b.address);
     p.begin_dict()
         .item("device", 0)
@@ -103,7 +123,8 @@ std::string pickle_of(const MemorySnapshot& s) {
   // misspelt name that throws: a first event of that category keeps them from it.
   p.begin_dict().item("action", "snapshot").item("addr", 0).item("size", 0).item("stream", 0);
   p.item("category", "unknown").value("frames").begin_list().end_list().end_dict();
-  for (const MemoryBlockInfo& b : s.blocks) {
+  for (const MemoryBlockInfo* block : blocks) {
+    const MemoryBlockInfo& b = *block;
     p.begin_dict().item("action", "alloc").item("addr", static_cast<std::int64_t>(b.address)).item("size", b.size);
     p.item("stream", 0).item("category", memory_category_name(b.category)).value("frames");
     frames_of(p, b);

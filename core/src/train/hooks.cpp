@@ -109,9 +109,10 @@ Control Hooks::fire(Event e, const EventArgs& args) {
       timeline_->observe(e, state_, ctx_, args.oom);
     } catch (const std::exception& error) {
       // What the memory was spent on is never worth the run (nor the event the plugins are
-      // about to hear of: an out-of-memory error's retry may depend on it).
-      log_->warn("the memory timeline stops at {}: {}", event_name(e), error.what());
-      timeline_.reset();
+      // about to hear of: an out-of-memory error's retry may depend on it). The event is left
+      // out; the next ones are observed (said once).
+      if (!timeline_warned_) log_->warn("the memory timeline left out {}: {}", event_name(e), error.what());
+      timeline_warned_ = true;
     }
   }
   Control control;

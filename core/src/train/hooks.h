@@ -119,6 +119,7 @@ class Hooks {
   EventBus bus_;
   EventContext ctx_;
   std::unique_ptr<MemoryTimeline> timeline_;
+  bool timeline_warned_ = false;  ///< an event the timeline could not observe was said
   bool stop_ = false, checkpoint_ = false, eval_ = false;
   std::string stopped_by_, stop_reason_;
 };

@@ -5,10 +5,15 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -50,22 +55,50 @@ std::string json_of(const MemoryBreakdown& b, bool with_reserved) {
   return out + "}";
 }
 
-/// Lines in the file at `path` (0 when there is none): a run resumed in place goes on counting.
-/// `cut` tells whether its last line has no end (the run that wrote it was killed mid-line).
-std::int64_t count_lines(const std::string& path, bool& cut) {
-  cut = false;
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) return 0;
-  std::int64_t n = 0;
-  char buf[1 << 16];
-  char last = '\n';
-  for (std::size_t got; (got = std::fread(buf, 1, sizeof buf, f)) > 0;) {
-    for (std::size_t i = 0; i < got; ++i) n += buf[i] == '\n';
-    last = buf[got - 1];
+/// Opens `path` (a run directory's file: untrusted) for appending, or empties it (`truncate`):
+/// neither through a link nor when it is not a regular file (a FIFO would block, a device never
+/// end). Null with errno set when it cannot be.
+std::FILE* open_own_file(const std::string& path, bool truncate) {
+  const int fd = ::open(
+      path.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | (truncate ? O_TRUNC : O_APPEND), 0644);
+  if (fd < 0) return nullptr;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    errno = EINVAL;
+    return nullptr;
   }
-  std::fclose(f);
+  std::FILE* f = ::fdopen(fd, truncate ? "w" : "a");
+  if (!f) ::close(fd);
+  return f;
+}
+
+/// Lines in the regular file at `path`, counted up to `most` (a file that holds that many moves
+/// aside anyway): a run resumed in place goes on counting. 0 when there is none or it is not a
+/// regular file. `cut` tells whether its last line has no end (the run that wrote it was killed
+/// mid-line).
+std::int64_t count_lines(const std::string& path, std::int64_t most, bool& cut) {
+  cut = false;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return 0;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0) {
+    ::close(fd);
+    return 0;
+  }
+  char last = '\n';
+  if (::pread(fd, &last, 1, st.st_size - 1) != 1) last = '\n';
   cut = last != '\n';
-  return n + (cut ? 1 : 0);
+  std::int64_t n = cut ? 1 : 0;
+  char buf[1 << 16];
+  std::int64_t scanned = 0;
+  for (ssize_t got; n < most && (got = ::read(fd, buf, sizeof buf)) > 0;) {
+    n += std::count(buf, buf + got, '\n');
+    // Lines this long are not the core's: a file that large counts as full (and moves aside).
+    if ((scanned += got) > (std::int64_t{64} << 20)) n = most;
+  }
+  ::close(fd);
+  return n;
 }
 
 }  // namespace
@@ -78,31 +111,47 @@ std::string write_oom_snapshot(const MemorySnapshot& s, const std::string& run_d
   const std::string name =
       fmt::format("oom-{:08d}-{}-{:02d}", s.step, s.phase.empty() ? "none" : s.phase, s.attempt + 1);
   const fs::path dir = fs::path(run_dir) / rel_dir;
+  const fs::path json = dir / (name + ".json");
   try {
     fs::create_directories(dir);
     write_memory_snapshot(s, (dir / name).string());
   } catch (const std::exception& e) {
-    log.warn("the out-of-memory snapshot {}/{}.json was not written: {}", rel_dir, name, e.what());
-    return "";
+    std::error_code ec;
+    if (!fs::exists(json, ec)) {
+      log.warn("the out-of-memory snapshot {}/{}.json was not written: {}", rel_dir, name, e.what());
+      return "";
+    }
+    log.warn("the out-of-memory snapshot {}/{}.pickle was not written: {}", rel_dir, name, e.what());
   }
-  // The newest `keep` (each a .json and its .pickle), by time written, then by name. A file that
-  // cannot be listed or removed stays: it was written, and the next snapshot tries again.
-  std::vector<std::pair<fs::file_time_type, fs::path>> kept;
+  // The newest `keep` (each a .json and its .pickle): by time written, then by step and attempt
+  // (the names' order but for the phase between them). A directory that cannot be listed whole
+  // keeps everything; a file that cannot be removed stays: the next snapshot tries again.
+  struct Kept {
+    fs::file_time_type when;
+    std::string step, attempt;
+    fs::path path;
+    bool operator<(const Kept& o) const {
+      return std::tie(when, step, attempt, path) < std::tie(o.when, o.step, o.attempt, o.path);
+    }
+  };
+  std::vector<Kept> kept;
   std::error_code ec;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const fs::path& file = it->path();
+    const std::string stem = file.stem().string();  // oom-<step>-<phase>-<attempt>
     std::error_code bad;
     const auto when = it->last_write_time(bad);
-    if (!bad && it->is_regular_file(bad) && !bad && file.filename().string().rfind("oom-", 0) == 0 &&
-        file.extension() == ".json") {
-      kept.emplace_back(when, file);
+    if (!bad && it->is_regular_file(bad) && !bad && stem.rfind("oom-", 0) == 0 && file.extension() == ".json" &&
+        stem.size() > 12) {
+      kept.push_back({when, stem.substr(4, 8), stem.substr(stem.rfind('-') + 1), file});
     }
   }
+  if (ec) return rel_dir + "/" + name + ".json";
   std::sort(kept.begin(), kept.end());
   for (std::size_t i = 0; i + static_cast<std::size_t>(keep) < kept.size(); ++i) {
-    fs::path pickle = kept[i].second;
+    fs::path pickle = kept[i].path;
     pickle.replace_extension(".pickle");
-    for (const fs::path& old : {kept[i].second, pickle}) {
+    for (const fs::path& old : {kept[i].path, pickle}) {
       if (fs::remove(old, ec); ec) {
         log.warn("could not remove the old out-of-memory snapshot {}: {}", old.string(), ec.message());
       }
@@ -127,8 +176,8 @@ void MemoryTimeline::write(const std::string& line) {
   if (every_ == 0 || failed_) return;
   if (!file_) {
     bool cut = false;
-    lines_ = count_lines(path_, cut);
-    file_ = std::fopen(path_.c_str(), "a");
+    lines_ = count_lines(path_, max_lines_, cut);
+    file_ = open_own_file(path_, /*truncate=*/false);
     // A line cut short stays a line of its own (readers skip it), not the start of this one.
     if (file_ && cut && std::fputc('\n', file_) == EOF) {
       std::fclose(file_);
@@ -141,7 +190,7 @@ void MemoryTimeline::write(const std::string& line) {
     fs::path older(path_);  // memory.jsonl -> memory.1.jsonl
     older.replace_extension(".1" + older.extension().string());
     fs::rename(path_, older, ec);
-    file_ = std::fopen(path_.c_str(), ec ? "a" : "w");
+    file_ = open_own_file(path_, /*truncate=*/!ec);
     lines_ = ec ? lines_ : 0;
   }
   if (!file_ || std::fputs(line.c_str(), file_) < 0 || std::fputc('\n', file_) == EOF || std::fflush(file_) != 0) {

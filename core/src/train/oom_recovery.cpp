@@ -44,7 +44,9 @@ std::string OomRecovery::write_snapshot(const detail::Refusal& refused, const st
 }
 
 void OomRecovery::forget_refusal() {
-  if (parts_.device.is_cpu()) detail::cpu_take_refusal();
+  if (!parts_.device.is_cpu()) return;
+  detail::cpu_take_refusal();
+  refusal_mark_ = detail::cpu_refusal_mark();
 }
 
 Control OomRecovery::report(const std::exception& e, std::int64_t size, std::int64_t samples, std::int64_t attempt,
@@ -71,7 +73,9 @@ std::int64_t OomRecovery::recover(const std::exception& e, OomRetry rule, std::i
   live_.reset();
   std::string seen;  // "; live then: …; snapshot …" for the warning
   if (parts_.device.is_cpu()) {
-    if (auto refused = detail::cpu_take_refusal()) {
+    // This thread's refusal, or one another thread made since the attempt began (an error an
+    // intra-op worker threw and the step rethrew).
+    if (const detail::RefusalPtr refused = detail::cpu_take_refusal(refusal_mark_)) {
       live_ = refused->live;
       // Telling what was live is never worth the recovery: without memory even for that, the
       // warning goes without it.

@@ -102,8 +102,8 @@ class OomRecovery {
   /// path in the run directory, "" when none was written.
   std::string write_snapshot(const detail::Refusal& refused, const std::exception& e, std::int64_t size,
                              std::int64_t attempt);
-  /// Forgets a refused allocation that an earlier attempt's code caught itself: what recover()
-  /// reports is this attempt's.
+  /// Forgets a refused allocation that an earlier attempt's code caught itself, and marks where
+  /// this attempt's begin: what recover() reports is this attempt's.
   void forget_refusal();
   /// Drops the failed attempt, fires OutOfMemory and returns the size to retry with; throws
   /// OomFailure when there is no retry.
@@ -123,6 +123,7 @@ class OomRecovery {
   OomPhase phase_ = OomPhase::Data;      // every path that recovers enters its phase first
   std::vector<std::string> moves_;       ///< "cuda:0 -> cpu" per device fallback, for the give-up summary
   std::optional<MemoryBreakdown> live_;  ///< what was live at the refusal being recovered from
+  std::uint64_t refusal_mark_ = 0;       ///< the process's refusals before this attempt
 };
 
 }  // namespace trainer
