@@ -204,6 +204,22 @@ std::string memory_key(const std::vector<std::string>& overrides, const std::vec
 /// The same with the sections of `run` (the core's for its config, and its plugins').
 std::string memory_key(const std::vector<std::string>& overrides, const PreparedRun& run);
 
+/// One row of the predicted breakdown beside a measured one.
+struct BreakdownRow {
+  std::string name;
+  std::int64_t predicted = 0;
+  std::int64_t measured = 0;
+};
+
+/// The breakdown `e` predicts for a step at (batch, micro) beside `measured`, the live memory by
+/// category at a real step's highest point (memory.jsonl's "peak"): parameters and buffers,
+/// optimizer state, the data held on the device (the estimate's memory at the start besides the
+/// model; the category "dataset"), the step's own memory (gradients, activations, temporaries and
+/// the batch: at the peak, inside a backward, the gradients it creates still count as "other",
+/// so they are one row), and the step's peak.
+std::vector<BreakdownRow> compare_breakdown(const MemoryEstimate& e, std::int64_t batch, std::int64_t micro,
+                                            const MemoryBreakdown& measured);
+
 /// "peak = 50 MiB + 412 KiB x micro-batch + 3 KiB x batch": the fitted model, for messages.
 std::string describe_fit(const MemoryEstimate& e);
 

@@ -35,6 +35,21 @@ std::string describe_fit(const MemoryEstimate& e) {
   return s.str();
 }
 
+std::vector<BreakdownRow> compare_breakdown(const MemoryEstimate& e, std::int64_t batch, std::int64_t micro,
+                                            const MemoryBreakdown& m) {
+  using C = MemoryCategory;
+  const std::int64_t peak = e.predict(batch, micro);
+  const std::int64_t held = e.parameters + e.optimizer_state + e.resident;
+  return {
+      {"parameters and buffers", e.parameters, m[C::Parameters]},
+      {"optimizer state", e.optimizer_state, m[C::OptimizerState]},
+      {"data held on the device", e.resident, m[C::Dataset] + m[C::Evaluation]},
+      {"gradients, activations, temporaries, batch", peak - held,
+       m[C::Gradients] + m[C::Activations] + m[C::Other] + m[C::Batch]},
+      {"step peak", peak, m.allocated},
+  };
+}
+
 void print_estimate(const MemoryEstimate& e, std::ostream& out) {
   out << "memory estimate on " << e.device << ": batch " << e.batch_size << ", micro-batch " << e.micro_batch << "\n";
   out << "  probes (real steps, no budget):";

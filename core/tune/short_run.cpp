@@ -58,6 +58,7 @@ class MeasurePlugin final : public Plugin {
       }
       case Event::BatchStart:
         if (accounted) reset_peak_memory(ctx.device);
+        if (has_memory_categories(ctx.device)) reset_peak_breakdown(ctx.device);
         start_ = std::chrono::steady_clock::now();
         forward_backward_ = 0;
         break;
@@ -79,6 +80,7 @@ class MeasurePlugin final : public Plugin {
           r.peak_optimizer_step = forward_backward_ > 0 ? s.peak_allocated : 0;
           r.reserved = s.reserved;
         }
+        if (has_memory_categories(ctx.device)) r.split = peak_memory_breakdown(ctx.device);
         out_.steps.push_back(r);
         if (ctx.optimizer && ctx.model) {
           std::int64_t bytes = 0;

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "trainer/memory.h"
 #include "trainer/states.h"
 
 namespace trainer::tune {
@@ -56,6 +57,8 @@ struct StepRecord {
   std::int64_t peak_optimizer_step = 0;
   std::int64_t reserved = 0;     ///< reserved bytes at the step's end (CUDA: the caching allocator's)
   std::int64_t micro_batch = 0;  ///< micro-batch in use at the step's end
+  /// The live memory by category at the step's highest point (memory categories on, the CPU).
+  std::optional<MemoryBreakdown> split;
 };
 
 /// How the run went and what it held.

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -69,6 +70,15 @@ void expect_close(const std::string& model, const MemoryEstimate& e, const std::
   const double step_error = double(predicted - r.peak()) / double(r.peak() - start);
   if (batch == m) {
     EXPECT_LT(std::fabs(step_error), 0.10) << what;
+    // Row by row against the live memory by category at the real step's highest point.
+    const auto top =
+        std::max_element(r.steps.begin(), r.steps.end(), [](const auto& a, const auto& b) { return a.peak < b.peak; });
+    ASSERT_TRUE(top != r.steps.end() && top->split.has_value()) << what;
+    for (const auto& row : trainer::tune::compare_breakdown(e, batch, m, *top->split)) {
+      ASSERT_GT(row.measured, 0) << what << ": " << row.name;
+      EXPECT_LT(error_of(row.predicted, row.measured), 0.10)
+          << what << ": " << row.name << " predicted " << row.predicted << ", measured " << row.measured;
+    }
   } else {
     EXPECT_GT(step_error, -0.10) << what;
     EXPECT_LT(step_error, 0.20) << what;
@@ -271,6 +281,32 @@ TEST(EstimateCli, PrintsTheBreakdownAndTheLargestMicroBatch) {
   EXPECT_EQ(trainer::testing::json_num(j.text, "margin"), 0.2);
   EXPECT_NE(j.text.find("\"micro_batch_size\":4,"), std::string::npos) << j.text;
   EXPECT_TRUE(trainer::testing::json_num(j.text, "peak_bytes").has_value());
+}
+
+TEST(EstimateCli, SetsThePredictedBreakdownBesideARunsMeasuredOne) {
+  TempDir tmp;
+  const auto run =
+      run_cli("--recipe " + kTight + " model=mlp training.max_steps=3 eval.at_end=false --run-dir " + tmp / "run");
+  ASSERT_EQ(run.code, 0) << run.text;
+  const auto o = run_cli("estimate --recipe " + kTight + " model=mlp --measured " + tmp / "run");
+  ASSERT_EQ(o.code, 0) << o.text;
+  for (const char* s :
+       {"measured: ", "/memory.jsonl, step ", "at micro-batch 128", "parameters and buffers", "optimizer state",
+        "data held on the device", "gradients, activations, temporaries, batch", "step peak"}) {
+    EXPECT_NE(o.text.substr(o.text.find("measured: ") == std::string::npos ? 0 : o.text.find("measured: ")).find(s),
+              std::string::npos)
+        << s << "\n"
+        << o.text;
+  }
+  const auto j =
+      run_cli("estimate --json --probe-sizes 4,8 --recipe " + kTight + " model=mlp --measured " + tmp / "run");
+  ASSERT_EQ(j.code, 0) << j.text;
+  EXPECT_NE(j.text.find("\"rows\""), std::string::npos) << j.text;
+  EXPECT_EQ(trainer::testing::json_num(j.text, "micro_batch"), 128) << j.text;
+  // A directory without a timeline is refused before the probes run.
+  const auto bad = run_cli("estimate --recipe " + kTight + " model=mlp --measured " + tmp.str());
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.text.find("no step lines in its memory.jsonl"), std::string::npos) << bad.text;
 }
 
 TEST(EstimateCli, BadInputIsAUsageError) {
