@@ -44,21 +44,26 @@ struct MeasuredStep {
   MemoryBreakdown split;  ///< at the step's peak
 };
 
-/// The step of RUN_DIR's memory.jsonl with the highest peak among those at micro-batch `micro`,
-/// else among those at its last step's micro-batch. UsageError when it has none.
-MeasuredStep measured_step(const std::string& dir, std::int64_t micro) {
+/// RUN_DIR's memory.jsonl steps; UsageError when it has none.
+std::vector<report::MemoryStep> measured_steps(const std::string& dir) {
   report::RunData d;
   report::read_memory_map(dir, d);
   TRAINER_CHECK_T(UsageError, !d.memory_steps.empty(), "--measured ", dir,
                   ": no step lines in its memory.jsonl (a run writes them with memory.categories = true, on the CPU)");
+  return std::move(d.memory_steps);
+}
+
+/// Of `steps` (not empty), the one with the highest peak among those at micro-batch `micro`, else
+/// among those at the last step's micro-batch.
+MeasuredStep measured_step(const std::vector<report::MemoryStep>& steps, std::int64_t micro) {
   double at = micro;
   const auto has = [&](double m) {
-    return std::any_of(d.memory_steps.begin(), d.memory_steps.end(), [&](const auto& s) { return s.micro_batch == m; });
+    return std::any_of(steps.begin(), steps.end(), [&](const auto& s) { return s.micro_batch == m; });
   };
-  if (!has(at)) at = d.memory_steps.back().micro_batch;
+  if (!has(at)) at = steps.back().micro_batch;
   const report::MemoryStep* best = nullptr;
   double best_total = -1;
-  for (const auto& s : d.memory_steps) {
+  for (const auto& s : steps) {
     double total = 0;
     for (const double b : s.peak) total += b;
     if (s.micro_batch == at && total > best_total) best = &s, best_total = total;
@@ -122,12 +127,13 @@ Command estimate_command() {
     // A run directory to compare with is read first: a wrong one fails before the probes run.
     std::optional<MeasuredStep> measured;
     std::string measured_dir;
+    std::vector<report::MemoryStep> steps;
     if (in.vm.count("measured")) {
       measured_dir = in.vm["measured"].as<std::string>();
-      measured_step(measured_dir, 0);  // throws when it has no steps
+      steps = measured_steps(measured_dir);
     }
     tune::MemoryEstimate e = tune::estimate_memory(req);
-    if (!measured_dir.empty()) measured = measured_step(measured_dir, e.micro_batch);
+    if (!steps.empty()) measured = measured_step(steps, e.micro_batch);
     if (in.vm.count("find-max-batch")) tune::find_max_batch(req, e);
     std::vector<tune::BreakdownRow> rows;
     if (measured) rows = tune::compare_breakdown(e, e.batch_size, measured->micro_batch, measured->split);

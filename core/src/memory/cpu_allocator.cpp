@@ -141,6 +141,13 @@ MemoryBreakdown breakdown_of(const std::array<std::int64_t, kCategories>& bytes,
   return out;
 }
 
+/// The live bytes by category now, with the headers as reserved. Under g_list_mutex.
+MemoryBreakdown live_breakdown() {
+  MemoryBreakdown out = breakdown_of(g_category_bytes, g_unlinked_bytes.load());
+  out.reserved = out.allocated + g_blocks.load() * static_cast<std::int64_t>(kHeader);
+  return out;
+}
+
 /// Every listed block, oldest first, at most kMaxListedBlocks (`left_out` counts the rest).
 /// Under g_list_mutex. Throws std::bad_alloc when the copy itself finds no memory.
 std::vector<LiveBlock> list_blocks(std::int64_t& left_out) {
@@ -282,15 +289,8 @@ bool cpu_categories_on() { return g_installed.load() && g_categories.load(); }
 void cpu_set_categories(bool on) { g_categories.store(on); }
 
 MemoryBreakdown cpu_breakdown() {
-  std::int64_t blocks = 0;
-  MemoryBreakdown out;
-  {
-    std::lock_guard<std::mutex> lock(g_list_mutex);
-    blocks = g_blocks.load();
-    out = breakdown_of(g_category_bytes, g_unlinked_bytes.load());
-  }
-  out.reserved = out.allocated + blocks * static_cast<std::int64_t>(kHeader);
-  return out;
+  std::lock_guard<std::mutex> lock(g_list_mutex);
+  return live_breakdown();
 }
 
 MemoryBreakdown cpu_peak_breakdown() {
@@ -331,6 +331,7 @@ std::uint64_t cpu_refusal_mark() {
 
 RefusalPtr cpu_take_refusal(std::uint64_t mark) {
   RefusalPtr own = std::exchange(t_refusal, nullptr);
+  if (!own && mark == UINT64_MAX) return nullptr;  // only its own asked for: no lock (a loader read)
   std::lock_guard<std::mutex> lock(g_list_mutex);
   if (own) {
     if (g_last_refusal == own) g_last_refusal.reset();
@@ -346,10 +347,8 @@ void cpu_keep_refusal(RefusalPtr refusal) {
 
 MemoryBreakdown cpu_live(std::vector<LiveBlock>& blocks, std::int64_t& left_out) {
   std::lock_guard<std::mutex> lock(g_list_mutex);
-  MemoryBreakdown out = breakdown_of(g_category_bytes, g_unlinked_bytes.load());
-  out.reserved = out.allocated + g_blocks.load() * static_cast<std::int64_t>(kHeader);
   blocks = list_blocks(left_out);
-  return out;
+  return live_breakdown();
 }
 
 void set_thread_memory_phase(std::uint8_t code) { t_phase = code; }
