@@ -2,7 +2,9 @@
 // (tests/dist/distributed_test.cpp starts the ranks). Prints what each collective gave.
 //   collectives   sum, max, broadcast of a module, mean gradients in buckets, barrier
 //   leave         joins the group, then exits at once (a rank that dies)
+// After joining each rank prints whether SIGPIPE is ignored (joining a group ignores it).
 // Exit code 0; 3 with the error on stderr when a collective fails; 2 for bad variables.
+#include <signal.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/utils.h>
 
@@ -22,6 +24,9 @@ int main(int argc, char** argv) {
     const trainer::DistEnv env = trainer::DistEnv::from_env();
     trainer::ProcessGroup pg(env, timeout);
     std::printf("joined rank %lld of %lld\n", static_cast<long long>(pg.rank()), static_cast<long long>(pg.size()));
+    struct sigaction pipe {};
+    ::sigaction(SIGPIPE, nullptr, &pipe);
+    std::printf("SIGPIPE %s\n", pipe.sa_handler == SIG_IGN ? "ignored" : "not ignored");
     std::fflush(stdout);
     if (mode == "leave") return 0;
     std::vector<at::Tensor> t{at::full({3}, double(pg.rank() + 1), at::kFloat)};

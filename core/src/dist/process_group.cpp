@@ -9,6 +9,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <signal.h>
+
 #include <algorithm>
 #include <cctype>
 #include <chrono>
@@ -38,6 +40,21 @@ std::string group_id() {
   return id + "/";
 }
 
+/// Gloo writes to its peers with writev(), which raises SIGPIPE when the peer's end is closed
+/// (a rank killed mid-collective): by default that signal ends this process at once, without
+/// the error, status or checkpoint the other ranks owe the run. With SIGPIPE ignored the write
+/// fails with EPIPE, Gloo throws, and the collective's failure names the lost rank. Python
+/// ignores SIGPIPE at start-up, which is why torch.distributed never meets it. A handler the
+/// program installed itself is left alone.
+void ignore_broken_pipes() {
+  struct sigaction now {};
+  if (::sigaction(SIGPIPE, nullptr, &now) != 0 || now.sa_handler != SIG_DFL) return;
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  ::sigaction(SIGPIPE, &ignore, nullptr);
+}
+
 }  // namespace
 
 ProcessGroup::ProcessGroup(const DistEnv& env, std::chrono::milliseconds timeout) : impl_(std::make_unique<Impl>()) {
@@ -48,6 +65,7 @@ ProcessGroup::ProcessGroup(const DistEnv& env, std::chrono::milliseconds timeout
   impl_->timeout = timeout;
   const std::string where = env.master_addr + ":" + std::to_string(env.master_port);
   const std::string group = group_id();
+  ignore_broken_pipes();
   c10::intrusive_ptr<c10d::Store> store;
   try {
     c10d::TCPStoreOptions o;
