@@ -326,6 +326,10 @@ bench_stage() {  # the benchmarks on cuda:0 (docs/gpu.md)
   # The default recipe's samples/s in fp32 and bf16 (steps after 10 of warm-up).
   bench_one bench-precision bench bench --recipe recipes/fashion_mnist.toml \
     --grid "plugins.mixed_precision.precision=fp32,bf16" runtime.device=cuda:0 --steps 100 --warmup 10
+  # What memory by category costs on CUDA (its trace tracker on every allocation and free): the
+  # default recipe without, then with it (the tracker stays attached once a cell attached it).
+  bench_one bench-categories bench bench --recipe recipes/fashion_mnist.toml \
+    --grid "memory.categories=false,true" runtime.device=cuda:0 --steps 100 --warmup 10
   # trainer estimate's prediction (probes 256, 512, 1024) against the measured peak, at 2048 and
   # 4096 held out.
   bench_one estimate-vs-measured estimate bench --recipe recipes/fashion_mnist.toml \

@@ -362,6 +362,133 @@ TEST_P(OnDevice, TheDeviceGeneratorIsRestoredByAResume) {
   }
 }
 
+/// The live bytes by category at the events the test reads, and what each out-of-memory error
+/// reported as live.
+class CategoryProbe final : public Plugin {
+ public:
+  std::string name() const override { return "category_probe"; }
+  std::vector<Event> events() const override {
+    return {Event::FitStart, Event::AfterForward, Event::GradientsAccumulated, Event::BatchEnd, Event::OutOfMemory};
+  }
+  void on_event(EventContext& ctx, Control&) override {
+    if (ctx.event == Event::OutOfMemory) {
+      if (ctx.oom->live) live_at_oom.push_back(*ctx.oom->live);
+      return;
+    }
+    const MemoryBreakdown b = memory_breakdown(ctx.device);
+    std::int64_t sum = 0;
+    for (const std::int64_t bytes : b.bytes) sum += bytes;
+    // The categories sum to the breakdown's total, which is what the allocator counts (CPU) or
+    // at most that (CUDA: its blocks can be larger than the rounded requests counted here).
+    sums_match = sums_match && sum == b.allocated && b.reserved >= b.allocated;
+    const std::int64_t counted = memory_stats(ctx.device).allocated;
+    within_allocated = within_allocated && (ctx.device.is_cuda() ? b.allocated <= counted : b.allocated == counted);
+    at[{ctx.state.global_step, ctx.event}] = b;
+    if (ctx.event == Event::FitStart) {
+      // Each parameter's bytes as its device's allocator counts them: CUDA rounds each request up
+      // to a multiple of 512 bytes; the CPU's tracking allocator counts them exactly.
+      for (const auto& p : ctx.model->parameters()) {
+        const auto n = static_cast<std::int64_t>(p.numel() * p.element_size());
+        params += ctx.device.is_cuda() ? std::max<std::int64_t>(512, (n + 511) / 512 * 512) : n;
+      }
+      buffers = static_cast<std::int64_t>(ctx.model->buffers().size());
+    }
+  }
+  std::map<std::pair<std::int64_t, Event>, MemoryBreakdown> at;
+  std::vector<MemoryBreakdown> live_at_oom;
+  std::int64_t params = 0, buffers = 0;
+  bool sums_match = true, within_allocated = true;
+};
+
+/// The number in `"key": N` (or `"key":N`) of a snapshot's JSON, its first; -1 when absent.
+std::int64_t json_number(const std::string& text, const std::string& key) {
+  const auto at = text.find("\"" + key + "\":");
+  return at == std::string::npos ? -1 : std::atoll(text.c_str() + at + key.size() + 3);
+}
+
+TEST_P(OnDevice, TheLiveMemoryIsSplitByCategoryAndAnOutOfMemoryErrorLeavesASnapshot) {
+  // The CNN (no buffers), AdamW: after each step's backward the gradients are the parameters'
+  // size and no activation is left; after its optimizer step AdamW's two moments are twice it.
+  // At step 1 the device is squeezed before the backward: a real out-of-memory error there
+  // (CUDA: on the autograd engine's device thread) leaves a snapshot of what was live.
+  auto probe = std::make_shared<CategoryProbe>();
+  auto squeeze = std::make_shared<Squeeze>(Event::BeforeBackward, std::set<std::int64_t>{1}, true);
+  log_level_ = "warn";  // the out-of-memory warning names the snapshot
+  const RunResult r = run("map", {}, {probe, squeeze});
+  ASSERT_EQ(r.exit_code, kExitOk) << r.message;
+  ASSERT_EQ(r.global_step, 4);
+  ASSERT_EQ(squeeze->phases, std::vector<std::string>{"backward"});
+  EXPECT_TRUE(probe->sums_match);
+  EXPECT_TRUE(probe->within_allocated);
+  ASSERT_EQ(probe->buffers, 0);
+  const std::int64_t P = probe->params;
+  using C = MemoryCategory;
+  const MemoryBreakdown& start = probe->at.at({0, Event::FitStart});
+  EXPECT_EQ(start[C::Parameters], P);
+  EXPECT_EQ(start[C::Gradients], 0);
+  EXPECT_EQ(start[C::OptimizerState], 0);
+  EXPECT_EQ(start[C::Activations], 0);
+  for (std::int64_t step = 0; step < 4; ++step) {
+    SCOPED_TRACE(step);
+    EXPECT_GT(probe->at.at({step, Event::AfterForward})[C::Activations], 0);
+    const MemoryBreakdown& accumulated = probe->at.at({step, Event::GradientsAccumulated});
+    EXPECT_EQ(accumulated[C::Parameters], P);
+    EXPECT_EQ(accumulated[C::Gradients], P);
+    EXPECT_EQ(accumulated[C::Activations], 0);
+    const MemoryBreakdown& end = probe->at.at({step + 1, Event::BatchEnd});
+    EXPECT_EQ(end[C::OptimizerState], 2 * P);
+    EXPECT_EQ(end[C::Gradients], P);
+    EXPECT_EQ(end[C::Activations], 0);
+  }
+  // What was live at the refusal: the parameters, AdamW's state, and the forward's activations.
+  ASSERT_EQ(probe->live_at_oom.size(), 1u);
+  const MemoryBreakdown& live = probe->live_at_oom[0];
+  EXPECT_EQ(live[C::Parameters], P);
+  EXPECT_EQ(live[C::OptimizerState], 2 * P);
+  EXPECT_GT(live[C::Activations], 0);
+  // The snapshot beside the run, named by step, phase and attempt, and the log line pointing to it.
+  const std::string dir = tmp_ / "map";
+  const std::string name = "memory/oom-00000001-backward-01";
+  const std::string json = read_file(dir + "/" + name + ".json");
+  ASSERT_FALSE(json.empty()) << name;
+  EXPECT_NE(json.find("\"device\": \"" + device_.str() + "\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"phase\": \"backward\""), std::string::npos) << json;
+  EXPECT_GT(json_number(json, "requested"), 0) << json;
+  EXPECT_EQ(json_number(json, "allocated"), live.allocated) << json;
+  EXPECT_EQ(json_number(json, "parameters"), P) << json;
+  EXPECT_GT(json_number(json, "blocks"), 0) << json;
+  const std::string pickle = read_file(dir + "/" + name + ".pickle");
+  ASSERT_GT(pickle.size(), 3u);
+  EXPECT_EQ(pickle.substr(0, 3), "\x80\x02}");
+  EXPECT_EQ(pickle.back(), '.');
+  const std::string log = read_file(dir + "/trainer.log");
+  EXPECT_NE(log.find("; snapshot " + name + ".json"), std::string::npos) << log;
+  if (!device_.is_cuda()) return;
+  // CUDA: the caching allocator's own snapshot, taken by its out-of-memory observer at the
+  // refusal, beside it; PyTorch's viewer functions draw both.
+  const std::string allocator = dir + "/" + name + ".allocator.pickle";
+  const std::string own = read_file(allocator);
+  ASSERT_GT(own.size(), 2u) << allocator;
+  EXPECT_EQ(own[0], '\x80');
+  EXPECT_EQ(own.back(), '.');
+  const std::string script = tmp_ / "viz.py";
+  write_file(script,
+             "import pickle, sys\n"
+             "from torch.cuda import _memory_viz as viz\n"
+             "ours = pickle.load(open(sys.argv[1], 'rb'))\n"
+             "theirs = pickle.load(open(sys.argv[2], 'rb'))\n"
+             "assert theirs['segments'], 'the allocator listed no segment'\n"
+             "assert sum(s['allocated_size'] for s in theirs['segments']) > 0\n"
+             "for html in (viz.segment_plot(ours), viz.trace_plot(ours), viz.segment_plot(theirs)):\n"
+             "    assert '<html>' in html.lower() or '<script' in html.lower(), html[:200]\n"
+             "print('drawn')\n");
+  const std::string out = tmp_ / "viz.out";
+  const int rc = std::system(
+      ("python3 " + script + " " + dir + "/" + name + ".pickle " + allocator + " > " + out + " 2>&1").c_str());
+  EXPECT_EQ(rc, 0) << "python3 with torch (the GPU machine's) could not draw the snapshots: " << read_file(out);
+  EXPECT_NE(read_file(out).find("drawn"), std::string::npos) << read_file(out);
+}
+
 INSTANTIATE_TEST_SUITE_P(Devices, OnDevice, ::testing::Values(std::string("cpu"), std::string("cuda:0")), device_name);
 
 /// The GPU-only paths: each skips without a GPU.

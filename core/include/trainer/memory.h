@@ -75,12 +75,15 @@ struct MemoryBreakdown {
 TRAINER_API std::string largest_category_text(const MemoryBreakdown& breakdown);
 
 /// True when `device`'s live memory can be split into categories now: CPU with the tracking
-/// allocator installed and categories on (set_memory_categories).
+/// allocator installed and categories on (set_memory_categories); a GPU once a run on it with
+/// categories on has started following its caching allocator (LibTorch 2.4 or later).
 TRAINER_API bool has_memory_categories(const c10::Device& device);
-/// Turns the attribution of CPU blocks to categories on or off (on by default). Blocks
-/// allocated while it is off count as Other for as long as they live.
+/// Turns the attribution of blocks to categories on or off (on by default). CPU blocks
+/// allocated while it is off count as Other for as long as they live; GPU blocks are not counted.
 TRAINER_API void set_memory_categories(bool on);
 /// Live bytes of `device` by category. CPU: exact, every byte of `allocated` in one category.
+/// CUDA: each allocation at the caching allocator's rounding of its request (512 bytes); the
+/// bytes past that in a block the allocator hands out whole (at most 1 MiB) are in the slack.
 /// Throws trainer::Error where has_memory_categories is false.
 TRAINER_API MemoryBreakdown memory_breakdown(const c10::Device& device);
 /// The breakdown at the moment `allocated` was highest since the last

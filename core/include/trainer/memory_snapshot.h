@@ -1,8 +1,10 @@
 #pragma once
 // What was live on a device at one moment, allocation by allocation: the core takes one at
 // every out-of-memory error in the loop (RUN_DIR/memory/oom-*.json and .pickle), a plugin
-// whenever it wants one. CPU only: each block of the tracking allocator, with the category and
-// the phase of the run that allocated it (memory categories on, the default).
+// whenever it wants one. Each live block with the category and the phase of the run that
+// allocated it (memory categories on, the default): on the CPU each block of the tracking
+// allocator; on CUDA each allocation the caching allocator made since the run began following
+// it (LibTorch 2.4 or later), at its rounded size, without the allocator's overhead.
 #include <c10/core/Device.h>
 
 #include <cstddef>
@@ -26,14 +28,14 @@ struct MemoryBlockInfo {
 
 /// The live memory of a device at one moment.
 struct MemorySnapshot {
-  std::string device;    ///< "cpu"
+  std::string device;    ///< "cpu", "cuda:0" …
   std::string reason;    ///< why it was taken: the out-of-memory error's message, or the requester's words
   MemoryBreakdown live;  ///< by category (the refused request not among it)
   std::vector<MemoryBlockInfo> blocks;  ///< every live block, oldest first
   std::int64_t blocks_left_out = 0;     ///< live blocks not listed (past 200,000)
   std::int64_t requested = 0;           ///< the refused allocation; 0 when taken on request
   std::int64_t limit = 0;               ///< the budget then; 0 = none
-  std::int64_t block_overhead = 0;      ///< bytes the allocator reserves beside each block (CPU: 64)
+  std::int64_t block_overhead = 0;      ///< bytes the allocator reserves beside each block (CPU: 64; CUDA: 0)
   // Where the run was (the core fills these in; -1 / "" when unknown).
   std::int64_t step = -1;         ///< optimizer steps completed
   std::int64_t epoch = -1;        ///< 0-based

@@ -5,12 +5,28 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <cuda_runtime_api.h>
 
+#include <ATen/ATen.h>
+#include <torch/version.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstdio>
 #include <mutex>
 #include <vector>
 
 #include "memory/backend.h"
+#include "memory/block_ledger.h"
 #include "trainer/error.h"
+
+// The caching allocator's trace trackers (each allocation and free, with its address and size)
+// and out-of-memory observers, and torch::cuda::_memory_snapshot_pickled: what the memory
+// categories on CUDA are built on. Written against LibTorch 2.11's headers; 2.4 is the oldest
+// whose TraceEntry has these fields and whose tracker sees every allocation.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+#define TRAINER_CUDA_CATEGORIES 1
+#include <torch/csrc/cuda/memory_snapshot.h>
+#endif
 
 namespace trainer::detail {
 
@@ -126,5 +142,159 @@ int cuda_compute_capability(int device) {
   if (cudaGetDeviceProperties(&p, device) != cudaSuccess) return 0;
   return p.major * 10 + p.minor;
 }
+
+}  // namespace trainer::detail
+
+// --- Memory categories on CUDA ---------------------------------------------------------------
+// A trace tracker attached to the caching allocator hears each allocation (ALLOC: address and
+// the size asked for), each free (FREE_REQUESTED, when the bytes leave `allocated`), each segment
+// and each refusal, on the allocating thread, under that device's allocator lock. The ledger
+// keeps the live blocks with the category and phase of the thread that allocated them
+// (current_memory_tag: the autograd engine's device threads, which run a CUDA backward, take the
+// loop's). Nothing here calls back into the allocator while holding the ledger's lock: the lock
+// order is always the allocator's, then the ledger's.
+namespace trainer::detail {
+
+namespace {
+
+BlockLedger g_cuda_ledger;
+std::atomic<bool> g_cuda_tracked{false};
+std::atomic<bool> g_cuda_attribute{true};
+std::string g_cuda_why_not;
+
+#ifdef TRAINER_CUDA_CATEGORIES
+void on_cuda_trace(const alloc::TraceEntry& te) noexcept {
+  using Entry = alloc::TraceEntry;
+  try {
+    const int device = static_cast<int>(te.device_);
+    const auto address = static_cast<std::uintptr_t>(te.addr_);
+    const auto bytes = static_cast<std::int64_t>(te.size_);
+    switch (te.action_) {
+      case Entry::ALLOC:
+        if (g_cuda_attribute.load(std::memory_order_relaxed)) {
+          g_cuda_ledger.allocated(device, address, caching_allocator_rounded(bytes), current_memory_tag());
+        }
+        return;
+      case Entry::FREE_REQUESTED:
+        g_cuda_ledger.freed(device, address);
+        return;
+      case Entry::SEGMENT_ALLOC:
+      case Entry::SEGMENT_MAP:
+        g_cuda_ledger.segment(device, bytes);
+        return;
+      case Entry::SEGMENT_FREE:
+      case Entry::SEGMENT_UNMAP:
+        g_cuda_ledger.segment(device, -bytes);
+        return;
+      case Entry::OOM:  // addr_ is the device's free memory, size_ the request as rounded
+        g_cuda_ledger.refused(device, bytes);
+        return;
+      default:
+        return;
+    }
+  } catch (...) {
+    // A tracker must not throw into the allocator: this event goes uncounted.
+  }
+}
+
+/// Called after the refusal's trace, with the allocator's lock released: its own snapshot,
+/// before the failed attempt's memory is freed.
+void on_cuda_out_of_memory() noexcept {
+  if (!g_cuda_ledger.refusal_wants_snapshot()) return;
+  try {
+    g_cuda_ledger.add_allocator_snapshot(torch::cuda::_memory_snapshot_pickled());
+  } catch (...) {
+    // Without memory for it, the categories' snapshot is written alone.
+  }
+}
+#endif
+
+}  // namespace
+
+bool cuda_track_categories(int device, std::string* why) {
+#ifndef TRAINER_CUDA_CATEGORIES
+  (void)device;
+  if (why) *why = "memory categories on CUDA need LibTorch 2.4 or later (this is " TORCH_VERSION ")";
+  return false;
+#else
+  static std::once_flag once;
+  std::call_once(once, [device] {
+    try {
+      // The allocator attaches a tracker to the devices it has set up: set it up first.
+      (void)at::empty({1}, at::TensorOptions().device(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(device))));
+      int n = 0;
+      check(cudaGetDeviceCount(&n), "cudaGetDeviceCount");
+      std::vector<std::int64_t> reserved(static_cast<std::size_t>(n), 0);
+      for (int d = 0; d < n; ++d)
+        reserved[static_cast<std::size_t>(d)] = device_stats(d).reserved_bytes[kAggregate].current;
+      g_cuda_ledger.reset(reserved);
+      alloc::attachAllocatorTraceTracker([](const alloc::TraceEntry& te) { on_cuda_trace(te); });
+      alloc::attachOutOfMemoryObserver(
+          [](std::int64_t, std::size_t, std::size_t, std::size_t) { on_cuda_out_of_memory(); });
+      g_cuda_tracked.store(true);
+    } catch (const std::exception& e) {
+      // cudaMallocAsync (PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync) refuses trackers.
+      g_cuda_why_not = std::string("the CUDA allocator cannot report its allocations: ") + e.what();
+    }
+  });
+  if (!g_cuda_tracked.load()) {
+    if (why) *why = g_cuda_why_not;
+    return false;
+  }
+  // cuBLAS keeps a workspace per handle (one per thread and device) for the process's life,
+  // allocated by the first matrix product: on the loop's thread that would be the first forward,
+  // and would count as activations ever after. A first product here makes it Other (workspace).
+  // The autograd device thread's comes in the first backward, whose allocations count as Other.
+  static std::mutex warm_mutex;
+  static std::vector<int> warmed;
+  std::lock_guard<std::mutex> lock(warm_mutex);
+  if (std::find(warmed.begin(), warmed.end(), device) == warmed.end()) {
+    MemoryTagScope other(MemoryCategory::Other, 0);
+    const auto options = at::TensorOptions().device(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(device)));
+    const at::Tensor a = at::ones({16, 16}, options);
+    const at::Tensor bias = at::ones({16}, options);
+    (void)at::mm(a, a);
+    (void)at::addmm(bias, a, a);  // a linear layer's product: cuBLASLt's path, where LibTorch takes it
+    warmed.push_back(device);
+  }
+  return true;
+#endif
+}
+
+bool cuda_categories_tracked() { return g_cuda_tracked.load(); }
+
+void cuda_set_categories(bool on) { g_cuda_attribute.store(on); }
+
+bool cuda_categories_on() { return g_cuda_tracked.load() && g_cuda_attribute.load(); }
+
+MemoryBreakdown cuda_breakdown(int device) {
+  const std::int64_t reserved = device_stats(device).reserved_bytes[kAggregate].current;  // before the ledger's lock
+  MemoryBreakdown out = g_cuda_ledger.breakdown(device);
+  out.reserved = std::max(reserved, out.allocated);
+  return out;
+}
+
+MemoryBreakdown cuda_peak_breakdown(int device) { return g_cuda_ledger.peak(device); }
+
+void cuda_reset_peak_breakdown(int device) { g_cuda_ledger.reset_peak(device); }
+
+bool cuda_attribute(const at::Tensor& tensor, MemoryCategory category) {
+  TRAINER_CHECK(static_cast<std::size_t>(category) < kMemoryCategoryCount, "attribute_memory: memory category ",
+                static_cast<int>(category), " does not exist: there are ", kMemoryCategoryCount, " (MemoryCategory)");
+  if (!tensor.defined() || !tensor.has_storage() || !tensor.device().is_cuda()) return false;
+  const auto address = reinterpret_cast<std::uintptr_t>(tensor.storage().data_ptr().get());
+  return g_cuda_ledger.attribute(tensor.device().index(), address, category);
+}
+
+MemoryBreakdown cuda_live(int device, std::vector<LiveBlock>& blocks, std::int64_t& left_out) {
+  const std::int64_t reserved = device_stats(device).reserved_bytes[kAggregate].current;
+  MemoryBreakdown out = g_cuda_ledger.live(device, blocks, left_out);
+  out.reserved = std::max(reserved, out.allocated);
+  return out;
+}
+
+std::uint64_t cuda_refusal_mark() { return g_cuda_ledger.refusal_mark(); }
+
+RefusalPtr cuda_take_refusal(std::uint64_t mark) { return g_cuda_ledger.take_refusal(mark); }
 
 }  // namespace trainer::detail

@@ -63,6 +63,9 @@ struct Refusal {
   std::vector<LiveBlock> blocks;     ///< the live blocks then, oldest first
   std::int64_t blocks_left_out = 0;  ///< past kMaxListedBlocks, or not copied (no memory)
   std::uint64_t sequence = 0;        ///< the process's refusals counted, from 1
+  /// CUDA: the caching allocator's own snapshot at the refusal, as
+  /// torch.cuda.memory._snapshot() pickles it (its out-of-memory observer takes it); "" when none.
+  std::string allocator_pickle;
 };
 /// A refusal as it is kept and handed between threads (moving it allocates nothing).
 using RefusalPtr = std::shared_ptr<const Refusal>;
@@ -87,6 +90,23 @@ std::vector<MemoryBlockInfo> blocks_of(const std::vector<LiveBlock>& live);
 /// A code for what this thread is doing, kept with each block it allocates: the core's
 /// OomPhase + 1, 0 outside the loop's phases.
 void set_thread_memory_phase(std::uint8_t code);
+
+/// Starts following `device`'s allocations by category where that takes a step of its own (a
+/// GPU's caching allocator: cuda_track_categories); true at once for the CPU. False with the
+/// reason in `why` where this build or allocator cannot.
+bool track_memory_categories(const c10::Device& device, std::string* why);
+
+/// A category and a phase code, as a block is tagged with them.
+struct MemoryTag {
+  std::uint8_t category;
+  std::uint8_t phase;
+};
+/// What the loop is doing (OomRecovery::enter): the tag of the allocations of threads that never
+/// set their own, such as the autograd engine's device threads, which run a CUDA backward.
+TRAINER_API void set_run_memory_tag(MemoryCategory category, std::uint8_t phase);
+/// This thread's category and phase code; the run's (set_run_memory_tag) on a thread that never
+/// set its own. Both exported for the tests.
+TRAINER_API MemoryTag current_memory_tag();
 
 /// This thread's category and phase code for the scope's lifetime; the previous ones after.
 class MemoryTagScope {
@@ -116,6 +136,32 @@ void cuda_clear(int device, bool force);
 std::vector<DeviceInfo> cuda_gpus(std::string* why);
 /// Compute capability of GPU `device` as major*10+minor; 0 when it is not there.
 int cuda_compute_capability(int device);
+
+/// Starts splitting the caching allocator's live bytes into categories (once per process: it
+/// attaches a trace tracker and an out-of-memory observer to the allocator, which cannot be
+/// detached). False with the reason in `why` where this LibTorch or allocator backend cannot.
+/// `device`: the GPU whose allocator is set up first (the run's).
+bool cuda_track_categories(int device, std::string* why);
+/// Whether cuda_track_categories succeeded.
+bool cuda_categories_tracked();
+/// Whether allocations are attributed (set_memory_categories; frees are always followed).
+void cuda_set_categories(bool on);
+/// Tracked and attributing: has_memory_categories on CUDA.
+bool cuda_categories_on();
+/// Live bytes of GPU `device` by category: each allocation counted at the caching allocator's
+/// rounding of its request (512 bytes); `reserved` the allocator's. The few bytes a block
+/// handed out whole holds past that rounding count as slack.
+MemoryBreakdown cuda_breakdown(int device);
+MemoryBreakdown cuda_peak_breakdown(int device);
+void cuda_reset_peak_breakdown(int device);
+/// Counts the block of `tensor` (a CUDA tensor) as `category` from now on.
+bool cuda_attribute(const at::Tensor& tensor, MemoryCategory category);
+/// The categories and the listed live blocks of GPU `device`, oldest first.
+MemoryBreakdown cuda_live(int device, std::vector<LiveBlock>& blocks, std::int64_t& left_out);
+/// As cpu_refusal_mark / cpu_take_refusal, for the caching allocator's refusals (an autograd
+/// device thread's among them, which the engine rethrows on the loop's thread).
+std::uint64_t cuda_refusal_mark();
+RefusalPtr cuda_take_refusal(std::uint64_t mark);
 #endif
 
 }  // namespace trainer::detail

@@ -71,6 +71,10 @@ std::int64_t g_window_peak_unlinked = 0;
 
 thread_local std::uint8_t t_category = 0;  // MemoryCategory::Other
 thread_local std::uint8_t t_phase = 0;     // outside the loop's phases
+thread_local bool t_tagged = false;        // either was ever set on this thread
+// The loop's category and phase (set_run_memory_tag), for threads that never set their own.
+std::atomic<std::uint8_t> g_run_category{0};
+std::atomic<std::uint8_t> g_run_phase{0};
 // What was live when this thread's last allocation was refused, until taken (by the core's
 // out-of-memory recovery: by then the failed attempt's memory is gone). One per thread: a
 // loader worker's refusal is its own, handed over with its error. The process's last one is
@@ -282,6 +286,17 @@ void set_thread_memory_category(MemoryCategory category) {
   TRAINER_CHECK(static_cast<std::size_t>(category) < kCategories, "memory category ", static_cast<int>(category),
                 " does not exist: there are ", kCategories, " (MemoryCategory)");
   t_category = static_cast<std::uint8_t>(category);
+  t_tagged = true;
+}
+
+void set_run_memory_tag(MemoryCategory category, std::uint8_t phase) {
+  g_run_category.store(static_cast<std::uint8_t>(category), std::memory_order_relaxed);
+  g_run_phase.store(phase, std::memory_order_relaxed);
+}
+
+MemoryTag current_memory_tag() {
+  if (t_tagged) return {t_category, t_phase};
+  return {g_run_category.load(std::memory_order_relaxed), g_run_phase.load(std::memory_order_relaxed)};
 }
 
 bool cpu_categories_on() { return g_installed.load() && g_categories.load(); }
@@ -351,11 +366,15 @@ MemoryBreakdown cpu_live(std::vector<LiveBlock>& blocks, std::int64_t& left_out)
   return live_breakdown();
 }
 
-void set_thread_memory_phase(std::uint8_t code) { t_phase = code; }
+void set_thread_memory_phase(std::uint8_t code) {
+  t_phase = code;
+  t_tagged = true;
+}
 
 MemoryTagScope::MemoryTagScope(MemoryCategory category, std::uint8_t phase) : category_(t_category), phase_(t_phase) {
   t_category = static_cast<std::uint8_t>(category);
   t_phase = phase;
+  t_tagged = true;
 }
 
 MemoryTagScope::~MemoryTagScope() {

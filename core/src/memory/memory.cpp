@@ -1,5 +1,6 @@
 #include "trainer/memory.h"
 
+#include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 
@@ -105,36 +106,80 @@ std::string largest_category_text(const MemoryBreakdown& breakdown) {
   return fmt::format("{} {:.0f} % of {}", memory_category_name(top), share, format_bytes(breakdown.allocated));
 }
 
-bool has_memory_categories(const c10::Device& device) { return device.is_cpu() && detail::cpu_categories_on(); }
+bool has_memory_categories(const c10::Device& device) {
+  if (device.is_cpu()) return detail::cpu_categories_on();
+#ifdef TRAINER_WITH_CUDA
+  if (device.is_cuda()) return detail::cuda_categories_on();
+#endif
+  return false;
+}
 
-void set_memory_categories(bool on) { detail::cpu_set_categories(on); }
+void set_memory_categories(bool on) {
+  detail::cpu_set_categories(on);
+#ifdef TRAINER_WITH_CUDA
+  detail::cuda_set_categories(on);
+#endif
+}
+
+bool detail::track_memory_categories(const c10::Device& device, std::string* why) {
+  if (device.is_cpu()) return true;
+#ifdef TRAINER_WITH_CUDA
+  if (device.is_cuda()) return detail::cuda_track_categories(cuda_index(device), why);
+#endif
+  if (why) *why = "this build splits memory into categories on the CPU and on CUDA only";
+  return false;
+}
 
 namespace {
 void need_categories(const c10::Device& device, const char* what) {
   if (has_memory_categories(device)) return;
-  throw Error(fmt::format("{} on {}: {}", what, device.str(),
-                          device.is_cpu() ? "memory categories are off (memory.categories = false), or the tracking "
-                                            "allocator is not installed"
-                                          : "this build splits memory into categories on the CPU only"));
+  std::string why = "memory categories are off (memory.categories = false), or the tracking allocator is not installed";
+  if (!device.is_cpu()) {
+#ifdef TRAINER_WITH_CUDA
+    if (device.is_cuda() && detail::cuda_categories_tracked()) {
+      why = "memory categories are off (memory.categories = false)";
+    } else if (device.is_cuda()) {
+      why =
+          "the caching allocator's allocations are not being followed (a run on this GPU with memory.categories = "
+          "true starts that)";
+    } else
+#endif
+    {
+      why = "this build splits memory into categories on the CPU and on CUDA only";
+    }
+  }
+  throw Error(fmt::format("{} on {}: {}", what, device.str(), why));
 }
 }  // namespace
 
 MemoryBreakdown memory_breakdown(const c10::Device& device) {
   need_categories(device, "memory_breakdown");
+#ifdef TRAINER_WITH_CUDA
+  if (device.is_cuda()) return detail::cuda_breakdown(cuda_index(device));
+#endif
   return detail::cpu_breakdown();
 }
 
 MemoryBreakdown peak_memory_breakdown(const c10::Device& device) {
   need_categories(device, "peak_memory_breakdown");
+#ifdef TRAINER_WITH_CUDA
+  if (device.is_cuda()) return detail::cuda_peak_breakdown(cuda_index(device));
+#endif
   return detail::cpu_peak_breakdown();
 }
 
 void reset_peak_breakdown(const c10::Device& device) {
   need_categories(device, "reset_peak_breakdown");
+#ifdef TRAINER_WITH_CUDA
+  if (device.is_cuda()) return detail::cuda_reset_peak_breakdown(cuda_index(device));
+#endif
   detail::cpu_reset_peak_breakdown();
 }
 
 bool attribute_memory(const at::Tensor& tensor, MemoryCategory category) {
+#ifdef TRAINER_WITH_CUDA
+  if (tensor.defined() && tensor.device().is_cuda()) return detail::cuda_attribute(tensor, category);
+#endif
   return detail::cpu_attribute(tensor, category);
 }
 

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "memory/backend.h"
 #include "trainer/json.h"
@@ -37,6 +38,14 @@ MemorySnapshot memory_snapshot(const c10::Device& device, const std::string& rea
   s.device = device.str();
   s.reason = reason;
   std::vector<detail::LiveBlock> live;
+#ifdef TRAINER_WITH_CUDA
+  if (device.is_cuda()) {
+    s.live = detail::cuda_live(device.has_index() ? device.index() : 0, live, s.blocks_left_out);
+    s.blocks = detail::blocks_of(live);
+    s.limit = memory_stats(device).limit;
+    return s;
+  }
+#endif
   s.live = detail::cpu_live(live, s.blocks_left_out);  // the categories and the blocks of one instant
   s.blocks = detail::blocks_of(live);
   s.limit = memory_stats(device).limit;
@@ -85,13 +94,16 @@ std::string pickle_of(const MemorySnapshot& s) {
   detail::PickleWriter p;
   const std::int64_t overhead = std::max<std::int64_t>(s.block_overhead, 0);
   const std::vector<const MemoryBlockInfo*> blocks = pickled_blocks(s);
+  // The device's index ("cuda:1" -> 1); the CPU's is 0.
+  const std::size_t colon = s.device.find(':');
+  const std::int64_t device = colon == std::string::npos ? 0 : std::atoll(s.device.c_str() + colon + 1);
   p.begin_dict();
   p.value("segments").begin_list();
   for (const MemoryBlockInfo* block : blocks) {
     const MemoryBlockInfo& b = *block;
     const auto address = static_cast<std::int64_t>(b.address);
     p.begin_dict()
-        .item("device", 0)
+        .item("device", device)
         .item("address", address - overhead)
         .item("total_size", b.size + overhead)
         .item("allocated_size", b.size)

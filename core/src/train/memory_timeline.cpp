@@ -19,6 +19,7 @@
 
 #include "trainer/optim.h"
 #include "trainer/states.h"
+#include "util/durable_file.h"
 
 namespace trainer {
 
@@ -104,7 +105,7 @@ std::int64_t count_lines(const std::string& path, std::int64_t most, bool& cut) 
 }  // namespace
 
 std::string write_oom_snapshot(const MemorySnapshot& s, const std::string& run_dir, std::int64_t rank,
-                               std::int64_t keep, spdlog::logger& log) {
+                               std::int64_t keep, spdlog::logger& log, const std::string& allocator_pickle) {
   if (keep <= 0 || run_dir.empty()) return "";
   const std::string rel_dir = rank > 0 ? "memory/rank-" + std::to_string(rank) : std::string("memory");
   // Zero-padded, so that names sort as steps and attempts do (at most OomRecovery::kMaxAttempts).
@@ -122,6 +123,13 @@ std::string write_oom_snapshot(const MemorySnapshot& s, const std::string& run_d
       return "";
     }
     log.warn("the out-of-memory snapshot {}/{}.pickle was not written: {}", rel_dir, name, e.what());
+  }
+  if (!allocator_pickle.empty()) {
+    try {
+      detail::write_atomic((dir / (name + ".allocator.pickle")).string(), allocator_pickle);
+    } catch (const std::exception& e) {
+      log.warn("the allocator's snapshot {}/{}.allocator.pickle was not written: {}", rel_dir, name, e.what());
+    }
   }
   // The newest `keep` (each a .json and its .pickle): by time written, then by step and attempt
   // (the names' order but for the phase between them). A directory that cannot be listed whole
@@ -149,9 +157,10 @@ std::string write_oom_snapshot(const MemorySnapshot& s, const std::string& run_d
   if (ec) return rel_dir + "/" + name + ".json";
   std::sort(kept.begin(), kept.end());
   for (std::size_t i = 0; i + static_cast<std::size_t>(keep) < kept.size(); ++i) {
-    fs::path pickle = kept[i].path;
+    fs::path pickle = kept[i].path, allocator = kept[i].path;
     pickle.replace_extension(".pickle");
-    for (const fs::path& old : {kept[i].path, pickle}) {
+    allocator.replace_extension(".allocator.pickle");
+    for (const fs::path& old : {kept[i].path, pickle, allocator}) {
       if (fs::remove(old, ec); ec) {
         log.warn("could not remove the old out-of-memory snapshot {}: {}", old.string(), ec.message());
       }

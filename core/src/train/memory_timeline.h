@@ -29,9 +29,11 @@ void attribute_run_memory(const Model* model, torch::optim::Optimizer* optim);
 /// Writes `s`, the snapshot of an out-of-memory error, as
 /// RUN_DIR/memory/oom-<step>-<phase>-<attempt>.json and .pickle (memory/rank-<r>/… for ranks
 /// other than 0) and keeps the newest `keep` there. Returns its path relative to `run_dir`; "" when `keep` is
-/// 0 or the write failed (`log` warned: a snapshot never fails the run).
+/// 0 or the write failed (`log` warned: a snapshot never fails the run). A non-empty
+/// `allocator_pickle` (CUDA: the caching allocator's own snapshot at the refusal) goes beside
+/// them as <name>.allocator.pickle.
 std::string write_oom_snapshot(const MemorySnapshot& s, const std::string& run_dir, std::int64_t rank,
-                               std::int64_t keep, spdlog::logger& log);
+                               std::int64_t keep, spdlog::logger& log, const std::string& allocator_pickle = "");
 
 class MemoryTimeline {
  public:

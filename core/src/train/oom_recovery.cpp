@@ -32,7 +32,7 @@ std::string OomRecovery::write_snapshot(const detail::Refusal& refused, const st
   s.blocks_left_out = refused.blocks_left_out;
   s.requested = refused.requested;
   s.limit = memory_stats(parts_.device).limit;
-  s.block_overhead = detail::kCpuBlockHeader;
+  s.block_overhead = parts_.device.is_cpu() ? detail::kCpuBlockHeader : 0;
   s.step = state_.global_step;
   s.epoch = state_.epoch;
   s.micro_batch = size;
@@ -40,13 +40,30 @@ std::string OomRecovery::write_snapshot(const detail::Refusal& refused, const st
   s.phase = oom_phase_name(phase_);
   const EventContext& ctx = hooks_.context();
   const std::int64_t keep = ctx.config ? MemorySettings::from(ctx.config->sub("memory")).snapshots : 0;
-  return write_oom_snapshot(s, ctx.run_dir, parts_.group ? parts_.group->rank() : 0, keep, log_);
+  return write_oom_snapshot(s, ctx.run_dir, parts_.group ? parts_.group->rank() : 0, keep, log_,
+                            refused.allocator_pickle);
 }
 
 void OomRecovery::forget_refusal() {
+#ifdef TRAINER_WITH_CUDA
+  if (parts_.device.is_cuda()) {
+    refusal_mark_ = detail::cuda_refusal_mark();
+    return;
+  }
+#endif
   if (!parts_.device.is_cpu()) return;
   detail::cpu_take_refusal();
   refusal_mark_ = detail::cpu_refusal_mark();
+}
+
+detail::RefusalPtr OomRecovery::take_refusal() const {
+#ifdef TRAINER_WITH_CUDA
+  if (parts_.device.is_cuda()) return detail::cuda_take_refusal(refusal_mark_);
+#endif
+  // This thread's refusal, or one another thread made since the attempt began (an error an
+  // intra-op worker threw and the step rethrew).
+  if (parts_.device.is_cpu()) return detail::cpu_take_refusal(refusal_mark_);
+  return nullptr;
 }
 
 Control OomRecovery::report(const std::exception& e, std::int64_t size, std::int64_t samples, std::int64_t attempt,
@@ -72,10 +89,8 @@ std::int64_t OomRecovery::recover(const std::exception& e, OomRetry rule, std::i
                                   std::int64_t attempt, std::vector<std::int64_t>& tried, ProcessGroup* ranks) {
   live_.reset();
   std::string seen;  // "; live then: …; snapshot …" for the warning
-  if (parts_.device.is_cpu()) {
-    // This thread's refusal, or one another thread made since the attempt began (an error an
-    // intra-op worker threw and the step rethrew).
-    if (const detail::RefusalPtr refused = detail::cpu_take_refusal(refusal_mark_)) {
+  {
+    if (const detail::RefusalPtr refused = take_refusal()) {
       live_ = refused->live;
       // Telling what was live is never worth the recovery: without memory even for that, the
       // warning goes without it.

@@ -65,6 +65,9 @@ class OomRecovery {
     phase_ = phase;
     detail::set_thread_memory_category(oom_phase_info(phase).allocates);
     detail::set_thread_memory_phase(static_cast<std::uint8_t>(static_cast<int>(phase) + 1));
+    // Also the other threads' that allocate for the loop without a tag of their own (CUDA's
+    // backward runs on the autograd engine's device threads).
+    detail::set_run_memory_tag(oom_phase_info(phase).allocates, static_cast<std::uint8_t>(static_cast<int>(phase) + 1));
   }
   OomPhase phase() const { return phase_; }
 
@@ -105,6 +108,8 @@ class OomRecovery {
   /// Forgets a refused allocation that an earlier attempt's code caught itself, and marks where
   /// this attempt's begin: what recover() reports is this attempt's.
   void forget_refusal();
+  /// What was live at this attempt's refused allocation on the run's device (null: not known).
+  detail::RefusalPtr take_refusal() const;
   /// Drops the failed attempt, fires OutOfMemory and returns the size to retry with; throws
   /// OomFailure when there is no retry.
   std::int64_t recover(const std::exception& e, OomRetry rule, std::int64_t size, std::int64_t samples,

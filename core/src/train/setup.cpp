@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "data/epoch_order.h"
+#include "memory/backend.h"
 #include "model/deferred_init.h"
 #include "train/checkpoint_files.h"
 #include "train/hooks.h"
@@ -94,6 +95,9 @@ MemoryBudget::MemoryBudget(const c10::Device& device, const MemorySettings& s, s
     throw;
   }
   set_memory_categories(s.categories);
+  if (std::string why; s.categories && !detail::track_memory_categories(device, &why)) {
+    log.info("memory by category on {}: not available ({})", device.str(), why);
+  }
   if (const std::int64_t limit = memory_stats(device).limit; limit > 0) {
     log.info("memory budget: {} on {}", format_bytes(limit), device.str());
   }
