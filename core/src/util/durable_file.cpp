@@ -49,16 +49,29 @@ void publish(const std::string& tmp, const std::string& path) {
 
 void write_atomic(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";
-  try {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    TRAINER_CHECK(out.good(), "cannot write ", tmp);
-    out << text;
-    out.close();
-    TRAINER_CHECK(!out.fail(), "short write to ", tmp);
-  } catch (...) {
-    std::error_code ignored;
-    fs::remove(tmp, ignored);
-    throw;
+  // The temporary is this process's own file: whatever sits at its name (a crashed write's
+  // leftover, or a link planted to make the write land elsewhere) goes first, and the open
+  // neither follows a link nor takes a file that appeared in between.
+  if (::unlink(tmp.c_str()) != 0) {
+    TRAINER_CHECK(errno == ENOENT, "cannot remove the stale ", tmp, ": ", std::strerror(errno));
+  }
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  TRAINER_CHECK(fd >= 0, "cannot write ", tmp, ": ", std::strerror(errno));
+  std::size_t done = 0;
+  int err = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      err = n < 0 ? errno : EIO;
+      break;
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  if (::close(fd) != 0 && err == 0) err = errno;
+  if (err != 0) {
+    ::unlink(tmp.c_str());
+    TRAINER_CHECK(false, "short write to ", tmp, ": ", std::strerror(err));
   }
   publish(tmp, path);
 }

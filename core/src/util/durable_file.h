@@ -20,7 +20,8 @@ void sync_dir(const std::string& dir);
 void publish(const std::string& tmp, const std::string& path);
 
 /// Writes `text` to `path` durably through `<path>.tmp` and publish(): never half-written,
-/// never lost once this returns.
+/// never lost once this returns. Whatever was at `<path>.tmp` is removed first and the
+/// temporary is created new, never through a link; a link at `path` is replaced, not followed.
 void write_atomic(const std::string& path, const std::string& text);
 
 /// Size and CRC-32 (zlib's) of a file's contents (a checkpoint's digest, trainer/run_records.h).
