@@ -208,6 +208,14 @@ TEST(BlockLedger, AThreadWithoutATagOfItsOwnTakesTheRunsTag) {
   }).join();
   EXPECT_EQ(seen.category, static_cast<std::uint8_t>(C::Batch));
   EXPECT_EQ(seen.phase, 0);
+  // A scope on a thread without a tag of its own (a plugin's, in a backward hook on the
+  // autograd device thread) leaves it taking the run's tag again after.
+  std::thread([&] {
+    { MemoryCategoryScope batch(C::Batch); }
+    seen = current_memory_tag();
+  }).join();
+  EXPECT_EQ(seen.category, static_cast<std::uint8_t>(C::Activations));
+  EXPECT_EQ(seen.phase, 2);
   set_run_memory_tag(C::Other, 0);
 }
 

@@ -82,8 +82,9 @@ TRAINER_API bool has_memory_categories(const c10::Device& device);
 /// allocated while it is off count as Other for as long as they live; GPU blocks are not counted.
 TRAINER_API void set_memory_categories(bool on);
 /// Live bytes of `device` by category. CPU: exact, every byte of `allocated` in one category.
-/// CUDA: each allocation at the caching allocator's rounding of its request (512 bytes); the
-/// bytes past that in a block the allocator hands out whole (at most 1 MiB) are in the slack.
+/// CUDA: each allocation at the caching allocator's default rounding of its request (512
+/// bytes); the bytes past that in a block the allocator hands out whole (up to 1 MiB by
+/// default, more with max_split_size_mb or roundup_power2_divisions) are in the slack.
 /// Throws trainer::Error where has_memory_categories is false.
 TRAINER_API MemoryBreakdown memory_breakdown(const c10::Device& device);
 /// The breakdown at the moment `allocated` was highest since the last
@@ -106,6 +107,7 @@ class TRAINER_API MemoryCategoryScope {
 
  private:
   MemoryCategory previous_;
+  bool had_own_;  ///< the thread had a category of its own before (else it takes the run's again after)
 };
 
 /// Installs the CPU tracking allocator (c10::SetCPUAllocator) once per process. Tensors

@@ -157,7 +157,12 @@ namespace trainer::detail {
 
 namespace {
 
-BlockLedger g_cuda_ledger;
+/// Leaked on purpose: the tracker cannot be detached, and CUDA memory is still freed during
+/// static destruction.
+BlockLedger& cuda_ledger() {
+  static auto* ledger = new BlockLedger();
+  return *ledger;
+}
 std::atomic<bool> g_cuda_tracked{false};
 std::atomic<bool> g_cuda_attribute{true};
 std::string g_cuda_why_not;
@@ -172,22 +177,23 @@ void on_cuda_trace(const alloc::TraceEntry& te) noexcept {
     switch (te.action_) {
       case Entry::ALLOC:
         if (g_cuda_attribute.load(std::memory_order_relaxed)) {
-          g_cuda_ledger.allocated(device, address, caching_allocator_rounded(bytes), current_memory_tag());
+          cuda_ledger().allocated(device, address, caching_allocator_rounded(bytes), current_memory_tag());
         }
         return;
       case Entry::FREE_REQUESTED:
-        g_cuda_ledger.freed(device, address);
+        cuda_ledger().freed(device, address);
         return;
       case Entry::SEGMENT_ALLOC:
       case Entry::SEGMENT_MAP:
-        g_cuda_ledger.segment(device, bytes);
+        cuda_ledger().segment(device, bytes);
         return;
       case Entry::SEGMENT_FREE:
       case Entry::SEGMENT_UNMAP:
-        g_cuda_ledger.segment(device, -bytes);
+        cuda_ledger().segment(device, -bytes);
         return;
       case Entry::OOM:  // addr_ is the device's free memory, size_ the request as rounded
-        g_cuda_ledger.refused(device, bytes);
+        // With categories off this run's blocks are not in the ledger: no refusal to report.
+        if (g_cuda_attribute.load(std::memory_order_relaxed)) cuda_ledger().refused(device, bytes);
         return;
       default:
         return;
@@ -200,9 +206,9 @@ void on_cuda_trace(const alloc::TraceEntry& te) noexcept {
 /// Called after the refusal's trace, with the allocator's lock released: its own snapshot,
 /// before the failed attempt's memory is freed.
 void on_cuda_out_of_memory() noexcept {
-  if (!g_cuda_ledger.refusal_wants_snapshot()) return;
+  if (!cuda_ledger().refusal_wants_snapshot()) return;
   try {
-    g_cuda_ledger.add_allocator_snapshot(torch::cuda::_memory_snapshot_pickled());
+    cuda_ledger().add_allocator_snapshot(torch::cuda::_memory_snapshot_pickled());
   } catch (...) {
     // Without memory for it, the categories' snapshot is written alone.
   }
@@ -227,7 +233,7 @@ bool cuda_track_categories(int device, std::string* why) {
       std::vector<std::int64_t> reserved(static_cast<std::size_t>(n), 0);
       for (int d = 0; d < n; ++d)
         reserved[static_cast<std::size_t>(d)] = device_stats(d).reserved_bytes[kAggregate].current;
-      g_cuda_ledger.reset(reserved);
+      cuda_ledger().reset(reserved);
       alloc::attachAllocatorTraceTracker([](const alloc::TraceEntry& te) { on_cuda_trace(te); });
       alloc::attachOutOfMemoryObserver(
           [](std::int64_t, std::size_t, std::size_t, std::size_t) { on_cuda_out_of_memory(); });
@@ -249,13 +255,18 @@ bool cuda_track_categories(int device, std::string* why) {
   static std::vector<int> warmed;
   std::lock_guard<std::mutex> lock(warm_mutex);
   if (std::find(warmed.begin(), warmed.end(), device) == warmed.end()) {
-    MemoryTagScope other(MemoryCategory::Other, 0);
-    const auto options = at::TensorOptions().device(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(device)));
-    const at::Tensor a = at::ones({16, 16}, options);
-    const at::Tensor bias = at::ones({16}, options);
-    (void)at::mm(a, a);
-    (void)at::addmm(bias, a, a);  // a linear layer's product: cuBLASLt's path, where LibTorch takes it
     warmed.push_back(device);
+    try {
+      MemoryTagScope other(MemoryCategory::Other, 0);
+      const auto options = at::TensorOptions().device(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(device)));
+      const at::Tensor a = at::ones({16, 16}, options);
+      const at::Tensor bias = at::ones({16}, options);
+      (void)at::mm(a, a);
+      (void)at::addmm(bias, a, a);  // a linear layer's product: cuBLASLt's path, where LibTorch takes it
+    } catch (const std::exception&) {
+      // No room for the workspace now (a full GPU): the first forward makes it, and it counts
+      // as activations. Nothing else depends on it.
+    }
   }
   return true;
 #endif
@@ -269,32 +280,32 @@ bool cuda_categories_on() { return g_cuda_tracked.load() && g_cuda_attribute.loa
 
 MemoryBreakdown cuda_breakdown(int device) {
   const std::int64_t reserved = device_stats(device).reserved_bytes[kAggregate].current;  // before the ledger's lock
-  MemoryBreakdown out = g_cuda_ledger.breakdown(device);
+  MemoryBreakdown out = cuda_ledger().breakdown(device);
   out.reserved = std::max(reserved, out.allocated);
   return out;
 }
 
-MemoryBreakdown cuda_peak_breakdown(int device) { return g_cuda_ledger.peak(device); }
+MemoryBreakdown cuda_peak_breakdown(int device) { return cuda_ledger().peak(device); }
 
-void cuda_reset_peak_breakdown(int device) { g_cuda_ledger.reset_peak(device); }
+void cuda_reset_peak_breakdown(int device) { cuda_ledger().reset_peak(device); }
 
 bool cuda_attribute(const at::Tensor& tensor, MemoryCategory category) {
   TRAINER_CHECK(static_cast<std::size_t>(category) < kMemoryCategoryCount, "attribute_memory: memory category ",
                 static_cast<int>(category), " does not exist: there are ", kMemoryCategoryCount, " (MemoryCategory)");
   if (!tensor.defined() || !tensor.has_storage() || !tensor.device().is_cuda()) return false;
   const auto address = reinterpret_cast<std::uintptr_t>(tensor.storage().data_ptr().get());
-  return g_cuda_ledger.attribute(tensor.device().index(), address, category);
+  return cuda_ledger().attribute(tensor.device().index(), address, category);
 }
 
 MemoryBreakdown cuda_live(int device, std::vector<LiveBlock>& blocks, std::int64_t& left_out) {
   const std::int64_t reserved = device_stats(device).reserved_bytes[kAggregate].current;
-  MemoryBreakdown out = g_cuda_ledger.live(device, blocks, left_out);
+  MemoryBreakdown out = cuda_ledger().live(device, blocks, left_out);
   out.reserved = std::max(reserved, out.allocated);
   return out;
 }
 
-std::uint64_t cuda_refusal_mark() { return g_cuda_ledger.refusal_mark(); }
+std::uint64_t cuda_refusal_mark() { return cuda_ledger().refusal_mark(); }
 
-RefusalPtr cuda_take_refusal(std::uint64_t mark) { return g_cuda_ledger.take_refusal(mark); }
+RefusalPtr cuda_take_refusal(std::uint64_t mark) { return cuda_ledger().take_refusal(mark); }
 
 }  // namespace trainer::detail

@@ -118,6 +118,7 @@ class MemoryTagScope {
 
  private:
   std::uint8_t category_, phase_;
+  bool tagged_;
 };
 
 #ifdef TRAINER_WITH_CUDA

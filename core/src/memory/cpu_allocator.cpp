@@ -72,9 +72,9 @@ std::int64_t g_window_peak_unlinked = 0;
 thread_local std::uint8_t t_category = 0;  // MemoryCategory::Other
 thread_local std::uint8_t t_phase = 0;     // outside the loop's phases
 thread_local bool t_tagged = false;        // either was ever set on this thread
-// The loop's category and phase (set_run_memory_tag), for threads that never set their own.
-std::atomic<std::uint8_t> g_run_category{0};
-std::atomic<std::uint8_t> g_run_phase{0};
+// The loop's category (high byte) and phase (low byte), set_run_memory_tag's, for threads that
+// never set their own: one word, so that a reader never sees one without the other.
+std::atomic<std::uint16_t> g_run_tag{0};
 // What was live when this thread's last allocation was refused, until taken (by the core's
 // out-of-memory recovery: by then the failed attempt's memory is gone). One per thread: a
 // loader worker's refusal is its own, handed over with its error. The process's last one is
@@ -252,11 +252,15 @@ void install_cpu_tracking_allocator() {
   });
 }
 
-MemoryCategoryScope::MemoryCategoryScope(MemoryCategory category) : previous_(static_cast<MemoryCategory>(t_category)) {
+MemoryCategoryScope::MemoryCategoryScope(MemoryCategory category)
+    : previous_(static_cast<MemoryCategory>(t_category)), had_own_(t_tagged) {
   detail::set_thread_memory_category(category);
 }
 
-MemoryCategoryScope::~MemoryCategoryScope() { t_category = static_cast<std::uint8_t>(previous_); }
+MemoryCategoryScope::~MemoryCategoryScope() {
+  t_category = static_cast<std::uint8_t>(previous_);
+  t_tagged = had_own_;
+}
 
 namespace detail {
 
@@ -290,13 +294,13 @@ void set_thread_memory_category(MemoryCategory category) {
 }
 
 void set_run_memory_tag(MemoryCategory category, std::uint8_t phase) {
-  g_run_category.store(static_cast<std::uint8_t>(category), std::memory_order_relaxed);
-  g_run_phase.store(phase, std::memory_order_relaxed);
+  g_run_tag.store(static_cast<std::uint16_t>(static_cast<unsigned>(category) << 8 | phase), std::memory_order_relaxed);
 }
 
 MemoryTag current_memory_tag() {
   if (t_tagged) return {t_category, t_phase};
-  return {g_run_category.load(std::memory_order_relaxed), g_run_phase.load(std::memory_order_relaxed)};
+  const std::uint16_t tag = g_run_tag.load(std::memory_order_relaxed);
+  return {static_cast<std::uint8_t>(tag >> 8), static_cast<std::uint8_t>(tag & 0xff)};
 }
 
 bool cpu_categories_on() { return g_installed.load() && g_categories.load(); }
@@ -371,7 +375,8 @@ void set_thread_memory_phase(std::uint8_t code) {
   t_tagged = true;
 }
 
-MemoryTagScope::MemoryTagScope(MemoryCategory category, std::uint8_t phase) : category_(t_category), phase_(t_phase) {
+MemoryTagScope::MemoryTagScope(MemoryCategory category, std::uint8_t phase)
+    : category_(t_category), phase_(t_phase), tagged_(t_tagged) {
   t_category = static_cast<std::uint8_t>(category);
   t_phase = phase;
   t_tagged = true;
@@ -380,6 +385,7 @@ MemoryTagScope::MemoryTagScope(MemoryCategory category, std::uint8_t phase) : ca
 MemoryTagScope::~MemoryTagScope() {
   t_category = category_;
   t_phase = phase_;
+  t_tagged = tagged_;  // a thread that had no tag of its own takes the run's again
 }
 
 }  // namespace detail

@@ -130,7 +130,10 @@ std::string pickle_of(const MemorySnapshot& s) {
     p.end_list().end_dict();
   }
   p.end_list();
-  p.value("device_traces").begin_list().begin_list();
+  // One trace per device up to this one (the viewer reads device_traces[device]).
+  p.value("device_traces").begin_list();
+  for (std::int64_t d = 0; d < device; ++d) p.begin_list().end_list();
+  p.begin_list();
   // Some versions of the viewer add the category "unknown" when the trace lacks it, through a
   // misspelt name that throws: a first event of that category keeps them from it.
   p.begin_dict().item("action", "snapshot").item("addr", 0).item("size", 0).item("stream", 0);

@@ -124,12 +124,16 @@ std::string write_oom_snapshot(const MemorySnapshot& s, const std::string& run_d
     }
     log.warn("the out-of-memory snapshot {}/{}.pickle was not written: {}", rel_dir, name, e.what());
   }
+  const fs::path allocator_file = dir / (name + ".allocator.pickle");
   if (!allocator_pickle.empty()) {
     try {
-      detail::write_atomic((dir / (name + ".allocator.pickle")).string(), allocator_pickle);
+      detail::write_atomic(allocator_file.string(), allocator_pickle);
     } catch (const std::exception& e) {
       log.warn("the allocator's snapshot {}/{}.allocator.pickle was not written: {}", rel_dir, name, e.what());
     }
+  } else {
+    std::error_code gone;
+    fs::remove(allocator_file, gone);  // an earlier process's, under the same name: not this snapshot's
   }
   // The newest `keep` (each a .json and its .pickle): by time written, then by step and attempt
   // (the names' order but for the phase between them). A directory that cannot be listed whole

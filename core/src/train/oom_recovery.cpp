@@ -47,6 +47,7 @@ std::string OomRecovery::write_snapshot(const detail::Refusal& refused, const st
 void OomRecovery::forget_refusal() {
 #ifdef TRAINER_WITH_CUDA
   if (parts_.device.is_cuda()) {
+    detail::cuda_take_refusal(0);  // one LibTorch caught itself (cuDNN's workspace probes): not this attempt's
     refusal_mark_ = detail::cuda_refusal_mark();
     return;
   }

@@ -82,6 +82,11 @@ MemoryBudget::MemoryBudget(const c10::Device& device, const MemorySettings& s, s
     set_memory_categories(s.categories);
     return;
   }
+  detail::set_run_memory_tag(MemoryCategory::Other, 0);  // not the last run's last phase
+  // A GPU's allocator is followed from before its budget: the first matrix products (cuBLAS's
+  // workspace, made then) run while there is room.
+  std::string why;
+  const bool tracked = !s.categories || detail::track_memory_categories(device, &why);
   previous_ = memory_stats(device).limit;
   device_ = device;
   try {
@@ -95,9 +100,7 @@ MemoryBudget::MemoryBudget(const c10::Device& device, const MemorySettings& s, s
     throw;
   }
   set_memory_categories(s.categories);
-  if (std::string why; s.categories && !detail::track_memory_categories(device, &why)) {
-    log.info("memory by category on {}: not available ({})", device.str(), why);
-  }
+  if (!tracked) log.info("memory by category on {}: not available ({})", device.str(), why);
   if (const std::int64_t limit = memory_stats(device).limit; limit > 0) {
     log.info("memory budget: {} on {}", format_bytes(limit), device.str());
   }
@@ -105,6 +108,7 @@ MemoryBudget::MemoryBudget(const c10::Device& device, const MemorySettings& s, s
 
 MemoryBudget::~MemoryBudget() {
   set_memory_categories(categories_before_);
+  detail::set_run_memory_tag(MemoryCategory::Other, 0);
   if (!device_) return;
   try {
     set_memory_limit(*device_, previous_);

@@ -228,8 +228,12 @@ StepTotals TrainStep::accumulate(const Batch& full, const at::Tensor& indices, s
     state_.micro_batch_index = i;
     // Only the micro-batch being computed is on the device: its memory shrinks with it.
     oom_.enter(OomPhase::Forward);
-    const Batch mb =
-        to_device(parts_, whole ? full : Batch{full.inputs.narrow(0, begin, len), full.targets.narrow(0, begin, len)});
+    const Batch mb = [&] {
+      // The micro-batch's copy on the device (a GPU's) is the batch's, not an activation.
+      const detail::MemoryTagScope batch(MemoryCategory::Batch, static_cast<std::uint8_t>(int(OomPhase::Forward) + 1));
+      return to_device(parts_,
+                       whole ? full : Batch{full.inputs.narrow(0, begin, len), full.targets.narrow(0, begin, len)});
+    }();
     skip |= hooks_.fire(Event::BeforeForward, EventArgs::micro_batch(mb, idx)).skip_step;
     at::Tensor out, loss;
     {
