@@ -6,6 +6,7 @@
 #include <cmath>
 #include <vector>
 
+#include "optim/adamw8bit.h"
 #include "trainer/error.h"
 #include "trainer/optim.h"
 #include "trainer/settings.h"
@@ -31,6 +32,12 @@ bool materialize_optimizer_state(torch::optim::Optimizer& opt) {
         if (amsgrad) st->max_exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
         adamw->state()[key(p)] = std::move(st);
       }
+    }
+    return true;
+  }
+  if (auto* eight = dynamic_cast<detail::AdamW8bit*>(&opt)) {
+    for (auto& group : eight->param_groups()) {
+      for (auto& p : group.params()) eight->state_of(p);
     }
     return true;
   }
@@ -75,8 +82,18 @@ std::int64_t move_optimizer_state(torch::optim::Optimizer& opt, const c10::Devic
     }
     return moved;
   }
+  if (auto* eight = dynamic_cast<detail::AdamW8bit*>(&opt)) {
+    for (auto& [key, base] : eight->state()) {
+      auto& st = static_cast<detail::AdamW8bitParamState&>(*base);
+      st.exp_avg(move(st.exp_avg()));
+      st.exp_avg_sq(move(st.exp_avg_sq()));
+      st.exp_avg_absmax(move(st.exp_avg_absmax()));
+      st.exp_avg_sq_absmax(move(st.exp_avg_sq_absmax()));
+    }
+    return moved;
+  }
   TRAINER_CHECK(opt.state().empty(), "cannot move the state of this optimizer to ", device.str(),
-                ": trainer knows the state of AdamW and SGD only");
+                ": trainer knows the state of AdamW, AdamW8bit and SGD only");
   return moved;
 }
 
@@ -95,6 +112,12 @@ std::vector<at::Tensor> optimizer_state_of(const torch::optim::Optimizer& opt, c
     add(st.max_exp_avg_sq());
   } else if (dynamic_cast<const torch::optim::SGD*>(&opt)) {
     add(static_cast<const torch::optim::SGDParamState&>(*it->second).momentum_buffer());
+  } else if (dynamic_cast<const detail::AdamW8bit*>(&opt)) {
+    const auto& st = static_cast<const detail::AdamW8bitParamState&>(*it->second);
+    add(st.exp_avg());
+    add(st.exp_avg_sq());
+    add(st.exp_avg_absmax());
+    add(st.exp_avg_sq_absmax());
   }
   return out;
 }
@@ -109,6 +132,9 @@ int optimizer_step_temporaries(const torch::optim::Optimizer& opt) {
     }
     return most;
   }
+  // AdamW8bit: a chunk's temporaries (64 Ki values: about 3 MiB), below one parameter of the
+  // models that need it; counted as one.
+  if (dynamic_cast<const detail::AdamW8bit*>(&opt)) return 1;
   // AdamW: sqrt(exp_avg_sq) and its quotient live together; unknown optimizers: assume 2.
   return 2;
 }
@@ -181,6 +207,21 @@ Registry<OptimizerFactory>& optimizer_registry() {
           return std::make_unique<torch::optim::AdamW>(std::move(params), o);
         },
         AdamWSettings::keys(), "Adam with decoupled weight decay");
+    r->add(
+        "adamw8bit",
+        [](const Config& c, std::vector<at::Tensor> params) -> std::unique_ptr<torch::optim::Optimizer> {
+          const auto s = AdamWSettings::from(c);
+          if (s.betas.size() != 2) {
+            throw ConfigError(
+                {fmt::format("{}: optim.betas must hold 2 values, got {}", c.origin("betas"), s.betas.size())});
+          }
+          torch::optim::AdamWOptions o(s.lr);
+          o.betas({s.betas[0], s.betas[1]}).eps(s.eps).weight_decay(s.weight_decay);
+          return std::make_unique<detail::AdamW8bit>(std::move(params), o);
+        },
+        AdamWSettings::keys(),
+        "AdamW with its moments in 8 bits, block-wise (bitsandbytes' method): about a quarter of AdamW's "
+        "state; tensors under 4096 values keep fp32 moments");
     return r;
   }();
   return *reg;

@@ -1,0 +1,197 @@
+#include "optim/adamw8bit.h"
+
+#include <ATen/ATen.h>
+#include <torch/serialize/archive.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "trainer/error.h"
+#include "util/torch_compat.h"
+
+namespace trainer::detail {
+
+std::vector<float> dynamic_quant_map(bool is_signed) {
+  // bitsandbytes.functional.create_dynamic_map(signed, max_exponent_bits=7, total_bits=8).
+  constexpr int kExponentBits = 7, kNonSignBits = 7;
+  std::vector<float> data;
+  for (int i = 0; i < kExponentBits; ++i) {
+    const int items =
+        is_signed ? (1 << (i + kNonSignBits - kExponentBits)) + 1 : (1 << (i + kNonSignBits - kExponentBits + 1)) + 1;
+    const double scale = std::pow(10.0, -(kExponentBits - 1) + i);
+    for (int k = 0; k + 1 < items; ++k) {
+      // The midpoints of linspace(0.1, 1, items).
+      const double lo = 0.1 + 0.9 * k / (items - 1), hi = 0.1 + 0.9 * (k + 1) / (items - 1);
+      const auto v = static_cast<float>(scale * (lo + hi) / 2.0);
+      data.push_back(v);
+      if (is_signed) data.push_back(-v);
+    }
+  }
+  data.push_back(0.0f);
+  data.push_back(1.0f);
+  data.resize(256, 0.0f);
+  std::sort(data.begin(), data.end());
+  return data;
+}
+
+void quantize_blockwise(const at::Tensor& x, const at::Tensor& map, at::Tensor& codes, at::Tensor& absmax) {
+  const at::Tensor flat = x.reshape({-1});
+  const std::int64_t n = flat.numel(), blocks = (n + kQuantBlock - 1) / kQuantBlock;
+  at::Tensor padded = flat;
+  if (blocks * kQuantBlock != n) padded = at::constant_pad_nd(flat, {0, blocks * kQuantBlock - n}, 0);
+  const at::Tensor rows = padded.view({blocks, kQuantBlock});
+  absmax = std::get<0>(rows.abs().max(1));
+  // A block of zeros has nothing to scale: any divisor gives code 0.0.
+  const at::Tensor normalized = (rows / absmax.clamp_min(1e-30f).unsqueeze(1)).reshape({-1}).narrow(0, 0, n);
+  // The nearest entry of the sorted map: the first one not below, or the one before it.
+  const at::Tensor above = at::searchsorted(map, normalized).clamp(0, 255);
+  const at::Tensor below = (above - 1).clamp_min(0);
+  const at::Tensor nearer_below =
+      (normalized - map.index_select(0, below)).abs() <= (map.index_select(0, above) - normalized).abs();
+  codes = at::where(nearer_below, below, above).to(at::kByte);
+}
+
+at::Tensor dequantize_blockwise(const at::Tensor& codes, const at::Tensor& absmax, const at::Tensor& map) {
+  const std::int64_t n = codes.numel();
+  const at::Tensor values = map.index_select(0, codes.to(at::kLong));
+  const at::Tensor scale = absmax.repeat_interleave(kQuantBlock).narrow(0, 0, n);
+  return values * scale;
+}
+
+namespace {
+
+at::Tensor map_tensor(bool is_signed) {
+  const std::vector<float> m = dynamic_quant_map(is_signed);
+  return at::tensor(at::ArrayRef<float>(m), at::kFloat);
+}
+
+}  // namespace
+
+void AdamW8bitParamState::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(std::int64_t, step);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, exp_avg);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, exp_avg_sq);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, exp_avg_absmax);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, exp_avg_sq_absmax);
+}
+
+void AdamW8bitParamState::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(step);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg_sq);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg_absmax);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg_sq_absmax);
+}
+
+AdamW8bit::AdamW8bit(std::vector<at::Tensor> params, const torch::optim::AdamWOptions& defaults)
+    : torch::optim::Optimizer({torch::optim::OptimizerParamGroup(std::move(params))},
+                              std::make_unique<torch::optim::AdamWOptions>(defaults)),
+      signed_map_(map_tensor(true)),
+      unsigned_map_(map_tensor(false)) {
+  TRAINER_CHECK(!defaults.amsgrad(), "adamw8bit has no amsgrad");
+}
+
+AdamW8bitParamState& AdamW8bit::state_of(const at::Tensor& p) {
+  const auto key = compat::optimizer_state_key(*this, p);
+  auto it = state_.find(key);
+  if (it == state_.end()) {
+    auto st = std::make_unique<AdamW8bitParamState>();
+    const at::TensorOptions fp32 = p.options().dtype(at::kFloat);
+    if (p.numel() >= kMin8bitNumel) {
+      const std::int64_t blocks = (p.numel() + kQuantBlock - 1) / kQuantBlock;
+      // Zero moments: every code stands for 0 (the maps' 0 entry), every scale 0.
+      const at::Tensor zero_code_signed = at::searchsorted(signed_map_, at::zeros({1}, at::kFloat)).to(at::kByte);
+      const at::Tensor zero_code_unsigned = at::searchsorted(unsigned_map_, at::zeros({1}, at::kFloat)).to(at::kByte);
+      st->exp_avg(at::full({p.numel()}, zero_code_signed.item<std::uint8_t>(), p.options().dtype(at::kByte)));
+      st->exp_avg_sq(at::full({p.numel()}, zero_code_unsigned.item<std::uint8_t>(), p.options().dtype(at::kByte)));
+      st->exp_avg_absmax(at::zeros({blocks}, fp32));
+      st->exp_avg_sq_absmax(at::zeros({blocks}, fp32));
+    } else {
+      st->exp_avg(at::zeros(p.sizes(), fp32));
+      st->exp_avg_sq(at::zeros(p.sizes(), fp32));
+    }
+    it = state_.emplace(key, std::move(st)).first;
+  }
+  return static_cast<AdamW8bitParamState&>(*it->second);
+}
+
+const at::Tensor& AdamW8bit::map_on(bool is_signed, const c10::Device& device) {
+  const at::Tensor& host = is_signed ? signed_map_ : unsigned_map_;
+  if (device.is_cpu()) return host;
+  at::Tensor& cached = is_signed ? signed_on_device_ : unsigned_on_device_;
+  if (!cached.defined() || cached.device() != device) cached = host.to(device);
+  return cached;
+}
+
+void AdamW8bit::update(const at::Tensor& param, const at::Tensor& grad, AdamW8bitParamState& st,
+                       const torch::optim::AdamWOptions& o) {
+  const double lr = o.lr(), b1 = std::get<0>(o.betas()), b2 = std::get<1>(o.betas());
+  st.step(st.step() + 1);
+  const double bc1 = 1.0 - std::pow(b1, static_cast<double>(st.step()));
+  const double bc2 = 1.0 - std::pow(b2, static_cast<double>(st.step()));
+  const double step_size = lr / bc1, bc2_sqrt = std::sqrt(bc2);
+  if (o.weight_decay() != 0) param.mul_(1.0 - lr * o.weight_decay());
+  if (!st.quantized()) {
+    const at::Tensor g = grad.to(at::kFloat);
+    st.exp_avg().mul_(b1).add_(g, 1.0 - b1);
+    st.exp_avg_sq().mul_(b2).addcmul_(g, g, 1.0 - b2);
+    const at::Tensor denom = (st.exp_avg_sq().sqrt() / bc2_sqrt).add_(o.eps());
+    param.addcdiv_(st.exp_avg().to(param.scalar_type()), denom.to(param.scalar_type()), -step_size);
+    return;
+  }
+  // The moments and the update in the parameter's logical order, a chunk of blocks at a time.
+  const bool contiguous = param.is_contiguous();
+  at::Tensor p = contiguous ? param.view({-1}) : param.contiguous().view({-1});
+  const at::Tensor g = grad.contiguous().view({-1});
+  const std::int64_t n = p.numel();
+  const at::Tensor& smap = map_on(true, p.device());
+  const at::Tensor& umap = map_on(false, p.device());
+  for (std::int64_t begin = 0; begin < n; begin += kChunk) {
+    const std::int64_t len = std::min(kChunk, n - begin);
+    const std::int64_t first_block = begin / kQuantBlock, blocks = (len + kQuantBlock - 1) / kQuantBlock;
+    at::Tensor m_codes = st.exp_avg().narrow(0, begin, len), v_codes = st.exp_avg_sq().narrow(0, begin, len);
+    at::Tensor m_scale = st.exp_avg_absmax().narrow(0, first_block, blocks);
+    at::Tensor v_scale = st.exp_avg_sq_absmax().narrow(0, first_block, blocks);
+    const at::Tensor gc = g.narrow(0, begin, len).to(at::kFloat);
+    at::Tensor m = dequantize_blockwise(m_codes, m_scale, smap).mul_(b1).add_(gc, 1.0 - b1);
+    at::Tensor v = dequantize_blockwise(v_codes, v_scale, umap).mul_(b2).addcmul_(gc, gc, 1.0 - b2);
+    const at::Tensor denom = (v.sqrt() / bc2_sqrt).add_(o.eps());
+    p.narrow(0, begin, len).addcdiv_(m.to(p.scalar_type()), denom.to(p.scalar_type()), -step_size);
+    at::Tensor codes, absmax;
+    quantize_blockwise(m, smap, codes, absmax);
+    m_codes.copy_(codes);
+    m_scale.copy_(absmax);
+    quantize_blockwise(v, umap, codes, absmax);
+    v_codes.copy_(codes);
+    v_scale.copy_(absmax);
+  }
+  if (!contiguous) param.copy_(p.view(param.sizes()));
+}
+
+at::Tensor AdamW8bit::step(LossClosure closure) {
+  at::NoGradGuard no_grad;
+  at::Tensor loss;
+  if (closure) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  for (auto& group : param_groups_) {
+    const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
+    for (auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      TRAINER_CHECK(!p.grad().is_sparse(), "adamw8bit does not support sparse gradients");
+      update(p, p.grad(), state_of(p), o);
+    }
+  }
+  return loss;
+}
+
+void AdamW8bit::save(torch::serialize::OutputArchive& archive) const {
+  torch::optim::serialize<AdamW8bitParamState, torch::optim::AdamWOptions>(archive, *this);
+}
+
+void AdamW8bit::load(torch::serialize::InputArchive& archive) {
+  torch::optim::serialize<AdamW8bitParamState, torch::optim::AdamWOptions>(archive, *this);
+}
+
+}  // namespace trainer::detail

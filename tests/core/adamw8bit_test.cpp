@@ -1,0 +1,280 @@
+// AdamW with 8-bit block-wise moments (optim.name = "adamw8bit"): the quantization, the update
+// against LibTorch's AdamW, its state's bytes, checkpoints, and the helpers the core uses on
+// optimizer state (materialize, attribute, move).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <sstream>
+
+#include "optim/adamw8bit.h"
+#include "support/test_util.h"
+#include "trainer/memory.h"
+#include "trainer/optim.h"
+#include "trainer/trainer.h"
+
+namespace trainer::detail {
+namespace {
+
+TEST(AdamW8bit, TheMapsAreBitsandbytesDynamicOnes) {
+  const std::vector<float> s = dynamic_quant_map(true), u = dynamic_quant_map(false);
+  ASSERT_EQ(s.size(), 256u);
+  ASSERT_EQ(u.size(), 256u);
+  EXPECT_TRUE(std::is_sorted(s.begin(), s.end()));
+  EXPECT_TRUE(std::is_sorted(u.begin(), u.end()));
+  EXPECT_FLOAT_EQ(s.back(), 1.0f);
+  EXPECT_FLOAT_EQ(u.back(), 1.0f);
+  EXPECT_FLOAT_EQ(u.front(), 0.0f);
+  EXPECT_NEAR(s.front(), -0.99297, 1e-5);  // -(midpoint of the last two of linspace(0.1, 1, 65))
+  EXPECT_EQ(std::count(s.begin(), s.end(), 0.0f), 1);
+  // The smallest magnitude: 1e-6 x the midpoint of linspace(0.1, 1, 2) = 5.5e-7.
+  EXPECT_NEAR(*std::upper_bound(s.begin(), s.end(), 0.0f), 5.5e-7, 1e-12);
+}
+
+TEST(AdamW8bit, ABlockRoundTripsWithinHalfTheMapsWidestGap) {
+  torch::manual_seed(3);
+  const at::Tensor map = torch::tensor(dynamic_quant_map(true));
+  const at::Tensor x = torch::randn({10000}) * torch::linspace(1e-3, 10, 10000);  // magnitudes per block vary
+  at::Tensor codes, absmax;
+  quantize_blockwise(x, map, codes, absmax);
+  EXPECT_EQ(codes.scalar_type(), at::kByte);
+  EXPECT_EQ(codes.numel(), 10000);
+  EXPECT_EQ(absmax.numel(), (10000 + kQuantBlock - 1) / kQuantBlock);
+  const at::Tensor back = dequantize_blockwise(codes, absmax, map);
+  const at::Tensor scale = absmax.repeat_interleave(kQuantBlock).narrow(0, 0, 10000);
+  // The widest gap of the map is 0.9 / 64 (its top decade): nearest rounding is within half.
+  EXPECT_LE(((back - x).abs() / scale).max().item<double>(), 0.9 / 64 / 2 + 1e-6);
+  // A block's largest magnitude comes back exactly when positive (the map's 1.0); the signed
+  // map's most negative entry is -0.993.
+  at::Tensor c3, a3;
+  quantize_blockwise(torch::tensor({3.0f, -1.5f, 0.0f}), map, c3, a3);
+  const at::Tensor b3 = dequantize_blockwise(c3, a3, map);
+  EXPECT_EQ(b3[0].item<float>(), 3.0f);
+  EXPECT_NEAR(b3[1].item<float>(), -1.5f, 3.0 * 0.9 / 64 / 2);
+  EXPECT_EQ(b3[2].item<float>(), 0.0f);
+  // Zeros stay zero; a block of zeros too.
+  at::Tensor zc, za;
+  quantize_blockwise(torch::zeros({300}), map, zc, za);
+  EXPECT_TRUE(torch::equal(dequantize_blockwise(zc, za, map), torch::zeros({300})));
+}
+
+/// A regression on fixed data: the gradients of `model` for step `k`.
+void gradients(torch::nn::Linear& model, int k) {
+  torch::manual_seed(100 + k);
+  const at::Tensor x = torch::randn({32, 128}), y = torch::randn({32, 64});
+  model->zero_grad();
+  torch::mse_loss(model(x), y).backward();
+}
+
+TEST(AdamW8bit, StepsFollowAdamWsWithinTheQuantizationAndExactlyForSmallTensors) {
+  torch::manual_seed(1);
+  torch::nn::Linear a(128, 64), b(128, 64);  // weight 8192 values: 8-bit; bias 64: fp32 moments
+  {
+    torch::NoGradGuard no_grad;
+    b->weight.copy_(a->weight);
+    b->bias.copy_(a->bias);
+  }
+  const at::Tensor start = a->weight.detach().clone();
+  torch::optim::AdamWOptions o(1e-2);
+  o.weight_decay(0.01);
+  torch::optim::AdamW reference(a->parameters(), o);
+  AdamW8bit eight(b->parameters(), o);
+  for (int k = 0; k < 20; ++k) {
+    gradients(a, k);
+    gradients(b, k);
+    // The same gradients for the same parameters until the weights part (they differ after).
+    reference.step();
+    eight.step();
+  }
+  // Different weights give slightly different gradients, but the moves agree to a few percent
+  // of their size (the moments' rounding is at most 0.7 % of a block's largest value).
+  const double moved = (a->weight - start).abs().max().item<double>();
+  const double apart = (a->weight - b->weight).abs().max().item<double>();
+  EXPECT_GT(moved, 0.05);
+  EXPECT_LT(apart, 0.05 * moved) << "moved " << moved << ", apart " << apart;
+  EXPECT_EQ(eight.state_of(b->weight).step(), 20);
+  EXPECT_TRUE(eight.state_of(b->weight).quantized());
+  EXPECT_FALSE(eight.state_of(b->bias).quantized());
+}
+
+TEST(AdamW8bit, AParameterAloneMatchesAdamWBitForBitWhenItsMomentsAreFp32) {
+  // Below kMin8bitNumel the update is LibTorch's AdamW, operation for operation.
+  torch::manual_seed(2);
+  const at::Tensor init = torch::randn({100});
+  at::Tensor p = init.clone().requires_grad_(true), q = init.clone().requires_grad_(true);
+  torch::optim::AdamWOptions o(1e-3);
+  torch::optim::AdamW reference({p}, o);
+  AdamW8bit eight({q}, o);
+  for (int k = 0; k < 10; ++k) {
+    const at::Tensor g = torch::randn({100});
+    p.mutable_grad() = g.clone();
+    q.mutable_grad() = g.clone();
+    reference.step();
+    eight.step();
+  }
+  EXPECT_TRUE(torch::equal(p, q));
+}
+
+TEST(AdamW8bit, ItsStateIsAboutAQuarterOfAdamWs) {
+  torch::nn::Linear big(512, 512);
+  torch::optim::AdamWOptions o(1e-3);
+  torch::optim::AdamW reference(big->parameters(), o);
+  AdamW8bit eight(big->parameters(), o);
+  ASSERT_TRUE(materialize_optimizer_state(reference));
+  ASSERT_TRUE(materialize_optimizer_state(eight));
+  auto bytes = [&](const torch::optim::Optimizer& opt) {
+    std::int64_t n = 0;
+    for (const auto& p : big->parameters()) {
+      for (const auto& t : optimizer_state_of(opt, p)) n += static_cast<std::int64_t>(t.nbytes());
+    }
+    return n;
+  };
+  const std::int64_t full = bytes(reference), small = bytes(eight);
+  EXPECT_EQ(full, 2 * 4 * (512 * 512 + 512));
+  // Weight: one byte per value and moment, plus 4 bytes per 256; the bias keeps fp32 moments.
+  EXPECT_EQ(small, 2 * (512 * 512 + 4 * 512 * 512 / 256) + 2 * 4 * 512);
+  EXPECT_LT(double(small), 0.3 * double(full));
+  // Moving it moves every state tensor (the meta device holds no data).
+  EXPECT_EQ(move_optimizer_state(eight, c10::Device(c10::kMeta)), small);
+  for (const auto& t : optimizer_state_of(eight, big->weight)) EXPECT_TRUE(t.is_meta());
+}
+
+TEST(AdamW8bit, ACheckpointResumesItExactly) {
+  torch::manual_seed(4);
+  torch::nn::Linear a(128, 64), b(128, 64);
+  torch::optim::AdamWOptions o(1e-2);
+  AdamW8bit first(a->parameters(), o);
+  for (int k = 0; k < 3; ++k) {
+    gradients(a, k);
+    first.step();
+  }
+  {
+    torch::NoGradGuard no_grad;
+    b->weight.copy_(a->weight);
+    b->bias.copy_(a->bias);
+  }
+  std::stringstream saved;
+  {
+    torch::serialize::OutputArchive archive;
+    first.save(archive);
+    archive.save_to(saved);
+  }
+  AdamW8bit second(b->parameters(), o);
+  {
+    torch::serialize::InputArchive archive;
+    archive.load_from(saved);
+    second.load(archive);
+  }
+  EXPECT_EQ(second.state_of(b->weight).step(), 3);
+  for (int k = 3; k < 6; ++k) {
+    gradients(a, k);
+    gradients(b, k);
+    first.step();
+    second.step();
+  }
+  EXPECT_TRUE(torch::equal(a->weight, b->weight));
+  EXPECT_TRUE(torch::equal(a->bias, b->bias));
+}
+
+TEST(AdamW8bit, AChannelsLastParameterIsUpdatedInItsLogicalOrder) {
+  // A convolution's weight in channels-last memory format (model.memory_format): the same
+  // update as the contiguous copy's.
+  torch::manual_seed(5);
+  const at::Tensor init = torch::randn({64, 32, 3, 3});  // 18432 values: 8-bit moments
+  at::Tensor p = init.clone().requires_grad_(true);
+  at::Tensor q = init.clone().contiguous(at::MemoryFormat::ChannelsLast).requires_grad_(true);
+  ASSERT_FALSE(q.is_contiguous());
+  torch::optim::AdamWOptions o(1e-2);
+  AdamW8bit a({p}, o), b({q}, o);
+  for (int k = 0; k < 4; ++k) {
+    const at::Tensor g = torch::randn({64, 32, 3, 3});
+    p.mutable_grad() = g.clone();
+    q.mutable_grad() = g.clone().contiguous(at::MemoryFormat::ChannelsLast);
+    a.step();
+    b.step();
+  }
+  EXPECT_TRUE(torch::equal(p, q));
+  EXPECT_TRUE(q.is_contiguous(at::MemoryFormat::ChannelsLast));
+}
+
+TEST(AdamW8bit, TheRegistryBuildsItFromAdamWsKeys) {
+  auto& reg = optimizer_registry();
+  ASSERT_TRUE(reg.contains("adamw8bit"));
+  torch::nn::Linear m(8, 8);
+  const Config c = Config::parse("[optim]\nlr = 0.01\nbetas = [0.8, 0.99]\nweight_decay = 0.0\n").sub("optim");
+  const auto opt = reg.get("adamw8bit").factory(c, m->parameters());
+  ASSERT_NE(dynamic_cast<AdamW8bit*>(opt.get()), nullptr);
+  EXPECT_DOUBLE_EQ(get_learning_rate(*opt), 0.01);
+  set_learning_rate(*opt, 0.5);
+  EXPECT_DOUBLE_EQ(get_learning_rate(*opt), 0.5);
+}
+
+/// The optimizer state's bytes (memory categories) at the end of each step.
+class StateBytes final : public Plugin {
+ public:
+  std::string name() const override { return "state_bytes"; }
+  std::vector<Event> events() const override { return {Event::BatchEnd}; }
+  void on_event(EventContext& ctx, Control&) override {
+    bytes.push_back(memory_breakdown(ctx.device)[MemoryCategory::OptimizerState]);
+  }
+  std::vector<std::int64_t> bytes;
+};
+
+class AdamW8bitRun : public testing::TrainerTest {};
+
+TEST_F(AdamW8bitRun, ARunTrainsLikeAdamWWithAQuarterOfItsStateInTheMemoryMap) {
+  // A small CNN on a slice of Fashion-MNIST: its hidden layer's weight (tens of thousands of values) has
+  // 8-bit moments, the convolutions and biases (under 4096 values) fp32 ones. The run's memory
+  // categories see the 8-bit state, and the loss follows AdamW's.
+  const std::string recipe = R"(
+[run]
+seed = 5
+[model]
+name = "cnn"
+channels = [8, 16]
+hidden = 64
+batch_norm = false
+memory_format = "contiguous"
+[dataset]
+name = "fashion_mnist"
+limit = 1024
+eval_limit = 64
+[training]
+epochs = 1
+batch_size = 64
+log_every = 1
+[optim]
+lr = 0.002
+[eval]
+every_epochs = 0
+at_end = false
+[metrics]
+console = false
+)";
+  install_cpu_tracking_allocator();
+  auto full = std::make_shared<StateBytes>(), eight = std::make_shared<StateBytes>();
+  ASSERT_EQ(fit(recipe, {"optim.name=adamw"}, "adamw", {full}).exit_code, kExitOk);
+  ASSERT_EQ(fit(recipe, {"optim.name=adamw8bit"}, "adamw8bit", {eight}).exit_code, kExitOk);
+  ASSERT_EQ(full->bytes.size(), 16u);
+  ASSERT_EQ(eight->bytes.size(), 16u);
+  EXPECT_GT(full->bytes.back(), 0);
+  EXPECT_LT(double(eight->bytes.back()), 0.3 * double(full->bytes.back()))
+      << eight->bytes.back() << " of " << full->bytes.back();
+  const auto a = testing::metric_by_step(tmp_ / "adamw/metrics.jsonl", "train/loss");
+  const auto b = testing::metric_by_step(tmp_ / "adamw8bit/metrics.jsonl", "train/loss");
+  ASSERT_EQ(a.size(), 16u);
+  ASSERT_EQ(b.size(), 16u);
+  // Both learn (the mean of the last 4 steps' losses well under the first step's), and their
+  // last losses are within 10 % of each other.
+  auto tail = [](const std::map<long, double>& m) {
+    double s = 0;
+    auto it = m.rbegin();
+    for (int i = 0; i < 4; ++i, ++it) s += it->second;
+    return s / 4;
+  };
+  EXPECT_LT(tail(a), 0.6 * a.begin()->second);
+  EXPECT_LT(tail(b), 0.6 * b.begin()->second);
+  EXPECT_NEAR(tail(b), tail(a), 0.1 * tail(a));
+}
+
+}  // namespace
+}  // namespace trainer::detail
