@@ -8,6 +8,7 @@
 
 #include "optim/adamw8bit.h"
 #include "support/test_util.h"
+#include "trainer/error.h"
 #include "trainer/memory.h"
 #include "trainer/optim.h"
 #include "trainer/trainer.h"
@@ -173,6 +174,32 @@ TEST(AdamW8bit, ACheckpointResumesItExactly) {
   }
   EXPECT_TRUE(torch::equal(a->weight, b->weight));
   EXPECT_TRUE(torch::equal(a->bias, b->bias));
+}
+
+TEST(AdamW8bit, AStateThatDoesNotFitItsParameterIsRefusedNamingIt) {
+  // A checkpoint of another model: the saved codes of an 8192-value weight for a 4096-value one.
+  torch::nn::Linear a(128, 64), b(128, 32);
+  torch::optim::AdamWOptions o(1e-2);
+  AdamW8bit first(a->parameters(), o);
+  gradients(a, 0);
+  first.step();
+  std::stringstream saved;
+  {
+    torch::serialize::OutputArchive archive;
+    first.save(archive);
+    archive.save_to(saved);
+  }
+  AdamW8bit second(b->parameters(), o);
+  torch::serialize::InputArchive archive;
+  archive.load_from(saved);
+  try {
+    second.load(archive);
+    ADD_FAILURE() << "a state of 8192 values loaded for a parameter of 4096";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the saved state of parameter 0 (4096 values) does not fit it"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(AdamW8bit, AChannelsLastParameterIsUpdatedInItsLogicalOrder) {

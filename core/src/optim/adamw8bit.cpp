@@ -1,6 +1,7 @@
 #include "optim/adamw8bit.h"
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 #include <torch/serialize/archive.h>
 
 #include <algorithm>
@@ -192,6 +193,45 @@ void AdamW8bit::save(torch::serialize::OutputArchive& archive) const {
 
 void AdamW8bit::load(torch::serialize::InputArchive& archive) {
   torch::optim::serialize<AdamW8bitParamState, torch::optim::AdamWOptions>(archive, *this);
+  // A checkpoint is a file from outside: each state must fit its parameter before a step reads it.
+  std::size_t index = 0;
+  for (auto& group : param_groups_) {
+    for (auto& p : group.params()) {
+      const auto it = state_.find(compat::optimizer_state_key(*this, p));
+      ++index;
+      if (it == state_.end()) continue;
+      const auto* st = dynamic_cast<const AdamW8bitParamState*>(it->second.get());
+      const std::int64_t n = p.numel(), blocks = (n + kQuantBlock - 1) / kQuantBlock;
+      auto fits = [](const at::Tensor& t, at::ScalarType type, std::int64_t numel) {
+        return t.defined() && t.scalar_type() == type && t.numel() == numel && t.is_contiguous();
+      };
+      const bool ok = st != nullptr && st->step() >= 0 &&
+                      (st->quantized() ? fits(st->exp_avg(), at::kByte, n) && fits(st->exp_avg_sq(), at::kByte, n) &&
+                                             fits(st->exp_avg_absmax(), at::kFloat, blocks) &&
+                                             fits(st->exp_avg_sq_absmax(), at::kFloat, blocks) && n >= kMin8bitNumel
+                                       : fits(st->exp_avg(), at::kFloat, n) && fits(st->exp_avg_sq(), at::kFloat, n) &&
+                                             !st->exp_avg_sq_absmax().defined() && n < kMin8bitNumel);
+      if (!ok) {
+        state_.erase(it);
+        throw Error(fmt::format(
+            "adamw8bit: the saved state of parameter {} ({} values) does not fit it: expected {} "
+            "(was it saved by another optimizer or model?)",
+            index - 1, n,
+            n >= kMin8bitNumel ? fmt::format("uint8 codes of {} values and fp32 scales of {} blocks", n, blocks)
+                               : fmt::format("fp32 moments of {} values", n)));
+      }
+      // On the parameter's device, as the step reads them.
+      auto* own = static_cast<AdamW8bitParamState*>(it->second.get());
+      if (own->exp_avg().device() != p.device()) {
+        own->exp_avg(own->exp_avg().to(p.device()));
+        own->exp_avg_sq(own->exp_avg_sq().to(p.device()));
+        if (own->quantized()) {
+          own->exp_avg_absmax(own->exp_avg_absmax().to(p.device()));
+          own->exp_avg_sq_absmax(own->exp_avg_sq_absmax().to(p.device()));
+        }
+      }
+    }
+  }
 }
 
 }  // namespace trainer::detail
