@@ -13,19 +13,20 @@
 namespace trainer::detail {
 
 std::vector<float> dynamic_quant_map(bool is_signed) {
-  // bitsandbytes.functional.create_dynamic_map(signed, max_exponent_bits=7, total_bits=8).
+  // bitsandbytes.functional.create_dynamic_map(signed, max_exponent_bits=7, total_bits=8), with
+  // the same torch operations in float32: the midpoints of linspace(0.1, 1, items), times 10^e.
   constexpr int kExponentBits = 7, kNonSignBits = 7;
+  constexpr double kPowers[kExponentBits] = {1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0};  // Python's 10 ** e
   std::vector<float> data;
   for (int i = 0; i < kExponentBits; ++i) {
     const int items =
         is_signed ? (1 << (i + kNonSignBits - kExponentBits)) + 1 : (1 << (i + kNonSignBits - kExponentBits + 1)) + 1;
-    const double scale = std::pow(10.0, -(kExponentBits - 1) + i);
-    for (int k = 0; k + 1 < items; ++k) {
-      // The midpoints of linspace(0.1, 1, items).
-      const double lo = 0.1 + 0.9 * k / (items - 1), hi = 0.1 + 0.9 * (k + 1) / (items - 1);
-      const auto v = static_cast<float>(scale * (lo + hi) / 2.0);
-      data.push_back(v);
-      if (is_signed) data.push_back(-v);
+    const at::Tensor bounds = at::linspace(0.1, 1.0, items, at::kFloat);
+    const at::Tensor means = (bounds.narrow(0, 0, items - 1) + bounds.narrow(0, 1, items - 1)) / 2.0;
+    const at::Tensor up = means * kPowers[i], down = means * -kPowers[i];
+    for (std::int64_t k = 0; k + 1 < items; ++k) {
+      data.push_back(up[k].item<float>());
+      if (is_signed) data.push_back(down[k].item<float>());
     }
   }
   data.push_back(0.0f);
@@ -42,10 +43,11 @@ void quantize_blockwise(const at::Tensor& x, const at::Tensor& map, at::Tensor& 
   if (blocks * kQuantBlock != n) padded = at::constant_pad_nd(flat, {0, blocks * kQuantBlock - n}, 0);
   const at::Tensor rows = padded.view({blocks, kQuantBlock});
   absmax = std::get<0>(rows.abs().max(1));
-  // A block of zeros has nothing to scale: any divisor gives code 0.0.
-  const at::Tensor normalized = (rows / absmax.clamp_min(1e-30f).unsqueeze(1)).reshape({-1}).narrow(0, 0, n);
+  // Divided by the very scale stored (a block of zeros by 1: its codes stand for 0.0).
+  const at::Tensor divisor = at::where(absmax > 0, absmax, at::ones_like(absmax));
+  const at::Tensor normalized = (rows / divisor.unsqueeze(1)).reshape({-1}).narrow(0, 0, n);
   // The nearest entry of the sorted map: the first one not below, or the one before it.
-  const at::Tensor above = at::searchsorted(map, normalized).clamp(0, 255);
+  const at::Tensor above = at::searchsorted(map, normalized, /*out_int32=*/true).clamp(0, 255);
   const at::Tensor below = (above - 1).clamp_min(0);
   const at::Tensor nearer_below =
       (normalized - map.index_select(0, below)).abs() <= (map.index_select(0, above) - normalized).abs();
@@ -132,12 +134,22 @@ void AdamW8bit::update(const at::Tensor& param, const at::Tensor& grad, AdamW8bi
   const double bc2 = 1.0 - std::pow(b2, static_cast<double>(st.step()));
   const double step_size = lr / bc1, bc2_sqrt = std::sqrt(bc2);
   if (o.weight_decay() != 0) param.mul_(1.0 - lr * o.weight_decay());
+  // fp32 parameters take AdamW's own operations (bit for bit for fp32 moments); others get the
+  // update computed in fp32 (eps = 1e-8 is 0 in fp16) and added in their precision.
+  const bool fp32 = param.scalar_type() == at::kFloat;
+  auto apply = [&](const at::Tensor& target, const at::Tensor& m, const at::Tensor& denom) {
+    if (fp32) {
+      target.addcdiv_(m, denom, -step_size);
+    } else {
+      target.add_((m / denom).mul_(-step_size).to(target.scalar_type()));
+    }
+  };
   if (!st.quantized()) {
     const at::Tensor g = grad.to(at::kFloat);
     st.exp_avg().mul_(b1).add_(g, 1.0 - b1);
     st.exp_avg_sq().mul_(b2).addcmul_(g, g, 1.0 - b2);
     const at::Tensor denom = (st.exp_avg_sq().sqrt() / bc2_sqrt).add_(o.eps());
-    param.addcdiv_(st.exp_avg().to(param.scalar_type()), denom.to(param.scalar_type()), -step_size);
+    apply(param, st.exp_avg(), denom);
     return;
   }
   // The moments and the update in the parameter's logical order, a chunk of blocks at a time.
@@ -157,7 +169,10 @@ void AdamW8bit::update(const at::Tensor& param, const at::Tensor& grad, AdamW8bi
     at::Tensor m = dequantize_blockwise(m_codes, m_scale, smap).mul_(b1).add_(gc, 1.0 - b1);
     at::Tensor v = dequantize_blockwise(v_codes, v_scale, umap).mul_(b2).addcmul_(gc, gc, 1.0 - b2);
     const at::Tensor denom = (v.sqrt() / bc2_sqrt).add_(o.eps());
-    p.narrow(0, begin, len).addcdiv_(m.to(p.scalar_type()), denom.to(p.scalar_type()), -step_size);
+    apply(p.narrow(0, begin, len), m, denom);
+    // A non-finite gradient spoils its own element (as in AdamW), not its block's scale.
+    m.nan_to_num_(0.0, 0.0, 0.0);
+    v.nan_to_num_(0.0, 0.0, 0.0);
     at::Tensor codes, absmax;
     quantize_blockwise(m, smap, codes, absmax);
     m_codes.copy_(codes);
@@ -178,6 +193,7 @@ at::Tensor AdamW8bit::step(LossClosure closure) {
   }
   for (auto& group : param_groups_) {
     const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
+    TRAINER_CHECK(!o.amsgrad(), "adamw8bit has no amsgrad (a parameter group asks for it)");
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
       TRAINER_CHECK(!p.grad().is_sparse(), "adamw8bit does not support sparse gradients");
@@ -202,17 +218,20 @@ void AdamW8bit::load(torch::serialize::InputArchive& archive) {
       if (it == state_.end()) continue;
       const auto* st = dynamic_cast<const AdamW8bitParamState*>(it->second.get());
       const std::int64_t n = p.numel(), blocks = (n + kQuantBlock - 1) / kQuantBlock;
-      auto fits = [](const at::Tensor& t, at::ScalarType type, std::int64_t numel) {
-        return t.defined() && t.scalar_type() == type && t.numel() == numel && t.is_contiguous();
+      auto flat = [](const at::Tensor& t, at::ScalarType type, std::int64_t numel) {
+        return t.defined() && t.scalar_type() == type && t.dim() == 1 && t.numel() == numel && t.is_contiguous();
+      };
+      auto shaped = [&p](const at::Tensor& t) {
+        return t.defined() && t.scalar_type() == at::kFloat && t.sizes() == p.sizes();
       };
       const bool ok = st != nullptr && st->step() >= 0 &&
-                      (st->quantized() ? fits(st->exp_avg(), at::kByte, n) && fits(st->exp_avg_sq(), at::kByte, n) &&
-                                             fits(st->exp_avg_absmax(), at::kFloat, blocks) &&
-                                             fits(st->exp_avg_sq_absmax(), at::kFloat, blocks) && n >= kMin8bitNumel
-                                       : fits(st->exp_avg(), at::kFloat, n) && fits(st->exp_avg_sq(), at::kFloat, n) &&
+                      (st->quantized() ? flat(st->exp_avg(), at::kByte, n) && flat(st->exp_avg_sq(), at::kByte, n) &&
+                                             flat(st->exp_avg_absmax(), at::kFloat, blocks) &&
+                                             flat(st->exp_avg_sq_absmax(), at::kFloat, blocks) && n >= kMin8bitNumel
+                                       : shaped(st->exp_avg()) && shaped(st->exp_avg_sq()) &&
                                              !st->exp_avg_sq_absmax().defined() && n < kMin8bitNumel);
       if (!ok) {
-        state_.erase(it);
+        state_.clear();  // none of the checkpoint's state is kept: the optimizer starts fresh or not at all
         throw Error(fmt::format(
             "adamw8bit: the saved state of parameter {} ({} values) does not fit it: expected {} "
             "(was it saved by another optimizer or model?)",
