@@ -227,6 +227,19 @@ TEST(AdamW8bit, ItsStateIsAboutAQuarterOfAdamWs) {
   for (const auto& t : optimizer_state_of(eight, big->weight)) EXPECT_TRUE(t.is_meta());
 }
 
+/// `to` loads what `from` saves, through bytes as a checkpoint holds them.
+void load_saved(const AdamW8bit& from, AdamW8bit& to) {
+  std::stringstream saved;
+  {
+    torch::serialize::OutputArchive archive;
+    from.save(archive);
+    archive.save_to(saved);
+  }
+  torch::serialize::InputArchive archive;
+  archive.load_from(saved);
+  to.load(archive);
+}
+
 TEST(AdamW8bit, ACheckpointResumesItExactly) {
   torch::manual_seed(4);
   torch::nn::Linear a(128, 64), b(128, 64);
@@ -241,18 +254,8 @@ TEST(AdamW8bit, ACheckpointResumesItExactly) {
     b->weight.copy_(a->weight);
     b->bias.copy_(a->bias);
   }
-  std::stringstream saved;
-  {
-    torch::serialize::OutputArchive archive;
-    first.save(archive);
-    archive.save_to(saved);
-  }
   AdamW8bit second(b->parameters(), o);
-  {
-    torch::serialize::InputArchive archive;
-    archive.load_from(saved);
-    second.load(archive);
-  }
+  load_saved(first, second);
   EXPECT_EQ(second.state_of(b->weight).step(), 3);
   for (int k = 3; k < 6; ++k) {
     gradients(a, k);
@@ -271,17 +274,9 @@ TEST(AdamW8bit, AStateThatDoesNotFitItsParameterIsRefusedNamingIt) {
   AdamW8bit first(a->parameters(), o);
   gradients(a, 0);
   first.step();
-  std::stringstream saved;
-  {
-    torch::serialize::OutputArchive archive;
-    first.save(archive);
-    archive.save_to(saved);
-  }
   AdamW8bit second(b->parameters(), o);
-  torch::serialize::InputArchive archive;
-  archive.load_from(saved);
   try {
-    second.load(archive);
+    load_saved(first, second);
     ADD_FAILURE() << "a state of 8192 values loaded for a parameter of 4096";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("the saved state of parameter 0 (4096 values) does not fit it"),
@@ -338,13 +333,8 @@ class StateBytes final : public Plugin {
   std::vector<std::int64_t> bytes;
 };
 
-class AdamW8bitRun : public testing::TrainerTest {};
-
-TEST_F(AdamW8bitRun, ARunTrainsLikeAdamWWithAQuarterOfItsStateInTheMemoryMap) {
-  // A small CNN on a slice of Fashion-MNIST: its hidden layer's weight (tens of thousands of values) has
-  // 8-bit moments, the convolutions and biases (under 4096 values) fp32 ones. The run's memory
-  // categories see the 8-bit state, and the loss follows AdamW's.
-  const std::string recipe = R"(
+/// A small CNN on a slice of Fashion-MNIST, fp32.
+const std::string kRunRecipe = R"(
 [run]
 seed = 5
 [model]
@@ -369,10 +359,17 @@ at_end = false
 [metrics]
 console = false
 )";
+
+class AdamW8bitRun : public testing::TrainerTest {};
+
+TEST_F(AdamW8bitRun, ARunTrainsLikeAdamWWithAQuarterOfItsStateInTheMemoryMap) {
+  // A small CNN on a slice of Fashion-MNIST: its hidden layer's weight (tens of thousands of values) has
+  // 8-bit moments, the convolutions and biases (under 4096 values) fp32 ones. The run's memory
+  // categories see the 8-bit state, and the loss follows AdamW's.
   install_cpu_tracking_allocator();
   auto full = std::make_shared<StateBytes>(), eight = std::make_shared<StateBytes>();
-  ASSERT_EQ(fit(recipe, {"optim.name=adamw"}, "adamw", {full}).exit_code, kExitOk);
-  ASSERT_EQ(fit(recipe, {"optim.name=adamw8bit"}, "adamw8bit", {eight}).exit_code, kExitOk);
+  ASSERT_EQ(fit(kRunRecipe, {"optim.name=adamw"}, "adamw", {full}).exit_code, kExitOk);
+  ASSERT_EQ(fit(kRunRecipe, {"optim.name=adamw8bit"}, "adamw8bit", {eight}).exit_code, kExitOk);
   ASSERT_EQ(full->bytes.size(), 16u);
   ASSERT_EQ(eight->bytes.size(), 16u);
   EXPECT_GT(full->bytes.back(), 0);
@@ -393,6 +390,24 @@ console = false
   EXPECT_LT(tail(a), 0.6 * a.begin()->second);
   EXPECT_LT(tail(b), 0.6 * b.begin()->second);
   EXPECT_NEAR(tail(b), tail(a), 0.1 * tail(a));
+}
+
+TEST_F(AdamW8bitRun, ARunResumedFromItsCheckpointGoesOnAsIfNeverStopped) {
+  // Through the trainer's own resume (its checkpoint holds the 8-bit codes and scales, which are
+  // not shaped like their parameters): the losses after the resume are the straight run's.
+  ASSERT_EQ(fit(kRunRecipe, {"optim.name=adamw8bit"}, "straight").exit_code, kExitOk);
+  ASSERT_EQ(fit(kRunRecipe, {"optim.name=adamw8bit", "training.max_steps=8"}, "part").exit_code, kExitOk);
+  TrainerOptions o = options_for(kRunRecipe, {"optim.name=adamw8bit"}, "resumed");
+  o.resume = tmp_ / "part";
+  const RunResult r = Trainer(std::move(o)).fit();
+  ASSERT_EQ(r.exit_code, kExitOk) << r.message;
+  const auto straight = testing::metric_by_step(tmp_ / "straight/metrics.jsonl", "train/loss");
+  const auto resumed = testing::metric_by_step(tmp_ / "resumed/metrics.jsonl", "train/loss");
+  ASSERT_EQ(resumed.size(), 8u);
+  for (const auto& [step, loss] : resumed) {
+    ASSERT_TRUE(straight.count(step)) << step;
+    EXPECT_DOUBLE_EQ(loss, straight.at(step)) << "step " << step;
+  }
 }
 
 }  // namespace

@@ -232,7 +232,7 @@ void AdamW8bit::load(torch::serialize::InputArchive& archive) {
                                              !st->exp_avg_sq_absmax().defined() && n < kMin8bitNumel);
       if (!ok) {
         state_.clear();  // none of the checkpoint's state is kept: the optimizer starts fresh or not at all
-        throw Error(fmt::format(
+        throw UsageError(fmt::format(
             "adamw8bit: the saved state of parameter {} ({} values) does not fit it: expected {} "
             "(was it saved by another optimizer or model?)",
             index - 1, n,

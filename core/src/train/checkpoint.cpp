@@ -14,6 +14,7 @@
 #include "model/bert.h"
 #include "model/tensor_archive.h"
 #include "model/torchscript.h"
+#include "optim/adamw8bit.h"
 #include "train/checkpoint_files.h"
 #include "train/hooks.h"
 #include "train/oom_recovery.h"
@@ -264,11 +265,16 @@ Position Checkpointer::restore(torch::serialize::InputArchive& ar, const std::st
     throw_load_failure(e, file, parts_.device,
                        "its optimizer state does not fit this optimizer (was it written with another optim.name?)");
   }
-  for (const auto& p : parts_.model->named_parameters()) {
-    for (const at::Tensor& t : optimizer_state_of(*parts_.optim, p.value())) {
-      TRAINER_CHECK_T(UsageError, t.sizes() == p.value().sizes(), "cannot resume from ", file,
-                      ": the optimizer state of parameter '", p.key(), "' has shape ", shape_text(t.sizes()),
-                      ", the parameter ", shape_text(p.value().sizes()));
+  // LibTorch's optimizers load whatever the file holds: their state must have each parameter's
+  // shape. adamw8bit's load checks its own (flat 8-bit codes and per-block scales), refusing
+  // what does not fit.
+  if (dynamic_cast<const detail::AdamW8bit*>(parts_.optim.get()) == nullptr) {
+    for (const auto& p : parts_.model->named_parameters()) {
+      for (const at::Tensor& t : optimizer_state_of(*parts_.optim, p.value())) {
+        TRAINER_CHECK_T(UsageError, t.sizes() == p.value().sizes(), "cannot resume from ", file,
+                        ": the optimizer state of parameter '", p.key(), "' has shape ", shape_text(t.sizes()),
+                        ", the parameter ", shape_text(p.value().sizes()));
+      }
     }
   }
 
