@@ -290,8 +290,6 @@ MemoryBreakdown cuda_peak_breakdown(int device) { return cuda_ledger().peak(devi
 void cuda_reset_peak_breakdown(int device) { cuda_ledger().reset_peak(device); }
 
 bool cuda_attribute(const at::Tensor& tensor, MemoryCategory category) {
-  TRAINER_CHECK(static_cast<std::size_t>(category) < kMemoryCategoryCount, "attribute_memory: memory category ",
-                static_cast<int>(category), " does not exist: there are ", kMemoryCategoryCount, " (MemoryCategory)");
   if (!tensor.defined() || !tensor.has_storage() || !tensor.device().is_cuda()) return false;
   const auto address = reinterpret_cast<std::uintptr_t>(tensor.storage().data_ptr().get());
   return cuda_ledger().attribute(tensor.device().index(), address, category);

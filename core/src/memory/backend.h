@@ -36,7 +36,8 @@ void cpu_reset_peak_breakdown();
 /// Whether blocks are being listed with their category (the allocator installed, categories on).
 bool cpu_categories_on();
 void cpu_set_categories(bool on);
-/// Counts the storage of `tensor` as `category` from now on; false when it is not a listed
+/// Counts the storage of `tensor` as `category` (in range: attribute_memory checks) from now on;
+/// false when it is not a listed
 /// block of the tracking allocator (another allocator's, from_blob, allocated with categories off).
 bool cpu_attribute(const at::Tensor& tensor, MemoryCategory category);
 

@@ -327,8 +327,6 @@ void cpu_reset_peak_breakdown() {
 }
 
 bool cpu_attribute(const at::Tensor& tensor, MemoryCategory category) {
-  TRAINER_CHECK(static_cast<std::size_t>(category) < kCategories, "attribute_memory: memory category ",
-                static_cast<int>(category), " does not exist: there are ", kCategories, " (MemoryCategory)");
   if (!tensor.defined() || !tensor.has_storage() || !tensor.device().is_cpu()) return false;
   const c10::DataPtr& ptr = tensor.storage().data_ptr();
   if (ptr.get() == nullptr || ptr.get_deleter() != &tracked_free) return false;  // not one of ours

@@ -133,21 +133,16 @@ bool detail::track_memory_categories(const c10::Device& device, std::string* why
 namespace {
 void need_categories(const c10::Device& device, const char* what) {
   if (has_memory_categories(device)) return;
-  std::string why = "memory categories are off (memory.categories = false), or the tracking allocator is not installed";
-  if (!device.is_cpu()) {
+  std::string why = "this build splits memory into categories on the CPU and on CUDA only";
+  if (device.is_cpu())
+    why = "memory categories are off (memory.categories = false), or the tracking allocator is not installed";
 #ifdef TRAINER_WITH_CUDA
-    if (device.is_cuda() && detail::cuda_categories_tracked()) {
-      why = "memory categories are off (memory.categories = false)";
-    } else if (device.is_cuda()) {
-      why =
-          "the caching allocator's allocations are not being followed (a run on this GPU with memory.categories = "
-          "true starts that)";
-    } else
-#endif
-    {
-      why = "this build splits memory into categories on the CPU and on CUDA only";
-    }
+  if (device.is_cuda()) {
+    why = detail::cuda_categories_tracked() ? "memory categories are off (memory.categories = false)"
+                                            : "the caching allocator's allocations are not being followed (a run on "
+                                              "this GPU with memory.categories = true starts that)";
   }
+#endif
   throw Error(fmt::format("{} on {}: {}", what, device.str(), why));
 }
 }  // namespace
@@ -177,6 +172,9 @@ void reset_peak_breakdown(const c10::Device& device) {
 }
 
 bool attribute_memory(const at::Tensor& tensor, MemoryCategory category) {
+  // A category out of range would index past the counters of either backend.
+  TRAINER_CHECK(static_cast<std::size_t>(category) < kMemoryCategoryCount, "attribute_memory: memory category ",
+                static_cast<int>(category), " does not exist: there are ", kMemoryCategoryCount, " (MemoryCategory)");
 #ifdef TRAINER_WITH_CUDA
   if (tensor.defined() && tensor.device().is_cuda()) return detail::cuda_attribute(tensor, category);
 #endif

@@ -176,6 +176,17 @@ struct AdamWSettings : Settings<AdamWSettings> {
   }
 };
 
+/// The AdamW options of an [optim] section of "adamw" or "adamw8bit".
+torch::optim::AdamWOptions adamw_options(const Config& c) {
+  const auto s = AdamWSettings::from(c);
+  if (s.betas.size() != 2) {
+    throw ConfigError({fmt::format("{}: optim.betas must hold 2 values, got {}", c.origin("betas"), s.betas.size())});
+  }
+  torch::optim::AdamWOptions o(s.lr);
+  o.betas({s.betas[0], s.betas[1]}).eps(s.eps).weight_decay(s.weight_decay);
+  return o;
+}
+
 }  // namespace
 
 Registry<OptimizerFactory>& optimizer_registry() {
@@ -197,27 +208,13 @@ Registry<OptimizerFactory>& optimizer_registry() {
     r->add(
         "adamw",
         [](const Config& c, std::vector<at::Tensor> params) -> std::unique_ptr<torch::optim::Optimizer> {
-          const auto s = AdamWSettings::from(c);
-          if (s.betas.size() != 2) {
-            throw ConfigError(
-                {fmt::format("{}: optim.betas must hold 2 values, got {}", c.origin("betas"), s.betas.size())});
-          }
-          torch::optim::AdamWOptions o(s.lr);
-          o.betas({s.betas[0], s.betas[1]}).eps(s.eps).weight_decay(s.weight_decay);
-          return std::make_unique<torch::optim::AdamW>(std::move(params), o);
+          return std::make_unique<torch::optim::AdamW>(std::move(params), adamw_options(c));
         },
         AdamWSettings::keys(), "Adam with decoupled weight decay");
     r->add(
         "adamw8bit",
         [](const Config& c, std::vector<at::Tensor> params) -> std::unique_ptr<torch::optim::Optimizer> {
-          const auto s = AdamWSettings::from(c);
-          if (s.betas.size() != 2) {
-            throw ConfigError(
-                {fmt::format("{}: optim.betas must hold 2 values, got {}", c.origin("betas"), s.betas.size())});
-          }
-          torch::optim::AdamWOptions o(s.lr);
-          o.betas({s.betas[0], s.betas[1]}).eps(s.eps).weight_decay(s.weight_decay);
-          return std::make_unique<detail::AdamW8bit>(std::move(params), o);
+          return std::make_unique<detail::AdamW8bit>(std::move(params), adamw_options(c));
         },
         AdamWSettings::keys(),
         "AdamW with its moments in 8 bits, block-wise (bitsandbytes' method): about a quarter of AdamW's "

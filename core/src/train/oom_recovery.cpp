@@ -90,18 +90,16 @@ std::int64_t OomRecovery::recover(const std::exception& e, OomRetry rule, std::i
                                   std::int64_t attempt, std::vector<std::int64_t>& tried, ProcessGroup* ranks) {
   live_.reset();
   std::string seen;  // "; live then: …; snapshot …" for the warning
-  {
-    if (const detail::RefusalPtr refused = take_refusal()) {
-      live_ = refused->live;
-      // Telling what was live is never worth the recovery: without memory even for that, the
-      // warning goes without it.
-      try {
-        seen = "; live then: " + largest_category_text(refused->live);
-        const std::string file = write_snapshot(*refused, e, rule == OomRetry::Once ? 0 : micro, attempt);
-        if (!file.empty()) seen += "; snapshot " + file;
-      } catch (const std::exception& error) {
-        log_.warn("the out-of-memory snapshot was not written: {}", error.what());
-      }
+  if (const detail::RefusalPtr refused = take_refusal()) {
+    live_ = refused->live;
+    // Telling what was live is never worth the recovery: without memory even for that, the
+    // warning goes without it.
+    try {
+      seen = "; live then: " + largest_category_text(refused->live);
+      const std::string file = write_snapshot(*refused, e, rule == OomRetry::Once ? 0 : micro, attempt);
+      if (!file.empty()) seen += "; snapshot " + file;
+    } catch (const std::exception& error) {
+      log_.warn("the out-of-memory snapshot was not written: {}", error.what());
     }
   }
   if (rule == OomRetry::Once) {
