@@ -15,6 +15,7 @@
 #include "trainer/memory.h"
 #include "trainer/optim.h"
 #include "trainer/trainer.h"
+#include "util/torch_compat.h"
 
 namespace trainer::detail {
 namespace {
@@ -228,7 +229,7 @@ TEST(AdamW8bit, ItsStateIsAboutAQuarterOfAdamWs) {
 }
 
 /// `to` loads what `from` saves, through bytes as a checkpoint holds them.
-void load_saved(const AdamW8bit& from, AdamW8bit& to) {
+void load_saved(const torch::optim::Optimizer& from, torch::optim::Optimizer& to) {
   std::stringstream saved;
   {
     torch::serialize::OutputArchive archive;
@@ -320,6 +321,184 @@ TEST(AdamW8bit, TheRegistryBuildsItFromAdamWsKeys) {
   EXPECT_DOUBLE_EQ(o.weight_decay(), 0.0);
   set_learning_rate(*opt, 0.5);
   EXPECT_DOUBLE_EQ(get_learning_rate(*opt), 0.5);
+}
+
+TEST(AdamW8bit, Bf16MomentsAreAdamWsRoundedToBf16AfterEachStep) {
+  // 8192 values (one chunk): the same operations as the reference below, element for element.
+  torch::manual_seed(8);
+  const at::Tensor init = torch::randn({8192});
+  at::Tensor q = init.clone().requires_grad_(true);
+  const double lr = 1e-2, wd = 0.01, b1 = 0.9, b2 = 0.999, eps = 1e-8;
+  torch::optim::AdamWOptions o(lr);
+  o.weight_decay(wd);
+  AdamW8bit half({q}, o, 16);
+  at::Tensor p = init.clone(), m = torch::zeros({8192}, at::kBFloat16), v = torch::zeros({8192}, at::kBFloat16);
+  for (int k = 1; k <= 5; ++k) {
+    const at::Tensor g = torch::randn({8192});
+    q.mutable_grad() = g.clone();
+    half.step();
+    p.mul_(1.0 - lr * wd);
+    const at::Tensor mf = m.to(at::kFloat).mul_(b1).add_(g, 1.0 - b1);
+    const at::Tensor vf = v.to(at::kFloat).mul_(b2).addcmul_(g, g, 1.0 - b2);
+    const double bc1 = 1.0 - std::pow(b1, k), bc2 = 1.0 - std::pow(b2, k);
+    p.addcdiv_(mf, (vf.sqrt() / std::sqrt(bc2)).add_(eps), -lr / bc1);
+    m = mf.to(at::kBFloat16);
+    v = vf.to(at::kBFloat16);
+  }
+  const AdamW8bitParamState& st = half.state_of(q);
+  EXPECT_TRUE(st.bf16());
+  EXPECT_FALSE(st.quantized());
+  EXPECT_EQ(st.exp_avg().numel(), 8192);
+  EXPECT_TRUE(torch::equal(st.exp_avg(), m));
+  EXPECT_TRUE(torch::equal(st.exp_avg_sq(), v));
+  EXPECT_TRUE(torch::equal(q.detach(), p));
+}
+
+TEST(AdamW8bit, AStepAllocatesNoMoreThanItsReserve) {
+  // The step's temporaries, measured by the tracking allocator, for parameters around a chunk
+  // (a partial chunk, one, several) and in both compact forms: within step_temporary_bytes.
+  install_cpu_tracking_allocator();
+  const c10::Device cpu(c10::kCPU);
+  for (const int bits : {8, 16}) {
+    for (const std::int64_t n :
+         {std::int64_t{5000}, std::int64_t{50000}, AdamW8bit::kChunk, 3 * AdamW8bit::kChunk + 7}) {
+      SCOPED_TRACE(std::to_string(bits) + " bits, " + std::to_string(n) + " values");
+      at::Tensor p = torch::randn({n}).requires_grad_(true);
+      AdamW8bit opt({p}, torch::optim::AdamWOptions(1e-2), bits);
+      opt.state_of(p);  // the state exists, as the core materializes it before a step
+      p.mutable_grad() = torch::randn({n});
+      const std::int64_t before = memory_stats(cpu).allocated;
+      reset_peak_memory(cpu);
+      opt.step();
+      const std::int64_t used = memory_stats(cpu).peak_allocated - before;
+      EXPECT_GT(used, 0);
+      EXPECT_LE(used, AdamW8bit::step_temporary_bytes(n)) << used << " bytes";
+    }
+  }
+}
+
+/// The moments of `param` in `opt` as fp32 tensors shaped like it (AdamW or AdamW8bit).
+std::pair<at::Tensor, at::Tensor> moments_of(torch::optim::Optimizer& opt, const at::Tensor& param) {
+  const auto& base = *opt.state().at(compat::optimizer_state_key(opt, param));
+  if (const auto* st = dynamic_cast<const torch::optim::AdamWParamState*>(&base)) {
+    return {st->exp_avg().clone(), st->exp_avg_sq().clone()};
+  }
+  const auto& st = static_cast<const AdamW8bitParamState&>(base);
+  if (!st.quantized())
+    return {st.exp_avg().to(at::kFloat).view(param.sizes()), st.exp_avg_sq().to(at::kFloat).view(param.sizes())};
+  const at::Tensor smap = torch::tensor(dynamic_quant_map(true)), umap = torch::tensor(dynamic_quant_map(false));
+  return {dequantize_blockwise(st.exp_avg(), st.exp_avg_absmax(), smap).view(param.sizes()),
+          dequantize_blockwise(st.exp_avg_sq(), st.exp_avg_sq_absmax(), umap).view(param.sizes())};
+}
+
+TEST(AdamW8bit, MomentsConvertFrom32To16To8AndBackKeepingEachStepCount) {
+  torch::manual_seed(9);
+  torch::nn::Linear a(128, 64);  // weight 8192 values: bf16 / 8-bit; bias 64: fp32 moments throughout
+  torch::optim::AdamWOptions o(1e-2);
+  auto adamw = std::make_unique<torch::optim::AdamW>(a->parameters(), o);
+  for (int k = 0; k < 3; ++k) {
+    gradients(a, k);
+    adamw->step();
+  }
+  EXPECT_EQ(moment_bits_of(*adamw), 32);
+  const auto [m32, v32] = moments_of(*adamw, a->weight);
+  const auto [bm32, bv32] = moments_of(*adamw, a->bias);
+
+  MomentConversion to16 = with_moment_bits(*adamw, 16);
+  EXPECT_TRUE(to16.error.empty()) << to16.error;
+  EXPECT_EQ(to16.bits, 16);
+  EXPECT_EQ(to16.converted, 2);
+  EXPECT_EQ(to16.total, 2);
+  EXPECT_TRUE(adamw->state().empty());  // each state left the old optimizer as it was converted
+  auto& half = dynamic_cast<AdamW8bit&>(*to16.optimizer);
+  EXPECT_EQ(moment_bits_of(half), 16);
+  EXPECT_TRUE(half.state_of(a->weight).bf16());
+  EXPECT_EQ(half.state_of(a->weight).step(), 3);
+  EXPECT_EQ(half.state_of(a->bias).exp_avg().scalar_type(), at::kFloat);
+  const auto [m16, v16] = moments_of(half, a->weight);
+  EXPECT_TRUE(torch::equal(m16, m32.to(at::kBFloat16).to(at::kFloat)));  // rounded to nearest, nothing else
+  EXPECT_TRUE(torch::equal(v16, v32.to(at::kBFloat16).to(at::kFloat)));
+  EXPECT_TRUE(torch::equal(moments_of(half, a->bias).first, bm32));  // small tensors keep fp32 exactly
+
+  MomentConversion to8 = with_moment_bits(half, 8);
+  EXPECT_EQ(to8.bits, 8);
+  auto& eight = dynamic_cast<AdamW8bit&>(*to8.optimizer);
+  EXPECT_TRUE(eight.state_of(a->weight).quantized());
+  EXPECT_EQ(eight.state_of(a->weight).step(), 3);
+  const auto [m8, v8] = moments_of(eight, a->weight);
+  // Within half the map's widest gap of each block's largest value (plus bf16's rounding).
+  const at::Tensor scale = std::get<0>(m16.reshape({-1, kQuantBlock}).abs().max(1)).repeat_interleave(kQuantBlock);
+  EXPECT_LE(((m8 - m16).reshape({-1}).abs() / scale).max().item<double>(), 0.9 / 64 / 2 + 1e-6);
+
+  MomentConversion back = with_moment_bits(eight, 32);
+  EXPECT_EQ(back.bits, 32);
+  auto* full = dynamic_cast<torch::optim::AdamW*>(back.optimizer.get());
+  ASSERT_NE(full, nullptr);  // LibTorch's own AdamW again
+  EXPECT_EQ(moment_bits_of(*full), 32);
+  const auto [mb, vb] = moments_of(*full, a->weight);
+  EXPECT_TRUE(torch::equal(mb, m8));
+  EXPECT_TRUE(torch::equal(vb, v8));
+  EXPECT_TRUE(torch::equal(moments_of(*full, a->bias).first, bm32));
+  EXPECT_EQ(static_cast<const torch::optim::AdamWParamState&>(
+                *full->state().at(compat::optimizer_state_key(*full, a->weight)))
+                .step(),
+            3);
+  // And it steps on.
+  gradients(a, 3);
+  full->step();
+}
+
+TEST(AdamW8bit, OnlyAdamWsMomentsChangeBits) {
+  torch::nn::Linear a(8, 8);
+  torch::optim::SGD sgd(a->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  EXPECT_EQ(moment_bits_of(sgd), 0);
+  EXPECT_THROW(with_moment_bits(sgd, 16), Error);
+  torch::optim::AdamW ams(a->parameters(), torch::optim::AdamWOptions(0.1).amsgrad(true));
+  EXPECT_EQ(moment_bits_of(ams), 0);  // amsgrad's third state has no compact form here
+  torch::optim::AdamW adamw(a->parameters(), torch::optim::AdamWOptions(0.1));
+  EXPECT_THROW(with_moment_bits(adamw, 4), Error);
+}
+
+TEST(AdamW8bit, AConversionThatRunsOutOfMemoryKeepsTheRestAsItWas) {
+  // A budget that holds the first weight's bf16 moments but not the second's: the first is
+  // converted, the second goes over in fp32, and the optimizer steps both.
+  install_cpu_tracking_allocator();
+  const c10::Device cpu(c10::kCPU);
+  torch::manual_seed(10);
+  at::Tensor small = torch::randn({8192}).requires_grad_(true), large = torch::randn({1 << 20}).requires_grad_(true);
+  torch::optim::AdamWOptions o(1e-2);
+  auto adamw = std::make_unique<torch::optim::AdamW>(std::vector<at::Tensor>{small, large}, o);
+  small.mutable_grad() = torch::randn({8192});
+  large.mutable_grad() = torch::randn({1 << 20});
+  adamw->step();
+  const at::Tensor large_m = moments_of(*adamw, large).first;
+  MomentConversion done;
+  set_memory_limit(cpu, memory_stats(cpu).allocated + (256 << 10));  // 256 KiB: 32 KiB fits, 2 MiB does not
+  try {
+    done = with_moment_bits(*adamw, 16);
+  } catch (...) {
+    set_memory_limit(cpu, 0);
+    throw;
+  }
+  set_memory_limit(cpu, 0);
+  EXPECT_EQ(done.converted, 1);
+  EXPECT_EQ(done.total, 2);
+  EXPECT_NE(done.error.find("out of memory"), std::string::npos) << done.error;
+  EXPECT_EQ(done.bits, 16);  // fewer bits were asked: the rung is (partly) taken
+  EXPECT_TRUE(adamw->state().empty());
+  auto& mixed = dynamic_cast<AdamW8bit&>(*done.optimizer);
+  EXPECT_TRUE(mixed.state_of(small).bf16());
+  EXPECT_EQ(mixed.state_of(large).exp_avg().scalar_type(), at::kFloat);
+  EXPECT_TRUE(torch::equal(mixed.state_of(large).exp_avg(), large_m));  // the same moments, untouched
+  // It steps and checkpoints as it is (a checkpoint may hold a mix of forms).
+  small.mutable_grad() = torch::randn({8192});
+  large.mutable_grad() = torch::randn({1 << 20});
+  mixed.step();
+  EXPECT_EQ(mixed.state_of(large).step(), 2);
+  AdamW8bit reloaded(std::vector<at::Tensor>{small, large}, o, 16);
+  load_saved(mixed, reloaded);
+  EXPECT_TRUE(reloaded.state_of(small).bf16());
+  EXPECT_TRUE(torch::equal(reloaded.state_of(large).exp_avg(), mixed.state_of(large).exp_avg()));
 }
 
 /// The optimizer state's bytes (memory categories) at the end of each step.

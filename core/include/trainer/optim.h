@@ -18,7 +18,7 @@ namespace trainer {
 using OptimizerFactory =
     std::function<std::unique_ptr<torch::optim::Optimizer>(const Config& section, std::vector<at::Tensor> params)>;
 
-/// The process-wide optimizer registry (built-ins: "sgd", "adamw").
+/// The process-wide optimizer registry (built-ins: "sgd", "adamw", "adamw8bit").
 TRAINER_API Registry<OptimizerFactory>& optimizer_registry();
 
 /// A learning-rate schedule: the learning rate for optimizer step `step` (0-based).
@@ -49,7 +49,9 @@ TRAINER_API bool materialize_optimizer_state(torch::optim::Optimizer& opt);
 TRAINER_API std::int64_t move_optimizer_state(torch::optim::Optimizer& opt, const c10::Device& device);
 
 /// The state tensors `opt` holds for the parameter `param` (AdamW: exp_avg, exp_avg_sq and
-/// max_exp_avg_sq when defined; SGD: momentum_buffer), each shaped like the parameter. Empty
+/// max_exp_avg_sq when defined, each shaped like the parameter; SGD: momentum_buffer, shaped
+/// like it; adamw8bit and AdamW with moments in 16 or 8 bits: the moments, flat, as bf16 values
+/// or 8-bit codes with their per-block scales, or fp32 shaped like it for small tensors). Empty
 /// when it holds none yet or for optimizers it does not know.
 TRAINER_API std::vector<at::Tensor> optimizer_state_of(const torch::optim::Optimizer& opt, const at::Tensor& param);
 

@@ -86,11 +86,18 @@ void AdamW8bitParamState::serialize(torch::serialize::OutputArchive& archive) co
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg_sq_absmax);
 }
 
-AdamW8bit::AdamW8bit(std::vector<at::Tensor> params, const torch::optim::AdamWOptions& defaults)
-    : torch::optim::Optimizer({torch::optim::OptimizerParamGroup(std::move(params))},
-                              std::make_unique<torch::optim::AdamWOptions>(defaults)),
+AdamW8bit::AdamW8bit(std::vector<at::Tensor> params, const torch::optim::AdamWOptions& defaults, int moment_bits)
+    : AdamW8bit(std::vector<torch::optim::OptimizerParamGroup>{torch::optim::OptimizerParamGroup(std::move(params))},
+                defaults, moment_bits) {}
+
+AdamW8bit::AdamW8bit(std::vector<torch::optim::OptimizerParamGroup> groups, const torch::optim::AdamWOptions& defaults,
+                     int moment_bits)
+    : torch::optim::Optimizer(std::move(groups), std::make_unique<torch::optim::AdamWOptions>(defaults)),
+      bits_(moment_bits),
       signed_map_(map_tensor(true)),
       unsigned_map_(map_tensor(false)) {
+  TRAINER_CHECK(moment_bits == 8 || moment_bits == 16, "AdamW8bit keeps its moments in 8 or 16 bits, not ",
+                moment_bits);
   TRAINER_CHECK(!defaults.amsgrad(), "adamw8bit has no amsgrad");
 }
 
@@ -100,7 +107,10 @@ AdamW8bitParamState& AdamW8bit::state_of(const at::Tensor& p) {
   if (it == state_.end()) {
     auto st = std::make_unique<AdamW8bitParamState>();
     const at::TensorOptions fp32 = p.options().dtype(at::kFloat);
-    if (p.numel() >= kMin8bitNumel) {
+    if (p.numel() >= kMin8bitNumel && bits_ == 16) {
+      st->exp_avg(at::zeros({p.numel()}, p.options().dtype(at::kBFloat16)));
+      st->exp_avg_sq(at::zeros({p.numel()}, p.options().dtype(at::kBFloat16)));
+    } else if (p.numel() >= kMin8bitNumel) {
       const std::int64_t blocks = (p.numel() + kQuantBlock - 1) / kQuantBlock;
       // Zero moments: every code stands for 0 (the maps' 0 entry), every scale 0.
       const at::Tensor zero_code_signed = at::searchsorted(signed_map_, at::zeros({1}, at::kFloat)).to(at::kByte);
@@ -144,7 +154,7 @@ void AdamW8bit::update(const at::Tensor& param, const at::Tensor& grad, AdamW8bi
       target.add_((m / denom).mul_(-step_size).to(target.scalar_type()));
     }
   };
-  if (!st.quantized()) {
+  if (!st.quantized() && !st.bf16()) {
     const at::Tensor g = grad.to(at::kFloat);
     st.exp_avg().mul_(b1).add_(g, 1.0 - b1);
     st.exp_avg_sq().mul_(b2).addcmul_(g, g, 1.0 - b2);
@@ -157,6 +167,22 @@ void AdamW8bit::update(const at::Tensor& param, const at::Tensor& grad, AdamW8bi
   at::Tensor p = contiguous ? param.view({-1}) : param.contiguous().view({-1});
   const at::Tensor g = grad.contiguous().view({-1});
   const std::int64_t n = p.numel();
+  if (st.bf16()) {
+    // bf16 moments: each chunk read into fp32, updated as AdamW, rounded back to bf16 (to nearest).
+    for (std::int64_t begin = 0; begin < n; begin += kChunk) {
+      const std::int64_t len = std::min(kChunk, n - begin);
+      at::Tensor m_store = st.exp_avg().narrow(0, begin, len), v_store = st.exp_avg_sq().narrow(0, begin, len);
+      const at::Tensor gc = g.narrow(0, begin, len).to(at::kFloat);
+      at::Tensor m = m_store.to(at::kFloat).mul_(b1).add_(gc, 1.0 - b1);
+      at::Tensor v = v_store.to(at::kFloat).mul_(b2).addcmul_(gc, gc, 1.0 - b2);
+      const at::Tensor denom = (v.sqrt() / bc2_sqrt).add_(o.eps());
+      apply(p.narrow(0, begin, len), m, denom);
+      m_store.copy_(m);
+      v_store.copy_(v);
+    }
+    if (!contiguous) param.copy_(p.view(param.sizes()));
+    return;
+  }
   const at::Tensor& smap = map_on(true, p.device());
   const at::Tensor& umap = map_on(false, p.device());
   for (std::int64_t begin = 0; begin < n; begin += kChunk) {
@@ -224,20 +250,30 @@ void AdamW8bit::load(torch::serialize::InputArchive& archive) {
       auto shaped = [&p](const at::Tensor& t) {
         return t.defined() && t.scalar_type() == at::kFloat && t.sizes() == p.sizes();
       };
-      const bool ok = st != nullptr && st->step() >= 0 &&
-                      (st->quantized() ? flat(st->exp_avg(), at::kByte, n) && flat(st->exp_avg_sq(), at::kByte, n) &&
-                                             flat(st->exp_avg_absmax(), at::kFloat, blocks) &&
-                                             flat(st->exp_avg_sq_absmax(), at::kFloat, blocks) && n >= kMin8bitNumel
-                                       : shaped(st->exp_avg()) && shaped(st->exp_avg_sq()) &&
-                                             !st->exp_avg_sq_absmax().defined() && n < kMin8bitNumel);
+      // Any form a step reads: fp32 shaped like the parameter, or for larger tensors bf16 or
+      // 8-bit codes, flat (a run that changed its moments' bits may hold a mix).
+      const bool large = n >= kMin8bitNumel;
+      if (st == nullptr) {
+        state_.clear();
+        throw UsageError(fmt::format("adamw8bit: the saved state of parameter {} is not AdamW's", index - 1));
+      }
+      const bool fp32 = shaped(st->exp_avg()) && shaped(st->exp_avg_sq()) && !st->exp_avg_absmax().defined() &&
+                        !st->exp_avg_sq_absmax().defined();
+      const bool bf16 = large && flat(st->exp_avg(), at::kBFloat16, n) && flat(st->exp_avg_sq(), at::kBFloat16, n) &&
+                        !st->exp_avg_absmax().defined() && !st->exp_avg_sq_absmax().defined();
+      const bool codes = large && flat(st->exp_avg(), at::kByte, n) && flat(st->exp_avg_sq(), at::kByte, n) &&
+                         flat(st->exp_avg_absmax(), at::kFloat, blocks) &&
+                         flat(st->exp_avg_sq_absmax(), at::kFloat, blocks);
+      const bool ok = st->step() >= 0 && (fp32 || bf16 || codes);
       if (!ok) {
         state_.clear();  // none of the checkpoint's state is kept: the optimizer starts fresh or not at all
         throw UsageError(fmt::format(
-            "adamw8bit: the saved state of parameter {} ({} values) does not fit it: expected {} "
-            "(was it saved by another optimizer or model?)",
+            "adamw8bit: the saved state of parameter {} ({} values) does not fit it: expected fp32 moments shaped "
+            "like it{} (was it saved by another optimizer or model?)",
             index - 1, n,
-            n >= kMin8bitNumel ? fmt::format("uint8 codes of {} values and fp32 scales of {} blocks", n, blocks)
-                               : fmt::format("fp32 moments of {} values", n)));
+            large ? fmt::format(", bf16 moments of {} values or uint8 codes of {} values with fp32 scales of {} blocks",
+                                n, n, blocks)
+                  : ""));
       }
       // On the parameter's device, as the step reads them.
       auto* own = static_cast<AdamW8bitParamState*>(it->second.get());
@@ -251,6 +287,139 @@ void AdamW8bit::load(torch::serialize::InputArchive& archive) {
       }
     }
   }
+}
+
+int moment_bits_of(const torch::optim::Optimizer& opt) {
+  if (const auto* eight = dynamic_cast<const AdamW8bit*>(&opt)) return eight->moment_bits();
+  if (const auto* adamw = dynamic_cast<const torch::optim::AdamW*>(&opt)) {
+    for (const auto& group : adamw->param_groups()) {
+      if (static_cast<const torch::optim::AdamWOptions&>(group.options()).amsgrad()) return 0;
+    }
+    return 32;
+  }
+  return 0;
+}
+
+namespace {
+
+/// One parameter's AdamW state in fp32, flat in the parameter's logical order.
+struct FlatMoments {
+  std::int64_t step = 0;
+  at::Tensor m, v;
+};
+
+FlatMoments flat_moments(torch::optim::OptimizerParamState& base, bool from_8bit, const at::Tensor& smap,
+                         const at::Tensor& umap) {
+  auto flat = [](const at::Tensor& t) { return t.to(at::kFloat).contiguous().view({-1}); };
+  if (!from_8bit) {
+    auto& st = static_cast<torch::optim::AdamWParamState&>(base);
+    return {st.step(), flat(st.exp_avg()), flat(st.exp_avg_sq())};
+  }
+  auto& st = static_cast<AdamW8bitParamState&>(base);
+  if (!st.quantized()) return {st.step(), flat(st.exp_avg()), flat(st.exp_avg_sq())};
+  return {st.step(), dequantize_blockwise(st.exp_avg(), st.exp_avg_absmax(), smap.to(st.exp_avg().device())),
+          dequantize_blockwise(st.exp_avg_sq(), st.exp_avg_sq_absmax(), umap.to(st.exp_avg().device()))};
+}
+
+}  // namespace
+
+MomentConversion with_moment_bits(torch::optim::Optimizer& opt, int bits) {
+  const int from = moment_bits_of(opt);
+  TRAINER_CHECK(from > 0, "only AdamW's moments change precision (32, 16 or 8 bits)");
+  TRAINER_CHECK(bits == 32 || bits == 16 || bits == 8, "AdamW's moments are kept in 32, 16 or 8 bits, not ", bits);
+  const auto& defaults = static_cast<const torch::optim::AdamWOptions&>(opt.defaults());
+  // Every form of a parameter's state fits an AdamW8bit (fp32 shaped like it, bf16 or 8-bit flat),
+  // so it holds the converted states as they come, and the unconverted ones when a conversion
+  // runs out of memory. For 32 bits its fp32 states go into LibTorch's AdamW at the end.
+  auto holder = std::make_unique<AdamW8bit>(opt.param_groups(), defaults, bits == 32 ? (from == 32 ? 16 : from) : bits);
+  const at::Tensor smap = map_tensor(true), umap = map_tensor(false);
+  MomentConversion out;
+  for (auto& group : opt.param_groups()) {
+    for (auto& p : group.params()) {
+      const auto it = opt.state().find(compat::optimizer_state_key(opt, p));
+      if (it == opt.state().end()) continue;
+      ++out.total;
+      const auto key = compat::optimizer_state_key(*holder, p);
+      if (out.error.empty()) {
+        try {
+          FlatMoments fm = flat_moments(*it->second, from != 32, smap, umap);
+          auto st = std::make_unique<AdamW8bitParamState>();
+          st->step(fm.step);
+          if (bits == 32 || p.numel() < kMin8bitNumel) {
+            auto shaped = [&p](at::Tensor& flat) {
+              at::Tensor t = at::empty_like(p, p.options().dtype(at::kFloat), at::MemoryFormat::Preserve);
+              t.copy_(flat.view(p.sizes()));
+              flat = at::Tensor();
+              return t;
+            };
+            st->exp_avg(shaped(fm.m));
+            st->exp_avg_sq(shaped(fm.v));
+          } else if (bits == 16) {
+            st->exp_avg(fm.m.to(at::kBFloat16));
+            fm.m = at::Tensor();
+            st->exp_avg_sq(fm.v.to(at::kBFloat16));
+          } else {
+            const c10::Device device = p.device();
+            at::Tensor codes, absmax;
+            // A non-finite moment spoils its own element, not its block's scale (as in a step).
+            quantize_blockwise(fm.m.nan_to_num(0.0, 0.0, 0.0), smap.to(device), codes, absmax);
+            fm.m = at::Tensor();
+            st->exp_avg(codes);
+            st->exp_avg_absmax(absmax);
+            quantize_blockwise(fm.v.nan_to_num(0.0, 0.0, 0.0), umap.to(device), codes, absmax);
+            st->exp_avg_sq(codes);
+            st->exp_avg_sq_absmax(absmax);
+          }
+          opt.state().erase(it);  // the old moments go as the new ones come
+          holder->state()[key] = std::move(st);
+          ++out.converted;
+          continue;
+        } catch (const std::exception& e) {
+          out.error = e.what();
+        }
+      }
+      // Out of memory (or another error) converting: this state goes over as it is.
+      if (dynamic_cast<AdamW8bitParamState*>(it->second.get()) != nullptr) {
+        holder->state()[key] = std::move(it->second);
+      } else {
+        const auto& st = static_cast<const torch::optim::AdamWParamState&>(*it->second);
+        auto moved = std::make_unique<AdamW8bitParamState>();
+        moved->step(st.step());
+        moved->exp_avg(st.exp_avg());
+        moved->exp_avg_sq(st.exp_avg_sq());
+        holder->state()[key] = std::move(moved);
+      }
+      opt.state().erase(it);
+    }
+  }
+  if (!out.error.empty()) {
+    // Partly converted: new states are made in the bits asked for when fewer (the rung is
+    // taken), else in the bits it had (the undo did not happen).
+    out.bits = bits < from ? bits : from;
+    holder->set_moment_bits(out.bits == 32 ? 16 : out.bits);
+    out.optimizer = std::move(holder);
+    return out;
+  }
+  out.bits = bits;
+  if (bits != 32) {
+    out.optimizer = std::move(holder);
+    return out;
+  }
+  auto adamw = std::make_unique<torch::optim::AdamW>(opt.param_groups(), defaults);
+  for (auto& group : adamw->param_groups()) {
+    for (auto& p : group.params()) {
+      const auto it = holder->state().find(compat::optimizer_state_key(*holder, p));
+      if (it == holder->state().end()) continue;
+      const auto& st = static_cast<const AdamW8bitParamState&>(*it->second);
+      auto moved = std::make_unique<torch::optim::AdamWParamState>();
+      moved->step(st.step());
+      moved->exp_avg(st.exp_avg());
+      moved->exp_avg_sq(st.exp_avg_sq());
+      adamw->state()[compat::optimizer_state_key(*adamw, p)] = std::move(moved);
+    }
+  }
+  out.optimizer = std::move(adamw);
+  return out;
 }
 
 }  // namespace trainer::detail

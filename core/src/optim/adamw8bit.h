@@ -8,11 +8,19 @@
 // parameter's. Tensors of fewer than 4,096 values (biases, norms) keep fp32 moments, as
 // bitsandbytes does. Parameters stay in their own precision; updates are deterministic (no
 // stochastic rounding). State: about 1.016 bytes per value and moment instead of 4.
+//
+// The same optimizer keeps the moments in bf16 instead (moment bits 16: the memory ladder's
+// optimizer_bf16 rung), two bytes per value, updated the same way a chunk at a time.
+// with_moment_bits() converts an AdamW's state (LibTorch's, or this one's) between 32, 16 and
+// 8 bits, one parameter at a time.
 #include <torch/optim/adamw.h>
 #include <torch/optim/optimizer.h>
 #include <torch/optim/serialize.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "trainer/export.h"
@@ -35,7 +43,8 @@ TRAINER_API at::Tensor dequantize_blockwise(const at::Tensor& codes, const at::T
 
 struct TRAINER_API AdamW8bitParamState : public torch::optim::OptimizerCloneableParamState<AdamW8bitParamState> {
   TORCH_ARG(std::int64_t, step) = 0;
-  /// fp32 and shaped like the parameter for small tensors; uint8 codes (flat) otherwise.
+  /// fp32 and shaped like the parameter for small tensors; otherwise flat, in the parameter's
+  /// logical order: uint8 codes (8 bits) or bf16 values (16 bits).
   TORCH_ARG(at::Tensor, exp_avg);
   TORCH_ARG(at::Tensor, exp_avg_sq);
   /// Per block (quantized moments only; undefined otherwise).
@@ -44,6 +53,8 @@ struct TRAINER_API AdamW8bitParamState : public torch::optim::OptimizerCloneable
 
  public:
   bool quantized() const { return exp_avg_absmax().defined(); }
+  /// bf16 moments (moment bits 16, tensors of kMin8bitNumel values or more).
+  bool bf16() const { return exp_avg().defined() && exp_avg().scalar_type() == at::kBFloat16; }
   void serialize(torch::serialize::InputArchive& archive) override;
   void serialize(torch::serialize::OutputArchive& archive) const override;
 };
@@ -51,8 +62,15 @@ struct TRAINER_API AdamW8bitParamState : public torch::optim::OptimizerCloneable
 /// Exported, as the functions above, for the tests.
 class TRAINER_API AdamW8bit : public torch::optim::Optimizer {
  public:
-  /// The options are AdamW's (amsgrad is refused).
-  AdamW8bit(std::vector<at::Tensor> params, const torch::optim::AdamWOptions& defaults);
+  /// The options are AdamW's (amsgrad is refused). `moment_bits`: 8 (block-wise codes) or 16
+  /// (bf16) for tensors of kMin8bitNumel values or more.
+  AdamW8bit(std::vector<at::Tensor> params, const torch::optim::AdamWOptions& defaults, int moment_bits = 8);
+  AdamW8bit(std::vector<torch::optim::OptimizerParamGroup> groups, const torch::optim::AdamWOptions& defaults,
+            int moment_bits);
+
+  int moment_bits() const { return bits_; }
+  /// The bits of the states made from now on (those there stay in theirs).
+  void set_moment_bits(int bits) { bits_ = bits; }
 
   at::Tensor step(LossClosure closure = nullptr) override;
   void save(torch::serialize::OutputArchive& archive) const override;
@@ -64,14 +82,43 @@ class TRAINER_API AdamW8bit : public torch::optim::Optimizer {
   /// Values processed together in a step: a multiple of kQuantBlock (the step's temporaries are
   /// a few fp32 tensors of this many values).
   static constexpr std::int64_t kChunk = 64 * 1024;
+  /// The most a step allocates at once for a parameter of `numel` values (the dequantized chunk,
+  /// its update and the quantization's intermediates: under 64 bytes per value of a chunk,
+  /// tests/core/adamw8bit_test.cpp measures it), for the step's reserve.
+  static std::int64_t step_temporary_bytes(std::int64_t numel) { return 64 * std::min(numel, kChunk); }
 
  private:
   void update(const at::Tensor& param, const at::Tensor& grad, AdamW8bitParamState& st,
               const torch::optim::AdamWOptions& o);
   /// The maps on `device` (kept there after the first use).
   const at::Tensor& map_on(bool is_signed, const c10::Device& device);
+  int bits_ = 8;
   at::Tensor signed_map_, unsigned_map_;
   at::Tensor signed_on_device_, unsigned_on_device_;
 };
+
+/// The bits `opt` keeps AdamW's moments in: 32 for LibTorch's AdamW without amsgrad, 16 or 8
+/// for an AdamW8bit; 0 for any other optimizer (its state cannot change precision).
+TRAINER_API int moment_bits_of(const torch::optim::Optimizer& opt);
+
+/// What with_moment_bits() made.
+struct MomentConversion {
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  int bits = 0;                ///< the moment bits it reports (moment_bits_of(*optimizer))
+  std::int64_t converted = 0;  ///< parameters whose state was converted
+  std::int64_t total = 0;      ///< parameters with state
+  std::string error;           ///< why the conversion stopped early ("" when it did not)
+};
+
+/// An optimizer over the same parameter groups and options as `opt` (moment_bits_of(opt) > 0)
+/// with the moments in `bits`: LibTorch's AdamW for 32, an AdamW8bit for 16 and 8. The state is
+/// converted one parameter at a time and dropped from `opt` as it goes (at most one
+/// parameter's moments exist twice); each parameter's step count is kept. Moments in fewer
+/// bits than they were lose precision, and converting back does not restore it. When a
+/// conversion fails (out of memory), the parameters not converted keep their state as it was
+/// in an AdamW8bit (which steps every form), `error` says why, and `bits` is the bits asked for
+/// when fewer than before (the savings are partly there), else the bits before. `opt` is left
+/// without state either way.
+TRAINER_API MomentConversion with_moment_bits(torch::optim::Optimizer& opt, int bits);
 
 }  // namespace trainer::detail

@@ -132,8 +132,8 @@ int optimizer_step_temporaries(const torch::optim::Optimizer& opt) {
     }
     return most;
   }
-  // AdamW8bit: a chunk's temporaries (64 Ki values: about 3 MiB), below one parameter of the
-  // models that need it; counted as one.
+  // AdamW8bit: a chunk's temporaries (the step reserves AdamW8bit::step_temporary_bytes, which
+  // is exact in bytes); one parameter-sized here.
   if (dynamic_cast<const detail::AdamW8bit*>(&opt)) return 1;
   // AdamW: sqrt(exp_avg_sq) and its quotient live together; unknown optimizers: assume 2.
   return 2;
