@@ -87,6 +87,8 @@ TEST(ControlFields, HasAndClearCoverEveryField) {
   c.retry_with_micro_batch = 4;
   c.micro_batch_size = 8;
   c.switch_device = "cpu";
+  c.checkpointed_blocks = 2;
+  c.optimizer_moment_bits = 16;
   for (const auto& f : kControlFieldTable) {
     EXPECT_TRUE(c.has(f.field)) << f.name;
     c.clear(f.field);

@@ -85,6 +85,26 @@ TEST(StatusJson, RunningHasANullExitCodeAndOnlyAFailedRunSaysAFailure) {
   EXPECT_EQ(back.reason, "no improvement");
 }
 
+TEST(StatusJson, TheMemorySaversOnAreWrittenOnlyWhileOnAndReadBackChecked) {
+  RunStatusRecord s;
+  s.status = RunStatus::Finished;
+  const std::string none = encode_status(s);
+  EXPECT_EQ(none.find("checkpointed_blocks"), std::string::npos) << none;
+  EXPECT_EQ(none.find("optimizer_moment_bits"), std::string::npos) << none;
+  s.checkpointed_blocks = 6;
+  s.optimizer_moment_bits = 16;
+  const std::string on = encode_status(s);
+  EXPECT_NE(on.find("\"checkpointed_blocks\":6,\"optimizer_moment_bits\":16"), std::string::npos) << on;
+  const RunStatusRecord back = decode_status(on);
+  EXPECT_EQ(back.checkpointed_blocks, 6);
+  EXPECT_EQ(back.optimizer_moment_bits, 16);
+  // A file's nonsense reads as nothing on: negative blocks, bits AdamW's moments are never in.
+  const RunStatusRecord bad =
+      decode_status(R"({"status":"FINISHED","checkpointed_blocks":-3,"optimizer_moment_bits":12})");
+  EXPECT_EQ(bad.checkpointed_blocks, 0);
+  EXPECT_EQ(bad.optimizer_moment_bits, 0);
+}
+
 TEST(StatusJson, AnOlderFileReadsWithDefaultsAndABadOneSaysWhatIsWrong) {
   // Written before "failure" existed; mistyped optional fields keep their defaults.
   const RunStatusRecord old = decode_status(

@@ -48,6 +48,14 @@ struct RunState {
   /// only when training.grad_clip_norm > 0, else 0.
   double grad_norm = 0.0;
   std::int64_t oom_recoveries = 0;  ///< out-of-memory errors handled (OutOfMemory fired) this run
+  /// The memory savers switched on by Control (oom_backoff's ladder; docs/memory.md): the
+  /// blocks the core checkpoints (Control::checkpointed_blocks) of the model's `model_blocks`,
+  /// and the bits of AdamW's moments (32, 16 or 8; 0 when the optimizer's cannot change).
+  std::int64_t checkpointed_blocks = 0;
+  std::int64_t model_blocks = 0;
+  int optimizer_moment_bits = 0;
+  /// The bits optim.name gives (32 for "adamw", 8 for "adamw8bit", 0 for others).
+  int configured_moment_bits = 0;
 };
 
 /// What failed, for the OutOfMemory event.

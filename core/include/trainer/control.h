@@ -14,13 +14,15 @@ enum class ControlField : std::uint8_t {
   RetryWithMicroBatch,
   MicroBatchSize,
   SwitchDevice,
+  CheckpointedBlocks,
+  OptimizerMomentBits,
   RequestCheckpoint,
   RequestEval,
 };
 inline constexpr std::size_t kNumControlFields = static_cast<std::size_t>(ControlField::RequestEval) + 1;
 
 /// A set of ControlFields (bit i = ControlField i).
-using ControlFields = std::uint8_t;
+using ControlFields = std::uint16_t;
 constexpr ControlFields bit(ControlField f) { return static_cast<ControlFields>(1u << static_cast<unsigned>(f)); }
 
 /// One plugin's reason within a dispatch (Control::reasons).
@@ -47,6 +49,16 @@ struct Control {
   /// Use this device for the run ("cpu", "cuda:1"): SelectDevice chooses it; OutOfMemory
   /// moves the run there and retries.
   std::optional<std::string> switch_device;
+  /// Checkpoint this many of the model's blocks (Model::blocks()), in forward order, from the
+  /// retry (OutOfMemory) or this batch (BatchStart) on: activation checkpointing, exact. 0 =
+  /// none; more than the blocks = all. Blocks another plugin wraps (grad_checkpoint) are left
+  /// as they are and not counted. How oom_backoff's ladder checkpoints progressively.
+  std::optional<std::int64_t> checkpointed_blocks;
+  /// Keep AdamW's two moments in 32 bits (fp32), 16 (bf16) or 8 (block-wise 8-bit, as
+  /// optim.name = "adamw8bit"), converting the optimizer state from the retry (OutOfMemory) or
+  /// this batch (BatchStart) on. Not exact below 32. Only for optimizers "adamw" and
+  /// "adamw8bit" (RunState::optimizer_moment_bits is 0 for others).
+  std::optional<int> optimizer_moment_bits;
   /// Write a checkpoint after the current batch.
   bool request_checkpoint = false;
   /// Run evaluation after the current batch.
@@ -87,6 +99,10 @@ struct Control {
         return micro_batch_size.has_value();
       case ControlField::SwitchDevice:
         return switch_device.has_value();
+      case ControlField::CheckpointedBlocks:
+        return checkpointed_blocks.has_value();
+      case ControlField::OptimizerMomentBits:
+        return optimizer_moment_bits.has_value();
       case ControlField::RequestCheckpoint:
         return request_checkpoint;
       case ControlField::RequestEval:
@@ -112,6 +128,12 @@ struct Control {
       case ControlField::SwitchDevice:
         switch_device.reset();
         break;
+      case ControlField::CheckpointedBlocks:
+        checkpointed_blocks.reset();
+        break;
+      case ControlField::OptimizerMomentBits:
+        optimizer_moment_bits.reset();
+        break;
       case ControlField::RequestCheckpoint:
         request_checkpoint = false;
         break;
@@ -123,7 +145,7 @@ struct Control {
 
   bool any() const {
     return stop_training || skip_step || retry_with_micro_batch || micro_batch_size || switch_device ||
-           request_checkpoint || request_eval;
+           checkpointed_blocks || optimizer_moment_bits || request_checkpoint || request_eval;
   }
 };
 

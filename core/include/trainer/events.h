@@ -95,6 +95,8 @@ namespace detail {
 inline constexpr ControlFields kRequests =
     bit(ControlField::StopTraining) | bit(ControlField::RequestCheckpoint) | bit(ControlField::RequestEval);
 inline constexpr ControlFields kSkip = bit(ControlField::SkipStep);
+/// The memory savers oom_backoff's ladder switches on and off.
+inline constexpr ControlFields kRungs = bit(ControlField::CheckpointedBlocks) | bit(ControlField::OptimizerMomentBits);
 /// Inside an evaluation a new evaluation request would only repeat it.
 inline constexpr ControlFields kStopOrCheckpoint =
     bit(ControlField::StopTraining) | bit(ControlField::RequestCheckpoint);
@@ -115,7 +117,7 @@ inline constexpr std::array<EventSpec, kNumEvents> kEventTable = {{
     {Event::Resume,              "Resume",              false, detail::kRequests},
     {Event::FitStart,            "FitStart",            false, detail::kRequests},
     {Event::EpochStart,          "EpochStart",          false, detail::kRequests},
-    {Event::BatchStart,          "BatchStart",          false, detail::kRequests | detail::kSkip | bit(ControlField::MicroBatchSize)},
+    {Event::BatchStart,          "BatchStart",          false, detail::kRequests | detail::kSkip | bit(ControlField::MicroBatchSize) | detail::kRungs},
     {Event::BeforeForward,       "BeforeForward",       false, detail::kRequests | detail::kSkip},
     {Event::AfterForward,        "AfterForward",        true,  detail::kRequests | detail::kSkip},
     {Event::BeforeBackward,      "BeforeBackward",      false, detail::kRequests | detail::kSkip},
@@ -131,7 +133,7 @@ inline constexpr std::array<EventSpec, kNumEvents> kEventTable = {{
     {Event::EvalEnd,             "EvalEnd",             true,  detail::kRequests},
     {Event::EpochEnd,            "EpochEnd",            true,  detail::kRequests},
     {Event::Checkpoint,          "Checkpoint",          false, detail::kRequests},
-    {Event::OutOfMemory,         "OutOfMemory",         false, detail::kRequests | bit(ControlField::RetryWithMicroBatch) | bit(ControlField::SwitchDevice)},
+    {Event::OutOfMemory,         "OutOfMemory",         false, detail::kRequests | bit(ControlField::RetryWithMicroBatch) | bit(ControlField::SwitchDevice) | detail::kRungs},
     {Event::FitEnd,              "FitEnd",              true,  0},
     {Event::Exception,           "Exception",           false, 0},
     {Event::Shutdown,            "Shutdown",            true,  0},
@@ -153,6 +155,8 @@ inline constexpr std::array<ControlFieldSpec, kNumControlFields> kControlFieldTa
     {ControlField::RetryWithMicroBatch, "retry_with_micro_batch", true},
     {ControlField::MicroBatchSize, "micro_batch_size", true},
     {ControlField::SwitchDevice, "switch_device", true},
+    {ControlField::CheckpointedBlocks, "checkpointed_blocks", true},
+    {ControlField::OptimizerMomentBits, "optimizer_moment_bits", true},
     {ControlField::RequestCheckpoint, "request_checkpoint", false},
     {ControlField::RequestEval, "request_eval", false},
 }};

@@ -55,16 +55,18 @@ RankGroupSync::RankGroupSync(ProcessGroup& group, Model& model, std::int64_t sta
 
 RankGroupSync::~RankGroupSync() = default;
 
-StepSync::BatchPlan RankGroupSync::start_batch(bool skip, std::int64_t micro_batch) {
+StepSync::BatchPlan RankGroupSync::start_batch(bool skip, std::int64_t micro_batch, const BatchPlan& wish) {
   // A data-parallel run skips a batch on every rank or on none (the others would wait in its
   // all-reduce), and every rank uses the smallest micro-batch any rank asks for (oom_backoff
-  // growing back hears the same events on every rank, so they normally ask the same).
+  // growing back hears the same events on every rank, so they normally ask the same), the most
+  // checkpointed blocks and the fewest moment bits (the replicas' optimizers stay alike).
   const auto agreed = [&] {
     CommTimer timer(metrics_);
-    return group_.all_reduce_max({skip ? 1 : 0, -micro_batch});
+    return group_.all_reduce_max(
+        {skip ? 1 : 0, -micro_batch, wish.checkpointed_blocks, wish.moment_bits > 0 ? 64 - wish.moment_bits : 0});
   }();
   if (-agreed[1] != micro_batch) log_.info("micro-batch {} -> {} (agreed by the ranks)", micro_batch, -agreed[1]);
-  return {agreed[0] > 0, -agreed[1]};
+  return {agreed[0] > 0, -agreed[1], agreed[2], agreed[3] > 0 ? static_cast<int>(64 - agreed[3]) : 0};
 }
 
 std::int64_t RankGroupSync::attempt_samples(std::int64_t, std::int64_t global) const {

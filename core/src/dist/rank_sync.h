@@ -35,7 +35,7 @@ class RankGroupSync final : public StepSync {
                 bool plugins_change_gradients, OomRecovery& oom, TrainMetrics& metrics, spdlog::logger& log);
   ~RankGroupSync() override;
 
-  BatchPlan start_batch(bool skip, std::int64_t micro_batch) override;
+  BatchPlan start_batch(bool skip, std::int64_t micro_batch, const BatchPlan& wish) override;
   std::int64_t attempt_samples(std::int64_t local, std::int64_t global) const override;
   StepTotals gradients(const std::function<StepTotals()>& local, std::int64_t global_samples) override;
   double weight_denominator(double, std::int64_t global_samples) const override {

@@ -165,6 +165,7 @@ void Checkpointer::write(Position next, const GeneratorStates& generators) {
   ar.write("global_step", at::tensor(state_.global_step));
   ar.write("samples_seen", at::tensor(state_.samples_seen));
   ar.write("eval_batch", at::tensor(parts_.eval_batch));
+  oom_.rungs().save(ar);  // the memory savers on: a resume starts with them
   ar.write("data_order", c10::IValue(detail::data_order_text(order_)));
   ar.write("config", c10::IValue(config_));
   detail::write_plugin_states(ar, hooks_.save_states());
@@ -257,6 +258,8 @@ Position Checkpointer::restore(torch::serialize::InputArchive& ar, const std::st
   }
 
   restore_model(ar, file);
+  // The memory savers the run had on, its optimizer's moments in the bits the file holds them in.
+  oom_.rungs().restore(ar, file);
   try {
     torch::serialize::InputArchive o;
     ar.read("optimizer", o);
@@ -266,8 +269,8 @@ Position Checkpointer::restore(torch::serialize::InputArchive& ar, const std::st
                        "its optimizer state does not fit this optimizer (was it written with another optim.name?)");
   }
   // LibTorch's optimizers load whatever the file holds: their state must have each parameter's
-  // shape. adamw8bit's load checks its own (flat 8-bit codes and per-block scales), refusing
-  // what does not fit.
+  // shape. adamw8bit's load checks its own (flat bf16 values or 8-bit codes and per-block
+  // scales), refusing what does not fit.
   if (dynamic_cast<const detail::AdamW8bit*>(parts_.optim.get()) == nullptr) {
     for (const auto& p : parts_.model->named_parameters()) {
       for (const at::Tensor& t : optimizer_state_of(*parts_.optim, p.value())) {

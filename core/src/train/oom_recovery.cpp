@@ -117,7 +117,10 @@ std::int64_t OomRecovery::recover(const std::exception& e, OomRetry rule, std::i
   log_.warn("out of memory in {} (micro-batch {}, attempt {}): {}{}", oom_phase_name(phase), micro, attempt + 1,
             message, seen);
   const Control c = report(e, micro, samples, attempt, /*force_clear=*/false);
-  bool again = (c.switch_device || c.retry_with_micro_batch) && attempt + 1 < kMaxAttempts;
+  // Memory savers asked for (oom_backoff's ladder): -1 / 0 when not.
+  std::int64_t blocks = c.checkpointed_blocks.value_or(-1);
+  int bits = c.optimizer_moment_bits.value_or(0);
+  bool again = (c.switch_device || c.retry_with_micro_batch || blocks >= 0 || bits > 0) && attempt + 1 < kMaxAttempts;
   std::int64_t next = std::clamp<std::int64_t>(c.retry_with_micro_batch.value_or(micro), 1, samples);
   std::string why_not;
   if (parts_.group && c.switch_device) {
@@ -127,12 +130,15 @@ std::int64_t OomRecovery::recover(const std::exception& e, OomRetry rule, std::i
     why_not = " (a data-parallel run cannot move one rank to another device: " + *c.switch_device + " was asked)";
   }
   if (ranks) {
-    // Every rank heard of the same failure; they retry together with the smallest size asked, or
+    // Every rank heard of the same failure; they retry together with the smallest size asked, the
+    // most blocks checkpointed and the fewest moment bits any rank asks (replicas stay alike), or
     // all give up.
-    const auto agreed = ranks->all_reduce_max({again ? 0 : 1, -next});
+    const auto agreed = ranks->all_reduce_max({again ? 0 : 1, -next, blocks, bits > 0 ? 64 - bits : 0});
     if (again && agreed[0] != 0) why_not = " (another rank's plugins gave up)";
     again = agreed[0] == 0;
     next = -agreed[1];
+    blocks = agreed[2];
+    bits = agreed[3] > 0 ? static_cast<int>(64 - agreed[3]) : 0;
   }
   if (again) {
     std::string where;
@@ -142,9 +148,15 @@ std::int64_t OomRecovery::recover(const std::exception& e, OomRetry rule, std::i
       if (parts_.device != from) moves_.push_back(from.str() + " -> " + parts_.device.str());
       where = " on " + parts_.device.str();
     }
-    log_.warn("retrying the same {}{} with micro-batches of {} ({}){}",
+    Control savers;
+    if (blocks >= 0) savers.checkpointed_blocks = blocks;
+    if (bits > 0) savers.optimizer_moment_bits = bits;
+    rungs_.apply(savers, c.reason);
+    const std::string on = rungs_.summary();
+    log_.warn("retrying the same {}{} with micro-batches of {} ({}{}){}",
               phase == OomPhase::Eval ? "evaluation" : "batch", where, next,
-              next < micro ? "smaller" : "same size or larger", c.reason.empty() ? "" : ": " + c.reason);
+              next < micro ? "smaller" : "same size or larger", on.empty() ? "" : "; " + on,
+              c.reason.empty() ? "" : ": " + c.reason);
     return next;
   }
   std::string sizes;
@@ -156,13 +168,17 @@ std::int64_t OomRecovery::recover(const std::exception& e, OomRetry rule, std::i
           ? " (no plugin asked for another retry; oom_backoff retries down to its min_micro_batch)"
           : " (a smaller micro-batch cannot help in this phase; oom_backoff retries once at the same size, then moves "
             "to its fallback_devices)";
+  // What the plugins said when they asked for nothing (oom_backoff: which rungs were left, and advice).
+  const std::string said = again || c.reason.empty() ? std::string() : " [" + c.reason + "]";
   std::string msg = message;
   while (!msg.empty() && (msg.back() == '.' || msg.back() == '\n')) msg.pop_back();
   const std::string moves = fmt::to_string(fmt::join(moves_, ", "));
+  const std::string on = rungs_.summary();
   throw OomFailure(
-      fmt::format("out of memory in {} on {} after {} attempt(s) with micro-batches {}{}{}: {}. What to change: {}",
+      fmt::format("out of memory in {} on {} after {} attempt(s) with micro-batches {}{}{}{}{}: {}. What to change: {}",
                   oom_phase_name(phase), parts_.device.str(), tried.size(), sizes,
-                  moves.empty() ? "" : " (device fallback: " + moves + ")", why, msg, oom_advice(phase)),
+                  moves.empty() ? "" : " (device fallback: " + moves + ")", on.empty() ? "" : " (with " + on + ")", why,
+                  said, msg, oom_advice(phase)),
       phase, tried.empty() ? 0 : tried.back());
 }
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "memory/backend.h"
+#include "train/memory_rungs.h"
 #include "train/oom_phase.h"
 #include "train/setup.h"
 #include "trainer/context.h"
@@ -57,7 +58,11 @@ class OomRecovery {
   static constexpr std::int64_t kMaxAttempts = 64;
 
   OomRecovery(RunParts& parts, RunState& state, Hooks& hooks, spdlog::logger& log)
-      : parts_(parts), state_(state), hooks_(hooks), log_(log) {}
+      : parts_(parts), state_(state), hooks_(hooks), log_(log), rungs_(parts, state, hooks, log) {}
+
+  /// The memory savers plugins switch on and off (Control::checkpointed_blocks,
+  /// optimizer_moment_bits): applied here for an OutOfMemory, by the step for a BatchStart.
+  MemoryRungs& rungs() { return rungs_; }
 
   /// Names what the loop is doing: the phase an out-of-memory error is reported in, and what
   /// this thread's allocations count as from now on (oom_phase_info(phase).allocates).
@@ -129,6 +134,7 @@ class OomRecovery {
   std::vector<std::string> moves_;       ///< "cuda:0 -> cpu" per device fallback, for the give-up summary
   std::optional<MemoryBreakdown> live_;  ///< what was live at the refusal being recovered from
   std::uint64_t refusal_mark_ = 0;       ///< the process's refusals before this attempt
+  MemoryRungs rungs_;
 };
 
 }  // namespace trainer

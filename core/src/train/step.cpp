@@ -10,6 +10,7 @@
 #include <cmath>
 
 #include "dist/rank_sync.h"
+#include "optim/adamw8bit.h"
 #include "train/diverged.h"
 #include "train/hooks.h"
 #include "train/memory_timeline.h"
@@ -40,11 +41,6 @@ TrainStep::TrainStep(const TrainingSettings& training, RunParts& parts, RunState
       metrics_(metrics),
       log_(log),
       micro_batch_(training.micro_batch()) {
-  // The step's temporaries: its parameter-sized temporaries times the largest parameter, plus
-  // 64 KiB for scalars.
-  std::int64_t largest = 0;
-  for (const auto& p : parts_.model->parameters()) largest = std::max<std::int64_t>(largest, p.nbytes());
-  reserve_ = optimizer_step_temporaries(*parts_.optim) * largest + (64 << 10);
   sync_ = make_step_sync(parts_, hooks_, oom_, metrics_, log_);
 }
 
@@ -99,8 +95,15 @@ bool TrainStep::start_batch(std::int64_t n) {
   state_.micro_batch_index = 0;
   const Control start = hooks_.fire(Event::BatchStart);
   apply_micro_batch_request(start);
-  const StepSync::BatchPlan plan = sync_->start_batch(start.skip_step, micro_batch_);
+  StepSync::BatchPlan wish;
+  wish.checkpointed_blocks = start.checkpointed_blocks.value_or(-1);
+  wish.moment_bits = start.optimizer_moment_bits.value_or(0);
+  const StepSync::BatchPlan plan = sync_->start_batch(start.skip_step, micro_batch_, wish);
   micro_batch_ = plan.micro_batch;
+  Control savers;
+  if (plan.checkpointed_blocks >= 0) savers.checkpointed_blocks = plan.checkpointed_blocks;
+  if (plan.moment_bits > 0) savers.optimizer_moment_bits = plan.moment_bits;
+  oom_.rungs().apply(savers, start.reason);
   state_.micro_batch_size = micro_batch_;
   return !plan.skip;
 }
@@ -276,6 +279,21 @@ StepTotals TrainStep::accumulate(const Batch& full, const at::Tensor& indices, s
 
 void TrainStep::prepare_step() {
   oom_.enter(OomPhase::OptimizerStep);
+  if (reserve_for_ != oom_.rungs().optimizer_changes()) {
+    // The step's temporaries: its parameter-sized temporaries times the largest parameter, plus
+    // 64 KiB for scalars. Again for an optimizer whose moments changed bits (a new object).
+    std::int64_t largest = 0, most_values = 0;
+    for (const auto& p : parts_.model->parameters()) {
+      largest = std::max<std::int64_t>(largest, p.nbytes());
+      most_values = std::max<std::int64_t>(most_values, p.numel());
+    }
+    // The compact AdamW steps a chunk at a time: its temporaries are a chunk's, in bytes.
+    reserve_ = dynamic_cast<const detail::AdamW8bit*>(parts_.optim.get()) != nullptr
+                   ? detail::AdamW8bit::step_temporary_bytes(most_values) + (64 << 10)
+                   : optimizer_step_temporaries(*parts_.optim) * largest + (64 << 10);
+    reserve_for_ = oom_.rungs().optimizer_changes();
+    state_materialized_ = false;
+  }
   if (!state_materialized_) {
     state_materialized_ = materialize_optimizer_state(*parts_.optim);
     attribute_run_memory(nullptr, parts_.optim.get());  // the state it created

@@ -106,8 +106,10 @@ class TrainStep {
   OomRecovery& oom_;
   TrainMetrics& metrics_;
   spdlog::logger& log_;
-  std::int64_t micro_batch_;         ///< the current micro-batch size
-  std::int64_t reserve_ = 0;         ///< bytes the optimizer step may allocate for temporaries
+  std::int64_t micro_batch_;  ///< the current micro-batch size
+  std::int64_t reserve_ = 0;  ///< bytes the optimizer step may allocate for temporaries
+  /// MemoryRungs::optimizer_changes() when reserve_ was computed (none yet: the largest value).
+  std::uint64_t reserve_for_ = ~std::uint64_t{0};
   bool state_materialized_ = false;  ///< optimizer state created before the first step
   bool params_consistent_ = true;
   std::int64_t nonfinite_skips_ = 0;  ///< optimizer steps skipped for a NaN or infinite loss or gradient

@@ -54,9 +54,14 @@ class StepSync {
   struct BatchPlan {
     bool skip = false;             ///< the batch is skipped (on every rank)
     std::int64_t micro_batch = 1;  ///< the micro-batch every rank uses
+    /// Memory savers (Control::checkpointed_blocks, optimizer_moment_bits) every rank switches
+    /// to: -1 and 0 when none is asked.
+    std::int64_t checkpointed_blocks = -1;
+    int moment_bits = 0;
   };
-  /// After BatchStart: this rank's wish (`skip`, `micro_batch`) → what every rank does.
-  virtual BatchPlan start_batch(bool skip, std::int64_t micro_batch) = 0;
+  /// After BatchStart: this rank's wish (`skip`, `micro_batch`, the savers of `wish`) → what
+  /// every rank does.
+  virtual BatchPlan start_batch(bool skip, std::int64_t micro_batch, const BatchPlan& wish) = 0;
 
   /// The samples an attempt covers, as plugins see it: this rank's `local` in a run of one; in
   /// a rank group the largest part any rank holds of a batch of `global` samples (so that every
@@ -91,7 +96,9 @@ class StepSync {
 /// A run of one: each point just runs its local part.
 class LocalSync final : public StepSync {
  public:
-  BatchPlan start_batch(bool skip, std::int64_t micro_batch) override { return {skip, micro_batch}; }
+  BatchPlan start_batch(bool skip, std::int64_t micro_batch, const BatchPlan& wish) override {
+    return {skip, micro_batch, wish.checkpointed_blocks, wish.moment_bits};
+  }
   std::int64_t attempt_samples(std::int64_t local, std::int64_t) const override { return local; }
   StepTotals gradients(const std::function<StepTotals()>& local, std::int64_t) override { return local(); }
   double weight_denominator(double local_weight, std::int64_t) const override {

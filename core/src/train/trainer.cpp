@@ -454,6 +454,9 @@ struct Trainer::Impl {
     s.failure = r.failure;
     s.oom_phase = r.oom_phase;
     s.micro_batch = r.oom_micro_batch;
+    s.checkpointed_blocks = state.checkpointed_blocks;
+    if (state.optimizer_moment_bits != state.configured_moment_bits)
+      s.optimizer_moment_bits = state.optimizer_moment_bits;
     const std::string error = dir->write_status(s);
     if (!error.empty()) log->error("cannot write run status: {}", error);
   }

@@ -62,6 +62,8 @@ std::string encode_status(const RunStatusRecord& s) {
     if (s.oom_phase) j["phase"] = oom_phase_name(*s.oom_phase);
     if (s.failure == FailureKind::OutOfMemory && s.micro_batch > 0) j["micro_batch"] = s.micro_batch;
   }
+  if (s.checkpointed_blocks > 0) j["checkpointed_blocks"] = s.checkpointed_blocks;
+  if (s.optimizer_moment_bits > 0) j["optimizer_moment_bits"] = s.optimizer_moment_bits;
   if (std::isfinite(s.time)) j["time"] = s.time;
   // Invalid UTF-8 in a message (an OS error's text) is replaced, not thrown.
   return j.dump(-1, ' ', false, ordered::error_handler_t::replace) + "\n";
@@ -90,6 +92,9 @@ RunStatusRecord decode_status(std::string_view text) {
   if (const auto kind = failure_kind_named(text_of(j, "failure"))) s.failure = *kind;
   s.oom_phase = oom_phase_named(text_of(j, "phase"));
   s.micro_batch = std::max<std::int64_t>(integer_of<std::int64_t>(j, "micro_batch", 0), 0);
+  s.checkpointed_blocks = std::max<std::int64_t>(integer_of<std::int64_t>(j, "checkpointed_blocks", 0), 0);
+  const int bits = integer_of(j, "optimizer_moment_bits", 0);
+  s.optimizer_moment_bits = bits == 32 || bits == 16 || bits == 8 ? bits : 0;
   const auto time = j.find("time");
   if (time != j.end() && time->is_number()) s.time = time->get<double>();
   return s;
