@@ -91,6 +91,10 @@ class OomBackoffPlugin final : public trainer::Plugin {
         order_.push_back(static_cast<Rung>(std::find(kRungNames.begin(), kRungNames.end(), r) - kRungNames.begin()));
       }
     }
+    if (!order_.empty() && !s_.fallback_devices.empty() &&
+        std::find(order_.begin(), order_.end(), Rung::Device) == order_.end()) {
+      order_.push_back(Rung::Device);  // fallback_devices are where the run goes when the rest is used up
+    }
   }
 
   /// The counters a resume restores as they were, each named once.
@@ -261,10 +265,13 @@ class OomBackoffPlugin final : public trainer::Plugin {
       return;
     }
     // A failure right after growing (or undoing a saver) means that did not fit (yet): wait
-    // twice as long before the next attempt instead of failing every few steps.
-    if (grew_) patience_ = std::max<std::int64_t>(patience_ * 2, s_.grow_after);
-    grew_ = false;
-    clean_steps_ = 0;
+    // twice as long before the next attempt instead of failing every few steps. Reading the
+    // batch and a rank group's all-reduce say nothing about what fits.
+    if (oom.phase != trainer::OomPhase::Data && oom.phase != trainer::OomPhase::AllReduce) {
+      if (grew_) patience_ = std::max<std::int64_t>(patience_ * 2, s_.grow_after);
+      grew_ = false;
+      clean_steps_ = 0;
+    }
     if (oom.micro_batch_helps) {
       bad_ = bad_ > 0 ? std::min(bad_, oom.micro_batch_size) : oom.micro_batch_size;  // smallest known not to fit
       if (oom.micro_batch_size <= good_) good_ = 0;  // a size that fitted no longer does

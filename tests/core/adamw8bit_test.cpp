@@ -459,9 +459,10 @@ TEST(AdamW8bit, OnlyAdamWsMomentsChangeBits) {
   EXPECT_THROW(with_moment_bits(adamw, 4), Error);
 }
 
-TEST(AdamW8bit, AConversionThatRunsOutOfMemoryKeepsTheRestAsItWas) {
+TEST(AdamW8bit, AConversionThatRunsOutOfMemoryKeepsTheRestAsItWasAndTheNextRequestGoesOn) {
   // A budget that holds the first weight's bf16 moments but not the second's: the first is
-  // converted, the second goes over in fp32, and the optimizer steps both.
+  // converted, the second goes over in fp32; the bits stay 32 (the rung is not taken), the
+  // optimizer steps both and checkpoints the mix, and the next request converts the rest.
   install_cpu_tracking_allocator();
   const c10::Device cpu(c10::kCPU);
   torch::manual_seed(10);
@@ -484,21 +485,65 @@ TEST(AdamW8bit, AConversionThatRunsOutOfMemoryKeepsTheRestAsItWas) {
   EXPECT_EQ(done.converted, 1);
   EXPECT_EQ(done.total, 2);
   EXPECT_NE(done.error.find("out of memory"), std::string::npos) << done.error;
-  EXPECT_EQ(done.bits, 16);  // fewer bits were asked: the rung is (partly) taken
+  EXPECT_EQ(done.bits, 32);  // part-way: the bits are those before
   EXPECT_TRUE(adamw->state().empty());
   auto& mixed = dynamic_cast<AdamW8bit&>(*done.optimizer);
   EXPECT_TRUE(mixed.state_of(small).bf16());
   EXPECT_EQ(mixed.state_of(large).exp_avg().scalar_type(), at::kFloat);
   EXPECT_TRUE(torch::equal(mixed.state_of(large).exp_avg(), large_m));  // the same moments, untouched
-  // It steps and checkpoints as it is (a checkpoint may hold a mix of forms).
+  // It steps (the large fp32 state a chunk at a time, within the step's reserve) and checkpoints as it is.
   small.mutable_grad() = torch::randn({8192});
   large.mutable_grad() = torch::randn({1 << 20});
+  const std::int64_t before = memory_stats(cpu).allocated;
+  reset_peak_memory(cpu);
   mixed.step();
+  EXPECT_LE(memory_stats(cpu).peak_allocated - before, AdamW8bit::step_temporary_bytes(1 << 20));
   EXPECT_EQ(mixed.state_of(large).step(), 2);
+  AdamW8bit strict(std::vector<at::Tensor>{small, large}, o, 16);
+  EXPECT_THROW(load_saved(mixed, strict), Error);  // a mix only where the checkpoint says so
   AdamW8bit reloaded(std::vector<at::Tensor>{small, large}, o, 16);
+  reloaded.accept_mixed_forms(true);
   load_saved(mixed, reloaded);
   EXPECT_TRUE(reloaded.state_of(small).bf16());
   EXPECT_TRUE(torch::equal(reloaded.state_of(large).exp_avg(), mixed.state_of(large).exp_avg()));
+  // The next request, with memory: the rest is converted, what was already is kept as it is.
+  const at::Tensor small_m = mixed.state_of(small).exp_avg().clone();
+  MomentConversion rest = with_moment_bits(mixed, 16);
+  EXPECT_TRUE(rest.error.empty()) << rest.error;
+  EXPECT_EQ(rest.bits, 16);
+  auto& half = dynamic_cast<AdamW8bit&>(*rest.optimizer);
+  EXPECT_TRUE(half.state_of(large).bf16());
+  EXPECT_TRUE(torch::equal(half.state_of(small).exp_avg(), small_m));
+}
+
+TEST(AdamW8bit, AnUndoThatRunsOutOfMemoryPutsWhatItConvertedBack) {
+  // 8 -> 32 bits with room for the first weight's fp32 moments only: that one goes back to 8
+  // bits (the same codes: fp32 of 8-bit values quantizes to them again), the bits stay 8.
+  install_cpu_tracking_allocator();
+  const c10::Device cpu(c10::kCPU);
+  torch::manual_seed(11);
+  at::Tensor small = torch::randn({8192}).requires_grad_(true), large = torch::randn({1 << 20}).requires_grad_(true);
+  AdamW8bit eight(std::vector<at::Tensor>{small, large}, torch::optim::AdamWOptions(1e-2), 8);
+  small.mutable_grad() = torch::randn({8192}).abs();  // positive: each block's largest is a positive 1.0 entry
+  large.mutable_grad() = torch::randn({1 << 20}).abs();
+  eight.step();
+  const at::Tensor codes = eight.state_of(small).exp_avg().clone();
+  MomentConversion done;
+  set_memory_limit(cpu, memory_stats(cpu).allocated + (512 << 10));  // 64 KiB of fp32 fits, 8 MiB does not
+  try {
+    done = with_moment_bits(eight, 32);
+  } catch (...) {
+    set_memory_limit(cpu, 0);
+    throw;
+  }
+  set_memory_limit(cpu, 0);
+  EXPECT_FALSE(done.error.empty());
+  EXPECT_EQ(done.bits, 8);
+  auto& back = dynamic_cast<AdamW8bit&>(*done.optimizer);
+  EXPECT_EQ(back.moment_bits(), 8);
+  EXPECT_TRUE(back.state_of(small).quantized());
+  EXPECT_TRUE(back.state_of(large).quantized());
+  EXPECT_TRUE(torch::equal(back.state_of(small).exp_avg(), codes));
 }
 
 /// The optimizer state's bytes (memory categories) at the end of each step.

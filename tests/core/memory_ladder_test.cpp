@@ -351,6 +351,29 @@ TEST_F(MemoryLadder, MemoryFreedWalksTheRungsBackDown) {
   EXPECT_NE(log("moments").find("clean steps, AdamW's moments back to 32 bits"), std::string::npos);
 }
 
+/// From step 1 on, nothing more fits before each forward.
+class AlwaysTight final : public Plugin {
+ public:
+  std::string name() const override { return "always_tight"; }
+  std::vector<Event> events() const override { return {Event::BeforeForward}; }
+  void on_event(EventContext& ctx, Control&) override {
+    if (ctx.state.global_step >= 1) set_memory_limit(kCpu, memory_stats(kCpu).allocated + 1024);
+  }
+};
+
+TEST_F(MemoryLadder, ALadderThatDoesNotNameDeviceStillEndsInTheFallbackDevices) {
+  // ladder = ["micro_batch"] with fallback_devices: the device rung comes after it, as before
+  // there was a ladder ("cpu" is skipped: the run is there; cuda:99 is on no host).
+  const RunResult r = run(
+      kMlpRecipe,
+      {"+plugins.oom_backoff.ladder=[\"micro_batch\"]", "+plugins.oom_backoff.fallback_devices=[\"cpu\", \"cuda:99\"]"},
+      "fallback", {std::make_shared<AlwaysTight>()});
+  EXPECT_EQ(r.exit_code, kExitTrainingFailed);
+  EXPECT_NE(r.message.find("switch_device cuda:99: this process sees "), std::string::npos) << r.message;
+  EXPECT_NE(log("fallback").find("oom_backoff: cpu exhausted at micro-batch 1, falling back to cuda:99"),
+            std::string::npos);
+}
+
 TEST_F(MemoryLadder, ALadderThatNamesARungTwiceOrAutoAmongRungsIsAUsageError) {
   for (const char* ladder : {"[\"checkpoint\", \"checkpoint\"]", "[\"auto\", \"device\"]", "[]"}) {
     SCOPED_TRACE(ladder);

@@ -95,12 +95,14 @@ struct TRAINER_API EventContext {
   /// evaluates). Replaceable in ModelCreated, with the model: a linear probe that caches its
   /// backbone's features trains a head on a dataset of features.
   std::shared_ptr<Dataset> train_set, test_set;
-  torch::optim::Optimizer* optimizer = nullptr;  ///< from OptimizerCreated on
-  const Batch* batch = nullptr;                  ///< current micro-batch (Before/AfterForward/Backward)
-  const at::Tensor* indices = nullptr;           ///< dataset indices of `batch` (int64; same events as `batch`)
-  const at::Tensor* outputs = nullptr;           ///< logits (AfterForward)
-  const at::Tensor* loss = nullptr;              ///< scaled micro-batch loss (AfterForward, Before/AfterBackward);
-                                                 ///< EvalBatchEnd: the eval batch's mean loss
+  /// From OptimizerCreated on. Read it at each event, do not keep it: a change of AdamW's moments'
+  /// bits (Control::optimizer_moment_bits) replaces the optimizer, in BatchStart and OutOfMemory.
+  torch::optim::Optimizer* optimizer = nullptr;
+  const Batch* batch = nullptr;         ///< current micro-batch (Before/AfterForward/Backward)
+  const at::Tensor* indices = nullptr;  ///< dataset indices of `batch` (int64; same events as `batch`)
+  const at::Tensor* outputs = nullptr;  ///< logits (AfterForward)
+  const at::Tensor* loss = nullptr;     ///< scaled micro-batch loss (AfterForward, Before/AfterBackward);
+                                        ///< EvalBatchEnd: the eval batch's mean loss
   /// BeforeBackward: the tensor backward() runs on, *loss to begin with. A plugin may replace
   /// it (a GradScaler multiplies it by the loss scale; an auxiliary term may be added); the
   /// training loss logged stays *loss.

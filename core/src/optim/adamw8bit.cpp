@@ -154,7 +154,8 @@ void AdamW8bit::update(const at::Tensor& param, const at::Tensor& grad, AdamW8bi
       target.add_((m / denom).mul_(-step_size).to(target.scalar_type()));
     }
   };
-  if (!st.quantized() && !st.bf16()) {
+  const bool fp32_moments = !st.quantized() && !st.bf16();
+  if (fp32_moments && param.numel() <= kChunk) {
     const at::Tensor g = grad.to(at::kFloat);
     st.exp_avg().mul_(b1).add_(g, 1.0 - b1);
     st.exp_avg_sq().mul_(b2).addcmul_(g, g, 1.0 - b2);
@@ -167,6 +168,28 @@ void AdamW8bit::update(const at::Tensor& param, const at::Tensor& grad, AdamW8bi
   at::Tensor p = contiguous ? param.view({-1}) : param.contiguous().view({-1});
   const at::Tensor g = grad.contiguous().view({-1});
   const std::int64_t n = p.numel();
+  if (fp32_moments) {
+    // fp32 moments of a large tensor (a run whose moments' bits changed part-way holds some):
+    // AdamW's operations a chunk at a time, so the step's temporaries stay a chunk's.
+    const bool own_layout = st.exp_avg().is_contiguous() && st.exp_avg_sq().is_contiguous();
+    at::Tensor m_all = own_layout ? st.exp_avg().view({-1}) : st.exp_avg().contiguous().view({-1});
+    at::Tensor v_all = own_layout ? st.exp_avg_sq().view({-1}) : st.exp_avg_sq().contiguous().view({-1});
+    for (std::int64_t begin = 0; begin < n; begin += kChunk) {
+      const std::int64_t len = std::min(kChunk, n - begin);
+      at::Tensor m = m_all.narrow(0, begin, len), v = v_all.narrow(0, begin, len);
+      const at::Tensor gc = g.narrow(0, begin, len).to(at::kFloat);
+      m.mul_(b1).add_(gc, 1.0 - b1);
+      v.mul_(b2).addcmul_(gc, gc, 1.0 - b2);
+      const at::Tensor denom = (v.sqrt() / bc2_sqrt).add_(o.eps());
+      apply(p.narrow(0, begin, len), m, denom);
+    }
+    if (!own_layout) {
+      st.exp_avg().copy_(m_all.view(param.sizes()));
+      st.exp_avg_sq().copy_(v_all.view(param.sizes()));
+    }
+    if (!contiguous) param.copy_(p.view(param.sizes()));
+    return;
+  }
   if (st.bf16()) {
     // bf16 moments: each chunk read into fp32, updated as AdamW, rounded back to bf16 (to nearest).
     for (std::int64_t begin = 0; begin < n; begin += kChunk) {
@@ -250,30 +273,32 @@ void AdamW8bit::load(torch::serialize::InputArchive& archive) {
       auto shaped = [&p](const at::Tensor& t) {
         return t.defined() && t.scalar_type() == at::kFloat && t.sizes() == p.sizes();
       };
-      // Any form a step reads: fp32 shaped like the parameter, or for larger tensors bf16 or
-      // 8-bit codes, flat (a run that changed its moments' bits may hold a mix).
+      // The form of its moment bits: fp32 shaped like the parameter for small tensors, else bf16
+      // or 8-bit codes, flat. A run whose moments' bits changed part-way holds a mix of the
+      // three (its checkpoint says so: accept_mixed_forms).
       const bool large = n >= kMin8bitNumel;
       if (st == nullptr) {
         state_.clear();
         throw UsageError(fmt::format("adamw8bit: the saved state of parameter {} is not AdamW's", index - 1));
       }
       const bool fp32 = shaped(st->exp_avg()) && shaped(st->exp_avg_sq()) && !st->exp_avg_absmax().defined() &&
+                        !st->exp_avg_sq_absmax().defined() && (!large || mixed_);
+      const bool bf16 = large && (bits_ == 16 || mixed_) && flat(st->exp_avg(), at::kBFloat16, n) &&
+                        flat(st->exp_avg_sq(), at::kBFloat16, n) && !st->exp_avg_absmax().defined() &&
                         !st->exp_avg_sq_absmax().defined();
-      const bool bf16 = large && flat(st->exp_avg(), at::kBFloat16, n) && flat(st->exp_avg_sq(), at::kBFloat16, n) &&
-                        !st->exp_avg_absmax().defined() && !st->exp_avg_sq_absmax().defined();
-      const bool codes = large && flat(st->exp_avg(), at::kByte, n) && flat(st->exp_avg_sq(), at::kByte, n) &&
-                         flat(st->exp_avg_absmax(), at::kFloat, blocks) &&
+      const bool codes = large && (bits_ == 8 || mixed_) && flat(st->exp_avg(), at::kByte, n) &&
+                         flat(st->exp_avg_sq(), at::kByte, n) && flat(st->exp_avg_absmax(), at::kFloat, blocks) &&
                          flat(st->exp_avg_sq_absmax(), at::kFloat, blocks);
       const bool ok = st->step() >= 0 && (fp32 || bf16 || codes);
       if (!ok) {
         state_.clear();  // none of the checkpoint's state is kept: the optimizer starts fresh or not at all
         throw UsageError(fmt::format(
-            "adamw8bit: the saved state of parameter {} ({} values) does not fit it: expected fp32 moments shaped "
-            "like it{} (was it saved by another optimizer or model?)",
+            "adamw8bit: the saved state of parameter {} ({} values) does not fit it: expected {} (was it saved "
+            "by another optimizer or model?)",
             index - 1, n,
-            large ? fmt::format(", bf16 moments of {} values or uint8 codes of {} values with fp32 scales of {} blocks",
-                                n, n, blocks)
-                  : ""));
+            !large        ? fmt::format("fp32 moments shaped like it")
+            : bits_ == 16 ? fmt::format("bf16 moments of {} values", n)
+                          : fmt::format("uint8 codes of {} values and fp32 scales of {} blocks", n, blocks)));
       }
       // On the parameter's device, as the step reads them.
       auto* own = static_cast<AdamW8bitParamState*>(it->second.get());
@@ -302,24 +327,72 @@ int moment_bits_of(const torch::optim::Optimizer& opt) {
 
 namespace {
 
-/// One parameter's AdamW state in fp32, flat in the parameter's logical order.
-struct FlatMoments {
+/// A parameter's moments as they are stored, whichever optimizer holds them.
+struct StoredMoments {
   std::int64_t step = 0;
-  at::Tensor m, v;
+  at::Tensor m, v, m_scale, v_scale;  ///< scales: 8-bit codes only
 };
 
-FlatMoments flat_moments(torch::optim::OptimizerParamState& base, bool from_8bit, const at::Tensor& smap,
-                         const at::Tensor& umap) {
-  auto flat = [](const at::Tensor& t) { return t.to(at::kFloat).contiguous().view({-1}); };
-  if (!from_8bit) {
-    auto& st = static_cast<torch::optim::AdamWParamState&>(base);
-    return {st.step(), flat(st.exp_avg()), flat(st.exp_avg_sq())};
+StoredMoments stored(const torch::optim::OptimizerParamState& base) {
+  if (const auto* own = dynamic_cast<const AdamW8bitParamState*>(&base)) {
+    return {own->step(), own->exp_avg(), own->exp_avg_sq(), own->exp_avg_absmax(), own->exp_avg_sq_absmax()};
   }
-  auto& st = static_cast<AdamW8bitParamState&>(base);
-  if (!st.quantized()) return {st.step(), flat(st.exp_avg()), flat(st.exp_avg_sq())};
-  return {st.step(), dequantize_blockwise(st.exp_avg(), st.exp_avg_absmax(), smap.to(st.exp_avg().device())),
-          dequantize_blockwise(st.exp_avg_sq(), st.exp_avg_sq_absmax(), umap.to(st.exp_avg().device()))};
+  const auto& st = static_cast<const torch::optim::AdamWParamState&>(base);
+  return {st.step(), st.exp_avg(), st.exp_avg_sq(), {}, {}};
 }
+
+/// The form moments of `numel` values take in `bits`: fp32 (shaped like the parameter) for 32
+/// bits and for tensors under kMin8bitNumel, else bf16 or 8-bit codes (flat).
+enum class Form { Fp32, Bf16, Codes };
+Form form_for(int bits, std::int64_t numel) {
+  if (bits == 32 || numel < kMin8bitNumel) return Form::Fp32;
+  return bits == 16 ? Form::Bf16 : Form::Codes;
+}
+Form form_of(const StoredMoments& s) {
+  if (s.m_scale.defined()) return Form::Codes;
+  return s.m.scalar_type() == at::kBFloat16 ? Form::Bf16 : Form::Fp32;
+}
+
+/// `values` values of a stored moment from `begin`, in fp32 (the parameter's logical order).
+at::Tensor read_chunk(const at::Tensor& flat, const at::Tensor& scale, const at::Tensor& map, std::int64_t begin,
+                      std::int64_t len) {
+  if (!scale.defined()) return flat.narrow(0, begin, len).to(at::kFloat);
+  return dequantize_blockwise(flat.narrow(0, begin, len),
+                              scale.narrow(0, begin / kQuantBlock, (len + kQuantBlock - 1) / kQuantBlock), map);
+}
+
+/// Converts one moment (`flat`: its stored values flat in logical order) into `to`, a chunk at
+/// a time: the new tensor(s) and the chunk's temporaries are all it allocates.
+void convert_moment(const at::Tensor& flat, const at::Tensor& scale, const at::Tensor& from_map, Form to,
+                    const at::Tensor& param, const at::Tensor& to_map, at::Tensor& out, at::Tensor& out_scale) {
+  const std::int64_t n = param.numel();
+  if (to == Form::Fp32) {
+    out = at::empty(param.sizes(), param.options().dtype(at::kFloat));
+  } else if (to == Form::Bf16) {
+    out = at::empty({n}, param.options().dtype(at::kBFloat16));
+  } else {
+    out = at::empty({n}, param.options().dtype(at::kByte));
+    out_scale = at::empty({(n + kQuantBlock - 1) / kQuantBlock}, param.options().dtype(at::kFloat));
+  }
+  const at::Tensor out_flat = out.view({-1});
+  for (std::int64_t begin = 0; begin < n; begin += AdamW8bit::kChunk) {
+    const std::int64_t len = std::min(AdamW8bit::kChunk, n - begin);
+    at::Tensor values = read_chunk(flat, scale, from_map, begin, len);
+    if (to != Form::Codes) {
+      out_flat.narrow(0, begin, len).copy_(values);
+      continue;
+    }
+    // A non-finite moment spoils its own element, not its block's scale (as in a step).
+    values.nan_to_num_(0.0, 0.0, 0.0);
+    at::Tensor codes, absmax;
+    quantize_blockwise(values, to_map, codes, absmax);
+    out_flat.narrow(0, begin, len).copy_(codes);
+    out_scale.narrow(0, begin / kQuantBlock, absmax.numel()).copy_(absmax);
+  }
+}
+
+/// The stored moment `t` flat in the parameter's logical order (a view when it is contiguous).
+at::Tensor flat_of(const at::Tensor& t) { return t.is_contiguous() ? t.view({-1}) : t.contiguous().view({-1}); }
 
 }  // namespace
 
@@ -328,9 +401,9 @@ MomentConversion with_moment_bits(torch::optim::Optimizer& opt, int bits) {
   TRAINER_CHECK(from > 0, "only AdamW's moments change precision (32, 16 or 8 bits)");
   TRAINER_CHECK(bits == 32 || bits == 16 || bits == 8, "AdamW's moments are kept in 32, 16 or 8 bits, not ", bits);
   const auto& defaults = static_cast<const torch::optim::AdamWOptions&>(opt.defaults());
-  // Every form of a parameter's state fits an AdamW8bit (fp32 shaped like it, bf16 or 8-bit flat),
-  // so it holds the converted states as they come, and the unconverted ones when a conversion
-  // runs out of memory. For 32 bits its fp32 states go into LibTorch's AdamW at the end.
+  // Every form of a parameter's state fits an AdamW8bit (fp32 shaped like it, bf16 or 8-bit
+  // flat), so it holds the states as they are converted, and those not converted when a
+  // conversion runs out of memory. For 32 bits its fp32 states go into LibTorch's AdamW at the end.
   auto holder = std::make_unique<AdamW8bit>(opt.param_groups(), defaults, bits == 32 ? (from == 32 ? 16 : from) : bits);
   const at::Tensor smap = map_tensor(true), umap = map_tensor(false);
   MomentConversion out;
@@ -340,63 +413,61 @@ MomentConversion with_moment_bits(torch::optim::Optimizer& opt, int bits) {
       if (it == opt.state().end()) continue;
       ++out.total;
       const auto key = compat::optimizer_state_key(*holder, p);
-      if (out.error.empty()) {
+      const StoredMoments was = stored(*it->second);
+      const Form to = form_for(bits, p.numel());
+      if (out.error.empty() && form_of(was) != to) {
         try {
-          FlatMoments fm = flat_moments(*it->second, from != 32, smap, umap);
+          const c10::Device device = p.device();
+          const at::Tensor s_from = smap.to(device), u_from = umap.to(device);
           auto st = std::make_unique<AdamW8bitParamState>();
-          st->step(fm.step);
-          if (bits == 32 || p.numel() < kMin8bitNumel) {
-            auto shaped = [&p](at::Tensor& flat) {
-              at::Tensor t = at::empty_like(p, p.options().dtype(at::kFloat), at::MemoryFormat::Preserve);
-              t.copy_(flat.view(p.sizes()));
-              flat = at::Tensor();
-              return t;
-            };
-            st->exp_avg(shaped(fm.m));
-            st->exp_avg_sq(shaped(fm.v));
-          } else if (bits == 16) {
-            st->exp_avg(fm.m.to(at::kBFloat16));
-            fm.m = at::Tensor();
-            st->exp_avg_sq(fm.v.to(at::kBFloat16));
-          } else {
-            const c10::Device device = p.device();
-            at::Tensor codes, absmax;
-            // A non-finite moment spoils its own element, not its block's scale (as in a step).
-            quantize_blockwise(fm.m.nan_to_num(0.0, 0.0, 0.0), smap.to(device), codes, absmax);
-            fm.m = at::Tensor();
-            st->exp_avg(codes);
-            st->exp_avg_absmax(absmax);
-            quantize_blockwise(fm.v.nan_to_num(0.0, 0.0, 0.0), umap.to(device), codes, absmax);
-            st->exp_avg_sq(codes);
-            st->exp_avg_sq_absmax(absmax);
+          st->step(was.step);
+          at::Tensor m, m_scale, v, v_scale;
+          convert_moment(flat_of(was.m), was.m_scale, s_from, to, p, s_from, m, m_scale);
+          convert_moment(flat_of(was.v), was.v_scale, u_from, to, p, u_from, v, v_scale);
+          st->exp_avg(m);
+          st->exp_avg_sq(v);
+          if (to == Form::Codes) {
+            st->exp_avg_absmax(m_scale);
+            st->exp_avg_sq_absmax(v_scale);
           }
-          opt.state().erase(it);  // the old moments go as the new ones come
+          opt.state().erase(it);  // the old moments go as soon as the new ones are there
           holder->state()[key] = std::move(st);
           ++out.converted;
           continue;
         } catch (const std::exception& e) {
           out.error = e.what();
         }
+      } else if (out.error.empty()) {
+        ++out.converted;  // already in the form asked for (a conversion that stopped part-way before)
       }
-      // Out of memory (or another error) converting: this state goes over as it is.
-      if (dynamic_cast<AdamW8bitParamState*>(it->second.get()) != nullptr) {
-        holder->state()[key] = std::move(it->second);
-      } else {
-        const auto& st = static_cast<const torch::optim::AdamWParamState&>(*it->second);
-        auto moved = std::make_unique<AdamW8bitParamState>();
-        moved->step(st.step());
-        moved->exp_avg(st.exp_avg());
-        moved->exp_avg_sq(st.exp_avg_sq());
-        holder->state()[key] = std::move(moved);
+      // In its form already, or not converted: it goes over as it is.
+      auto moved = std::make_unique<AdamW8bitParamState>();
+      moved->step(was.step);
+      moved->exp_avg(was.m);
+      moved->exp_avg_sq(was.v);
+      if (was.m_scale.defined()) {
+        moved->exp_avg_absmax(was.m_scale);
+        moved->exp_avg_sq_absmax(was.v_scale);
       }
       opt.state().erase(it);
+      holder->state()[key] = std::move(moved);
     }
   }
   if (!out.error.empty()) {
-    // Partly converted: new states are made in the bits asked for when fewer (the rung is
-    // taken), else in the bits it had (the undo did not happen).
-    out.bits = bits < from ? bits : from;
-    holder->set_moment_bits(out.bits == 32 ? 16 : out.bits);
+    // Part-way: the bits stay those before, and new states are made in them. Going up (fewer
+    // savings) what was converted goes back down, as far as memory allows: the savings that
+    // were there stay.
+    out.bits = from;
+    if (bits > from) {
+      holder->set_moment_bits(from == 32 ? 16 : from);
+      MomentConversion back = with_moment_bits(*holder, from);
+      back.error = out.error;
+      back.total = out.total;
+      back.converted = out.converted;
+      back.bits = from;
+      return back;
+    }
+    holder->set_moment_bits(bits);  // the states not reached are converted by the next request
     out.optimizer = std::move(holder);
     return out;
   }

@@ -71,6 +71,9 @@ class TRAINER_API AdamW8bit : public torch::optim::Optimizer {
   int moment_bits() const { return bits_; }
   /// The bits of the states made from now on (those there stay in theirs).
   void set_moment_bits(int bits) { bits_ = bits; }
+  /// load() then takes every form a step reads (fp32, bf16, 8-bit) for any parameter, not only
+  /// its bits' form: for a checkpoint of a run whose moments' bits changed part-way.
+  void accept_mixed_forms(bool on) { mixed_ = on; }
 
   at::Tensor step(LossClosure closure = nullptr) override;
   void save(torch::serialize::OutputArchive& archive) const override;
@@ -93,6 +96,7 @@ class TRAINER_API AdamW8bit : public torch::optim::Optimizer {
   /// The maps on `device` (kept there after the first use).
   const at::Tensor& map_on(bool is_signed, const c10::Device& device);
   int bits_ = 8;
+  bool mixed_ = false;
   at::Tensor signed_map_, unsigned_map_;
   at::Tensor signed_on_device_, unsigned_on_device_;
 };

@@ -23,19 +23,13 @@ namespace trainer {
 
 namespace {
 
-int configured_bits(const std::string& optim_name) {
-  if (optim_name == "adamw") return 32;
-  if (optim_name == "adamw8bit") return 8;
-  return 0;
-}
-
 /// A one-element integer tensor of a checkpoint (a file from outside), or nullopt when absent.
 std::optional<std::int64_t> read_count(torch::serialize::InputArchive& ar, const std::string& key,
                                        const std::string& file) {
   at::Tensor t;
   if (!ar.try_read(key, t)) return std::nullopt;
-  TRAINER_CHECK_T(UsageError, t.numel() == 1 && !at::isFloatingType(t.scalar_type()), "cannot resume from ", file,
-                  ": its '", key, "' is not one integer");
+  TRAINER_CHECK_T(UsageError, t.numel() == 1 && at::isIntegralType(t.scalar_type(), /*includeBool=*/false),
+                  "cannot resume from ", file, ": its '", key, "' is not one integer");
   return t.item<std::int64_t>();
 }
 
@@ -46,11 +40,10 @@ MemoryRungs::MemoryRungs(RunParts& parts, RunState& state, Hooks& hooks, spdlog:
   for (const auto& b : parts_.model->blocks()) mine_.push_back(!b->wrapped());
   state_.checkpointed_blocks = 0;
   state_.model_blocks = static_cast<std::int64_t>(std::count(mine_.begin(), mine_.end(), true));
-  state_.optimizer_moment_bits = detail::moment_bits_of(*parts_.optim);
-  const EventContext& ctx = hooks_.context();
-  state_.configured_moment_bits =
-      ctx.config && ctx.config->has("optim.name") ? configured_bits(ctx.config->get<std::string>("optim.name")) : 0;
-  if (state_.optimizer_moment_bits == 0) state_.configured_moment_bits = 0;  // amsgrad: its state stays as it is
+  // The optimizer as built: its bits are the configured ones. A data-parallel run keeps them: a
+  // conversion that ran out of memory on one rank only would leave the replicas' states unlike.
+  state_.optimizer_moment_bits = parts_.group ? 0 : detail::moment_bits_of(*parts_.optim);
+  state_.configured_moment_bits = state_.optimizer_moment_bits;
 }
 
 bool MemoryRungs::apply(const Control& c, const std::string& reason) {
@@ -98,10 +91,11 @@ bool MemoryRungs::set_moment_bits(int bits, const std::string& reason, bool metr
     return false;
   }
   if (state_.optimizer_moment_bits == 0) {
-    log_.warn(
-        "optimizer_moment_bits {} ignored: only AdamW's moments change precision (optim.name \"adamw\" or "
-        "\"adamw8bit\", without amsgrad){}",
-        bits, why);
+    log_.warn("optimizer_moment_bits {} ignored: {}{}", bits,
+              parts_.group ? "a data-parallel run keeps its moments' bits"
+                           : "only AdamW's moments change precision (optim.name \"adamw\" or \"adamw8bit\", without "
+                             "amsgrad)",
+              why);
     return false;
   }
   const int from = state_.optimizer_moment_bits;
@@ -121,8 +115,10 @@ bool MemoryRungs::set_moment_bits(int bits, const std::string& reason, bool metr
     for (const auto& t : optimizer_state_of(*parts_.optim, p)) after += static_cast<std::int64_t>(t.nbytes());
   }
   if (!done.error.empty()) {
-    log_.warn("optimizer moments {} -> {} bits: stopped after {} of {} parameters ({}); the others keep theirs{}", from,
-              bits, done.converted, done.total, done.error, why);
+    log_.warn(
+        "optimizer moments {} -> {} bits: stopped after {} of {} parameters ({}); the moments stay in {} bits{}{}",
+        from, bits, done.converted, done.total, done.error, from,
+        bits < from ? " (the next request converts the rest)" : " (those converted went back)", why);
   }
   if (done.bits != from) {
     log_.warn("optimizer moments: {} -> {} bits, optimizer state {} -> {}{}{}", from, done.bits, format_bytes(before),
@@ -148,25 +144,42 @@ std::string MemoryRungs::summary() const {
 
 void MemoryRungs::save(torch::serialize::OutputArchive& ar) const {
   if (state_.checkpointed_blocks > 0) ar.write("checkpointed_blocks", at::tensor(state_.checkpointed_blocks));
-  if (state_.optimizer_moment_bits != state_.configured_moment_bits) {
-    ar.write("optimizer_moment_bits", at::tensor(static_cast<std::int64_t>(state_.optimizer_moment_bits)));
-  }
+  // The form the optimizer's state is saved in (whatever optim.name says), so that a resume
+  // reads it into an optimizer of that form.
+  const int bits = detail::moment_bits_of(*parts_.optim);
+  if (bits > 0) ar.write("optimizer_moment_bits", at::tensor(static_cast<std::int64_t>(bits)));
 }
 
 void MemoryRungs::restore(torch::serialize::InputArchive& ar, const std::string& file) {
+  // Before the position is read: no metrics at this run's step 0.
   if (const auto blocks = read_count(ar, "checkpointed_blocks", file)) {
-    TRAINER_CHECK_T(UsageError, *blocks >= 0 && *blocks <= state_.model_blocks, "cannot resume from ", file,
-                    ": it checkpointed ", *blocks, " blocks; this run's model has ", state_.model_blocks,
-                    " blocks the core can checkpoint");
-    // Before the position is read: no metric at this run's step 0.
-    set_checkpointed_blocks(*blocks, "as when the checkpoint was written", /*metric=*/false);
+    TRAINER_CHECK_T(UsageError, *blocks >= 0, "cannot resume from ", file, ": it checkpointed ", *blocks, " blocks");
+    if (*blocks > state_.model_blocks) {
+      // Checkpointing is exact: fewer blocks to wrap (a plugin wraps some now) change no result.
+      log_.warn("{} checkpointed {} blocks; this run's model has {} the core can checkpoint: all of those", file,
+                *blocks, state_.model_blocks);
+    }
+    if (state_.model_blocks > 0) {
+      set_checkpointed_blocks(std::min(*blocks, state_.model_blocks), "as when the checkpoint was written",
+                              /*metric=*/false);
+    }
   }
   if (const auto bits = read_count(ar, "optimizer_moment_bits", file)) {
     TRAINER_CHECK_T(UsageError, *bits == 32 || *bits == 16 || *bits == 8, "cannot resume from ", file,
                     ": its optimizer moments are in ", *bits, " bits; AdamW's are in 32, 16 or 8");
-    TRAINER_CHECK_T(UsageError, state_.optimizer_moment_bits > 0, "cannot resume from ", file,
-                    ": its AdamW moments are in ", *bits, " bits, and this run's optimizer is not AdamW");
-    set_moment_bits(static_cast<int>(*bits), "as when the checkpoint was written", /*metric=*/false);
+    const int have = detail::moment_bits_of(*parts_.optim);
+    TRAINER_CHECK_T(UsageError, have > 0, "cannot resume from ", file, ": its AdamW moments are in ", *bits,
+                    " bits, and this run's optimizer is not AdamW (without amsgrad)");
+    if (have != *bits) {
+      // The optimizer has no state yet: it is rebuilt in the file's form, whatever optim.name says
+      // (a data-parallel run too: every rank reads the same file).
+      const int shown = state_.optimizer_moment_bits;
+      state_.optimizer_moment_bits = have;
+      set_moment_bits(static_cast<int>(*bits), "as when the checkpoint was written", /*metric=*/false);
+      if (parts_.group) state_.optimizer_moment_bits = shown;
+    }
+    // Its state may hold a mix of forms (bits that changed part-way): each is read as it is.
+    if (auto* compact = dynamic_cast<detail::AdamW8bit*>(parts_.optim.get())) compact->accept_mixed_forms(true);
   }
 }
 

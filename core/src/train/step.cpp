@@ -102,7 +102,12 @@ bool TrainStep::start_batch(std::int64_t n) {
   micro_batch_ = plan.micro_batch;
   Control savers;
   if (plan.checkpointed_blocks >= 0) savers.checkpointed_blocks = plan.checkpointed_blocks;
-  if (plan.moment_bits > 0) savers.optimizer_moment_bits = plan.moment_bits;
+  if (plan.moment_bits > 0) {
+    // The last step's gradients are not needed any more (a batch starts from none): the
+    // conversion gets their memory.
+    drop_gradients(*parts_.model);
+    savers.optimizer_moment_bits = plan.moment_bits;
+  }
   oom_.rungs().apply(savers, start.reason);
   state_.micro_batch_size = micro_batch_;
   return !plan.skip;
