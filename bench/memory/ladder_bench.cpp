@@ -37,7 +37,8 @@ std::shared_ptr<trainer::Model> make(const std::string& model) {
 }
 
 /// A rung as the benchmark's argument: 0 plain; 1..3 micro-batch / 2, 4, 8; 4..6 a quarter,
-/// half, all blocks checkpointed; 7 bf16 moments; 8 8-bit moments.
+/// half, all blocks checkpointed; 7 bf16 moments; 8 8-bit moments; 9..12 micro-batch / 16, 32,
+/// 64, 128 (micro-batches of 8 down to 1); 13 all blocks checkpointed at micro-batches of 8.
 struct Rung {
   std::int64_t micro_batches = 1;
   double blocks = 0;  ///< fraction of the blocks checkpointed
@@ -49,10 +50,16 @@ Rung rung(std::int64_t arg) {
   switch (arg) {
     case 1:
     case 2:
-    case 3: {
-      const std::int64_t n = std::int64_t{1} << arg;
+    case 3:
+    case 9:
+    case 10:
+    case 11:
+    case 12: {
+      const std::int64_t n = std::int64_t{1} << (arg < 9 ? arg : arg - 5);
       return {n, 0, 32, "micro_batch: " + std::to_string(n) + " micro-batches"};
     }
+    case 13:
+      return {16, 1.0, 32, "checkpoint: all blocks, 16 micro-batches"};
     case 4:
       return {1, 0.25, 32, "checkpoint: 1/4 of the blocks"};
     case 5:
@@ -88,14 +95,15 @@ void BM_Rung(benchmark::State& state, const std::string& model) {
   } else {
     opt = std::make_unique<trainer::detail::AdamW8bit>(m->parameters(), torch::optim::AdamWOptions(1e-3), r.bits);
   }
-  const std::int64_t n = batch(), micro = n / r.micro_batches;
+  const std::int64_t n = batch(), micro = std::max<std::int64_t>(1, n / r.micro_batches);
+  const std::int64_t micro_batches = n / micro;
   const at::Tensor x = torch::randn({n, 1, 28, 28}), y = torch::randint(0, 10, {n});
   const auto step = [&] {
     opt->zero_grad();
-    for (std::int64_t i = 0; i < r.micro_batches; ++i) {
+    for (std::int64_t i = 0; i < micro_batches; ++i) {
       const at::Tensor loss = torch::nn::functional::cross_entropy(m->forward(x.narrow(0, i * micro, micro)),
                                                                    y.narrow(0, i * micro, micro)) /
-                              double(r.micro_batches);
+                              double(micro_batches);
       loss.backward();
     }
     opt->step();
@@ -113,7 +121,7 @@ void BM_Rung(benchmark::State& state, const std::string& model) {
   state.counters["samples_per_s"] = benchmark::Counter(double(state.iterations() * n), benchmark::Counter::kIsRate);
   state.SetLabel(r.label);
 }
-BENCHMARK_CAPTURE(BM_Rung, vit, std::string("vit"))->DenseRange(0, 8)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Rung, vit, std::string("vit"))->DenseRange(0, 13)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Rung, cnn, std::string("cnn"))
     ->Arg(0)
     ->Arg(1)

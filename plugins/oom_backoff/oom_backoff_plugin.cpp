@@ -233,15 +233,17 @@ class OomBackoffPlugin final : public trainer::Plugin {
 
   /// The rungs to try, in order: the configured ladder, or for "auto" by what was full. With
   /// activations full, checkpointing comes before a smaller micro-batch once the micro-batch is
-  /// small (8 or less, or a quarter of the configured one), where halving it again costs more
-  /// time per sample than recomputing blocks.
-  std::vector<Rung> ladder(const trainer::OomInfo& oom) const {
+  /// small, where halving it again costs more time per sample than recomputing the blocks: on
+  /// the CPU at 2 (measured, bench/memory/ladder_bench.cpp: a ViT's step at micro-batches of 1
+  /// takes 28 % longer than at 2, checkpointing every block 27-34 %), on a GPU at 8 (its
+  /// kernels fill the device less at small batches; to be measured there).
+  std::vector<Rung> ladder(const trainer::OomInfo& oom, const c10::Device& device) const {
     if (!order_.empty()) return order_;
     using R = Rung;
     if (optimizer_full(oom))
       return {R::OptimizerBf16, R::Optimizer8bit, R::Offload, R::MicroBatch, R::Checkpoint, R::Device};
     const std::int64_t cur = oom.micro_batch_size;
-    const bool small = cur <= 8 || cur * 4 <= configured_;
+    const bool small = cur <= (device.is_cpu() ? 2 : 8);
     if (small) return {R::Checkpoint, R::MicroBatch, R::OptimizerBf16, R::Optimizer8bit, R::Offload, R::Device};
     return {R::MicroBatch, R::Checkpoint, R::OptimizerBf16, R::Optimizer8bit, R::Offload, R::Device};
   }
@@ -286,7 +288,7 @@ class OomBackoffPlugin final : public trainer::Plugin {
       }
     }
     std::string skipped;  // rungs that would apply but may not, for the advice
-    for (const Rung r : ladder(oom)) {
+    for (const Rung r : ladder(oom, ctx.device)) {
       if (take(r, ctx, control, oom, skipped)) {
         logger_->warn("oom_backoff: rung {}: out of memory in {}{}; {}", rung_name(r),
                       trainer::oom_phase_name(oom.phase),
@@ -294,14 +296,14 @@ class OomBackoffPlugin final : public trainer::Plugin {
         return;
       }
     }
-    control.reason = "the ladder (" + ladder_text(oom) + ") has no rung left for out of memory in " +
+    control.reason = "the ladder (" + ladder_text(oom, ctx.device) + ") has no rung left for out of memory in " +
                      trainer::oom_phase_name(oom.phase) + skipped;
     logger_->error("oom_backoff: {}", control.reason);
   }
 
-  std::string ladder_text(const trainer::OomInfo& oom) const {
+  std::string ladder_text(const trainer::OomInfo& oom, const c10::Device& device) const {
     std::string out;
-    for (const Rung r : ladder(oom)) out += (out.empty() ? "" : ", ") + std::string(rung_name(r));
+    for (const Rung r : ladder(oom, device)) out += (out.empty() ? "" : ", ") + std::string(rung_name(r));
     return order_.empty() ? "auto: " + out : out;
   }
 
