@@ -190,21 +190,30 @@ class MemoryLadder : public testing::TrainerTest {
   RunStatusRecord status(const std::string& name) { return decode_status(read_file(tmp_ / (name + "/status.json"))); }
   std::string log(const std::string& name) { return read_file(tmp_ / (name + "/trainer.log")); }
 
+  /// The ViT's unbudgeted run (its parameters into `reference`, held from then on: every later
+  /// run starts from the same memory), then a budget halfway between the peaks of one sample per
+  /// micro-batch plain and with every block checkpointed.
+  std::int64_t vit_budget_between_one_sample_plain_and_checkpointed(std::vector<at::Tensor>& reference) {
+    if (run(kVitRecipe, {}, "reference").exit_code != kExitOk) return 0;
+    reference = params;
+    auto plain = std::make_shared<Probe>(), checkpointed = std::make_shared<Probe>();
+    if (run(kVitRecipe, {"training.micro_batch_size=1"}, "plain1", {plain}).exit_code != kExitOk) return 0;
+    if (run(kVitRecipe, {"training.micro_batch_size=1"}, "ckpt1", {checkpointed, std::make_shared<AllBlocks>()})
+            .exit_code != kExitOk) {
+      return 0;
+    }
+    EXPECT_EQ(checkpointed->blocks.back(), 6);
+    EXPECT_LT(checkpointed->peak + (256 << 10), plain->peak) << "checkpointing saves too little to test the ladder";
+    return (plain->peak + checkpointed->peak) / 2;
+  }
+
   std::vector<at::Tensor> params;
 };
 
 TEST_F(MemoryLadder, AViTThatCannotStepAtMicroBatch1FinishesWithExactRungsAndTheUnbudgetedParameters) {
-  ASSERT_EQ(run(kVitRecipe, {}, "reference").exit_code, kExitOk);
-  const std::vector<at::Tensor> reference = params;
-  // The peaks of one sample per micro-batch, plain and with every block checkpointed.
-  auto plain = std::make_shared<Probe>(), checkpointed = std::make_shared<Probe>();
-  ASSERT_EQ(run(kVitRecipe, {"training.micro_batch_size=1"}, "plain1", {plain}).exit_code, kExitOk);
-  ASSERT_EQ(run(kVitRecipe, {"training.micro_batch_size=1"}, "ckpt1", {checkpointed, std::make_shared<AllBlocks>()})
-                .exit_code,
-            kExitOk);
-  EXPECT_EQ(checkpointed->blocks.back(), 6);
-  ASSERT_LT(checkpointed->peak + (256 << 10), plain->peak) << "checkpointing saves too little to test the ladder";
-  const std::int64_t budget = (plain->peak + checkpointed->peak) / 2;
+  std::vector<at::Tensor> reference;
+  const std::int64_t budget = vit_budget_between_one_sample_plain_and_checkpointed(reference);
+  ASSERT_GT(budget, 0);
 
   // Without the ladder's other rungs the budget is too small even for one sample at a time.
   const RunResult alone = run(kVitRecipe, {limit_mb(budget), "+plugins.oom_backoff.ladder=[\"micro_batch\"]"}, "alone");
@@ -240,14 +249,9 @@ TEST_F(MemoryLadder, AViTThatCannotStepAtMicroBatch1FinishesWithExactRungsAndThe
 }
 
 TEST_F(MemoryLadder, AResumeStartsWithTheRungsOnAndEndsAtTheStraightRunsParameters) {
-  ASSERT_EQ(run(kVitRecipe, {}, "reference").exit_code, kExitOk);
-  const std::vector<at::Tensor> reference = params;
-  auto plain = std::make_shared<Probe>(), checkpointed = std::make_shared<Probe>();
-  ASSERT_EQ(run(kVitRecipe, {"training.micro_batch_size=1"}, "plain1", {plain}).exit_code, kExitOk);
-  ASSERT_EQ(run(kVitRecipe, {"training.micro_batch_size=1"}, "ckpt1", {checkpointed, std::make_shared<AllBlocks>()})
-                .exit_code,
-            kExitOk);
-  const std::int64_t budget = (plain->peak + checkpointed->peak) / 2;
+  std::vector<at::Tensor> reference;
+  const std::int64_t budget = vit_budget_between_one_sample_plain_and_checkpointed(reference);
+  ASSERT_GT(budget, 0);
   const RunResult part = run(kVitRecipe, {limit_mb(budget), "training.max_steps=2", "checkpoint.at_end=true"}, "part",
                              {std::make_shared<LiftAfter>(2)});
   ASSERT_EQ(part.exit_code, kExitOk) << part.message;
