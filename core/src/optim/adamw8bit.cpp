@@ -363,8 +363,8 @@ at::Tensor read_chunk(const at::Tensor& flat, const at::Tensor& scale, const at:
 
 /// Converts one moment (`flat`: its stored values flat in logical order) into `to`, a chunk at
 /// a time: the new tensor(s) and the chunk's temporaries are all it allocates.
-void convert_moment(const at::Tensor& flat, const at::Tensor& scale, const at::Tensor& from_map, Form to,
-                    const at::Tensor& param, const at::Tensor& to_map, at::Tensor& out, at::Tensor& out_scale) {
+void convert_moment(const at::Tensor& flat, const at::Tensor& scale, const at::Tensor& map, Form to,
+                    const at::Tensor& param, at::Tensor& out, at::Tensor& out_scale) {
   const std::int64_t n = param.numel();
   if (to == Form::Fp32) {
     out = at::empty(param.sizes(), param.options().dtype(at::kFloat));
@@ -377,7 +377,7 @@ void convert_moment(const at::Tensor& flat, const at::Tensor& scale, const at::T
   const at::Tensor out_flat = out.view({-1});
   for (std::int64_t begin = 0; begin < n; begin += AdamW8bit::kChunk) {
     const std::int64_t len = std::min(AdamW8bit::kChunk, n - begin);
-    at::Tensor values = read_chunk(flat, scale, from_map, begin, len);
+    at::Tensor values = read_chunk(flat, scale, map, begin, len);
     if (to != Form::Codes) {
       out_flat.narrow(0, begin, len).copy_(values);
       continue;
@@ -385,7 +385,7 @@ void convert_moment(const at::Tensor& flat, const at::Tensor& scale, const at::T
     // A non-finite moment spoils its own element, not its block's scale (as in a step).
     values.nan_to_num_(0.0, 0.0, 0.0);
     at::Tensor codes, absmax;
-    quantize_blockwise(values, to_map, codes, absmax);
+    quantize_blockwise(values, map, codes, absmax);
     out_flat.narrow(0, begin, len).copy_(codes);
     out_scale.narrow(0, begin / kQuantBlock, absmax.numel()).copy_(absmax);
   }
@@ -422,8 +422,8 @@ MomentConversion with_moment_bits(torch::optim::Optimizer& opt, int bits) {
           auto st = std::make_unique<AdamW8bitParamState>();
           st->step(was.step);
           at::Tensor m, m_scale, v, v_scale;
-          convert_moment(flat_of(was.m), was.m_scale, s_from, to, p, s_from, m, m_scale);
-          convert_moment(flat_of(was.v), was.v_scale, u_from, to, p, u_from, v, v_scale);
+          convert_moment(flat_of(was.m), was.m_scale, s_from, to, p, m, m_scale);
+          convert_moment(flat_of(was.v), was.v_scale, u_from, to, p, v, v_scale);
           st->exp_avg(m);
           st->exp_avg_sq(v);
           if (to == Form::Codes) {

@@ -100,20 +100,21 @@ bool MemoryRungs::set_moment_bits(int bits, const std::string& reason, bool metr
   }
   const int from = state_.optimizer_moment_bits;
   if (bits == from) return false;
-  std::int64_t before = 0;
-  for (const auto& p : parts_.model->parameters()) {
-    for (const auto& t : optimizer_state_of(*parts_.optim, p)) before += static_cast<std::int64_t>(t.nbytes());
-  }
+  auto state_bytes = [this] {
+    std::int64_t bytes = 0;
+    for (const auto& p : parts_.model->parameters()) {
+      for (const auto& t : optimizer_state_of(*parts_.optim, p)) bytes += static_cast<std::int64_t>(t.nbytes());
+    }
+    return bytes;
+  };
+  const std::int64_t before = state_bytes();
   detail::MomentConversion done = detail::with_moment_bits(*parts_.optim, bits);
   // The old optimizer holds no state any more; the new one takes its place everywhere.
   parts_.optim = std::move(done.optimizer);
   ++optimizer_changes_;
   hooks_.context().optimizer = parts_.optim.get();
   attribute_run_memory(nullptr, parts_.optim.get());
-  std::int64_t after = 0;
-  for (const auto& p : parts_.model->parameters()) {
-    for (const auto& t : optimizer_state_of(*parts_.optim, p)) after += static_cast<std::int64_t>(t.nbytes());
-  }
+  const std::int64_t after = state_bytes();
   if (!done.error.empty()) {
     log_.warn(
         "optimizer moments {} -> {} bits: stopped after {} of {} parameters ({}); the moments stay in {} bits{}{}",
