@@ -1,6 +1,7 @@
 #include "admission.h"
 
 #include <algorithm>
+#include <optional>
 #include <sstream>
 
 #include "trainer/memory.h"
@@ -18,6 +19,7 @@ Admission admit_trial(const MemoryEstimate& e, const TrialShape& shape) {
   const std::string usable =
       format_bytes(static_cast<std::int64_t>(double(e.limit) * (1.0 - e.margin))) + " usable (" + e.limit_source + ")";
   std::int64_t micro = shape.micro;
+  std::optional<LadderConfig> rung;  // where on the ladder the trial starts, beyond the micro-batch
   if (!e.fits_at(shape.batch, micro)) {
     std::ostringstream why;
     why << format_bytes(e.limit_on_reserved ? e.predict_reserved(shape.batch, micro) : e.predict(shape.batch, micro))
@@ -29,15 +31,36 @@ Admission admit_trial(const MemoryEstimate& e, const TrialShape& shape) {
     for (std::int64_t k = micro - 1; shape.backoff_floor > 0 && k >= shape.backoff_floor && m == 0; --k) {
       if (e.fits_at(shape.batch, k)) m = k;
     }
-    if (m == 0) {
+    if (m == 0 && shape.backoff_floor > 0) {
+      // Nothing fits on the micro-batch alone: the cheapest configuration on oom_backoff's
+      // ladder that fits, started there (climbed down when memory frees up, as a rung taken).
+      if (const auto c = e.cheapest_fit(shape.batch, micro, shape.backoff_floor);
+          c && (c->checkpointed_blocks > 0 || c->moment_bits > 0)) {
+        if (c->micro_batch != micro)
+          a.overrides.push_back("training.micro_batch_size=" + std::to_string(c->micro_batch));
+        if (c->checkpointed_blocks > 0) {
+          a.overrides.push_back("plugins.oom_backoff.start_checkpointed_blocks=" +
+                                std::to_string(c->checkpointed_blocks));
+        }
+        if (c->moment_bits > 0)
+          a.overrides.push_back("plugins.oom_backoff.start_moment_bits=" + std::to_string(c->moment_bits));
+        a.reason =
+            "on the ladder: " + describe_config(e, *c) + ", " + ratio_text(c->time_ratio) + " (" + why.str() + ")";
+        micro = c->micro_batch;
+        rung = *c;
+      }
+    }
+    if (m == 0 && !rung) {
       a.run = false;
       a.reason = kSkip + why.str();
       a.predicted_peak = e.predict(shape.batch, micro);
       return a;
     }
-    a.overrides.push_back("training.micro_batch_size=" + std::to_string(m));
-    a.reason = "micro-batch " + std::to_string(micro) + " -> " + std::to_string(m) + " (" + why.str() + ")";
-    micro = m;
+    if (!rung) {
+      a.overrides.push_back("training.micro_batch_size=" + std::to_string(m));
+      a.reason = "micro-batch " + std::to_string(micro) + " -> " + std::to_string(m) + " (" + why.str() + ")";
+      micro = m;
+    }
   }
   std::int64_t eval_batch = shape.eval_batch;
   if (eval_batch > 0 && !e.eval_fits_at(eval_batch)) {
@@ -47,7 +70,7 @@ Admission admit_trial(const MemoryEstimate& e, const TrialShape& shape) {
     if (b < 1) {
       a.run = false;
       a.reason = kSkip + why + ", and at eval.batch_size 1";
-      a.predicted_peak = std::max(e.predict(shape.batch, micro), e.predict_eval(eval_batch));
+      a.predicted_peak = std::max(rung ? rung->peak : e.predict(shape.batch, micro), e.predict_eval(eval_batch));
       return a;
     }
     std::string limit;
@@ -63,7 +86,7 @@ Admission admit_trial(const MemoryEstimate& e, const TrialShape& shape) {
                 std::to_string(b) + (limit.empty() ? "" : ", " + limit) + " (" + why + ")";
     eval_batch = b;
   }
-  a.predicted_peak = std::max(e.predict(shape.batch, micro), e.predict_eval(eval_batch));
+  a.predicted_peak = std::max(rung ? rung->peak : e.predict(shape.batch, micro), e.predict_eval(eval_batch));
   return a;
 }
 

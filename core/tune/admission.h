@@ -30,8 +30,12 @@ struct Admission {
 /// that divides the samples evaluated, and the limit is raised to keep them), and the
 /// micro-batch when the
 /// recipe loads oom_backoff (it would lower it after an out-of-memory error anyway; gradient
-/// accumulation keeps the effective batch), not below its min_micro_batch. Otherwise the trial
-/// is skipped: run = false, reason "predicted out of memory: ...".
+/// accumulation keeps the effective batch), not below its min_micro_batch. When no micro-batch
+/// fits on its own, the cheapest configuration on oom_backoff's ladder that fits (blocks
+/// checkpointed; AdamW's moments in fewer bits where the trial allows inexact rungs): the trial
+/// starts there (plugins.oom_backoff.start_checkpointed_blocks, start_moment_bits), reason "on
+/// the ladder: ...". Otherwise the trial is skipped: run = false, reason "predicted out of
+/// memory: ...".
 Admission admit_trial(const MemoryEstimate& e, const TrialShape& shape);
 
 }  // namespace trainer::tune

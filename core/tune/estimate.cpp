@@ -10,6 +10,7 @@
 #include "estimate_internal.h"
 #include "trainer/core_settings.h"
 #include "trainer/error.h"
+#include "trainer/plugin.h"
 #include "trainer/recipe.h"
 
 namespace trainer::tune {
@@ -32,6 +33,19 @@ RecipeFacts recipe_facts(const EstimateRequest& r) {
       p.config.has("model.memory_format") && p.config.get<std::string>("model.memory_format") == "auto";
   if (p.config.has("dataset.max_length")) f.max_length = p.config.get<std::int64_t>("dataset.max_length");
   f.model_trims = p.config.has("model.trim_padding");
+  if (std::any_of(p.plugins.begin(), p.plugins.end(), [](const auto& x) { return x->name() == "oom_backoff"; })) {
+    // The resolved config has the plugin's defaults (ladder ["auto"], allow_inexact false).
+    const auto ladder = p.config.get<std::vector<std::string>>("plugins.oom_backoff.ladder");
+    const bool inexact = p.config.get<bool>("plugins.oom_backoff.allow_inexact");
+    const auto has = [&ladder](const char* rung) {
+      return std::find(ladder.begin(), ladder.end(), "auto") != ladder.end() ||
+             std::find(ladder.begin(), ladder.end(), rung) != ladder.end();
+    };
+    f.rung_checkpoint = has("checkpoint");
+    f.rung_bf16 = inexact && has("optimizer_bf16");
+    f.rung_8bit = inexact && has("optimizer_8bit");
+    f.min_micro_batch = p.config.get<std::int64_t>("plugins.oom_backoff.min_micro_batch");
+  }
   return f;
 }
 
@@ -131,6 +145,109 @@ std::int64_t MemoryEstimate::max_eval_batch() const {
   b = std::max<std::int64_t>(1, b + 1);
   while (b > 1 && !eval_fits_at(b)) --b;
   return b;
+}
+
+std::int64_t MemoryEstimate::predict_on_rung(std::int64_t batch, std::int64_t micro, std::int64_t blocks,
+                                             int bits) const {
+  micro = std::max<std::int64_t>(1, std::min(micro, batch));
+  // k of N blocks: k/N of the way from the plain line to the line with every block checkpointed.
+  const double f =
+      model_blocks > 0 ? double(std::clamp<std::int64_t>(blocks, 0, model_blocks)) / double(model_blocks) : 0.0;
+  double held_delta = 0, step_delta = 0;
+  for (const auto& r : moment_rungs) {
+    if (r.bits == bits) held_delta = r.held_delta, step_delta = r.step_held_delta;
+  }
+  const double l = double(length);
+  const double sample =
+      per_sample + per_sample_l1 * l + per_sample_l2 * l * l + f * (checkpointed_per_sample - per_sample);
+  const double forward_backward =
+      std::max(floor, held + f * (checkpointed_held - held) + held_delta + sample * double(micro) +
+                          (per_batch_sample + per_batch_sample_l1 * l) * double(batch - micro));
+  const double step = step_held + step_delta + (step_per_batch_sample + step_per_batch_sample_l1 * l) * double(batch);
+  return static_cast<std::int64_t>(std::llround(std::max(forward_backward, step)));
+}
+
+double MemoryEstimate::predict_seconds(std::int64_t batch, std::int64_t micro, std::int64_t blocks, int bits) const {
+  micro = std::max<std::int64_t>(1, std::min(micro, batch));
+  const double f =
+      model_blocks > 0 ? double(std::clamp<std::int64_t>(blocks, 0, model_blocks)) / double(model_blocks) : 0.0;
+  double t = step_seconds + micro_step_seconds * double((batch + micro - 1) / micro) +
+             (sample_seconds + f * checkpoint_sample_seconds) * double(batch);
+  for (const auto& r : moment_rungs) {
+    if (r.bits == bits) t += r.seconds_delta;
+  }
+  return std::max(0.0, t);
+}
+
+namespace {
+
+/// What the limit caps on a rung: the peak, plus the allocator's slack where reserved is capped.
+std::int64_t rung_measure(const MemoryEstimate& e, std::int64_t batch, std::int64_t micro, std::int64_t blocks,
+                          int bits) {
+  std::int64_t m = e.predict_on_rung(batch, micro, blocks, bits);
+  if (e.limit_on_reserved) {
+    micro = std::max<std::int64_t>(1, std::min(micro, batch));
+    const double l = double(e.length);
+    m += std::max<std::int64_t>(0, std::llround(e.slack + (e.slack_per_sample + e.slack_l1 * l) * double(micro)));
+  }
+  return m;
+}
+
+LadderConfig on_rung(const MemoryEstimate& e, std::int64_t batch, std::int64_t base_micro, std::int64_t micro,
+                     std::int64_t blocks, int bits) {
+  LadderConfig c;
+  c.micro_batch = micro;
+  c.checkpointed_blocks = blocks;
+  c.moment_bits = bits;
+  c.inexact = bits != 0 && bits < e.moment_bits;
+  c.peak = e.predict_on_rung(batch, micro, blocks, bits);
+  const double base = e.predict_seconds(batch, base_micro, 0, 0);
+  c.time_ratio = base > 0 ? e.predict_seconds(batch, micro, blocks, bits) / base : 0.0;
+  return c;
+}
+
+}  // namespace
+
+std::optional<LadderConfig> MemoryEstimate::cheapest_fit(std::int64_t batch, std::int64_t max_micro,
+                                                         std::int64_t min_micro) const {
+  if (limit <= 0 || peak == 0) return std::nullopt;
+  max_micro = std::max<std::int64_t>(1, std::min(max_micro, batch));
+  min_micro = std::max<std::int64_t>(1, min_micro);
+  std::vector<int> bits = {0};
+  for (const auto& r : moment_rungs) bits.push_back(r.bits);
+  const bool timed = predict_seconds(batch, max_micro, 0, 0) > 0;
+  std::optional<LadderConfig> best;
+  // Exact configurations first: moments in fewer bits only when nothing exact fits.
+  for (const int b : bits) {
+    if (best && b != 0) break;
+    for (std::int64_t k = 0; k <= model_blocks; ++k) {
+      for (std::int64_t m = max_micro; m >= min_micro; --m) {
+        if (rung_measure(*this, batch, m, k, b) > usable(*this)) continue;
+        LadderConfig c = on_rung(*this, batch, max_micro, m, k, b);
+        // Without step times: the fewest micro-steps, then the fewest blocks recomputed.
+        const auto cost = [&](const LadderConfig& x) {
+          return timed ? x.time_ratio
+                       : double((batch + x.micro_batch - 1) / x.micro_batch) * 1e6 + double(x.checkpointed_blocks);
+        };
+        if (!best || cost(c) < cost(*best)) best = c;
+        break;  // the largest micro-batch that fits at these savers is the cheapest of them
+      }
+    }
+  }
+  return best;
+}
+
+void set_ladder(MemoryEstimate& e) {
+  e.rungs.clear();
+  e.rungs.push_back(on_rung(e, e.batch_size, e.micro_batch, e.micro_batch, 0, 0));
+  // Checkpointing as oom_backoff takes it: a quarter of the blocks (rounded up), twice as many, ... all.
+  for (std::int64_t k = e.model_blocks > 0 ? (e.model_blocks + 3) / 4 : 0; k > 0;
+       k = k >= e.model_blocks ? 0 : std::min(e.model_blocks, 2 * k)) {
+    e.rungs.push_back(on_rung(e, e.batch_size, e.micro_batch, e.micro_batch, k, 0));
+  }
+  for (const auto& r : e.moment_rungs)
+    e.rungs.push_back(on_rung(e, e.batch_size, e.micro_batch, e.micro_batch, 0, r.bits));
+  e.cheapest = e.cheapest_fit(e.batch_size, e.micro_batch, e.min_micro_batch);
 }
 
 std::vector<std::int64_t> default_probe_sizes(std::int64_t micro) {

@@ -30,8 +30,28 @@
 //
 // and the run's peak, memory_log's memory/peak_mb, is the larger of the step's and the
 // evaluation's.
+//
+// The memory ladder: when the recipe loads oom_backoff, the rungs its ladder may take beyond
+// the micro-batch are probed too (not with --lengths). Checkpointing: two probes with every
+// block checkpointed (the two largest sizes) give that line's a and b; k of the N blocks are
+// taken as k/N of the way from the plain line to it. For blocks alike (ViT's, a text
+// encoder's) that is an upper bound: a checkpointed block keeps only its input until the
+// backward pass reaches it, where it recomputes its activations after the later blocks' are
+// freed, so the peak is the larger of the plain peak less k blocks' savings and a recomputing
+// phase that grows with k up to the every-block peak; the straight line lies above both
+// (measured on a 6-block ViT: 5 % above at 2 blocks, 15 % at 4). AdamW's
+// moments in 16 and 8 bits (with allow_inexact): one probe each, at the smallest size, gives
+// what the held memory and the optimizer step change by. The time of a step at batch B and
+// micro-batch m, from the probes' step times (each probe's fastest step after its first):
+//
+//     seconds = optimizer step + per micro-step * ceil(B / m) + per sample * B
+//               + recomputation per sample * B * k / N
+//
+// and the cheapest configuration that fits is the one of least predicted time, micro-batches
+// from oom_backoff's min_micro_batch to the recipe's.
 #include <cstdint>
 #include <iosfwd>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -71,6 +91,30 @@ struct Probe {
   bool out_of_memory = false;
   std::string error;        ///< empty when the probe ran its steps
   std::int64_t length = 0;  ///< dataset.max_length it ran at, every batch padded to it (0: the recipe's data as is)
+  std::int64_t checkpointed_blocks = 0;  ///< blocks it ran with checkpointed (the ladder's probes)
+  int moment_bits = 0;                   ///< AdamW's moment bits it ran with (0: another optimizer)
+  /// Its fastest step after the first (the first creates the optimizer state): the forward and
+  /// backward passes and the optimizer step, seconds.
+  double forward_backward_seconds = 0, optimizer_seconds = 0;
+};
+
+/// A configuration on oom_backoff's ladder: a micro-batch, blocks checkpointed, AdamW's moment
+/// bits, and what the estimate predicts for it.
+struct LadderConfig {
+  std::int64_t micro_batch = 0;
+  std::int64_t checkpointed_blocks = 0;
+  int moment_bits = 0;    ///< 0: the optimizer as configured
+  std::int64_t peak = 0;  ///< predicted peak allocated
+  double time_ratio = 0;  ///< predicted step time over the recipe's own configuration's
+  bool inexact = false;   ///< moment bits below the recipe's: results change
+};
+
+/// AdamW's moments in fewer bits than the recipe's, as probed.
+struct MomentRung {
+  int bits = 0;
+  double held_delta = 0;       ///< what the forward and backward's held memory changes by (bytes)
+  double step_held_delta = 0;  ///< what the optimizer step's held memory changes by (bytes)
+  double seconds_delta = 0;    ///< what the optimizer step's time changes by
 };
 
 /// The prediction and what it rests on.
@@ -148,6 +192,33 @@ struct MemoryEstimate {
   std::int64_t found_max_micro_batch = -1;
   std::vector<std::pair<std::int64_t, bool>> search;  ///< (micro-batch, ran without running out of memory)
 
+  // The memory ladder (the header): empty without oom_backoff's rungs.
+  std::int64_t model_blocks = 0;       ///< blocks checkpointing can take (0: no checkpoint rung probed)
+  double checkpointed_held = 0;        ///< a with every block checkpointed
+  double checkpointed_per_sample = 0;  ///< b with every block checkpointed
+  int moment_bits = 0;                 ///< the recipe's AdamW moment bits (32 AdamW, 8 adamw8bit; 0 others)
+  std::vector<MomentRung> moment_rungs;
+  std::int64_t min_micro_batch = 1;  ///< oom_backoff's floor
+  // The time model (seconds).
+  double step_seconds = 0, micro_step_seconds = 0, sample_seconds = 0, checkpoint_sample_seconds = 0;
+  /// The recipe's configuration and each saver alone at the recipe's micro-batch (checkpointing
+  /// the ladder's quarter, half and all of the blocks; each moment rung), in ladder order.
+  std::vector<LadderConfig> rungs;
+  /// The least predicted time that fits at the recipe's batch (micro-batches from
+  /// min_micro_batch to the recipe's): nullopt when nothing fits or no limit is known.
+  std::optional<LadderConfig> cheapest;
+
+  /// Whether rungs beyond the micro-batch were probed.
+  bool has_ladder() const { return model_blocks > 0 || !moment_rungs.empty(); }
+  /// Predicted peak allocated of a step at (batch, micro) with `blocks` checkpointed and
+  /// moments in `bits` (0: as configured), at the estimate's length.
+  std::int64_t predict_on_rung(std::int64_t batch, std::int64_t micro, std::int64_t blocks, int bits) const;
+  /// Predicted seconds of that step (0 when the probes' times are unknown).
+  double predict_seconds(std::int64_t batch, std::int64_t micro, std::int64_t blocks, int bits) const;
+  /// The least predicted time at `batch` that fits limit * (1 - margin), micro-batches from
+  /// `min_micro` to `max_micro`, over the rungs probed; nullopt when none fits or no limit.
+  std::optional<LadderConfig> cheapest_fit(std::int64_t batch, std::int64_t max_micro, std::int64_t min_micro) const;
+
   /// Predicted peak allocated of a training step at (batch, micro-batch), at `length`.
   std::int64_t predict(std::int64_t batch, std::int64_t micro) const { return predict_at(batch, micro, length); }
   /// The same at sequence length `len` (0 without a length axis).
@@ -219,6 +290,11 @@ struct BreakdownRow {
 /// so they are one row), and the step's peak.
 std::vector<BreakdownRow> compare_breakdown(const MemoryEstimate& e, std::int64_t batch, std::int64_t micro,
                                             const MemoryBreakdown& measured);
+
+/// "micro-batch 16 with 6 of 12 blocks checkpointed, AdamW's moments in 16 bits (inexact)".
+std::string describe_config(const MemoryEstimate& e, const LadderConfig& c);
+/// "est. 1.21x step time" ("step time unknown" for 0).
+std::string ratio_text(double ratio);
 
 /// "peak = 50 MiB + 412 KiB x micro-batch + 3 KiB x batch": the fitted model, for messages.
 std::string describe_fit(const MemoryEstimate& e);

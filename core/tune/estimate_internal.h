@@ -20,6 +20,11 @@ struct RecipeFacts {
   bool memory_format_auto = false;  ///< model.memory_format = "auto": chosen by a timing probe in each run
   std::int64_t max_length = 0;      ///< dataset.max_length where the recipe's dataset has one, else 0
   bool model_trims = false;         ///< the model has trim_padding (bert): the probes turn it off
+  /// The rungs of oom_backoff's ladder beyond the micro-batch that the recipe lets a run take
+  /// (none without oom_backoff): checkpointing blocks, AdamW's moments in 16 and in 8 bits
+  /// (allow_inexact); and its min_micro_batch (0 without oom_backoff).
+  bool rung_checkpoint = false, rung_bf16 = false, rung_8bit = false;
+  std::int64_t min_micro_batch = 0;
 };
 
 RecipeFacts recipe_facts(const EstimateRequest& r);
@@ -29,6 +34,10 @@ RecipeFacts recipe_facts(const EstimateRequest& r);
 std::vector<std::string> length_overrides(std::int64_t len, const RecipeFacts& facts);
 
 std::int64_t usable(const MemoryEstimate& e);
+
+/// The ladder's table at the recipe's (batch, micro-batch) and the cheapest configuration that
+/// fits (MemoryEstimate::rungs, cheapest), from the fit and the rungs probed.
+void set_ladder(MemoryEstimate& e);
 
 /// Largest m in [1, cap] with f(m) <= budget; 0 when none. A scan, not a bisection: at a fixed
 /// batch the prediction can fall as the micro-batch grows (c > b: the batch's samples beyond

@@ -17,6 +17,72 @@ using json = nlohmann::json;
 
 }  // namespace
 
+std::string describe_config(const MemoryEstimate& e, const LadderConfig& c) {
+  std::string s = "micro-batch " + std::to_string(c.micro_batch);
+  if (c.checkpointed_blocks > 0) {
+    s += " with " + std::to_string(c.checkpointed_blocks) + " of " + std::to_string(e.model_blocks) +
+         " blocks checkpointed";
+  }
+  if (c.moment_bits > 0) {
+    s += std::string(c.checkpointed_blocks > 0 ? "," : " with") + " AdamW's moments in " +
+         std::to_string(c.moment_bits) + " bits" + (c.inexact ? " (inexact)" : "");
+  }
+  return s;
+}
+
+std::string ratio_text(double r) {
+  if (r <= 0) return "step time unknown";
+  std::ostringstream s;
+  s << "est. " << std::fixed << std::setprecision(2) << r << "x step time";
+  return s.str();
+}
+
+namespace {
+
+void print_ladder(const MemoryEstimate& e, std::ostream& out) {
+  if (e.rungs.empty()) return;
+  out << "  oom_backoff's ladder at micro-batch " << e.micro_batch << " (each saver alone; predicted peak"
+      << (e.limit_on_reserved ? ", reserved" : "") << ", time per step against the recipe's):\n";
+  for (const auto& c : e.rungs) {
+    std::string what = "as configured";
+    if (c.checkpointed_blocks > 0) {
+      what = std::to_string(c.checkpointed_blocks) + " of " + std::to_string(e.model_blocks) + " blocks checkpointed";
+    } else if (c.moment_bits > 0) {
+      what = "AdamW's moments in " + std::to_string(c.moment_bits) + " bits (inexact)";
+    }
+    out << "    " << std::left << std::setw(40) << what << std::right << std::setw(12) << format_bytes(c.peak) << "   "
+        << ratio_text(c.time_ratio) << "\n";
+  }
+  if (e.limit <= 0) return;
+  if (e.cheapest) {
+    out << "  cheapest that fits: " << describe_config(e, *e.cheapest) << ": " << ratio_text(e.cheapest->time_ratio)
+        << " (predicted " << format_bytes(e.cheapest->peak)
+        << " <= " << format_bytes(static_cast<std::int64_t>(double(e.limit) * (1.0 - e.margin))) << " usable)\n";
+  } else {
+    out << "  nothing on the ladder fits (micro-batches " << e.min_micro_batch << " to " << e.micro_batch
+        << ", the rungs above)\n";
+  }
+}
+
+json ladder_json(const LadderConfig& c) {
+  return {{"micro_batch_size", c.micro_batch}, {"checkpointed_blocks", c.checkpointed_blocks},
+          {"moment_bits", c.moment_bits},      {"peak_bytes", c.peak},
+          {"time_ratio", c.time_ratio},        {"inexact", c.inexact}};
+}
+
+LadderConfig ladder_from_json(const json& j) {
+  LadderConfig c;
+  c.micro_batch = j.at("micro_batch_size");
+  c.checkpointed_blocks = j.at("checkpointed_blocks");
+  c.moment_bits = j.at("moment_bits");
+  c.peak = j.at("peak_bytes");
+  c.time_ratio = j.at("time_ratio");
+  c.inexact = j.at("inexact");
+  return c;
+}
+
+}  // namespace
+
 std::string describe_fit(const MemoryEstimate& e) {
   const auto term = [](double v, const char* what) {
     return std::fabs(v) < 1.0 ? std::string()
@@ -56,6 +122,8 @@ void print_estimate(const MemoryEstimate& e, std::ostream& out) {
   for (const auto& p : e.probes) {
     out << "\n    micro-batch " << std::setw(5) << p.micro_batch << ", batch " << std::setw(5) << p.batch_size;
     if (p.length > 0) out << ", length " << std::setw(5) << p.length;
+    if (p.checkpointed_blocks > 0) out << ", " << p.checkpointed_blocks << " blocks checkpointed";
+    if (p.moment_bits > 0 && p.moment_bits != e.moment_bits) out << ", moments in " << p.moment_bits << " bits";
     out << ": ";
     if (p.error.empty()) {
       out << format_bytes(p.peak) << " peak (forward/backward " << format_bytes(p.peak_forward_backward)
@@ -134,6 +202,7 @@ void print_estimate(const MemoryEstimate& e, std::ostream& out) {
       out << "\n";
     }
   }
+  print_ladder(e, out);
   if (e.found_max_micro_batch >= 0) {
     out << "  --find-max-batch (real steps inside the limit, no margin):";
     for (const auto& [m, ok] : e.search) out << " " << m << (ok ? " ok," : " OOM,");
@@ -179,7 +248,11 @@ void print_estimate_json(const MemoryEstimate& e, std::ostream& out) {
                            {"peak_optimizer_step_bytes", p.peak_optimizer_step},
                            {"reserved_bytes", p.reserved},
                            {"out_of_memory", p.out_of_memory},
-                           {"error", p.error}});
+                           {"error", p.error},
+                           {"checkpointed_blocks", p.checkpointed_blocks},
+                           {"moment_bits", p.moment_bits},
+                           {"forward_backward_seconds", p.forward_backward_seconds},
+                           {"optimizer_seconds", p.optimizer_seconds}});
   }
   j["eval"] = {{"batch_size", e.eval_batch},
                {"test_samples", e.test_samples},
@@ -208,6 +281,26 @@ void print_estimate_json(const MemoryEstimate& e, std::ostream& out) {
   j["found_max_micro_batch"] = e.found_max_micro_batch;
   j["search"] = json::array();
   for (const auto& [m, ok] : e.search) j["search"].push_back({{"micro_batch_size", m}, {"ok", ok}});
+  json ladder = {{"model_blocks", e.model_blocks},
+                 {"checkpointed_held", e.checkpointed_held},
+                 {"checkpointed_per_sample", e.checkpointed_per_sample},
+                 {"moment_bits", e.moment_bits},
+                 {"min_micro_batch", e.min_micro_batch},
+                 {"step_seconds", e.step_seconds},
+                 {"micro_step_seconds", e.micro_step_seconds},
+                 {"sample_seconds", e.sample_seconds},
+                 {"checkpoint_sample_seconds", e.checkpoint_sample_seconds},
+                 {"moment_rungs", json::array()},
+                 {"rungs", json::array()},
+                 {"cheapest", e.cheapest ? ladder_json(*e.cheapest) : json(nullptr)}};
+  for (const auto& r : e.moment_rungs) {
+    ladder["moment_rungs"].push_back({{"bits", r.bits},
+                                      {"held_delta", r.held_delta},
+                                      {"step_held_delta", r.step_held_delta},
+                                      {"seconds_delta", r.seconds_delta}});
+  }
+  for (const auto& c : e.rungs) ladder["rungs"].push_back(ladder_json(c));
+  j["ladder"] = ladder;
   out << j.dump() << "\n";
 }
 
@@ -242,6 +335,10 @@ MemoryEstimate estimate_from_json(const std::string& text) {
       q.reserved = p.at("reserved_bytes");
       q.out_of_memory = p.at("out_of_memory");
       q.error = p.at("error").get<std::string>();
+      q.checkpointed_blocks = p.value("checkpointed_blocks", std::int64_t{0});
+      q.moment_bits = p.value("moment_bits", 0);
+      q.forward_backward_seconds = p.value("forward_backward_seconds", 0.0);
+      q.optimizer_seconds = p.value("optimizer_seconds", 0.0);
       e.probes.push_back(q);
     }
     const json& ev = j.at("eval");
@@ -272,6 +369,24 @@ MemoryEstimate estimate_from_json(const std::string& text) {
     e.max_micro_at_batch = j.at("max_micro_batch_at_batch_size");
     e.found_max_micro_batch = j.at("found_max_micro_batch");
     for (const auto& s : j.at("search")) e.search.emplace_back(s.at("micro_batch_size"), s.at("ok"));
+    // The ladder (absent from an estimate written before it: no rungs).
+    if (j.contains("ladder")) {
+      const json& l = j.at("ladder");
+      e.model_blocks = l.at("model_blocks");
+      e.checkpointed_held = l.at("checkpointed_held");
+      e.checkpointed_per_sample = l.at("checkpointed_per_sample");
+      e.moment_bits = l.at("moment_bits");
+      e.min_micro_batch = l.at("min_micro_batch");
+      e.step_seconds = l.at("step_seconds");
+      e.micro_step_seconds = l.at("micro_step_seconds");
+      e.sample_seconds = l.at("sample_seconds");
+      e.checkpoint_sample_seconds = l.at("checkpoint_sample_seconds");
+      for (const auto& r : l.at("moment_rungs")) {
+        e.moment_rungs.push_back({r.at("bits"), r.at("held_delta"), r.at("step_held_delta"), r.at("seconds_delta")});
+      }
+      for (const auto& c : l.at("rungs")) e.rungs.push_back(ladder_from_json(c));
+      if (!l.at("cheapest").is_null()) e.cheapest = ladder_from_json(l.at("cheapest"));
+    }
   } catch (const json::exception& x) {
     throw Error(std::string("unreadable memory estimate: ") + x.what());
   }

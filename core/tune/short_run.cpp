@@ -28,7 +28,7 @@ namespace {
 /// theirs too).
 class MeasurePlugin final : public Plugin {
  public:
-  explicit MeasurePlugin(ShortRunResult& out) : out_(out) {}
+  MeasurePlugin(ShortRunResult& out, const ShortRunSpec& spec) : out_(out), spec_(spec) {}
   std::string name() const override { return "tune_measure"; }
   std::vector<Event> events() const override {
     return {Event::FitStart,  Event::BatchStart, Event::BeforeOptimizerStep, Event::BatchEnd,
@@ -36,7 +36,7 @@ class MeasurePlugin final : public Plugin {
   }
   int default_priority() const override { return 1000000; }
 
-  void on_event(EventContext& ctx, Control&) override {
+  void on_event(EventContext& ctx, Control& control) override {
     const bool accounted = has_memory_backend(ctx.device);
     switch (ctx.event) {
       case Event::FitStart: {
@@ -57,12 +57,22 @@ class MeasurePlugin final : public Plugin {
         break;
       }
       case Event::BatchStart:
+        if (out_.steps.empty()) {
+          // The savers asked for, from the first step on (the optimizer has no state yet: the
+          // conversion allocates nothing inside the step's window).
+          if (spec_.checkpointed_blocks != 0) {
+            control.checkpointed_blocks =
+                spec_.checkpointed_blocks < 0 ? ctx.state.model_blocks : spec_.checkpointed_blocks;
+          }
+          if (spec_.moment_bits != 0) control.optimizer_moment_bits = spec_.moment_bits;
+        }
         if (accounted) reset_peak_memory(ctx.device);
         if (has_memory_categories(ctx.device)) reset_peak_breakdown(ctx.device);
         start_ = std::chrono::steady_clock::now();
         forward_backward_ = 0;
         break;
       case Event::BeforeOptimizerStep:
+        optimizer_start_ = std::chrono::steady_clock::now();
         if (accounted) {
           forward_backward_ = memory_stats(ctx.device).peak_allocated;
           reset_peak_memory(ctx.device);
@@ -70,9 +80,15 @@ class MeasurePlugin final : public Plugin {
         break;
       case Event::BatchEnd: {
         StepRecord r;
-        r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+        const auto now = std::chrono::steady_clock::now();
+        r.seconds = std::chrono::duration<double>(now - start_).count();
+        if (optimizer_start_ > start_)
+          r.optimizer_seconds = std::chrono::duration<double>(now - optimizer_start_).count();
         r.samples = ctx.state.batch_size;
         r.micro_batch = ctx.state.micro_batch_size;
+        out_.checkpointed_blocks = ctx.state.checkpointed_blocks;
+        out_.model_blocks = ctx.state.model_blocks;
+        out_.moment_bits = ctx.state.optimizer_moment_bits;
         if (accounted) {
           const MemoryStats s = memory_stats(ctx.device);
           r.peak = std::max(forward_backward_, s.peak_allocated);
@@ -117,7 +133,8 @@ class MeasurePlugin final : public Plugin {
 
  private:
   ShortRunResult& out_;
-  std::chrono::steady_clock::time_point start_;
+  const ShortRunSpec& spec_;
+  std::chrono::steady_clock::time_point start_, optimizer_start_;
   std::int64_t forward_backward_ = 0;  ///< the step's peak up to BeforeOptimizerStep
 };
 
@@ -230,7 +247,7 @@ ShortRunResult run_short(const ShortRunSpec& spec) {
   TrainerOptions options;
   options.config = prepared.config;
   options.plugins = prepared.plugins;
-  options.plugins.push_back(std::make_shared<MeasurePlugin>(out));
+  options.plugins.push_back(std::make_shared<MeasurePlugin>(out, spec));
   options.run_dir = spec.run_dir;
   options.log_level = "off";  // a failure is in the result; an expected out-of-memory error is not news
   {

@@ -33,6 +33,11 @@ struct ShortRunSpec {
   std::int64_t eval_batch = 0;  ///< that batch's size; 0 = the recipe's eval.batch_size
   std::string run_dir;          ///< the run's directory (removed afterwards unless keep_run_dir)
   bool keep_run_dir = false;
+  /// Memory savers on from the first step, as oom_backoff's ladder switches them on
+  /// (Control::checkpointed_blocks, Control::optimizer_moment_bits): blocks the core
+  /// checkpoints (-1: all the model has; 0: none) and AdamW's moment bits (0: as configured).
+  std::int64_t checkpointed_blocks = 0;
+  int moment_bits = 0;
 };
 
 /// Ctrl-C for a command made of short runs (`trainer estimate`, `trainer bench`): its signal
@@ -47,9 +52,10 @@ void stop_on_signals();
 
 /// One optimizer step as measured.
 struct StepRecord {
-  double seconds = 0.0;      ///< BatchStart to BatchEnd
-  std::int64_t samples = 0;  ///< samples of the batch
-  std::int64_t peak = 0;     ///< highest allocated bytes on the device during the step
+  double seconds = 0.0;            ///< BatchStart to BatchEnd
+  double optimizer_seconds = 0.0;  ///< of those, BeforeOptimizerStep to BatchEnd: the optimizer step
+  std::int64_t samples = 0;        ///< samples of the batch
+  std::int64_t peak = 0;           ///< highest allocated bytes on the device during the step
   /// Highest allocated during the forward and backward passes (BatchStart to
   /// BeforeOptimizerStep), and during the optimizer step (from there to BatchEnd): the peak is
   /// the larger; only the first grows with the micro-batch.
@@ -84,6 +90,10 @@ struct ShortRunResult {
   std::int64_t eval_samples = 0;
   std::int64_t eval_allocated_at_start = 0;
   std::int64_t eval_peak = 0;
+  /// The memory savers as the last step ran (RunState): blocks checkpointed by the core of the
+  /// model's blocks, and AdamW's moment bits (0: another optimizer).
+  std::int64_t checkpointed_blocks = 0, model_blocks = 0;
+  int moment_bits = 0;
   /// Highest peak over the steps (0 without a step).
   std::int64_t peak() const;
   /// Highest peak of the forward and backward passes, of the optimizer step, over the steps.

@@ -40,6 +40,8 @@ struct OomBackoffSettings : trainer::Settings<OomBackoffSettings> {
   std::vector<std::string> fallback_devices;
   std::vector<std::string> ladder{"auto"};
   bool allow_inexact = false;
+  std::int64_t start_checkpointed_blocks = 0;
+  std::int64_t start_moment_bits = 0;
 
   static void declare(trainer::SettingsSchema<OomBackoffSettings>& s) {
     s.add(&OomBackoffSettings::factor, "factor", "Micro-batch multiplier after an OOM").min(0, false).max(1, false);
@@ -60,6 +62,15 @@ struct OomBackoffSettings : trainer::Settings<OomBackoffSettings> {
         .choices({"auto", "micro_batch", "checkpoint", "optimizer_bf16", "optimizer_8bit", "offload", "device"});
     s.add(&OomBackoffSettings::allow_inexact, "allow_inexact",
           "Allow the rungs that change results (optimizer_bf16, optimizer_8bit: AdamW's moments in fewer bits)");
+    s.add(&OomBackoffSettings::start_checkpointed_blocks, "start_checkpointed_blocks",
+          "Start on the ladder with this many blocks checkpointed (the first ones), climbed down after grow_after "
+          "clean steps like a rung taken; trainer sweep sets it for a trial predicted to fit only there")
+        .min(0);
+    s.add(&OomBackoffSettings::start_moment_bits, "start_moment_bits",
+          "Start with AdamW's moments in 16 or 8 bits (needs allow_inexact; 0 = as configured), climbed down like "
+          "a rung taken")
+        .min(0)
+        .max(32);
   }
 };
 
@@ -91,6 +102,16 @@ class OomBackoffPlugin final : public trainer::Plugin {
         order_.push_back(static_cast<Rung>(std::find(kRungNames.begin(), kRungNames.end(), r) - kRungNames.begin()));
       }
     }
+    TRAINER_CHECK_T(trainer::UsageError,
+                    s_.start_moment_bits == 0 || s_.start_moment_bits == 16 || s_.start_moment_bits == 8 ||
+                        s_.start_moment_bits == 32,
+                    section.origin("start_moment_bits"),
+                    ": plugins.oom_backoff.start_moment_bits = ", s_.start_moment_bits,
+                    "; allowed: 0 (as configured), 32, 16, 8");
+    TRAINER_CHECK_T(trainer::UsageError, s_.allow_inexact || s_.start_moment_bits == 0 || s_.start_moment_bits == 32,
+                    section.origin("start_moment_bits"),
+                    ": plugins.oom_backoff.start_moment_bits = ", s_.start_moment_bits,
+                    " changes results (AdamW's moments rounded); set plugins.oom_backoff.allow_inexact = true too");
     if (!order_.empty() && !s_.fallback_devices.empty() &&
         std::find(order_.begin(), order_.end(), Rung::Device) == order_.end()) {
       order_.push_back(Rung::Device);  // fallback_devices are where the run goes when the rest is used up
@@ -137,6 +158,22 @@ class OomBackoffPlugin final : public trainer::Plugin {
         configured_ = trainer::TrainingSettings::from(ctx.config->sub("training")).micro_batch();
         current_ = configured_;
         if (!restored_) patience_ = s_.grow_after;
+        // What the model or the optimizer cannot do ends the run as a usage error (exit code 2)
+        // before its first step, whatever this plugin's failure policy.
+        if (s_.start_checkpointed_blocks > ctx.state.model_blocks) {
+          throw trainer::ExitRequest(
+              trainer::kExitUsage, trainer::RunStatus::Failed,
+              "plugins.oom_backoff.start_checkpointed_blocks = " + std::to_string(s_.start_checkpointed_blocks) +
+                  ": the model has " + std::to_string(ctx.state.model_blocks) +
+                  " blocks the core can checkpoint (blocks another plugin wraps do not count)");
+        }
+        if (s_.start_moment_bits != 0 && ctx.state.optimizer_moment_bits == 0) {
+          throw trainer::ExitRequest(trainer::kExitUsage, trainer::RunStatus::Failed,
+                                     "plugins.oom_backoff.start_moment_bits = " + std::to_string(s_.start_moment_bits) +
+                                         ": the optimizer's moments cannot change their bits (AdamW's and "
+                                         "adamw8bit's can, outside a data-parallel run)");
+        }
+        break;
         if (restored_configured_ != 0 && restored_configured_ != configured_) {
           // What was learnt for another configured size still says what fits; sizes above the
           // new configured one are not used.
@@ -163,6 +200,16 @@ class OomBackoffPlugin final : public trainer::Plugin {
       }
       case trainer::Event::BatchStart:
         current_ = ctx.state.micro_batch_size;
+        if (!started_) {
+          // The savers to start with; a resumed run has the core's, as the checkpoint recorded them.
+          started_ = true;
+          if (!restored_ && s_.start_checkpointed_blocks > 0)
+            control.checkpointed_blocks = s_.start_checkpointed_blocks;
+          if (!restored_ && s_.start_moment_bits > 0 && s_.start_moment_bits != ctx.state.optimizer_moment_bits) {
+            control.optimizer_moment_bits = static_cast<int>(s_.start_moment_bits);
+          }
+          if (control.checkpointed_blocks || control.optimizer_moment_bits) control.reason = "started on the ladder";
+        }
         if (restored_micro_ > 0) {
           // The first batch after a resume: the micro-batch that worked before the checkpoint.
           if (restored_micro_ < current_) {
@@ -475,6 +522,7 @@ class OomBackoffPlugin final : public trainer::Plugin {
   std::int64_t retries_base_ = 0;         ///< attempt at which retries on the current device began
   std::int64_t current_ = 0;              ///< the micro-batch in use (the one a checkpoint records)
   bool restored_ = false;                 ///< load_state() ran: a resumed run
+  bool started_ = false;                  ///< the first batch began (the start_* savers asked for)
   std::int64_t restored_micro_ = 0;       ///< the micro-batch to resume at (0 once applied)
   std::int64_t restored_configured_ = 0;  ///< training.micro_batch_size when it was saved
 };

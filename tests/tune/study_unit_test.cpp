@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -129,6 +130,64 @@ TEST(Admission, AStepThatCannotFitIsSkippedUnlessOomBackoffCanLowerItsMicroBatch
   EXPECT_EQ(a.reason.rfind("micro-batch 64 -> 40 (", 0), 0u) << a.reason;
   // Not below oom_backoff's floor.
   EXPECT_FALSE(trainer::tune::admit_trial(e, {64, 64, 0, 41}).run);
+}
+
+/// toy_estimate() with oom_backoff's ladder probed: 4 blocks, every one checkpointed leaves
+/// 0.25 MiB of the 1 MiB per sample; a step takes 0.5 s + 0.1 s per micro-step + 1 s per sample,
+/// and checkpointing every block 0.3 s more per sample.
+MemoryEstimate ladder_estimate() {
+  MemoryEstimate e = toy_estimate();
+  e.model_blocks = 4;
+  e.checkpointed_held = e.held;
+  e.checkpointed_per_sample = 0.25 * kMiB;
+  e.moment_bits = 32;
+  e.step_seconds = 0.5, e.micro_step_seconds = 0.1, e.sample_seconds = 1.0, e.checkpoint_sample_seconds = 0.3;
+  return e;
+}
+
+TEST(Admission, WhenNoMicroBatchFitsTheTrialStartsOnTheCheapestRungThatDoes) {
+  const MemoryEstimate e = ladder_estimate();
+  // Plain, micro-batch 48 needs 98 MiB > 90 usable. With k of 4 blocks checkpointed a sample
+  // holds 1 - 0.1875 k MiB: 1 block fits micro-batch 49 (89.8 MiB; 0.5 + 2 x 0.1 + 64 x 1.075
+  // = 69.5 s against 64.6 s plain), 2 blocks fit 64 (90 MiB, 74.2 s): the first is cheaper.
+  auto a = trainer::tune::admit_trial(e, {64, 64, 0, 48});
+  ASSERT_TRUE(a.run) << a.reason;
+  EXPECT_EQ(a.overrides, (std::vector<std::string>{"training.micro_batch_size=49",
+                                                   "plugins.oom_backoff.start_checkpointed_blocks=1"}));
+  EXPECT_EQ(a.reason.rfind("on the ladder: micro-batch 49 with 1 of 4 blocks checkpointed, est. 1.08x step time (", 0),
+            0u)
+      << a.reason;
+  EXPECT_EQ(a.predicted_peak, std::llround((50 + 0.8125 * 49) * kMiB));
+  // Above 64 nothing fits at micro-batch 64 with fewer than 2 blocks: 2 it is.
+  a = trainer::tune::admit_trial(e, {64, 64, 0, 64});
+  ASSERT_TRUE(a.run) << a.reason;
+  EXPECT_EQ(a.overrides, std::vector<std::string>{"plugins.oom_backoff.start_checkpointed_blocks=2"});
+  // Where a smaller micro-batch fits on its own, oom_backoff's floor allowing it, no rung.
+  a = trainer::tune::admit_trial(e, {64, 64, 0, 8});
+  EXPECT_EQ(a.overrides, std::vector<std::string>{"training.micro_batch_size=40"});
+  // Without oom_backoff there is no ladder to start on.
+  EXPECT_FALSE(trainer::tune::admit_trial(e, {64, 64, 0, 0}).run);
+  // Nor where even every block checkpointed does not fit: 95 MiB held throughout.
+  MemoryEstimate heavy = e;
+  heavy.held = heavy.checkpointed_held = 95.0 * kMiB;
+  a = trainer::tune::admit_trial(heavy, {64, 64, 0, 1});
+  EXPECT_FALSE(a.run);
+  EXPECT_EQ(a.reason.rfind("predicted out of memory: ", 0), 0u) << a.reason;
+}
+
+TEST(Admission, MomentsInFewerBitsOnlyWhenNothingExactFitsAndSaidSo) {
+  MemoryEstimate e = ladder_estimate();
+  e.model_blocks = 0;  // nothing to checkpoint
+  e.moment_rungs = {{16, -30.0 * kMiB, -30.0 * kMiB, 0.01}, {8, -45.0 * kMiB, -45.0 * kMiB, 0.05}};
+  auto a = trainer::tune::admit_trial(e, {64, 64, 0, 64});
+  ASSERT_TRUE(a.run) << a.reason;
+  EXPECT_EQ(a.overrides, std::vector<std::string>{"plugins.oom_backoff.start_moment_bits=16"});
+  EXPECT_NE(a.reason.find("AdamW's moments in 16 bits (inexact)"), std::string::npos) << a.reason;
+  EXPECT_EQ(a.predicted_peak, 84 * kMiB);
+  // With blocks to checkpoint, the exact rung wins even though it is slower.
+  e.model_blocks = 4;
+  a = trainer::tune::admit_trial(e, {64, 64, 0, 64});
+  EXPECT_EQ(a.overrides, std::vector<std::string>{"plugins.oom_backoff.start_checkpointed_blocks=2"});
 }
 
 TEST(Admission, AnEvaluationThatCannotFitGetsTheLargestEvalBatchThatDoes) {
@@ -413,6 +472,27 @@ TEST(EstimateJson, ReadsBackWhatItWrites) {
   EXPECT_TRUE(r.probes[1].out_of_memory);
   EXPECT_EQ(r.notes, e.notes);
   EXPECT_THROW(trainer::tune::estimate_from_json("{\"device\":\"cpu\"}"), trainer::Error);
+  EXPECT_FALSE(r.has_ladder());
+  EXPECT_FALSE(r.cheapest.has_value());
+
+  // The ladder reads back: the same predictions on each rung and the same cheapest choice.
+  MemoryEstimate l = ladder_estimate();
+  l.moment_rungs = {{16, -30.0 * kMiB, -31.0 * kMiB, 0.01}};
+  l.rungs = {{64, 0, 0, 114 * kMiB, 1.0, false}, {64, 1, 0, 102 * kMiB, 1.02, false}};
+  l.cheapest = l.cheapest_fit(64, 64, 48);
+  ASSERT_TRUE(l.cheapest.has_value());
+  std::ostringstream lout;
+  trainer::tune::print_estimate_json(l, lout);
+  const MemoryEstimate lr = trainer::tune::estimate_from_json(lout.str());
+  ASSERT_TRUE(lr.has_ladder());
+  EXPECT_EQ(lr.predict_on_rung(64, 48, 1, 0), l.predict_on_rung(64, 48, 1, 0));
+  EXPECT_EQ(lr.predict_on_rung(64, 64, 0, 16), l.predict_on_rung(64, 64, 0, 16));
+  EXPECT_DOUBLE_EQ(lr.predict_seconds(64, 48, 3, 16), l.predict_seconds(64, 48, 3, 16));
+  ASSERT_EQ(lr.rungs.size(), 2u);
+  EXPECT_EQ(lr.rungs[1].checkpointed_blocks, 1);
+  ASSERT_TRUE(lr.cheapest.has_value());
+  EXPECT_EQ(lr.cheapest->micro_batch, l.cheapest->micro_batch);
+  EXPECT_EQ(lr.cheapest->checkpointed_blocks, l.cheapest->checkpointed_blocks);
 }
 
 }  // namespace

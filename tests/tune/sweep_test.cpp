@@ -173,6 +173,42 @@ values = [512]
   EXPECT_NE(config.find("batch_size = 512"), std::string::npos);  // the effective batch is the trial's
 }
 
+// A ViT at batch 512 under the 100 MiB budget, oom_backoff not going below micro-batch 128:
+// no micro-batch fits on its own, checkpointing blocks does. The estimate probes the ladder and
+// the trial starts on the cheapest rung predicted to fit (plugins.oom_backoff.start_checkpointed_blocks),
+// completes without an out-of-memory error, and its reason says where it ran.
+TEST(Sweep, ATrialThatFitsOnlyOnTheLadderStartsThereInsteadOfBeingSkipped) {
+  TempDir tmp;
+  const auto r = study(recipe(tmp, R"(["oom_backoff"])", R"(
+[plugins.oom_backoff]
+min_micro_batch = 128
+[sweep]
+sampler = "grid"
+pruner = "none"
+[sweep.space.model]
+type = "choice"
+values = ["vit_tiny"]
+[sweep.space.model.num_layers]
+type = "choice"
+values = [6]
+[sweep.space.training.batch_size]
+type = "choice"
+values = [512]
+)"),
+                       tmp / "s");
+  ASSERT_EQ(r.trials.size(), 1u);
+  const auto& t = r.trials[0];
+  EXPECT_EQ(t.state, TrialState::Complete) << t.reason;
+  EXPECT_FALSE(t.out_of_memory) << t.reason;
+  EXPECT_EQ(t.reason.rfind("on the ladder: micro-batch ", 0), 0u) << t.reason;
+  EXPECT_NE(t.reason.find(" of 6 blocks checkpointed, est. "), std::string::npos) << t.reason;
+  EXPECT_LE(t.predicted_peak, 90 * 1024 * 1024);
+  const auto config = read_file(t.run_dir + "/config.toml");
+  EXPECT_NE(config.find("start_checkpointed_blocks = "), std::string::npos) << config;
+  const auto status = nlohmann::json::parse(read_file(t.run_dir + "/status.json"));
+  EXPECT_GT(status.value("checkpointed_blocks", 0), 0) << status.dump();
+}
+
 // A space over dataset.max_length (a text model under a 100 MiB budget): one estimate over the
 // lengths (`trainer estimate --lengths 16,40,64`), each trial predicted at its own length; the
 // trial at 64, whose micro-batch of 64 is predicted not to fit, starts at a smaller one and
