@@ -40,6 +40,8 @@ TRAINER_API std::vector<float> dynamic_quant_map(bool is_signed);
 TRAINER_API void quantize_blockwise(const at::Tensor& x, const at::Tensor& map, at::Tensor& codes, at::Tensor& absmax);
 /// The fp32 values `codes` and `absmax` stand for (flat, codes.numel() values).
 TRAINER_API at::Tensor dequantize_blockwise(const at::Tensor& codes, const at::Tensor& absmax, const at::Tensor& map);
+/// dynamic_quant_map as an fp32 tensor on the CPU.
+at::Tensor quant_map_tensor(bool is_signed);
 
 struct TRAINER_API AdamW8bitParamState : public torch::optim::OptimizerCloneableParamState<AdamW8bitParamState> {
   TORCH_ARG(std::int64_t, step) = 0;
