@@ -199,6 +199,7 @@ struct MemoryEstimate {
   int moment_bits = 0;                 ///< the recipe's AdamW moment bits (32 AdamW, 8 adamw8bit; 0 others)
   std::vector<MomentRung> moment_rungs;
   std::int64_t min_micro_batch = 1;  ///< oom_backoff's floor
+  double rung_slack = 0;             ///< the largest reserved - peak of the rungs' probes (CUDA's limit)
   // The time model (seconds).
   double step_seconds = 0, micro_step_seconds = 0, sample_seconds = 0, checkpoint_sample_seconds = 0;
   /// The recipe's configuration and each saver alone at the recipe's micro-batch (checkpointing
@@ -213,10 +214,15 @@ struct MemoryEstimate {
   /// Predicted peak allocated of a step at (batch, micro) with `blocks` checkpointed and
   /// moments in `bits` (0: as configured), at the estimate's length.
   std::int64_t predict_on_rung(std::int64_t batch, std::int64_t micro, std::int64_t blocks, int bits) const;
+  /// What the limit caps on that rung: the peak, plus the allocator's slack where reserved
+  /// memory is capped (CUDA; the larger of the plain probes' fit and the rungs' probes').
+  std::int64_t rung_limit_measure(std::int64_t batch, std::int64_t micro, std::int64_t blocks, int bits) const;
   /// Predicted seconds of that step (0 when the probes' times are unknown).
   double predict_seconds(std::int64_t batch, std::int64_t micro, std::int64_t blocks, int bits) const;
   /// The least predicted time at `batch` that fits limit * (1 - margin), micro-batches from
-  /// `min_micro` to `max_micro`, over the rungs probed; nullopt when none fits or no limit.
+  /// `min_micro` to `max_micro`, over the rungs probed; nullopt when none fits or no limit. Of
+  /// the micro-batches that split the batch into as many micro-steps (as fast by the time
+  /// model), the smallest: the batch split evenly, the most memory left.
   std::optional<LadderConfig> cheapest_fit(std::int64_t batch, std::int64_t max_micro, std::int64_t min_micro) const;
 
   /// Predicted peak allocated of a training step at (batch, micro-batch), at `length`.

@@ -112,7 +112,7 @@ void fit_times(MemoryEstimate& e) {
 /// The rungs of oom_backoff's ladder that `facts` allows, probed (estimate.h): checkpointing
 /// every block at the smallest and largest sizes, AdamW's moments in fewer bits at the smallest.
 void probe_ladder(const EstimateRequest& request, const RecipeFacts& facts, const std::vector<std::int64_t>& sizes,
-                  const ShortRunResult& first, MemoryEstimate& e) {
+                  std::int64_t model_blocks, MemoryEstimate& e) {
   // Copies: probing appends to e.probes.
   const auto plain = [&e](std::int64_t m) -> std::optional<Probe> {
     for (const auto& p : e.probes) {
@@ -142,8 +142,9 @@ void probe_ladder(const EstimateRequest& request, const RecipeFacts& facts, cons
     p.peak_optimizer_step = r.peak_optimizer_step();
     p.reserved = r.reserved();
     p.out_of_memory = r.out_of_memory;
-    p.checkpointed_blocks = r.checkpointed_blocks;
-    p.moment_bits = r.moment_bits;
+    // What it ran with, or (a run that did not step) what it was asked for.
+    p.checkpointed_blocks = r.steps.empty() ? (blocks < 0 ? model_blocks : blocks) : r.checkpointed_blocks;
+    p.moment_bits = r.steps.empty() ? (bits != 0 ? bits : e.moment_bits) : r.moment_bits;
     set_times(p, r);
     const bool ran = r.exit_code == 0 && static_cast<std::int64_t>(r.steps.size()) >= request.probe_steps;
     const std::string what =
@@ -165,21 +166,39 @@ void probe_ladder(const EstimateRequest& request, const RecipeFacts& facts, cons
     e.probes.push_back(p);
     return p.error.empty() ? std::optional<Probe>(p) : std::nullopt;
   };
-  if (facts.rung_checkpoint && first.model_blocks > 0) {
+  // The allocator's slack on the rungs (CUDA: what the limit caps is reserved memory, and
+  // recomputing or converting may leave more of it unused than the plain probes did).
+  const auto note_slack = [&e](const Probe& p) { e.rung_slack = std::max(e.rung_slack, double(p.reserved - p.peak)); };
+  if (facts.rung_checkpoint && model_blocks > 0) {
     // Every block checkpointed, at the two largest sizes (nearest the recipe's micro-batch, where
     // the line is used most): that line's held memory and per-sample term.
     const std::int64_t small = sizes[sizes.size() - 2], large = sizes.back();
     const auto lo = probe(small, -1, 0);
     const auto hi = lo ? probe(large, -1, 0) : std::nullopt;
-    const auto plain_lo = plain(small), plain_hi = plain(large);
-    if (lo && hi && plain_lo && plain_hi) {
+    if (lo && hi) {
       const double m_lo = double(lo->micro_batch), m_hi = double(hi->micro_batch);
-      e.checkpointed_per_sample = double(hi->peak_forward_backward - lo->peak_forward_backward) / (m_hi - m_lo);
-      e.checkpointed_held = double(lo->peak_forward_backward) - e.checkpointed_per_sample * m_lo;
-      e.checkpoint_sample_seconds =
-          std::max(0.0, 0.5 * ((lo->forward_backward_seconds - plain_lo->forward_backward_seconds) / m_lo +
-                               (hi->forward_backward_seconds - plain_hi->forward_backward_seconds) / m_hi));
-      e.model_blocks = first.model_blocks;
+      const double per_sample = double(hi->peak_forward_backward - lo->peak_forward_backward) / (m_hi - m_lo);
+      if (per_sample < 0 || per_sample > e.per_sample) {
+        // Checkpointing keeps less per sample, never more, and never less than nothing.
+        e.notes.push_back("the probes with every block checkpointed hold " + format_bytes(std::llround(per_sample)) +
+                          " per sample against " + format_bytes(std::llround(e.per_sample)) +
+                          " plain: not a line to predict from; the checkpoint rung is left out");
+      } else {
+        e.checkpointed_per_sample = per_sample;
+        e.checkpointed_held = double(lo->peak_forward_backward) - per_sample * m_lo;
+        e.model_blocks = model_blocks;
+        note_slack(*lo);
+        note_slack(*hi);
+        const auto plain_lo = plain(small), plain_hi = plain(large);
+        if (plain_lo && plain_hi) {
+          e.checkpoint_sample_seconds =
+              std::max(0.0, 0.5 * ((lo->forward_backward_seconds - plain_lo->forward_backward_seconds) / m_lo +
+                                   (hi->forward_backward_seconds - plain_hi->forward_backward_seconds) / m_hi));
+        } else {
+          e.notes.push_back("no plain probe at micro-batch " + std::to_string(plain_lo ? large : small) +
+                            " to time checkpointing against: its recomputation is not in the predicted times");
+        }
+      }
     }
   }
   for (const int bits : {16, 8}) {
@@ -194,6 +213,7 @@ void probe_ladder(const EstimateRequest& request, const RecipeFacts& facts, cons
     r.step_held_delta = double(p->peak_optimizer_step - base->peak_optimizer_step);
     r.seconds_delta = p->optimizer_seconds - base->optimizer_seconds;
     e.moment_rungs.push_back(r);
+    note_slack(*p);
   }
 }
 
@@ -248,6 +268,8 @@ MemoryEstimate estimate_once(const EstimateRequest& request, const RecipeFacts& 
     points.push_back({4 * at(sizes.back()), at(sizes.back()), len, i});
   }
   ShortRunResult first;
+  bool savers_known = false;
+  std::int64_t model_blocks = 0;
   struct Evaluation {
     std::int64_t samples, start, peak, length;
   };
@@ -303,10 +325,15 @@ MemoryEstimate estimate_once(const EstimateRequest& request, const RecipeFacts& 
     }
     if (e.device.empty()) {
       first = r;
-      e.moment_bits = r.moment_bits;
       e.device = r.device;
       e.plugins = r.plugins;
       e.train_samples = r.train_samples;
+    }
+    if (!savers_known && !r.steps.empty()) {
+      // The model's blocks and the optimizer's moment bits, from the first probe that stepped.
+      savers_known = true;
+      model_blocks = r.model_blocks;
+      e.moment_bits = r.moment_bits;
     }
     if (spec.evaluate && r.eval_samples > 0 && r.eval_peak > 0) {
       evaluations.push_back({r.eval_samples, r.eval_allocated_at_start, r.eval_peak, len});
@@ -539,7 +566,9 @@ MemoryEstimate estimate_once(const EstimateRequest& request, const RecipeFacts& 
     // oom_backoff's ladder: the rungs it may take, and the cheapest configuration on them.
     e.min_micro_batch = facts.min_micro_batch;
     if (!by_length) {
-      probe_ladder(request, facts, sizes, first, e);
+      // (`ran` and `fitted` point into e.probes, which the ladder's probes append to: not used
+      // from here on.)
+      probe_ladder(request, facts, sizes, model_blocks, e);
     } else if (facts.rung_checkpoint || facts.rung_bf16 || facts.rung_8bit) {
       e.notes.push_back("--lengths: the ladder's rungs beyond the micro-batch are not probed over lengths");
     }
@@ -571,7 +600,7 @@ MemoryEstimate estimate_memory(const EstimateRequest& request) {
   // NOTE: with model.memory_format = "auto" each run picks NCHW or NHWC by timing them, so two
   // runs of one recipe may differ; the activations differ between the two. Probe both and keep
   // the larger, which holds whichever the run picks.
-  MemoryEstimate best;
+  MemoryEstimate best, contiguous, channels_last;
   for (const char* format : {"contiguous", "channels_last"}) {
     EstimateRequest r = request;
     r.overrides.push_back(std::string("model.memory_format=") + format);
@@ -579,6 +608,7 @@ MemoryEstimate estimate_memory(const EstimateRequest& request) {
     e.probe_overrides = {r.overrides.back()};
     e.notes.push_back(std::string("model.memory_format = \"auto\": probed ") + format + ", predicted peak " +
                       format_bytes(e.peak));
+    (std::string(format) == "contiguous" ? contiguous : channels_last) = e;
     if (best.device.empty() || e.run_peak > best.run_peak) {
       e.notes.insert(e.notes.begin(), best.notes.begin(), best.notes.end());
       best = std::move(e);
@@ -587,6 +617,30 @@ MemoryEstimate estimate_memory(const EstimateRequest& request) {
     }
   }
   best.notes.push_back("the larger prediction is the estimate: the run picks either by timing them");
+  if (best.has_ladder() || !best.rungs.empty()) {
+    // The ladder too must hold whichever the run picks: each rung's terms as the larger of the
+    // two formats' (a rung left out of either is left out).
+    const MemoryEstimate& other =
+        best.probe_overrides == std::vector<std::string>{"model.memory_format=contiguous"} ? channels_last : contiguous;
+    if (other.model_blocks != best.model_blocks) {
+      best.model_blocks = 0;
+    } else if (best.model_blocks > 0) {
+      best.checkpointed_held = std::max(best.checkpointed_held, other.checkpointed_held);
+      best.checkpointed_per_sample = std::max(best.checkpointed_per_sample, other.checkpointed_per_sample);
+      best.checkpoint_sample_seconds = std::max(best.checkpoint_sample_seconds, other.checkpoint_sample_seconds);
+    }
+    std::vector<MomentRung> both;
+    for (const auto& r : best.moment_rungs) {
+      for (const auto& o : other.moment_rungs) {
+        if (o.bits != r.bits) continue;
+        both.push_back({r.bits, std::max(r.held_delta, o.held_delta), std::max(r.step_held_delta, o.step_held_delta),
+                        std::max(r.seconds_delta, o.seconds_delta)});
+      }
+    }
+    best.moment_rungs = both;
+    best.rung_slack = std::max(best.rung_slack, other.rung_slack);
+    set_ladder(best);
+  }
   return best;
 }
 

@@ -40,27 +40,36 @@ std::string ratio_text(double r) {
 namespace {
 
 void print_ladder(const MemoryEstimate& e, std::ostream& out) {
-  if (e.rungs.empty()) return;
-  out << "  oom_backoff's ladder at micro-batch " << e.micro_batch << " (each saver alone; predicted peak"
-      << (e.limit_on_reserved ? ", reserved" : "") << ", time per step against the recipe's):\n";
-  for (const auto& c : e.rungs) {
-    std::string what = "as configured";
-    if (c.checkpointed_blocks > 0) {
-      what = std::to_string(c.checkpointed_blocks) + " of " + std::to_string(e.model_blocks) + " blocks checkpointed";
-    } else if (c.moment_bits > 0) {
-      what = "AdamW's moments in " + std::to_string(c.moment_bits) + " bits (inexact)";
+  if (e.rungs.empty()) return;  // no oom_backoff
+  if (e.has_ladder()) {
+    out << "  oom_backoff's ladder at micro-batch " << e.micro_batch
+        << " (each saver alone; predicted peak allocated, time per step against the recipe's):\n";
+    for (const auto& c : e.rungs) {
+      std::string what = "as configured";
+      if (c.checkpointed_blocks > 0) {
+        what = std::to_string(c.checkpointed_blocks) + " of " + std::to_string(e.model_blocks) + " blocks checkpointed";
+      } else if (c.moment_bits > 0) {
+        what = "AdamW's moments in " + std::to_string(c.moment_bits) + " bits" + (c.inexact ? " (inexact)" : "");
+      }
+      out << "    " << std::left << std::setw(40) << what << std::right << std::setw(12) << format_bytes(c.peak)
+          << "   " << ratio_text(c.time_ratio) << "\n";
     }
-    out << "    " << std::left << std::setw(40) << what << std::right << std::setw(12) << format_bytes(c.peak) << "   "
-        << ratio_text(c.time_ratio) << "\n";
   }
   if (e.limit <= 0) return;
+  const auto usable = static_cast<std::int64_t>(double(e.limit) * (1.0 - e.margin));
   if (e.cheapest) {
-    out << "  cheapest that fits: " << describe_config(e, *e.cheapest) << ": " << ratio_text(e.cheapest->time_ratio)
-        << " (predicted " << format_bytes(e.cheapest->peak)
-        << " <= " << format_bytes(static_cast<std::int64_t>(double(e.limit) * (1.0 - e.margin))) << " usable)\n";
+    const auto& c = *e.cheapest;
+    out << "  cheapest step that fits (micro-batches " << e.min_micro_batch << " to " << e.micro_batch
+        << (e.has_ladder() ? ", the rungs above" : "") << "): " << describe_config(e, c) << ": "
+        << ratio_text(c.time_ratio) << " (predicted "
+        << format_bytes(e.rung_limit_measure(e.batch_size, c.micro_batch, c.checkpointed_blocks, c.moment_bits))
+        << (e.limit_on_reserved ? " reserved" : "") << " <= " << format_bytes(usable) << " usable)\n";
+  } else if (e.min_micro_batch > e.micro_batch) {
+    out << "  oom_backoff's min_micro_batch " << e.min_micro_batch << " is above the recipe's micro-batch "
+        << e.micro_batch << ": no micro-batch for the ladder to try\n";
   } else {
-    out << "  nothing on the ladder fits (micro-batches " << e.min_micro_batch << " to " << e.micro_batch
-        << ", the rungs above)\n";
+    out << "  no step fits on oom_backoff's ladder (micro-batches " << e.min_micro_batch << " to " << e.micro_batch
+        << (e.has_ladder() ? ", the rungs above" : "") << ")\n";
   }
 }
 
@@ -286,6 +295,7 @@ void print_estimate_json(const MemoryEstimate& e, std::ostream& out) {
                  {"checkpointed_per_sample", e.checkpointed_per_sample},
                  {"moment_bits", e.moment_bits},
                  {"min_micro_batch", e.min_micro_batch},
+                 {"rung_slack", e.rung_slack},
                  {"step_seconds", e.step_seconds},
                  {"micro_step_seconds", e.micro_step_seconds},
                  {"sample_seconds", e.sample_seconds},
@@ -377,6 +387,7 @@ MemoryEstimate estimate_from_json(const std::string& text) {
       e.checkpointed_per_sample = l.at("checkpointed_per_sample");
       e.moment_bits = l.at("moment_bits");
       e.min_micro_batch = l.at("min_micro_batch");
+      e.rung_slack = l.at("rung_slack");
       e.step_seconds = l.at("step_seconds");
       e.micro_step_seconds = l.at("micro_step_seconds");
       e.sample_seconds = l.at("sample_seconds");

@@ -28,7 +28,8 @@ namespace {
 /// theirs too).
 class MeasurePlugin final : public Plugin {
  public:
-  MeasurePlugin(ShortRunResult& out, const ShortRunSpec& spec) : out_(out), spec_(spec) {}
+  MeasurePlugin(ShortRunResult& out, const ShortRunSpec& spec)
+      : out_(out), blocks_(spec.checkpointed_blocks), bits_(spec.moment_bits) {}
   std::string name() const override { return "tune_measure"; }
   std::vector<Event> events() const override {
     return {Event::FitStart,  Event::BatchStart, Event::BeforeOptimizerStep, Event::BatchEnd,
@@ -60,11 +61,8 @@ class MeasurePlugin final : public Plugin {
         if (out_.steps.empty()) {
           // The savers asked for, from the first step on (the optimizer has no state yet: the
           // conversion allocates nothing inside the step's window).
-          if (spec_.checkpointed_blocks != 0) {
-            control.checkpointed_blocks =
-                spec_.checkpointed_blocks < 0 ? ctx.state.model_blocks : spec_.checkpointed_blocks;
-          }
-          if (spec_.moment_bits != 0) control.optimizer_moment_bits = spec_.moment_bits;
+          if (blocks_ != 0) control.checkpointed_blocks = blocks_ < 0 ? ctx.state.model_blocks : blocks_;
+          if (bits_ != 0) control.optimizer_moment_bits = bits_;
         }
         if (accounted) reset_peak_memory(ctx.device);
         if (has_memory_categories(ctx.device)) reset_peak_breakdown(ctx.device);
@@ -133,7 +131,8 @@ class MeasurePlugin final : public Plugin {
 
  private:
   ShortRunResult& out_;
-  const ShortRunSpec& spec_;
+  std::int64_t blocks_;  ///< ShortRunSpec::checkpointed_blocks
+  int bits_;             ///< ShortRunSpec::moment_bits
   std::chrono::steady_clock::time_point start_, optimizer_start_;
   std::int64_t forward_backward_ = 0;  ///< the step's peak up to BeforeOptimizerStep
 };

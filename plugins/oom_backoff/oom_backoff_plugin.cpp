@@ -67,10 +67,10 @@ struct OomBackoffSettings : trainer::Settings<OomBackoffSettings> {
           "clean steps like a rung taken; trainer sweep sets it for a trial predicted to fit only there")
         .min(0);
     s.add(&OomBackoffSettings::start_moment_bits, "start_moment_bits",
-          "Start with AdamW's moments in 16 or 8 bits (needs allow_inexact; 0 = as configured), climbed down like "
-          "a rung taken")
+          "Start with AdamW's moments in 16 or 8 bits, fewer than the optimizer's (needs allow_inexact; 0 = as "
+          "configured), climbed down like a rung taken")
         .min(0)
-        .max(32);
+        .max(16);
   }
 };
 
@@ -102,13 +102,11 @@ class OomBackoffPlugin final : public trainer::Plugin {
         order_.push_back(static_cast<Rung>(std::find(kRungNames.begin(), kRungNames.end(), r) - kRungNames.begin()));
       }
     }
-    TRAINER_CHECK_T(trainer::UsageError,
-                    s_.start_moment_bits == 0 || s_.start_moment_bits == 16 || s_.start_moment_bits == 8 ||
-                        s_.start_moment_bits == 32,
-                    section.origin("start_moment_bits"),
-                    ": plugins.oom_backoff.start_moment_bits = ", s_.start_moment_bits,
-                    "; allowed: 0 (as configured), 32, 16, 8");
-    TRAINER_CHECK_T(trainer::UsageError, s_.allow_inexact || s_.start_moment_bits == 0 || s_.start_moment_bits == 32,
+    TRAINER_CHECK_T(
+        trainer::UsageError, s_.start_moment_bits == 0 || s_.start_moment_bits == 16 || s_.start_moment_bits == 8,
+        section.origin("start_moment_bits"), ": plugins.oom_backoff.start_moment_bits = ", s_.start_moment_bits,
+        "; allowed: 0 (as configured), 16, 8");
+    TRAINER_CHECK_T(trainer::UsageError, s_.allow_inexact || s_.start_moment_bits == 0,
                     section.origin("start_moment_bits"),
                     ": plugins.oom_backoff.start_moment_bits = ", s_.start_moment_bits,
                     " changes results (AdamW's moments rounded); set plugins.oom_backoff.allow_inexact = true too");
@@ -173,7 +171,13 @@ class OomBackoffPlugin final : public trainer::Plugin {
                                          ": the optimizer's moments cannot change their bits (AdamW's and "
                                          "adamw8bit's can, outside a data-parallel run)");
         }
-        break;
+        if (s_.start_moment_bits != 0 && s_.start_moment_bits >= ctx.state.configured_moment_bits) {
+          throw trainer::ExitRequest(trainer::kExitUsage, trainer::RunStatus::Failed,
+                                     "plugins.oom_backoff.start_moment_bits = " + std::to_string(s_.start_moment_bits) +
+                                         ": the optimizer keeps its moments in " +
+                                         std::to_string(ctx.state.configured_moment_bits) +
+                                         " bits already; a start on the ladder has fewer (16 or 8)");
+        }
         if (restored_configured_ != 0 && restored_configured_ != configured_) {
           // What was learnt for another configured size still says what fits; sizes above the
           // new configured one are not used.
@@ -201,14 +205,21 @@ class OomBackoffPlugin final : public trainer::Plugin {
       case trainer::Event::BatchStart:
         current_ = ctx.state.micro_batch_size;
         if (!started_) {
-          // The savers to start with; a resumed run has the core's, as the checkpoint recorded them.
+          // The savers to start with. A resumed run (this plugin's state restored, or steps
+          // already trained: a checkpoint written without this plugin) has the core's, as the
+          // checkpoint recorded them.
           started_ = true;
-          if (!restored_ && s_.start_checkpointed_blocks > 0)
+          const bool fresh = !restored_ && ctx.state.global_step == 0;
+          bool set = false;
+          if (fresh && s_.start_checkpointed_blocks > 0) {
             control.checkpointed_blocks = s_.start_checkpointed_blocks;
-          if (!restored_ && s_.start_moment_bits > 0 && s_.start_moment_bits != ctx.state.optimizer_moment_bits) {
-            control.optimizer_moment_bits = static_cast<int>(s_.start_moment_bits);
+            set = true;
           }
-          if (control.checkpointed_blocks || control.optimizer_moment_bits) control.reason = "started on the ladder";
+          if (fresh && s_.start_moment_bits > 0) {
+            control.optimizer_moment_bits = static_cast<int>(s_.start_moment_bits);
+            set = true;
+          }
+          if (set) control.reason = "started on the ladder (plugins.oom_backoff.start_*)";
         }
         if (restored_micro_ > 0) {
           // The first batch after a resume: the micro-batch that worked before the checkpoint.

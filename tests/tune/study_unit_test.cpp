@@ -481,6 +481,7 @@ TEST(EstimateJson, ReadsBackWhatItWrites) {
   l.rungs = {{64, 0, 0, 114 * kMiB, 1.0, false}, {64, 1, 0, 102 * kMiB, 1.02, false}};
   l.cheapest = l.cheapest_fit(64, 64, 48);
   ASSERT_TRUE(l.cheapest.has_value());
+  l.probes.push_back({16, 16, 66 * kMiB, 66 * kMiB, 40 * kMiB, 70 * kMiB, false, ""});
   std::ostringstream lout;
   trainer::tune::print_estimate_json(l, lout);
   const MemoryEstimate lr = trainer::tune::estimate_from_json(lout.str());
@@ -493,6 +494,24 @@ TEST(EstimateJson, ReadsBackWhatItWrites) {
   ASSERT_TRUE(lr.cheapest.has_value());
   EXPECT_EQ(lr.cheapest->micro_batch, l.cheapest->micro_batch);
   EXPECT_EQ(lr.cheapest->checkpointed_blocks, l.cheapest->checkpointed_blocks);
+
+  // An estimate written before the ladder (no "ladder", no probe savers or times) reads as one
+  // without rungs.
+  nlohmann::json old = nlohmann::json::parse(lout.str());
+  old.erase("ladder");
+  for (auto& p : old["probes"]) {
+    for (const char* k : {"checkpointed_blocks", "moment_bits", "forward_backward_seconds", "optimizer_seconds"}) {
+      p.erase(k);
+    }
+  }
+  const MemoryEstimate before = trainer::tune::estimate_from_json(old.dump());
+  EXPECT_FALSE(before.has_ladder());
+  EXPECT_TRUE(before.rungs.empty());
+  EXPECT_FALSE(before.cheapest.has_value());
+  EXPECT_EQ(before.predict(48, 24), l.predict(48, 24));
+  ASSERT_EQ(before.probes.size(), 1u);
+  EXPECT_EQ(before.probes[0].checkpointed_blocks, 0);
+  EXPECT_EQ(before.probes[0].forward_backward_seconds, 0.0);
 }
 
 }  // namespace

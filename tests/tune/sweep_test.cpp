@@ -207,6 +207,9 @@ values = [512]
   EXPECT_NE(config.find("start_checkpointed_blocks = "), std::string::npos) << config;
   const auto status = nlohmann::json::parse(read_file(t.run_dir + "/status.json"));
   EXPECT_GT(status.value("checkpointed_blocks", 0), 0) << status.dump();
+  // Started there, not climbed to after an error.
+  const auto log = read_file(t.run_dir + "/trainer.log");
+  EXPECT_EQ(log.find("out of memory"), std::string::npos) << log;
 }
 
 // A space over dataset.max_length (a text model under a 100 MiB budget): one estimate over the
