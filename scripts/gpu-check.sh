@@ -340,6 +340,15 @@ bench_stage() {  # the benchmarks on cuda:0 (docs/gpu.md)
   bench_one bench-vit-checkpointed bench bench --recipe recipes/vit_fashion_mnist.toml \
     --grid "training.micro_batch_size=128" runtime.device=cuda:0 \
     'plugins.load=["console","mixed_precision","grad_checkpoint"]' --steps 50 --warmup 5
+  # The memory ladder's rungs on the ViT, oom_backoff started on them: the micro-batch halved,
+  # and blocks checkpointed at micro-batch 8, from where "auto" checkpoints before halving on a
+  # GPU (measured on the CPU only so far: docs/benchmarks.md, "The memory ladder").
+  bench_one ladder-vit-micro bench bench --recipe recipes/vit_fashion_mnist.toml \
+    --grid "training.micro_batch_size=128,32,8,4,2" 'plugins.load=["oom_backoff"]' runtime.device=cuda:0 \
+    --steps 20 --warmup 3
+  bench_one ladder-vit-checkpoint bench bench --recipe recipes/vit_fashion_mnist.toml \
+    --grid "plugins.oom_backoff.start_checkpointed_blocks=0,1,2,4" training.micro_batch_size=8 \
+    'plugins.load=["oom_backoff"]' runtime.device=cuda:0 --steps 20 --warmup 3
   # trainer's step against the hand-written LibTorch loop, same model and data, fp32.
   if [ "$(left)" -lt 60 ]; then
     skip peer-trainer-vs-libtorch "no time left in the visit"
