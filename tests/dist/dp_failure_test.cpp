@@ -196,6 +196,59 @@ TEST(DataParallelFailures, OutOfMemoryOnOneRankIsRecoveredByEveryRankTogether) {
   EXPECT_NE(eval_status.find("rank 1 ran out of memory in eval and gave up"), std::string::npos) << eval_status;
 }
 
+// The memory ladder's checkpoint rung in a data-parallel run: rank 1 alone runs out of memory
+// (its own budget), its ladder checkpoints blocks, and every rank checkpoints as many (the ranks
+// agree on the most blocks with the micro-batch, so their forwards stay alike). Checkpointing is
+// exact: the same micro-batches, the same losses as the run without a budget, and the same
+// model bit for bit.
+TEST(DataParallelFailures, ACheckpointRungTakenOnOneRankIsTakenOnEveryRankAlike) {
+  TempDir tmp;
+  // recipe()'s run with the tiny ViT (4 blocks, no dropout) in place of the CNN.
+  std::string text = read_file(recipe(tmp));
+  const auto swap = [&text](const std::string& from, const std::string& to) {
+    const auto at = text.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    text.replace(at, from.size(), to);
+  };
+  swap("\"model/cnn\"", "\"model/vit_tiny\"");
+  swap("batch_norm = false\ndropout = 0.0\nmemory_format = \"contiguous\"\n", "dropout = 0.0\n");
+  const std::string r = tmp / "vit.toml";
+  write_file(r, text);
+  const std::string ladder =
+      R"('+plugins.oom_backoff.ladder=["checkpoint", "micro_batch"]' plugins.oom_backoff.grow_after=0 )";
+  const std::string every = ladder + "checkpoint.every_steps=10";
+  {
+    Ranks clean(r, tmp / "clean", every, every);
+    ASSERT_EQ(exit_code_within(*clean.r0, std::chrono::seconds(300)), 0) << read_file(tmp / "clean.r0");
+    ASSERT_EQ(exit_code_within(*clean.r1, std::chrono::seconds(60)), 0) << read_file(tmp / "clean.r1");
+  }
+  // Rank 1's budget: 20 % of its step's own memory below its peak; every block checkpointed
+  // saves more than that (the ViT's activations are most of its step).
+  const auto [peak, step] = peak_and_step(tmp / "clean/rank-1.log");
+  ASSERT_GT(step, 2.0);
+  Ranks tight(r, tmp / "tight", every, every + " memory.limit_mb=" + std::to_string(peak - 0.2 * step));
+  ASSERT_EQ(exit_code_within(*tight.r0, std::chrono::seconds(300)), 0) << read_file(tmp / "tight.r0");
+  ASSERT_EQ(exit_code_within(*tight.r1, std::chrono::seconds(60)), 0) << read_file(tmp / "tight.r1");
+  const std::string log0 = read_file(tmp / "tight/trainer.log"), log1 = read_file(tmp / "tight/rank-1.log");
+  EXPECT_NE(log1.find("on this rank (1): CPU out of memory"), std::string::npos) << log1;
+  EXPECT_NE(log1.find("oom_backoff: rung checkpoint"), std::string::npos) << log1;
+  // Every rank switched the same blocks on, the same number of times.
+  const std::regex switched("activation checkpointing: ([0-9]+) -> ([0-9]+) of 4 blocks checkpointed");
+  std::vector<std::string> on0, on1;
+  for (std::sregex_iterator i(log0.begin(), log0.end(), switched), end; i != end; ++i) on0.push_back((*i)[0]);
+  for (std::sregex_iterator i(log1.begin(), log1.end(), switched), end; i != end; ++i) on1.push_back((*i)[0]);
+  EXPECT_FALSE(on1.empty()) << log1;
+  EXPECT_EQ(on0, on1) << log0;
+  const auto status = read_file(tmp / "tight/status.json");
+  EXPECT_TRUE(std::regex_search(status, std::regex("\"checkpointed_blocks\":[1-4]"))) << status;
+  // The micro-batch stayed whole on both ranks (the checkpoint rung came first and sufficed).
+  const auto sizes = metric_by_step(tmp / "tight/metrics.jsonl", "train/micro_batch_size");
+  for (const auto& [s, size] : sizes) EXPECT_EQ(size, 32.0) << "step " << s;
+  expect_same_losses(tmp / "clean", tmp / "tight", 10);
+  EXPECT_EQ(largest_difference(tmp / "clean/checkpoints/step_00000010.pt", tmp / "tight/checkpoints/step_00000010.pt"),
+            0.0);
+}
+
 /// The step a status.json reports, and the step of its last checkpoint (-1 when none).
 std::pair<long, long> status_steps(const std::string& status) {
   std::smatch g, c;
