@@ -5,10 +5,10 @@ batch 32 with AdamW trains two steps (the second holds AdamW's state throughout)
 beside the measured peak of the same step in PyTorch eager (torchvision's VisionTransformer as
 vit_b_16, its second step: what is held (parameters, AdamW's state, the batch) plus the peak of
 the profiler's memory events, each event's own allocations and frees in time order).
-Then the time per sample at the ladder's floor (its second step) against trainer's
-unconstrained step (the third of three). Run with Debian's python3 (torch, torchvision):
+Then the time per sample (the third of three steps) unconstrained, at the ladder's floor and at
+0.4x eager's peak, one run after another at the end. Run with Debian's python3 (torch, torchvision):
 
-    /usr/bin/python3 bench/memory/memory_floor.py --trainer build/core/trainer --work /tmp/floor
+    /usr/bin/python3 bench/memory/memory_floor.py --trainer build/core/cli/trainer --work /tmp/floor
 
 Prints one line per measurement and a JSON summary (--json FILE writes it too). Takes tens of
 minutes on two cores: each bisection step is a real run. --smoke shrinks the model (4 layers,
@@ -146,39 +146,64 @@ def main():
     a.add_argument("--smoke", action="store_true")
     a.add_argument("--precision", type=float, default=0.02, help="bisect until the bracket is this fraction wide")
     a.add_argument("--json")
+    # What an earlier, interrupted run of this script measured (each bisection step is minutes).
+    a.add_argument("--eager-mib", type=float, help="PyTorch eager's peak as measured before")
+    a.add_argument("--trainer-peak-mib", type=float, help="trainer's unconstrained peak as measured before")
+    a.add_argument("--without-bracket", type=float, nargs=2, metavar=("LO", "HI"),
+                   help="the bisection without the ladder so far: LO did not run, HI ran")
     args = a.parse_args()
     os.makedirs(args.work, exist_ok=True)
     k = model_keys(args.smoke)
     path = recipe(args.work, k)
     mib = 1024.0 * 1024.0
 
-    eager = eager_peak(k) / mib
+    eager = args.eager_mib or eager_peak(k) / mib
     print(f"PyTorch eager peak: {eager:.1f} MiB", flush=True)
-    rc, full_dir, _ = run(args.trainer, path, args.work, "unconstrained", ["training.max_steps=3",
-                                                                          "plugins.load=[\"oom_backoff\", \"memory_log\"]"])
-    if rc != 0:
-        raise SystemExit(f"the unconstrained run failed (exit {rc}); see {full_dir}")
-    peak = last_metric(full_dir, "memory/peak_mb")
-    full_rate = last_metric(full_dir, "train/samples_per_s")
-    print(f"trainer unconstrained: peak {peak:.1f} MiB, {full_rate:.2f} samples/s", flush=True)
+    # The bisections first: whether a run fits does not depend on how busy the machine is. The runs
+    # timed come last, one after another, so that they see the same machine.
+    peak = args.trainer_peak_mib
+    if not peak:
+        rc, full_dir, _ = run(args.trainer, path, args.work, "unconstrained-peak",
+                              ["training.max_steps=2", "plugins.load=[\"oom_backoff\", \"memory_log\"]"])
+        if rc != 0:
+            raise SystemExit(f"the unconstrained run failed (exit {rc}); see {full_dir}")
+        peak = last_metric(full_dir, "memory/peak_mb")
+    print(f"trainer unconstrained: peak {peak:.1f} MiB", flush=True)
     # Parameters, gradients and AdamW's two moments: no step runs below four times the model.
     params = (k["layers"] * (4 * k["width"] ** 2 + 2 * k["width"] * k["mlp"])) * 4 / mib
+    lo, hi = args.without_bracket or (4 * params, max(peak, eager) * 1.1)
     without = floor(args.trainer, path, args.work, "micro_batch only", ["+plugins.oom_backoff.ladder=[\"micro_batch\"]"],
-                    4 * params, max(peak, eager) * 1.1, args.precision)
+                    lo, hi, args.precision)
     print(f"floor without the ladder: {without:.1f} MiB", flush=True)
     ladder = floor(args.trainer, path, args.work, "ladder", [], 4 * params, without, args.precision)
     print(f"floor with the ladder: {ladder:.1f} MiB", flush=True)
-    rc, floor_dir, _ = run(args.trainer, path, args.work, "at-floor", [f"memory.limit_mb={ladder:.3f}",
-                                                                      "training.max_steps=2"])
-    floor_rate = last_metric(floor_dir, "train/samples_per_s") if rc == 0 else None
-    status = json.load(open(os.path.join(floor_dir, "status.json")))
-    micro = last_metric(floor_dir, "train/micro_batch_size")
+
+    def timed(name, limit):
+        """Samples per second of the last of three steps (the first two find the rung), and where it ran."""
+        extra = ["training.max_steps=3"] + ([f"memory.limit_mb={limit:.3f}"] if limit else [])
+        rc, d, _ = run(args.trainer, path, args.work, name, extra)
+        if rc != 0:
+            return {"limit_mib": limit, "exit_code": rc}
+        status = json.load(open(os.path.join(d, "status.json")))
+        return {"limit_mib": limit, "exit_code": rc, "samples_per_s": last_metric(d, "train/samples_per_s"),
+                "micro_batch": last_metric(d, "train/micro_batch_size"),
+                "checkpointed_blocks": status.get("checkpointed_blocks", 0)}
+
+    print("timed runs (keep the machine quiet)", flush=True)
+    full = timed("timed-unconstrained", None)
+    at_floor = timed("timed-at-floor", ladder)
+    at_goal = timed("timed-at-0.4x-eager", 0.4 * eager)
+    for name, t in (("unconstrained", full), ("at the ladder's floor", at_floor), ("at 0.4x eager's peak", at_goal)):
+        print(f"{name}: {t}", flush=True)
+
+    def over(t):
+        return full["samples_per_s"] / t["samples_per_s"] if t.get("samples_per_s") and full.get("samples_per_s") \
+            else None
     summary = {"model": k, "eager_peak_mib": eager, "trainer_peak_mib": peak, "floor_without_ladder_mib": without,
                "floor_with_ladder_mib": ladder, "floor_over_eager": ladder / eager,
-               "samples_per_s_unconstrained": full_rate, "samples_per_s_at_floor": floor_rate,
-               "time_per_sample_at_floor_over_unconstrained": (full_rate / floor_rate) if floor_rate else None,
-               "at_floor": {"micro_batch": micro, "checkpointed_blocks": status.get("checkpointed_blocks", 0),
-                            "exit_code": rc}}
+               "without_over_eager": without / eager, "unconstrained": full, "at_floor": at_floor,
+               "at_0.4x_eager": at_goal, "time_per_sample_at_floor_over_unconstrained": over(at_floor),
+               "time_per_sample_at_0.4x_eager_over_unconstrained": over(at_goal)}
     print(json.dumps(summary, indent=1))
     if args.json:
         with open(args.json, "w") as f:
