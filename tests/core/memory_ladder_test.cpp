@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "support/test_util.h"
+#include "support/tiny_text.h"
 #include "trainer/memory.h"
 #include "trainer/run_records.h"
 #include "trainer/trainer.h"
@@ -89,6 +90,24 @@ console = false
 [plugins]
 load = ["oom_backoff"]
 )";
+
+// A BERT-style text encoder (4 layers of width 128, 4 heads) on tiny_text.h's texts, every batch
+// padded to 64 tokens (no columns of padding cut): its blocks' activations, like the ViT's, are a
+// large part of a step at a micro-batch of 1. SGD and no dropout, as the ViT.
+std::string bert_recipe(const std::string& dir) {
+  testing::tiny_text_recipe(dir);  // the tokenizer and the texts
+  return "[run]\nseed = 5\n"
+         "[model]\nname = \"bert\"\nhidden_size = 128\nnum_hidden_layers = 4\nnum_attention_heads = 4\n"
+         "intermediate_size = 256\nmax_position_embeddings = 64\nhidden_dropout_prob = 0.0\n"
+         "attention_probs_dropout_prob = 0.0\ntrim_padding = false\n"
+         "[dataset]\nname = \"text\"\ntrain = \"" +
+         dir + "/train.csv\"\ntest = \"" + dir + "/test.csv\"\ntokenizer = \"" + dir +
+         "/tokenizer.json\"\nmax_length = 64\npadding = \"max_length\"\n"
+         "[training]\nepochs = 1\nbatch_size = 8\nmicro_batch_size = 8\nmax_steps = 4\nlog_every = 1\n"
+         "[optim]\nname = \"sgd\"\nlr = 0.05\n"
+         "[eval]\nevery_epochs = 0\nat_end = false\n[checkpoint]\nevery_epochs = 0\nat_end = false\n"
+         "[metrics]\nconsole = false\n[plugins]\nload = [\"oom_backoff\"]\n";
+}
 
 /// The highest peak of allocated CPU memory over the training batches (BatchStart to BatchEnd;
 /// writing a checkpoint serializes a copy of the model, which is not a step's), and the memory
@@ -194,15 +213,20 @@ class MemoryLadder : public testing::TrainerTest {
   /// run starts from the same memory), then a budget halfway between the peaks of one sample per
   /// micro-batch plain and with every block checkpointed.
   std::int64_t vit_budget_between_one_sample_plain_and_checkpointed(std::vector<at::Tensor>& reference) {
-    if (run(kVitRecipe, {}, "reference").exit_code != kExitOk) return 0;
+    return budget_between_one_sample_plain_and_checkpointed(kVitRecipe, 6, reference);
+  }
+  /// The same for `recipe`, a model of `blocks` blocks.
+  std::int64_t budget_between_one_sample_plain_and_checkpointed(const std::string& recipe, std::int64_t blocks,
+                                                                std::vector<at::Tensor>& reference) {
+    if (run(recipe, {}, "reference").exit_code != kExitOk) return 0;
     reference = params;
     auto plain = std::make_shared<Probe>(), checkpointed = std::make_shared<Probe>();
-    if (run(kVitRecipe, {"training.micro_batch_size=1"}, "plain1", {plain}).exit_code != kExitOk) return 0;
-    if (run(kVitRecipe, {"training.micro_batch_size=1"}, "ckpt1", {checkpointed, std::make_shared<AllBlocks>()})
+    if (run(recipe, {"training.micro_batch_size=1"}, "plain1", {plain}).exit_code != kExitOk) return 0;
+    if (run(recipe, {"training.micro_batch_size=1"}, "ckpt1", {checkpointed, std::make_shared<AllBlocks>()})
             .exit_code != kExitOk) {
       return 0;
     }
-    EXPECT_EQ(checkpointed->blocks.back(), 6);
+    EXPECT_EQ(checkpointed->blocks.back(), blocks);
     EXPECT_LT(checkpointed->peak + (256 << 10), plain->peak) << "checkpointing saves too little to test the ladder";
     return (plain->peak + checkpointed->peak) / 2;
   }
@@ -246,6 +270,28 @@ TEST_F(MemoryLadder, AViTThatCannotStepAtMicroBatch1FinishesWithExactRungsAndThe
   ASSERT_FALSE(rung.empty());
   EXPECT_EQ(rung.begin()->second, 2.0);  // checkpointing (rung 2) on from the first step
   EXPECT_FALSE(metric_by_step(tmp_ / "ladder/metrics.jsonl", "memory/checkpointed_blocks").empty());
+}
+
+// The same for a text encoder: its layers are the blocks the checkpoint rung takes.
+TEST_F(MemoryLadder, ATextEncoderThatCannotStepAtMicroBatch1FinishesWithExactRungsAndTheUnbudgetedParameters) {
+  const std::string recipe = bert_recipe(tmp_ / "text");
+  std::vector<at::Tensor> reference;
+  const std::int64_t budget = budget_between_one_sample_plain_and_checkpointed(recipe, 4, reference);
+  ASSERT_GT(budget, 0);
+  const RunResult alone = run(recipe, {limit_mb(budget), "+plugins.oom_backoff.ladder=[\"micro_batch\"]"}, "alone");
+  ASSERT_EQ(alone.exit_code, kExitTrainingFailed) << alone.message;
+  EXPECT_EQ(alone.failure, FailureKind::OutOfMemory);
+  EXPECT_EQ(alone.oom_micro_batch, 1);
+  auto probe = std::make_shared<Probe>();
+  const RunResult r = run(recipe, {limit_mb(budget)}, "ladder", {probe});
+  ASSERT_EQ(r.exit_code, kExitOk) << r.message;
+  EXPECT_EQ(r.global_step, 4);
+  expect_params_close(params, reference);
+  EXPECT_GT(probe->blocks.back(), 0);
+  const std::string text = log("ladder");
+  EXPECT_NE(text.find("oom_backoff: rung checkpoint: out of memory in "), std::string::npos) << text;
+  EXPECT_NE(text.find(" of 4 blocks checkpointed"), std::string::npos) << text;
+  EXPECT_EQ(status("ladder").checkpointed_blocks, probe->blocks.back());
 }
 
 TEST_F(MemoryLadder, AResumeStartsWithTheRungsOnAndEndsAtTheStraightRunsParameters) {
