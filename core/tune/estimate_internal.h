@@ -35,6 +35,22 @@ std::vector<std::string> length_overrides(std::int64_t len, const RecipeFacts& f
 
 std::int64_t usable(const MemoryEstimate& e);
 
+/// Least squares for y = X w (LAPACK's gelsd); throws trainer::Error when the columns cannot be
+/// told apart.
+std::vector<double> least_squares(const std::vector<std::vector<double>>& X, const std::vector<double>& y);
+
+/// A probe's step times from its run (its fastest step after the first).
+void set_times(Probe& p, const ShortRunResult& r);
+/// The time model (estimate.h) from the plain probes that ran.
+void fit_times(MemoryEstimate& e);
+/// The rungs of oom_backoff's ladder that `facts` allows, probed and fitted into `e`; `sizes`
+/// the plain probes' micro-batches, `model_blocks` the blocks the core can checkpoint.
+void probe_ladder(const EstimateRequest& request, const RecipeFacts& facts, const std::vector<std::int64_t>& sizes,
+                  std::int64_t model_blocks, MemoryEstimate& e);
+
+/// model.memory_format = "auto": each rung's terms in `e` as the larger of its own and `other`'s.
+void keep_larger_rungs(MemoryEstimate& e, const MemoryEstimate& other);
+
 /// The ladder's table at the recipe's (batch, micro-batch) and the cheapest configuration that
 /// fits (MemoryEstimate::rungs, cheapest), from the fit and the rungs probed.
 void set_ladder(MemoryEstimate& e);

@@ -15,9 +15,6 @@
 #include "trainer/memory.h"
 
 namespace trainer::tune {
-namespace {
-
-constexpr std::int64_t kMiB = 1024 * 1024;
 
 /// Least squares for y = X w (LAPACK's SVD-based gelsd through LibTorch). A term the probes
 /// cannot tell apart from the others (X of lower rank than its columns) is an error, not a
@@ -36,6 +33,10 @@ std::vector<double> least_squares(const std::vector<std::vector<double>>& X, con
   const at::Tensor w = std::get<0>(fit).contiguous();
   return std::vector<double>(w.data_ptr<double>(), w.data_ptr<double>() + k);
 }
+
+namespace {
+
+constexpr std::int64_t kMiB = 1024 * 1024;
 
 void set_limit(MemoryEstimate& e, const MemorySettings& m) {
   const c10::Device device(e.device);
@@ -62,159 +63,6 @@ void set_limit(MemoryEstimate& e, const MemorySettings& m) {
     src << (device.is_cuda() ? "free memory of " + e.device + " now" : std::string("available host memory now"));
   }
   e.limit_source = src.str();
-}
-
-/// A probe's step times: its fastest step after the first (which creates the optimizer state and
-/// fills the read-ahead), or its only step.
-void set_times(Probe& p, const ShortRunResult& r) {
-  const std::size_t from = r.steps.size() > 1 ? 1 : 0;
-  for (std::size_t i = from; i < r.steps.size(); ++i) {
-    const double fb = r.steps[i].seconds - r.steps[i].optimizer_seconds;
-    if (i == from || r.steps[i].seconds < p.forward_backward_seconds + p.optimizer_seconds) {
-      p.forward_backward_seconds = fb;
-      p.optimizer_seconds = r.steps[i].optimizer_seconds;
-    }
-  }
-}
-
-/// The time model (estimate.h) from the plain probes that ran: the optimizer step is their
-/// median; the forward and backward passes per micro-step and per sample by least squares,
-/// neither below 0.
-void fit_times(MemoryEstimate& e) {
-  std::vector<double> optimizer;
-  std::vector<std::vector<double>> X;
-  std::vector<double> y;
-  for (const auto& p : e.probes) {
-    if (!p.error.empty() || p.checkpointed_blocks != 0 || p.moment_bits != e.moment_bits || p.length != 0) continue;
-    optimizer.push_back(p.optimizer_seconds);
-    X.push_back({double((p.batch_size + p.micro_batch - 1) / p.micro_batch), double(p.batch_size)});
-    y.push_back(p.forward_backward_seconds);
-  }
-  if (X.size() < 2) return;
-  std::sort(optimizer.begin(), optimizer.end());
-  e.step_seconds = optimizer[optimizer.size() / 2];
-  std::vector<double> w{0.0, 0.0};
-  try {
-    w = least_squares(X, y);
-  } catch (const Error&) {
-  }
-  // One term alone where the other came out negative (noise on a busy machine).
-  const auto alone = [&](std::size_t c) {
-    double xy = 0, xx = 0;
-    for (std::size_t i = 0; i < X.size(); ++i) xy += X[i][c] * y[i], xx += X[i][c] * X[i][c];
-    return xx > 0 ? std::max(0.0, xy / xx) : 0.0;
-  };
-  if (w[0] < 0 || !std::isfinite(w[0])) w = {0.0, alone(1)};
-  if (w[1] < 0 || !std::isfinite(w[1])) w = {alone(0), 0.0};
-  e.micro_step_seconds = w[0], e.sample_seconds = w[1];
-}
-
-/// The rungs of oom_backoff's ladder that `facts` allows, probed (estimate.h): checkpointing
-/// every block at the smallest and largest sizes, AdamW's moments in fewer bits at the smallest.
-void probe_ladder(const EstimateRequest& request, const RecipeFacts& facts, const std::vector<std::int64_t>& sizes,
-                  std::int64_t model_blocks, MemoryEstimate& e) {
-  // Copies: probing appends to e.probes.
-  const auto plain = [&e](std::int64_t m) -> std::optional<Probe> {
-    for (const auto& p : e.probes) {
-      if (p.error.empty() && p.batch_size == m && p.micro_batch == m && p.length == 0 && p.checkpointed_blocks == 0 &&
-          p.moment_bits == e.moment_bits)
-        return p;
-    }
-    return std::nullopt;
-  };
-  const auto probe = [&](std::int64_t m, std::int64_t blocks, int bits) -> std::optional<Probe> {
-    ShortRunSpec spec;
-    spec.recipe = request.recipe;
-    spec.overrides = request.overrides;
-    spec.plugin_dirs = request.plugin_dirs;
-    spec.batch_size = m;
-    spec.micro_batch = m;
-    spec.steps = request.probe_steps;
-    spec.checkpointed_blocks = blocks;
-    spec.moment_bits = bits;
-    spec.run_dir =
-        probe_dir(request, "rung-" + std::to_string(m) + "-" + std::to_string(blocks) + "-" + std::to_string(bits));
-    const ShortRunResult r = run_short(spec);
-    Probe p;
-    p.batch_size = p.micro_batch = m;
-    p.peak = r.peak();
-    p.peak_forward_backward = r.peak_forward_backward();
-    p.peak_optimizer_step = r.peak_optimizer_step();
-    p.reserved = r.reserved();
-    p.out_of_memory = r.out_of_memory;
-    // What it ran with, or (a run that did not step) what it was asked for.
-    p.checkpointed_blocks = r.steps.empty() ? (blocks < 0 ? model_blocks : blocks) : r.checkpointed_blocks;
-    p.moment_bits = r.steps.empty() ? (bits != 0 ? bits : e.moment_bits) : r.moment_bits;
-    set_times(p, r);
-    const bool ran = r.exit_code == 0 && static_cast<std::int64_t>(r.steps.size()) >= request.probe_steps;
-    const std::string what =
-        blocks != 0 ? "every block checkpointed" : "AdamW's moments in " + std::to_string(bits) + " bits";
-    if (!ran) {
-      p.error = r.message.empty() ? "ran " + std::to_string(r.steps.size()) + " steps" : r.message;
-      e.notes.push_back("the probe with " + what + " at micro-batch " + std::to_string(m) + " failed (" + p.error +
-                        "): that rung is left out");
-    } else if (blocks != 0 && r.checkpointed_blocks != r.model_blocks) {
-      p.error = "ran with " + std::to_string(r.checkpointed_blocks) + " of " + std::to_string(r.model_blocks) +
-                " blocks checkpointed";
-      e.notes.push_back("the probe with " + what + " " + p.error +
-                        " (another plugin wraps blocks): the checkpoint "
-                        "rung is left out");
-    } else if (bits != 0 && r.moment_bits != bits) {
-      p.error = "ran with moments in " + std::to_string(r.moment_bits) + " bits";
-      e.notes.push_back("the probe with " + what + " " + p.error + ": that rung is left out");
-    }
-    e.probes.push_back(p);
-    return p.error.empty() ? std::optional<Probe>(p) : std::nullopt;
-  };
-  // The allocator's slack on the rungs (CUDA: what the limit caps is reserved memory, and
-  // recomputing or converting may leave more of it unused than the plain probes did).
-  const auto note_slack = [&e](const Probe& p) { e.rung_slack = std::max(e.rung_slack, double(p.reserved - p.peak)); };
-  if (facts.rung_checkpoint && model_blocks > 0) {
-    // Every block checkpointed, at the two largest sizes (nearest the recipe's micro-batch, where
-    // the line is used most): that line's held memory and per-sample term.
-    const std::int64_t small = sizes[sizes.size() - 2], large = sizes.back();
-    const auto lo = probe(small, -1, 0);
-    const auto hi = lo ? probe(large, -1, 0) : std::nullopt;
-    if (lo && hi) {
-      const double m_lo = double(lo->micro_batch), m_hi = double(hi->micro_batch);
-      const double per_sample = double(hi->peak_forward_backward - lo->peak_forward_backward) / (m_hi - m_lo);
-      if (per_sample < 0 || per_sample > e.per_sample) {
-        // Checkpointing keeps less per sample, never more, and never less than nothing.
-        e.notes.push_back("the probes with every block checkpointed hold " + format_bytes(std::llround(per_sample)) +
-                          " per sample against " + format_bytes(std::llround(e.per_sample)) +
-                          " plain: not a line to predict from; the checkpoint rung is left out");
-      } else {
-        e.checkpointed_per_sample = per_sample;
-        e.checkpointed_held = double(lo->peak_forward_backward) - per_sample * m_lo;
-        e.model_blocks = model_blocks;
-        note_slack(*lo);
-        note_slack(*hi);
-        const auto plain_lo = plain(small), plain_hi = plain(large);
-        if (plain_lo && plain_hi) {
-          e.checkpoint_sample_seconds =
-              std::max(0.0, 0.5 * ((lo->forward_backward_seconds - plain_lo->forward_backward_seconds) / m_lo +
-                                   (hi->forward_backward_seconds - plain_hi->forward_backward_seconds) / m_hi));
-        } else {
-          e.notes.push_back("no plain probe at micro-batch " + std::to_string(plain_lo ? large : small) +
-                            " to time checkpointing against: its recomputation is not in the predicted times");
-        }
-      }
-    }
-  }
-  for (const int bits : {16, 8}) {
-    const bool allowed = bits == 16 ? facts.rung_bf16 : facts.rung_8bit;
-    if (!allowed || e.moment_bits <= bits) continue;  // not AdamW (0), or already as compact
-    const auto base = plain(sizes.front());
-    const auto p = base ? probe(sizes.front(), 0, bits) : std::nullopt;
-    if (!p) continue;
-    MomentRung r;
-    r.bits = bits;
-    r.held_delta = double(p->peak_forward_backward - base->peak_forward_backward);
-    r.step_held_delta = double(p->peak_optimizer_step - base->peak_optimizer_step);
-    r.seconds_delta = p->optimizer_seconds - base->optimizer_seconds;
-    e.moment_rungs.push_back(r);
-    note_slack(*p);
-  }
 }
 
 MemoryEstimate estimate_once(const EstimateRequest& request, const RecipeFacts& facts) {
@@ -622,23 +470,7 @@ MemoryEstimate estimate_memory(const EstimateRequest& request) {
     // two formats' (a rung left out of either is left out).
     const MemoryEstimate& other =
         best.probe_overrides == std::vector<std::string>{"model.memory_format=contiguous"} ? channels_last : contiguous;
-    if (other.model_blocks != best.model_blocks) {
-      best.model_blocks = 0;
-    } else if (best.model_blocks > 0) {
-      best.checkpointed_held = std::max(best.checkpointed_held, other.checkpointed_held);
-      best.checkpointed_per_sample = std::max(best.checkpointed_per_sample, other.checkpointed_per_sample);
-      best.checkpoint_sample_seconds = std::max(best.checkpoint_sample_seconds, other.checkpoint_sample_seconds);
-    }
-    std::vector<MomentRung> both;
-    for (const auto& r : best.moment_rungs) {
-      for (const auto& o : other.moment_rungs) {
-        if (o.bits != r.bits) continue;
-        both.push_back({r.bits, std::max(r.held_delta, o.held_delta), std::max(r.step_held_delta, o.step_held_delta),
-                        std::max(r.seconds_delta, o.seconds_delta)});
-      }
-    }
-    best.moment_rungs = both;
-    best.rung_slack = std::max(best.rung_slack, other.rung_slack);
+    keep_larger_rungs(best, other);
     set_ladder(best);
   }
   return best;
