@@ -31,35 +31,30 @@ Admission admit_trial(const MemoryEstimate& e, const TrialShape& shape) {
     for (std::int64_t k = micro - 1; shape.backoff_floor > 0 && k >= shape.backoff_floor && m == 0; --k) {
       if (e.fits_at(shape.batch, k)) m = k;
     }
-    if (m == 0 && shape.backoff_floor > 0) {
-      // Nothing fits on the micro-batch alone: the cheapest configuration on oom_backoff's
-      // ladder that fits, started there (climbed down when memory frees up, as a rung taken).
-      if (const auto c = e.cheapest_fit(shape.batch, micro, shape.backoff_floor);
-          c && (c->checkpointed_blocks > 0 || c->moment_bits > 0)) {
-        if (c->micro_batch != micro)
-          a.overrides.push_back("training.micro_batch_size=" + std::to_string(c->micro_batch));
-        if (c->checkpointed_blocks > 0) {
-          a.overrides.push_back("plugins.oom_backoff.start_checkpointed_blocks=" +
-                                std::to_string(c->checkpointed_blocks));
-        }
-        if (c->moment_bits > 0)
-          a.overrides.push_back("plugins.oom_backoff.start_moment_bits=" + std::to_string(c->moment_bits));
-        a.reason =
-            "on the ladder: " + describe_config(e, *c) + ", " + ratio_text(c->time_ratio) + " (" + why.str() + ")";
-        micro = c->micro_batch;
-        rung = *c;
+    // Else, with oom_backoff, the cheapest configuration on its ladder that fits: the trial
+    // starts there (climbed down when memory frees up, as a rung taken).
+    const auto c =
+        m == 0 && shape.backoff_floor > 0 ? e.cheapest_fit(shape.batch, micro, shape.backoff_floor) : std::nullopt;
+    if (m > 0) {
+      a.overrides.push_back("training.micro_batch_size=" + std::to_string(m));
+      a.reason = "micro-batch " + std::to_string(micro) + " -> " + std::to_string(m) + " (" + why.str() + ")";
+      micro = m;
+    } else if (c && (c->checkpointed_blocks > 0 || c->moment_bits > 0)) {
+      if (c->micro_batch != micro) a.overrides.push_back("training.micro_batch_size=" + std::to_string(c->micro_batch));
+      if (c->checkpointed_blocks > 0) {
+        a.overrides.push_back("plugins.oom_backoff.start_checkpointed_blocks=" +
+                              std::to_string(c->checkpointed_blocks));
       }
-    }
-    if (m == 0 && !rung) {
+      if (c->moment_bits > 0)
+        a.overrides.push_back("plugins.oom_backoff.start_moment_bits=" + std::to_string(c->moment_bits));
+      a.reason = "on the ladder: " + describe_config(e, *c) + ", " + ratio_text(c->time_ratio) + " (" + why.str() + ")";
+      micro = c->micro_batch;
+      rung = c;
+    } else {
       a.run = false;
       a.reason = kSkip + why.str();
       a.predicted_peak = e.predict(shape.batch, micro);
       return a;
-    }
-    if (!rung) {
-      a.overrides.push_back("training.micro_batch_size=" + std::to_string(m));
-      a.reason = "micro-batch " + std::to_string(micro) + " -> " + std::to_string(m) + " (" + why.str() + ")";
-      micro = m;
     }
   }
   std::int64_t eval_batch = shape.eval_batch;

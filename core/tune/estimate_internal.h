@@ -39,8 +39,9 @@ std::int64_t usable(const MemoryEstimate& e);
 /// told apart.
 std::vector<double> least_squares(const std::vector<std::vector<double>>& X, const std::vector<double>& y);
 
-/// A probe's step times from its run (its fastest step after the first).
-void set_times(Probe& p, const ShortRunResult& r);
+/// A probe as run `r` measured it at (batch, micro-batch, length): its peaks, the savers it ran
+/// with, and its step times (its fastest step after the first).
+Probe probe_of(const ShortRunResult& r, std::int64_t batch, std::int64_t micro, std::int64_t length);
 /// The time model (estimate.h) from the plain probes that ran.
 void fit_times(MemoryEstimate& e);
 /// The rungs of oom_backoff's ladder that `facts` allows, probed and fitted into `e`; `sizes`

@@ -11,17 +11,28 @@
 
 namespace trainer::tune {
 
-/// A probe's step times: its fastest step after the first (which creates the optimizer state and
-/// fills the read-ahead), or its only step.
-void set_times(Probe& p, const ShortRunResult& r) {
+Probe probe_of(const ShortRunResult& r, std::int64_t batch, std::int64_t micro, std::int64_t length) {
+  Probe p;
+  p.batch_size = batch;
+  p.micro_batch = micro;
+  p.length = length;
+  p.peak = r.peak();
+  p.peak_forward_backward = r.peak_forward_backward();
+  p.peak_optimizer_step = r.peak_optimizer_step();
+  p.reserved = r.reserved();
+  p.out_of_memory = r.out_of_memory;
+  p.checkpointed_blocks = r.checkpointed_blocks;
+  p.moment_bits = r.moment_bits;
+  // Its fastest step after the first (which creates the optimizer state and fills the
+  // read-ahead), or its only step.
   const std::size_t from = r.steps.size() > 1 ? 1 : 0;
   for (std::size_t i = from; i < r.steps.size(); ++i) {
-    const double fb = r.steps[i].seconds - r.steps[i].optimizer_seconds;
     if (i == from || r.steps[i].seconds < p.forward_backward_seconds + p.optimizer_seconds) {
-      p.forward_backward_seconds = fb;
+      p.forward_backward_seconds = r.steps[i].seconds - r.steps[i].optimizer_seconds;
       p.optimizer_seconds = r.steps[i].optimizer_seconds;
     }
   }
+  return p;
 }
 
 /// The time model (estimate.h) from the plain probes that ran: the optimizer step is their
@@ -82,17 +93,12 @@ void probe_ladder(const EstimateRequest& request, const RecipeFacts& facts, cons
     spec.run_dir =
         probe_dir(request, "rung-" + std::to_string(m) + "-" + std::to_string(blocks) + "-" + std::to_string(bits));
     const ShortRunResult r = run_short(spec);
-    Probe p;
-    p.batch_size = p.micro_batch = m;
-    p.peak = r.peak();
-    p.peak_forward_backward = r.peak_forward_backward();
-    p.peak_optimizer_step = r.peak_optimizer_step();
-    p.reserved = r.reserved();
-    p.out_of_memory = r.out_of_memory;
-    // What it ran with, or (a run that did not step) what it was asked for.
-    p.checkpointed_blocks = r.steps.empty() ? (blocks < 0 ? model_blocks : blocks) : r.checkpointed_blocks;
-    p.moment_bits = r.steps.empty() ? (bits != 0 ? bits : e.moment_bits) : r.moment_bits;
-    set_times(p, r);
+    Probe p = probe_of(r, m, m, 0);
+    if (r.steps.empty()) {
+      // It did not step: what it was asked for.
+      p.checkpointed_blocks = blocks < 0 ? model_blocks : blocks;
+      p.moment_bits = bits != 0 ? bits : e.moment_bits;
+    }
     const bool ran = r.exit_code == 0 && static_cast<std::int64_t>(r.steps.size()) >= request.probe_steps;
     const std::string what =
         blocks != 0 ? "every block checkpointed" : "AdamW's moments in " + std::to_string(bits) + " bits";
@@ -164,12 +170,20 @@ void probe_ladder(const EstimateRequest& request, const RecipeFacts& facts, cons
   }
 }
 
+namespace {
+
+/// k of N blocks checkpointed as a share of the way from the plain line to every block's.
+double checkpointed_share(const MemoryEstimate& e, std::int64_t blocks) {
+  return e.model_blocks > 0 ? double(std::clamp<std::int64_t>(blocks, 0, e.model_blocks)) / double(e.model_blocks)
+                            : 0.0;
+}
+
+}  // namespace
+
 std::int64_t MemoryEstimate::predict_on_rung(std::int64_t batch, std::int64_t micro, std::int64_t blocks,
                                              int bits) const {
   micro = std::max<std::int64_t>(1, std::min(micro, batch));
-  // k of N blocks: k/N of the way from the plain line to the line with every block checkpointed.
-  const double f =
-      model_blocks > 0 ? double(std::clamp<std::int64_t>(blocks, 0, model_blocks)) / double(model_blocks) : 0.0;
+  const double f = checkpointed_share(*this, blocks);
   double held_delta = 0, step_delta = 0;
   for (const auto& r : moment_rungs) {
     if (r.bits == bits) held_delta = r.held_delta, step_delta = r.step_held_delta;
@@ -199,8 +213,7 @@ std::int64_t MemoryEstimate::rung_limit_measure(std::int64_t batch, std::int64_t
 
 double MemoryEstimate::predict_seconds(std::int64_t batch, std::int64_t micro, std::int64_t blocks, int bits) const {
   micro = std::max<std::int64_t>(1, std::min(micro, batch));
-  const double f =
-      model_blocks > 0 ? double(std::clamp<std::int64_t>(blocks, 0, model_blocks)) / double(model_blocks) : 0.0;
+  const double f = checkpointed_share(*this, blocks);
   double t = step_seconds + micro_step_seconds * double((batch + micro - 1) / micro) +
              (sample_seconds + f * checkpoint_sample_seconds) * double(batch);
   for (const auto& r : moment_rungs) {

@@ -140,18 +140,7 @@ MemoryEstimate estimate_once(const EstimateRequest& request, const RecipeFacts& 
     spec.evaluate = facts.eval_batch > 0 && (index == 0 || (index == 1 && facts.eval_batch >= 2));
     if (spec.evaluate) spec.eval_batch = index == 0 ? facts.eval_batch : facts.eval_batch / 2;
     const ShortRunResult r = run_short(spec);
-    Probe p;
-    p.batch_size = batch;
-    p.micro_batch = micro;
-    p.length = len;
-    p.peak = r.peak();
-    p.peak_forward_backward = r.peak_forward_backward();
-    p.peak_optimizer_step = r.peak_optimizer_step();
-    p.reserved = r.reserved();
-    p.out_of_memory = r.out_of_memory;
-    p.checkpointed_blocks = r.checkpointed_blocks;
-    p.moment_bits = r.moment_bits;
-    set_times(p, r);
+    Probe p = probe_of(r, batch, micro, len);
     // Out of memory in the evaluation after all its steps ran (a device: the probes have no
     // budget): the steps are measured all the same; the evaluation at that size cannot fit.
     const bool steps_ran = static_cast<std::int64_t>(r.steps.size()) >= request.probe_steps;
@@ -448,7 +437,7 @@ MemoryEstimate estimate_memory(const EstimateRequest& request) {
   // NOTE: with model.memory_format = "auto" each run picks NCHW or NHWC by timing them, so two
   // runs of one recipe may differ; the activations differ between the two. Probe both and keep
   // the larger, which holds whichever the run picks.
-  MemoryEstimate best, contiguous, channels_last;
+  MemoryEstimate best, other;  // other: the format not kept
   for (const char* format : {"contiguous", "channels_last"}) {
     EstimateRequest r = request;
     r.overrides.push_back(std::string("model.memory_format=") + format);
@@ -456,20 +445,19 @@ MemoryEstimate estimate_memory(const EstimateRequest& request) {
     e.probe_overrides = {r.overrides.back()};
     e.notes.push_back(std::string("model.memory_format = \"auto\": probed ") + format + ", predicted peak " +
                       format_bytes(e.peak));
-    (std::string(format) == "contiguous" ? contiguous : channels_last) = e;
     if (best.device.empty() || e.run_peak > best.run_peak) {
       e.notes.insert(e.notes.begin(), best.notes.begin(), best.notes.end());
+      other = std::move(best);
       best = std::move(e);
     } else {
       best.notes.push_back(e.notes.back());
+      other = std::move(e);
     }
   }
   best.notes.push_back("the larger prediction is the estimate: the run picks either by timing them");
-  if (best.has_ladder() || !best.rungs.empty()) {
+  if (!best.rungs.empty()) {
     // The ladder too must hold whichever the run picks: each rung's terms as the larger of the
     // two formats' (a rung left out of either is left out).
-    const MemoryEstimate& other =
-        best.probe_overrides == std::vector<std::string>{"model.memory_format=contiguous"} ? channels_last : contiguous;
     keep_larger_rungs(best, other);
     set_ladder(best);
   }

@@ -158,25 +158,26 @@ class OomBackoffPlugin final : public trainer::Plugin {
         if (!restored_) patience_ = s_.grow_after;
         // What the model or the optimizer cannot do ends the run as a usage error (exit code 2)
         // before its first step, whatever this plugin's failure policy.
-        if (s_.start_checkpointed_blocks > ctx.state.model_blocks) {
+        const auto refuse = [](const char* key, std::int64_t value, const std::string& why) {
           throw trainer::ExitRequest(
               trainer::kExitUsage, trainer::RunStatus::Failed,
-              "plugins.oom_backoff.start_checkpointed_blocks = " + std::to_string(s_.start_checkpointed_blocks) +
-                  ": the model has " + std::to_string(ctx.state.model_blocks) +
-                  " blocks the core can checkpoint (blocks another plugin wraps do not count)");
+              std::string("plugins.oom_backoff.") + key + " = " + std::to_string(value) + ": " + why);
+        };
+        const trainer::RunState& st = ctx.state;
+        if (s_.start_checkpointed_blocks > st.model_blocks) {
+          refuse("start_checkpointed_blocks", s_.start_checkpointed_blocks,
+                 "the model has " + std::to_string(st.model_blocks) +
+                     " blocks the core can checkpoint (blocks another plugin wraps do not count)");
         }
-        if (s_.start_moment_bits != 0 && ctx.state.optimizer_moment_bits == 0) {
-          throw trainer::ExitRequest(trainer::kExitUsage, trainer::RunStatus::Failed,
-                                     "plugins.oom_backoff.start_moment_bits = " + std::to_string(s_.start_moment_bits) +
-                                         ": the optimizer's moments cannot change their bits (AdamW's and "
-                                         "adamw8bit's can, outside a data-parallel run)");
+        if (s_.start_moment_bits != 0 && st.optimizer_moment_bits == 0) {
+          refuse("start_moment_bits", s_.start_moment_bits,
+                 "the optimizer's moments cannot change their bits (AdamW's and adamw8bit's can, outside a "
+                 "data-parallel run)");
         }
-        if (s_.start_moment_bits != 0 && s_.start_moment_bits >= ctx.state.configured_moment_bits) {
-          throw trainer::ExitRequest(trainer::kExitUsage, trainer::RunStatus::Failed,
-                                     "plugins.oom_backoff.start_moment_bits = " + std::to_string(s_.start_moment_bits) +
-                                         ": the optimizer keeps its moments in " +
-                                         std::to_string(ctx.state.configured_moment_bits) +
-                                         " bits already; a start on the ladder has fewer (16 or 8)");
+        if (s_.start_moment_bits != 0 && s_.start_moment_bits >= st.configured_moment_bits) {
+          refuse("start_moment_bits", s_.start_moment_bits,
+                 "the optimizer keeps its moments in " + std::to_string(st.configured_moment_bits) +
+                     " bits already; a start on the ladder has fewer (16 or 8)");
         }
         if (restored_configured_ != 0 && restored_configured_ != configured_) {
           // What was learnt for another configured size still says what fits; sizes above the
