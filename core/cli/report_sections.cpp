@@ -127,6 +127,18 @@ void render_header(const RunData& d, double t_first, double t_last, std::ostring
                                                           : std::string())));
   }
 
+  if (d.status) {
+    // The memory ladder's savers on when the run ended (status.json; oom_backoff).
+    std::string savers;
+    auto add = [&savers](const std::string& s) { savers += (savers.empty() ? "" : "; ") + s; };
+    if (d.status->checkpointed_blocks > 0) add(std::to_string(d.status->checkpointed_blocks) + " blocks checkpointed");
+    if (d.status->optimizer_moment_bits > 0) {
+      add("AdamW's moments in " + std::to_string(d.status->optimizer_moment_bits) + " bits");
+    }
+    if (d.status->optimizer_offload) add("AdamW's moments in host memory");
+    if (!savers.empty()) h << fact("Memory savers on", html_escape(savers));
+  }
+
   double last_step = -std::numeric_limits<double>::infinity();
   for (const auto& [name, points] : d.metrics) {
     for (const auto& p : points) last_step = std::max(last_step, p.step);

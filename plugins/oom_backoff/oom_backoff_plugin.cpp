@@ -2,8 +2,9 @@
 // OutOfMemory; this plugin answers by climbing a ladder of memory savers, chosen by what was
 // full: a smaller micro-batch (the core re-runs the same samples as more micro-batches),
 // activation checkpointing of more and more blocks, AdamW's moments in bf16 then 8 bits (not
-// exact: only with allow_inexact), another device. After enough clean steps it climbs down in
-// reverse order (moments, then checkpointing, then the micro-batch grows back toward the
+// exact: only with allow_inexact), AdamW's moments in host memory (a GPU), another device.
+// After enough clean steps it climbs down in reverse order (the moments back on the device,
+// back to their bits, then checkpointing, then the micro-batch grows back toward the
 // configured size), remembering where it failed so it does not thrash. Where nothing on the
 // ladder changes the memory needed (reading the batch) it retries once at the same size, then
 // falls back to another device or gives up. What it learnt (the micro-batch, the ceiling, the
@@ -188,13 +189,15 @@ class OomBackoffPlugin final : public trainer::Plugin {
       }
       case trainer::Event::AfterOptimizerStep: {
         const std::int64_t cur = ctx.state.micro_batch_size;
-        if (asked_bits_ > 0 && ctx.state.optimizer_moment_bits != asked_bits_) {
-          // The moments' way back ran out of memory converting (the core kept them as they
-          // were): as a grow that failed, wait twice as long before the next try.
+        if ((asked_bits_ > 0 && ctx.state.optimizer_moment_bits != asked_bits_) ||
+            (asked_onto_device_ && ctx.state.optimizer_offload)) {
+          // The moments' way back ran out of memory converting or moving (the core kept them as
+          // they were): as a grow that failed, wait twice as long before the next try.
           patience_ = std::max<std::int64_t>(patience_ * 2, s_.grow_after);
           grew_ = false;
         }
         asked_bits_ = 0;
+        asked_onto_device_ = false;
         good_ = std::max(good_, cur);
         if (bad_ > 0 && cur >= bad_) bad_ = 0;  // the ceiling was stale: memory freed up
         if (grew_) patience_ = s_.grow_after;   // a grow (or an undone saver) that worked resets the patience
@@ -262,6 +265,7 @@ class OomBackoffPlugin final : public trainer::Plugin {
       out += (out.empty() ? "" : ", ") + std::string("AdamW moments in ") + std::to_string(st.optimizer_moment_bits) +
              " bits (inexact)";
     }
+    if (st.optimizer_offload) out += (out.empty() ? "" : ", ") + std::string("AdamW moments in host memory");
     return out;
   }
 
@@ -269,6 +273,7 @@ class OomBackoffPlugin final : public trainer::Plugin {
   int rung_now(const trainer::EventContext& ctx) const {
     if (moved_) return 1 + static_cast<int>(Rung::Device);
     const auto& st = ctx.state;
+    if (st.optimizer_offload) return 1 + static_cast<int>(Rung::Offload);
     if (st.optimizer_moment_bits != st.configured_moment_bits) {
       return 1 + static_cast<int>(st.optimizer_moment_bits <= 8 ? Rung::Optimizer8bit : Rung::OptimizerBf16);
     }
@@ -310,7 +315,8 @@ class OomBackoffPlugin final : public trainer::Plugin {
   void on_oom(trainer::EventContext& ctx, trainer::Control& control) {
     const trainer::OomInfo& oom = *ctx.oom;
     ++ooms_;
-    asked_bits_ = 0;                                         // a failure after asking counts as one below (grew_)
+    asked_bits_ = 0;  // a failure after asking counts as one below (grew_)
+    asked_onto_device_ = false;
     if (oom.phase == trainer::OomPhase::Checkpoint) return;  // the core retries a checkpoint once by itself
     const bool eval = oom.phase == trainer::OomPhase::Eval;
     if (eval && !s_.eval) return;
@@ -421,13 +427,12 @@ class OomBackoffPlugin final : public trainer::Plugin {
           }
           return false;
         }
-        if (!offload_noted_) {
-          logger_->warn(
-              "oom_backoff: rung offload skipped: offloading the optimizer state to host memory is not "
-              "built yet");
-          offload_noted_ = true;
-        }
-        return false;
+        // AdamW's (0 bits: another optimizer, or a data-parallel run), not in host memory yet.
+        if (!training_memory || st.optimizer_moment_bits == 0 || st.optimizer_offload) return false;
+        control.optimizer_offload = true;
+        control.retry_with_micro_batch = cur;
+        control.reason = "AdamW's moments in host memory, streamed through each optimizer step (exact)";
+        return true;
       case Rung::Device:
         return fall_back(ctx, control, oom, false);
     }
@@ -478,12 +483,16 @@ class OomBackoffPlugin final : public trainer::Plugin {
   }
 
   /// After `patience_` clean steps, one step down the ladder, in reverse order: AdamW's moments
-  /// back toward the configured bits, then half the checkpointed blocks, then a larger
-  /// micro-batch.
+  /// back on the device, back toward the configured bits, then half the checkpointed blocks,
+  /// then a larger micro-batch.
   void maybe_climb_down(trainer::EventContext& ctx, trainer::Control& control) {
     if (s_.grow_after == 0 || clean_steps_ < patience_) return;
     const trainer::RunState& st = ctx.state;
-    if (st.optimizer_moment_bits > 0 && st.optimizer_moment_bits < st.configured_moment_bits) {
+    if (st.optimizer_offload) {
+      control.optimizer_offload = false;
+      asked_onto_device_ = true;
+      control.reason = std::to_string(clean_steps_) + " clean steps, AdamW's moments back on the device";
+    } else if (st.optimizer_moment_bits > 0 && st.optimizer_moment_bits < st.configured_moment_bits) {
       const int next = std::min(st.configured_moment_bits, st.optimizer_moment_bits * 2);
       control.optimizer_moment_bits = next;
       asked_bits_ = next;
@@ -530,6 +539,7 @@ class OomBackoffPlugin final : public trainer::Plugin {
   bool offload_noted_ = false;            ///< the offload rung's note was logged
   int logged_rung_ = 0;                   ///< memory/rung as last logged
   int asked_bits_ = 0;                    ///< the moment bits asked for at this batch's start (0: none)
+  bool asked_onto_device_ = false;        ///< the moments asked back on the device at this batch's start
   std::size_t next_fallback_ = 0;         ///< fallback_devices already used
   std::int64_t retries_base_ = 0;         ///< attempt at which retries on the current device began
   std::int64_t current_ = 0;              ///< the micro-batch in use (the one a checkpoint records)

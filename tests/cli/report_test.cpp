@@ -269,6 +269,20 @@ TEST(ReportPage, FailedRunShowsStatusMessageAndExitCode) {
   EXPECT_TRUE(contains(html, "loss is NaN at step 1 &lt;x&gt;"));
   EXPECT_TRUE(contains(html, "Exit code</dt><dd>3"));
   EXPECT_FALSE(contains(html, "RUNNING"));
+  EXPECT_FALSE(contains(html, "Memory savers on"));
+}
+
+TEST(ReportPage, TheMemorySaversOnAtTheEndAreListed) {
+  TempDir tmp;
+  write_file(tmp / "metrics.jsonl", metric(1, "train/loss", "0.5", 0));
+  write_file(tmp / "status.json",
+             R"({"status":"FINISHED","exit_code":0,"global_step":1,"epoch":0,"message":"","last_checkpoint":"",)"
+             R"("checkpointed_blocks":6,"optimizer_moment_bits":16,"optimizer_offload":true})");
+  const std::string html = render(tmp.str());
+  EXPECT_TRUE(contains(html,
+                       "Memory savers on</dt><dd>6 blocks checkpointed; AdamW&#39;s moments in 16 bits; AdamW&#39;s "
+                       "moments in host memory"))
+      << html.substr(0, 3000);
 }
 
 TEST(ReportPage, UnreadableStatusJsonIsNamed) {

@@ -546,6 +546,114 @@ TEST(AdamW8bit, AnUndoThatRunsOutOfMemoryPutsWhatItConvertedBack) {
   EXPECT_TRUE(torch::equal(back.state_of(small).exp_avg(), codes));
 }
 
+TEST(AdamW8bit, OffloadedMomentsAreStreamedThroughTheStepToTheSameResultsInEveryBitWidth) {
+  // Offloaded, each piece of the moments is copied to the parameter's device, updated there
+  // and copied back (on the CPU the copies stay on the CPU: the same code as on a GPU, where the
+  // pieces cross to host memory). A tensor of two chunks (the second ending in a partial
+  // block) and a small one: both optimizers cut the same chunks, so the results are bit for bit.
+  for (const int bits : {32, 16, 8}) {
+    torch::manual_seed(12);
+    const at::Tensor big_init = torch::randn({AdamW8bit::kChunk + 300}), small_init = torch::randn({100});
+    at::Tensor big_a = big_init.clone().requires_grad_(true), small_a = small_init.clone().requires_grad_(true);
+    at::Tensor big_b = big_init.clone().requires_grad_(true), small_b = small_init.clone().requires_grad_(true);
+    torch::optim::AdamWOptions o(1e-2);
+    o.weight_decay(0.01);
+    AdamW8bit kept({big_a, small_a}, o, bits), offloaded({big_b, small_b}, o, bits);
+    offloaded.set_offload(true);
+    for (int k = 0; k < 4; ++k) {
+      const at::Tensor g = torch::randn({AdamW8bit::kChunk + 300}), h = torch::randn({100});
+      big_a.mutable_grad() = g.clone();
+      big_b.mutable_grad() = g.clone();
+      small_a.mutable_grad() = h.clone();
+      small_b.mutable_grad() = h.clone();
+      kept.step();
+      offloaded.step();
+    }
+    EXPECT_TRUE(torch::equal(big_a, big_b)) << bits << " bits";
+    EXPECT_TRUE(torch::equal(small_a, small_b)) << bits << " bits";
+    const auto [m_kept, v_kept] = moments_of(kept, big_a);
+    const auto [m_off, v_off] = moments_of(offloaded, big_b);
+    EXPECT_TRUE(torch::equal(m_kept, m_off)) << bits << " bits";
+    EXPECT_TRUE(torch::equal(v_kept, v_off)) << bits << " bits";
+    EXPECT_EQ(offloaded.state_of(big_b).step(), 4);
+    EXPECT_EQ(offloaded.state_of(big_b).exp_avg().scalar_type(), bits == 32   ? at::kFloat
+                                                                 : bits == 16 ? at::kBFloat16
+                                                                              : at::kByte);
+  }
+}
+
+TEST(AdamW8bit, AdamWsStateGoesToHostMemoryAndBackExactlyKeepingEachStepCount) {
+  // LibTorch's AdamW, offloaded after two steps (an AdamW8bit of 32 bits that streams its fp32
+  // moments), two steps there, back (LibTorch's AdamW again), one more step: at every step the
+  // parameters of an AdamW that never moved, bit for bit (each tensor is within one chunk, so
+  // every operation runs on the same whole tensors as LibTorch's).
+  torch::manual_seed(13);
+  torch::nn::Linear a(128, 64), b(128, 64);
+  {
+    torch::NoGradGuard no_grad;
+    b->weight.copy_(a->weight);
+    b->bias.copy_(a->bias);
+  }
+  torch::optim::AdamWOptions o(1e-2);
+  o.weight_decay(0.01);
+  torch::optim::AdamW reference(a->parameters(), o);
+  std::unique_ptr<torch::optim::Optimizer> moved = std::make_unique<torch::optim::AdamW>(b->parameters(), o);
+  auto step_both = [&](int k) {
+    gradients(a, k);
+    gradients(b, k);
+    reference.step();
+    moved->step();
+    EXPECT_TRUE(torch::equal(a->weight, b->weight)) << "step " << k;
+    EXPECT_TRUE(torch::equal(a->bias, b->bias)) << "step " << k;
+  };
+  step_both(0);
+  step_both(1);
+  EXPECT_FALSE(offloaded(*moved));
+  MomentConversion there = with_offload(*moved, true);
+  EXPECT_TRUE(there.error.empty()) << there.error;
+  EXPECT_TRUE(there.offload);
+  EXPECT_EQ(there.bits, 32);
+  EXPECT_EQ(there.converted, 2);
+  EXPECT_EQ(there.total, 2);
+  EXPECT_TRUE(moved->state().empty());  // each state left the old optimizer as it moved
+  moved = std::move(there.optimizer);
+  ASSERT_NE(dynamic_cast<AdamW8bit*>(moved.get()), nullptr);
+  EXPECT_TRUE(offloaded(*moved));
+  EXPECT_EQ(moment_bits_of(*moved), 32);
+  EXPECT_EQ(dynamic_cast<AdamW8bit&>(*moved).state_of(b->weight).step(), 2);
+  step_both(2);
+  step_both(3);
+  // Its checkpoint reads back into an offloaded optimizer of 32 bits, which steps on alike.
+  AdamW8bit reread(b->parameters(), o, 32);
+  reread.set_offload(true);
+  load_saved(*moved, reread);
+  EXPECT_EQ(reread.state_of(b->weight).step(), 4);
+  EXPECT_TRUE(torch::equal(moments_of(reread, b->weight).first, moments_of(*moved, b->weight).first));
+  MomentConversion back = with_offload(*moved, false);
+  EXPECT_TRUE(back.error.empty()) << back.error;
+  EXPECT_FALSE(back.offload);
+  moved = std::move(back.optimizer);
+  ASSERT_NE(dynamic_cast<torch::optim::AdamW*>(moved.get()), nullptr);  // LibTorch's own AdamW again
+  EXPECT_EQ(static_cast<const torch::optim::AdamWParamState&>(
+                *moved->state().at(compat::optimizer_state_key(*moved, b->weight)))
+                .step(),
+            4);
+  step_both(4);
+  // Moments in fewer bits convert where they are, and stay offloaded.
+  MomentConversion again = with_offload(*moved, true);
+  MomentConversion eight = with_moment_bits(*again.optimizer, 8);
+  EXPECT_TRUE(eight.offload);
+  EXPECT_TRUE(offloaded(*eight.optimizer));
+  EXPECT_TRUE(dynamic_cast<AdamW8bit&>(*eight.optimizer).state_of(b->weight).quantized());
+  MomentConversion full = with_moment_bits(*eight.optimizer, 32);
+  EXPECT_TRUE(full.offload);
+  ASSERT_NE(dynamic_cast<AdamW8bit*>(full.optimizer.get()), nullptr);  // host memory: not LibTorch's AdamW
+  EXPECT_EQ(moment_bits_of(*full.optimizer), 32);
+  torch::nn::Linear c(8, 8);
+  torch::optim::SGD sgd(c->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  EXPECT_THROW(with_offload(sgd, true), Error);
+}
+
 /// The optimizer state's bytes (memory categories) at the end of each step.
 class StateBytes final : public Plugin {
  public:

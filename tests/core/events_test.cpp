@@ -89,6 +89,7 @@ TEST(ControlFields, HasAndClearCoverEveryField) {
   c.switch_device = "cpu";
   c.checkpointed_blocks = 2;
   c.optimizer_moment_bits = 16;
+  c.optimizer_offload = false;  // a request either way
   for (const auto& f : kControlFieldTable) {
     EXPECT_TRUE(c.has(f.field)) << f.name;
     c.clear(f.field);

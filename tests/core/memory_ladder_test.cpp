@@ -121,19 +121,23 @@ class Probe final : public Plugin {
     if (ctx.event == Event::BatchStart && first_blocks < 0) {
       first_blocks = ctx.state.checkpointed_blocks;
       first_bits = ctx.state.optimizer_moment_bits;
+      first_offload = ctx.state.optimizer_offload;
     }
     if (ctx.event == Event::BatchEnd) {
       peak = std::max(peak, memory_stats(kCpu).peak_allocated);
       blocks.push_back(ctx.state.checkpointed_blocks);
       bits.push_back(ctx.state.optimizer_moment_bits);
+      offload.push_back(ctx.state.optimizer_offload);
       micro.push_back(ctx.state.micro_batch_size);
     }
   }
   std::int64_t peak = 0;
   std::int64_t first_blocks = -1;
   int first_bits = -1;
+  bool first_offload = false;
   std::vector<std::int64_t> blocks, micro;
   std::vector<int> bits;
+  std::vector<bool> offload;
 };
 
 /// Asks the core to checkpoint every block from the first batch on (Control::checkpointed_blocks).
@@ -142,6 +146,22 @@ class AllBlocks final : public Plugin {
   std::string name() const override { return "all_blocks"; }
   std::vector<Event> events() const override { return {Event::BatchStart}; }
   void on_event(EventContext&, Control& c) override { c.checkpointed_blocks = 1000; }
+};
+
+/// Asks the core to keep AdamW's moments in host memory (Control::optimizer_offload) at the
+/// batch of step `on`, and on the device again at the batch of step `off` (-1: never).
+class OffloadAt final : public Plugin {
+ public:
+  OffloadAt(std::int64_t on, std::int64_t off) : on_(on), off_(off) {}
+  std::string name() const override { return "offload_at"; }
+  std::vector<Event> events() const override { return {Event::BatchStart}; }
+  void on_event(EventContext& ctx, Control& c) override {
+    if (ctx.state.global_step == on_) c.optimizer_offload = true;
+    if (ctx.state.global_step == off_) c.optimizer_offload = false;
+  }
+
+ private:
+  std::int64_t on_, off_;
 };
 
 /// Lifts the budget after the batch of step `last` (before the run's final checkpoint, whose
@@ -404,6 +424,65 @@ TEST_F(MemoryLadder, MemoryFreedWalksTheRungsBackDown) {
   EXPECT_EQ(moments->bits.back(), 32);
   EXPECT_EQ(status("moments").optimizer_moment_bits, 0);  // as optim.name gives: not listed
   EXPECT_NE(log("moments").find("clean steps, AdamW's moments back to 32 bits"), std::string::npos);
+}
+
+TEST_F(MemoryLadder, MomentsOffloadedToHostMemoryTrainOnAsOnTheDeviceAndAResumeKeepsThemThere) {
+  // The offload rung's core half, on the CPU: the moments' memory is the host's here, so
+  // nothing moves, but the step streams them a chunk at a time through copies as on a GPU, and
+  // the switch, its log, metric, status and checkpoint are those of a GPU run. (oom_backoff
+  // takes the rung only on a GPU; tests/gpu/cuda_test.cpp runs it there.) The tolerance is the
+  // back-off tests' rule: the streamed step runs AdamW's element-wise operations on chunks of
+  // 65,536 values instead of the 1 M-value weight whole, and a kernel may take its scalar
+  // instead of its vector path for other elements then.
+  ASSERT_EQ(run(kMlpRecipe, {}, "reference").exit_code, kExitOk);
+  const std::vector<at::Tensor> reference = params;
+  auto probe = std::make_shared<Probe>();
+  const RunResult r = run(kMlpRecipe, {}, "there_and_back", {probe, std::make_shared<OffloadAt>(1, 3)});
+  ASSERT_EQ(r.exit_code, kExitOk) << r.message;
+  EXPECT_EQ(probe->offload, (std::vector<bool>{false, true, true, false}));
+  expect_params_close(params, reference);
+  const std::string text = log("there_and_back");
+  EXPECT_NE(text.find("optimizer moments: offloaded to host memory, streamed through each step, optimizer state on "
+                      "cpu"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("optimizer moments: back on the device"), std::string::npos) << text;
+  const auto metric = metric_by_step(tmp_ / "there_and_back/metrics.jsonl", "memory/optimizer_offload");
+  EXPECT_EQ(metric, (std::map<long, double>{{1, 1.0}, {3, 0.0}}));
+  EXPECT_FALSE(status("there_and_back").optimizer_offload);
+
+  // Stopped while offloaded: the status and the checkpoint say so; the resumed run reads its
+  // optimizer state into host memory before its first batch, and ends as the straight run.
+  const RunResult part =
+      run(kMlpRecipe, {"training.max_steps=2", "checkpoint.at_end=true"}, "part", {std::make_shared<OffloadAt>(1, -1)});
+  ASSERT_EQ(part.exit_code, kExitOk) << part.message;
+  EXPECT_TRUE(status("part").optimizer_offload);
+  EXPECT_NE(read_file(tmp_ / "part/status.json").find("\"optimizer_offload\":true"), std::string::npos);
+  auto resumed = std::make_shared<Probe>();
+  const RunResult again = run(kMlpRecipe, {}, "resumed", {resumed}, tmp_ / "part");
+  ASSERT_EQ(again.exit_code, kExitOk) << again.message;
+  EXPECT_TRUE(resumed->first_offload);
+  EXPECT_EQ(resumed->offload, (std::vector<bool>{true, true}));
+  EXPECT_EQ(again.global_step, 4);
+  expect_params_close(params, reference);
+  EXPECT_NE(log("resumed").find("(as when the checkpoint was written)"), std::string::npos);
+
+  // oom_backoff climbs down from it first, after grow_after clean steps (here its rung would
+  // not be taken: on the CPU it is skipped).
+  auto down = std::make_shared<Probe>();
+  const RunResult walked =
+      run(kMlpRecipe, {"+plugins.oom_backoff.grow_after=1"}, "down", {down, std::make_shared<OffloadAt>(0, -1)});
+  ASSERT_EQ(walked.exit_code, kExitOk) << walked.message;
+  EXPECT_EQ(down->offload.front(), true);
+  EXPECT_EQ(down->offload.back(), false);
+  EXPECT_NE(log("down").find("clean steps, AdamW's moments back on the device"), std::string::npos) << log("down");
+
+  // An optimizer whose moments cannot move: a warning, nothing else.
+  const RunResult sgd = run(kMlpRecipe, {"optim.name=\"sgd\""}, "sgd", {std::make_shared<OffloadAt>(1, -1)});
+  ASSERT_EQ(sgd.exit_code, kExitOk) << sgd.message;
+  EXPECT_NE(log("sgd").find("optimizer_offload true ignored: only AdamW's moments move to host memory"),
+            std::string::npos);
+  EXPECT_FALSE(status("sgd").optimizer_offload);
 }
 
 /// From step 1 on, nothing more fits before each forward.

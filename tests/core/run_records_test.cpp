@@ -91,18 +91,24 @@ TEST(StatusJson, TheMemorySaversOnAreWrittenOnlyWhileOnAndReadBackChecked) {
   const std::string none = encode_status(s);
   EXPECT_EQ(none.find("checkpointed_blocks"), std::string::npos) << none;
   EXPECT_EQ(none.find("optimizer_moment_bits"), std::string::npos) << none;
+  EXPECT_EQ(none.find("optimizer_offload"), std::string::npos) << none;
   s.checkpointed_blocks = 6;
   s.optimizer_moment_bits = 16;
+  s.optimizer_offload = true;
   const std::string on = encode_status(s);
-  EXPECT_NE(on.find("\"checkpointed_blocks\":6,\"optimizer_moment_bits\":16"), std::string::npos) << on;
+  EXPECT_NE(on.find("\"checkpointed_blocks\":6,\"optimizer_moment_bits\":16,\"optimizer_offload\":true"),
+            std::string::npos)
+      << on;
   const RunStatusRecord back = decode_status(on);
   EXPECT_EQ(back.checkpointed_blocks, 6);
   EXPECT_EQ(back.optimizer_moment_bits, 16);
+  EXPECT_TRUE(back.optimizer_offload);
   // A file's nonsense reads as nothing on: negative blocks, bits AdamW's moments are never in.
-  const RunStatusRecord bad =
-      decode_status(R"({"status":"FINISHED","checkpointed_blocks":-3,"optimizer_moment_bits":12})");
+  const RunStatusRecord bad = decode_status(
+      R"({"status":"FINISHED","checkpointed_blocks":-3,"optimizer_moment_bits":12,"optimizer_offload":1})");
   EXPECT_EQ(bad.checkpointed_blocks, 0);
   EXPECT_EQ(bad.optimizer_moment_bits, 0);
+  EXPECT_FALSE(bad.optimizer_offload);  // not a boolean
 }
 
 TEST(StatusJson, AnOlderFileReadsWithDefaultsAndABadOneSaysWhatIsWrong) {

@@ -9,6 +9,7 @@
 // off), and cuBLAS without TF32, so that two runs with the same micro-batch split are
 // bit-identical, as on the CPU, and runs with different splits differ only by fp32 summation
 // order.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <torch/torch.h>
@@ -36,6 +37,7 @@
 #include "trainer/memory.h"
 #include "trainer/model.h"
 #include "trainer/precision.h"
+#include "trainer/run_records.h"
 #include "trainer/trainer.h"
 
 namespace trainer {
@@ -830,6 +832,92 @@ TEST_F(OnGpu, TwoDataParallelRanksOnTheOneGpuAreAUsageError) {
   EXPECT_EQ(out.code, kExitUsage) << out.text;
   // "cuda:0", or the GPU's entry in CUDA_VISIBLE_DEVICES where that is set.
   EXPECT_NE(out.text.find("ranks 0 and 1 both use "), std::string::npos) << out.text;
+}
+
+// A wide MLP with AdamW (17.9 M parameters: 72 MB of weights, 72 MB of gradients and 143 MB of
+// moments on the GPU) whose optimizer state is the largest part of a step.
+constexpr const char* kWideMlp = R"(
+[run]
+seed = 12
+[model]
+name = "mlp"
+hidden = [4096, 4096]
+[dataset]
+name = "synthetic"
+size = 256
+eval_size = 64
+shape = [1, 16, 16]
+[training]
+epochs = 1
+batch_size = 64
+log_every = 1
+[optim]
+name = "adamw"
+lr = 0.001
+[eval]
+every_epochs = 0
+at_end = false
+[metrics]
+console = false
+[plugins]
+load = ["oom_backoff"]
+)";
+
+/// The highest peak of allocated GPU memory over the training batches, the parameters after
+/// the run (CPU copies) and whether the moments were in host memory after each step.
+class GpuStepPeak final : public Plugin {
+ public:
+  std::string name() const override { return "gpu_step_peak"; }
+  std::vector<Event> events() const override { return {Event::BatchStart, Event::BatchEnd, Event::FitEnd}; }
+  void on_event(EventContext& ctx, Control&) override {
+    if (ctx.event == Event::BatchStart) reset_peak_memory(ctx.device);
+    if (ctx.event == Event::BatchEnd) {
+      peak = std::max(peak, memory_stats(ctx.device).peak_allocated);
+      offload.push_back(ctx.state.optimizer_offload);
+    }
+    if (ctx.event == Event::FitEnd) {
+      for (const auto& p : ctx.model->parameters()) params.push_back(p.detach().cpu().clone());
+    }
+  }
+  std::int64_t peak = 0;
+  std::vector<bool> offload;
+  std::vector<at::Tensor> params;
+};
+
+TEST_F(OnGpu, AnOptimizerStepOutOfMemoryOffloadsAdamWsMomentsToHostMemoryAndTrainsOnExactly) {
+  auto full = std::make_shared<GpuStepPeak>();
+  TrainerOptions plain = options_for(kWideMlp, {"runtime.device=cuda:0"}, "plain", {full});
+  ASSERT_EQ(Trainer(std::move(plain)).fit().exit_code, kExitOk);
+  const std::int64_t state = 2 * 4 * (256 * 4096 + 4096 + 4096 * 4096 + 4096 + 4096 * 10 + 10);
+  // Half the moments less than the step needed: without them on the GPU (a chunk's at a time)
+  // the step fits with room to spare; with them it cannot (the allowed moment rungs are none:
+  // allow_inexact is off, so the ladder's first rung that applies is offload).
+  const std::int64_t budget = full->peak - state / 2;
+  auto tight = std::make_shared<GpuStepPeak>();
+  TrainerOptions o =
+      options_for(kWideMlp, {"runtime.device=cuda:0", fmt::format("+memory.limit_mb={:.6f}", budget / 1048576.0)},
+                  "offloaded", {tight});
+  o.log_level = "info";
+  const RunResult r = Trainer(std::move(o)).fit();
+  ASSERT_EQ(r.exit_code, kExitOk) << r.message;
+  EXPECT_EQ(r.global_step, 4);
+  EXPECT_EQ(tight->offload, std::vector<bool>(4, true));
+  EXPECT_LT(tight->peak, budget);
+  // The moments moved, not converted: AdamW's results, up to the element-wise operations'
+  // chunking (the same kernels on pieces of 65,536 values), which on a GPU changes no value.
+  ASSERT_EQ(tight->params.size(), full->params.size());
+  for (std::size_t i = 0; i < full->params.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(tight->params[i], full->params[i], 1e-6, 1e-7))
+        << "param " << i << " max diff " << (tight->params[i] - full->params[i]).abs().max().item<double>();
+  }
+  const std::string log = read_file(tmp_ / "offloaded/trainer.log");
+  EXPECT_NE(log.find("oom_backoff: rung offload: out of memory in optimizer_step"), std::string::npos) << log;
+  EXPECT_NE(log.find("optimizer moments: offloaded to host memory, streamed through each step, optimizer state on "
+                     "cuda:0"),
+            std::string::npos)
+      << log;
+  const RunStatusRecord status = decode_status(read_file(tmp_ / "offloaded/status.json"));
+  EXPECT_TRUE(status.optimizer_offload);
 }
 
 }  // namespace

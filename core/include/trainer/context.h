@@ -50,10 +50,12 @@ struct RunState {
   std::int64_t oom_recoveries = 0;  ///< out-of-memory errors handled (OutOfMemory fired) this run
   /// The memory savers switched on by Control (oom_backoff's ladder; docs/memory.md): the
   /// blocks the core checkpoints (Control::checkpointed_blocks) of the model's `model_blocks`,
-  /// and the bits of AdamW's moments (32, 16 or 8; 0 when the optimizer's cannot change).
+  /// the bits of AdamW's moments (32, 16 or 8; 0 when the optimizer's cannot change), and
+  /// whether they are offloaded to host memory (Control::optimizer_offload).
   std::int64_t checkpointed_blocks = 0;
   std::int64_t model_blocks = 0;
   int optimizer_moment_bits = 0;
+  bool optimizer_offload = false;
   /// The bits optim.name gives (32 for "adamw", 8 for "adamw8bit", 0 for others).
   int configured_moment_bits = 0;
 };
@@ -96,7 +98,8 @@ struct TRAINER_API EventContext {
   /// backbone's features trains a head on a dataset of features.
   std::shared_ptr<Dataset> train_set, test_set;
   /// From OptimizerCreated on. Read it at each event, do not keep it: a change of AdamW's moments'
-  /// bits (Control::optimizer_moment_bits) replaces the optimizer, in BatchStart and OutOfMemory.
+  /// bits or place (Control::optimizer_moment_bits, optimizer_offload) replaces the optimizer, in
+  /// BatchStart and OutOfMemory.
   torch::optim::Optimizer* optimizer = nullptr;
   const Batch* batch = nullptr;         ///< current micro-batch (Before/AfterForward/Backward)
   const at::Tensor* indices = nullptr;  ///< dataset indices of `batch` (int64; same events as `batch`)

@@ -16,6 +16,7 @@ enum class ControlField : std::uint8_t {
   SwitchDevice,
   CheckpointedBlocks,
   OptimizerMomentBits,
+  OptimizerOffload,
   RequestCheckpoint,
   RequestEval,
 };
@@ -59,6 +60,12 @@ struct Control {
   /// this batch (BatchStart) on. Not exact below 32. Only for optimizers "adamw" and
   /// "adamw8bit" (RunState::optimizer_moment_bits is 0 for others).
   std::optional<int> optimizer_moment_bits;
+  /// Keep AdamW's moments in host memory (true), streamed a chunk at a time through each
+  /// optimizer step, or on the parameters' devices (false), moving them from the retry
+  /// (OutOfMemory) or this batch (BatchStart) on. Exact. Saves the moments' device memory on a
+  /// GPU; on the CPU, whose memory is the host's, nothing moves (the step still streams).
+  /// Optimizers "adamw" and "adamw8bit" only, outside a data-parallel run.
+  std::optional<bool> optimizer_offload;
   /// Write a checkpoint after the current batch.
   bool request_checkpoint = false;
   /// Run evaluation after the current batch.
@@ -103,6 +110,8 @@ struct Control {
         return checkpointed_blocks.has_value();
       case ControlField::OptimizerMomentBits:
         return optimizer_moment_bits.has_value();
+      case ControlField::OptimizerOffload:
+        return optimizer_offload.has_value();
       case ControlField::RequestCheckpoint:
         return request_checkpoint;
       case ControlField::RequestEval:
@@ -134,6 +143,9 @@ struct Control {
       case ControlField::OptimizerMomentBits:
         optimizer_moment_bits.reset();
         break;
+      case ControlField::OptimizerOffload:
+        optimizer_offload.reset();
+        break;
       case ControlField::RequestCheckpoint:
         request_checkpoint = false;
         break;
@@ -145,7 +157,7 @@ struct Control {
 
   bool any() const {
     return stop_training || skip_step || retry_with_micro_batch || micro_batch_size || switch_device ||
-           checkpointed_blocks || optimizer_moment_bits || request_checkpoint || request_eval;
+           checkpointed_blocks || optimizer_moment_bits || optimizer_offload || request_checkpoint || request_eval;
   }
 };
 

@@ -96,7 +96,8 @@ inline constexpr ControlFields kRequests =
     bit(ControlField::StopTraining) | bit(ControlField::RequestCheckpoint) | bit(ControlField::RequestEval);
 inline constexpr ControlFields kSkip = bit(ControlField::SkipStep);
 /// The memory savers oom_backoff's ladder switches on and off.
-inline constexpr ControlFields kRungs = bit(ControlField::CheckpointedBlocks) | bit(ControlField::OptimizerMomentBits);
+inline constexpr ControlFields kRungs = bit(ControlField::CheckpointedBlocks) | bit(ControlField::OptimizerMomentBits) |
+                                        bit(ControlField::OptimizerOffload);
 /// Inside an evaluation a new evaluation request would only repeat it.
 inline constexpr ControlFields kStopOrCheckpoint =
     bit(ControlField::StopTraining) | bit(ControlField::RequestCheckpoint);
@@ -157,6 +158,7 @@ inline constexpr std::array<ControlFieldSpec, kNumControlFields> kControlFieldTa
     {ControlField::SwitchDevice, "switch_device", true},
     {ControlField::CheckpointedBlocks, "checkpointed_blocks", true},
     {ControlField::OptimizerMomentBits, "optimizer_moment_bits", true},
+    {ControlField::OptimizerOffload, "optimizer_offload", true},
     {ControlField::RequestCheckpoint, "request_checkpoint", false},
     {ControlField::RequestEval, "request_eval", false},
 }};

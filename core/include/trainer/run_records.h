@@ -8,9 +8,10 @@
 /// "exit_code" is null while RUNNING; "stopped_by" and "reason" are there when a plugin,
 /// training.max_steps or a signal stopped the run before its last epoch; "failure" when the run
 /// FAILED, "phase" when it failed out of memory in a phase of the loop and "micro_batch" when
-/// it did so at a micro-batch size (the last one tried). "checkpointed_blocks" and
-/// "optimizer_moment_bits" are there when memory savers were on when it was written (oom_backoff's
-/// ladder: blocks checkpointed by the core, AdamW's moments in other bits than optim.name's).
+/// it did so at a micro-batch size (the last one tried). "checkpointed_blocks",
+/// "optimizer_moment_bits" and "optimizer_offload" are there when memory savers were on when it
+/// was written (oom_backoff's ladder: blocks checkpointed by the core, AdamW's moments in other
+/// bits than optim.name's, AdamW's moments in host memory).
 /// Tools read these, never the message's words.
 #include <cmath>
 #include <cstdint>
@@ -40,6 +41,7 @@ struct RunStatusRecord {
   std::int64_t micro_batch = 0;             ///< its last micro-batch size tried; 0: none
   std::int64_t checkpointed_blocks = 0;     ///< blocks the core checkpointed; 0: none (left out)
   int optimizer_moment_bits = 0;            ///< AdamW's moments' bits when not optim.name's; 0: left out
+  bool optimizer_offload = false;           ///< AdamW's moments in host memory; false: left out
   double time = NAN;                        ///< when it was written, seconds since the Unix epoch
 };
 

@@ -59,14 +59,16 @@ StepSync::BatchPlan RankGroupSync::start_batch(bool skip, std::int64_t micro_bat
   // A data-parallel run skips a batch on every rank or on none (the others would wait in its
   // all-reduce), and every rank uses the smallest micro-batch any rank asks for (oom_backoff
   // growing back hears the same events on every rank, so they normally ask the same), the most
-  // checkpointed blocks and the fewest moment bits (the replicas' optimizers stay alike).
+  // checkpointed blocks, the fewest moment bits and an offload any rank asks (the replicas'
+  // optimizers stay alike).
   const auto agreed = [&] {
     CommTimer timer(metrics_);
-    return group_.all_reduce_max(
-        {skip ? 1 : 0, -micro_batch, wish.checkpointed_blocks, wish.moment_bits > 0 ? 64 - wish.moment_bits : 0});
+    return group_.all_reduce_max({skip ? 1 : 0, -micro_batch, wish.checkpointed_blocks,
+                                  wish.moment_bits > 0 ? 64 - wish.moment_bits : 0, wish.offload});
   }();
   if (-agreed[1] != micro_batch) log_.info("micro-batch {} -> {} (agreed by the ranks)", micro_batch, -agreed[1]);
-  return {agreed[0] > 0, -agreed[1], agreed[2], agreed[3] > 0 ? static_cast<int>(64 - agreed[3]) : 0};
+  return {agreed[0] > 0, -agreed[1], agreed[2], agreed[3] > 0 ? static_cast<int>(64 - agreed[3]) : 0,
+          static_cast<int>(agreed[4])};
 }
 
 std::int64_t RankGroupSync::attempt_samples(std::int64_t, std::int64_t global) const {

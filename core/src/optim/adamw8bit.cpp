@@ -2,10 +2,12 @@
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+#include <torch/cuda.h>
 #include <torch/serialize/archive.h>
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "trainer/error.h"
 #include "util/torch_compat.h"
@@ -92,8 +94,8 @@ AdamW8bit::AdamW8bit(std::vector<torch::optim::OptimizerParamGroup> groups, cons
       bits_(moment_bits),
       signed_map_(quant_map_tensor(true)),
       unsigned_map_(quant_map_tensor(false)) {
-  TRAINER_CHECK(moment_bits == 8 || moment_bits == 16, "AdamW8bit keeps its moments in 8 or 16 bits, not ",
-                moment_bits);
+  TRAINER_CHECK(moment_bits == 8 || moment_bits == 16 || moment_bits == 32,
+                "AdamW8bit keeps its moments in 8, 16 or 32 bits, not ", moment_bits);
   TRAINER_CHECK(!defaults.amsgrad(), "adamw8bit has no amsgrad");
 }
 
@@ -102,17 +104,20 @@ AdamW8bitParamState& AdamW8bit::state_of(const at::Tensor& p) {
   auto it = state_.find(key);
   if (it == state_.end()) {
     auto st = std::make_unique<AdamW8bitParamState>();
-    const at::TensorOptions fp32 = p.options().dtype(at::kFloat);
+    // Offloaded: in host memory, pinned for a parameter on a GPU (the step streams it).
+    const at::TensorOptions where =
+        offload_ ? p.options().device(at::kCPU).pinned_memory(p.device().is_cuda()) : p.options();
+    const at::TensorOptions fp32 = where.dtype(at::kFloat);
     if (p.numel() >= kMin8bitNumel && bits_ == 16) {
-      st->exp_avg(at::zeros({p.numel()}, p.options().dtype(at::kBFloat16)));
-      st->exp_avg_sq(at::zeros({p.numel()}, p.options().dtype(at::kBFloat16)));
-    } else if (p.numel() >= kMin8bitNumel) {
+      st->exp_avg(at::zeros({p.numel()}, where.dtype(at::kBFloat16)));
+      st->exp_avg_sq(at::zeros({p.numel()}, where.dtype(at::kBFloat16)));
+    } else if (p.numel() >= kMin8bitNumel && bits_ == 8) {
       const std::int64_t blocks = (p.numel() + kQuantBlock - 1) / kQuantBlock;
       // Zero moments: every code stands for 0 (the maps' 0 entry), every scale 0.
       const at::Tensor zero_code_signed = at::searchsorted(signed_map_, at::zeros({1}, at::kFloat)).to(at::kByte);
       const at::Tensor zero_code_unsigned = at::searchsorted(unsigned_map_, at::zeros({1}, at::kFloat)).to(at::kByte);
-      st->exp_avg(at::full({p.numel()}, zero_code_signed.item<std::uint8_t>(), p.options().dtype(at::kByte)));
-      st->exp_avg_sq(at::full({p.numel()}, zero_code_unsigned.item<std::uint8_t>(), p.options().dtype(at::kByte)));
+      st->exp_avg(at::full({p.numel()}, zero_code_signed.item<std::uint8_t>(), where.dtype(at::kByte)));
+      st->exp_avg_sq(at::full({p.numel()}, zero_code_unsigned.item<std::uint8_t>(), where.dtype(at::kByte)));
       st->exp_avg_absmax(at::zeros({blocks}, fp32));
       st->exp_avg_sq_absmax(at::zeros({blocks}, fp32));
     } else {
@@ -150,13 +155,28 @@ void AdamW8bit::update(const at::Tensor& param, const at::Tensor& grad, AdamW8bi
       target.add_((m / denom).mul_(-step_size).to(target.scalar_type()));
     }
   };
+  // Moments in host memory (offloaded) are streamed: each piece the step reads is copied to the
+  // parameter's device (`fetch`), updated there and copied back (`put`); the copies are queued
+  // on the device's stream in order, and step() waits for the last before it returns. Otherwise
+  // the step updates the stored moments in place (fetch returns them, put does nothing).
+  const bool stream = offload_ || st.exp_avg().device() != param.device();
+  const c10::Device device = param.device();
+  auto fetch = [&](const at::Tensor& stored) {
+    return stream ? stored.to(device, stored.scalar_type(), /*non_blocking=*/true, /*copy=*/true) : stored;
+  };
+  auto put = [&](const at::Tensor& stored, const at::Tensor& updated) {
+    if (stream) stored.copy_(updated.to(stored.scalar_type()), /*non_blocking=*/true);
+  };
   const bool fp32_moments = !st.quantized() && !st.bf16();
   if (fp32_moments && param.numel() <= kChunk) {
     const at::Tensor g = grad.to(at::kFloat);
-    st.exp_avg().mul_(b1).add_(g, 1.0 - b1);
-    st.exp_avg_sq().mul_(b2).addcmul_(g, g, 1.0 - b2);
-    const at::Tensor denom = (st.exp_avg_sq().sqrt() / bc2_sqrt).add_(o.eps());
-    apply(param, st.exp_avg(), denom);
+    const at::Tensor m = fetch(st.exp_avg()), v = fetch(st.exp_avg_sq());
+    m.mul_(b1).add_(g, 1.0 - b1);
+    v.mul_(b2).addcmul_(g, g, 1.0 - b2);
+    const at::Tensor denom = (v.sqrt() / bc2_sqrt).add_(o.eps());
+    apply(param, m, denom);
+    put(st.exp_avg(), m);
+    put(st.exp_avg_sq(), v);
     return;
   }
   // The moments and the update in the parameter's logical order, a chunk of blocks at a time.
@@ -172,12 +192,15 @@ void AdamW8bit::update(const at::Tensor& param, const at::Tensor& grad, AdamW8bi
     at::Tensor v_all = own_layout ? st.exp_avg_sq().view({-1}) : st.exp_avg_sq().contiguous().view({-1});
     for (std::int64_t begin = 0; begin < n; begin += kChunk) {
       const std::int64_t len = std::min(kChunk, n - begin);
-      at::Tensor m = m_all.narrow(0, begin, len), v = v_all.narrow(0, begin, len);
+      const at::Tensor m_store = m_all.narrow(0, begin, len), v_store = v_all.narrow(0, begin, len);
+      const at::Tensor m = fetch(m_store), v = fetch(v_store);
       const at::Tensor gc = g.narrow(0, begin, len).to(at::kFloat);
       m.mul_(b1).add_(gc, 1.0 - b1);
       v.mul_(b2).addcmul_(gc, gc, 1.0 - b2);
       const at::Tensor denom = (v.sqrt() / bc2_sqrt).add_(o.eps());
       apply(p.narrow(0, begin, len), m, denom);
+      put(m_store, m);
+      put(v_store, v);
     }
     if (!own_layout) {
       st.exp_avg().copy_(m_all.view(param.sizes()));
@@ -192,12 +215,17 @@ void AdamW8bit::update(const at::Tensor& param, const at::Tensor& grad, AdamW8bi
       const std::int64_t len = std::min(kChunk, n - begin);
       at::Tensor m_store = st.exp_avg().narrow(0, begin, len), v_store = st.exp_avg_sq().narrow(0, begin, len);
       const at::Tensor gc = g.narrow(0, begin, len).to(at::kFloat);
-      at::Tensor m = m_store.to(at::kFloat).mul_(b1).add_(gc, 1.0 - b1);
-      at::Tensor v = v_store.to(at::kFloat).mul_(b2).addcmul_(gc, gc, 1.0 - b2);
+      at::Tensor m = fetch(m_store).to(at::kFloat).mul_(b1).add_(gc, 1.0 - b1);
+      at::Tensor v = fetch(v_store).to(at::kFloat).mul_(b2).addcmul_(gc, gc, 1.0 - b2);
       const at::Tensor denom = (v.sqrt() / bc2_sqrt).add_(o.eps());
       apply(p.narrow(0, begin, len), m, denom);
-      m_store.copy_(m);
-      v_store.copy_(v);
+      if (stream) {
+        put(m_store, m);
+        put(v_store, v);
+      } else {
+        m_store.copy_(m);
+        v_store.copy_(v);
+      }
     }
     if (!contiguous) param.copy_(p.view(param.sizes()));
     return;
@@ -211,8 +239,8 @@ void AdamW8bit::update(const at::Tensor& param, const at::Tensor& grad, AdamW8bi
     at::Tensor m_scale = st.exp_avg_absmax().narrow(0, first_block, blocks);
     at::Tensor v_scale = st.exp_avg_sq_absmax().narrow(0, first_block, blocks);
     const at::Tensor gc = g.narrow(0, begin, len).to(at::kFloat);
-    at::Tensor m = dequantize_blockwise(m_codes, m_scale, smap).mul_(b1).add_(gc, 1.0 - b1);
-    at::Tensor v = dequantize_blockwise(v_codes, v_scale, umap).mul_(b2).addcmul_(gc, gc, 1.0 - b2);
+    at::Tensor m = dequantize_blockwise(fetch(m_codes), fetch(m_scale), smap).mul_(b1).add_(gc, 1.0 - b1);
+    at::Tensor v = dequantize_blockwise(fetch(v_codes), fetch(v_scale), umap).mul_(b2).addcmul_(gc, gc, 1.0 - b2);
     const at::Tensor denom = (v.sqrt() / bc2_sqrt).add_(o.eps());
     apply(p.narrow(0, begin, len), m, denom);
     // A non-finite gradient spoils its own element (as in AdamW), not its block's scale.
@@ -220,11 +248,11 @@ void AdamW8bit::update(const at::Tensor& param, const at::Tensor& grad, AdamW8bi
     v.nan_to_num_(0.0, 0.0, 0.0);
     at::Tensor codes, absmax;
     quantize_blockwise(m, smap, codes, absmax);
-    m_codes.copy_(codes);
-    m_scale.copy_(absmax);
+    m_codes.copy_(codes, /*non_blocking=*/stream);
+    m_scale.copy_(absmax, /*non_blocking=*/stream);
     quantize_blockwise(v, umap, codes, absmax);
-    v_codes.copy_(codes);
-    v_scale.copy_(absmax);
+    v_codes.copy_(codes, /*non_blocking=*/stream);
+    v_scale.copy_(absmax, /*non_blocking=*/stream);
   }
   if (!contiguous) param.copy_(p.view(param.sizes()));
 }
@@ -236,15 +264,21 @@ at::Tensor AdamW8bit::step(LossClosure closure) {
     at::AutoGradMode enable_grad(true);
     loss = closure();
   }
+  std::optional<c10::Device> streamed;  // a GPU whose stream holds copies into host memory
   for (auto& group : param_groups_) {
     const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
     TRAINER_CHECK(!o.amsgrad(), "adamw8bit has no amsgrad (a parameter group asks for it)");
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
       TRAINER_CHECK(!p.grad().is_sparse(), "adamw8bit does not support sparse gradients");
-      update(p, p.grad(), state_of(p), o);
+      AdamW8bitParamState& st = state_of(p);
+      if (p.device().is_cuda() && st.exp_avg().device() != p.device()) streamed = p.device();
+      update(p, p.grad(), st, o);
     }
   }
+  // The moments copied back to host memory are there when the step returns (a checkpoint or a
+  // conversion reads them on the host).
+  if (streamed) torch::cuda::synchronize(streamed->index());
   return loss;
 }
 
@@ -278,7 +312,7 @@ void AdamW8bit::load(torch::serialize::InputArchive& archive) {
         throw UsageError(fmt::format("adamw8bit: the saved state of parameter {} is not AdamW's", index - 1));
       }
       const bool fp32 = shaped(st->exp_avg()) && shaped(st->exp_avg_sq()) && !st->exp_avg_absmax().defined() &&
-                        !st->exp_avg_sq_absmax().defined() && (!large || mixed_);
+                        !st->exp_avg_sq_absmax().defined() && (!large || mixed_ || bits_ == 32);
       const bool bf16 = large && (bits_ == 16 || mixed_) && flat(st->exp_avg(), at::kBFloat16, n) &&
                         flat(st->exp_avg_sq(), at::kBFloat16, n) && !st->exp_avg_absmax().defined() &&
                         !st->exp_avg_sq_absmax().defined();
@@ -296,15 +330,18 @@ void AdamW8bit::load(torch::serialize::InputArchive& archive) {
             : bits_ == 16 ? fmt::format("bf16 moments of {} values", n)
                           : fmt::format("uint8 codes of {} values and fp32 scales of {} blocks", n, blocks)));
       }
-      // On the parameter's device, as the step reads them.
+      // On the parameter's device, as the step reads them, or offloaded in host memory (pinned
+      // for a parameter on a GPU).
       auto* own = static_cast<AdamW8bitParamState*>(it->second.get());
-      if (own->exp_avg().device() != p.device()) {
-        own->exp_avg(own->exp_avg().to(p.device()));
-        own->exp_avg_sq(own->exp_avg_sq().to(p.device()));
-        if (own->quantized()) {
-          own->exp_avg_absmax(own->exp_avg_absmax().to(p.device()));
-          own->exp_avg_sq_absmax(own->exp_avg_sq_absmax().to(p.device()));
-        }
+      auto place = [&](const at::Tensor& t) {
+        if (!offload_) return t.device() == p.device() ? t : t.to(p.device());
+        return p.device().is_cuda() || !t.device().is_cpu() ? host_copy(t, p.device()) : t;
+      };
+      own->exp_avg(place(own->exp_avg()));
+      own->exp_avg_sq(place(own->exp_avg_sq()));
+      if (own->quantized()) {
+        own->exp_avg_absmax(place(own->exp_avg_absmax()));
+        own->exp_avg_sq_absmax(place(own->exp_avg_sq_absmax()));
       }
     }
   }

@@ -10,9 +10,14 @@
 // stochastic rounding). State: about 1.016 bytes per value and moment instead of 4.
 //
 // The same optimizer keeps the moments in bf16 instead (moment bits 16: the memory ladder's
-// optimizer_bf16 rung), two bytes per value, updated the same way a chunk at a time.
-// with_moment_bits() converts an AdamW's state (LibTorch's, or this one's) between 32, 16 and
-// 8 bits, one parameter at a time.
+// optimizer_bf16 rung), two bytes per value, or in fp32 (moment bits 32, AdamW's own operations
+// bit for bit), updated the same way a chunk at a time. with_moment_bits() converts an AdamW's
+// state (LibTorch's, or this one's) between 32, 16 and 8 bits, one parameter at a time.
+//
+// Offloaded (the memory ladder's offload rung, with_offload()), the moments live in host memory
+// (pinned when the parameter is on a GPU) and the step streams them: each chunk is copied to
+// the parameter's device, updated there, and copied back, so the device holds a chunk's moments
+// at a time instead of all of them. The results are those of the moments kept on the device.
 #include <torch/optim/adamw.h>
 #include <torch/optim/optimizer.h>
 #include <torch/optim/serialize.h>
@@ -65,7 +70,7 @@ struct TRAINER_API AdamW8bitParamState : public torch::optim::OptimizerCloneable
 class TRAINER_API AdamW8bit : public torch::optim::Optimizer {
  public:
   /// The options are AdamW's (amsgrad is refused). `moment_bits`: 8 (block-wise codes) or 16
-  /// (bf16) for tensors of kMin8bitNumel values or more.
+  /// (bf16) for tensors of kMin8bitNumel values or more, or 32 (fp32 for every tensor).
   AdamW8bit(std::vector<at::Tensor> params, const torch::optim::AdamWOptions& defaults, int moment_bits = 8);
   AdamW8bit(std::vector<torch::optim::OptimizerParamGroup> groups, const torch::optim::AdamWOptions& defaults,
             int moment_bits);
@@ -76,6 +81,11 @@ class TRAINER_API AdamW8bit : public torch::optim::Optimizer {
   /// load() then takes every form a step reads (fp32, bf16, 8-bit) for any parameter, not only
   /// its bits' form: for a checkpoint of a run whose moments' bits changed part-way.
   void accept_mixed_forms(bool on) { mixed_ = on; }
+  /// Whether the states made from now on (and those load() reads) live in host memory, streamed
+  /// a chunk at a time through each step. A state whose moments are on another device than its
+  /// parameter is streamed either way (a conversion that stopped part-way leaves some).
+  bool offload() const { return offload_; }
+  void set_offload(bool on) { offload_ = on; }
 
   at::Tensor step(LossClosure closure = nullptr) override;
   void save(torch::serialize::OutputArchive& archive) const override;
@@ -99,13 +109,19 @@ class TRAINER_API AdamW8bit : public torch::optim::Optimizer {
   const at::Tensor& map_on(bool is_signed, const c10::Device& device);
   int bits_ = 8;
   bool mixed_ = false;
+  bool offload_ = false;
   at::Tensor signed_map_, unsigned_map_;
   at::Tensor signed_on_device_, unsigned_on_device_;
 };
 
-/// The bits `opt` keeps AdamW's moments in: 32 for LibTorch's AdamW without amsgrad, 16 or 8
-/// for an AdamW8bit; 0 for any other optimizer (its state cannot change precision).
+/// The bits `opt` keeps AdamW's moments in: 32 for LibTorch's AdamW without amsgrad, 32, 16 or
+/// 8 for an AdamW8bit; 0 for any other optimizer (its state cannot change precision).
 TRAINER_API int moment_bits_of(const torch::optim::Optimizer& opt);
+/// Whether `opt` keeps its moments in host memory (an offloaded AdamW8bit).
+TRAINER_API bool offloaded(const torch::optim::Optimizer& opt);
+/// Host memory for a copy of `t`, state of a parameter on `param_device`: pinned when that is
+/// a GPU (so that the copies overlap), plain on the CPU.
+at::Tensor host_copy(const at::Tensor& t, const c10::Device& param_device);
 
 /// What with_moment_bits() made.
 struct MomentConversion {
@@ -114,6 +130,7 @@ struct MomentConversion {
   std::int64_t converted = 0;  ///< parameters whose state was converted
   std::int64_t total = 0;      ///< parameters with state
   std::string error;           ///< why the conversion stopped early ("" when it did not)
+  bool offload = false;        ///< the moments are in host memory (offloaded(*optimizer))
 };
 
 /// An optimizer over the same parameter groups and options as `opt` (moment_bits_of(opt) > 0)
@@ -125,6 +142,16 @@ struct MomentConversion {
 /// in an AdamW8bit (which steps every form), `error` says why, and `bits` is the bits asked for
 /// when fewer than before (the savings are partly there), else the bits before. `opt` is left
 /// without state either way.
+/// An offloaded optimizer keeps its moments in host memory, converted there.
 TRAINER_API MomentConversion with_moment_bits(torch::optim::Optimizer& opt, int bits);
+
+/// An optimizer over the same parameter groups, options and moment bits as `opt`
+/// (moment_bits_of(opt) > 0) with its moments in host memory (`on`: an offloaded AdamW8bit) or
+/// on their parameters' devices (LibTorch's AdamW for 32 bits, an AdamW8bit for 16 and 8). Exact:
+/// the moments are moved, not converted. One parameter at a time, each dropped from `opt` as it
+/// goes. When a move fails (out of memory), the rest stay where they were in an AdamW8bit (its
+/// step streams moments that are not on their parameter's device), `error` says why, and
+/// `offload` stays true when any moment is still in host memory. `bits` is moment_bits_of(opt).
+TRAINER_API MomentConversion with_offload(torch::optim::Optimizer& opt, bool on);
 
 }  // namespace trainer::detail

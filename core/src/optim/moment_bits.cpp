@@ -1,5 +1,6 @@
-// Moving AdamW's state between 32, 16 and 8 bits (declared in adamw8bit.h): moment_bits_of,
-// with_moment_bits. One parameter at a time, a chunk at a time, each step count kept.
+// Moving AdamW's state between 32, 16 and 8 bits, and between the device and host memory
+// (declared in adamw8bit.h): moment_bits_of, offloaded, with_moment_bits, with_offload. One
+// parameter at a time, a chunk at a time, each step count kept.
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
@@ -20,6 +21,17 @@ int moment_bits_of(const torch::optim::Optimizer& opt) {
     return 32;
   }
   return 0;
+}
+
+bool offloaded(const torch::optim::Optimizer& opt) {
+  const auto* eight = dynamic_cast<const AdamW8bit*>(&opt);
+  return eight != nullptr && eight->offload();
+}
+
+at::Tensor host_copy(const at::Tensor& t, const c10::Device& param_device) {
+  at::Tensor out = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(param_device.is_cuda()));
+  out.copy_(t);
+  return out;
 }
 
 namespace {
@@ -59,17 +71,18 @@ at::Tensor read_chunk(const at::Tensor& flat, const at::Tensor& scale, const at:
 }
 
 /// Converts one moment (`flat`: its stored values flat in logical order) into `to`, a chunk at
-/// a time: the new tensor(s) and the chunk's temporaries are all it allocates.
+/// a time, where it is (`where`: the parameter's device, or host memory when offloaded): the
+/// new tensor(s) and the chunk's temporaries are all it allocates.
 void convert_moment(const at::Tensor& flat, const at::Tensor& scale, const at::Tensor& map, Form to,
-                    const at::Tensor& param, at::Tensor& out, at::Tensor& out_scale) {
+                    const at::Tensor& param, const at::TensorOptions& where, at::Tensor& out, at::Tensor& out_scale) {
   const std::int64_t n = param.numel();
   if (to == Form::Fp32) {
-    out = at::empty(param.sizes(), param.options().dtype(at::kFloat));
+    out = at::empty(param.sizes(), where.dtype(at::kFloat));
   } else if (to == Form::Bf16) {
-    out = at::empty({n}, param.options().dtype(at::kBFloat16));
+    out = at::empty({n}, where.dtype(at::kBFloat16));
   } else {
-    out = at::empty({n}, param.options().dtype(at::kByte));
-    out_scale = at::empty({(n + kQuantBlock - 1) / kQuantBlock}, param.options().dtype(at::kFloat));
+    out = at::empty({n}, where.dtype(at::kByte));
+    out_scale = at::empty({(n + kQuantBlock - 1) / kQuantBlock}, where.dtype(at::kFloat));
   }
   const at::Tensor out_flat = out.view({-1});
   for (std::int64_t begin = 0; begin < n; begin += AdamW8bit::kChunk) {
@@ -91,6 +104,26 @@ void convert_moment(const at::Tensor& flat, const at::Tensor& scale, const at::T
 /// The stored moment `t` flat in the parameter's logical order (a view when it is contiguous).
 at::Tensor flat_of(const at::Tensor& t) { return t.is_contiguous() ? t.view({-1}) : t.contiguous().view({-1}); }
 
+/// LibTorch's AdamW over `holder`'s parameter groups and options, taking its states (fp32
+/// moments on their parameters' devices, each step count kept).
+std::unique_ptr<torch::optim::Optimizer> as_torch_adamw(AdamW8bit& holder) {
+  const auto& defaults = static_cast<const torch::optim::AdamWOptions&>(holder.defaults());
+  auto adamw = std::make_unique<torch::optim::AdamW>(holder.param_groups(), defaults);
+  for (auto& group : adamw->param_groups()) {
+    for (auto& p : group.params()) {
+      const auto it = holder.state().find(compat::optimizer_state_key(holder, p));
+      if (it == holder.state().end()) continue;
+      const auto& st = static_cast<const AdamW8bitParamState&>(*it->second);
+      auto moved = std::make_unique<torch::optim::AdamWParamState>();
+      moved->step(st.step());
+      moved->exp_avg(st.exp_avg());
+      moved->exp_avg_sq(st.exp_avg_sq());
+      adamw->state()[compat::optimizer_state_key(*adamw, p)] = std::move(moved);
+    }
+  }
+  return adamw;
+}
+
 }  // namespace
 
 MomentConversion with_moment_bits(torch::optim::Optimizer& opt, int bits) {
@@ -102,6 +135,8 @@ MomentConversion with_moment_bits(torch::optim::Optimizer& opt, int bits) {
   // flat), so it holds the states as they are converted, and those not converted when a
   // conversion runs out of memory. For 32 bits its fp32 states go into LibTorch's AdamW at the end.
   auto holder = std::make_unique<AdamW8bit>(opt.param_groups(), defaults, bits == 32 ? (from == 32 ? 16 : from) : bits);
+  const bool offload = offloaded(opt);
+  holder->set_offload(offload);
   const at::Tensor smap = quant_map_tensor(true), umap = quant_map_tensor(false);
   MomentConversion out;
   for (auto& group : opt.param_groups()) {
@@ -114,13 +149,16 @@ MomentConversion with_moment_bits(torch::optim::Optimizer& opt, int bits) {
       const Form to = form_for(bits, p.numel());
       if (out.error.empty() && form_of(was) != to) {
         try {
-          const c10::Device device = p.device();
+          // Where the moments are: on the parameter's device, or offloaded in host memory.
+          const c10::Device device = was.m.device();
+          const at::TensorOptions where =
+              device == p.device() ? p.options() : p.options().device(device).pinned_memory(p.device().is_cuda());
           const at::Tensor s_from = smap.to(device), u_from = umap.to(device);
           auto st = std::make_unique<AdamW8bitParamState>();
           st->step(was.step);
           at::Tensor m, m_scale, v, v_scale;
-          convert_moment(flat_of(was.m), was.m_scale, s_from, to, p, m, m_scale);
-          convert_moment(flat_of(was.v), was.v_scale, u_from, to, p, v, v_scale);
+          convert_moment(flat_of(was.m), was.m_scale, s_from, to, p, where, m, m_scale);
+          convert_moment(flat_of(was.v), was.v_scale, u_from, to, p, where, v, v_scale);
           st->exp_avg(m);
           st->exp_avg_sq(v);
           if (to == Form::Codes) {
@@ -162,31 +200,76 @@ MomentConversion with_moment_bits(torch::optim::Optimizer& opt, int bits) {
       back.total = out.total;
       back.converted = out.converted;
       back.bits = from;
+      back.offload = offload;
       return back;
     }
     holder->set_moment_bits(bits);  // the states not reached are converted by the next request
     out.optimizer = std::move(holder);
+    out.offload = offload;
     return out;
   }
   out.bits = bits;
-  if (bits != 32) {
+  out.offload = offload;
+  if (bits != 32 || offload) {
+    holder->set_moment_bits(bits);
     out.optimizer = std::move(holder);
     return out;
   }
-  auto adamw = std::make_unique<torch::optim::AdamW>(opt.param_groups(), defaults);
-  for (auto& group : adamw->param_groups()) {
+  out.optimizer = as_torch_adamw(*holder);
+  return out;
+}
+
+MomentConversion with_offload(torch::optim::Optimizer& opt, bool on) {
+  const int bits = moment_bits_of(opt);
+  TRAINER_CHECK(bits > 0, "only AdamW's moments move to host memory");
+  const auto& defaults = static_cast<const torch::optim::AdamWOptions&>(opt.defaults());
+  auto holder = std::make_unique<AdamW8bit>(opt.param_groups(), defaults, bits);
+  holder->set_offload(on);
+  MomentConversion out;
+  out.bits = bits;
+  bool on_host = false;  // a moment is in host memory after the moves (one that failed included)
+  for (auto& group : opt.param_groups()) {
     for (auto& p : group.params()) {
-      const auto it = holder->state().find(compat::optimizer_state_key(*holder, p));
-      if (it == holder->state().end()) continue;
-      const auto& st = static_cast<const AdamW8bitParamState&>(*it->second);
-      auto moved = std::make_unique<torch::optim::AdamWParamState>();
-      moved->step(st.step());
-      moved->exp_avg(st.exp_avg());
-      moved->exp_avg_sq(st.exp_avg_sq());
-      adamw->state()[compat::optimizer_state_key(*adamw, p)] = std::move(moved);
+      const auto it = opt.state().find(compat::optimizer_state_key(opt, p));
+      if (it == opt.state().end()) continue;
+      ++out.total;
+      StoredMoments was = stored(*it->second);
+      // On the CPU host memory is the device's: nothing moves.
+      const bool there = p.device().is_cpu() || (was.m.device() != p.device()) == on;
+      if (out.error.empty() && !there) {
+        try {
+          auto move = [&](const at::Tensor& t) {
+            return !t.defined() ? t : on ? host_copy(t, p.device()) : t.to(p.device());
+          };
+          StoredMoments moved{was.step, move(was.m), move(was.v), move(was.m_scale), move(was.v_scale)};
+          was = std::move(moved);
+          ++out.converted;
+        } catch (const std::exception& e) {
+          out.error = e.what();
+        }
+      } else if (out.error.empty()) {
+        ++out.converted;
+      }
+      on_host = on_host || (was.m.device() != p.device()) || (on && p.device().is_cpu());
+      auto st = std::make_unique<AdamW8bitParamState>();
+      st->step(was.step);
+      st->exp_avg(was.m);
+      st->exp_avg_sq(was.v);
+      if (was.m_scale.defined()) {
+        st->exp_avg_absmax(was.m_scale);
+        st->exp_avg_sq_absmax(was.v_scale);
+      }
+      opt.state().erase(it);  // the old moments go as soon as the new ones are there
+      holder->state()[compat::optimizer_state_key(*holder, p)] = std::move(st);
     }
   }
-  out.optimizer = std::move(adamw);
+  out.offload = on || on_host;
+  holder->set_offload(out.offload);
+  if (bits == 32 && !out.offload) {
+    out.optimizer = as_torch_adamw(*holder);
+  } else {
+    out.optimizer = std::move(holder);
+  }
   return out;
 }
 

@@ -83,6 +83,8 @@ std::int64_t move_optimizer_state(torch::optim::Optimizer& opt, const c10::Devic
     return moved;
   }
   if (auto* eight = dynamic_cast<detail::AdamW8bit*>(&opt)) {
+    // Offloaded moments stay in host memory, wherever the parameters go: the step streams them.
+    if (eight->offload()) return moved;
     for (auto& [key, base] : eight->state()) {
       auto& st = static_cast<detail::AdamW8bitParamState&>(*base);
       st.exp_avg(move(st.exp_avg()));

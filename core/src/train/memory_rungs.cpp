@@ -44,13 +44,33 @@ MemoryRungs::MemoryRungs(RunParts& parts, RunState& state, Hooks& hooks, spdlog:
   // conversion that ran out of memory on one rank only would leave the replicas' states unlike.
   state_.optimizer_moment_bits = parts_.group ? 0 : detail::moment_bits_of(*parts_.optim);
   state_.configured_moment_bits = state_.optimizer_moment_bits;
+  state_.optimizer_offload = detail::offloaded(*parts_.optim);
 }
 
 bool MemoryRungs::apply(const Control& c, const std::string& reason) {
   bool changed = false;
   if (c.checkpointed_blocks) changed |= set_checkpointed_blocks(*c.checkpointed_blocks, reason);
   if (c.optimizer_moment_bits) changed |= set_moment_bits(*c.optimizer_moment_bits, reason);
+  if (c.optimizer_offload) changed |= set_offload(*c.optimizer_offload, reason);
   return changed;
+}
+
+std::int64_t MemoryRungs::state_bytes(bool device_only) const {
+  std::int64_t bytes = 0;
+  for (const auto& p : parts_.model->parameters()) {
+    for (const auto& t : optimizer_state_of(*parts_.optim, p)) {
+      if (!device_only || t.device() == p.device()) bytes += static_cast<std::int64_t>(t.nbytes());
+    }
+  }
+  return bytes;
+}
+
+void MemoryRungs::replace_optimizer(std::unique_ptr<torch::optim::Optimizer> made) {
+  // The old optimizer holds no state any more; the new one takes its place everywhere.
+  parts_.optim = std::move(made);
+  ++optimizer_changes_;
+  hooks_.context().optimizer = parts_.optim.get();
+  attribute_run_memory(nullptr, parts_.optim.get());
 }
 
 bool MemoryRungs::set_checkpointed_blocks(std::int64_t blocks, const std::string& reason, bool metric) {
@@ -100,21 +120,10 @@ bool MemoryRungs::set_moment_bits(int bits, const std::string& reason, bool metr
   }
   const int from = state_.optimizer_moment_bits;
   if (bits == from) return false;
-  auto state_bytes = [this] {
-    std::int64_t bytes = 0;
-    for (const auto& p : parts_.model->parameters()) {
-      for (const auto& t : optimizer_state_of(*parts_.optim, p)) bytes += static_cast<std::int64_t>(t.nbytes());
-    }
-    return bytes;
-  };
-  const std::int64_t before = state_bytes();
+  const std::int64_t before = state_bytes(false);
   detail::MomentConversion done = detail::with_moment_bits(*parts_.optim, bits);
-  // The old optimizer holds no state any more; the new one takes its place everywhere.
-  parts_.optim = std::move(done.optimizer);
-  ++optimizer_changes_;
-  hooks_.context().optimizer = parts_.optim.get();
-  attribute_run_memory(nullptr, parts_.optim.get());
-  const std::int64_t after = state_bytes();
+  replace_optimizer(std::move(done.optimizer));
+  const std::int64_t after = state_bytes(false);
   if (!done.error.empty()) {
     log_.warn(
         "optimizer moments {} -> {} bits: stopped after {} of {} parameters ({}); the moments stay in {} bits{}{}",
@@ -132,6 +141,40 @@ bool MemoryRungs::set_moment_bits(int bits, const std::string& reason, bool metr
   return done.bits != from;
 }
 
+bool MemoryRungs::set_offload(bool on, const std::string& reason, bool metric) {
+  const std::string why = reason.empty() ? "" : " (" + reason + ")";
+  if (state_.optimizer_moment_bits == 0) {
+    log_.warn("optimizer_offload {} ignored: {}{}", on,
+              parts_.group ? "a data-parallel run keeps its optimizer state where it is"
+                           : "only AdamW's moments move to host memory (optim.name \"adamw\" or \"adamw8bit\", "
+                             "without amsgrad)",
+              why);
+    return false;
+  }
+  if (on == state_.optimizer_offload) return false;
+  const std::int64_t before = state_bytes(true);
+  detail::MomentConversion done = detail::with_offload(*parts_.optim, on);
+  replace_optimizer(std::move(done.optimizer));
+  const std::int64_t after = state_bytes(true);
+  const std::string device = parts_.device.str();
+  if (!done.error.empty()) {
+    log_.warn("optimizer moments {} host memory: stopped after {} of {} parameters ({}){}", on ? "to" : "from",
+              done.converted, done.total, done.error, why);
+  }
+  if (done.offload != state_.optimizer_offload) {
+    log_.warn("optimizer moments: {}, optimizer state on {} {} -> {} (exact{}){}",
+              done.offload ? "offloaded to host memory, streamed through each step" : "back on the device", device,
+              format_bytes(before), format_bytes(after),
+              parts_.device.is_cpu() ? "; on the CPU host memory is the device's: nothing moved" : "", why);
+  }
+  const bool changed = done.offload != state_.optimizer_offload;
+  state_.optimizer_offload = done.offload;
+  if (auto* m = hooks_.context().metrics; m && metric && changed) {
+    m->log(state_.global_step, {{"memory/optimizer_offload", done.offload ? 1.0 : 0.0}});
+  }
+  return changed;
+}
+
 std::string MemoryRungs::summary() const {
   std::string out;
   if (state_.checkpointed_blocks > 0) {
@@ -140,6 +183,7 @@ std::string MemoryRungs::summary() const {
   if (state_.optimizer_moment_bits != state_.configured_moment_bits) {
     out += fmt::format("{}optimizer moments in {} bits", out.empty() ? "" : "; ", state_.optimizer_moment_bits);
   }
+  if (state_.optimizer_offload) out += fmt::format("{}optimizer moments in host memory", out.empty() ? "" : "; ");
   return out;
 }
 
@@ -149,6 +193,7 @@ void MemoryRungs::save(torch::serialize::OutputArchive& ar) const {
   // reads it into an optimizer of that form.
   const int bits = detail::moment_bits_of(*parts_.optim);
   if (bits > 0) ar.write("optimizer_moment_bits", at::tensor(static_cast<std::int64_t>(bits)));
+  if (detail::offloaded(*parts_.optim)) ar.write("optimizer_offload", at::tensor(static_cast<std::int64_t>(1)));
 }
 
 void MemoryRungs::restore(torch::serialize::InputArchive& ar, const std::string& file) {
@@ -181,6 +226,20 @@ void MemoryRungs::restore(torch::serialize::InputArchive& ar, const std::string&
     }
     // Its state may hold a mix of forms (bits that changed part-way): each is read as it is.
     if (auto* compact = dynamic_cast<detail::AdamW8bit*>(parts_.optim.get())) compact->accept_mixed_forms(true);
+  }
+  if (const auto offload = read_count(ar, "optimizer_offload", file)) {
+    TRAINER_CHECK_T(UsageError, *offload == 0 || *offload == 1, "cannot resume from ", file,
+                    ": its 'optimizer_offload' is ", *offload, "; it is 1 (the moments in host memory) or absent");
+    TRAINER_CHECK_T(UsageError, *offload == 0 || detail::moment_bits_of(*parts_.optim) > 0, "cannot resume from ", file,
+                    ": its AdamW moments are in host memory, and this run's optimizer is not AdamW");
+    // As the bits: the optimizer (no state yet) reads the file's moments into host memory.
+    if (*offload == 1) {
+      const int shown = state_.optimizer_moment_bits;
+      state_.optimizer_moment_bits = detail::moment_bits_of(*parts_.optim);
+      set_offload(true, "as when the checkpoint was written", /*metric=*/false);
+      if (auto* compact = dynamic_cast<detail::AdamW8bit*>(parts_.optim.get())) compact->accept_mixed_forms(true);
+      if (parts_.group) state_.optimizer_moment_bits = shown;
+    }
   }
 }
 

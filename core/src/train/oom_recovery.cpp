@@ -120,7 +120,9 @@ std::int64_t OomRecovery::recover(const std::exception& e, OomRetry rule, std::i
   // Memory savers asked for (oom_backoff's ladder): -1 / 0 when not.
   std::int64_t blocks = c.checkpointed_blocks.value_or(-1);
   int bits = c.optimizer_moment_bits.value_or(0);
-  bool again = (c.switch_device || c.retry_with_micro_batch || blocks >= 0 || bits > 0) && attempt + 1 < kMaxAttempts;
+  int offload = c.optimizer_offload ? (*c.optimizer_offload ? 2 : 1) : 0;  // 0: not asked, 1: off, 2: on
+  bool again = (c.switch_device || c.retry_with_micro_batch || blocks >= 0 || bits > 0 || offload > 0) &&
+               attempt + 1 < kMaxAttempts;
   std::int64_t next = std::clamp<std::int64_t>(c.retry_with_micro_batch.value_or(micro), 1, samples);
   std::string why_not;
   if (parts_.group && c.switch_device) {
@@ -131,14 +133,15 @@ std::int64_t OomRecovery::recover(const std::exception& e, OomRetry rule, std::i
   }
   if (ranks) {
     // Every rank heard of the same failure; they retry together with the smallest size asked, the
-    // most blocks checkpointed and the fewest moment bits any rank asks (replicas stay alike), or
-    // all give up.
-    const auto agreed = ranks->all_reduce_max({again ? 0 : 1, -next, blocks, bits > 0 ? 64 - bits : 0});
+    // most blocks checkpointed, the fewest moment bits and the offload any rank asks (replicas
+    // stay alike), or all give up.
+    const auto agreed = ranks->all_reduce_max({again ? 0 : 1, -next, blocks, bits > 0 ? 64 - bits : 0, offload});
     if (again && agreed[0] != 0) why_not = " (another rank's plugins gave up)";
     again = agreed[0] == 0;
     next = -agreed[1];
     blocks = agreed[2];
     bits = agreed[3] > 0 ? static_cast<int>(64 - agreed[3]) : 0;
+    offload = static_cast<int>(agreed[4]);
   }
   if (again) {
     std::string where;
@@ -151,6 +154,7 @@ std::int64_t OomRecovery::recover(const std::exception& e, OomRetry rule, std::i
     Control savers;
     if (blocks >= 0) savers.checkpointed_blocks = blocks;
     if (bits > 0) savers.optimizer_moment_bits = bits;
+    if (offload > 0) savers.optimizer_offload = offload == 2;
     rungs_.apply(savers, c.reason);
     const std::string on = rungs_.summary();
     log_.warn("retrying the same {}{} with micro-batches of {} ({}{}){}",

@@ -98,15 +98,17 @@ bool TrainStep::start_batch(std::int64_t n) {
   StepSync::BatchPlan wish;
   wish.checkpointed_blocks = start.checkpointed_blocks.value_or(-1);
   wish.moment_bits = start.optimizer_moment_bits.value_or(0);
+  wish.offload = start.optimizer_offload ? (*start.optimizer_offload ? 2 : 1) : 0;
   const StepSync::BatchPlan plan = sync_->start_batch(start.skip_step, micro_batch_, wish);
   micro_batch_ = plan.micro_batch;
   Control savers;
   if (plan.checkpointed_blocks >= 0) savers.checkpointed_blocks = plan.checkpointed_blocks;
-  if (plan.moment_bits > 0) {
+  if (plan.moment_bits > 0 || plan.offload > 0) {
     // The last step's gradients are not needed any more (a batch starts from none): the
     // conversion gets their memory.
     drop_gradients(*parts_.model);
-    savers.optimizer_moment_bits = plan.moment_bits;
+    if (plan.moment_bits > 0) savers.optimizer_moment_bits = plan.moment_bits;
+    if (plan.offload > 0) savers.optimizer_offload = plan.offload == 2;
   }
   oom_.rungs().apply(savers, start.reason);
   state_.micro_batch_size = micro_batch_;

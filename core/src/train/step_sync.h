@@ -54,10 +54,11 @@ class StepSync {
   struct BatchPlan {
     bool skip = false;             ///< the batch is skipped (on every rank)
     std::int64_t micro_batch = 1;  ///< the micro-batch every rank uses
-    /// Memory savers (Control::checkpointed_blocks, optimizer_moment_bits) every rank switches
-    /// to: -1 and 0 when none is asked.
+    /// Memory savers (Control::checkpointed_blocks, optimizer_moment_bits, optimizer_offload)
+    /// every rank switches to: -1 and 0 when none is asked; offload 1 off, 2 on.
     std::int64_t checkpointed_blocks = -1;
     int moment_bits = 0;
+    int offload = 0;
   };
   /// After BatchStart: this rank's wish (`skip`, `micro_batch`, the savers of `wish`) → what
   /// every rank does.
@@ -97,7 +98,7 @@ class StepSync {
 class LocalSync final : public StepSync {
  public:
   BatchPlan start_batch(bool skip, std::int64_t micro_batch, const BatchPlan& wish) override {
-    return {skip, micro_batch, wish.checkpointed_blocks, wish.moment_bits};
+    return {skip, micro_batch, wish.checkpointed_blocks, wish.moment_bits, wish.offload};
   }
   std::int64_t attempt_samples(std::int64_t local, std::int64_t) const override { return local; }
   StepTotals gradients(const std::function<StepTotals()>& local, std::int64_t) override { return local(); }

@@ -457,6 +457,7 @@ struct Trainer::Impl {
     s.checkpointed_blocks = state.checkpointed_blocks;
     if (state.optimizer_moment_bits != state.configured_moment_bits)
       s.optimizer_moment_bits = state.optimizer_moment_bits;
+    s.optimizer_offload = state.optimizer_offload;
     const std::string error = dir->write_status(s);
     if (!error.empty()) log->error("cannot write run status: {}", error);
   }

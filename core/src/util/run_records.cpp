@@ -64,6 +64,7 @@ std::string encode_status(const RunStatusRecord& s) {
   }
   if (s.checkpointed_blocks > 0) j["checkpointed_blocks"] = s.checkpointed_blocks;
   if (s.optimizer_moment_bits > 0) j["optimizer_moment_bits"] = s.optimizer_moment_bits;
+  if (s.optimizer_offload) j["optimizer_offload"] = true;
   if (std::isfinite(s.time)) j["time"] = s.time;
   // Invalid UTF-8 in a message (an OS error's text) is replaced, not thrown.
   return j.dump(-1, ' ', false, ordered::error_handler_t::replace) + "\n";
@@ -95,6 +96,8 @@ RunStatusRecord decode_status(std::string_view text) {
   s.checkpointed_blocks = std::max<std::int64_t>(integer_of<std::int64_t>(j, "checkpointed_blocks", 0), 0);
   const int bits = integer_of(j, "optimizer_moment_bits", 0);
   s.optimizer_moment_bits = bits == 32 || bits == 16 || bits == 8 ? bits : 0;
+  const auto offload = j.find("optimizer_offload");
+  s.optimizer_offload = offload != j.end() && offload->is_boolean() && offload->get<bool>();
   const auto time = j.find("time");
   if (time != j.end() && time->is_number()) s.time = time->get<double>();
   return s;
