@@ -196,8 +196,10 @@ class OomBackoffPlugin final : public trainer::Plugin {
           patience_ = std::max<std::int64_t>(patience_ * 2, s_.grow_after);
           grew_ = false;
         }
+        if (asked_onto_device_ && ctx.state.optimizer_offload) partly_offloaded_ = true;
         asked_bits_ = 0;
         asked_onto_device_ = false;
+        asked_offload_ = false;
         good_ = std::max(good_, cur);
         if (bad_ > 0 && cur >= bad_) bad_ = 0;  // the ceiling was stale: memory freed up
         if (grew_) patience_ = s_.grow_after;   // a grow (or an undone saver) that worked resets the patience
@@ -315,8 +317,13 @@ class OomBackoffPlugin final : public trainer::Plugin {
   void on_oom(trainer::EventContext& ctx, trainer::Control& control) {
     const trainer::OomInfo& oom = *ctx.oom;
     ++ooms_;
+    // The moments' way back that left some in host memory, or an offload the core refused (the
+    // parameters' dtype): the rung applies again, or never.
+    if (asked_onto_device_ && ctx.state.optimizer_offload) partly_offloaded_ = true;
+    if (asked_offload_ && !ctx.state.optimizer_offload) offload_refused_ = true;
     asked_bits_ = 0;  // a failure after asking counts as one below (grew_)
     asked_onto_device_ = false;
+    asked_offload_ = false;
     if (oom.phase == trainer::OomPhase::Checkpoint) return;  // the core retries a checkpoint once by itself
     const bool eval = oom.phase == trainer::OomPhase::Eval;
     if (eval && !s_.eval) return;
@@ -342,7 +349,8 @@ class OomBackoffPlugin final : public trainer::Plugin {
     if (oom.micro_batch_helps) {
       bad_ = bad_ > 0 ? std::min(bad_, oom.micro_batch_size) : oom.micro_batch_size;  // smallest known not to fit
       if (oom.micro_batch_size <= good_) good_ = 0;  // a size that fitted no longer does
-    } else if (oom.phase == trainer::OomPhase::Data || oom.phase == trainer::OomPhase::AllReduce || !s_.allow_inexact) {
+    } else if (oom.phase == trainer::OomPhase::Data || oom.phase == trainer::OomPhase::AllReduce ||
+               (!s_.allow_inexact && !offload_applies(ctx, oom))) {
       // Nothing on the ladder but another device changes this memory (or only inexact rungs
       // would): retry once at the same size (the core freed its cached memory) first.
       if (oom.attempt - retries_base_ == 0) {
@@ -427,9 +435,12 @@ class OomBackoffPlugin final : public trainer::Plugin {
           }
           return false;
         }
-        // AdamW's (0 bits: another optimizer, or a data-parallel run), not in host memory yet.
-        if (!training_memory || st.optimizer_moment_bits == 0 || st.optimizer_offload) return false;
+        // AdamW's (0 bits: another optimizer, or a data-parallel run), not in host memory yet
+        // (or partly, after a way back that ran out of memory), and not refused by the core.
+        if (!training_memory || !offload_applies(ctx, oom, /*in_ladder=*/false)) return false;
         control.optimizer_offload = true;
+        asked_offload_ = true;
+        partly_offloaded_ = false;
         control.retry_with_micro_batch = cur;
         control.reason = "AdamW's moments in host memory, streamed through each optimizer step (exact)";
         return true;
@@ -437,6 +448,18 @@ class OomBackoffPlugin final : public trainer::Plugin {
         return fall_back(ctx, control, oom, false);
     }
     return false;
+  }
+
+  /// Whether the offload rung would move AdamW's moments now: on a GPU, AdamW outside a
+  /// data-parallel run, not all in host memory yet, not refused before, and (`in_ladder`) on
+  /// this error's ladder.
+  bool offload_applies(const trainer::EventContext& ctx, const trainer::OomInfo& oom, bool in_ladder = true) const {
+    const trainer::RunState& st = ctx.state;
+    if (ctx.device.is_cpu() || st.optimizer_moment_bits == 0 || offload_refused_) return false;
+    if (st.optimizer_offload && !partly_offloaded_) return false;
+    if (!in_ladder) return true;
+    const auto rungs = ladder(oom, ctx.device);
+    return std::find(rungs.begin(), rungs.end(), Rung::Offload) != rungs.end();
   }
 
   /// An evaluation's out-of-memory error: a `factor` times smaller eval batch.
@@ -488,7 +511,7 @@ class OomBackoffPlugin final : public trainer::Plugin {
   void maybe_climb_down(trainer::EventContext& ctx, trainer::Control& control) {
     if (s_.grow_after == 0 || clean_steps_ < patience_) return;
     const trainer::RunState& st = ctx.state;
-    if (st.optimizer_offload) {
+    if (st.optimizer_offload && st.optimizer_moment_bits > 0) {  // a data-parallel run keeps them there
       control.optimizer_offload = false;
       asked_onto_device_ = true;
       control.reason = std::to_string(clean_steps_) + " clean steps, AdamW's moments back on the device";
@@ -540,6 +563,9 @@ class OomBackoffPlugin final : public trainer::Plugin {
   int logged_rung_ = 0;                   ///< memory/rung as last logged
   int asked_bits_ = 0;                    ///< the moment bits asked for at this batch's start (0: none)
   bool asked_onto_device_ = false;        ///< the moments asked back on the device at this batch's start
+  bool asked_offload_ = false;            ///< the offload rung was taken for this batch's retry
+  bool offload_refused_ = false;          ///< the core did not offload when asked: the rung is left out
+  bool partly_offloaded_ = false;         ///< a way back left some moments in host memory, some not
   std::size_t next_fallback_ = 0;         ///< fallback_devices already used
   std::int64_t retries_base_ = 0;         ///< attempt at which retries on the current device began
   std::int64_t current_ = 0;              ///< the micro-batch in use (the one a checkpoint records)

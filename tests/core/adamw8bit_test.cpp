@@ -356,15 +356,19 @@ TEST(AdamW8bit, Bf16MomentsAreAdamWsRoundedToBf16AfterEachStep) {
 
 TEST(AdamW8bit, AStepAllocatesNoMoreThanItsReserve) {
   // The step's temporaries, measured by the tracking allocator, for parameters around a chunk
-  // (a partial chunk, one, several) and in both compact forms: within step_temporary_bytes.
+  // (a partial chunk, one, several), in every form, with the moments in place and streamed
+  // (offloaded: on the CPU the streamed pieces are copies in the same memory, as on a GPU):
+  // within step_temporary_bytes.
   install_cpu_tracking_allocator();
   const c10::Device cpu(c10::kCPU);
-  for (const int bits : {8, 16}) {
+  for (const auto& [bits, offload] :
+       std::vector<std::pair<int, bool>>{{8, false}, {16, false}, {32, false}, {8, true}, {16, true}, {32, true}}) {
     for (const std::int64_t n :
          {std::int64_t{5000}, std::int64_t{50000}, AdamW8bit::kChunk, 3 * AdamW8bit::kChunk + 7}) {
-      SCOPED_TRACE(std::to_string(bits) + " bits, " + std::to_string(n) + " values");
+      SCOPED_TRACE(std::to_string(bits) + " bits" + (offload ? " offloaded, " : ", ") + std::to_string(n) + " values");
       at::Tensor p = torch::randn({n}).requires_grad_(true);
       AdamW8bit opt({p}, torch::optim::AdamWOptions(1e-2), bits);
+      opt.set_offload(offload);
       opt.state_of(p);  // the state exists, as the core materializes it before a step
       p.mutable_grad() = torch::randn({n});
       const std::int64_t before = memory_stats(cpu).allocated;
@@ -652,6 +656,67 @@ TEST(AdamW8bit, AdamWsStateGoesToHostMemoryAndBackExactlyKeepingEachStepCount) {
   torch::nn::Linear c(8, 8);
   torch::optim::SGD sgd(c->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   EXPECT_THROW(with_offload(sgd, true), Error);
+}
+
+TEST(AdamW8bit, Bf16ParametersMomentsGoToHostMemoryInFp32AndFloat64OnesAreRefused) {
+  // LibTorch's AdamW keeps a bf16 parameter's moments in bf16, shaped like it: they go over
+  // widened to fp32 (the compact AdamW's form for a bf16 parameter, whose update it computes
+  // in fp32), and come back in the compact AdamW, which steps them as they are.
+  torch::manual_seed(14);
+  torch::nn::Linear a(128, 64);  // weight 8192 values
+  a->to(at::kBFloat16);
+  auto grads = [&a] {
+    for (auto& p : a->parameters()) p.mutable_grad() = torch::randn(p.sizes()).to(at::kBFloat16);
+  };
+  torch::optim::AdamWOptions o(1e-2);
+  std::unique_ptr<torch::optim::Optimizer> opt = std::make_unique<torch::optim::AdamW>(a->parameters(), o);
+  for (int k = 0; k < 2; ++k) {
+    grads();
+    opt->step();
+  }
+  const auto [m_bf16, v_bf16] = moments_of(*opt, a->weight);
+  ASSERT_EQ(m_bf16.scalar_type(), at::kBFloat16);
+  MomentConversion there = with_offload(*opt, true);
+  ASSERT_TRUE(there.error.empty()) << there.error;
+  opt = std::move(there.optimizer);
+  auto& compact = dynamic_cast<AdamW8bit&>(*opt);
+  EXPECT_EQ(compact.state_of(a->weight).exp_avg().scalar_type(), at::kFloat);
+  EXPECT_EQ(compact.state_of(a->weight).exp_avg().sizes(), a->weight.sizes());
+  EXPECT_TRUE(torch::equal(moments_of(*opt, a->weight).first, m_bf16.to(at::kFloat)));  // widened, nothing else
+  const at::Tensor before = a->weight.detach().clone();
+  for (int k = 0; k < 2; ++k) {
+    grads();
+    opt->step();
+  }
+  EXPECT_TRUE(torch::isfinite(a->weight).all().item<bool>());
+  EXPECT_FALSE(torch::equal(a->weight, before));
+  MomentConversion back = with_offload(*opt, false);
+  EXPECT_FALSE(back.offload);
+  ASSERT_NE(dynamic_cast<AdamW8bit*>(back.optimizer.get()), nullptr);  // fp32 moments: not LibTorch's AdamW's form
+  back.optimizer->step();
+
+  // Their moments in 16 bits: converted from LibTorch's shaped bf16 into the flat form a step reads.
+  torch::nn::Linear b(128, 64);
+  b->to(at::kBFloat16);
+  torch::optim::AdamW bf16_adamw(b->parameters(), o);
+  for (auto& p : b->parameters()) p.mutable_grad() = torch::randn(p.sizes()).to(at::kBFloat16);
+  bf16_adamw.step();
+  MomentConversion half = with_moment_bits(bf16_adamw, 16);
+  ASSERT_TRUE(half.error.empty()) << half.error;
+  auto& sixteen = dynamic_cast<AdamW8bit&>(*half.optimizer);
+  EXPECT_EQ(sixteen.state_of(b->weight).exp_avg().dim(), 1);
+  EXPECT_TRUE(sixteen.state_of(b->weight).bf16());
+  sixteen.step();
+  EXPECT_TRUE(torch::isfinite(b->weight).all().item<bool>());
+
+  // float64 parameters: refused before anything moves.
+  torch::nn::Linear c(8, 8);
+  c->to(at::kDouble);
+  torch::optim::AdamW wide(c->parameters(), o);
+  for (auto& p : c->parameters()) p.mutable_grad() = torch::randn(p.sizes(), at::kDouble);
+  wide.step();
+  EXPECT_THROW(with_offload(wide, true), Error);
+  EXPECT_EQ(wide.state().size(), 2u);  // still its own
 }
 
 /// The optimizer state's bytes (memory categories) at the end of each step.

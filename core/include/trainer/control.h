@@ -62,9 +62,13 @@ struct Control {
   std::optional<int> optimizer_moment_bits;
   /// Keep AdamW's moments in host memory (true), streamed a chunk at a time through each
   /// optimizer step, or on the parameters' devices (false), moving them from the retry
-  /// (OutOfMemory) or this batch (BatchStart) on. Exact. Saves the moments' device memory on a
-  /// GPU; on the CPU, whose memory is the host's, nothing moves (the step still streams).
-  /// Optimizers "adamw" and "adamw8bit" only, outside a data-parallel run.
+  /// (OutOfMemory) or this batch (BatchStart) on. Exact for fp32 parameters: the same
+  /// operations on the same values (on the CPU, a tensor of more than 64 Ki values may round
+  /// differently in its last bit, its operations running a chunk at a time). A bf16 or fp16
+  /// parameter's moments go over widened to fp32 (the compact AdamW's form for them); float64
+  /// parameters are refused. Saves the moments' device memory on a GPU; on the CPU, whose memory
+  /// is the host's, nothing moves (the step still streams). Optimizers "adamw" and "adamw8bit"
+  /// only, outside a data-parallel run.
   std::optional<bool> optimizer_offload;
   /// Write a checkpoint after the current batch.
   bool request_checkpoint = false;

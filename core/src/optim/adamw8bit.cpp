@@ -7,7 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <optional>
+#include <vector>
 
 #include "trainer/error.h"
 #include "util/torch_compat.h"
@@ -156,16 +156,18 @@ void AdamW8bit::update(const at::Tensor& param, const at::Tensor& grad, AdamW8bi
     }
   };
   // Moments in host memory (offloaded) are streamed: each piece the step reads is copied to the
-  // parameter's device (`fetch`), updated there and copied back (`put`); the copies are queued
-  // on the device's stream in order, and step() waits for the last before it returns. Otherwise
-  // the step updates the stored moments in place (fetch returns them, put does nothing).
+  // parameter's device (`fetch`), updated there and copied back (`put`). For a parameter on a
+  // GPU the copies are queued on its stream in order, and step() waits for them before it
+  // returns; for one on the CPU they are plain copies. Otherwise the step updates the stored
+  // moments in place (fetch returns them, put does nothing).
   const bool stream = offload_ || st.exp_avg().device() != param.device();
   const c10::Device device = param.device();
+  const bool async = stream && device.is_cuda();
   auto fetch = [&](const at::Tensor& stored) {
-    return stream ? stored.to(device, stored.scalar_type(), /*non_blocking=*/true, /*copy=*/true) : stored;
+    return stream ? stored.to(device, stored.scalar_type(), /*non_blocking=*/async, /*copy=*/true) : stored;
   };
   auto put = [&](const at::Tensor& stored, const at::Tensor& updated) {
-    if (stream) stored.copy_(updated.to(stored.scalar_type()), /*non_blocking=*/true);
+    if (stream) stored.copy_(updated.to(stored.scalar_type()), /*non_blocking=*/async);
   };
   const bool fp32_moments = !st.quantized() && !st.bf16();
   if (fp32_moments && param.numel() <= kChunk) {
@@ -248,11 +250,11 @@ void AdamW8bit::update(const at::Tensor& param, const at::Tensor& grad, AdamW8bi
     v.nan_to_num_(0.0, 0.0, 0.0);
     at::Tensor codes, absmax;
     quantize_blockwise(m, smap, codes, absmax);
-    m_codes.copy_(codes, /*non_blocking=*/stream);
-    m_scale.copy_(absmax, /*non_blocking=*/stream);
+    m_codes.copy_(codes, /*non_blocking=*/async);
+    m_scale.copy_(absmax, /*non_blocking=*/async);
     quantize_blockwise(v, umap, codes, absmax);
-    v_codes.copy_(codes, /*non_blocking=*/stream);
-    v_scale.copy_(absmax, /*non_blocking=*/stream);
+    v_codes.copy_(codes, /*non_blocking=*/async);
+    v_scale.copy_(absmax, /*non_blocking=*/async);
   }
   if (!contiguous) param.copy_(p.view(param.sizes()));
 }
@@ -264,7 +266,7 @@ at::Tensor AdamW8bit::step(LossClosure closure) {
     at::AutoGradMode enable_grad(true);
     loss = closure();
   }
-  std::optional<c10::Device> streamed;  // a GPU whose stream holds copies into host memory
+  std::vector<c10::Device> streamed;  // the GPUs whose streams hold copies into host memory
   for (auto& group : param_groups_) {
     const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
     TRAINER_CHECK(!o.amsgrad(), "adamw8bit has no amsgrad (a parameter group asks for it)");
@@ -272,13 +274,16 @@ at::Tensor AdamW8bit::step(LossClosure closure) {
       if (!p.grad().defined()) continue;
       TRAINER_CHECK(!p.grad().is_sparse(), "adamw8bit does not support sparse gradients");
       AdamW8bitParamState& st = state_of(p);
-      if (p.device().is_cuda() && st.exp_avg().device() != p.device()) streamed = p.device();
+      const bool queued = p.device().is_cuda() && (offload_ || st.exp_avg().device() != p.device());
+      if (queued && std::find(streamed.begin(), streamed.end(), p.device()) == streamed.end()) {
+        streamed.push_back(p.device());
+      }
       update(p, p.grad(), st, o);
     }
   }
   // The moments copied back to host memory are there when the step returns (a checkpoint or a
   // conversion reads them on the host).
-  if (streamed) torch::cuda::synchronize(streamed->index());
+  for (const c10::Device& d : streamed) torch::cuda::synchronize(d.index());
   return loss;
 }
 

@@ -51,15 +51,18 @@ StoredMoments stored(const torch::optim::OptimizerParamState& base) {
 }
 
 /// The form moments of `numel` values take in `bits`: fp32 (shaped like the parameter) for 32
-/// bits and for tensors under kMin8bitNumel, else bf16 or 8-bit codes (flat).
-enum class Form { Fp32, Bf16, Codes };
+/// bits and for tensors under kMin8bitNumel, else bf16 or 8-bit codes (flat). `Native`: none of
+/// these, LibTorch's AdamW's moments in the dtype of a parameter that is not fp32 (bf16, fp16,
+/// fp64), shaped like it: always converted.
+enum class Form { Fp32, Bf16, Codes, Native };
 Form form_for(int bits, std::int64_t numel) {
   if (bits == 32 || numel < kMin8bitNumel) return Form::Fp32;
   return bits == 16 ? Form::Bf16 : Form::Codes;
 }
 Form form_of(const StoredMoments& s) {
   if (s.m_scale.defined()) return Form::Codes;
-  return s.m.scalar_type() == at::kBFloat16 ? Form::Bf16 : Form::Fp32;
+  if (s.m.scalar_type() == at::kBFloat16 && s.m.dim() == 1) return Form::Bf16;
+  return s.m.scalar_type() == at::kFloat ? Form::Fp32 : Form::Native;
 }
 
 /// `values` values of a stored moment from `begin`, in fp32 (the parameter's logical order).
@@ -104,15 +107,34 @@ void convert_moment(const at::Tensor& flat, const at::Tensor& scale, const at::T
 /// The stored moment `t` flat in the parameter's logical order (a view when it is contiguous).
 at::Tensor flat_of(const at::Tensor& t) { return t.is_contiguous() ? t.view({-1}) : t.contiguous().view({-1}); }
 
-/// LibTorch's AdamW over `holder`'s parameter groups and options, taking its states (fp32
-/// moments on their parameters' devices, each step count kept).
-std::unique_ptr<torch::optim::Optimizer> as_torch_adamw(AdamW8bit& holder) {
-  const auto& defaults = static_cast<const torch::optim::AdamWOptions&>(holder.defaults());
-  auto adamw = std::make_unique<torch::optim::AdamW>(holder.param_groups(), defaults);
-  for (auto& group : adamw->param_groups()) {
+/// Whether LibTorch's AdamW can take `holder`'s states (moments of 32 bits) as they are: each
+/// moment on its parameter's device, in its parameter's dtype and shape (AdamW keeps them so;
+/// the compact AdamW keeps fp32 ones for a bf16 parameter too).
+bool torch_adamw_fits(AdamW8bit& holder) {
+  for (auto& group : holder.param_groups()) {
     for (auto& p : group.params()) {
       const auto it = holder.state().find(compat::optimizer_state_key(holder, p));
       if (it == holder.state().end()) continue;
+      const auto& st = static_cast<const AdamW8bitParamState&>(*it->second);
+      for (const at::Tensor& t : {st.exp_avg(), st.exp_avg_sq()}) {
+        if (t.device() != p.device() || t.scalar_type() != p.scalar_type() || t.sizes() != p.sizes()) return false;
+      }
+    }
+  }
+  return true;
+}
+
+/// LibTorch's AdamW over `holder`'s parameter groups and options, taking its states (fp32
+/// moments on their parameters' devices, each step count kept), when it can (torch_adamw_fits);
+/// else `holder` itself, which steps them as they are.
+std::unique_ptr<torch::optim::Optimizer> as_torch_adamw(std::unique_ptr<AdamW8bit> holder) {
+  if (!torch_adamw_fits(*holder)) return holder;
+  const auto& defaults = static_cast<const torch::optim::AdamWOptions&>(holder->defaults());
+  auto adamw = std::make_unique<torch::optim::AdamW>(holder->param_groups(), defaults);
+  for (auto& group : adamw->param_groups()) {
+    for (auto& p : group.params()) {
+      const auto it = holder->state().find(compat::optimizer_state_key(*holder, p));
+      if (it == holder->state().end()) continue;
       const auto& st = static_cast<const AdamW8bitParamState&>(*it->second);
       auto moved = std::make_unique<torch::optim::AdamWParamState>();
       moved->step(st.step());
@@ -215,42 +237,66 @@ MomentConversion with_moment_bits(torch::optim::Optimizer& opt, int bits) {
     out.optimizer = std::move(holder);
     return out;
   }
-  out.optimizer = as_torch_adamw(*holder);
+  holder->set_moment_bits(32);
+  out.optimizer = as_torch_adamw(std::move(holder));
   return out;
 }
+
+namespace {
+
+/// `was` where with_offload puts it: in host memory (`on`; pinned for a parameter on a GPU) or
+/// on `p`'s device. Moments in LibTorch's AdamW's form for a bf16 or fp16 parameter (Native)
+/// go over widened to fp32, the compact AdamW's form for them. On the CPU nothing moves.
+StoredMoments placed(const StoredMoments& was, const at::Tensor& p, bool on) {
+  const bool widen = on && form_of(was) == Form::Native;
+  auto move = [&](const at::Tensor& t) -> at::Tensor {
+    if (!t.defined()) return t;
+    if (p.device().is_cpu()) return widen ? t.to(at::kFloat) : t;
+    const bool in_host = t.device() != p.device();
+    if (on && !in_host) {
+      at::Tensor out = at::empty(
+          t.sizes(),
+          t.options().dtype(widen ? at::kFloat : t.scalar_type()).device(at::kCPU).pinned_memory(p.device().is_cuda()));
+      out.copy_(t);
+      return out;
+    }
+    return !on && in_host ? t.to(p.device()) : t;
+  };
+  return {was.step, move(was.m), move(was.v), move(was.m_scale), move(was.v_scale)};
+}
+
+}  // namespace
 
 MomentConversion with_offload(torch::optim::Optimizer& opt, bool on) {
   const int bits = moment_bits_of(opt);
   TRAINER_CHECK(bits > 0, "only AdamW's moments move to host memory");
+  if (on) {
+    for (const auto& group : opt.param_groups()) {
+      for (const auto& p : group.params()) {
+        TRAINER_CHECK(p.scalar_type() != at::kDouble,
+                      "AdamW's moments of float64 parameters do not move to host memory (the streamed step keeps "
+                      "fp32 moments)");
+      }
+    }
+  }
   const auto& defaults = static_cast<const torch::optim::AdamWOptions&>(opt.defaults());
   auto holder = std::make_unique<AdamW8bit>(opt.param_groups(), defaults, bits);
-  holder->set_offload(on);
   MomentConversion out;
   out.bits = bits;
-  bool on_host = false;  // a moment is in host memory after the moves (one that failed included)
   for (auto& group : opt.param_groups()) {
     for (auto& p : group.params()) {
       const auto it = opt.state().find(compat::optimizer_state_key(opt, p));
       if (it == opt.state().end()) continue;
       ++out.total;
       StoredMoments was = stored(*it->second);
-      // On the CPU host memory is the device's: nothing moves.
-      const bool there = p.device().is_cpu() || (was.m.device() != p.device()) == on;
-      if (out.error.empty() && !there) {
+      if (out.error.empty()) {
         try {
-          auto move = [&](const at::Tensor& t) {
-            return !t.defined() ? t : on ? host_copy(t, p.device()) : t.to(p.device());
-          };
-          StoredMoments moved{was.step, move(was.m), move(was.v), move(was.m_scale), move(was.v_scale)};
-          was = std::move(moved);
+          was = placed(was, p, on);
           ++out.converted;
         } catch (const std::exception& e) {
           out.error = e.what();
         }
-      } else if (out.error.empty()) {
-        ++out.converted;
       }
-      on_host = on_host || (was.m.device() != p.device()) || (on && p.device().is_cpu());
       auto st = std::make_unique<AdamW8bitParamState>();
       st->step(was.step);
       st->exp_avg(was.m);
@@ -263,10 +309,40 @@ MomentConversion with_offload(torch::optim::Optimizer& opt, bool on) {
       holder->state()[compat::optimizer_state_key(*holder, p)] = std::move(st);
     }
   }
-  out.offload = on || on_host;
+  if (!out.error.empty() && on) {
+    // All or nothing on the way out: what moved goes back (its device memory was just freed).
+    for (auto& group : holder->param_groups()) {
+      for (auto& p : group.params()) {
+        const auto it = holder->state().find(compat::optimizer_state_key(*holder, p));
+        if (it == holder->state().end()) continue;
+        auto& st = static_cast<AdamW8bitParamState&>(*it->second);
+        try {
+          const StoredMoments back = placed(stored(st), p, false);
+          st.exp_avg(back.m);
+          st.exp_avg_sq(back.v);
+          st.exp_avg_absmax(back.m_scale);
+          st.exp_avg_sq_absmax(back.v_scale);
+        } catch (const std::exception&) {
+          // Left in host memory: the step streams it.
+        }
+      }
+    }
+  }
+  // Offloaded when asked and done (on the CPU: the step streams, nothing moved), or while any
+  // moment is still in host memory (a way back that ran out of memory part-way).
+  bool in_host = false;
+  for (auto& group : holder->param_groups()) {
+    for (auto& p : group.params()) {
+      const auto it = holder->state().find(compat::optimizer_state_key(*holder, p));
+      if (it != holder->state().end()) {
+        in_host = in_host || static_cast<const AdamW8bitParamState&>(*it->second).exp_avg().device() != p.device();
+      }
+    }
+  }
+  out.offload = (on && out.error.empty()) || in_host;
   holder->set_offload(out.offload);
   if (bits == 32 && !out.offload) {
-    out.optimizer = as_torch_adamw(*holder);
+    out.optimizer = as_torch_adamw(std::move(holder));
   } else {
     out.optimizer = std::move(holder);
   }

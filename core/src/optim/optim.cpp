@@ -83,14 +83,20 @@ std::int64_t move_optimizer_state(torch::optim::Optimizer& opt, const c10::Devic
     return moved;
   }
   if (auto* eight = dynamic_cast<detail::AdamW8bit*>(&opt)) {
-    // Offloaded moments stay in host memory, wherever the parameters go: the step streams them.
-    if (eight->offload()) return moved;
+    // Offloaded moments stay in host memory wherever the parameters go (the step streams them),
+    // and any a move left on a device go there too.
+    const c10::Device to = eight->offload() ? c10::Device(c10::kCPU) : device;
+    auto move_state = [&](const at::Tensor& t) {
+      if (!t.defined() || t.device() == to) return t;
+      moved += static_cast<std::int64_t>(t.nbytes());
+      return t.to(to);
+    };
     for (auto& [key, base] : eight->state()) {
       auto& st = static_cast<detail::AdamW8bitParamState&>(*base);
-      st.exp_avg(move(st.exp_avg()));
-      st.exp_avg_sq(move(st.exp_avg_sq()));
-      st.exp_avg_absmax(move(st.exp_avg_absmax()));
-      st.exp_avg_sq_absmax(move(st.exp_avg_sq_absmax()));
+      st.exp_avg(move_state(st.exp_avg()));
+      st.exp_avg_sq(move_state(st.exp_avg_sq()));
+      st.exp_avg_absmax(move_state(st.exp_avg_absmax()));
+      st.exp_avg_sq_absmax(move_state(st.exp_avg_sq_absmax()));
     }
     return moved;
   }

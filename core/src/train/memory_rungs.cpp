@@ -151,9 +151,18 @@ bool MemoryRungs::set_offload(bool on, const std::string& reason, bool metric) {
               why);
     return false;
   }
-  if (on == state_.optimizer_offload) return false;
+  // Offloaded with moments still on the GPU (a way back that ran out of memory part-way): a
+  // request to offload moves those.
+  const bool partly = on && state_.optimizer_offload && !parts_.device.is_cpu() && state_bytes(true) > 0;
+  if (on == state_.optimizer_offload && !partly) return false;
   const std::int64_t before = state_bytes(true);
-  detail::MomentConversion done = detail::with_offload(*parts_.optim, on);
+  detail::MomentConversion done;
+  try {
+    done = detail::with_offload(*parts_.optim, on);
+  } catch (const Error& e) {  // what the optimizer's parameters cannot do (nothing moved)
+    log_.warn("optimizer_offload {} ignored: {}{}", on, e.what(), why);
+    return false;
+  }
   replace_optimizer(std::move(done.optimizer));
   const std::int64_t after = state_bytes(true);
   const std::string device = parts_.device.str();
@@ -161,13 +170,13 @@ bool MemoryRungs::set_offload(bool on, const std::string& reason, bool metric) {
     log_.warn("optimizer moments {} host memory: stopped after {} of {} parameters ({}){}", on ? "to" : "from",
               done.converted, done.total, done.error, why);
   }
-  if (done.offload != state_.optimizer_offload) {
+  const bool changed = done.offload != state_.optimizer_offload || (partly && after < before);
+  if (changed) {
     log_.warn("optimizer moments: {}, optimizer state on {} {} -> {} (exact{}){}",
               done.offload ? "offloaded to host memory, streamed through each step" : "back on the device", device,
               format_bytes(before), format_bytes(after),
               parts_.device.is_cpu() ? "; on the CPU host memory is the device's: nothing moved" : "", why);
   }
-  const bool changed = done.offload != state_.optimizer_offload;
   state_.optimizer_offload = done.offload;
   if (auto* m = hooks_.context().metrics; m && metric && changed) {
     m->log(state_.global_step, {{"memory/optimizer_offload", done.offload ? 1.0 : 0.0}});
