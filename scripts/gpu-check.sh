@@ -349,6 +349,10 @@ bench_stage() {  # the benchmarks on cuda:0 (docs/gpu.md)
   bench_one ladder-vit-checkpoint bench bench --recipe recipes/vit_fashion_mnist.toml \
     --grid "plugins.oom_backoff.start_checkpointed_blocks=0,1,2,4" training.micro_batch_size=8 \
     'plugins.load=["oom_backoff"]' runtime.device=cuda:0 --steps 20 --warmup 3
+  # The offload rung's cost: AdamW's moments streamed from host memory at each step, or not.
+  bench_one ladder-vit-offload bench bench --recipe recipes/vit_fashion_mnist.toml \
+    --grid "plugins.oom_backoff.start_offload=false,true" training.micro_batch_size=128 \
+    'plugins.load=["oom_backoff"]' runtime.device=cuda:0 --steps 20 --warmup 3
   # trainer's step against the hand-written LibTorch loop, same model and data, fp32.
   if [ "$(left)" -lt 60 ]; then
     skip peer-trainer-vs-libtorch "no time left in the visit"

@@ -43,6 +43,7 @@ struct OomBackoffSettings : trainer::Settings<OomBackoffSettings> {
   bool allow_inexact = false;
   std::int64_t start_checkpointed_blocks = 0;
   std::int64_t start_moment_bits = 0;
+  bool start_offload = false;
 
   static void declare(trainer::SettingsSchema<OomBackoffSettings>& s) {
     s.add(&OomBackoffSettings::factor, "factor", "Micro-batch multiplier after an OOM").min(0, false).max(1, false);
@@ -72,6 +73,9 @@ struct OomBackoffSettings : trainer::Settings<OomBackoffSettings> {
           "configured), climbed down like a rung taken")
         .min(0)
         .max(16);
+    s.add(&OomBackoffSettings::start_offload, "start_offload",
+          "Start with AdamW's moments in host memory, streamed through each optimizer step (a GPU only; exact), "
+          "moved back like a rung taken");
   }
 };
 
@@ -159,26 +163,34 @@ class OomBackoffPlugin final : public trainer::Plugin {
         if (!restored_) patience_ = s_.grow_after;
         // What the model or the optimizer cannot do ends the run as a usage error (exit code 2)
         // before its first step, whatever this plugin's failure policy.
-        const auto refuse = [](const char* key, std::int64_t value, const std::string& why) {
-          throw trainer::ExitRequest(
-              trainer::kExitUsage, trainer::RunStatus::Failed,
-              std::string("plugins.oom_backoff.") + key + " = " + std::to_string(value) + ": " + why);
+        const auto refuse = [](const char* key, const std::string& value, const std::string& why) {
+          throw trainer::ExitRequest(trainer::kExitUsage, trainer::RunStatus::Failed,
+                                     std::string("plugins.oom_backoff.") + key + " = " + value + ": " + why);
         };
         const trainer::RunState& st = ctx.state;
         if (s_.start_checkpointed_blocks > st.model_blocks) {
-          refuse("start_checkpointed_blocks", s_.start_checkpointed_blocks,
+          refuse("start_checkpointed_blocks", std::to_string(s_.start_checkpointed_blocks),
                  "the model has " + std::to_string(st.model_blocks) +
                      " blocks the core can checkpoint (blocks another plugin wraps do not count)");
         }
         if (s_.start_moment_bits != 0 && st.optimizer_moment_bits == 0) {
-          refuse("start_moment_bits", s_.start_moment_bits,
+          refuse("start_moment_bits", std::to_string(s_.start_moment_bits),
                  "the optimizer's moments cannot change their bits (AdamW's and adamw8bit's can, outside a "
                  "data-parallel run)");
         }
         if (s_.start_moment_bits != 0 && s_.start_moment_bits >= st.configured_moment_bits) {
-          refuse("start_moment_bits", s_.start_moment_bits,
+          refuse("start_moment_bits", std::to_string(s_.start_moment_bits),
                  "the optimizer keeps its moments in " + std::to_string(st.configured_moment_bits) +
                      " bits already; a start on the ladder has fewer (16 or 8)");
+        }
+        if (s_.start_offload && ctx.device.is_cpu()) {
+          refuse("start_offload", "true",
+                 "the run is on the CPU, whose memory is the host's: there is nothing to offload");
+        }
+        if (s_.start_offload && st.optimizer_moment_bits == 0) {
+          refuse("start_offload", "true",
+                 "the optimizer's moments cannot move to host memory (AdamW's and adamw8bit's can, outside a "
+                 "data-parallel run)");
         }
         if (restored_configured_ != 0 && restored_configured_ != configured_) {
           // What was learnt for another configured size still says what fits; sizes above the
@@ -223,6 +235,10 @@ class OomBackoffPlugin final : public trainer::Plugin {
           }
           if (fresh && s_.start_moment_bits > 0) {
             control.optimizer_moment_bits = static_cast<int>(s_.start_moment_bits);
+            set = true;
+          }
+          if (fresh && s_.start_offload) {
+            control.optimizer_offload = true;
             set = true;
           }
           if (set) control.reason = "started on the ladder (plugins.oom_backoff.start_*)";

@@ -229,6 +229,15 @@ TEST(EstimateLadder, StartKeysThatCannotApplyAreUsageErrors) {
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.message.find("start_moment_bits = 8: the optimizer's moments cannot change"), std::string::npos)
       << r.message;
+  // The moments in host memory: on the CPU they are there already.
+  spec.overrides = {"model=mlp", "plugins.oom_backoff.start_offload=true"};
+  spec.run_dir = tmp / "offload";
+  r = trainer::tune::run_short(spec);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.message.find("start_offload = true: the run is on the CPU, whose memory is the host's"),
+            std::string::npos)
+      << r.message;
+  EXPECT_TRUE(r.steps.empty());
 }
 
 }  // namespace
