@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -119,9 +120,10 @@ class TRAINER_API AdamW8bit : public torch::optim::Optimizer {
 TRAINER_API int moment_bits_of(const torch::optim::Optimizer& opt);
 /// Whether `opt` keeps its moments in host memory (an offloaded AdamW8bit).
 TRAINER_API bool offloaded(const torch::optim::Optimizer& opt);
-/// Host memory for a copy of `t`, state of a parameter on `param_device`: pinned when that is
-/// a GPU (so that the copies overlap), plain on the CPU.
-at::Tensor host_copy(const at::Tensor& t, const c10::Device& param_device);
+/// Host memory for a copy of `t` (in `dtype`; t's own when unset), state of a parameter on
+/// `param_device`: pinned when that is a GPU (so that the copies overlap), plain on the CPU.
+at::Tensor host_copy(const at::Tensor& t, const c10::Device& param_device,
+                     std::optional<at::ScalarType> dtype = std::nullopt);
 
 /// What with_moment_bits() made.
 struct MomentConversion {

@@ -28,8 +28,10 @@ bool offloaded(const torch::optim::Optimizer& opt) {
   return eight != nullptr && eight->offload();
 }
 
-at::Tensor host_copy(const at::Tensor& t, const c10::Device& param_device) {
-  at::Tensor out = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(param_device.is_cuda()));
+at::Tensor host_copy(const at::Tensor& t, const c10::Device& param_device, std::optional<at::ScalarType> dtype) {
+  at::Tensor out = at::empty(
+      t.sizes(),
+      t.options().dtype(dtype.value_or(t.scalar_type())).device(at::kCPU).pinned_memory(param_device.is_cuda()));
   out.copy_(t);
   return out;
 }
@@ -253,13 +255,7 @@ StoredMoments placed(const StoredMoments& was, const at::Tensor& p, bool on) {
     if (!t.defined()) return t;
     if (p.device().is_cpu()) return widen ? t.to(at::kFloat) : t;
     const bool in_host = t.device() != p.device();
-    if (on && !in_host) {
-      at::Tensor out = at::empty(
-          t.sizes(),
-          t.options().dtype(widen ? at::kFloat : t.scalar_type()).device(at::kCPU).pinned_memory(p.device().is_cuda()));
-      out.copy_(t);
-      return out;
-    }
+    if (on && !in_host) return host_copy(t, p.device(), widen ? at::kFloat : t.scalar_type());
     return !on && in_host ? t.to(p.device()) : t;
   };
   return {was.step, move(was.m), move(was.v), move(was.m_scale), move(was.v_scale)};
