@@ -96,13 +96,8 @@ class MeasurePlugin final : public Plugin {
         }
         if (has_memory_categories(ctx.device)) r.split = peak_memory_breakdown(ctx.device);
         out_.steps.push_back(r);
-        if (ctx.optimizer && ctx.model) {
-          std::int64_t bytes = 0;
-          for (const auto& p : ctx.model->parameters()) {
-            for (const auto& t : optimizer_state_of(*ctx.optimizer, p)) bytes += t.nbytes();
-          }
-          out_.optimizer_bytes = bytes;
-        }
+        if (ctx.optimizer && ctx.model)
+          out_.optimizer_bytes = optimizer_state_bytes(*ctx.optimizer, ctx.model->parameters());
         break;
       }
       case Event::EvalStart:

@@ -54,6 +54,10 @@ TRAINER_API std::int64_t move_optimizer_state(torch::optim::Optimizer& opt, cons
 /// or 8-bit codes with their per-block scales, or fp32 shaped like it for small tensors). Empty
 /// when it holds none yet or for optimizers it does not know.
 TRAINER_API std::vector<at::Tensor> optimizer_state_of(const torch::optim::Optimizer& opt, const at::Tensor& param);
+/// The bytes of optimizer_state_of(opt, p) over `params`; with `on_their_devices` only the
+/// tensors on their parameter's device (not those offloaded to host memory).
+TRAINER_API std::int64_t optimizer_state_bytes(const torch::optim::Optimizer& opt,
+                                               const std::vector<at::Tensor>& params, bool on_their_devices = false);
 
 /// How many parameter-sized temporaries one step of `opt` holds at once (its peak extra
 /// memory is that times the largest parameter): AdamW 2, SGD 0 to 2 depending on weight

@@ -105,6 +105,17 @@ std::int64_t move_optimizer_state(torch::optim::Optimizer& opt, const c10::Devic
   return moved;
 }
 
+std::int64_t optimizer_state_bytes(const torch::optim::Optimizer& opt, const std::vector<at::Tensor>& params,
+                                   bool on_their_devices) {
+  std::int64_t bytes = 0;
+  for (const auto& p : params) {
+    for (const auto& t : optimizer_state_of(opt, p)) {
+      if (!on_their_devices || t.device() == p.device()) bytes += static_cast<std::int64_t>(t.nbytes());
+    }
+  }
+  return bytes;
+}
+
 std::vector<at::Tensor> optimizer_state_of(const torch::optim::Optimizer& opt, const at::Tensor& param) {
   std::vector<at::Tensor> out;
   auto& o = const_cast<torch::optim::Optimizer&>(opt);  // state() has no const overload

@@ -56,13 +56,18 @@ bool MemoryRungs::apply(const Control& c, const std::string& reason) {
 }
 
 std::int64_t MemoryRungs::state_bytes(bool device_only) const {
-  std::int64_t bytes = 0;
-  for (const auto& p : parts_.model->parameters()) {
-    for (const auto& t : optimizer_state_of(*parts_.optim, p)) {
-      if (!device_only || t.device() == p.device()) bytes += static_cast<std::int64_t>(t.nbytes());
-    }
-  }
-  return bytes;
+  return optimizer_state_bytes(*parts_.optim, parts_.model->parameters(), device_only);
+}
+
+bool MemoryRungs::without_adamw_moments(const std::string& request, const char* kept_in_data_parallel, const char* only,
+                                        const std::string& why) const {
+  if (state_.optimizer_moment_bits != 0) return false;
+  log_.warn("{} ignored: {}{}", request,
+            parts_.group
+                ? kept_in_data_parallel
+                : fmt::format("only AdamW's moments {} (optim.name \"adamw\" or \"adamw8bit\", without amsgrad)", only),
+            why);
+  return true;
 }
 
 void MemoryRungs::replace_optimizer(std::unique_ptr<torch::optim::Optimizer> made) {
@@ -110,12 +115,8 @@ bool MemoryRungs::set_moment_bits(int bits, const std::string& reason, bool metr
     log_.warn("optimizer_moment_bits {} ignored: AdamW's moments are kept in 32, 16 or 8 bits{}", bits, why);
     return false;
   }
-  if (state_.optimizer_moment_bits == 0) {
-    log_.warn("optimizer_moment_bits {} ignored: {}{}", bits,
-              parts_.group ? "a data-parallel run keeps its moments' bits"
-                           : "only AdamW's moments change precision (optim.name \"adamw\" or \"adamw8bit\", without "
-                             "amsgrad)",
-              why);
+  if (without_adamw_moments(fmt::format("optimizer_moment_bits {}", bits),
+                            "a data-parallel run keeps its moments' bits", "change precision", why)) {
     return false;
   }
   const int from = state_.optimizer_moment_bits;
@@ -143,12 +144,8 @@ bool MemoryRungs::set_moment_bits(int bits, const std::string& reason, bool metr
 
 bool MemoryRungs::set_offload(bool on, const std::string& reason, bool metric) {
   const std::string why = reason.empty() ? "" : " (" + reason + ")";
-  if (state_.optimizer_moment_bits == 0) {
-    log_.warn("optimizer_offload {} ignored: {}{}", on,
-              parts_.group ? "a data-parallel run keeps its optimizer state where it is"
-                           : "only AdamW's moments move to host memory (optim.name \"adamw\" or \"adamw8bit\", "
-                             "without amsgrad)",
-              why);
+  if (without_adamw_moments(fmt::format("optimizer_offload {}", on),
+                            "a data-parallel run keeps its optimizer state where it is", "move to host memory", why)) {
     return false;
   }
   // Offloaded with moments still on the GPU (a way back that ran out of memory part-way): a

@@ -70,6 +70,10 @@ class MemoryRungs {
   spdlog::logger& log_;
   /// The optimizer's state in bytes: all of it, or (`device_only`) what is on its parameters' devices.
   std::int64_t state_bytes(bool device_only) const;
+  /// With no AdamW moments the core may change (another optimizer, or a data-parallel run):
+  /// warns that `request` ("optimizer_offload true") is ignored, and why, and returns true.
+  bool without_adamw_moments(const std::string& request, const char* kept_in_data_parallel, const char* only,
+                             const std::string& why) const;
   /// Puts `made` in the old optimizer's place everywhere.
   void replace_optimizer(std::unique_ptr<torch::optim::Optimizer> made);
 
