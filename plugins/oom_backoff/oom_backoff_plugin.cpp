@@ -13,71 +13,17 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <array>
-#include <set>
 
+#include "oom_backoff_ladder.h"
+#include "oom_backoff_settings.h"
 #include "trainer/core_settings.h"
-#include "trainer/devices.h"
-#include "trainer/error.h"
 #include "trainer/memory.h"
 #include "trainer/metrics.h"
 #include "trainer/plugin.h"
-#include "trainer/settings.h"
+
+namespace trainer::oom_backoff {
 
 namespace {
-
-/// The rungs of the ladder, in their default order (RungName's names).
-enum class Rung { MicroBatch, Checkpoint, OptimizerBf16, Optimizer8bit, Offload, Device };
-constexpr std::array<const char*, 6> kRungNames = {"micro_batch",    "checkpoint", "optimizer_bf16",
-                                                   "optimizer_8bit", "offload",    "device"};
-const char* rung_name(Rung r) { return kRungNames[static_cast<std::size_t>(r)]; }
-
-struct OomBackoffSettings : trainer::Settings<OomBackoffSettings> {
-  double factor = 0.5;
-  std::int64_t min_micro_batch = 1;
-  std::int64_t max_retries = 16;
-  std::int64_t grow_after = 50;
-  bool eval = true;
-  std::vector<std::string> fallback_devices;
-  std::vector<std::string> ladder{"auto"};
-  bool allow_inexact = false;
-  std::int64_t start_checkpointed_blocks = 0;
-  std::int64_t start_moment_bits = 0;
-  bool start_offload = false;
-
-  static void declare(trainer::SettingsSchema<OomBackoffSettings>& s) {
-    s.add(&OomBackoffSettings::factor, "factor", "Micro-batch multiplier after an OOM").min(0, false).max(1, false);
-    s.add(&OomBackoffSettings::min_micro_batch, "min_micro_batch", "Give up below this micro-batch").min(1);
-    s.add(&OomBackoffSettings::max_retries, "max_retries", "Retries of one batch before giving up").min(0);
-    s.add(&OomBackoffSettings::grow_after, "grow_after",
-          "Clean steps before taking one memory saver off (more moment bits, fewer checkpointed blocks, a "
-          "micro-batch twice as large); 0 = never")
-        .min(0);
-    s.add(&OomBackoffSettings::eval, "eval", "Also retry evaluation with a smaller eval batch");
-    s.add(&OomBackoffSettings::fallback_devices, "fallback_devices",
-          "When backing off is exhausted, move the run to these devices in turn (e.g. [\"cuda:1\", \"cpu\"]) and "
-          "retry there at the configured micro-batch")
-        .check(trainer::device_setting_check());
-    s.add(&OomBackoffSettings::ladder, "ladder",
-          "The memory savers to climb after an out-of-memory error, first applicable first: any of micro_batch, "
-          "checkpoint, optimizer_bf16, optimizer_8bit, offload, device; [\"auto\"] orders them by what was full")
-        .choices({"auto", "micro_batch", "checkpoint", "optimizer_bf16", "optimizer_8bit", "offload", "device"});
-    s.add(&OomBackoffSettings::allow_inexact, "allow_inexact",
-          "Allow the rungs that change results (optimizer_bf16, optimizer_8bit: AdamW's moments in fewer bits)");
-    s.add(&OomBackoffSettings::start_checkpointed_blocks, "start_checkpointed_blocks",
-          "Start on the ladder with this many blocks checkpointed (the first ones), climbed down after grow_after "
-          "clean steps like a rung taken; trainer sweep sets it for a trial predicted to fit only there")
-        .min(0);
-    s.add(&OomBackoffSettings::start_moment_bits, "start_moment_bits",
-          "Start with AdamW's moments in 16 or 8 bits, fewer than the optimizer's (needs allow_inexact; 0 = as "
-          "configured), climbed down like a rung taken")
-        .min(0)
-        .max(16);
-    s.add(&OomBackoffSettings::start_offload, "start_offload",
-          "Start with AdamW's moments in host memory, streamed through each optimizer step (a GPU only; exact), "
-          "moved back like a rung taken");
-  }
-};
 
 class OomBackoffPlugin final : public trainer::Plugin {
  public:
@@ -94,31 +40,8 @@ class OomBackoffPlugin final : public trainer::Plugin {
   void configure(const trainer::Config& section, std::shared_ptr<spdlog::logger> logger) override {
     Plugin::configure(section, std::move(logger));
     s_ = OomBackoffSettings::from(section);
-    const std::string key = section.origin("ladder");
-    TRAINER_CHECK_T(trainer::UsageError, !s_.ladder.empty(), key,
-                    ": plugins.oom_backoff.ladder is empty; give [\"auto\"] or the rungs to climb");
-    std::set<std::string> seen;
-    for (const auto& r : s_.ladder) {
-      TRAINER_CHECK_T(trainer::UsageError, r != "auto" || s_.ladder.size() == 1, key,
-                      ": \"auto\" in plugins.oom_backoff.ladder stands alone ([\"auto\"]), not among named rungs");
-      TRAINER_CHECK_T(trainer::UsageError, seen.insert(r).second, key, ": rung \"", r,
-                      "\" is named twice in plugins.oom_backoff.ladder");
-      if (r != "auto") {
-        order_.push_back(static_cast<Rung>(std::find(kRungNames.begin(), kRungNames.end(), r) - kRungNames.begin()));
-      }
-    }
-    TRAINER_CHECK_T(
-        trainer::UsageError, s_.start_moment_bits == 0 || s_.start_moment_bits == 16 || s_.start_moment_bits == 8,
-        section.origin("start_moment_bits"), ": plugins.oom_backoff.start_moment_bits = ", s_.start_moment_bits,
-        "; allowed: 0 (as configured), 16, 8");
-    TRAINER_CHECK_T(trainer::UsageError, s_.allow_inexact || s_.start_moment_bits == 0,
-                    section.origin("start_moment_bits"),
-                    ": plugins.oom_backoff.start_moment_bits = ", s_.start_moment_bits,
-                    " changes results (AdamW's moments rounded); set plugins.oom_backoff.allow_inexact = true too");
-    if (!order_.empty() && !s_.fallback_devices.empty() &&
-        std::find(order_.begin(), order_.end(), Rung::Device) == order_.end()) {
-      order_.push_back(Rung::Device);  // fallback_devices are where the run goes when the rest is used up
-    }
+    order_ = configured_ladder(s_, section.origin("ladder"));
+    check_settings(s_, section);
   }
 
   /// The counters a resume restores as they were, each named once.
@@ -163,35 +86,7 @@ class OomBackoffPlugin final : public trainer::Plugin {
         if (!restored_) patience_ = s_.grow_after;
         // What the model or the optimizer cannot do ends the run as a usage error (exit code 2)
         // before its first step, whatever this plugin's failure policy.
-        const auto refuse = [](const char* key, const std::string& value, const std::string& why) {
-          throw trainer::ExitRequest(trainer::kExitUsage, trainer::RunStatus::Failed,
-                                     std::string("plugins.oom_backoff.") + key + " = " + value + ": " + why);
-        };
-        const trainer::RunState& st = ctx.state;
-        if (s_.start_checkpointed_blocks > st.model_blocks) {
-          refuse("start_checkpointed_blocks", std::to_string(s_.start_checkpointed_blocks),
-                 "the model has " + std::to_string(st.model_blocks) +
-                     " blocks the core can checkpoint (blocks another plugin wraps do not count)");
-        }
-        if (s_.start_moment_bits != 0 && st.optimizer_moment_bits == 0) {
-          refuse("start_moment_bits", std::to_string(s_.start_moment_bits),
-                 "the optimizer's moments cannot change their bits (AdamW's and adamw8bit's can, outside a "
-                 "data-parallel run)");
-        }
-        if (s_.start_moment_bits != 0 && s_.start_moment_bits >= st.configured_moment_bits) {
-          refuse("start_moment_bits", std::to_string(s_.start_moment_bits),
-                 "the optimizer keeps its moments in " + std::to_string(st.configured_moment_bits) +
-                     " bits already; a start on the ladder has fewer (16 or 8)");
-        }
-        if (s_.start_offload && ctx.device.is_cpu()) {
-          refuse("start_offload", "true",
-                 "the run is on the CPU, whose memory is the host's: there is nothing to offload");
-        }
-        if (s_.start_offload && st.optimizer_moment_bits == 0) {
-          refuse("start_offload", "true",
-                 "the optimizer's moments cannot move to host memory (AdamW's and adamw8bit's can, outside a "
-                 "data-parallel run)");
-        }
+        check_start_savers(s_, ctx.state, ctx.device);
         if (restored_configured_ != 0 && restored_configured_ != configured_) {
           // What was learnt for another configured size still says what fits; sizes above the
           // new configured one are not used.
@@ -273,20 +168,6 @@ class OomBackoffPlugin final : public trainer::Plugin {
   }
 
  private:
-  /// "6 of 12 blocks checkpointed, AdamW moments in 16 bits (inexact)": the savers on beyond the micro-batch.
-  static std::string savers_text(const trainer::RunState& st) {
-    std::string out;
-    if (st.checkpointed_blocks > 0) {
-      out = std::to_string(st.checkpointed_blocks) + " of " + std::to_string(st.model_blocks) + " blocks checkpointed";
-    }
-    if (st.optimizer_moment_bits != st.configured_moment_bits) {
-      out += (out.empty() ? "" : ", ") + std::string("AdamW moments in ") + std::to_string(st.optimizer_moment_bits) +
-             " bits (inexact)";
-    }
-    if (st.optimizer_offload) out += (out.empty() ? "" : ", ") + std::string("AdamW moments in host memory");
-    return out;
-  }
-
   /// The highest rung on (1-based in the default order; 0: none), as the metric memory/rung.
   int rung_now(const trainer::EventContext& ctx) const {
     if (moved_) return 1 + static_cast<int>(Rung::Device);
@@ -304,30 +185,6 @@ class OomBackoffPlugin final : public trainer::Plugin {
     if (now == logged_rung_ || !ctx.metrics) return;
     ctx.metrics->log(ctx.state.global_step, {{"memory/rung", double(now)}});
     logged_rung_ = now;
-  }
-
-  /// What was full when the allocation was refused: the optimizer state (the optimizer step, or
-  /// the breakdown's largest category), else the activations.
-  static bool optimizer_full(const trainer::OomInfo& oom) {
-    if (oom.phase == trainer::OomPhase::OptimizerStep) return true;
-    return oom.live && oom.live->largest() == trainer::MemoryCategory::OptimizerState;
-  }
-
-  /// The rungs to try, in order: the configured ladder, or for "auto" by what was full. With
-  /// activations full, checkpointing comes before a smaller micro-batch once the micro-batch is
-  /// small, where halving it again costs more time per sample than recomputing the blocks: on
-  /// the CPU at 2 (measured, bench/memory/ladder_bench.cpp: a ViT's step at micro-batches of 1
-  /// takes 28 % longer than at 2, checkpointing every block 27-34 %), on a GPU at 8 (its
-  /// kernels fill the device less at small batches; to be measured there).
-  std::vector<Rung> ladder(const trainer::OomInfo& oom, const c10::Device& device) const {
-    if (!order_.empty()) return order_;
-    using R = Rung;
-    if (optimizer_full(oom))
-      return {R::OptimizerBf16, R::Optimizer8bit, R::Offload, R::MicroBatch, R::Checkpoint, R::Device};
-    const std::int64_t cur = oom.micro_batch_size;
-    const bool small = cur <= (device.is_cpu() ? 2 : 8);
-    if (small) return {R::Checkpoint, R::MicroBatch, R::OptimizerBf16, R::Optimizer8bit, R::Offload, R::Device};
-    return {R::MicroBatch, R::Checkpoint, R::OptimizerBf16, R::Optimizer8bit, R::Offload, R::Device};
   }
 
   void on_oom(trainer::EventContext& ctx, trainer::Control& control) {
@@ -377,7 +234,7 @@ class OomBackoffPlugin final : public trainer::Plugin {
       }
     }
     std::string skipped;  // rungs that would apply but may not, for the advice
-    for (const Rung r : ladder(oom, ctx.device)) {
+    for (const Rung r : ladder(order_, oom, ctx.device)) {
       if (take(r, ctx, control, oom, skipped)) {
         logger_->warn("oom_backoff: rung {}: out of memory in {}{}; {}", rung_name(r),
                       trainer::oom_phase_name(oom.phase),
@@ -385,15 +242,9 @@ class OomBackoffPlugin final : public trainer::Plugin {
         return;
       }
     }
-    control.reason = "the ladder (" + ladder_text(oom, ctx.device) + ") has no rung left for out of memory in " +
-                     trainer::oom_phase_name(oom.phase) + skipped;
+    control.reason = "the ladder (" + ladder_text(order_, oom, ctx.device) +
+                     ") has no rung left for out of memory in " + trainer::oom_phase_name(oom.phase) + skipped;
     logger_->error("oom_backoff: {}", control.reason);
-  }
-
-  std::string ladder_text(const trainer::OomInfo& oom, const c10::Device& device) const {
-    std::string out;
-    for (const Rung r : ladder(oom, device)) out += (out.empty() ? "" : ", ") + std::string(rung_name(r));
-    return order_.empty() ? "auto: " + out : out;
   }
 
   /// Takes rung `r` if it applies here and is not used up: sets what the core is to do and why.
@@ -474,7 +325,7 @@ class OomBackoffPlugin final : public trainer::Plugin {
     if (ctx.device.is_cpu() || st.optimizer_moment_bits == 0 || offload_refused_) return false;
     if (st.optimizer_offload && !partly_offloaded_) return false;
     if (!in_ladder) return true;
-    const auto rungs = ladder(oom, ctx.device);
+    const auto rungs = ladder(order_, oom, ctx.device);
     return std::find(rungs.begin(), rungs.end(), Rung::Offload) != rungs.end();
   }
 
@@ -593,4 +444,6 @@ class OomBackoffPlugin final : public trainer::Plugin {
 
 }  // namespace
 
-TRAINER_PLUGIN(OomBackoffPlugin)
+}  // namespace trainer::oom_backoff
+
+TRAINER_PLUGIN(trainer::oom_backoff::OomBackoffPlugin)
