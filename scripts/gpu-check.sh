@@ -353,6 +353,23 @@ bench_stage() {  # the benchmarks on cuda:0 (docs/gpu.md)
   bench_one ladder-vit-offload bench bench --recipe recipes/vit_fashion_mnist.toml \
     --grid "plugins.oom_backoff.start_offload=false,true" training.micro_batch_size=128 \
     'plugins.load=["oom_backoff"]' runtime.device=cuda:0 --steps 20 --warmup 3
+  # The same on a wide MLP (17.9 M parameters: AdamW's moments 137 MiB, most of its peak), and
+  # trainer estimate's offload rung (a GPU's only: its probe runs there) against its peaks.
+  local mlp=(--recipe recipes/fashion_mnist.toml model=mlp 'model.hidden=[4096, 4096]' 'plugins.load=["oom_backoff"]'
+    runtime.device=cuda:0)
+  bench_one ladder-mlp-offload bench bench "${mlp[@]}" --grid "plugins.oom_backoff.start_offload=false,true" \
+    --steps 10 --warmup 3
+  if [ "$(left)" -lt 30 ]; then
+    skip estimate-offload "no time left in the visit"
+  else
+    local est=0 efig
+    bounded 180 "$build/core/cli/trainer" estimate "${mlp[@]}" --json >"$out/estimate-offload.json" \
+      2>"$out/estimate-offload.log" || est=$?
+    efig=$(python3 "$root/scripts/gpu_figures.py" estimate-offload "$out/estimate-offload.json" \
+      "$out/ladder-mlp-offload.csv" 2>&1) || { [ "$est" -ne 0 ] || est=1; }
+    [ "$est" -ne 124 ] || efig+="_stopped_at_the_deadline"
+    record estimate-offload "$efig" "$est"
+  fi
   # trainer's step against the hand-written LibTorch loop, same model and data, fp32.
   if [ "$(left)" -lt 60 ]; then
     skip peer-trainer-vs-libtorch "no time left in the visit"

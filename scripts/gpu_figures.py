@@ -10,6 +10,13 @@
                                      (exit 1 if a cell did not run)
   gpu_figures.py estimate CSV        a `trainer bench --csv` over micro-batches: predicted against
                                      measured peak (exit 1 if a cell is off by more than 10 %)
+  gpu_figures.py estimate-offload JSON CSV
+                                     `trainer estimate --json` with oom_backoff's ladder beside a
+                                     `trainer bench --csv` over plugins.oom_backoff.start_offload:
+                                     the peak predicted as configured and on the offload rung
+                                     against the measured, and the saving (exit 1 if a peak is off
+                                     by more than 10 %, the saving by more than 20 %, a cell is
+                                     missing or the rung was not probed)
   gpu_figures.py json OUT_DIR        OUT_DIR/figures.json: the machine and every check of
                                      OUT_DIR/summary.txt with its figure
   gpu_figures.py pypi-tests JSON     `ctest --show-only=json-v1`: a `ctest -E` expression of the
@@ -112,6 +119,43 @@ def estimate(path):
         error = (predicted - measured) / measured
         bad = bad or abs(error) > 0.10
         parts.append(f"{cell_name(row, keys)}:predicted_{predicted:.0f}_measured_{measured:.0f}_MiB_({error:+.1%})")
+    if bad:
+        fail(";".join(parts) or "no_cells")
+    print(";".join(parts))
+
+
+def estimate_offload(estimate_path, csv_path):
+    with open(estimate_path) as f:
+        rungs = json.load(f)["ladder"]["rungs"]
+    predicted = {False: rungs[0]["peak_bytes"] / 2**20 if rungs else None,
+                 True: next((r["peak_bytes"] / 2**20 for r in rungs if r.get("offload")), None)}
+    parts, bad, compared = [], predicted[True] is None, set()
+    if bad:
+        parts.append("offload_rung_not_probed")
+    measured_mib = {}
+    for row in rows_of(csv_path):
+        offload = row["plugins.oom_backoff.start_offload"] == "true"
+        name = "offload" if offload else "as_configured"
+        if row["status"] != "ok" or not row["peak_mib"] or predicted[offload] is None:
+            bad = True
+            parts.append(f"{name}:{row['status'] if row['status'] != 'ok' else 'not_predicted'}")
+            continue
+        measured = float(row["peak_mib"])
+        error = (predicted[offload] - measured) / measured
+        bad = bad or abs(error) > 0.10
+        compared.add(offload)
+        measured_mib[offload] = measured
+        parts.append(f"{name}:predicted_{predicted[offload]:.0f}_measured_{measured:.0f}_MiB_({error:+.1%})")
+    if compared != {False, True}:
+        bad = True
+        parts.append("missing_" + "_and_".join(n for o, n in ((False, "as_configured"), (True, "offload"))
+                                               if o not in compared))
+    else:
+        # The saving itself, which a peak within 10 % need not show where the moments are small.
+        saving, measured_saving = predicted[False] - predicted[True], measured_mib[False] - measured_mib[True]
+        error = (saving - measured_saving) / measured_saving if measured_saving > 0 else float("inf")
+        bad = bad or abs(error) > 0.20
+        parts.append(f"saving:predicted_{saving:.0f}_measured_{measured_saving:.0f}_MiB_({error:+.1%})")
     if bad:
         fail(";".join(parts) or "no_cells")
     print(";".join(parts))
@@ -243,9 +287,9 @@ def passed_index(args, exclude="", label_exclude=""):
 
 def main():
     commands = {"cuda-tests": cuda_tests, "mem": mem, "peer": peer, "bench": bench, "estimate": estimate,
-                "json": to_json, "pypi-tests": pypi_tests, "passed-index": passed_index,
+                "estimate-offload": estimate_offload, "json": to_json, "pypi-tests": pypi_tests, "passed-index": passed_index,
                 "passed-tests": passed_tests}
-    extra = 2 if len(sys.argv) > 1 and sys.argv[1] == "passed-index" else 0
+    extra = {"passed-index": 2, "estimate-offload": 1}.get(sys.argv[1] if len(sys.argv) > 1 else "", 0)
     if len(sys.argv) != 3 + extra or sys.argv[1] not in commands:
         sys.exit(__doc__)
     try:

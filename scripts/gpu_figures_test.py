@@ -81,6 +81,44 @@ class GpuFigures(unittest.TestCase):
         self.assertEqual(self.figure("bench", oom)[0], 1)
         self.assertEqual(self.figure("bench", self.write("missing.csv", "garbage\n"))[0], 1)
 
+    def test_estimate_offload_compares_the_rung_with_the_offloaded_cell(self):
+        mib = 2**20
+        rung = {"micro_batch_size": 128, "checkpointed_blocks": 0, "moment_bits": 0, "time_ratio": 1.0,
+                "inexact": False}
+        est = {"ladder": {"rungs": [dict(rung, peak_bytes=1000 * mib, offload=False),
+                                    dict(rung, checkpointed_blocks=2, peak_bytes=900 * mib, offload=False),
+                                    dict(rung, peak_bytes=800 * mib, offload=True, time_ratio=1.2)]}}
+        header = CSV_HEADER.replace("training.micro_batch_size", "plugins.oom_backoff.start_offload")
+        csv = self.write("o.csv", header + "false,ok,128,900,50,49,51,1020,1000,false,20,\n"
+                                           "true,ok,128,700,60,59,61,780,1000,false,20,\n")
+        code, fig = self.figure("estimate-offload", self.write("e.json", json.dumps(est)), csv)
+        self.assertEqual(code, 0, fig)
+        self.assertEqual(fig, "as_configured:predicted_1000_measured_1020_MiB_(-2.0%);"
+                              "offload:predicted_800_measured_780_MiB_(+2.6%);"
+                              "saving:predicted_200_measured_240_MiB_(-16.7%)")
+        # A cell missing (the bench cut off): no pass on half the evidence.
+        half = self.write("h.csv", header + "false,ok,128,900,50,49,51,1020,1000,false,20,\n")
+        code, fig = self.figure("estimate-offload", self.write("e.json", json.dumps(est)), half)
+        self.assertEqual(code, 1)
+        self.assertIn("missing_offload", fig)
+        # Both peaks within 10 % but the saving not (predicted 50 MiB, measured 140).
+        est["ladder"]["rungs"][2]["peak_bytes"] = 950 * mib
+        small = self.write("s.csv", header + "false,ok,128,900,50,49,51,1020,1000,false,20,\n"
+                                             "true,ok,128,700,60,59,61,880,1000,false,20,\n")
+        code, fig = self.figure("estimate-offload", self.write("s.json", json.dumps(est)), small)
+        self.assertEqual(code, 1)
+        self.assertIn("saving:predicted_50_measured_140_MiB", fig)
+        est["ladder"]["rungs"][2]["peak_bytes"] = 800 * mib
+        # Not probed (the CPU, or the core refused): a failure, never a figure made up.
+        est["ladder"]["rungs"].pop()
+        code, fig = self.figure("estimate-offload", self.write("n.json", json.dumps(est)), csv)
+        self.assertEqual(code, 1)
+        self.assertIn("offload_rung_not_probed", fig)
+        self.assertIn("offload:not_predicted", fig)
+        # Off by more than 10 %.
+        est["ladder"]["rungs"].append(dict(rung, peak_bytes=1000 * mib, offload=True))
+        self.assertEqual(self.figure("estimate-offload", self.write("f.json", json.dumps(est)), csv)[0], 1)
+
     def test_peer_is_the_ratio_of_medians(self):
         peer = {"results": {"trainer": [{"samples_per_s": s} for s in (90, 100, 110)],
                             "cpp": [{"samples_per_s": s} for s in (120, 125, 130)]}}

@@ -39,7 +39,7 @@ Admission admit_trial(const MemoryEstimate& e, const TrialShape& shape) {
       a.overrides.push_back("training.micro_batch_size=" + std::to_string(m));
       a.reason = "micro-batch " + std::to_string(micro) + " -> " + std::to_string(m) + " (" + why.str() + ")";
       micro = m;
-    } else if (c && (c->checkpointed_blocks > 0 || c->moment_bits > 0)) {
+    } else if (c && (c->checkpointed_blocks > 0 || c->moment_bits > 0 || c->offload)) {
       if (c->micro_batch != micro) a.overrides.push_back("training.micro_batch_size=" + std::to_string(c->micro_batch));
       if (c->checkpointed_blocks > 0) {
         a.overrides.push_back("plugins.oom_backoff.start_checkpointed_blocks=" +
@@ -47,6 +47,7 @@ Admission admit_trial(const MemoryEstimate& e, const TrialShape& shape) {
       }
       if (c->moment_bits > 0)
         a.overrides.push_back("plugins.oom_backoff.start_moment_bits=" + std::to_string(c->moment_bits));
+      if (c->offload) a.overrides.push_back("plugins.oom_backoff.start_offload=true");
       a.reason = "on the ladder: " + describe_config(e, *c) + ", " + ratio_text(c->time_ratio) + " (" + why.str() + ")";
       micro = c->micro_batch;
       rung = c;

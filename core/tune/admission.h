@@ -32,10 +32,10 @@ struct Admission {
 /// recipe loads oom_backoff (it would lower it after an out-of-memory error anyway; gradient
 /// accumulation keeps the effective batch), not below its min_micro_batch. When no micro-batch
 /// fits on its own, the cheapest configuration on oom_backoff's ladder that fits (blocks
-/// checkpointed; AdamW's moments in fewer bits where the trial allows inexact rungs): the trial
-/// starts there (plugins.oom_backoff.start_checkpointed_blocks, start_moment_bits), reason "on
-/// the ladder: ...". Otherwise the trial is skipped: run = false, reason "predicted out of
-/// memory: ...".
+/// checkpointed; AdamW's moments in host memory, probed on a GPU; in fewer bits where the trial
+/// allows inexact rungs): the trial starts there (plugins.oom_backoff.start_checkpointed_blocks,
+/// start_offload, start_moment_bits), reason "on the ladder: ...". Otherwise the trial is skipped: run = false, reason
+/// "predicted out of memory: ...".
 Admission admit_trial(const MemoryEstimate& e, const TrialShape& shape);
 
 }  // namespace trainer::tune

@@ -44,6 +44,7 @@ RecipeFacts recipe_facts(const EstimateRequest& r) {
     f.rung_checkpoint = has("checkpoint");
     f.rung_bf16 = inexact && has("optimizer_bf16");
     f.rung_8bit = inexact && has("optimizer_8bit");
+    f.rung_offload = has("offload");
     f.min_micro_batch = p.config.get<std::int64_t>("plugins.oom_backoff.min_micro_batch");
   }
   return f;

@@ -40,15 +40,19 @@
 // freed, so the peak is the larger of the plain peak less k blocks' savings and a recomputing
 // phase that grows with k up to the every-block peak; the straight line lies above both
 // (measured on a 6-block ViT: 5 % above at 2 blocks, 15 % at 4). AdamW's
-// moments in 16 and 8 bits (with allow_inexact): one probe each, at the smallest size, gives
-// what the held memory and the optimizer step change by. The time of a step at batch B and
-// micro-batch m, from the probes' step times (each probe's fastest step after its first):
+// moments in 16 and 8 bits (with allow_inexact), and in host memory (the offload rung, on a GPU
+// only: on the CPU nothing moves): one probe each, at the smallest size, gives what the held
+// memory, the optimizer step's and its time change by. Offloaded, the moments' bits do not
+// matter to the device (none of them is there), so offload is predicted with the recipe's bits
+// only. The time of a step at batch B and micro-batch m, from the probes' step times (each
+// probe's fastest step after its first):
 //
 //     seconds = optimizer step + per micro-step * ceil(B / m) + per sample * B
-//               + recomputation per sample * B * k / N
+//               + recomputation per sample * B * k / N  (+ the moment rung's change)
 //
 // and the cheapest configuration that fits is the one of least predicted time, micro-batches
-// from oom_backoff's min_micro_batch to the recipe's.
+// from oom_backoff's min_micro_batch to the recipe's, the exact ones (checkpointing, offload)
+// first.
 #include <cstdint>
 #include <iosfwd>
 #include <optional>
@@ -93,13 +97,14 @@ struct Probe {
   std::int64_t length = 0;  ///< dataset.max_length it ran at, every batch padded to it (0: the recipe's data as is)
   std::int64_t checkpointed_blocks = 0;  ///< blocks it ran with checkpointed (the ladder's probes)
   int moment_bits = 0;                   ///< AdamW's moment bits it ran with (0: another optimizer)
+  bool offload = false;                  ///< the offload rung's probe: AdamW's moments in host memory
   /// Its fastest step after the first (the first creates the optimizer state): the forward and
   /// backward passes and the optimizer step, seconds.
   double forward_backward_seconds = 0, optimizer_seconds = 0;
 };
 
 /// A configuration on oom_backoff's ladder: a micro-batch, blocks checkpointed, AdamW's moment
-/// bits, and what the estimate predicts for it.
+/// bits or its moments in host memory, and what the estimate predicts for it.
 struct LadderConfig {
   std::int64_t micro_batch = 0;
   std::int64_t checkpointed_blocks = 0;
@@ -107,14 +112,17 @@ struct LadderConfig {
   std::int64_t peak = 0;  ///< predicted peak allocated
   double time_ratio = 0;  ///< predicted step time over the recipe's own configuration's
   bool inexact = false;   ///< moment bits below the recipe's: results change
+  bool offload = false;   ///< AdamW's moments (in the recipe's bits) in host memory
 };
 
-/// AdamW's moments in fewer bits than the recipe's, as probed.
+/// AdamW's moments in fewer bits than the recipe's, or (offload) in the recipe's bits in host
+/// memory, as probed.
 struct MomentRung {
   int bits = 0;
   double held_delta = 0;       ///< what the forward and backward's held memory changes by (bytes)
   double step_held_delta = 0;  ///< what the optimizer step's held memory changes by (bytes)
-  double seconds_delta = 0;    ///< what the optimizer step's time changes by
+  double seconds_delta = 0;    ///< what the step's time changes by (the optimizer step's; offload: the whole step's)
+  bool offload = false;        ///< the moments in host memory (bits: the recipe's)
 };
 
 /// The prediction and what it rests on.
@@ -212,13 +220,20 @@ struct MemoryEstimate {
   /// Whether rungs beyond the micro-batch were probed.
   bool has_ladder() const { return model_blocks > 0 || !moment_rungs.empty(); }
   /// Predicted peak allocated of a step at (batch, micro) with `blocks` checkpointed and
-  /// moments in `bits` (0: as configured), at the estimate's length.
-  std::int64_t predict_on_rung(std::int64_t batch, std::int64_t micro, std::int64_t blocks, int bits) const;
+  /// moments in `bits` (0: as configured) or, `offload`, in host memory (with `bits` 0: the
+  /// offload rung is probed with the recipe's bits only; trainer::Error for another), at the
+  /// estimate's length.
+  std::int64_t predict_on_rung(std::int64_t batch, std::int64_t micro, std::int64_t blocks, int bits,
+                               bool offload = false) const;
   /// What the limit caps on that rung: the peak, plus the allocator's slack where reserved
   /// memory is capped (CUDA; the larger of the plain probes' fit and the rungs' probes').
-  std::int64_t rung_limit_measure(std::int64_t batch, std::int64_t micro, std::int64_t blocks, int bits) const;
+  std::int64_t rung_limit_measure(std::int64_t batch, std::int64_t micro, std::int64_t blocks, int bits,
+                                  bool offload = false) const;
   /// Predicted seconds of that step (0 when the probes' times are unknown).
-  double predict_seconds(std::int64_t batch, std::int64_t micro, std::int64_t blocks, int bits) const;
+  double predict_seconds(std::int64_t batch, std::int64_t micro, std::int64_t blocks, int bits,
+                         bool offload = false) const;
+  /// The moment rung probed for `bits` (offload: the offload rung); nullptr for none.
+  const MomentRung* moment_rung(int bits, bool offload) const;
   /// The least predicted time at `batch` that fits limit * (1 - margin), micro-batches from
   /// `min_micro` to `max_micro`, over the rungs probed; nullopt when none fits or no limit. Of
   /// the micro-batches that split the batch into as many micro-steps (as fast by the time
@@ -297,7 +312,8 @@ struct BreakdownRow {
 std::vector<BreakdownRow> compare_breakdown(const MemoryEstimate& e, std::int64_t batch, std::int64_t micro,
                                             const MemoryBreakdown& measured);
 
-/// "micro-batch 16 with 6 of 12 blocks checkpointed, AdamW's moments in 16 bits (inexact)".
+/// "micro-batch 16 with 6 of 12 blocks checkpointed, AdamW's moments in 16 bits (inexact)",
+/// "micro-batch 32 with AdamW's moments in host memory".
 std::string describe_config(const MemoryEstimate& e, const LadderConfig& c);
 /// "est. 1.21x step time" ("step time unknown" for 0).
 std::string ratio_text(double ratio);

@@ -22,8 +22,9 @@ struct RecipeFacts {
   bool model_trims = false;         ///< the model has trim_padding (bert): the probes turn it off
   /// The rungs of oom_backoff's ladder beyond the micro-batch that the recipe lets a run take
   /// (none without oom_backoff): checkpointing blocks, AdamW's moments in 16 and in 8 bits
-  /// (allow_inexact); and its min_micro_batch (0 without oom_backoff).
-  bool rung_checkpoint = false, rung_bf16 = false, rung_8bit = false;
+  /// (allow_inexact), in host memory (offload; a GPU's); and its min_micro_batch (0 without
+  /// oom_backoff).
+  bool rung_checkpoint = false, rung_bf16 = false, rung_8bit = false, rung_offload = false;
   std::int64_t min_micro_batch = 0;
 };
 

@@ -43,7 +43,8 @@ void fit_times(MemoryEstimate& e) {
   std::vector<std::vector<double>> X;
   std::vector<double> y;
   for (const auto& p : e.probes) {
-    if (!p.error.empty() || p.checkpointed_blocks != 0 || p.moment_bits != e.moment_bits || p.length != 0) continue;
+    if (!p.error.empty() || p.checkpointed_blocks != 0 || p.moment_bits != e.moment_bits || p.offload || p.length != 0)
+      continue;
     optimizer.push_back(p.optimizer_seconds);
     X.push_back({double((p.batch_size + p.micro_batch - 1) / p.micro_batch), double(p.batch_size)});
     y.push_back(p.forward_backward_seconds);
@@ -68,19 +69,20 @@ void fit_times(MemoryEstimate& e) {
 }
 
 /// The rungs of oom_backoff's ladder that `facts` allows, probed (estimate.h): checkpointing
-/// every block at the smallest and largest sizes, AdamW's moments in fewer bits at the smallest.
+/// every block at the smallest and largest sizes, AdamW's moments in fewer bits and in host
+/// memory (on a GPU) at the smallest.
 void probe_ladder(const EstimateRequest& request, const RecipeFacts& facts, const std::vector<std::int64_t>& sizes,
                   std::int64_t model_blocks, MemoryEstimate& e) {
   // Copies: probing appends to e.probes.
   const auto plain = [&e](std::int64_t m) -> std::optional<Probe> {
     for (const auto& p : e.probes) {
       if (p.error.empty() && p.batch_size == m && p.micro_batch == m && p.length == 0 && p.checkpointed_blocks == 0 &&
-          p.moment_bits == e.moment_bits)
+          p.moment_bits == e.moment_bits && !p.offload)
         return p;
     }
     return std::nullopt;
   };
-  const auto probe = [&](std::int64_t m, std::int64_t blocks, int bits) -> std::optional<Probe> {
+  const auto probe = [&](std::int64_t m, std::int64_t blocks, int bits, bool offload = false) -> std::optional<Probe> {
     ShortRunSpec spec;
     spec.recipe = request.recipe;
     spec.overrides = request.overrides;
@@ -90,18 +92,21 @@ void probe_ladder(const EstimateRequest& request, const RecipeFacts& facts, cons
     spec.steps = request.probe_steps;
     spec.checkpointed_blocks = blocks;
     spec.moment_bits = bits;
-    spec.run_dir =
-        probe_dir(request, "rung-" + std::to_string(m) + "-" + std::to_string(blocks) + "-" + std::to_string(bits));
+    spec.offload = offload;
+    spec.run_dir = probe_dir(request, "rung-" + std::to_string(m) + "-" + std::to_string(blocks) + "-" +
+                                          std::to_string(bits) + (offload ? "-offload" : ""));
     const ShortRunResult r = run_short(spec);
     Probe p = probe_of(r, m, m, 0);
+    p.offload = offload;
     if (r.steps.empty()) {
       // It did not step: what it was asked for.
       p.checkpointed_blocks = blocks < 0 ? model_blocks : blocks;
       p.moment_bits = bits != 0 ? bits : e.moment_bits;
     }
     const bool ran = r.exit_code == 0 && static_cast<std::int64_t>(r.steps.size()) >= request.probe_steps;
-    const std::string what =
-        blocks != 0 ? "every block checkpointed" : "AdamW's moments in " + std::to_string(bits) + " bits";
+    const std::string what = blocks != 0 ? "every block checkpointed"
+                             : offload   ? "AdamW's moments in host memory"
+                                         : "AdamW's moments in " + std::to_string(bits) + " bits";
     if (!ran) {
       p.error = r.message.empty() ? "ran " + std::to_string(r.steps.size()) + " steps" : r.message;
       e.notes.push_back("the probe with " + what + " at micro-batch " + std::to_string(m) + " failed (" + p.error +
@@ -115,6 +120,10 @@ void probe_ladder(const EstimateRequest& request, const RecipeFacts& facts, cons
     } else if (bits != 0 && r.moment_bits != bits) {
       p.error = "ran with moments in " + std::to_string(r.moment_bits) + " bits";
       e.notes.push_back("the probe with " + what + " " + p.error + ": that rung is left out");
+    } else if (offload && !r.optimizer_offload) {
+      p.error = "ran with the moments on " + r.device;
+      e.notes.push_back("the probe with " + what + " " + p.error +
+                        " (the core refused the move): that rung is left out");
     }
     e.probes.push_back(p);
     return p.error.empty() ? std::optional<Probe>(p) : std::nullopt;
@@ -168,6 +177,25 @@ void probe_ladder(const EstimateRequest& request, const RecipeFacts& facts, cons
     e.moment_rungs.push_back(r);
     note_slack(*p);
   }
+  // The offload rung: a GPU's. On the CPU the moments are in host memory already and oom_backoff
+  // skips the rung, so it is left out without a word, as every rung that does not apply.
+  if (facts.rung_offload && e.moment_bits > 0 && e.device.rfind("cuda", 0) == 0) {
+    if (const auto base = plain(sizes.front())) {
+      if (const auto p = probe(sizes.front(), 0, 0, true)) {
+        MomentRung r;
+        r.bits = e.moment_bits;
+        r.offload = true;
+        r.held_delta = double(p->peak_forward_backward - base->peak_forward_backward);
+        r.step_held_delta = double(p->peak_optimizer_step - base->peak_optimizer_step);
+        // The whole step's time: a plain step's GPU work runs on past its end (queued), while
+        // the offloaded step waits for its last copy. Never faster than the plain step.
+        r.seconds_delta = std::max(0.0, (p->forward_backward_seconds + p->optimizer_seconds) -
+                                            (base->forward_backward_seconds + base->optimizer_seconds));
+        e.moment_rungs.push_back(r);
+        note_slack(*p);
+      }
+    }
+  }
 }
 
 namespace {
@@ -180,14 +208,20 @@ double checkpointed_share(const MemoryEstimate& e, std::int64_t blocks) {
 
 }  // namespace
 
-std::int64_t MemoryEstimate::predict_on_rung(std::int64_t batch, std::int64_t micro, std::int64_t blocks,
-                                             int bits) const {
+const MomentRung* MemoryEstimate::moment_rung(int bits, bool offload) const {
+  TRAINER_CHECK(!offload || bits == 0, "the offload rung is predicted with the recipe's moment bits only, not ", bits);
+  for (const auto& r : moment_rungs) {
+    if (offload ? r.offload : (!r.offload && r.bits == bits)) return &r;
+  }
+  return nullptr;
+}
+
+std::int64_t MemoryEstimate::predict_on_rung(std::int64_t batch, std::int64_t micro, std::int64_t blocks, int bits,
+                                             bool offload) const {
   micro = std::max<std::int64_t>(1, std::min(micro, batch));
   const double f = checkpointed_share(*this, blocks);
   double held_delta = 0, step_delta = 0;
-  for (const auto& r : moment_rungs) {
-    if (r.bits == bits) held_delta = r.held_delta, step_delta = r.step_held_delta;
-  }
+  if (const MomentRung* r = moment_rung(bits, offload)) held_delta = r->held_delta, step_delta = r->step_held_delta;
   const double l = double(length);
   const double sample =
       per_sample + per_sample_l1 * l + per_sample_l2 * l * l + f * (checkpointed_per_sample - per_sample);
@@ -198,42 +232,42 @@ std::int64_t MemoryEstimate::predict_on_rung(std::int64_t batch, std::int64_t mi
   return static_cast<std::int64_t>(std::llround(std::max(forward_backward, step)));
 }
 
-std::int64_t MemoryEstimate::rung_limit_measure(std::int64_t batch, std::int64_t micro, std::int64_t blocks,
-                                                int bits) const {
-  std::int64_t m = predict_on_rung(batch, micro, blocks, bits);
+std::int64_t MemoryEstimate::rung_limit_measure(std::int64_t batch, std::int64_t micro, std::int64_t blocks, int bits,
+                                                bool offload) const {
+  std::int64_t m = predict_on_rung(batch, micro, blocks, bits, offload);
   if (limit_on_reserved) {
     micro = std::max<std::int64_t>(1, std::min(micro, batch));
     const double l = double(length);
     double s = slack + (slack_per_sample + slack_l1 * l) * double(micro);
-    if (blocks > 0 || bits != 0) s = std::max(s, rung_slack);
+    if (blocks > 0 || bits != 0 || offload) s = std::max(s, rung_slack);
     m += std::max<std::int64_t>(0, std::llround(s));
   }
   return m;
 }
 
-double MemoryEstimate::predict_seconds(std::int64_t batch, std::int64_t micro, std::int64_t blocks, int bits) const {
+double MemoryEstimate::predict_seconds(std::int64_t batch, std::int64_t micro, std::int64_t blocks, int bits,
+                                       bool offload) const {
   micro = std::max<std::int64_t>(1, std::min(micro, batch));
   const double f = checkpointed_share(*this, blocks);
   double t = step_seconds + micro_step_seconds * double((batch + micro - 1) / micro) +
              (sample_seconds + f * checkpoint_sample_seconds) * double(batch);
-  for (const auto& r : moment_rungs) {
-    if (r.bits == bits) t += r.seconds_delta;
-  }
+  if (const MomentRung* r = moment_rung(bits, offload)) t += r->seconds_delta;
   return std::max(0.0, t);
 }
 
 namespace {
 
 LadderConfig on_rung(const MemoryEstimate& e, std::int64_t batch, std::int64_t base_micro, std::int64_t micro,
-                     std::int64_t blocks, int bits) {
+                     std::int64_t blocks, int bits, bool offload = false) {
   LadderConfig c;
   c.micro_batch = micro;
   c.checkpointed_blocks = blocks;
   c.moment_bits = bits;
+  c.offload = offload;
   c.inexact = bits != 0 && bits < e.moment_bits;
-  c.peak = e.predict_on_rung(batch, micro, blocks, bits);
+  c.peak = e.predict_on_rung(batch, micro, blocks, bits, offload);
   const double base = e.predict_seconds(batch, base_micro, 0, 0);
-  c.time_ratio = base > 0 ? e.predict_seconds(batch, micro, blocks, bits) / base : 0.0;
+  c.time_ratio = base > 0 ? e.predict_seconds(batch, micro, blocks, bits, offload) / base : 0.0;
   return c;
 }
 
@@ -244,25 +278,31 @@ std::optional<LadderConfig> MemoryEstimate::cheapest_fit(std::int64_t batch, std
   if (limit <= 0 || peak == 0) return std::nullopt;
   max_micro = std::max<std::int64_t>(1, std::min(max_micro, batch));
   min_micro = std::max<std::int64_t>(1, min_micro);
-  std::vector<int> bits = {0};
-  for (const auto& r : moment_rungs) bits.push_back(r.bits);
+  // The moments as configured, in host memory (exact), then in fewer bits (inexact).
+  std::vector<std::pair<int, bool>> moments = {{0, false}};
+  if (moment_rung(0, true)) moments.emplace_back(0, true);
+  for (const auto& r : moment_rungs) {
+    if (!r.offload) moments.emplace_back(r.bits, false);
+  }
   const bool timed = predict_seconds(batch, max_micro, 0, 0) > 0;
   std::optional<LadderConfig> best;
   // Exact configurations first: moments in fewer bits only when nothing exact fits.
-  for (const int b : bits) {
+  for (const auto& [b, offload] : moments) {
     if (best && b != 0) break;
     for (std::int64_t k = 0; k <= model_blocks; ++k) {
       for (std::int64_t m = max_micro; m >= min_micro; --m) {
-        if (rung_limit_measure(batch, m, k, b) > usable(*this)) continue;
+        if (rung_limit_measure(batch, m, k, b, offload) > usable(*this)) continue;
         // As many micro-steps, evenly split: as fast, with more memory left (checked: the
         // prediction need not fall with the micro-batch when the batch's rest holds more).
         const std::int64_t steps = (batch + m - 1) / m, even = (batch + steps - 1) / steps;
-        if (even >= min_micro && even < m && rung_limit_measure(batch, even, k, b) <= usable(*this)) m = even;
-        LadderConfig c = on_rung(*this, batch, max_micro, m, k, b);
-        // Without step times: the fewest micro-steps, then the fewest blocks recomputed.
+        if (even >= min_micro && even < m && rung_limit_measure(batch, even, k, b, offload) <= usable(*this)) m = even;
+        LadderConfig c = on_rung(*this, batch, max_micro, m, k, b, offload);
+        // Without step times: the fewest micro-steps, then the ladder's order (blocks
+        // checkpointed, the fewest first, before the moments offloaded).
         const auto cost = [&](const LadderConfig& x) {
           return timed ? x.time_ratio
-                       : double((batch + x.micro_batch - 1) / x.micro_batch) * 1e6 + double(x.checkpointed_blocks);
+                       : double((batch + x.micro_batch - 1) / x.micro_batch) * 1e6 + double(x.checkpointed_blocks) +
+                             (x.offload ? double(model_blocks + 1) : 0.0);
         };
         if (!best || cost(c) < cost(*best)) best = c;
         break;  // the largest micro-batch that fits at these savers is the cheapest of them
@@ -280,8 +320,9 @@ void set_ladder(MemoryEstimate& e) {
        k = k >= e.model_blocks ? 0 : std::min(e.model_blocks, 2 * k)) {
     e.rungs.push_back(on_rung(e, e.batch_size, e.micro_batch, e.micro_batch, k, 0));
   }
-  for (const auto& r : e.moment_rungs)
-    e.rungs.push_back(on_rung(e, e.batch_size, e.micro_batch, e.micro_batch, 0, r.bits));
+  for (const auto& r : e.moment_rungs) {
+    e.rungs.push_back(on_rung(e, e.batch_size, e.micro_batch, e.micro_batch, 0, r.offload ? 0 : r.bits, r.offload));
+  }
   e.cheapest = e.cheapest_fit(e.batch_size, e.micro_batch, e.min_micro_batch);
 }
 
@@ -298,9 +339,9 @@ void keep_larger_rungs(MemoryEstimate& e, const MemoryEstimate& other) {
   std::vector<MomentRung> both;
   for (const auto& r : e.moment_rungs) {
     for (const auto& o : other.moment_rungs) {
-      if (o.bits != r.bits) continue;
+      if (o.bits != r.bits || o.offload != r.offload) continue;
       both.push_back({r.bits, std::max(r.held_delta, o.held_delta), std::max(r.step_held_delta, o.step_held_delta),
-                      std::max(r.seconds_delta, o.seconds_delta)});
+                      std::max(r.seconds_delta, o.seconds_delta), r.offload});
     }
   }
   e.moment_rungs = both;

@@ -406,7 +406,7 @@ MemoryEstimate estimate_once(const EstimateRequest& request, const RecipeFacts& 
       // (`ran` and `fitted` point into e.probes, which the ladder's probes append to: not used
       // from here on.)
       probe_ladder(request, facts, sizes, model_blocks, e);
-    } else if (facts.rung_checkpoint || facts.rung_bf16 || facts.rung_8bit) {
+    } else if (facts.rung_checkpoint || facts.rung_bf16 || facts.rung_8bit || facts.rung_offload) {
       e.notes.push_back("--lengths: the ladder's rungs beyond the micro-batch are not probed over lengths");
     }
     set_ladder(e);

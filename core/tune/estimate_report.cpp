@@ -27,6 +27,7 @@ std::string describe_config(const MemoryEstimate& e, const LadderConfig& c) {
     s += std::string(c.checkpointed_blocks > 0 ? "," : " with") + " AdamW's moments in " +
          std::to_string(c.moment_bits) + " bits" + (c.inexact ? " (inexact)" : "");
   }
+  if (c.offload) s += std::string(c.checkpointed_blocks > 0 ? "," : " with") + " AdamW's moments in host memory";
   return s;
 }
 
@@ -50,6 +51,8 @@ void print_ladder(const MemoryEstimate& e, std::ostream& out) {
         what = std::to_string(c.checkpointed_blocks) + " of " + std::to_string(e.model_blocks) + " blocks checkpointed";
       } else if (c.moment_bits > 0) {
         what = "AdamW's moments in " + std::to_string(c.moment_bits) + " bits" + (c.inexact ? " (inexact)" : "");
+      } else if (c.offload) {
+        what = "AdamW's moments in host memory";
       }
       out << "    " << std::left << std::setw(40) << what << std::right << std::setw(12) << format_bytes(c.peak)
           << "   " << ratio_text(c.time_ratio) << "\n";
@@ -62,7 +65,8 @@ void print_ladder(const MemoryEstimate& e, std::ostream& out) {
     out << "  cheapest step that fits (micro-batches " << e.min_micro_batch << " to " << e.micro_batch
         << (e.has_ladder() ? ", the rungs above" : "") << "): " << describe_config(e, c) << ": "
         << ratio_text(c.time_ratio) << " (predicted "
-        << format_bytes(e.rung_limit_measure(e.batch_size, c.micro_batch, c.checkpointed_blocks, c.moment_bits))
+        << format_bytes(
+               e.rung_limit_measure(e.batch_size, c.micro_batch, c.checkpointed_blocks, c.moment_bits, c.offload))
         << (e.limit_on_reserved ? " reserved" : "") << " <= " << format_bytes(usable) << " usable)\n";
   } else if (e.min_micro_batch > e.micro_batch) {
     out << "  oom_backoff's min_micro_batch " << e.min_micro_batch << " is above the recipe's micro-batch "
@@ -74,9 +78,13 @@ void print_ladder(const MemoryEstimate& e, std::ostream& out) {
 }
 
 json ladder_json(const LadderConfig& c) {
-  return {{"micro_batch_size", c.micro_batch}, {"checkpointed_blocks", c.checkpointed_blocks},
-          {"moment_bits", c.moment_bits},      {"peak_bytes", c.peak},
-          {"time_ratio", c.time_ratio},        {"inexact", c.inexact}};
+  return {{"micro_batch_size", c.micro_batch},
+          {"checkpointed_blocks", c.checkpointed_blocks},
+          {"moment_bits", c.moment_bits},
+          {"peak_bytes", c.peak},
+          {"time_ratio", c.time_ratio},
+          {"inexact", c.inexact},
+          {"offload", c.offload}};
 }
 
 LadderConfig ladder_from_json(const json& j) {
@@ -87,6 +95,7 @@ LadderConfig ladder_from_json(const json& j) {
   c.peak = j.at("peak_bytes");
   c.time_ratio = j.at("time_ratio");
   c.inexact = j.at("inexact");
+  c.offload = j.value("offload", false);
   return c;
 }
 
@@ -133,6 +142,7 @@ void print_estimate(const MemoryEstimate& e, std::ostream& out) {
     if (p.length > 0) out << ", length " << std::setw(5) << p.length;
     if (p.checkpointed_blocks > 0) out << ", " << p.checkpointed_blocks << " blocks checkpointed";
     if (p.moment_bits > 0 && p.moment_bits != e.moment_bits) out << ", moments in " << p.moment_bits << " bits";
+    if (p.offload) out << ", moments in host memory";
     out << ": ";
     if (p.error.empty()) {
       out << format_bytes(p.peak) << " peak (forward/backward " << format_bytes(p.peak_forward_backward)
@@ -260,6 +270,7 @@ void print_estimate_json(const MemoryEstimate& e, std::ostream& out) {
                            {"error", p.error},
                            {"checkpointed_blocks", p.checkpointed_blocks},
                            {"moment_bits", p.moment_bits},
+                           {"offload", p.offload},
                            {"forward_backward_seconds", p.forward_backward_seconds},
                            {"optimizer_seconds", p.optimizer_seconds}});
   }
@@ -305,6 +316,7 @@ void print_estimate_json(const MemoryEstimate& e, std::ostream& out) {
                  {"cheapest", e.cheapest ? ladder_json(*e.cheapest) : json(nullptr)}};
   for (const auto& r : e.moment_rungs) {
     ladder["moment_rungs"].push_back({{"bits", r.bits},
+                                      {"offload", r.offload},
                                       {"held_delta", r.held_delta},
                                       {"step_held_delta", r.step_held_delta},
                                       {"seconds_delta", r.seconds_delta}});
@@ -347,6 +359,7 @@ MemoryEstimate estimate_from_json(const std::string& text) {
       q.error = p.at("error").get<std::string>();
       q.checkpointed_blocks = p.value("checkpointed_blocks", std::int64_t{0});
       q.moment_bits = p.value("moment_bits", 0);
+      q.offload = p.value("offload", false);
       q.forward_backward_seconds = p.value("forward_backward_seconds", 0.0);
       q.optimizer_seconds = p.value("optimizer_seconds", 0.0);
       e.probes.push_back(q);
@@ -393,7 +406,8 @@ MemoryEstimate estimate_from_json(const std::string& text) {
       e.sample_seconds = l.at("sample_seconds");
       e.checkpoint_sample_seconds = l.at("checkpoint_sample_seconds");
       for (const auto& r : l.at("moment_rungs")) {
-        e.moment_rungs.push_back({r.at("bits"), r.at("held_delta"), r.at("step_held_delta"), r.at("seconds_delta")});
+        e.moment_rungs.push_back({r.at("bits"), r.at("held_delta"), r.at("step_held_delta"), r.at("seconds_delta"),
+                                  r.value("offload", false)});
       }
       for (const auto& c : l.at("rungs")) e.rungs.push_back(ladder_from_json(c));
       if (!l.at("cheapest").is_null()) e.cheapest = ladder_from_json(l.at("cheapest"));

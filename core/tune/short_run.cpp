@@ -29,7 +29,7 @@ namespace {
 class MeasurePlugin final : public Plugin {
  public:
   MeasurePlugin(ShortRunResult& out, const ShortRunSpec& spec)
-      : out_(out), blocks_(spec.checkpointed_blocks), bits_(spec.moment_bits) {}
+      : out_(out), blocks_(spec.checkpointed_blocks), bits_(spec.moment_bits), offload_(spec.offload) {}
   std::string name() const override { return "tune_measure"; }
   std::vector<Event> events() const override {
     return {Event::FitStart,  Event::BatchStart, Event::BeforeOptimizerStep, Event::BatchEnd,
@@ -63,6 +63,7 @@ class MeasurePlugin final : public Plugin {
           // conversion allocates nothing inside the step's window).
           if (blocks_ != 0) control.checkpointed_blocks = blocks_ < 0 ? ctx.state.model_blocks : blocks_;
           if (bits_ != 0) control.optimizer_moment_bits = bits_;
+          if (offload_) control.optimizer_offload = true;
         }
         if (accounted) reset_peak_memory(ctx.device);
         if (has_memory_categories(ctx.device)) reset_peak_breakdown(ctx.device);
@@ -87,6 +88,7 @@ class MeasurePlugin final : public Plugin {
         out_.checkpointed_blocks = ctx.state.checkpointed_blocks;
         out_.model_blocks = ctx.state.model_blocks;
         out_.moment_bits = ctx.state.optimizer_moment_bits;
+        out_.optimizer_offload = ctx.state.optimizer_offload;
         if (accounted) {
           const MemoryStats s = memory_stats(ctx.device);
           r.peak = std::max(forward_backward_, s.peak_allocated);
@@ -128,6 +130,7 @@ class MeasurePlugin final : public Plugin {
   ShortRunResult& out_;
   std::int64_t blocks_;  ///< ShortRunSpec::checkpointed_blocks
   int bits_;             ///< ShortRunSpec::moment_bits
+  bool offload_;         ///< ShortRunSpec::offload
   std::chrono::steady_clock::time_point start_, optimizer_start_;
   std::int64_t forward_backward_ = 0;  ///< the step's peak up to BeforeOptimizerStep
 };

@@ -34,10 +34,12 @@ struct ShortRunSpec {
   std::string run_dir;          ///< the run's directory (removed afterwards unless keep_run_dir)
   bool keep_run_dir = false;
   /// Memory savers on from the first step, as oom_backoff's ladder switches them on
-  /// (Control::checkpointed_blocks, Control::optimizer_moment_bits): blocks the core
-  /// checkpoints (-1: all the model has; 0: none) and AdamW's moment bits (0: as configured).
+  /// (Control::checkpointed_blocks, Control::optimizer_moment_bits, Control::optimizer_offload):
+  /// blocks the core checkpoints (-1: all the model has; 0: none), AdamW's moment bits (0: as
+  /// configured) and its moments in host memory, streamed through each step.
   std::int64_t checkpointed_blocks = 0;
   int moment_bits = 0;
+  bool offload = false;
 };
 
 /// Ctrl-C for a command made of short runs (`trainer estimate`, `trainer bench`): its signal
@@ -91,9 +93,10 @@ struct ShortRunResult {
   std::int64_t eval_allocated_at_start = 0;
   std::int64_t eval_peak = 0;
   /// The memory savers as the last step ran (RunState): blocks checkpointed by the core of the
-  /// model's blocks, and AdamW's moment bits (0: another optimizer).
+  /// model's blocks, AdamW's moment bits (0: another optimizer), its moments in host memory.
   std::int64_t checkpointed_blocks = 0, model_blocks = 0;
   int moment_bits = 0;
+  bool optimizer_offload = false;
   /// Highest peak over the steps (0 without a step).
   std::int64_t peak() const;
   /// Highest peak of the forward and backward passes, of the optimizer step, over the steps.

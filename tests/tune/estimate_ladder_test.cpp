@@ -183,12 +183,49 @@ TEST(EstimateLadder, MomentRungsAreProbedWithAllowInexactAndPredictTheirPeak) {
     EXPECT_LT(std::fabs(predicted - measured) / measured, 0.10)
         << bits << " bits: predicted " << predicted << ", measured " << measured;
   }
+  // The offload rung is in the default ladder but a GPU's: not probed on the CPU.
+  for (const auto& r : e.moment_rungs) EXPECT_FALSE(r.offload);
+  for (const auto& p : e.probes) EXPECT_FALSE(p.offload);
   // Without allow_inexact: none.
   const MemoryEstimate exact =
       trainer::tune::estimate_memory(ladder_request(tmp, {"model=mlp", "model.hidden=[1024, 1024]"}));
   EXPECT_TRUE(exact.moment_rungs.empty());
   EXPECT_FALSE(exact.has_ladder());
   ASSERT_EQ(exact.rungs.size(), 1u) << "the recipe's own configuration only";
+}
+
+// The offload rung's probe, as a GPU's estimate runs it: AdamW's moments offloaded from the first
+// step on. On the CPU nothing moves (the moments are in host memory already), but the core takes
+// the request and streams the step through its copies, so the probe's plumbing runs here: the run
+// reports the moments offloaded, in the recipe's 32 bits, as many bytes of them as the plain
+// probe's.
+TEST(EstimateLadder, TheOffloadProbeRunsItsStepsWithTheMomentsOffloaded) {
+  TempDir tmp;
+  const std::vector<std::string> mlp = {"model=mlp", "model.hidden=[1024, 1024]"};
+  trainer::tune::ShortRunSpec spec;
+  spec.recipe = kLadderRecipe;
+  spec.overrides = mlp;
+  spec.batch_size = spec.micro_batch = 64;
+  spec.steps = 3;
+  spec.run_dir = tmp / "plain";
+  const auto plain = trainer::tune::run_short(spec);
+  ASSERT_EQ(plain.exit_code, 0) << plain.message;
+  EXPECT_FALSE(plain.optimizer_offload);
+  spec.offload = true;
+  spec.run_dir = tmp / "offload";
+  const auto off = trainer::tune::run_short(spec);
+  ASSERT_EQ(off.exit_code, 0) << off.message;
+  ASSERT_EQ(off.steps.size(), 3u);
+  EXPECT_TRUE(off.optimizer_offload);
+  EXPECT_EQ(off.moment_bits, 32);
+  EXPECT_GT(plain.optimizer_bytes, 0);
+  EXPECT_EQ(off.optimizer_bytes, plain.optimizer_bytes);
+  // SGD has no moments: the core refuses, and the probe says so (an estimate leaves the rung out).
+  spec.overrides = {"model=mlp", "optim=sgd"};
+  spec.run_dir = tmp / "sgd";
+  const auto sgd = trainer::tune::run_short(spec);
+  ASSERT_EQ(sgd.exit_code, 0) << sgd.message;
+  EXPECT_FALSE(sgd.optimizer_offload);
 }
 
 // oom_backoff's start keys: what the model or the optimizer cannot do is a usage error.

@@ -11,6 +11,7 @@
 
 #include "admission.h"
 #include "estimate.h"
+#include "estimate_internal.h"
 #include "pruner.h"
 #include "study.h"
 #include "study_journal.h"
@@ -188,6 +189,80 @@ TEST(Admission, MomentsInFewerBitsOnlyWhenNothingExactFitsAndSaidSo) {
   e.model_blocks = 4;
   a = trainer::tune::admit_trial(e, {64, 64, 0, 64});
   EXPECT_EQ(a.overrides, std::vector<std::string>{"plugins.oom_backoff.start_checkpointed_blocks=2"});
+}
+
+// The offload rung (probed on a GPU): exact, so it comes before moments in fewer bits, and by
+// time against checkpointing. Plain, micro-batch 64 needs 114 MiB > 90 usable; with the moments
+// in host memory (30 MiB off what the step holds throughout) 84 MiB fits at 64.
+TEST(Admission, MomentsInHostMemoryAreExactAndChosenByTheirTime) {
+  MemoryEstimate e = ladder_estimate();
+  e.device = "cuda:0";
+  e.model_blocks = 0;
+  trainer::tune::MomentRung offload;
+  offload.bits = 32;
+  offload.offload = true;
+  offload.held_delta = offload.step_held_delta = -30.0 * kMiB;
+  offload.seconds_delta = 0.5;
+  e.moment_rungs = {{16, -30.0 * kMiB, -30.0 * kMiB, 0.01}, offload};
+  auto a = trainer::tune::admit_trial(e, {64, 64, 0, 64});
+  ASSERT_TRUE(a.run) << a.reason;
+  EXPECT_EQ(a.overrides, std::vector<std::string>{"plugins.oom_backoff.start_offload=true"});
+  // 0.5 + 0.1 + 64 + 0.5 s against 64.6 s.
+  EXPECT_EQ(
+      a.reason.rfind("on the ladder: micro-batch 64 with AdamW's moments in host memory, est. 1.01x step time (", 0),
+      0u)
+      << a.reason;
+  EXPECT_EQ(a.predicted_peak, 84 * kMiB);
+  // Checkpointing fits too (2 of 4 blocks at micro-batch 64: 74.2 s): the offload's 65.1 s wins;
+  // an offload as slow as 10 s more per step (74.6 s) loses to it.
+  e.model_blocks = 4;
+  a = trainer::tune::admit_trial(e, {64, 64, 0, 64});
+  EXPECT_EQ(a.overrides, std::vector<std::string>{"plugins.oom_backoff.start_offload=true"});
+  e.moment_rungs[1].seconds_delta = 10.0;
+  a = trainer::tune::admit_trial(e, {64, 64, 0, 64});
+  EXPECT_EQ(a.overrides, std::vector<std::string>{"plugins.oom_backoff.start_checkpointed_blocks=2"});
+
+  // The ladder's table lists the rung, and the estimate's JSON reads it back.
+  e.moment_rungs[1].seconds_delta = 0.5;
+  e.model_blocks = 0;
+  e.batch_size = e.micro_batch = e.min_micro_batch = 64;  // (at micro-batch 40 the step fits plain)
+  trainer::tune::set_ladder(e);
+  ASSERT_EQ(e.rungs.size(), 3u);
+  EXPECT_TRUE(e.rungs[2].offload);
+  EXPECT_FALSE(e.rungs[2].inexact);
+  EXPECT_EQ(e.rungs[2].moment_bits, 0);
+  EXPECT_EQ(e.rungs[2].peak, 84 * kMiB);
+  ASSERT_TRUE(e.cheapest.has_value());
+  EXPECT_TRUE(e.cheapest->offload);
+  std::ostringstream out;
+  trainer::tune::print_estimate_json(e, out);
+  const MemoryEstimate r = trainer::tune::estimate_from_json(out.str());
+  ASSERT_NE(r.moment_rung(0, true), nullptr);
+  EXPECT_EQ(r.moment_rung(0, true)->bits, 32);
+  EXPECT_EQ(r.moment_rung(32, false), nullptr) << "the offload rung is not a rung of 32 bits on the device";
+  EXPECT_EQ(r.predict_on_rung(64, 64, 0, 0, true), 84 * kMiB);
+  EXPECT_DOUBLE_EQ(r.predict_seconds(64, 64, 0, 0, true), e.predict_seconds(64, 64, 0, 0, true));
+  ASSERT_TRUE(r.cheapest.has_value());
+  EXPECT_TRUE(r.cheapest->offload);
+  EXPECT_TRUE(r.rungs[2].offload);
+  std::ostringstream text;
+  trainer::tune::print_estimate(e, text);
+  EXPECT_NE(text.str().find("AdamW's moments in host memory"), std::string::npos) << text.str();
+  // Offloaded moments are predicted in the recipe's bits only.
+  EXPECT_THROW(e.predict_on_rung(64, 64, 0, 16, true), trainer::Error);
+  // model.memory_format = "auto": the larger of the two formats' offload terms; a rung only one
+  // format has is left out.
+  MemoryEstimate other = e;
+  other.moment_rungs[1].held_delta = -20.0 * kMiB;
+  other.moment_rungs[1].seconds_delta = 0.25;
+  trainer::tune::keep_larger_rungs(e, other);
+  ASSERT_NE(e.moment_rung(0, true), nullptr);
+  EXPECT_DOUBLE_EQ(e.moment_rung(0, true)->held_delta, -20.0 * kMiB);
+  EXPECT_DOUBLE_EQ(e.moment_rung(0, true)->seconds_delta, 0.5);
+  other.moment_rungs.pop_back();
+  trainer::tune::keep_larger_rungs(e, other);
+  EXPECT_EQ(e.moment_rung(0, true), nullptr);
+  EXPECT_NE(e.moment_rung(16, false), nullptr);
 }
 
 TEST(Admission, AnEvaluationThatCannotFitGetsTheLargestEvalBatchThatDoes) {
