@@ -1,10 +1,9 @@
 // tensorboard: every metric the run logs, as TensorBoard event files (scalars with their step
 // and wall time), and the run's config as hyper-parameters for TensorBoard's HParams
 // dashboard, with the run's end status. Written with Protocol Buffers from TensorBoard's own
-// .proto definitions (proto/), framed as TFRecords. A resumed run starts a new event file
+// .proto definitions (proto/; events.cpp), framed as TFRecords. A resumed run starts a new event file
 // with a SessionLog START after the step it resumed from, so TensorBoard drops the steps an
 // earlier file had after it (a run resumed in place from an earlier checkpoint).
-#include <google/protobuf/struct.pb.h>
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -14,8 +13,7 @@
 #include <mutex>
 
 #include "event_file.h"
-#include "tensorboard/compat/proto/event.pb.h"
-#include "tensorboard/plugins/hparams/plugin_data.pb.h"
+#include "events.h"
 #include "trainer/config.h"
 #include "trainer/distributed.h"
 #include "trainer/error.h"
@@ -25,7 +23,7 @@
 
 namespace {
 
-namespace tb = ::tensorboard;
+namespace tb = trainer::tensorboard;
 namespace fs = std::filesystem;
 
 struct TensorboardSettings : trainer::Settings<TensorboardSettings> {
@@ -42,41 +40,21 @@ struct TensorboardSettings : trainer::Settings<TensorboardSettings> {
 
 double now_s() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 
-/// Writes Events into one event file; the sink and the plugin share it.
+/// Writes serialized Events into one event file; the sink and the plugin share it.
 class Writer {
  public:
-  explicit Writer(const std::string& dir) : file_(dir) {
-    tb::Event e;
-    e.set_wall_time(now_s());
-    e.set_file_version("brain.Event:2");
-    e.mutable_source_metadata()->set_writer("trainer");
-    write(e);
-  }
-  void write(const tb::Event& e) {
+  explicit Writer(const std::string& dir) : file_(dir) { write(tb::file_version_event(now_s())); }
+  void write(const std::string& event) {
     std::lock_guard<std::mutex> lock(mu_);
-    std::string bytes;
-    TRAINER_CHECK(e.SerializeToString(&bytes), "tensorboard: cannot serialize an event");
-    TRAINER_CHECK(file_.write_record(bytes) && file_.flush(), "tensorboard: cannot write ", file_.path(), ": ",
+    TRAINER_CHECK(file_.write_record(event) && file_.flush(), "tensorboard: cannot write ", file_.path(), ": ",
                   std::strerror(errno));
   }
   const std::string& path() const { return file_.path(); }
 
  private:
   std::mutex mu_;
-  trainer::tensorboard::EventFile file_;
+  tb::EventFile file_;
 };
-
-/// An HParams plugin summary (session start or end) at step 0.
-tb::Event hparams_event(const char* tag, const tb::hparams::HParamsPluginData& data) {
-  tb::Event e;
-  e.set_wall_time(now_s());
-  auto* v = e.mutable_summary()->add_value();
-  v->set_tag(tag);
-  auto* plugin = v->mutable_metadata()->mutable_plugin_data();
-  plugin->set_plugin_name("hparams");
-  plugin->set_content(data.SerializeAsString());
-  return e;
-}
 
 /// Scalars: one Event per run of points logged together (one step, one time).
 class Sink final : public trainer::MetricSink {
@@ -86,27 +64,21 @@ class Sink final : public trainer::MetricSink {
     // A group is one step; its points may have been logged at different times (the training
     // metrics, then the evaluation's): one Event per run of points with the same time and step.
     for (std::size_t i = 0; i < points.size();) {
-      tb::Event e;
-      e.set_wall_time(points[i].time);
-      e.set_step(points[i].step);
-      for (; i < points.size() && points[i].time == e.wall_time() && points[i].step == e.step(); ++i) {
-        auto* v = e.mutable_summary()->add_value();
-        v->set_tag(points[i].name);
-        v->set_simple_value(static_cast<float>(points[i].value));
+      const double time = points[i].time;
+      const std::int64_t step = points[i].step;
+      std::vector<std::pair<std::string, float>> values;
+      for (; i < points.size() && points[i].time == time && points[i].step == step; ++i) {
+        values.emplace_back(points[i].name, static_cast<float>(points[i].value));
       }
-      writer_->write(e);
+      writer_->write(tb::scalars_event(time, step, values));
     }
   }
   void close(const std::string& status) override {
     if (!hparams_) return;
-    tb::hparams::HParamsPluginData d;
-    d.set_version(0);
-    auto* end = d.mutable_session_end_info();
-    end->set_status(status == "FINISHED" ? tb::hparams::STATUS_SUCCESS
-                    : status == "FAILED" ? tb::hparams::STATUS_FAILURE
-                                         : tb::hparams::STATUS_UNKNOWN);  // KILLED: stopped, not failed
-    end->set_end_time_secs(now_s());
-    writer_->write(hparams_event("_hparams_/session_end_info", d));
+    writer_->write(tb::hparams_end_event(now_s(), status == "FINISHED" ? tb::SessionStatus::Success
+                                                  : status == "FAILED"
+                                                      ? tb::SessionStatus::Failure
+                                                      : tb::SessionStatus::Unknown));  // KILLED: stopped, not failed
   }
 
  private:
@@ -141,38 +113,28 @@ class TensorboardPlugin final : public trainer::Plugin {
     } else if (ctx.event == trainer::Event::Resume && writer_) {
       // TensorBoard drops what earlier files hold from this step on: the steps after the one
       // resumed from, which this run trains again.
-      tb::Event e;
-      e.set_wall_time(now_s());
-      e.set_step(ctx.state.global_step + 1);
-      e.mutable_session_log()->set_status(tb::SessionLog::START);
-      writer_->write(e);
+      writer_->write(tb::session_start_event(now_s(), ctx.state.global_step + 1));
     }
   }
 
  private:
   void write_session_start(const trainer::Config& config) {
-    tb::hparams::HParamsPluginData d;
-    d.set_version(0);
-    auto* start = d.mutable_session_start_info();
-    start->set_start_time_secs(now_s());
-    auto& hp = *start->mutable_hparams();
+    std::vector<std::pair<std::string, tb::HParamValue>> hparams;
     for (const auto& key : config.leaf_keys()) {
       const trainer::ConfigValue& v = config.value(key);
-      google::protobuf::Value value;
       if (const auto* i = std::get_if<std::int64_t>(&v)) {
-        value.set_number_value(static_cast<double>(*i));
+        hparams.emplace_back(key, static_cast<double>(*i));
       } else if (const auto* f = std::get_if<double>(&v)) {
-        value.set_number_value(*f);
+        hparams.emplace_back(key, *f);
       } else if (const auto* b = std::get_if<bool>(&v)) {
-        value.set_bool_value(*b);
+        hparams.emplace_back(key, *b);
       } else if (const auto* s = std::get_if<std::string>(&v)) {
-        value.set_string_value(*s);
+        hparams.emplace_back(key, *s);
       } else {
-        value.set_string_value(trainer::config_value_to_toml(v));  // a list, as written in TOML
+        hparams.emplace_back(key, trainer::config_value_to_toml(v));  // a list, as written in TOML
       }
-      hp[key] = value;
     }
-    writer_->write(hparams_event("_hparams_/session_start_info", d));
+    writer_->write(tb::hparams_start_event(now_s(), hparams));
   }
 
   TensorboardSettings s_;
