@@ -14,7 +14,8 @@ namespace trainer::tensorboard {
 std::string file_version_event(double wall_time);
 
 /// Scalars logged at one step and time: (tag, value) each.
-std::string scalars_event(double wall_time, std::int64_t step, const std::vector<std::pair<std::string, float>>& values);
+std::string scalars_event(double wall_time, std::int64_t step,
+                          const std::vector<std::pair<std::string, float>>& values);
 
 /// A SessionLog START at `step`: TensorBoard drops what earlier files hold from that step on.
 std::string session_start_event(double wall_time, std::int64_t step);
