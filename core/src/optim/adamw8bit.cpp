@@ -15,20 +15,23 @@
 namespace trainer::detail {
 
 std::vector<float> dynamic_quant_map(bool is_signed) {
-  // bitsandbytes.functional.create_dynamic_map(signed, max_exponent_bits=7, total_bits=8), with
-  // the same torch operations in float32: the midpoints of linspace(0.1, 1, items), times 10^e.
+  // bitsandbytes.functional.create_dynamic_map(signed, max_exponent_bits=7, total_bits=8): the
+  // midpoints of linspace(0.1, 1, items), times 10^e. Computed in double and rounded to float
+  // once, not with torch's float32 linspace as bitsandbytes does: that one's last bit depends on
+  // the LibTorch version and on the CPU's vector width (1.13 and 2.11 differ in 90 of the 256
+  // entries by one unit in the last place), and the map must be the same wherever a checkpoint's
+  // codes are read.
   constexpr int kExponentBits = 7, kNonSignBits = 7;
   constexpr double kPowers[kExponentBits] = {1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0};  // Python's 10 ** e
   std::vector<float> data;
   for (int i = 0; i < kExponentBits; ++i) {
     const int items =
         is_signed ? (1 << (i + kNonSignBits - kExponentBits)) + 1 : (1 << (i + kNonSignBits - kExponentBits + 1)) + 1;
-    const at::Tensor bounds = at::linspace(0.1, 1.0, items, at::kFloat);
-    const at::Tensor means = (bounds.narrow(0, 0, items - 1) + bounds.narrow(0, 1, items - 1)) / 2.0;
-    const at::Tensor up = means * kPowers[i], down = means * -kPowers[i];
-    for (std::int64_t k = 0; k + 1 < items; ++k) {
-      data.push_back(up[k].item<float>());
-      if (is_signed) data.push_back(down[k].item<float>());
+    const auto bound = [items](int k) { return 0.1 + 0.9 * k / (items - 1); };
+    for (int k = 0; k + 1 < items; ++k) {
+      const double mean = (bound(k) + bound(k + 1)) / 2.0;
+      data.push_back(static_cast<float>(mean * kPowers[i]));
+      if (is_signed) data.push_back(static_cast<float>(-mean * kPowers[i]));
     }
   }
   data.push_back(0.0f);
