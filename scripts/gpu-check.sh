@@ -353,7 +353,7 @@ bench_stage() {  # the benchmarks on cuda:0 (docs/gpu.md)
   bench_one ladder-vit-offload bench bench --recipe recipes/vit_fashion_mnist.toml \
     --grid "plugins.oom_backoff.start_offload=false,true" training.micro_batch_size=128 \
     'plugins.load=["oom_backoff"]' runtime.device=cuda:0 --steps 20 --warmup 3
-  # The same on a wide MLP (17.9 M parameters: AdamW's moments 137 MiB, most of its peak), and
+  # The same on a wide MLP (20.0 M parameters: AdamW's moments 153 MiB, half its step's peak), and
   # trainer estimate's offload rung (a GPU's only: its probe runs there) against its peaks.
   local mlp=(--recipe recipes/fashion_mnist.toml model=mlp 'model.hidden=[4096, 4096]' 'plugins.load=["oom_backoff"]'
     runtime.device=cuda:0)

@@ -1,6 +1,8 @@
 // oom_backoff's memory ladder in `trainer estimate` (estimate.h's header): the rungs' probes,
 // the time model from the probes' step times, each rung's prediction and the cheapest
 // configuration that fits.
+#include <c10/core/Device.h>
+
 #include <algorithm>
 #include <cmath>
 #include <optional>
@@ -35,6 +37,15 @@ Probe probe_of(const ShortRunResult& r, std::int64_t batch, std::int64_t micro, 
   return p;
 }
 
+namespace {
+
+/// A probe that ran as the recipe is, at its own data: no saver on (the fit's and the rungs' base).
+bool plain_probe(const Probe& p, const MemoryEstimate& e) {
+  return p.error.empty() && p.length == 0 && p.checkpointed_blocks == 0 && p.moment_bits == e.moment_bits && !p.offload;
+}
+
+}  // namespace
+
 /// The time model (estimate.h) from the plain probes that ran: the optimizer step is their
 /// median; the forward and backward passes per micro-step and per sample by least squares,
 /// neither below 0.
@@ -43,8 +54,7 @@ void fit_times(MemoryEstimate& e) {
   std::vector<std::vector<double>> X;
   std::vector<double> y;
   for (const auto& p : e.probes) {
-    if (!p.error.empty() || p.checkpointed_blocks != 0 || p.moment_bits != e.moment_bits || p.offload || p.length != 0)
-      continue;
+    if (!plain_probe(p, e)) continue;
     optimizer.push_back(p.optimizer_seconds);
     X.push_back({double((p.batch_size + p.micro_batch - 1) / p.micro_batch), double(p.batch_size)});
     y.push_back(p.forward_backward_seconds);
@@ -76,9 +86,7 @@ void probe_ladder(const EstimateRequest& request, const RecipeFacts& facts, cons
   // Copies: probing appends to e.probes.
   const auto plain = [&e](std::int64_t m) -> std::optional<Probe> {
     for (const auto& p : e.probes) {
-      if (p.error.empty() && p.batch_size == m && p.micro_batch == m && p.length == 0 && p.checkpointed_blocks == 0 &&
-          p.moment_bits == e.moment_bits && !p.offload)
-        return p;
+      if (plain_probe(p, e) && p.batch_size == m && p.micro_batch == m) return p;
     }
     return std::nullopt;
   };
@@ -163,39 +171,32 @@ void probe_ladder(const EstimateRequest& request, const RecipeFacts& facts, cons
       }
     }
   }
-  for (const int bits : {16, 8}) {
-    const bool allowed = bits == 16 ? facts.rung_bf16 : facts.rung_8bit;
-    if (!allowed || e.moment_bits <= bits) continue;  // not AdamW (0), or already as compact
+  // A moment rung: one probe at the smallest size against the plain one there.
+  const auto probe_moment_rung = [&](int bits, bool offload) {
     const auto base = plain(sizes.front());
-    const auto p = base ? probe(sizes.front(), 0, bits) : std::nullopt;
-    if (!p) continue;
+    const auto p = base ? probe(sizes.front(), 0, offload ? 0 : bits, offload) : std::nullopt;
+    if (!p) return;
     MomentRung r;
     r.bits = bits;
+    r.offload = offload;
     r.held_delta = double(p->peak_forward_backward - base->peak_forward_backward);
     r.step_held_delta = double(p->peak_optimizer_step - base->peak_optimizer_step);
-    r.seconds_delta = p->optimizer_seconds - base->optimizer_seconds;
+    // Offloaded, the whole step's time: a plain step's GPU work runs on past its end (queued),
+    // while the offloaded step waits for its last copy; never faster than the plain step.
+    r.seconds_delta = offload ? std::max(0.0, (p->forward_backward_seconds + p->optimizer_seconds) -
+                                                  (base->forward_backward_seconds + base->optimizer_seconds))
+                              : p->optimizer_seconds - base->optimizer_seconds;
     e.moment_rungs.push_back(r);
     note_slack(*p);
+  };
+  for (const int bits : {16, 8}) {
+    const bool allowed = bits == 16 ? facts.rung_bf16 : facts.rung_8bit;
+    if (allowed && e.moment_bits > bits) probe_moment_rung(bits, false);  // not AdamW (0), or already as compact
   }
   // The offload rung: a GPU's. On the CPU the moments are in host memory already and oom_backoff
   // skips the rung, so it is left out without a word, as every rung that does not apply.
-  if (facts.rung_offload && e.moment_bits > 0 && e.device.rfind("cuda", 0) == 0) {
-    if (const auto base = plain(sizes.front())) {
-      if (const auto p = probe(sizes.front(), 0, 0, true)) {
-        MomentRung r;
-        r.bits = e.moment_bits;
-        r.offload = true;
-        r.held_delta = double(p->peak_forward_backward - base->peak_forward_backward);
-        r.step_held_delta = double(p->peak_optimizer_step - base->peak_optimizer_step);
-        // The whole step's time: a plain step's GPU work runs on past its end (queued), while
-        // the offloaded step waits for its last copy. Never faster than the plain step.
-        r.seconds_delta = std::max(0.0, (p->forward_backward_seconds + p->optimizer_seconds) -
-                                            (base->forward_backward_seconds + base->optimizer_seconds));
-        e.moment_rungs.push_back(r);
-        note_slack(*p);
-      }
-    }
-  }
+  if (facts.rung_offload && e.moment_bits > 0 && c10::Device(e.device).is_cuda())
+    probe_moment_rung(e.moment_bits, true);
 }
 
 namespace {

@@ -17,18 +17,28 @@ using json = nlohmann::json;
 
 }  // namespace
 
-std::string describe_config(const MemoryEstimate& e, const LadderConfig& c) {
-  std::string s = "micro-batch " + std::to_string(c.micro_batch);
+namespace {
+
+/// The savers `c` has on beyond the micro-batch ("6 of 12 blocks checkpointed, AdamW's moments
+/// in host memory"); empty for none.
+std::string savers_of(const MemoryEstimate& e, const LadderConfig& c) {
+  std::string s;
+  const auto add = [&s](const std::string& what) { s += (s.empty() ? "" : ", ") + what; };
   if (c.checkpointed_blocks > 0) {
-    s += " with " + std::to_string(c.checkpointed_blocks) + " of " + std::to_string(e.model_blocks) +
-         " blocks checkpointed";
+    add(std::to_string(c.checkpointed_blocks) + " of " + std::to_string(e.model_blocks) + " blocks checkpointed");
   }
   if (c.moment_bits > 0) {
-    s += std::string(c.checkpointed_blocks > 0 ? "," : " with") + " AdamW's moments in " +
-         std::to_string(c.moment_bits) + " bits" + (c.inexact ? " (inexact)" : "");
+    add("AdamW's moments in " + std::to_string(c.moment_bits) + " bits" + (c.inexact ? " (inexact)" : ""));
   }
-  if (c.offload) s += std::string(c.checkpointed_blocks > 0 ? "," : " with") + " AdamW's moments in host memory";
+  if (c.offload) add("AdamW's moments in host memory");
   return s;
+}
+
+}  // namespace
+
+std::string describe_config(const MemoryEstimate& e, const LadderConfig& c) {
+  const std::string savers = savers_of(e, c);
+  return "micro-batch " + std::to_string(c.micro_batch) + (savers.empty() ? "" : " with " + savers);
 }
 
 std::string ratio_text(double r) {
@@ -46,14 +56,8 @@ void print_ladder(const MemoryEstimate& e, std::ostream& out) {
     out << "  oom_backoff's ladder at micro-batch " << e.micro_batch
         << " (each saver alone; predicted peak allocated, time per step against the recipe's):\n";
     for (const auto& c : e.rungs) {
-      std::string what = "as configured";
-      if (c.checkpointed_blocks > 0) {
-        what = std::to_string(c.checkpointed_blocks) + " of " + std::to_string(e.model_blocks) + " blocks checkpointed";
-      } else if (c.moment_bits > 0) {
-        what = "AdamW's moments in " + std::to_string(c.moment_bits) + " bits" + (c.inexact ? " (inexact)" : "");
-      } else if (c.offload) {
-        what = "AdamW's moments in host memory";
-      }
+      const std::string savers = savers_of(e, c);
+      const std::string what = savers.empty() ? "as configured" : savers;
       out << "    " << std::left << std::setw(40) << what << std::right << std::setw(12) << format_bytes(c.peak)
           << "   " << ratio_text(c.time_ratio) << "\n";
     }
