@@ -323,38 +323,10 @@ bench_one() {  # bench_one NAME FIGURE_KIND trainer-arguments...: one `trainer b
 bench_stage() {  # the benchmarks on cuda:0 (docs/gpu.md)
   # shellcheck disable=SC1091
   source "$work/env.sh"
-  # The default recipe's samples/s in fp32 and bf16 (steps after 10 of warm-up).
-  bench_one bench-precision bench bench --recipe recipes/fashion_mnist.toml \
-    --grid "plugins.mixed_precision.precision=fp32,bf16" runtime.device=cuda:0 --steps 100 --warmup 10
-  # What memory by category costs on CUDA (its trace tracker on every allocation and free): the
-  # default recipe without, then with it (the tracker stays attached once a cell attached it).
-  bench_one bench-categories bench bench --recipe recipes/fashion_mnist.toml \
-    --grid "memory.categories=false,true" runtime.device=cuda:0 --steps 100 --warmup 10
-  # trainer estimate's prediction (probes 256, 512, 1024) against the measured peak, at 2048 and
-  # 4096 held out.
-  bench_one estimate-vs-measured estimate bench --recipe recipes/fashion_mnist.toml \
-    --grid "training.micro_batch_size=512,2048,4096" training.batch_size=4096 runtime.device=cuda:0 --steps 5 --warmup 2
-  # The ViT recipe with and without activation checkpointing: step time and peak.
-  bench_one bench-vit bench bench --recipe recipes/vit_fashion_mnist.toml --grid "training.micro_batch_size=128" \
-    runtime.device=cuda:0 --steps 50 --warmup 5
-  bench_one bench-vit-checkpointed bench bench --recipe recipes/vit_fashion_mnist.toml \
-    --grid "training.micro_batch_size=128" runtime.device=cuda:0 \
-    'plugins.load=["console","mixed_precision","grad_checkpoint"]' --steps 50 --warmup 5
-  # The memory ladder's rungs on the ViT, oom_backoff started on them: the micro-batch halved,
-  # and blocks checkpointed at micro-batch 8, from where "auto" checkpoints before halving on a
-  # GPU (measured on the CPU only so far: docs/benchmarks.md, "The memory ladder").
-  bench_one ladder-vit-micro bench bench --recipe recipes/vit_fashion_mnist.toml \
-    --grid "training.micro_batch_size=128,32,8,4,2" 'plugins.load=["oom_backoff"]' runtime.device=cuda:0 \
-    --steps 20 --warmup 3
-  bench_one ladder-vit-checkpoint bench bench --recipe recipes/vit_fashion_mnist.toml \
-    --grid "plugins.oom_backoff.start_checkpointed_blocks=0,1,2,4" training.micro_batch_size=8 \
-    'plugins.load=["oom_backoff"]' runtime.device=cuda:0 --steps 20 --warmup 3
-  # The offload rung's cost: AdamW's moments streamed from host memory at each step, or not.
-  bench_one ladder-vit-offload bench bench --recipe recipes/vit_fashion_mnist.toml \
-    --grid "plugins.oom_backoff.start_offload=false,true" training.micro_batch_size=128 \
-    'plugins.load=["oom_backoff"]' runtime.device=cuda:0 --steps 20 --warmup 3
-  # The same on a wide MLP (20.0 M parameters: AdamW's moments 153 MiB, half its step's peak), and
-  # trainer estimate's offload rung (a GPU's only: its probe runs there) against its peaks.
+  # What no GPU has run yet comes first (the offload rung, memory by category's cost, the ladder),
+  # so that a visit cut short still shows it; then what earlier visits measured.
+  # The offload rung on a wide MLP (20.0 M parameters: AdamW's moments 153 MiB, half its step's
+  # peak), and trainer estimate's offload rung (a GPU's only: its probe runs there) against its peaks.
   local mlp=(--recipe recipes/fashion_mnist.toml model=mlp 'model.hidden=[4096, 4096]' 'plugins.load=["oom_backoff"]'
     runtime.device=cuda:0)
   bench_one ladder-mlp-offload bench bench "${mlp[@]}" --grid "plugins.oom_backoff.start_offload=false,true" \
@@ -370,6 +342,36 @@ bench_stage() {  # the benchmarks on cuda:0 (docs/gpu.md)
     [ "$est" -ne 124 ] || efig+="_stopped_at_the_deadline"
     record estimate-offload "$efig" "$est"
   fi
+  # The same on the ViT: AdamW's moments streamed from host memory at each step, or not.
+  bench_one ladder-vit-offload bench bench --recipe recipes/vit_fashion_mnist.toml \
+    --grid "plugins.oom_backoff.start_offload=false,true" training.micro_batch_size=128 \
+    'plugins.load=["oom_backoff"]' runtime.device=cuda:0 --steps 20 --warmup 3
+  # What memory by category costs on CUDA (its trace tracker on every allocation and free): the
+  # default recipe without, then with it (the tracker stays attached once a cell attached it).
+  bench_one bench-categories bench bench --recipe recipes/fashion_mnist.toml \
+    --grid "memory.categories=false,true" runtime.device=cuda:0 --steps 100 --warmup 10
+  # The memory ladder's rungs on the ViT, oom_backoff started on them: the micro-batch halved,
+  # and blocks checkpointed at micro-batch 8, from where "auto" checkpoints before halving on a
+  # GPU (measured on the CPU only so far: docs/benchmarks.md, "The memory ladder").
+  bench_one ladder-vit-micro bench bench --recipe recipes/vit_fashion_mnist.toml \
+    --grid "training.micro_batch_size=128,32,8,4,2" 'plugins.load=["oom_backoff"]' runtime.device=cuda:0 \
+    --steps 20 --warmup 3
+  bench_one ladder-vit-checkpoint bench bench --recipe recipes/vit_fashion_mnist.toml \
+    --grid "plugins.oom_backoff.start_checkpointed_blocks=0,1,2,4" training.micro_batch_size=8 \
+    'plugins.load=["oom_backoff"]' runtime.device=cuda:0 --steps 20 --warmup 3
+  # The default recipe's samples/s in fp32 and bf16 (steps after 10 of warm-up).
+  bench_one bench-precision bench bench --recipe recipes/fashion_mnist.toml \
+    --grid "plugins.mixed_precision.precision=fp32,bf16" runtime.device=cuda:0 --steps 100 --warmup 10
+  # trainer estimate's prediction (probes 256, 512, 1024) against the measured peak, at 2048 and
+  # 4096 held out.
+  bench_one estimate-vs-measured estimate bench --recipe recipes/fashion_mnist.toml \
+    --grid "training.micro_batch_size=512,2048,4096" training.batch_size=4096 runtime.device=cuda:0 --steps 5 --warmup 2
+  # The ViT recipe with and without activation checkpointing: step time and peak.
+  bench_one bench-vit bench bench --recipe recipes/vit_fashion_mnist.toml --grid "training.micro_batch_size=128" \
+    runtime.device=cuda:0 --steps 50 --warmup 5
+  bench_one bench-vit-checkpointed bench bench --recipe recipes/vit_fashion_mnist.toml \
+    --grid "training.micro_batch_size=128" runtime.device=cuda:0 \
+    'plugins.load=["console","mixed_precision","grad_checkpoint"]' --steps 50 --warmup 5
   # trainer's step against the hand-written LibTorch loop, same model and data, fp32.
   if [ "$(left)" -lt 60 ]; then
     skip peer-trainer-vs-libtorch "no time left in the visit"
