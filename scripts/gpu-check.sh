@@ -29,9 +29,12 @@
 # TORCH_DIR (a torch package directory; default: the one python3 imports), TRAINER_GPU_DEADLINE
 # (seconds every stage must end within; `visit` only unless set), TRAINER_GPU_TARGETS (`build`:
 # these targets only, separated by spaces), TRAINER_GPU_BENCH=0 (`visit`: no benchmarks, so that
-# the suite gets their time), TRAINER_GPU_PASSED (files, separated by colons, naming tests that
-# passed on a GPU before, one per line: the suite leaves them out; each run writes the tests that
-# passed to OUT_DIR/tests-passed.txt).
+# the suite gets their time; `new`: only those no GPU has passed yet), TRAINER_GPU_PASSED (files,
+# separated by colons, naming tests that passed on a GPU before, one per line: the suite leaves
+# them out; a file that is not there is passed over; each run writes the tests that passed to
+# OUT_DIR/tests-passed.txt), TRAINER_GPU_CONTINUE (the summary.txt of a call before on this
+# machine: what passed there is not done again, a build only while its folder and env.sh are
+# still there, and the suite leaves out the tests-passed.txt beside that summary too).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -56,6 +59,15 @@ check() {  # check NAME FIGURE STATUS: one line of the summary
 }
 skip() {  # skip NAME REASON
   printf 'SKIP %s %s\n' "$1" "$2" | tee -a "$summary"
+}
+before=${TRAINER_GPU_CONTINUE:-}
+[ -z "$before" ] || before=$(realpath -m "$before")
+if [ -n "$before" ] && [ "$(dirname "$before")" = "$out" ]; then
+  echo "gpu-check: TRAINER_GPU_CONTINUE=$before is in this call's OUT_DIR, whose summary and lists it rewrites: give the call another OUT_DIR" >&2
+  exit 2
+fi
+passed_before() {  # passed_before NAME: NAME is a PASS line of the call before (TRAINER_GPU_CONTINUE)
+  [ -n "$before" ] && [ -f "$before" ] && grep -q "^PASS $1 " "$before"
 }
 left() {  # seconds left before the deadline (a large number without one)
   if [ -n "$deadline" ]; then echo $((deadline - $(date +%s))); else echo 1000000; fi
@@ -126,6 +138,10 @@ finish() {  # figures.json, and the exit status
 build_stage() {  # build_stage NAME [TARGET...]: unpack, configure and build (every target by default)
   local name=$1 start status=0
   shift
+  if passed_before "$name" && [ -f "$work/env.sh" ] && [ -f "$build/CMakeCache.txt" ]; then
+    skip "$name" "passed in the call before ($before); its build is still in $build"
+    return
+  fi
   [ -f "$bundle" ] || { echo "gpu-check: no bundle at $bundle: run scripts/gpu-bundle.sh on a machine with Debian's archive" >&2; exit 2; }
   if [ ! -f "$prefix/.unpacked" ] || [ "$bundle" -nt "$prefix/.unpacked" ]; then
     rm -rf "$prefix"
@@ -220,6 +236,11 @@ cuda_stage() {  # the `cuda` tests, one at a time (they measure the GPU's memory
   # shellcheck disable=SC1091
   source "$work/env.sh"
   local start status=0 figure
+  if passed_before cuda-tests && passed_before trainer-mem; then
+    skip cuda-tests "passed in the call before ($before)"
+    skip trainer-mem "passed in the call before ($before)"
+    return
+  fi
   start=$(date +%s)
   bounded 300 ctest --test-dir "$build" --output-on-failure -L '^cuda$' >"$out/cuda-tests.log" 2>&1 || status=$?
   if [ "$proving" -eq 1 ]; then
@@ -259,8 +280,9 @@ suite_stage() {  # the test suite but the `cuda` tests and what the GPU machine 
     skip tests:chromium "no headless Chromium"
   fi
   if [ -z "${TRAINER_GPU_PYPI:-}" ] && [ "$proving" -eq 0 ]; then
-    # The MLflow server and Hugging Face's libraries come from PyPI into virtual environments
-    # (fixtures): every test that needs one, directly or through another fixture.
+    # The fixtures labelled `pypi` take packages from PyPI (the MLflow server, TensorBoard, Hugging
+    # Face's libraries, torch's memory viewer): every test that needs one, directly or through
+    # another fixture.
     local pypi=
     if ! ctest --test-dir "$build" --show-only=json-v1 >"$work/tests.json" ||
       ! pypi=$(python3 "$root/scripts/gpu_figures.py" pypi-tests "$work/tests.json"); then
@@ -268,10 +290,19 @@ suite_stage() {  # the test suite but the `cuda` tests and what the GPU machine 
       pypi=
     fi
     [ -z "$pypi" ] || exclude+="|$pypi"
-    [ -z "$pypi" ] || skip tests:pypi "$(($(echo "$pypi" | tr -cd '|' | wc -c) + 1)) tests need a virtual environment from PyPI (MLflow, Hugging Face's libraries; set TRAINER_GPU_PYPI=1 where PyPI is reachable)"
+    [ -z "$pypi" ] || skip tests:pypi "$(($(echo "$pypi" | tr -cd '|' | wc -c) + 1)) tests need packages from PyPI (MLflow, TensorBoard, Hugging Face's libraries, torch's memory viewer; set TRAINER_GPU_PYPI=1 where PyPI is reachable)"
   fi
-  local select=(-LE '^cuda$' -E "$exclude")
-  if [ -n "${TRAINER_GPU_PASSED:-}" ]; then
+  local select=(-LE '^cuda$' -E "$exclude") passed=() f
+  # The lists of tests that passed before: those named, and the call before's; one that is not
+  # there (a call that did not reach the suite writes none) is passed over.
+  IFS=: read -r -a passed <<<"${TRAINER_GPU_PASSED:-}"
+  [ -z "$before" ] || passed+=("$(dirname "$before")/tests-passed.txt")
+  TRAINER_GPU_PASSED=
+  for f in "${passed[@]}"; do
+    [ -n "$f" ] || continue
+    if [ -f "$f" ]; then TRAINER_GPU_PASSED+="${TRAINER_GPU_PASSED:+:}$f"; else echo "gpu-check: no list $f: passed over" >&2; fi
+  done
+  if [ -n "$TRAINER_GPU_PASSED" ]; then
     # Tests that passed on a GPU before (the files' names, one per line): left out, so that a
     # visit reaches the tests no visit has run yet. The others are selected by number (-I): a
     # list of numbers has no size limit, ctest's -E expressions have one. The list leaves out
@@ -310,6 +341,10 @@ suite_stage() {  # the test suite but the `cuda` tests and what the GPU machine 
 bench_one() {  # bench_one NAME FIGURE_KIND trainer-arguments...: one `trainer bench`, its CSV and figure
   local name=$1 kind=$2 st=0 fig
   shift 2
+  if passed_before "$name"; then
+    skip "$name" "passed in the call before ($before)"
+    return
+  fi
   if [ "$(left)" -lt 30 ]; then
     skip "$name" "no time left in the visit"
     return
@@ -331,14 +366,18 @@ bench_stage() {  # the benchmarks on cuda:0 (docs/gpu.md)
     runtime.device=cuda:0)
   bench_one ladder-mlp-offload bench bench "${mlp[@]}" --grid "plugins.oom_backoff.start_offload=false,true" \
     --steps 10 --warmup 3
-  if [ "$(left)" -lt 30 ]; then
+  if passed_before estimate-offload; then
+    skip estimate-offload "passed in the call before ($before)"
+  elif [ "$(left)" -lt 30 ]; then
     skip estimate-offload "no time left in the visit"
   else
-    local est=0 efig
+    local est=0 efig measured=$out/ladder-mlp-offload.csv
+    # (The measured peaks of the call before, when ladder-mlp-offload passed there.)
+    [ -f "$measured" ] || [ -z "$before" ] || measured=$(dirname "$before")/ladder-mlp-offload.csv
     bounded 180 "$build/core/cli/trainer" estimate "${mlp[@]}" --json >"$out/estimate-offload.json" \
       2>"$out/estimate-offload.log" || est=$?
     efig=$(python3 "$root/scripts/gpu_figures.py" estimate-offload "$out/estimate-offload.json" \
-      "$out/ladder-mlp-offload.csv" 2>&1) || { [ "$est" -ne 0 ] || est=1; }
+      "$measured" 2>&1) || { [ "$est" -ne 0 ] || est=1; }
     [ "$est" -ne 124 ] || efig+="_stopped_at_the_deadline"
     record estimate-offload "$efig" "$est"
   fi
@@ -359,6 +398,10 @@ bench_stage() {  # the benchmarks on cuda:0 (docs/gpu.md)
   bench_one ladder-vit-checkpoint bench bench --recipe recipes/vit_fashion_mnist.toml \
     --grid "plugins.oom_backoff.start_checkpointed_blocks=0,1,2,4" training.micro_batch_size=8 \
     'plugins.load=["oom_backoff"]' runtime.device=cuda:0 --steps 20 --warmup 3
+  if [ "${TRAINER_GPU_BENCH:-1}" = new ]; then
+    skip bench:measured-before "TRAINER_GPU_BENCH=new: bench-precision, estimate-vs-measured, bench-vit, bench-vit-checkpointed and peer-trainer-vs-libtorch passed on a GPU before (docs/gpu.md)"
+    return
+  fi
   # The default recipe's samples/s in fp32 and bf16 (steps after 10 of warm-up).
   bench_one bench-precision bench bench --recipe recipes/fashion_mnist.toml \
     --grid "plugins.mixed_precision.precision=fp32,bf16" runtime.device=cuda:0 --steps 100 --warmup 10
@@ -373,6 +416,10 @@ bench_stage() {  # the benchmarks on cuda:0 (docs/gpu.md)
     --grid "training.micro_batch_size=128" runtime.device=cuda:0 \
     'plugins.load=["console","mixed_precision","grad_checkpoint"]' --steps 50 --warmup 5
   # trainer's step against the hand-written LibTorch loop, same model and data, fp32.
+  if passed_before peer-trainer-vs-libtorch; then
+    skip peer-trainer-vs-libtorch "passed in the call before ($before)"
+    return
+  fi
   if [ "$(left)" -lt 60 ]; then
     skip peer-trainer-vs-libtorch "no time left in the visit"
     return

@@ -20,8 +20,12 @@
   gpu_figures.py json OUT_DIR        OUT_DIR/figures.json: the machine and every check of
                                      OUT_DIR/summary.txt with its figure
   gpu_figures.py pypi-tests JSON     `ctest --show-only=json-v1`: a `ctest -E` expression of the
-                                     tests that need a virtual environment from PyPI (the fixtures
-                                     PYPI_FIXTURES set up), directly or through another fixture
+                                     tests that need PyPI (the tests labelled `pypi`, which set up
+                                     virtual environments, and what needs their fixtures, directly
+                                     or through another fixture)
+  gpu_figures.py pypi-labels JSON    `ctest --show-only=json-v1`: every test whose command runs a
+                                     shell script that calls pip is among pypi-tests'
+                                     (exit 1 naming those that are not: a `pypi` label missing)
   gpu_figures.py passed-tests LOG    a ctest log: the tests that passed, one per line
   gpu_figures.py passed-index JSON:FILES EXCLUDE LABEL_EXCLUDE
                                      `ctest --show-only=json-v1` and files naming tests: a `ctest -I`
@@ -30,7 +34,7 @@
                                      which must not go with -I: ctest numbers -I among the tests
                                      they leave, not among all)
 
-Each command but `json`, `pypi-tests`, `passed-tests` and `passed-index` prints one line, the figure, for the summary.
+Each command but `json`, `pypi-tests`, `pypi-labels`, `passed-tests` and `passed-index` prints one line, the figure, for the summary.
 """
 import csv
 import json
@@ -198,22 +202,24 @@ def to_json(out_dir):
         f.write("\n")
 
 
-# The fixtures whose setup installs packages from PyPI into a virtual environment.
-PYPI_FIXTURES = ("hf_venv", "mlflow_venv")
+# The label of the tests that take packages from PyPI (the fixtures that set up virtual
+# environments or download a wheel): a GPU machine has no network.
+PYPI_LABEL = "pypi"
 
 
-def pypi_tests(path):
-    tests = json.load(open(path))["tests"]
+def prop(test, name):
+    for p in test.get("properties", []):
+        if p["name"] == name:
+            return set(p["value"] if isinstance(p["value"], list) else [p["value"]])
+    return set()
 
-    def prop(test, name):
-        for p in test.get("properties", []):
-            if p["name"] == name:
-                return set(p["value"] if isinstance(p["value"], list) else [p["value"]])
-        return set()
 
-    # A test that sets up or needs a fixture that needs PyPI needs it too, and so does every
-    # test of a fixture that test sets up, until nothing changes.
-    needed, names = set(PYPI_FIXTURES), set()
+def pypi_names(tests):
+    # The tests labelled `pypi` need PyPI; a test that sets up or needs a fixture one of them
+    # sets up needs it too, and so does every test of a fixture that test sets up, until
+    # nothing changes.
+    names = {t["name"] for t in tests if PYPI_LABEL in prop(t, "LABELS")}
+    needed = set().union(*(prop(t, "FIXTURES_SETUP") for t in tests if t["name"] in names))
     changed = True
     while changed:
         changed = False
@@ -224,8 +230,32 @@ def pypi_tests(path):
                 names.add(t["name"])
                 needed |= prop(t, "FIXTURES_SETUP")
                 changed = True
+    return names
+
+
+def pypi_tests(path):
+    names = pypi_names(json.load(open(path))["tests"])
     if names:
         print(name_regex(names))
+
+
+# A shell script's line (not a comment) that takes packages from PyPI: pip's install or download.
+PIP_CALL = re.compile(r"^(?!\s*#).*\bpip[0-9.]*\"?\s+(install|download)\b", re.MULTILINE)
+
+
+def pypi_labels(path):
+    tests = json.load(open(path))["tests"]
+    known = pypi_names(tests)
+    missing = []
+    for t in tests:
+        for arg in t.get("command", []):
+            if arg.endswith(".sh") and os.path.isfile(arg):
+                with open(arg, errors="replace") as f:
+                    if PIP_CALL.search(f.read()) and t["name"] not in known:
+                        missing.append(f"{t['name']} ({arg} calls pip)")
+    if missing:
+        sys.exit("tests that take packages from PyPI without the `pypi` label, or a fixture of one: "
+                 + "; ".join(missing))
 
 
 def name_regex(names):
@@ -287,7 +317,8 @@ def passed_index(args, exclude="", label_exclude=""):
 
 def main():
     commands = {"cuda-tests": cuda_tests, "mem": mem, "peer": peer, "bench": bench, "estimate": estimate,
-                "estimate-offload": estimate_offload, "json": to_json, "pypi-tests": pypi_tests, "passed-index": passed_index,
+                "estimate-offload": estimate_offload, "json": to_json, "pypi-tests": pypi_tests, "pypi-labels": pypi_labels,
+                "passed-index": passed_index,
                 "passed-tests": passed_tests}
     extra = {"passed-index": 2, "estimate-offload": 1}.get(sys.argv[1] if len(sys.argv) > 1 else "", 0)
     if len(sys.argv) != 3 + extra or sys.argv[1] not in commands:

@@ -129,10 +129,12 @@ class GpuFigures(unittest.TestCase):
         def test(name, **props):
             return {"name": name, "properties": [{"name": k, "value": v} for k, v in props.items()]}
         tests = {"tests": [
-            test("fixture.hf_venv", FIXTURES_SETUP=["hf_venv"], LABELS=["integration"]),
+            test("fixture.hf_venv", FIXTURES_SETUP=["hf_venv"], LABELS=["integration", "pypi"]),
             test("fixture.hf_models", FIXTURES_SETUP=["hf_models"], FIXTURES_REQUIRED=["hf_venv"]),
             test("Bert.LoadsTheirWeights", FIXTURES_REQUIRED=["hf_models"]),
-            test("fixture.mlflow_venv", FIXTURES_SETUP=["mlflow_venv"]),
+            test("fixture.mlflow_venv", FIXTURES_SETUP=["mlflow_venv"], LABELS="pypi"),
+            test("fixture.viz", FIXTURES_SETUP=["viz"], LABELS=["integration"]),
+            test("Viz.Reads", FIXTURES_REQUIRED=["viz"]),
             test("fixture.mlflow_server_start", FIXTURES_SETUP=["mlflow_server"], FIXTURES_REQUIRED=["mlflow_venv"]),
             test("fixture.mlflow_server_stop", FIXTURES_CLEANUP=["mlflow_server"]),
             test("Mlflow.Logs/cpu", FIXTURES_REQUIRED=["mlflow_server"]),
@@ -144,6 +146,30 @@ class GpuFigures(unittest.TestCase):
         self.assertEqual(code, 0)
         self.assertEqual(regex, r"^(Bert\.LoadsTheirWeights|Mlflow\.Logs/cpu|fixture\.hf_models|fixture\.hf_venv|"
                                 r"fixture\.mlflow_server_start|fixture\.mlflow_server_stop|fixture\.mlflow_venv)$")
+
+    def test_pypi_labels_name_a_test_whose_script_calls_pip_outside_them(self):
+        venv = self.write("venv.sh", "#!/bin/sh\n# pip from a venv\n\"$1/bin/pip\" install --quiet x==1\n")
+        wheel = self.write("wheel.sh", "#!/bin/sh\n\"$1/bin/pip\" download --no-deps y==2 -d \"$2\"\n")
+        plain = self.write("plain.py", "print('pip is not called here')\n")
+
+        def test(name, command, **props):
+            return {"name": name, "command": command,
+                    "properties": [{"name": k, "value": v} for k, v in props.items()]}
+        tests = [
+            test("fixture.venv", [venv, "/tmp/v"], FIXTURES_SETUP=["venv"], LABELS=["integration", "pypi"]),
+            test("fixture.start", ["/bin/sh", venv, "start"], FIXTURES_SETUP=["server"], FIXTURES_REQUIRED=["venv"]),
+            test("Plain.Runs", ["/usr/bin/python3", plain]),
+        ]
+        self.assertEqual(self.figure("pypi-labels", self.write("t.json", json.dumps({"tests": tests}))), (0, ""))
+        tests.append(test("fixture.wheel", ["/bin/sh", wheel, "/tmp/w", "/tmp/d"], FIXTURES_SETUP=["wheel"],
+                          LABELS="integration"))
+        r = subprocess.run([sys.executable, SCRIPT, "pypi-labels", self.write("t.json", json.dumps({"tests": tests}))],
+                           capture_output=True, text=True)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn(f"fixture.wheel ({wheel} calls pip)", r.stderr)
+        self.assertNotIn("fixture.start", r.stderr)
+        tests[-1]["properties"][1]["value"] = ["integration", "pypi"]
+        self.assertEqual(self.figure("pypi-labels", self.write("t.json", json.dumps({"tests": tests})))[0], 0)
 
     def test_passed_tests_are_read_from_the_log_and_left_out_by_name(self):
         log = self.write("test.log", "\n".join([
