@@ -33,8 +33,9 @@
 # separated by colons, naming tests that passed on a GPU before, one per line: the suite leaves
 # them out; a file that is not there is passed over; each run writes the tests that passed to
 # OUT_DIR/tests-passed.txt), TRAINER_GPU_CONTINUE (the summary.txt of a call before on this
-# machine: what passed there is not done again, a build only while its folder and env.sh are
-# still there, and the suite leaves out the tests-passed.txt beside that summary too).
+# machine: what passed there, or was left out there as passed before, is not done again, a bench's
+# CSV copied along; a build only while its folder and env.sh are still there, configured from
+# this repository folder; the suite also leaves out the tests-passed.txt beside that summary).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -62,12 +63,17 @@ skip() {  # skip NAME REASON
 }
 before=${TRAINER_GPU_CONTINUE:-}
 [ -z "$before" ] || before=$(realpath -m "$before")
-if [ -n "$before" ] && [ "$(dirname "$before")" = "$out" ]; then
+if [ -n "$before" ] && { [ "$(dirname "$before")" = "$out" ] || [ "$before" = "$out" ]; }; then
   echo "gpu-check: TRAINER_GPU_CONTINUE=$before is in this call's OUT_DIR, whose summary and lists it rewrites: give the call another OUT_DIR" >&2
   exit 2
 fi
-passed_before() {  # passed_before NAME: NAME is a PASS line of the call before (TRAINER_GPU_CONTINUE)
-  [ -n "$before" ] && [ -f "$before" ] && grep -q "^PASS $1 " "$before"
+if [ -n "$before" ] && [ ! -f "$before" ]; then
+  # A machine started afresh has no summary of a call before: everything runs, as in a first call.
+  echo "gpu-check: TRAINER_GPU_CONTINUE=$before: no such file; nothing is left out" >&2
+fi
+passed_before() {  # passed_before NAME: NAME passed in the call before (TRAINER_GPU_CONTINUE), or
+  # was left out there as passed in the one before it
+  [ -n "$before" ] && [ -f "$before" ] && grep -Eq "^(PASS $1 |SKIP $1 passed in the call before)" "$before"
 }
 left() {  # seconds left before the deadline (a large number without one)
   if [ -n "$deadline" ]; then echo $((deadline - $(date +%s))); else echo 1000000; fi
@@ -138,7 +144,8 @@ finish() {  # figures.json, and the exit status
 build_stage() {  # build_stage NAME [TARGET...]: unpack, configure and build (every target by default)
   local name=$1 start status=0
   shift
-  if passed_before "$name" && [ -f "$work/env.sh" ] && [ -f "$build/CMakeCache.txt" ]; then
+  if passed_before "$name" && [ -f "$work/env.sh" ] &&
+    grep -qx "CMAKE_HOME_DIRECTORY:INTERNAL=$root" "$build/CMakeCache.txt" 2>/dev/null; then
     skip "$name" "passed in the call before ($before); its build is still in $build"
     return
   fi
@@ -342,6 +349,8 @@ bench_one() {  # bench_one NAME FIGURE_KIND trainer-arguments...: one `trainer b
   local name=$1 kind=$2 st=0 fig
   shift 2
   if passed_before "$name"; then
+    # Its CSV comes along (estimate-offload reads ladder-mlp-offload's).
+    [ ! -f "$(dirname "$before")/$name.csv" ] || cp "$(dirname "$before")/$name.csv" "$out/"
     skip "$name" "passed in the call before ($before)"
     return
   fi
@@ -371,13 +380,11 @@ bench_stage() {  # the benchmarks on cuda:0 (docs/gpu.md)
   elif [ "$(left)" -lt 30 ]; then
     skip estimate-offload "no time left in the visit"
   else
-    local est=0 efig measured=$out/ladder-mlp-offload.csv
-    # (The measured peaks of the call before, when ladder-mlp-offload passed there.)
-    [ -f "$measured" ] || [ -z "$before" ] || measured=$(dirname "$before")/ladder-mlp-offload.csv
+    local est=0 efig
     bounded 180 "$build/core/cli/trainer" estimate "${mlp[@]}" --json >"$out/estimate-offload.json" \
       2>"$out/estimate-offload.log" || est=$?
     efig=$(python3 "$root/scripts/gpu_figures.py" estimate-offload "$out/estimate-offload.json" \
-      "$measured" 2>&1) || { [ "$est" -ne 0 ] || est=1; }
+      "$out/ladder-mlp-offload.csv" 2>&1) || { [ "$est" -ne 0 ] || est=1; }
     [ "$est" -ne 124 ] || efig+="_stopped_at_the_deadline"
     record estimate-offload "$efig" "$est"
   fi
