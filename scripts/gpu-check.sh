@@ -72,8 +72,12 @@ if [ -n "$before" ] && [ ! -f "$before" ]; then
   echo "gpu-check: TRAINER_GPU_CONTINUE=$before: no such file; nothing is left out" >&2
 fi
 passed_before() {  # passed_before NAME: NAME passed in the call before (TRAINER_GPU_CONTINUE), or
-  # was left out there as passed in the one before it
+  # was left out there as passed in the one before it (skip_passed's line)
   [ -n "$before" ] && [ -f "$before" ] && grep -Eq "^(PASS $1 |SKIP $1 passed in the call before)" "$before"
+}
+skip_passed() {  # skip_passed NAME [MORE]: a SKIP line for NAME when it passed before (status 0), else status 1
+  passed_before "$1" || return 1
+  skip "$1" "passed in the call before ($before)${2:-}"
 }
 left() {  # seconds left before the deadline (a large number without one)
   if [ -n "$deadline" ]; then echo $((deadline - $(date +%s))); else echo 1000000; fi
@@ -144,9 +148,8 @@ finish() {  # figures.json, and the exit status
 build_stage() {  # build_stage NAME [TARGET...]: unpack, configure and build (every target by default)
   local name=$1 start status=0
   shift
-  if passed_before "$name" && [ -f "$work/env.sh" ] &&
-    grep -qx "CMAKE_HOME_DIRECTORY:INTERNAL=$root" "$build/CMakeCache.txt" 2>/dev/null; then
-    skip "$name" "passed in the call before ($before); its build is still in $build"
+  if [ -f "$work/env.sh" ] && grep -qx "CMAKE_HOME_DIRECTORY:INTERNAL=$root" "$build/CMakeCache.txt" 2>/dev/null &&
+    skip_passed "$name" "; its build is still in $build"; then
     return
   fi
   [ -f "$bundle" ] || { echo "gpu-check: no bundle at $bundle: run scripts/gpu-bundle.sh on a machine with Debian's archive" >&2; exit 2; }
@@ -244,8 +247,8 @@ cuda_stage() {  # the `cuda` tests, one at a time (they measure the GPU's memory
   source "$work/env.sh"
   local start status=0 figure
   if passed_before cuda-tests && passed_before trainer-mem; then
-    skip cuda-tests "passed in the call before ($before)"
-    skip trainer-mem "passed in the call before ($before)"
+    skip_passed cuda-tests
+    skip_passed trainer-mem
     return
   fi
   start=$(date +%s)
@@ -299,35 +302,34 @@ suite_stage() {  # the test suite but the `cuda` tests and what the GPU machine 
     [ -z "$pypi" ] || exclude+="|$pypi"
     [ -z "$pypi" ] || skip tests:pypi "$(($(echo "$pypi" | tr -cd '|' | wc -c) + 1)) tests need packages from PyPI (MLflow, TensorBoard, Hugging Face's libraries, torch's memory viewer; set TRAINER_GPU_PYPI=1 where PyPI is reachable)"
   fi
-  local select=(-LE '^cuda$' -E "$exclude") passed=() f
+  local select=(-LE '^cuda$' -E "$exclude") passed=() f lists=
   # The lists of tests that passed before: those named, and the call before's; one that is not
   # there (a call that did not reach the suite writes none) is passed over.
   IFS=: read -r -a passed <<<"${TRAINER_GPU_PASSED:-}"
   [ -z "$before" ] || passed+=("$(dirname "$before")/tests-passed.txt")
-  TRAINER_GPU_PASSED=
   for f in "${passed[@]}"; do
     [ -n "$f" ] || continue
-    if [ -f "$f" ]; then TRAINER_GPU_PASSED+="${TRAINER_GPU_PASSED:+:}$f"; else echo "gpu-check: no list $f: passed over" >&2; fi
+    if [ -f "$f" ]; then lists+="${lists:+:}$f"; else echo "gpu-check: no list $f: passed over" >&2; fi
   done
-  if [ -n "$TRAINER_GPU_PASSED" ]; then
+  if [ -n "$lists" ]; then
     # Tests that passed on a GPU before (the files' names, one per line): left out, so that a
     # visit reaches the tests no visit has run yet. The others are selected by number (-I): a
     # list of numbers has no size limit, ctest's -E expressions have one. The list leaves out
     # what -LE and -E would, and goes alone: ctest numbers -I among the tests -LE and -E leave.
     local index
     if ! ctest --test-dir "$build" --show-only=json-v1 >"$work/tests-all.json" ||
-      ! index=$(python3 "$root/scripts/gpu_figures.py" passed-index "$work/tests-all.json:$TRAINER_GPU_PASSED" \
+      ! index=$(python3 "$root/scripts/gpu_figures.py" passed-index "$work/tests-all.json:$lists" \
         "$exclude" '^cuda$'); then
-      record tests:passed-before "could_not_read_$TRAINER_GPU_PASSED" 1
+      record tests:passed-before "could_not_read_$lists" 1
       index=
     fi
     if [ "$index" = none ]; then
-      skip tests "every test passed on a GPU before ($TRAINER_GPU_PASSED)"
+      skip tests "every test passed on a GPU before ($lists)"
       return
     fi
     if [ -n "$index" ]; then
       select=(-I "$index")
-      skip tests:passed-before "the tests named in $TRAINER_GPU_PASSED passed on a GPU before"
+      skip tests:passed-before "the tests named in $lists passed on a GPU before"
     fi
   fi
   start=$(date +%s)
@@ -348,10 +350,9 @@ suite_stage() {  # the test suite but the `cuda` tests and what the GPU machine 
 bench_one() {  # bench_one NAME FIGURE_KIND trainer-arguments...: one `trainer bench`, its CSV and figure
   local name=$1 kind=$2 st=0 fig
   shift 2
-  if passed_before "$name"; then
+  if skip_passed "$name"; then
     # Its CSV comes along (estimate-offload reads ladder-mlp-offload's).
     [ ! -f "$(dirname "$before")/$name.csv" ] || cp "$(dirname "$before")/$name.csv" "$out/"
-    skip "$name" "passed in the call before ($before)"
     return
   fi
   if [ "$(left)" -lt 30 ]; then
@@ -375,8 +376,8 @@ bench_stage() {  # the benchmarks on cuda:0 (docs/gpu.md)
     runtime.device=cuda:0)
   bench_one ladder-mlp-offload bench bench "${mlp[@]}" --grid "plugins.oom_backoff.start_offload=false,true" \
     --steps 10 --warmup 3
-  if passed_before estimate-offload; then
-    skip estimate-offload "passed in the call before ($before)"
+  if skip_passed estimate-offload; then
+    :
   elif [ "$(left)" -lt 30 ]; then
     skip estimate-offload "no time left in the visit"
   else
@@ -423,10 +424,7 @@ bench_stage() {  # the benchmarks on cuda:0 (docs/gpu.md)
     --grid "training.micro_batch_size=128" runtime.device=cuda:0 \
     'plugins.load=["console","mixed_precision","grad_checkpoint"]' --steps 50 --warmup 5
   # trainer's step against the hand-written LibTorch loop, same model and data, fp32.
-  if passed_before peer-trainer-vs-libtorch; then
-    skip peer-trainer-vs-libtorch "passed in the call before ($before)"
-    return
-  fi
+  skip_passed peer-trainer-vs-libtorch && return
   if [ "$(left)" -lt 60 ]; then
     skip peer-trainer-vs-libtorch "no time left in the visit"
     return

@@ -300,9 +300,7 @@ def passed_index(args, exclude="", label_exclude=""):
     def dropped(test):
         if exclude and re.search(exclude, test["name"]):
             return True
-        labels = [p["value"] for p in test.get("properties", []) if p["name"] == "LABELS"]
-        labels = [label for value in labels for label in (value if isinstance(value, list) else [value])]
-        return bool(label_exclude) and any(re.search(label_exclude, label) for label in labels)
+        return bool(label_exclude) and any(re.search(label_exclude, label) for label in prop(test, "LABELS"))
 
     # A test is named by its name's first word: gtest's value-parameterised tests are named
     # `Suite.Test/param  # GetParam() = ...`, and the log (passed-tests) keeps that word.
