@@ -17,10 +17,10 @@ namespace trainer::detail {
 std::vector<float> dynamic_quant_map(bool is_signed) {
   // bitsandbytes.functional.create_dynamic_map(signed, max_exponent_bits=7, total_bits=8): the
   // midpoints of linspace(0.1, 1, items), times 10^e. Computed in double and rounded to float
-  // once, not with torch's float32 linspace as bitsandbytes does: that one's last bit depends on
-  // the LibTorch version and on the CPU's vector width (1.13 and 2.11 differ in 90 of the 256
-  // entries by one unit in the last place), and the map must be the same wherever a checkpoint's
-  // codes are read.
+  // once, not with torch's float32 linspace as bitsandbytes does: that one's last bits depend on
+  // the LibTorch version (Debian's 1.13 and PyPI's 2.11 differ in 42 of the signed map's 256
+  // entries and 43 of the unsigned map's, by up to two units in the last place), and the map must
+  // be the same wherever a checkpoint's codes are read.
   constexpr int kExponentBits = 7, kNonSignBits = 7;
   constexpr double kPowers[kExponentBits] = {1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0};  // Python's 10 ** e
   std::vector<float> data;
