@@ -171,7 +171,6 @@ BenchReport run_bench(const BenchRequest& req, std::ostream& progress) {
     memory_keys.push_back(memory_key(overrides, p));
     report.cells.push_back(std::move(c));
   }
-  const std::string base = req.work_dir.empty() ? std::filesystem::temp_directory_path().string() : req.work_dir;
   // Cells that differ only in their batch sizes (and keys that change no memory) share one
   // estimate (its fit covers every size), probed for the largest micro-batch among them.
   std::map<std::string, std::int64_t> largest_micro;
@@ -195,7 +194,7 @@ BenchReport run_bench(const BenchRequest& req, std::ostream& progress) {
           er.overrides = all;
           er.plugin_dirs = req.plugin_dirs;
           er.margin = req.margin;
-          er.work_dir = base;
+          er.work_dir = req.work_dir;
           er.probe_sizes = default_probe_sizes(largest_micro[key]);
           it = estimates.emplace(key, estimate_memory(er)).first;
         }
@@ -233,7 +232,8 @@ BenchReport run_bench(const BenchRequest& req, std::ostream& progress) {
       spec.steps = req.warmup + req.steps;
       spec.keep_budget = true;
       spec.keep_oom_backoff = true;
-      spec.run_dir = base + "/trainer-bench-" + std::to_string(::getpid()) + "-cell-" + std::to_string(i);
+      spec.work_dir = req.work_dir;
+      spec.label = "bench-cell-" + std::to_string(i);
       const ShortRunResult r = run_short(spec);
       if (report.device.empty()) report.device = r.device;
       c.out_of_memory = r.out_of_memory;

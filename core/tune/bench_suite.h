@@ -34,7 +34,9 @@ struct BenchRequest {
   std::int64_t warmup = 2;  ///< steps run first and not measured
   bool estimate = true;     ///< predict each cell's memory and skip those that cannot fit
   double margin = 0.10;     ///< the estimate's margin
-  std::string work_dir;     ///< the cells' run directories (removed after each cell)
+  /// Where each cell's run directory is made, private (mkdtemp, mode 0700) and removed after the
+  /// cell (ShortRunSpec::work_dir); empty: $TMPDIR.
+  std::string work_dir;
 };
 
 /// How a bench cell ended; its name ("predicted_oom") is the table's status column.

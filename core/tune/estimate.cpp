@@ -15,11 +15,6 @@
 
 namespace trainer::tune {
 
-std::string probe_dir(const EstimateRequest& r, const std::string& what) {
-  const std::string base = r.work_dir.empty() ? std::filesystem::temp_directory_path().string() : r.work_dir;
-  return base + "/trainer-estimate-" + std::to_string(::getpid()) + "-" + what;
-}
-
 RecipeFacts recipe_facts(const EstimateRequest& r) {
   const PreparedRun p = prepare_run(r.recipe, r.overrides, r.plugin_dirs);
   RecipeFacts f;
@@ -175,7 +170,8 @@ void find_max_batch(const EstimateRequest& request, MemoryEstimate& e) {
     spec.micro_batch = m;
     spec.steps = request.probe_steps;
     spec.keep_budget = true;
-    spec.run_dir = probe_dir(request, "search-" + std::to_string(m));
+    spec.work_dir = request.work_dir;
+    spec.label = "estimate-search-" + std::to_string(m);
     const ShortRunResult r = run_short(spec);
     const bool ok = r.exit_code == 0 && !r.out_of_memory;
     TRAINER_CHECK(ok || r.out_of_memory, "the search step at micro-batch ", m, " failed: ", r.message);

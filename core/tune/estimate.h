@@ -78,7 +78,9 @@ struct EstimateRequest {
   std::vector<std::int64_t> probe_sizes;
   std::int64_t probe_steps = 3;  ///< steps per probe (the first steps create optimizer state, fill the read-ahead)
   double margin = 0.10;          ///< the fraction of the limit kept free
-  std::string work_dir;          ///< probe run directories go here (each removed after its run)
+  /// Where each probe's run directory is made, private (mkdtemp, mode 0700) and removed after
+  /// its run (ShortRunSpec::work_dir); empty: $TMPDIR.
+  std::string work_dir;
   /// Sequence lengths probed (dataset.max_length with dataset.padding = "max_length"), at
   /// least three distinct; empty: no length axis.
   std::vector<std::int64_t> lengths;

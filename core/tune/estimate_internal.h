@@ -10,8 +10,6 @@
 
 namespace trainer::tune {
 
-std::string probe_dir(const EstimateRequest& r, const std::string& what);
-
 /// The recipe's batch and micro-batch, and the limit it runs under (or the device's).
 struct RecipeFacts {
   std::int64_t batch = 0, micro = 0;

@@ -101,8 +101,9 @@ void probe_ladder(const EstimateRequest& request, const RecipeFacts& facts, cons
     spec.checkpointed_blocks = blocks;
     spec.moment_bits = bits;
     spec.offload = offload;
-    spec.run_dir = probe_dir(request, "rung-" + std::to_string(m) + "-" + std::to_string(blocks) + "-" +
-                                          std::to_string(bits) + (offload ? "-offload" : ""));
+    spec.work_dir = request.work_dir;
+    spec.label = "estimate-rung-" + std::to_string(m) + "-" + std::to_string(blocks) + "-" + std::to_string(bits) +
+                 (offload ? "-offload" : "");
     const ShortRunResult r = run_short(spec);
     Probe p = probe_of(r, m, m, 0);
     p.offload = offload;

@@ -132,8 +132,8 @@ MemoryEstimate estimate_once(const EstimateRequest& request, const RecipeFacts& 
     spec.batch_size = batch;
     spec.micro_batch = micro;
     spec.steps = request.probe_steps;
-    spec.run_dir =
-        probe_dir(request, "probe-" + std::to_string(batch) + "-" + std::to_string(micro) + "-" + std::to_string(len));
+    spec.work_dir = request.work_dir;
+    spec.label = "estimate-probe-" + std::to_string(batch) + "-" + std::to_string(micro) + "-" + std::to_string(len);
     // The first (smallest) probe also evaluates a batch of eval.batch_size, the second one of
     // half that: what an evaluation needs does not depend on the training batch, and two sizes
     // tell what grows with its batch from what does not (at each length).

@@ -6,8 +6,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <csignal>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 
 #include "trainer/core_settings.h"
@@ -22,6 +25,8 @@
 
 namespace trainer::tune {
 namespace {
+
+namespace fs = std::filesystem;
 
 /// Measures the steps of the run it is added to. It runs last in dispatch order: the peak window
 /// opens after the other plugins' BatchStart work (and closes, at BeforeOptimizerStep, after
@@ -186,6 +191,34 @@ extern "C" void on_stop_signal(int sig) {
 void throw_if_stopped() {
   if (g_stop.load()) throw Interrupted("interrupted by a signal");
 }
+
+/// The run's own directory: made by mkdtemp (a new name, mode 0700, this process's alone) in
+/// spec.work_dir or $TMPDIR, and removed with everything in it when this goes. A folder of a
+/// predictable name that another user created there first is never used, written through or
+/// removed.
+class PrivateDir {
+ public:
+  explicit PrivateDir(const ShortRunSpec& spec) {
+    std::error_code ec;
+    const fs::path base = spec.work_dir.empty() ? fs::temp_directory_path(ec) : fs::path(spec.work_dir);
+    TRAINER_CHECK(!ec, "no folder for the measured run's directory ($TMPDIR): ", ec.message());
+    if (!spec.work_dir.empty()) fs::create_directories(base, ec);
+    std::string name = (base / ("trainer-" + spec.label + "-XXXXXX")).string();
+    TRAINER_CHECK(::mkdtemp(name.data()) != nullptr, "cannot create a directory for the measured run in ",
+                  base.string(), ": ", std::strerror(errno));
+    path_ = std::move(name);
+  }
+  ~PrivateDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  PrivateDir(const PrivateDir&) = delete;
+  PrivateDir& operator=(const PrivateDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
 }  // namespace
 
 void request_stop() noexcept { g_stop.store(true); }
@@ -230,6 +263,7 @@ ShortRunResult run_short(const ShortRunSpec& spec) {
   add("checkpoint.every_epochs", "0");
   add("checkpoint.every_steps", "0");
   add("checkpoint.at_end", "false");
+  add("checkpoint.autoresume", "false");  // a measurement starts afresh, whatever the recipe says
   add("metrics.jsonl", "false");
   add("metrics.console", "false");
   if (!spec.keep_budget) {
@@ -245,7 +279,8 @@ ShortRunResult run_short(const ShortRunSpec& spec) {
   options.config = prepared.config;
   options.plugins = prepared.plugins;
   options.plugins.push_back(std::make_shared<MeasurePlugin>(out, spec));
-  options.run_dir = spec.run_dir;
+  const PrivateDir dir(spec);
+  options.run_dir = dir.path();
   options.log_level = "off";  // a failure is in the result; an expected out-of-memory error is not news
   {
     const c10::Device cpu(c10::kCPU);
@@ -268,10 +303,6 @@ ShortRunResult run_short(const ShortRunSpec& spec) {
   logger->set_level(caller_level);
   // Gives cached memory back, so that the next run in this process starts from the same place.
   if (!out.device.empty()) clear_memory(c10::Device(out.device), /*force=*/true);
-  if (!spec.keep_run_dir && !spec.run_dir.empty()) {
-    std::error_code ec;
-    std::filesystem::remove_all(spec.run_dir, ec);
-  }
   throw_if_stopped();
   return out;
 }

@@ -31,8 +31,12 @@ struct ShortRunSpec {
   /// needs a recipe that evaluates (its test split loaded).
   bool evaluate = false;
   std::int64_t eval_batch = 0;  ///< that batch's size; 0 = the recipe's eval.batch_size
-  std::string run_dir;          ///< the run's directory (removed afterwards unless keep_run_dir)
-  bool keep_run_dir = false;
+  /// Where the run's directory is made: `<work_dir>/trainer-<label>-XXXXXX`, by mkdtemp (a new
+  /// name, mode 0700: this process's alone, never one found there), and removed with its
+  /// contents after the run. Empty: $TMPDIR (std::filesystem::temp_directory_path). The run
+  /// never resumes (checkpoint.autoresume is off).
+  std::string work_dir;
+  std::string label = "run";  ///< names the directory, e.g. "estimate-probe-8-8-0"
   /// Memory savers on from the first step, as oom_backoff's ladder switches them on
   /// (Control::checkpointed_blocks, Control::optimizer_moment_bits, Control::optimizer_offload):
   /// blocks the core checkpoints (-1: all the model has; 0: none), AdamW's moment bits (0: as

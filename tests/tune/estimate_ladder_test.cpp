@@ -34,7 +34,7 @@ trainer::tune::ShortRunResult ladder_run(const std::vector<std::string>& overrid
   spec.micro_batch = m;
   spec.checkpointed_blocks = blocks;
   spec.moment_bits = bits;
-  spec.run_dir = dir;
+  spec.work_dir = dir;
   return trainer::tune::run_short(spec);
 }
 
@@ -141,7 +141,7 @@ TEST(EstimateLadder, TheCheapestConfigurationThatFitsRunsUnderTheBudgetWithoutRu
   spec.keep_budget = true;
   spec.keep_oom_backoff = true;
   spec.steps = 4;
-  spec.run_dir = tmp / "on-the-rung";
+  spec.work_dir = tmp / "on-the-rung";
   const auto r = trainer::tune::run_short(spec);
   EXPECT_EQ(r.exit_code, 0) << r.message;
   EXPECT_FALSE(r.out_of_memory) << "predicted " << c.peak << " B within " << e.limit << " B";
@@ -154,7 +154,7 @@ TEST(EstimateLadder, TheCheapestConfigurationThatFitsRunsUnderTheBudgetWithoutRu
   spec.overrides.back() = "plugins.oom_backoff.start_checkpointed_blocks=0";
   spec.micro_batch = 64;  // oom_backoff's floor: no smaller micro-batch would be tried
   spec.keep_oom_backoff = false;
-  spec.run_dir = tmp / "plain";
+  spec.work_dir = tmp / "plain";
   EXPECT_TRUE(trainer::tune::run_short(spec).out_of_memory);
 }
 
@@ -207,12 +207,12 @@ TEST(EstimateLadder, TheOffloadProbeRunsItsStepsWithTheMomentsOffloaded) {
   spec.overrides = mlp;
   spec.batch_size = spec.micro_batch = 64;
   spec.steps = 3;
-  spec.run_dir = tmp / "plain";
+  spec.work_dir = tmp / "plain";
   const auto plain = trainer::tune::run_short(spec);
   ASSERT_EQ(plain.exit_code, 0) << plain.message;
   EXPECT_FALSE(plain.optimizer_offload);
   spec.offload = true;
-  spec.run_dir = tmp / "offload";
+  spec.work_dir = tmp / "offload";
   const auto off = trainer::tune::run_short(spec);
   ASSERT_EQ(off.exit_code, 0) << off.message;
   ASSERT_EQ(off.steps.size(), 3u);
@@ -222,7 +222,7 @@ TEST(EstimateLadder, TheOffloadProbeRunsItsStepsWithTheMomentsOffloaded) {
   EXPECT_EQ(off.optimizer_bytes, plain.optimizer_bytes);
   // SGD has no moments: the core refuses, and the probe says so (an estimate leaves the rung out).
   spec.overrides = {"model=mlp", "optim=sgd"};
-  spec.run_dir = tmp / "sgd";
+  spec.work_dir = tmp / "sgd";
   const auto sgd = trainer::tune::run_short(spec);
   ASSERT_EQ(sgd.exit_code, 0) << sgd.message;
   EXPECT_FALSE(sgd.optimizer_offload);
@@ -238,7 +238,7 @@ TEST(EstimateLadder, StartKeysThatCannotApplyAreUsageErrors) {
   spec.overrides.push_back("plugins.oom_backoff.start_checkpointed_blocks=7");
   spec.keep_oom_backoff = true;
   spec.batch_size = spec.micro_batch = 8;
-  spec.run_dir = tmp / "blocks";
+  spec.work_dir = tmp / "blocks";
   auto r = trainer::tune::run_short(spec);
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.message.find("start_checkpointed_blocks = 7: the model has 6 blocks"), std::string::npos) << r.message;
@@ -246,7 +246,7 @@ TEST(EstimateLadder, StartKeysThatCannotApplyAreUsageErrors) {
   // Moments in fewer bits without allow_inexact: refused as the plugin is configured (the same
   // exit code 2, before any step).
   spec.overrides.back() = "plugins.oom_backoff.start_moment_bits=16";
-  spec.run_dir = tmp / "bits";
+  spec.work_dir = tmp / "bits";
   r = trainer::tune::run_short(spec);
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.message.find("set plugins.oom_backoff.allow_inexact = true too"), std::string::npos) << r.message;
@@ -254,21 +254,21 @@ TEST(EstimateLadder, StartKeysThatCannotApplyAreUsageErrors) {
   // adamw8bit's moments are in 8 bits already: 16 would be more, not a saver.
   spec.overrides = {"model=mlp", "optim=adamw8bit", "plugins.oom_backoff.allow_inexact=true",
                     "plugins.oom_backoff.start_moment_bits=16"};
-  spec.run_dir = tmp / "more";
+  spec.work_dir = tmp / "more";
   r = trainer::tune::run_short(spec);
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.message.find("keeps its moments in 8 bits already"), std::string::npos) << r.message;
   // SGD has no moments to shrink.
   spec.overrides = {"model=mlp", "optim=sgd", "plugins.oom_backoff.allow_inexact=true",
                     "plugins.oom_backoff.start_moment_bits=8"};
-  spec.run_dir = tmp / "sgd";
+  spec.work_dir = tmp / "sgd";
   r = trainer::tune::run_short(spec);
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.message.find("start_moment_bits = 8: the optimizer's moments cannot change"), std::string::npos)
       << r.message;
   // The moments in host memory: on the CPU they are there already.
   spec.overrides = {"model=mlp", "plugins.oom_backoff.start_offload=true"};
-  spec.run_dir = tmp / "offload";
+  spec.work_dir = tmp / "offload";
   r = trainer::tune::run_short(spec);
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.message.find("start_offload = true: the run is on the CPU, whose memory is the host's"),

@@ -37,7 +37,7 @@ class EstimateLengths : public ::testing::Test {
                       "model.trim_padding=false"};
     spec.batch_size = batch;
     spec.micro_batch = m;
-    spec.run_dir = tmp_ / "held-out";
+    spec.work_dir = tmp_ / "held-out";
     const auto r = trainer::tune::run_short(spec);
     EXPECT_EQ(r.exit_code, 0) << r.message;
     EXPECT_EQ(r.steps.size(), 3u);
@@ -54,7 +54,7 @@ class EstimateLengths : public ::testing::Test {
     spec.micro_batch = 4;
     spec.evaluate = true;
     spec.eval_batch = eval_batch;
-    spec.run_dir = tmp_ / "held-out-eval";
+    spec.work_dir = tmp_ / "held-out-eval";
     const auto r = trainer::tune::run_short(spec);
     EXPECT_EQ(r.exit_code, 0) << r.message;
     EXPECT_EQ(r.eval_samples, eval_batch);

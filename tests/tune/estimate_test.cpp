@@ -36,7 +36,7 @@ trainer::tune::ShortRunResult measured(const std::vector<std::string>& overrides
   spec.overrides = overrides;
   spec.batch_size = batch > 0 ? batch : m;
   spec.micro_batch = m;
-  spec.run_dir = dir;
+  spec.work_dir = dir;
   const auto r = trainer::tune::run_short(spec);
   EXPECT_EQ(r.exit_code, 0) << r.message;
   EXPECT_EQ(r.steps.size(), 3u);
@@ -110,13 +110,13 @@ TEST_P(EstimateHeldOut, ErrorOnHeldOutMicroBatchesIsUnderTenPercent) {
   EXPECT_EQ(e.probes[2].micro_batch, 64);
   EXPECT_GT(e.per_sample, 0.0);
   for (std::int64_t m : {128, 256, 384}) {  // none of them probed
-    expect_close(GetParam().name, e, GetParam().overrides, m, m, tmp / ("held-out-" + std::to_string(m)));
+    expect_close(GetParam().name, e, GetParam().overrides, m, m, tmp.str());
   }
   // Gradient accumulation: micro-batches of a larger batch.
   for (const auto& [batch, m] : std::vector<std::pair<std::int64_t, std::int64_t>>{{512, 128}, {768, 96}}) {
-    expect_close(GetParam().name, e, GetParam().overrides, batch, m, tmp / "held-out-accumulated");
+    expect_close(GetParam().name, e, GetParam().overrides, batch, m, tmp.str());
   }
-  // The probes' directories are gone.
+  // The probes' directories (and the held-out runs') are gone.
   EXPECT_TRUE(std::filesystem::is_empty(tmp.str()));
 }
 
