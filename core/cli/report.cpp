@@ -6,6 +6,9 @@
 #include <filesystem>
 #include <fstream>
 
+#include "trainer/durable_file.h"
+#include "trainer/error.h"
+
 namespace trainer::report {
 
 namespace fs = std::filesystem;
@@ -68,25 +71,12 @@ int write_page(const std::function<std::pair<std::string, std::string>()>& page,
       return 2;
     }
     // Written beside and renamed over: a browser reloading the page never sees half a report.
-    const std::string tmp = out + ".tmp" + std::to_string(::getpid());
-    {
-      std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-      if (!f) {
-        err << "trainer report: cannot write " << out << ": " << errno_text() << "\n";
-        return 2;
-      }
-      f << html;
-      f.close();
-      if (!f) {
-        err << "trainer report: cannot write " << out << ": " << errno_text() << "\n";
-        fs::remove(tmp, ec);
-        return 2;
-      }
-    }
-    fs::rename(tmp, out, ec);
-    if (ec) {
-      err << "trainer report: cannot write " << out << ": " << ec.message() << "\n";
-      fs::remove(tmp, ec);
+    // The temporary is created new: a link planted at its name (or at the page's) is replaced,
+    // never written through.
+    try {
+      trainer::write_atomic(out, html);
+    } catch (const trainer::Error& e) {
+      err << "trainer report: " << e.what() << "\n";
       return 2;
     }
     if (written_path) *written_path = out;

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "trainer/durable_file.h"
 #include "trainer/error.h"
 #include "trainer/plugin.h"
 #include "trainer/recipe.h"
@@ -172,13 +173,8 @@ LrFindResult find_lr(const LrFindRequest& req) {
   }
   suggest_lr(out);
   if (!out.run_dir.empty() && !out.points.empty()) {
-    const std::string path = out.run_dir + "/lr_find.json", tmp = path + ".tmp";
-    {
-      std::ofstream f(tmp);
-      f << lr_find_json(out) << "\n";
-      TRAINER_CHECK(f.good(), "cannot write ", tmp);
-    }
-    TRAINER_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "cannot rename ", tmp, " to ", path);
+    // Through a temporary created new: never a file or link found in the run directory.
+    write_atomic(out.run_dir + "/lr_find.json", lr_find_json(out) + "\n");
   }
   return out;
 }

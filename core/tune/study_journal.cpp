@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "journal_io.h"
+#include "trainer/durable_file.h"
 #include "trainer/error.h"
 #include "trainer/interrupt.h"
 #include "trainer/json.h"
@@ -30,11 +31,11 @@ void StudyJournal::append(const json& record) {
     tail_checked_ = true;
   }
   const std::string line = record.dump() + "\n";
-  const int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  TRAINER_CHECK(fd >= 0, "cannot open the study journal ", path_, ": ", std::strerror(errno));
-  const bool ok = ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size()) && ::fsync(fd) == 0;
+  FileDescriptor fd = open_for_append(path_);  // never through a link planted at its name
+  const bool ok =
+      ::write(fd.get(), line.data(), line.size()) == static_cast<ssize_t>(line.size()) && ::fsync(fd.get()) == 0;
   const int err = errno;
-  ::close(fd);
+  fd.reset();
   if (!ok) {
     tail_checked_ = false;  // a part of the line may be there: cut before the next one
     TRAINER_CHECK(false, "cannot write the study journal ", path_, ": ", std::strerror(err));
@@ -144,8 +145,8 @@ StudyLock::StudyLock(const std::string& study_dir, std::ostream& progress) {
   // NOTE: no O_CLOEXEC: the trials inherit the descriptor, so the lock lasts as long as the
   // last of them. A study resumed after its process was killed waits for its old trials
   // instead of starting them again beside themselves.
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT, 0644);
-  TRAINER_CHECK(fd_ >= 0, "cannot open ", path, ": ", std::strerror(errno));
+  fd_ = open_for_update(path).release();  // never through a link planted at its name
+  ::fcntl(fd_, F_SETFD, 0);
   bool said = false;
   while (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     TRAINER_CHECK(errno == EWOULDBLOCK || errno == EINTR, "cannot lock ", path, ": ", std::strerror(errno));

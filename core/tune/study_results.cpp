@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "bench_suite.h"
+#include "trainer/durable_file.h"
 #include "trainer/error.h"
 
 // A study's results: the counts, results.csv, the summary printed at the end.
@@ -38,13 +39,7 @@ void write_results_csv(const StudyResult& r, const std::string& objective, const
         << (t.predicted_peak >= 0 ? std::to_string(t.predicted_peak / kMiB) : "") << "," << json(t.seconds).dump()
         << "," << csv_field(t.reason) << "\n";
   }
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    f << out.str();
-    TRAINER_CHECK(f.good(), "cannot write ", tmp);
-  }
-  fs::rename(tmp, path);
+  write_replacing(path, out.str());  // through a temporary created new: never a planted link
 }
 
 void print_study(const StudyResult& r, const std::string& objective, std::ostream& out) {

@@ -13,6 +13,7 @@
 #include <sstream>
 #include <thread>
 
+#include "trainer/durable_file.h"
 #include "trainer/error.h"
 #include "trainer/interrupt.h"
 
@@ -37,7 +38,12 @@ pid_t spawn(const std::vector<std::string>& args, const std::string& out, const 
   std::vector<char*> envp;
   for (auto& e : env_text) envp.push_back(e.data());
   envp.push_back(nullptr);
+  // The output files are created new before fork (a trial's .out in a study directory from
+  // elsewhere may be a planted link: never written through); the child gets the descriptors.
   const bool same = err == out;
+  const FileDescriptor out_fd = out.empty() ? FileDescriptor() : create_new_file(out);
+  const FileDescriptor err_fd = err.empty() || same ? FileDescriptor() : create_new_file(err);
+  const int o = out_fd.get(), e = same ? o : err_fd.get();
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   TRAINER_CHECK(pid >= 0, "cannot start ", args[0], ": fork failed");
@@ -45,8 +51,6 @@ pid_t spawn(const std::vector<std::string>& args, const std::string& out, const 
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (::getppid() != parent) ::_exit(143);  // the study died before prctl took effect
     ::setpgid(0, 0);
-    const int o = out.empty() ? -1 : ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    const int e = err.empty() ? -1 : same ? o : ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (o >= 0) ::dup2(o, 1);
     if (e >= 0) ::dup2(e, 2);
     ::execve(argv[0], argv.data(), envp.data());

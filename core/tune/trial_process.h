@@ -13,7 +13,8 @@
 namespace trainer::tune {
 
 /// Starts `args` (args[0] the executable's path) with stdout to `out` and stderr to `err` (the
-/// same file when equal; this process's own when empty), and `env` added to this process's
+/// same file when equal; this process's own when empty; each created new, whatever was at its
+/// name removed first: never written through a link), and `env` added to this process's
 /// environment. The child runs in a process group of its own (a Ctrl-C in the terminal reaches
 /// this process alone, which forwards one SIGINT: a trainer takes a second one as "stop now"),
 /// and gets SIGTERM when this process dies, so that none is left running on its own.

@@ -7,10 +7,12 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <system_error>
 
 #include "trainer/core_settings.h"
+#include "trainer/durable_file.h"
 #include "trainer/error.h"
 #include "trainer/plugin.h"
 #include "trainer/settings.h"
@@ -47,8 +49,14 @@ void replace_with(const fs::path& from, const fs::path& to) {
   const fs::path tmp = to.string() + ".tmp";
   std::error_code ec;
   fs::remove(tmp, ec);
-  fs::create_hard_link(from, tmp, ec);
-  if (ec) fs::copy_file(from, tmp, fs::copy_options::overwrite_existing);
+  fs::create_hard_link(from, tmp, ec);  // fails on anything at the name: never through a link
+  if (ec) {
+    // The copy goes through a temporary created new (a link found at its name is removed).
+    std::ifstream in(from, std::ios::binary);
+    TRAINER_CHECK(in.good(), "early_stopping: cannot read ", from.string());
+    trainer::write_atomic(to.string(), [&in](std::ostream& out) { out << in.rdbuf(); });
+    return;
+  }
   fs::rename(tmp, to);
 }
 

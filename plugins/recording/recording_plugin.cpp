@@ -7,6 +7,7 @@
 #include <string>
 
 #include "trainer/distributed.h"
+#include "trainer/durable_file.h"
 #include "trainer/json.h"
 #include "trainer/plugin.h"
 #include "trainer/settings.h"
@@ -59,8 +60,11 @@ class RecordingPlugin final : public trainer::Plugin {
       const std::int64_t rank = trainer::rank_of_this_process();
       const std::string suffix = rank == 0 ? "" : "-rank" + std::to_string(rank);
       const std::string path = file_.empty() ? ctx.run_dir + "/events" + suffix + ".jsonl" : file_ + suffix;
-      out_ = std::fopen(path.c_str(), "w");
+      // A file of its own, created new: never one a link planted at the name leads to.
+      trainer::FileDescriptor fd = trainer::create_new_file(path);
+      out_ = ::fdopen(fd.get(), "w");
       if (!out_) throw trainer::Error("recording: cannot open " + path);
+      fd.release();
     }
     const auto& s = ctx.state;
     std::string line = "{\"seq\":" + std::to_string(seq_++) +

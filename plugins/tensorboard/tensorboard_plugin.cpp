@@ -16,6 +16,7 @@
 #include "events.h"
 #include "trainer/config.h"
 #include "trainer/distributed.h"
+#include "trainer/durable_file.h"
 #include "trainer/error.h"
 #include "trainer/metrics.h"
 #include "trainer/plugin.h"
@@ -106,6 +107,8 @@ class TensorboardPlugin final : public trainer::Plugin {
     if (trainer::rank_of_this_process() != 0) return;  // one run, one set of event files: rank 0's
     if (ctx.event == trainer::Event::Init) {
       const std::string dir = s_.log_dir.empty() ? (fs::path(ctx.run_dir) / "tensorboard").string() : s_.log_dir;
+      // The run directory's tensorboard/ is its own: a link there is refused (exit 2), not followed.
+      if (s_.log_dir.empty()) trainer::make_run_subdir(dir);
       writer_ = std::make_shared<Writer>(dir);
       if (s_.hparams) write_session_start(*ctx.config);
       ctx.metrics->add_sink(std::make_shared<Sink>(writer_, s_.hparams));

@@ -425,4 +425,28 @@ TEST(ReportFiles, FilesThatAreNotRegularFilesAreNotReadAndThePageSaysSo) {
       30));
 }
 
+// The page is written through a temporary created new: links planted at the temporary's name
+// (today's, or the pid-named one of earlier versions) and at the page's own name are replaced,
+// never written through.
+TEST(ReportFiles, LinksAtThePageOrItsTemporaryAreReplacedNotWrittenThrough) {
+  TempDir tmp;
+  fs::create_directories(tmp / "run");
+  write_file(tmp / "run/metrics.jsonl", three_points());
+  write_file(tmp / "outside.html", "keep me");
+  for (const std::string& name :
+       std::vector<std::string>{"report.html", "report.html.tmp", "report.html.tmp" + std::to_string(::getpid())}) {
+    fs::create_symlink(tmp / "outside.html", tmp / ("run/" + name));
+  }
+  std::ostringstream err;
+  ASSERT_EQ(rp::write_report(tmp / "run", "", err), 0) << err.str();
+  const auto text_of = [](const std::string& path) {
+    std::ifstream in(path);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  EXPECT_EQ(text_of(tmp / "outside.html"), "keep me");
+  EXPECT_FALSE(fs::is_symlink(tmp / "run/report.html"));
+  EXPECT_TRUE(contains(text_of(tmp / "run/report.html"), "train/loss"));
+  EXPECT_FALSE(fs::exists(fs::symlink_status(tmp / "run/report.html.tmp")));
+}
+
 }  // namespace

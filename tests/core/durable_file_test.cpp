@@ -3,7 +3,11 @@
 // redirects the write.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <filesystem>
+#include <ostream>
+#include <stdexcept>
 #include <string>
 
 #include "support/test_util.h"
@@ -70,6 +74,86 @@ TEST(DurableFile, AStaleTemporaryIsReplacedAndAMissingDirectoryIsAnErrorNamingTh
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("x.json.tmp"), std::string::npos) << e.what();
   }
+}
+
+/// The message of the trainer::UsageError `f` throws ("" when it throws none).
+template <typename F>
+std::string usage_error_of(F&& f) {
+  try {
+    f();
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(DurableFile, AnAppendNeverGoesThroughALinkNorIntoAFifoAndNamesWhatIsThere) {
+  testing::TempDir dir;
+  const std::string outside = dir / "outside.txt";
+  write_file(outside, "keep me");
+  const std::string log = dir / "trainer.log";
+  fs::create_symlink(outside, log);
+  const std::string link = usage_error_of([&] { open_for_append(log); });
+  EXPECT_NE(link.find(log + " is a symbolic link"), std::string::npos) << link;
+  const std::string dangling = dir / "metrics.jsonl";
+  fs::create_symlink(dir / "created-elsewhere", dangling);
+  EXPECT_NE(usage_error_of([&] { open_for_update(dangling); }), "");
+  EXPECT_FALSE(fs::exists(dir / "created-elsewhere"));
+  EXPECT_EQ(read_file(outside), "keep me");
+  // A FIFO nobody reads would block the open: refused at once.
+  const std::string fifo = dir / "memory.jsonl";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  const std::string refused = usage_error_of([&] { open_for_append(fifo); });
+  EXPECT_NE(refused.find(fifo + " is a FIFO"), std::string::npos) << refused;
+  // A regular file is appended to; a missing one created.
+  const std::string own = dir / "own.jsonl";
+  for (const char* line : {"one\n", "two\n"}) {
+    const FileDescriptor fd = open_for_append(own);
+    write_fully(fd.get(), line, 4, own);
+  }
+  EXPECT_EQ(read_file(own), "one\ntwo\n");
+}
+
+TEST(DurableFile, ANewFileReplacesWhatIsAtItsNameAndAStreamWriteGoesThroughATemporary) {
+  testing::TempDir dir;
+  const std::string outside = dir / "outside.txt";
+  write_file(outside, "keep me");
+  const std::string events = dir / "events.jsonl";
+  fs::create_symlink(outside, events);
+  {
+    const FileDescriptor fd = create_new_file(events);
+    write_fully(fd.get(), "mine", 4, events);
+  }
+  EXPECT_FALSE(fs::is_symlink(events));
+  EXPECT_EQ(read_file(events), "mine");
+  const std::string archive = dir / "adapters.pt";
+  fs::create_symlink(outside, archive + ".tmp");
+  write_atomic(archive, [](std::ostream& out) { out << std::string(200000, 'x'); });  // past the stream's buffer
+  EXPECT_EQ(read_file(archive), std::string(200000, 'x'));
+  EXPECT_EQ(read_file(outside), "keep me");
+  EXPECT_FALSE(fs::exists(fs::symlink_status(archive + ".tmp")));
+  // What the writer throws removes the temporary.
+  EXPECT_THROW(write_atomic(archive,
+                            [](std::ostream& out) {
+                              out << "half";
+                              throw std::runtime_error("the writer failed");
+                            }),
+               std::runtime_error);
+  EXPECT_FALSE(fs::exists(archive + ".tmp"));
+  EXPECT_EQ(read_file(archive), std::string(200000, 'x'));
+}
+
+TEST(DurableFile, ARunSubfolderThatIsALinkOrAFileIsRefusedNamingIt) {
+  testing::TempDir dir;
+  fs::create_directories(dir / "elsewhere");
+  fs::create_symlink(dir / "elsewhere", dir / "checkpoints");
+  const std::string link = usage_error_of([&] { make_run_subdir(dir / "checkpoints"); });
+  EXPECT_NE(link.find(dir / "checkpoints" + " is a symbolic link"), std::string::npos) << link;
+  write_file(dir / "memory", "a file");
+  EXPECT_NE(usage_error_of([&] { make_run_subdir(dir / "memory"); }), "");
+  make_run_subdir(dir / "mlflow");  // made
+  make_run_subdir(dir / "mlflow");  // there already: fine
+  EXPECT_TRUE(fs::is_directory(fs::symlink_status(dir / "mlflow")));
 }
 
 }  // namespace

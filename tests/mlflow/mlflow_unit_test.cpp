@@ -192,6 +192,75 @@ TEST(MlflowJournal, ASecondWriterIsRefusedNamingTheFirst) {
   }
 }
 
+// The journal's folder is the run directory's (untrusted): a link planted at its lock or its
+// journal is refused naming it, one at mlflow/ too; a link at sent.json's temporary or at
+// rejected.jsonl never takes a write out of the run directory.
+TEST(MlflowJournal, LinksPlantedInTheJournalsFolderAreNeverWrittenThrough) {
+  TempDir tmp;
+  const std::string outside = tmp / "outside.txt", store = "file:" + (tmp / "mlruns");
+  mlf::ExportOptions o;
+  o.background = false;
+  const auto refusal = [&](const std::string& run) {
+    try {
+      mlf::Exporter e(mlf::open_backend(store), run, o, nullptr);
+    } catch (const trainer::UsageError& e) {
+      return std::string(e.what());
+    }
+    return std::string("not refused");
+  };
+  for (const char* name : {"lock", "journal.jsonl"}) {
+    write_file(outside, "keep me");
+    const fs::path dir = mlf::journal_dir(tmp / name);
+    fs::create_directories(dir);
+    fs::create_symlink(outside, dir / name);
+    const std::string why = refusal(tmp / name);
+    EXPECT_NE(why.find((dir / name).string() + " is a symbolic link"), std::string::npos) << why;
+    EXPECT_EQ(read_file(outside), "keep me") << name;
+  }
+  fs::create_directories(tmp / "outside-dir");
+  fs::create_directories(tmp / "linked");
+  fs::create_symlink(tmp / "outside-dir", mlf::journal_dir(tmp / "linked"));
+  EXPECT_NE(refusal(tmp / "linked").find("mlflow is a symbolic link"), std::string::npos);
+  EXPECT_TRUE(fs::is_empty(tmp / "outside-dir"));
+
+  // sent.json's temporary and rejected.jsonl: the run goes on, nothing lands outside.
+  const fs::path dir = mlf::journal_dir(tmp / "run");
+  fs::create_directories(dir);
+  fs::create_symlink(outside, dir / "sent.json.tmp");
+  fs::create_symlink(outside, dir / "rejected.jsonl");
+  {
+    mlf::Exporter e(mlf::open_backend(store), tmp / "run", o, nullptr);
+    e.record({{"op", "start"}, {"experiment", "e"}, {"run_name", "r"}, {"tracking_uri", store}});
+    e.record({{"op", "batch"}, {"params", json::array({json::array({"p", "1"})})}});
+    e.record({{"op", "batch"}, {"params", json::array({json::array({"p", "2"})})}});  // a changed param: refused
+    e.metrics(points(3));
+    EXPECT_EQ(e.close(1.0), 0);
+  }
+  EXPECT_EQ(read_file(outside), "keep me");
+  EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(dir / "sent.json")));
+  EXPECT_EQ(mlf::read_progress(dir, store).seq, 4);
+}
+
+// `trainer mlflow sync` of a run directory whose journal is a link: refused (exit 2) naming
+// it, the file it leads to neither cut nor appended to.
+TEST(MlflowJournal, SyncRefusesAJournalThatIsALink) {
+  TempDir tmp;
+  {
+    auto e = file_exporter(tmp);
+    e->metrics(points(3));
+    e->close(1.0);  // no end record: sync would mark the run FAILED, appending to the journal
+  }
+  const fs::path journal = mlf::journal_dir(tmp.str()) / "journal.jsonl";
+  fs::rename(journal, tmp / "outside.jsonl");
+  std::ofstream(tmp / "outside.jsonl", std::ios::app) << "{\"seq\":3,\"op\":\"batch\",\"metr";  // cut short
+  const std::string before = read_file(tmp / "outside.jsonl");
+  fs::create_symlink(tmp / "outside.jsonl", journal);
+  std::ostringstream out, err;
+  EXPECT_EQ(mlf::sync_run_dir(tmp.str(), "", out, err), 2) << out.str() << err.str();
+  EXPECT_NE(err.str().find(journal.string() + " is a symbolic link"), std::string::npos) << err.str();
+  EXPECT_EQ(read_file(tmp / "outside.jsonl"), before);
+}
+
 /// A scripted HTTP server on 127.0.0.1: answers each request with the next (status, body)
 /// and keeps the requests it got.
 class ScriptedServer {

@@ -441,6 +441,51 @@ TEST(Lora, TheMergedModelLoadsIntoAPlainModelAsWeights) {
   EXPECT_LT((plain->forward(x) - expected).abs().max().item<double>(), 1e-5);
 }
 
+// The files a LoRA run exports into its run directory (adapters, the merged model, a BERT's
+// Hugging Face directory) go through temporaries created new: a link planted at a temporary's
+// name is replaced, never written through; a planted hf_model/ link is refused naming it.
+TEST(Lora, ExportsGoThroughTemporariesNeverThroughLinksPlantedInTheRunDirectory) {
+  TempDir tmp;
+  namespace fs = std::filesystem;
+  testing::write_file(tmp / "outside.bin", "keep me");
+  fs::create_directories(tmp / "run/hf_model");
+  fs::create_directories(tmp / "outside-dir");
+  for (const char* name :
+       {"run/adapters.pt.tmp", "run/hf_model/model.safetensors.tmp", "run/hf_model/config.json.tmp"}) {
+    fs::create_symlink(tmp / "outside.bin", tmp / name);
+  }
+  fs::create_symlink(tmp / "created-through-a-link.pt", tmp / "run/merged.pt.tmp");  // dangling
+  auto vit = tiny_vit();
+  apply_lora(*vit, vit_options());
+  save_adapters(*vit, tmp / "run/adapters.pt");
+  save_merged_model(*vit, tmp / "run/merged.pt");
+  auto bert =
+      build_model(Config::parse("name = \"bert\"\nvocab_size = 100\nhidden_size = 32\nnum_hidden_layers = 1\n"
+                                "num_attention_heads = 2\nintermediate_size = 64\nmax_position_embeddings = 16\n"),
+                  DataSpec{{3, 12}, 4});
+  LoraOptions o;
+  o.rank = 2;
+  o.targets = {"*.query", "*.value"};
+  apply_lora(*bert, o);
+  ASSERT_TRUE(save_merged_hf_directory(*bert, tmp / "run/hf_model"));
+  EXPECT_EQ(testing::read_file(tmp / "outside.bin"), "keep me");
+  EXPECT_FALSE(fs::exists(tmp / "created-through-a-link.pt"));
+  for (const char* name :
+       {"run/adapters.pt", "run/merged.pt", "run/hf_model/model.safetensors", "run/hf_model/config.json"}) {
+    EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(tmp / name))) << name;
+    EXPECT_FALSE(fs::exists(fs::symlink_status(tmp / name + std::string(".tmp")))) << name;
+  }
+  // The directory itself a link: refused, naming it, nothing written where it leads.
+  fs::create_symlink(tmp / "outside-dir", tmp / "run/hf_linked");
+  try {
+    save_merged_hf_directory(*bert, tmp / "run/hf_linked");
+    ADD_FAILURE() << "wrote through a linked directory";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find(tmp / "run/hf_linked" + " is a symbolic link"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(fs::is_empty(tmp / "outside-dir"));
+}
+
 TEST(Lora, BadOptionsNameWhatIsWrong) {
   auto vit = tiny_vit();
   LoraOptions o = vit_options();

@@ -192,6 +192,21 @@ TEST_F(TorchScript, WhatTheRunLeavesLoadsBackInPython) {
   EXPECT_NE(out.text.find("torchscript_models check: OK (16 tensors)"), std::string::npos) << out.text;
 }
 
+// The module is written through a temporary created new: a link planted at the temporary's name
+// (a run directory from elsewhere) is replaced, never written through.
+TEST_F(TorchScript, ALinkAtTheModulesTemporaryIsReplacedNotWrittenThrough) {
+  namespace fs = std::filesystem;
+  write_file(tmp_ / "outside.pt", "keep me");
+  fs::create_directories(tmp_ / "planted");
+  fs::create_symlink(tmp_ / "outside.pt", tmp_ / "planted/torchscript_model.pt.tmp");
+  const RunResult r = run(fixture("cnn.pt"), "planted");
+  ASSERT_EQ(r.exit_code, kExitOk) << r.message;
+  EXPECT_EQ(read_file(tmp_ / "outside.pt"), "keep me");
+  EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(tmp_ / "planted/torchscript_model.pt")));
+  const Tensors again = state_of(*load(tmp_ / "planted/torchscript_model.pt"));
+  for (const auto& [key, t] : trained_) EXPECT_TRUE(torch::equal(again.at(key), t)) << key;
+}
+
 // Out of memory in the forward of steps 2 and 5: the core retries the batch in two halves of
 // 16 (the same samples, the gradients accumulated) and the run ends as without the OOMs. The
 // transformer has no BatchNorm, so the halves compute the same gradient; summed in two parts

@@ -129,6 +129,22 @@ TEST_F(LrFind, ASweepTooShortSaysWhyItSuggestsNothing) {
   EXPECT_THROW(find_lr(req), UsageError);
 }
 
+// lr_find.json is written through a temporary created new: a link planted at its name (the run
+// directory named with --run-dir may hold anything) is replaced, never written through.
+TEST_F(LrFind, ALinkAtTheResultsTemporaryIsReplacedNotWrittenThrough) {
+  LrFindRequest req = request("planted");
+  req.steps = 5;
+  write_file(tmp_ / "outside.json", "keep me");
+  fs::create_directories(tmp_ / "planted");
+  fs::create_symlink(tmp_ / "outside.json", tmp_ / "planted/lr_find.json.tmp");
+  const LrFindResult r = find_lr(req);
+  ASSERT_EQ(r.exit_code, 0) << r.message;
+  EXPECT_EQ(read_file(tmp_ / "outside.json"), "keep me");
+  EXPECT_FALSE(fs::is_symlink(tmp_ / "planted/lr_find.json"));
+  EXPECT_NE(read_file(tmp_ / "planted/lr_find.json").find("\"steps\""), std::string::npos);
+  EXPECT_FALSE(fs::exists(fs::symlink_status(tmp_ / "planted/lr_find.json.tmp")));
+}
+
 // The command: a suggestion and how to use it; the run directory named after the recipe's run.
 TEST_F(LrFind, TheCommandPrintsTheSuggestion) {
   const LrFindRequest req = request("unused");

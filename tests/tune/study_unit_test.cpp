@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -20,6 +22,7 @@
 #include "trainer/config.h"
 #include "trainer/core_settings.h"
 #include "trainer/error.h"
+#include "trial_process.h"
 
 namespace {
 
@@ -603,6 +606,42 @@ TEST(TrialStates, EveryNameReadsBackAndOnlyRunningDoesNotEndATrial) {
   }
   EXPECT_STREQ(trial_state_name(TrialState::Complete), "COMPLETE");  // Optuna's name, in the journal
   EXPECT_FALSE(trial_state_named("complete"));
+}
+
+// A study directory is resumed and may come from elsewhere: links planted at its journal, its
+// lock or a trial's output file never take a write out of it (the journal and the lock refused
+// naming them, a trial's output created as a file of its own).
+TEST(StudyJournal, LinksPlantedInTheStudyDirectoryAreNeverWrittenThrough) {
+  namespace fs = std::filesystem;
+  TempDir tmp;
+  write_file(tmp / "outside.txt", "keep me");
+  fs::create_directories(tmp / "study/trials");
+  fs::create_symlink(tmp / "outside.txt", tmp / "study/study.jsonl");
+  fs::create_symlink(tmp / "outside.txt", tmp / "study/study.lock");
+  fs::create_symlink(tmp / "outside.txt", tmp / "study/trials/trial_0000.out");
+  const auto usage_error = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const trainer::UsageError& e) {
+      return std::string(e.what());
+    }
+    return std::string("not refused");
+  };
+  trainer::tune::StudyJournal journal(tmp / "study/study.jsonl");
+  EXPECT_NE(usage_error([&] {
+              journal.append({{"type", "trial"}});
+            }).find("study.jsonl is a symbolic link"),
+            std::string::npos);
+  std::ostringstream progress;
+  EXPECT_NE(usage_error([&] {
+              trainer::tune::StudyLock lock(tmp / "study", progress);
+            }).find("study.lock is a symbolic link"),
+            std::string::npos);
+  const std::string out = tmp / "study/trials/trial_0000.out";
+  EXPECT_EQ(trainer::tune::wait_exit(trainer::tune::spawn({"/bin/echo", "the trial's output"}, out, out)), 0);
+  EXPECT_EQ(trainer::testing::read_file(tmp / "outside.txt"), "keep me");
+  EXPECT_FALSE(fs::is_symlink(out));
+  EXPECT_EQ(trainer::testing::read_file(out), "the trial's output\n");
 }
 
 }  // namespace

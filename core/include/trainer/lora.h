@@ -82,7 +82,9 @@ TRAINER_API std::int64_t save_merged_model(Model& model, const std::string& file
 /// For a model with a Hugging Face layout (model "bert"): writes directory `dir` as
 /// transformers' save_pretrained would, config.json and model.safetensors, with the adapters
 /// merged into the weights (as PEFT's merge_and_unload then save_pretrained); the model is
-/// left as it is. Returns false, writing nothing, for other models.
+/// left as it is. Returns false, writing nothing, for other models. A `dir` that is a symbolic
+/// link or a file is refused (UsageError naming it); the files go through temporaries created
+/// new (trainer/durable_file.h).
 TRAINER_API bool save_merged_hf_directory(Model& model, const std::string& dir);
 
 }  // namespace trainer

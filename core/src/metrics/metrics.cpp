@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 
+#include "trainer/durable_file.h"
 #include "trainer/error.h"
 #include "trainer/logging.h"
 #include "trainer/run_records.h"
@@ -24,8 +25,11 @@ struct JsonlSink::Impl {
 
 JsonlSink::JsonlSink(const std::string& path) : impl_(std::make_unique<Impl>()) {
   impl_->path = path;
-  impl_->f = std::fopen(path.c_str(), "a");
+  // Appended to, never through a link nor into a FIFO or device planted at the name.
+  FileDescriptor fd = open_for_append(path);
+  impl_->f = ::fdopen(fd.get(), "a");
   if (!impl_->f) throw Error("cannot open metrics file " + path + " for writing");
+  fd.release();  // the FILE owns it
 }
 
 JsonlSink::~JsonlSink() {

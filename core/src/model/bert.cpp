@@ -258,7 +258,8 @@ bool save_hf_directory(Model& model, const std::string& dir, const std::map<std:
   } else {
     for (const auto& p : bert->named_parameters()) tensors[p.key()] = p.value();
   }
-  fs::create_directories(dir);
+  if (fs::path(dir).has_parent_path()) fs::create_directories(fs::path(dir).parent_path());
+  make_run_subdir(dir);  // a link there (a run directory from elsewhere) is refused, not written through
   // transformers' from_pretrained reads a safetensors file only with this metadata.
   detail::write_safetensors((fs::path(dir) / "model.safetensors").string(), tensors, {{"format", "pt"}});
   detail::write_atomic((fs::path(dir) / "config.json").string(), bert->hf_config().dump(2) + "\n");

@@ -304,9 +304,7 @@ void write_safetensors(const std::string& path, const std::map<std::string, at::
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+  write_atomic(path, [&](std::ostream& out) {
     unsigned char length[8];
     for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>((text.size() >> (8 * i)) & 0xff);
     out.write(reinterpret_cast<const char*>(length), 8);
@@ -315,14 +313,7 @@ void write_safetensors(const std::string& path, const std::map<std::string, at::
       const at::Tensor c = t.detach().to(at::kCPU).contiguous();
       out.write(static_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(c.nbytes()));
     }
-    out.flush();
-    if (!out) {
-      std::error_code ec;
-      std::filesystem::remove(tmp, ec);
-      throw Error(fmt::format("writing {}: {}", path, std::strerror(errno)));
-    }
-  }
-  publish(tmp, path);
+  });
 }
 
 }  // namespace trainer::detail

@@ -39,15 +39,12 @@ void read_nested(torch::serialize::InputArchive& archive, const std::string& pre
 }
 
 void save_archive(torch::serialize::OutputArchive& archive, const std::string& path) {
-  const std::string tmp = path + ".tmp";
+  // Through the temporary write_atomic creates (never a file or link found at its name).
   try {
-    archive.save_to(tmp);
+    write_atomic(path, [&archive](std::ostream& out) { archive.save_to(out); });
   } catch (const c10::Error& e) {
-    std::error_code ignored;
-    std::filesystem::remove(tmp, ignored);
     throw Error(fmt::format("cannot write {}: {}", path, e.what_without_backtrace()));
   }
-  publish(tmp, path);
 }
 
 }  // namespace trainer::detail

@@ -21,7 +21,8 @@ void write_nested(torch::serialize::OutputArchive& archive, const NamedTensors& 
 /// Every tensor of `archive` and its sub-archives by dotted name (the inverse of write_nested).
 void read_nested(torch::serialize::InputArchive& archive, const std::string& prefix, NamedTensors& out);
 
-/// Saves `archive` to `path` durably (a temporary file, fsync, rename, fsync of the directory).
+/// Saves `archive` to `path` durably (write_atomic: a temporary file created new, fsync, rename,
+/// fsync of the directory).
 void save_archive(torch::serialize::OutputArchive& archive, const std::string& path);
 
 }  // namespace trainer::detail

@@ -170,15 +170,11 @@ class TorchScriptModel final : public Model {
   }
 
   void save_module(const std::string& path) const {
-    const std::string tmp = path + ".tmp";
     try {
-      module_.save(tmp);
+      write_atomic(path, [this](std::ostream& out) { module_.save(out); });
     } catch (const c10::Error& e) {
-      std::error_code ec;
-      fs::remove(tmp, ec);
       throw Error(fmt::format("writing the TorchScript module to {}: {}", path, e.what_without_backtrace()));
     }
-    detail::publish(tmp, path);
   }
 
   torch::jit::Module& module() { return module_; }

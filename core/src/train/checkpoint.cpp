@@ -175,7 +175,7 @@ void Checkpointer::write(Position next, const GeneratorStates& generators) {
   const std::string file = (fs::path(dir_) / name).string();
   std::error_code ec;
   fs::remove(file + ".score", ec);  // a score goes only with the file it was written with, once that is there
-  write_checkpoint_file(file, [&](const std::string& tmp) { ar.save_to(tmp); });
+  write_checkpoint_file(file, [&](std::ostream& out) { ar.save_to(out); });
   if (score) write_score(file, settings_.monitor, *score);
   point_latest(dir_, name);
   // A model from Python also leaves its TorchScript module with these weights in the run

@@ -48,11 +48,12 @@ std::string checkpoint_name(std::int64_t global_step) {
   return name;
 }
 
-void write_checkpoint_file(const std::string& file, const std::function<void(const std::string& tmp)>& save) {
-  const std::string tmp = file + ".tmp";
+void write_checkpoint_file(const std::string& file, const std::function<void(std::ostream& out)>& save) {
+  // The temporary is created new (never a file or link found at its name: a run directory may
+  // come from someone else).
+  const std::string tmp = write_temporary(file, save);
   detail::FileDigest digest;
   try {
-    save(tmp);
     digest = detail::digest_of(tmp);
   } catch (...) {
     std::error_code ignored;
@@ -158,9 +159,9 @@ std::vector<std::string> adopt_checkpoints(const std::string& dir, const std::st
   if (!later.empty()) {
     const std::string base = (fs::path(dir) / ("superseded_after_step_" + std::to_string(step))).string();
     std::string to = base;
-    for (int k = 2; fs::exists(to, ec); ++k) to = base + "-" + std::to_string(k);
-    fs::create_directories(to, ec);
-    TRAINER_CHECK(!ec, "cannot create ", to, " for the checkpoints after ", name, ": ", ec.message());
+    // A name nothing is at (not even a link): the folder is made here, this run's own.
+    for (int k = 2; fs::exists(fs::symlink_status(to, ec)); ++k) to = base + "-" + std::to_string(k);
+    make_run_subdir(to);
     for (const auto& f : later) {
       const fs::path target = fs::path(to) / fs::path(f).filename();
       fs::rename(f, target, ec);

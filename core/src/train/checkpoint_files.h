@@ -5,6 +5,7 @@
 // newest complete one.
 #include <cstdint>
 #include <functional>
+#include <iosfwd>
 #include <optional>
 #include <string>
 #include <vector>
@@ -14,11 +15,12 @@ namespace trainer {
 /// `step_00000042.pt`.
 std::string checkpoint_name(std::int64_t global_step);
 
-/// Writes the checkpoint `file` durably: `save` writes `<file>.tmp`, the file is published,
+/// Writes the checkpoint `file` durably: `save` writes `<file>.tmp` (created new:
+/// trainer::write_temporary) through `out`, the file is published,
 /// then its digest goes to `<file>.sum` (an older digest of that name is removed first). A
 /// failure removes the temporary file; a file of that name that was there stays, without a
 /// digest (it is then judged by loading it).
-void write_checkpoint_file(const std::string& file, const std::function<void(const std::string& tmp)>& save);
+void write_checkpoint_file(const std::string& file, const std::function<void(std::ostream& out)>& save);
 
 /// Points `<dir>/latest` at `name` (durably).
 void point_latest(const std::string& dir, const std::string& name);

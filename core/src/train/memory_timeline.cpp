@@ -56,22 +56,19 @@ std::string json_of(const MemoryBreakdown& b, bool with_reserved) {
   return out + "}";
 }
 
-/// Opens `path` (a run directory's file: untrusted) for appending, or empties it (`truncate`):
-/// neither through a link nor when it is not a regular file (a FIFO would block, a device never
-/// end). Null with errno set when it cannot be.
-std::FILE* open_own_file(const std::string& path, bool truncate) {
-  const int fd = ::open(
-      path.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | (truncate ? O_TRUNC : O_APPEND), 0644);
-  if (fd < 0) return nullptr;
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    errno = EINVAL;
+/// Opens `path` (a run directory's file: untrusted) for appending, or anew (`fresh`): neither
+/// through a link nor when it is not a regular file (a FIFO would block, a device never end).
+/// Null with errno set when it cannot be.
+std::FILE* open_own_file(const std::string& path, bool fresh) {
+  try {
+    FileDescriptor fd = fresh ? create_new_file(path) : open_for_append(path);
+    std::FILE* f = ::fdopen(fd.get(), fresh ? "w" : "a");
+    if (f) fd.release();
+    return f;
+  } catch (const std::exception&) {
+    if (errno == 0) errno = EINVAL;
     return nullptr;
   }
-  std::FILE* f = ::fdopen(fd, truncate ? "w" : "a");
-  if (!f) ::close(fd);
-  return f;
 }
 
 /// Lines in the regular file at `path`, counted up to `most` (a file that holds that many moves
@@ -114,7 +111,9 @@ std::string write_oom_snapshot(const MemorySnapshot& s, const std::string& run_d
   const fs::path dir = fs::path(run_dir) / rel_dir;
   const fs::path json = dir / (name + ".json");
   try {
-    fs::create_directories(dir);
+    // memory/ (and memory/rank-N/) never through a link: a snapshot lands in the run directory.
+    make_run_subdir((fs::path(run_dir) / "memory").string());
+    if (rank > 0) make_run_subdir(dir.string());
     write_memory_snapshot(s, (dir / name).string());
   } catch (const std::exception& e) {
     std::error_code ec;
@@ -190,7 +189,7 @@ void MemoryTimeline::write(const std::string& line) {
   if (!file_) {
     bool cut = false;
     lines_ = count_lines(path_, max_lines_, cut);
-    file_ = open_own_file(path_, /*truncate=*/false);
+    file_ = open_own_file(path_, /*fresh=*/false);
     // A line cut short stays a line of its own (readers skip it), not the start of this one.
     if (file_ && cut && std::fputc('\n', file_) == EOF) {
       std::fclose(file_);
@@ -203,7 +202,7 @@ void MemoryTimeline::write(const std::string& line) {
     fs::path older(path_);  // memory.jsonl -> memory.1.jsonl
     older.replace_extension(".1" + older.extension().string());
     fs::rename(path_, older, ec);
-    file_ = open_own_file(path_, /*truncate=*/!ec);
+    file_ = open_own_file(path_, /*fresh=*/!ec);
     lines_ = ec ? lines_ : 0;
   }
   if (!file_ || std::fputs(line.c_str(), file_) < 0 || std::fputc('\n', file_) == EOF || std::fflush(file_) != 0) {

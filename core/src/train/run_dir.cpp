@@ -54,8 +54,13 @@ std::string RunDir::path_for(const RunSettings& run, const std::string& explicit
 
 RunDir::RunDir(std::string path) : path_(std::move(path)) {
   std::error_code ec;
-  fs::create_directories(fs::path(path_) / "checkpoints", ec);
+  fs::create_directories(path_, ec);
   TRAINER_CHECK_T(UsageError, !ec, "cannot create run directory ", path_, ": ", ec.message());
+  // The folders the core writes in must be its own: a link planted there (a run directory from
+  // elsewhere, or one another user can write in) would take checkpoints or snapshots outside.
+  make_run_subdir(checkpoints());
+  const std::string memory = path_ + "/memory";
+  if (fs::exists(fs::symlink_status(memory, ec))) make_run_subdir(memory);
 }
 
 bool RunDir::remove_if_only_core_files() const {

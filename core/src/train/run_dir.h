@@ -21,7 +21,8 @@ class RunDir {
   /// another picks the same name in the same second).
   static std::string path_for(const RunSettings& run, const std::string& explicit_dir, bool claim);
 
-  /// Creates `path` and its checkpoints/ directory. Throws UsageError when it cannot.
+  /// Creates `path` and its checkpoints/ directory. Throws UsageError when it cannot, or when
+  /// checkpoints/ or memory/ is there but is a link or no directory (make_run_subdir).
   explicit RunDir(std::string path);
 
   const std::string& path() const { return path_; }

@@ -19,7 +19,7 @@
 
 #include <optional>
 
-#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/sink.h>
 
 #include <chrono>
 #include <filesystem>
@@ -42,6 +42,7 @@
 #include "trainer/loader.h"
 #include "trainer/logging.h"
 #include "trainer/memory.h"
+#include "util/log_file_sink.h"
 
 namespace fs = std::filesystem;
 
@@ -191,8 +192,7 @@ struct Trainer::Impl {
     auto& sinks = log.sinks();
     if (rank != 0) {
       sinks.front()->set_level(spdlog::level::warn);
-      sinks.push_back(
-          std::make_shared<spdlog::sinks::basic_file_sink_mt>(dir + "/rank-" + std::to_string(rank) + ".log"));
+      sinks.push_back(detail::log_file_sink(dir + "/rank-" + std::to_string(rank) + ".log"));
     }
     sinks.front()->set_pattern("%Y-%m-%d %H:%M:%S.%e %^%-5l%$ " + tag + "%v");
     for (std::size_t i = 1; i < sinks.size(); ++i) sinks[i]->set_pattern("%Y-%m-%d %H:%M:%S.%e %-5l " + tag + "%v");

@@ -1,12 +1,57 @@
 #include "trainer/logging.h"
 
-#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/base_sink.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <cerrno>
+#include <cstdio>
+#include <mutex>
+
+#include "trainer/durable_file.h"
 #include "trainer/error.h"
+#include "util/log_file_sink.h"
 
 namespace trainer {
+
+namespace {
+
+/// basic_file_sink's writes and flushes (stdio-buffered, flushed when the logger flushes), over a
+/// file opened safely: see util/log_file_sink.h.
+class AppendFileSink final : public spdlog::sinks::base_sink<std::mutex> {
+ public:
+  explicit AppendFileSink(const std::string& path) : path_(path) {
+    FileDescriptor fd = open_for_append(path);
+    file_ = ::fdopen(fd.get(), "ab");
+    TRAINER_CHECK(file_ != nullptr, "cannot open the log file ", path, ": ", std::strerror(errno));
+    fd.release();  // the FILE owns it
+  }
+  ~AppendFileSink() override { std::fclose(file_); }
+
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    spdlog::memory_buf_t formatted;
+    formatter_->format(msg, formatted);
+    if (std::fwrite(formatted.data(), 1, formatted.size(), file_) != formatted.size()) {
+      spdlog::throw_spdlog_ex("Failed writing to file " + path_, errno);
+    }
+  }
+  void flush_() override {
+    if (std::fflush(file_) != 0) spdlog::throw_spdlog_ex("Failed flush to file " + path_, errno);
+  }
+
+ private:
+  std::string path_;
+  std::FILE* file_ = nullptr;
+};
+
+}  // namespace
+
+namespace detail {
+std::shared_ptr<spdlog::sinks::sink> log_file_sink(const std::string& path) {
+  return std::make_shared<AppendFileSink>(path);
+}
+}  // namespace detail
 
 std::shared_ptr<spdlog::logger> default_logger() {
   static std::shared_ptr<spdlog::logger> logger = [] {
@@ -27,7 +72,7 @@ std::shared_ptr<spdlog::logger> configure_logging(const std::string& run_dir, co
   auto& sinks = logger->sinks();
   sinks.resize(1);  // the stderr sink
   if (!run_dir.empty()) {
-    auto file = std::make_shared<spdlog::sinks::basic_file_sink_mt>(run_dir + "/trainer.log");
+    auto file = detail::log_file_sink(run_dir + "/trainer.log");
     file->set_pattern("%Y-%m-%d %H:%M:%S.%e %-5l %v");
     sinks.push_back(file);
   }

@@ -15,6 +15,8 @@
 #include <sstream>
 
 #include "backends.h"
+#include "trainer/durable_file.h"
+#include "trainer/error.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -306,16 +308,12 @@ class FileBackend final : public Backend {
   void write_atomically(const fs::path& p, const std::string& text) const {
     inside(p);
     fs::create_directories(p.parent_path());
-    const fs::path tmp = inside(p.string() + ".tmp");
-    std::error_code ec;
-    fs::remove(tmp, ec);  // a stale one, or a link: never written through
-    {
-      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-      out << text;
-      out.flush();
-      if (!out) throw RejectedError("cannot write " + tmp.string());
+    inside(p.string() + ".tmp");
+    try {
+      write_replacing(p.string(), text);  // the temporary created new: a link there is removed, not followed
+    } catch (const trainer::Error& e) {
+      throw RejectedError(e.what());
     }
-    fs::rename(tmp, p);
   }
 
   void ensure_root() {

@@ -3,11 +3,13 @@
 #include "backends.h"
 #include "journal_check.h"
 #include "journal_io.h"
+#include "trainer/durable_file.h"
 #include "trainer/json.h"
 
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -42,20 +44,31 @@ namespace detail {
 
 std::int64_t drop_incomplete_tail(const fs::path& journal) {
   std::error_code ec;
-  const auto size = static_cast<std::int64_t>(fs::file_size(journal, ec));
-  if (ec || size == 0) return 0;
-  std::ifstream in(journal, std::ios::binary);
+  if (!fs::exists(fs::symlink_status(journal, ec))) return 0;
+  // Cut through a descriptor of the journal itself: a link or a FIFO planted at its name is
+  // refused, never the file it leads to cut.
+  const FileDescriptor fd = open_for_update(journal.string());
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0 || st.st_size == 0) return 0;
+  const std::int64_t size = st.st_size;
   std::int64_t keep = size;
-  char c = 0;
+  char buf[4096];
   while (keep > 0) {
-    in.seekg(keep - 1);
-    in.get(c);
-    if (c == '\n') break;
-    --keep;
+    const std::int64_t from = std::max<std::int64_t>(0, keep - static_cast<std::int64_t>(sizeof buf));
+    const ssize_t got = ::pread(fd.get(), buf, static_cast<std::size_t>(keep - from), from);
+    if (got != keep - from) throw std::runtime_error("cannot read " + journal.string() + ": " + std::strerror(errno));
+    const char* nl = static_cast<const char*>(::memrchr(buf, '\n', static_cast<std::size_t>(got)));
+    if (nl) {
+      keep = from + (nl - buf) + 1;
+      break;
+    }
+    keep = from;
   }
   if (keep == size) return 0;
-  in.close();
-  fs::resize_file(journal, static_cast<std::uintmax_t>(keep));
+  if (::ftruncate(fd.get(), keep) != 0) {
+    throw std::runtime_error("cannot cut " + journal.string() +
+                             " back to its last whole record: " + std::strerror(errno));
+  }
   return size - keep;
 }
 
@@ -77,10 +90,11 @@ std::string canonical_uri(const std::string& uri) {
 // ---- lock --------------------------------------------------------------------------------
 
 JournalLock::JournalLock(const fs::path& dir) {
-  fs::create_directories(dir);
+  // mlflow/ and its lock are the run directory's own: a link at either is refused (exit 2).
+  if (dir.has_parent_path()) fs::create_directories(dir.parent_path());
+  make_run_subdir(dir.string());
   const std::string path = (dir / kLock).string();
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd_ < 0) throw std::runtime_error("cannot open " + path);
+  fd_ = open_for_update(path).release();
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     char buf[32] = {0};
     const ssize_t n = ::pread(fd_, buf, sizeof buf - 1, 0);
@@ -120,10 +134,7 @@ Exporter::Exporter(std::unique_ptr<Backend> backend, const std::string& run_dir,
     next_seq_ = std::max(next_seq_, seq_of(rec, 0) + 1);
     return true;
   });
-  journal_fd_ = ::open((dir_ / kJournal).c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-  if (journal_fd_ < 0) {
-    throw std::runtime_error("cannot open " + (dir_ / kJournal).string() + " for appending: " + std::strerror(errno));
-  }
+  journal_fd_ = open_for_append((dir_ / kJournal).string()).release();
   sender_ = std::make_unique<Sender>(*backend_, dir_, log_);
   if (options_.background) thread_ = std::thread([this] { run(); });
 }

@@ -10,6 +10,7 @@
 #include "journal_check.h"
 #include "journal_io.h"
 #include "mlflow_export.h"
+#include "trainer/durable_file.h"
 #include "trainer/json.h"
 
 namespace fs = std::filesystem;
@@ -48,15 +49,17 @@ json read_json_file(const fs::path& p) {
   return j.is_object() ? j : json::object();
 }
 
-void write_json_atomically(const fs::path& p, const json& j) {
-  const fs::path tmp = p.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << j.dump(1) << "\n";
-    out.flush();
-    if (!out) throw std::runtime_error("cannot write " + tmp.string());
+void write_json_atomically(const fs::path& p, const json& j) { write_replacing(p.string(), j.dump(1) + "\n"); }
+
+/// Keeps a refused record aside in rejected.jsonl (appended: never through a link planted there);
+/// a record that cannot be kept is logged.
+void keep_rejected(const fs::path& file, const std::string& line, spdlog::logger& log) {
+  try {
+    const std::string text = line + "\n";
+    write_fully(open_for_append(file.string()).get(), text.data(), text.size(), file.string());
+  } catch (const std::exception& e) {
+    log.error("mlflow: the refused record was not kept: {}", e.what());
   }
-  fs::rename(tmp, p);
 }
 
 }  // namespace
@@ -155,7 +158,7 @@ bool Sender::send_pending(std::string* error) {
       if (strict_) throw;
       ++rejected_;
       log_->error("mlflow: {}; not sent, kept in {}", e.what(), (dir_ / kRejected).string());
-      std::ofstream(dir_ / kRejected, std::ios::app) << line << "\n";
+      keep_rejected(dir_ / kRejected, line, *log_);
     } catch (const std::exception& e) {
       const bool has_op = rec.is_object() && rec.contains("op") && rec["op"].is_string();
       const std::string op = has_op ? rec["op"].get<std::string>() : std::string();
@@ -174,7 +177,7 @@ bool Sender::send_pending(std::string* error) {
       ++rejected_;
       log_->error("mlflow: {} refused journal record {} ({}): {}; kept in {}", backend_.uri(), seq_of(rec, 0),
                   has_op ? rec["op"].get<std::string>() : std::string("?"), e.what(), (dir_ / kRejected).string());
-      std::ofstream(dir_ / kRejected, std::ios::app) << line << "\n";
+      keep_rejected(dir_ / kRejected, line, *log_);
     }
     progress_.seq = seq_of(rec, progress_.seq + 1);
     progress_.offset = end;

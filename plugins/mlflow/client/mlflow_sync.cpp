@@ -15,6 +15,7 @@
 #include "journal_check.h"
 #include "journal_io.h"
 #include "mlflow_export.h"
+#include "trainer/durable_file.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -135,13 +136,23 @@ int sync_run_dir(const std::string& run_dir, const std::string& uri_override, st
     trusted.push_back(fs::weakly_canonical(fs::absolute(d)));
   }
   std::unique_ptr<JournalLock> lock;
+  std::int64_t cut = 0;
   try {
     lock = std::make_unique<JournalLock>(dir);
+  } catch (const UsageError& e) {  // a link or a FIFO planted in mlflow/: refused, naming it
+    err << "trainer mlflow sync: " << e.what() << "\n";
+    return 2;
   } catch (const std::exception& e) {
     err << "trainer mlflow sync: " << e.what() << "; a running trainer sends its records itself: sync after it ends\n";
     return 2;
   }
-  if (const std::int64_t cut = drop_incomplete_tail(dir / kJournal); cut > 0) {
+  try {
+    cut = drop_incomplete_tail(dir / kJournal);
+  } catch (const UsageError& e) {
+    err << "trainer mlflow sync: " << e.what() << "\n";
+    return 2;
+  }
+  if (cut > 0) {
     out << "trainer mlflow sync: dropped the journal's last record, cut short when its process died (" << cut
         << " bytes)\n";
   }
@@ -235,16 +246,17 @@ int sync_run_dir(const std::string& run_dir, const std::string& uri_override, st
                                                                   std::chrono::system_clock::now().time_since_epoch())
                 .count();
     }
-    std::ofstream j(dir / kJournal, std::ios::app | std::ios::binary);
     const std::string reason =
         "the trainer process ended without closing the run (killed, or the machine went down); marked FAILED by "
         "trainer mlflow sync";
-    j << json{{"seq", scan.last_seq + 1},
-              {"op", "batch"},
-              {"tags", json::array({json::array({"trainer.end_reason", reason})})}}
-             .dump()
-      << "\n"
-      << json{{"seq", scan.last_seq + 2}, {"op", "end"}, {"status", "FAILED"}, {"end_time", end}}.dump() << "\n";
+    const std::string records =
+        json{{"seq", scan.last_seq + 1},
+             {"op", "batch"},
+             {"tags", json::array({json::array({"trainer.end_reason", reason})})}}
+            .dump() +
+        "\n" + json{{"seq", scan.last_seq + 2}, {"op", "end"}, {"status", "FAILED"}, {"end_time", end}}.dump() + "\n";
+    const std::string journal = (dir / kJournal).string();
+    write_fully(open_for_append(journal).get(), records.data(), records.size(), journal);
     out << "trainer mlflow sync: " << run_dir << ": the run was not closed by its process; marking it FAILED\n";
   }
   Sender sender(*backend, dir, log);
