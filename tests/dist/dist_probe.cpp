@@ -2,7 +2,8 @@
 // (tests/dist/distributed_test.cpp starts the ranks). Prints what each collective gave.
 //   collectives   sum, max, broadcast of a module, mean gradients in buckets, barrier
 //   leave         joins the group, then exits at once (a rank that dies)
-// After joining each rank prints whether SIGPIPE is ignored (joining a group ignores it).
+// After joining each rank prints whether SIGPIPE is ignored (joining a group ignores it); at the
+// end, its peak resident memory (VmHWM).
 // Exit code 0; 3 with the error on stderr when a collective fails; 2 for bad variables.
 #include <signal.h>
 #include <torch/nn/modules/linear.h>
@@ -11,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <string>
 
 #include "trainer/distributed.h"
@@ -45,6 +47,12 @@ int main(int argc, char** argv) {
     trainer::all_reduce_gradients(pg, layer->parameters(), 1.0 / double(pg.size()), 16);
     std::printf("grad %g %g\n", layer->weight.grad()[1][2].item<double>(), layer->bias.grad()[0].item<double>());
     pg.barrier();
+    // The most memory this process held (a peer that announced a huge request must not have
+    // made the store allocate it).
+    std::ifstream status("/proc/self/status");
+    for (std::string line; std::getline(status, line);) {
+      if (line.rfind("VmHWM:", 0) == 0) std::printf("peak %lld kB\n", std::atoll(line.c_str() + 6));
+    }
     std::printf("done\n");
     return 0;
   } catch (const trainer::UsageError& e) {

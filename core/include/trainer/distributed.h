@@ -1,8 +1,9 @@
 #pragma once
 // Data-parallel runs: the ranks of one run as a process group on PyTorch's own distributed
-// engine (c10d: a TCPStore that rank 0 hosts, Gloo for tensors on the CPU). A process learns its
-// place from the variables torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
-// MASTER_ADDR, MASTER_PORT); a process without them is a run of one, as before.
+// engine (c10d: a store of keys that rank 0 hosts, on MASTER_ADDR only; Gloo for tensors on the
+// CPU). A process learns its place from the variables torchrun sets (RANK, WORLD_SIZE,
+// LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT); a process without them is a run of
+// one, as before.
 //
 //   DistEnv env = DistEnv::from_env();           // UsageError for inconsistent variables
 //   if (env.active()) {
@@ -82,8 +83,10 @@ struct TRAINER_API DistEnv {
 /// on every rank.
 class TRAINER_API ProcessGroup {
  public:
-  /// Joins: rank 0 hosts the store at master_addr:master_port, the others connect to it; the
+  /// Joins: rank 0 hosts the store at master_addr:master_port (listening on that address only:
+  /// unauthenticated, so across hosts on a trusted network), the others connect to it; the
   /// group forms when all world_size ranks have (at most `timeout`, else trainer::Error).
+  /// UsageError for a group across hosts whose master_addr is a loopback address on rank 0's.
   ProcessGroup(const DistEnv& env, std::chrono::milliseconds timeout);
   ~ProcessGroup();
   ProcessGroup(const ProcessGroup&) = delete;

@@ -10,6 +10,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <signal.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <cctype>
@@ -18,7 +19,9 @@
 #include <thread>
 
 #include "dist/grad_sync.h"
+#include "dist/group_store.h"
 #include "dist/process_group_impl.h"
+#include "dist/store_wire.h"
 #include "trainer/error.h"
 
 namespace trainer {
@@ -55,6 +58,47 @@ void ignore_broken_pipes() {
   ::sigaction(SIGPIPE, &ignore, nullptr);
 }
 
+/// How each connection to the group's store is made, under the group's `prefix`. Rank 0 hosts
+/// trainer's own store (StoreServer) and every rank connects to it, greeting with the prefix;
+/// under torchrun's agent store the agent hosts c10d's TCPStore, and the ranks are its clients.
+std::function<c10::intrusive_ptr<c10d::Store>()> store_connector(const DistEnv& env, const std::string& prefix,
+                                                                 std::chrono::milliseconds timeout, bool agent_store) {
+  if (agent_store) {
+    c10d::TCPStoreOptions o;
+    o.port = static_cast<std::uint16_t>(env.master_port);
+    o.isServer = false;
+    o.numWorkers = static_cast<std::size_t>(env.world_size);
+    o.waitWorkers = false;  // the group's forming below waits, and can then say who is missing
+    o.timeout = timeout;
+    return [addr = env.master_addr, o, prefix]() -> c10::intrusive_ptr<c10d::Store> {
+      return c10::make_intrusive<c10d::PrefixStore>(prefix, c10::make_intrusive<c10d::TCPStore>(addr, o));
+    };
+  }
+  return [addr = env.master_addr, port = static_cast<int>(env.master_port), prefix,
+          timeout]() -> c10::intrusive_ptr<c10d::Store> {
+    return c10::make_intrusive<c10d::PrefixStore>(prefix, c10::make_intrusive<GroupStore>(addr, port, prefix, timeout));
+  };
+}
+
+/// Rank 0's store listens on MASTER_ADDR only. A group across hosts (LOCAL_WORLD_SIZE <
+/// WORLD_SIZE) whose MASTER_ADDR is a loopback address on rank 0's host (a host name that
+/// /etc/hosts maps to 127.0.1.1, as Debian's does) could not be reached from the other hosts.
+void check_store_reachable(const DistEnv& env) {
+  if (env.rank != 0 || env.local_world_size >= env.world_size) return;
+  std::vector<sockaddr_storage> addresses;
+  try {
+    addresses = store_wire::resolve(env.master_addr, static_cast<int>(env.master_port));
+  } catch (const store_wire::WireError&) {
+    return;  // said when the store is made
+  }
+  if (!std::all_of(addresses.begin(), addresses.end(), store_wire::is_loopback)) return;
+  throw UsageError(fmt::format(
+      "MASTER_ADDR={} is {} on rank 0's host, a loopback address, but the group spans hosts (LOCAL_WORLD_SIZE={}, "
+      "WORLD_SIZE={}): rank 0's store listens on MASTER_ADDR only, where the other hosts cannot reach it; set "
+      "MASTER_ADDR to the address of rank 0's host that the others use",
+      env.master_addr, store_wire::to_string(addresses.front()), env.local_world_size, env.world_size));
+}
+
 }  // namespace
 
 ProcessGroup::ProcessGroup(const DistEnv& env, std::chrono::milliseconds timeout) : impl_(std::make_unique<Impl>()) {
@@ -66,28 +110,25 @@ ProcessGroup::ProcessGroup(const DistEnv& env, std::chrono::milliseconds timeout
   const std::string where = env.master_addr + ":" + std::to_string(env.master_port);
   const std::string group = group_id();
   ignore_broken_pipes();
+  check_store_reachable(env);
   c10::intrusive_ptr<c10d::Store> store;
   try {
-    c10d::TCPStoreOptions o;
-    o.port = static_cast<std::uint16_t>(env.master_port);
     // torchrun's agent hosts the store itself when it says so; the ranks then only connect.
     const char* agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
-    o.isServer = env.rank == 0 && !(agent && std::string(agent) == "True");
-    o.numWorkers = static_cast<std::size_t>(env.world_size);
-    o.waitWorkers = false;  // the group's forming below waits, and can then say who is missing
-    o.timeout = timeout;
+    const bool agent_store = agent && std::string(agent) == "True";
     // A restarted torchrun group (TORCHELASTIC_RESTART_COUNT) starts from fresh keys; the keys
     // of a `trainer launch` group are its own (TRAINER_GROUP_ID), so that a rank that reaches
     // another group's store (its port reused) never joins that group.
     const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
     const std::string prefix = "trainer/" + group + std::string(restart ? restart : "0");
-    store = c10::make_intrusive<c10d::PrefixStore>(prefix, c10::make_intrusive<c10d::TCPStore>(env.master_addr, o));
+    if (env.rank == 0 && !agent_store) {
+      impl_->server = std::make_unique<StoreServer>(env.master_addr, static_cast<int>(env.master_port), prefix);
+    }
+    impl_->connect = store_connector(env, prefix, timeout, agent_store);
+    store = impl_->connect();
     store->set("joined/" + std::to_string(env.rank), std::vector<std::uint8_t>{1});
     impl_->store = store;
-    impl_->store_addr = env.master_addr;
-    impl_->store_prefix = prefix;
-    impl_->store_options = o;
-    impl_->start_heartbeat(env.master_addr, o, prefix);
+    impl_->start_heartbeat();
   } catch (const std::exception& e) {
     impl_->stop_heartbeat();
     throw Error(fmt::format("rank {}: cannot {} the group's store at {} (MASTER_ADDR:MASTER_PORT): {}", env.rank,

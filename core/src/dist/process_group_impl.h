@@ -3,18 +3,19 @@
 // the heartbeat that names a lost rank. Needs USE_C10D_GLOO, as c10d's Gloo header does.
 #include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 
+#include "dist/store_server.h"
 #include "trainer/distributed.h"
 #include "trainer/error.h"
 
@@ -26,12 +27,14 @@ std::string message_of(const std::exception& e);
 struct ProcessGroup::Impl {
   std::int64_t rank = 0, size = 1;
   std::chrono::milliseconds timeout{0};
+  /// The store rank 0 hosts (null on the other ranks, and under torchrun's agent store). Declared
+  /// first: it goes last, after every connection to it.
+  std::unique_ptr<StoreServer> server;
+  /// A new connection to the group's store, under the group's prefix: the run's own, and the
+  /// ones the heartbeat and the liveness probe open for themselves.
+  std::function<c10::intrusive_ptr<c10d::Store>()> connect;
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo;
-  // Where the store is, for the connections of their own that the heartbeat and the liveness
-  // probe open.
-  std::string store_addr, store_prefix;
-  c10d::TCPStoreOptions store_options;
 
   // The heartbeat: every rank counts up its key in the store twice a second, on a connection of
   // its own, so that after a failed collective the survivors can tell which ranks are gone. Its
@@ -54,7 +57,7 @@ struct ProcessGroup::Impl {
   static std::string beat_key(std::int64_t r) { return "beat/" + std::to_string(r); }
   static std::string started_key(std::int64_t r) { return "started/" + std::to_string(r); }
 
-  void start_heartbeat(const std::string& addr, const c10d::TCPStoreOptions& base, const std::string& prefix);
+  void start_heartbeat();
 
   void stop_heartbeat();
 

@@ -3,8 +3,6 @@
 #include "dist/process_group_impl.h"
 
 #include <fmt/format.h>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <future>
 #include <vector>
@@ -16,21 +14,18 @@ std::string message_of(const std::exception& e) {
   return e.what();
 }
 
-void ProcessGroup::Impl::start_heartbeat(const std::string& addr, const c10d::TCPStoreOptions& base,
-                                         const std::string& prefix) {
-  beat = std::thread([state = beat_state, me = rank, addr, base, prefix] {
+void ProcessGroup::Impl::start_heartbeat() {
+  beat = std::thread([state = beat_state, me = rank, connect = connect] {
     try {
-      c10d::TCPStoreOptions o = base;
-      o.isServer = false;
-      c10d::PrefixStore own(prefix, c10::make_intrusive<c10d::TCPStore>(addr, o));
+      const auto own = connect();
       std::int64_t published = 0;
       std::unique_lock<std::mutex> lock(state->mutex);
       while (!state->stop) {
         lock.unlock();
-        own.add(beat_key(me), 1);
+        own->add(beat_key(me), 1);
         const std::int64_t started = state->started.load();
         if (started != published) {
-          own.add(started_key(me), started - published);
+          own->add(started_key(me), started - published);
           published = started;
         }
         lock.lock();
@@ -62,13 +57,10 @@ void ProcessGroup::Impl::stop_heartbeat() {
 bool ProcessGroup::Impl::store_answers(std::chrono::milliseconds limit) const {
   auto answer = std::make_shared<std::promise<bool>>();
   std::future<bool> answered = answer->get_future();
-  std::thread([answer, addr = store_addr, options = store_options, prefix = store_prefix] {
+  std::thread([answer, connect = connect] {
     bool ok = false;
     try {
-      c10d::TCPStoreOptions o = options;
-      o.isServer = false;
-      c10d::PrefixStore probe(prefix, c10::make_intrusive<c10d::TCPStore>(addr, o));
-      ok = probe.check({"joined/0"});
+      ok = connect()->check({"joined/0"});
     } catch (const std::exception&) {
       ok = false;
     }

@@ -78,4 +78,18 @@ inline void set_autocast_dtype(c10::DeviceType type, c10::ScalarType dtype) {
 #endif
 }
 
+/// c10d::Store gained a pure virtual clone() in LibTorch 2.x ("a thread safe copy of this store
+/// object that points to the same underlying store"). A store of trainer's derives from
+/// `StoreWithClone<c10d::Store, Self>` and defines `clone_store()`: it becomes clone() where the
+/// base has one. (Templated on the base, so that this header need not include c10d's.)
+template <class Store, class Self, class = void>
+struct StoreWithClone : Store {
+  using Store::Store;
+};
+template <class Store, class Self>
+struct StoreWithClone<Store, Self, std::void_t<decltype(&Store::clone)>> : Store {
+  using Store::Store;
+  c10::intrusive_ptr<Store> clone() override { return static_cast<Self*>(this)->clone_store(); }
+};
+
 }  // namespace trainer::compat
