@@ -245,6 +245,22 @@ TEST(ProcessGroup, ALocalGroupListensOnLoopbackOnly) {
   EXPECT_EQ(trainer::testing::exit_code_within(r1, std::chrono::seconds(30)), 0) << read_file(tmp / "rank1.err");
 }
 
+TEST(ProcessGroup, AGroupAcrossHostsWhoseStoreWouldListenOnLoopbackIsRefused) {
+  // One rank per host (LOCAL_WORLD_SIZE 1 of 2), MASTER_ADDR loopback on rank 0's: the other
+  // host could never reach the store there.
+  const int port = trainer::free_loopback_port();
+  const auto out = trainer::testing::run_command(
+      "RANK=0 LOCAL_RANK=0 WORLD_SIZE=2 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 "
+      "MASTER_PORT=" +
+      std::to_string(port) + " " + DIST_PROBE + " collectives 2000");
+  EXPECT_EQ(out.code, 2) << out.text;
+  EXPECT_NE(out.text.find("MASTER_ADDR=127.0.0.1 is 127.0.0.1:" + std::to_string(port) +
+                          " on rank 0's host, a loopback address, but the group spans hosts (LOCAL_WORLD_SIZE=1, "
+                          "WORLD_SIZE=2)"),
+            std::string::npos)
+      << out.text;
+}
+
 TEST(ProcessGroup, APeerThatSendsHalfARequestHoldsUpNobody) {
   // One byte of a request, and then nothing: the group forms and works around it.
   TempDir tmp;
