@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <regex>
 #include <string>
 #include <thread>
 
@@ -368,6 +369,56 @@ TEST(Cli, ResumeAloneGoesOnInTheRunDirectoryWithItsStoredConfig) {
   // A refused resume leaves the run as it was: its config and status are not this attempt's.
   EXPECT_NE(trainer::testing::read_file(run + "/config.toml").find("limit = 256"), std::string::npos);
   EXPECT_NE(trainer::testing::read_file(run + "/status.json").find("\"status\":\"FINISHED\""), std::string::npos);
+}
+
+// A run directory is data: the config it stored may name plugins, but a library or a directory
+// to load them from runs code, and is loaded only when the user's command line gives it too.
+TEST(Cli, AStoredConfigMayNamePluginsButNotPaths) {
+  TempDir tmp;
+  const std::string run = tmp / "run";
+  const auto first = run_cli("--recipe " + kRecipe + " --run-dir " + run +
+                             " dataset.limit=128 dataset.eval_limit=64 training.epochs=1 training.max_steps=1");
+  ASSERT_EQ(first.code, 0) << first.text;
+  const std::string config = trainer::testing::read_file(run + "/config.toml");
+  const std::string library = std::string(TRAINER_TEST_PLUGIN_DIR) + "/libtrainer_plugin_marker.so";
+  const std::string marker = tmp / "loaded";
+  const std::string env = "TRAINER_TEST_MARKER=" + marker + " ";
+  const auto plant = [&](const std::string& plugins) {
+    const std::regex table("\\[plugins\\]\n(?:[^\\[\\n][^\\n]*\\n)*");
+    ASSERT_TRUE(std::regex_search(config, table)) << config;
+    write_file(run + "/config.toml", std::regex_replace(config, table, "[plugins]\n" + plugins + "\n"));
+  };
+
+  // A library's path: refused before anything is loaded, naming the line, the key and the path.
+  plant("load = [\"" + library + "\"]");
+  const auto refused = run_cli("--resume " + run + " training.max_steps=2", env);
+  EXPECT_EQ(refused.code, 2) << refused.text;
+  EXPECT_NE(refused.text.find(run + "/config.toml:"), std::string::npos) << refused.text;
+  EXPECT_NE(
+      refused.text.find("plugins.load names the path '" + library + "'; a stored config may name plugins, not paths"),
+      std::string::npos)
+      << refused.text;
+  EXPECT_FALSE(std::filesystem::exists(marker));
+  // The same path on the command line is the user's: loaded.
+  const auto given = run_cli("--resume " + run + " training.max_steps=2 'plugins.load=[\"" + library + "\"]'", env);
+  EXPECT_EQ(given.code, 0) << given.text;
+  EXPECT_TRUE(std::filesystem::exists(marker));
+
+  // A directory to search: the same, and --plugin-dir gives it.
+  std::filesystem::remove(marker);
+  plant("load = [\"marker\"]\npath = [\"" + std::string(TRAINER_TEST_PLUGIN_DIR) + "\"]");
+  const auto refused_dir = run_cli("--resume " + run + " training.max_steps=3", env);
+  EXPECT_EQ(refused_dir.code, 2) << refused_dir.text;
+  EXPECT_NE(refused_dir.text.find("plugins.path names the path '" + std::string(TRAINER_TEST_PLUGIN_DIR) + "'"),
+            std::string::npos)
+      << refused_dir.text;
+  EXPECT_NE(refused_dir.text.find("--plugin-dir " + std::string(TRAINER_TEST_PLUGIN_DIR)), std::string::npos)
+      << refused_dir.text;
+  EXPECT_FALSE(std::filesystem::exists(marker));
+  const auto given_dir =
+      run_cli("--resume " + run + " training.max_steps=3 --plugin-dir " + std::string(TRAINER_TEST_PLUGIN_DIR), env);
+  EXPECT_EQ(given_dir.code, 0) << given_dir.text;
+  EXPECT_TRUE(std::filesystem::exists(marker));
 }
 
 // A start that fails before training leaves no run directory of its own naming behind.

@@ -61,6 +61,10 @@ class TRAINER_API PluginHost {
   /// The file name of plugin `name`: "libtrainer_plugin_<name>.so".
   static std::string library_file_name(const std::string& name);
 
+  /// Whether `name_or_path` (a plugins.load entry) is a library's path, loaded as it is: it has
+  /// a '/' or ends in ".so". Otherwise it is a plugin's name, searched in the directories.
+  static bool is_path(const std::string& name_or_path);
+
  private:
   std::vector<std::string> dirs_;
 };

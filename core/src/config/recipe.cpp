@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <regex>
+#include <set>
 
 #include "config/override_values.h"
 #include "trainer/data.h"
@@ -386,6 +387,59 @@ std::vector<SectionSpec> plugin_config_sections(const std::vector<std::shared_pt
     out.push_back(std::move(s));
   }
   return out;
+}
+
+namespace {
+
+std::string normal_path(const std::string& p) { return fs::absolute(p).lexically_normal().string(); }
+
+/// A stored `key`'s entries that are paths (every entry of plugins.path, the library paths of
+/// plugins.load), or none when its type is wrong (validate_recipe says so).
+std::vector<std::string> stored_paths(const Config& stored, const std::string& key) {
+  std::vector<std::string> entries;
+  try {
+    entries = stored.get_or<std::vector<std::string>>(key, {});
+  } catch (const ConfigError&) {
+    return {};
+  }
+  if (key == "plugins.load") {
+    entries.erase(std::remove_if(entries.begin(), entries.end(), [](const auto& e) { return !PluginHost::is_path(e); }),
+                  entries.end());
+  }
+  return entries;
+}
+
+}  // namespace
+
+void refuse_stored_plugin_paths(const std::string& stored_config, const std::vector<std::string>& overrides,
+                                const std::vector<std::string>& plugin_dirs) {
+  // What the user's command line names: its directories, and the keys its overrides replace.
+  std::set<std::string> given, replaced;
+  for (const auto& d : plugin_dirs) given.insert(normal_path(d));
+  for (const auto& text : overrides) {
+    const Override o = parse_override(text);
+    if (o.kind != Override::Kind::Set || (o.key != "plugins.load" && o.key != "plugins.path")) continue;
+    replaced.insert(o.key);
+    const ConfigValue value = parse_override_value(o.value);
+    if (const auto* list = std::get_if<std::vector<std::string>>(&value)) {
+      for (const auto& e : *list) given.insert(normal_path(e));
+    }
+  }
+  const Config stored = Config::parse_file(stored_config);
+  std::vector<std::string> problems;
+  for (const std::string key : {"plugins.load", "plugins.path"}) {
+    if (replaced.count(key) != 0) continue;  // the stored value is not used
+    for (const auto& path : stored_paths(stored, key)) {
+      if (given.count(normal_path(path)) != 0) continue;
+      problems.push_back(fmt::format(
+          "{}: {} names the path '{}'; a stored config may name plugins, not paths (a run directory is data, and "
+          "loading a library runs its code). If you mean to load it, give it on the command line: {}",
+          stored.origin(key), key, path,
+          key == "plugins.path" ? "--plugin-dir " + path
+                                : "'plugins.load=[\"" + path + "\", ...]' (the list as you want it)"));
+    }
+  }
+  if (!problems.empty()) throw ConfigError(problems);
 }
 
 PreparedRun prepare_run(const std::string& recipe, const std::vector<std::string>& overrides,

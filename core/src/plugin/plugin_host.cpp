@@ -51,10 +51,6 @@ std::string plugin_name_of(const std::string& file_name) {
   return file_name.substr(kLibraryPrefix.size(), file_name.size() - kLibraryPrefix.size() - 3);
 }
 
-bool looks_like_path(const std::string& s) {
-  return s.find('/') != std::string::npos || (s.size() > 3 && s.compare(s.size() - 3, 3, ".so") == 0);
-}
-
 }  // namespace
 
 std::vector<std::string> default_plugin_dirs() {
@@ -80,6 +76,10 @@ std::vector<std::string> default_plugin_dirs() {
 
 std::string PluginHost::library_file_name(const std::string& name) { return "libtrainer_plugin_" + name + ".so"; }
 
+bool PluginHost::is_path(const std::string& s) {
+  return s.find('/') != std::string::npos || (s.size() > 3 && s.compare(s.size() - 3, 3, ".so") == 0);
+}
+
 PluginHost::PluginHost(std::vector<std::string> extra_dirs) {
   for (auto& d : extra_dirs) dirs_.push_back(std::move(d));
   if (const char* env = std::getenv("TRAINER_PLUGIN_PATH")) {
@@ -100,7 +100,7 @@ PluginHost::PluginHost(std::vector<std::string> extra_dirs) {
 }
 
 std::string PluginHost::find(const std::string& name_or_path) const {
-  if (looks_like_path(name_or_path)) {
+  if (is_path(name_or_path)) {
     if (fs::is_regular_file(name_or_path)) return fs::absolute(name_or_path).string();
     throw PluginError(fmt::format("plugin library '{}' not found", name_or_path));
   }
