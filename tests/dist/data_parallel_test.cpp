@@ -262,6 +262,105 @@ TEST(DataParallel, EachRankResumesWithItsOwnRandomStream) {
   EXPECT_EQ(largest_difference(tmp / ("whole" + end), tmp / ("a2" + end)), 0.0);
 }
 
+/// The small CNN (no dropout, no BatchNorm, held contiguous) on 630 images in global batches of
+/// 63: ranks of 32 and 31 samples, 10 steps; training metrics every 5 steps, the gradient's norm
+/// among them (clipped at 1). Micro-batches of 32: the one process computes the ranks' parts.
+std::string cnn_recipe(const TempDir& tmp) {
+  const std::string path = tmp / "cnn.toml";
+  write_file(path, R"(defaults = ["model/cnn", "dataset/fashion_mnist", "optim/adamw"]
+[run]
+name = "cnn"
+seed = 7
+[model]
+channels = [4, 8]
+hidden = 16
+dropout = 0.0
+batch_norm = false
+memory_format = "contiguous"
+[training]
+epochs = 1
+batch_size = 63
+micro_batch_size = 32
+log_every = 5
+grad_clip_norm = 1.0
+[dataset]
+limit = 630
+eval_limit = 100
+[eval]
+every_epochs = 0
+at_end = false
+[runtime]
+num_threads = 1
+[metrics]
+console = false
+)");
+  return path;
+}
+
+/// Every train/* metric of a run directory by (step, name), but train/samples_per_s (a time).
+std::map<std::pair<long, std::string>, double> training_metrics(const std::string& dir) {
+  std::map<std::pair<long, std::string>, double> out;
+  for (const auto& l : read_lines(dir + "/metrics.jsonl")) {
+    const std::string name = trainer::testing::json_str(l, "name");
+    if (name.rfind("train/", 0) != 0 || name == "train/samples_per_s") continue;
+    out[{static_cast<long>(*trainer::testing::json_num(l, "step")), name}] = *trainer::testing::json_num(l, "value");
+  }
+  return out;
+}
+
+TEST(DataParallel, EveryLoggedTrainingMetricIsTheOneProcessRunsAtEveryLogEvery) {
+  // Ranks of 32 and 31 samples, a window of 5 steps. Rank 1 holds its model channels-last when
+  // it is built (as its own memory-format probe might have chosen): every rank takes rank 0's
+  // format, so the ranks train the one process's model and log its metrics. They differ only in
+  // the order of the sums behind each value (the one process adds its two micro-batches' float32
+  // losses on the device, the ranks add theirs in double): a few float32 roundings, ~1e-7
+  // relative; 1e-6 leaves room for them. A rank that trained on weights in the wrong places
+  // moved train/loss by ~1e-2 by step 5.
+  TempDir tmp;
+  const std::string r = cnn_recipe(tmp);
+  auto one = run_command(trainer_cmd() + " --recipe " + r + " --run-dir " + (tmp / "one") + " --log-level warn");
+  ASSERT_EQ(one.code, 0) << one.text;
+  auto two = run_command(trainer_cmd() + " launch --nproc 2 -- --recipe " + r + " --plugin-dir " +
+                         TRAINER_TEST_PLUGIN_DIR + " 'plugins.load=[\"channels_last\"]' --run-dir " + (tmp / "two"));
+  ASSERT_EQ(two.code, 0) << two.text;
+  const auto a = training_metrics(tmp / "one"), b = training_metrics(tmp / "two");
+  // Steps 5 and 10 (the epoch's end): loss, accuracy, grad_norm, lr, epoch, micro_batch_size.
+  ASSERT_EQ(a.size(), 12u);
+  ASSERT_EQ(b.size(), a.size());
+  for (const auto& [key, v] : a) {
+    ASSERT_EQ(b.count(key), 1u) << key.second << " at step " << key.first;
+    EXPECT_NEAR(b.at(key), v, 1e-6 * std::fabs(v)) << key.second << " at step " << key.first;
+  }
+}
+
+TEST(DataParallel, RankZerosWeightsReachARankHoldingItsModelInAnotherLayout) {
+  // Rank 1 goes channels-last after the memory format is applied: rank 0's weights, broadcast
+  // at the start, must land on the same values there. Its kernels then sum in another order, so
+  // the losses are compared as those of another split (expect_same_losses: within 1e-4).
+  TempDir tmp;
+  const std::string r = cnn_recipe(tmp) + " training.log_every=1";
+  auto one = run_command(trainer_cmd() + " --recipe " + r + " --run-dir " + (tmp / "one") + " --log-level warn");
+  ASSERT_EQ(one.code, 0) << one.text;
+  auto two = run_command(
+      trainer_cmd() + " launch --nproc 2 -- --recipe " + r + " --plugin-dir " + TRAINER_TEST_PLUGIN_DIR +
+      " 'plugins.load=[\"channels_last\"]' plugins.channels_last.event=\"ModelToDevice\" --run-dir " + (tmp / "two"));
+  ASSERT_EQ(two.code, 0) << two.text;
+  trainer::testing::expect_same_losses(tmp / "one", tmp / "two", 10);
+  // model.memory_format = "auto": rank 0's probe decides for every rank.
+  auto probe = run_command(trainer_cmd() + " launch --nproc 2 -- --recipe " + r +
+                           " model.memory_format=\"auto\" training.max_steps=1 --run-dir " + (tmp / "auto"));
+  ASSERT_EQ(probe.code, 0) << probe.text;
+  std::smatch m;
+  const std::string log0 = read_file(tmp / "auto/trainer.log"), log1 = read_file(tmp / "auto/rank-1.log");
+  ASSERT_TRUE(std::regex_search(log0, m,
+                                std::regex("memory format: ([a-z_]+) \\(model.memory_format = auto: "
+                                           "forward\\+backward")))
+      << log0;
+  EXPECT_NE(log1.find("memory format: " + m[1].str() + " (model.memory_format = auto: rank 0's probe, for every rank)"),
+            std::string::npos)
+      << log1;
+}
+
 TEST(DataParallel, RanksWaitForRankZerosCheckpointLongerThanTheTimeout) {
   // Writing the checkpoint of step 3 takes rank 0 six seconds (the test plugin stall, in the
   // Checkpoint event), three times distributed.timeout_s: the other rank waits for it outside

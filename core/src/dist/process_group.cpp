@@ -294,10 +294,14 @@ void broadcast_module_state(ProcessGroup& pg, torch::nn::Module& module) {
   std::vector<at::Tensor> tensors;
   for (const auto& p : module.parameters()) tensors.push_back(p.detach());
   for (const auto& b : module.buffers()) tensors.push_back(b.detach());
-  // One collective per tensor keeps each in place (the module's own storage).
+  // One collective per tensor keeps each in place (the module's own storage). Gloo sends a
+  // tensor's memory as it lies: a tensor in another layout than rank 0's (channels-last on one
+  // rank only) would receive rank 0's values in the wrong places. Each goes as a contiguous copy
+  // in logical order, and comes back into the tensor's own layout.
   for (auto& t : tensors) {
-    std::vector<at::Tensor> one{t};
+    std::vector<at::Tensor> one{t.contiguous()};
     pg.broadcast(one, 0);
+    if (!one[0].is_same(t)) t.copy_(one[0]);
   }
 }
 

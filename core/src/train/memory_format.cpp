@@ -10,6 +10,7 @@
 
 #include "train/oom_recovery.h"
 #include "train/setup.h"
+#include "trainer/distributed.h"
 #include "trainer/error.h"
 #include "trainer/memory.h"
 
@@ -88,28 +89,34 @@ at::MemoryFormat probe_memory_format(RunParts& parts, std::int64_t batch, int re
 }  // namespace
 
 void choose_memory_format(RunParts& parts, const std::string& setting, std::int64_t batch, spdlog::logger& log) {
-  if (setting == "contiguous") {
-    parts.memory_format = at::MemoryFormat::Contiguous;
-    return;
+  TRAINER_CHECK(setting == "auto" || setting == "contiguous" || setting == "channels_last", "model.memory_format = \"",
+                setting, "\": allowed are auto, contiguous, channels_last");
+  // Every rank of a data-parallel run holds its model in rank 0's format: rank 0's weights reach
+  // the others as raw memory, and each rank's probe could time the formats the other way round.
+  const bool follows = parts.group && parts.group->rank() != 0;
+  double ms[2] = {0, 0};
+  at::MemoryFormat f = setting == "channels_last" ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+  if (setting == "auto" && !follows) f = probe_memory_format(parts, batch, 3, ms);
+  const char* const kNames[] = {"contiguous", "channels_last"};
+  if (parts.group) {
+    const std::string agreed = parts.group->share("memory_format", kNames[f == at::MemoryFormat::ChannelsLast]);
+    f = agreed == kNames[1] ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
   }
-  if (setting == "channels_last") {
-    to_memory_format(parts, at::MemoryFormat::ChannelsLast);
-    log.info("memory format: channels_last (model.memory_format)");
-    return;
-  }
-  TRAINER_CHECK(setting == "auto", "model.memory_format = \"", setting,
-                "\": allowed are auto, contiguous, channels_last");
-  double ms[2];
-  const at::MemoryFormat f = probe_memory_format(parts, batch, 3, ms);
+  // Also when it is the default: a plugin may have changed the layout in ModelCreated.
   to_memory_format(parts, f);
-  if (ms[0] == 0) {
+  const char* name = kNames[f == at::MemoryFormat::ChannelsLast];
+  if (setting != "auto") {
+    if (f == at::MemoryFormat::ChannelsLast) log.info("memory format: channels_last (model.memory_format)");
+  } else if (follows) {
+    log.info("memory format: {} (model.memory_format = auto: rank 0's probe, for every rank)", name);
+  } else if (ms[0] == 0) {
     log.warn("memory format: contiguous (model.memory_format = auto: the probe ran out of memory)");
-    return;
+  } else {
+    log.info(
+        "memory format: {} (model.memory_format = auto: forward+backward {:.1f} ms contiguous, {:.1f} ms "
+        "channels_last on {})",
+        name, ms[0], ms[1], parts.device.str());
   }
-  log.info(
-      "memory format: {} (model.memory_format = auto: forward+backward {:.1f} ms contiguous, {:.1f} ms "
-      "channels_last on {})",
-      f == at::MemoryFormat::ChannelsLast ? "channels_last" : "contiguous", ms[0], ms[1], parts.device.str());
 }
 
 }  // namespace trainer
