@@ -50,6 +50,36 @@ std::string last_value(const RunData& data, const std::string& name) {
   return format_number(p.value, 4) + " (step " + format_number(p.step, 12) + ")";
 }
 
+/// The memory ladder's savers on when the run ended (status.json; oom_backoff), or nothing.
+std::string savers_fact(const RunData& d) {
+  if (!d.status) return "";
+  std::string savers;
+  auto add = [&savers](const std::string& s) { savers += (savers.empty() ? "" : "; ") + s; };
+  if (d.status->checkpointed_blocks > 0) add(std::to_string(d.status->checkpointed_blocks) + " blocks checkpointed");
+  if (d.status->optimizer_moment_bits > 0) {
+    add("AdamW's moments in " + std::to_string(d.status->optimizer_moment_bits) + " bits");
+  }
+  if (d.status->optimizer_offload) add("AdamW's moments in host memory");
+  return savers.empty() ? "" : fact("Memory savers on", html_escape(savers));
+}
+
+/// The optimizer steps training.on_nonfinite = "skip_step" skipped: status.json's counts, else
+/// (a run still going, or ended without closing) the last logged ones; nothing when none was.
+std::string skipped_steps_fact(const RunData& d) {
+  double total = 0, in_a_row = 0;
+  if (d.status && d.status->skipped_steps > 0) {
+    total = double(d.status->skipped_steps);
+    in_a_row = double(d.status->skipped_in_a_row);
+  } else if (const auto it = d.metrics.find("train/skipped_steps"); it != d.metrics.end() && !it->second.empty()) {
+    total = it->second.back().value;
+    const auto row = d.metrics.find("train/skipped_in_a_row");
+    if (row != d.metrics.end() && !row->second.empty()) in_a_row = row->second.back().value;
+  }
+  if (!(total > 0)) return "";
+  return fact("Skipped steps", html_escape(format_number(total, 12) + " for a NaN or infinite loss or gradient, " +
+                                           format_number(in_a_row, 12) + " in a row at the end"));
+}
+
 }  // namespace
 
 const char* const kStyle = R"(
@@ -127,17 +157,7 @@ void render_header(const RunData& d, double t_first, double t_last, std::ostring
                                                           : std::string())));
   }
 
-  if (d.status) {
-    // The memory ladder's savers on when the run ended (status.json; oom_backoff).
-    std::string savers;
-    auto add = [&savers](const std::string& s) { savers += (savers.empty() ? "" : "; ") + s; };
-    if (d.status->checkpointed_blocks > 0) add(std::to_string(d.status->checkpointed_blocks) + " blocks checkpointed");
-    if (d.status->optimizer_moment_bits > 0) {
-      add("AdamW's moments in " + std::to_string(d.status->optimizer_moment_bits) + " bits");
-    }
-    if (d.status->optimizer_offload) add("AdamW's moments in host memory");
-    if (!savers.empty()) h << fact("Memory savers on", html_escape(savers));
-  }
+  h << skipped_steps_fact(d) << savers_fact(d);
 
   double last_step = -std::numeric_limits<double>::infinity();
   for (const auto& [name, points] : d.metrics) {

@@ -291,7 +291,8 @@ TEST_F(Habits, ANonFiniteLossOrGradientStopsTheRunAsDiverged) {
   }
 }
 
-// "skip_step" skips the optimizer steps of such batches and goes on; "ignore" checks nothing.
+// "skip_step" skips the optimizer steps of such batches and goes on, counting them (status.json,
+// metrics, an epoch's summary line); "ignore" checks nothing.
 TEST_F(Habits, SkipStepSkipsTheNonFiniteStepsAndIgnoreTrainsOnThem) {
   const RunResult skipped = fit(options({"training.on_nonfinite=\"skip_step\""}, "skip",
                                         {std::make_shared<NanAt>("gradient", std::set<std::int64_t>{2, 6})}));
@@ -300,15 +301,75 @@ TEST_F(Habits, SkipStepSkipsTheNonFiniteStepsAndIgnoreTrainsOnThem) {
   for (double v : parameters(tmp_ / "skip/checkpoints/step_00000006.pt")) EXPECT_TRUE(std::isfinite(v));
   const std::string log = read_file(tmp_ / "skip/trainer.log");
   EXPECT_NE(log.find("step 5 (epoch 2, batch 2): the gradient norm is NaN; optimizer step skipped "
-                     "(training.on_nonfinite = \"skip_step\"; 2 "
-                     "skipped so far)"),
+                     "(training.on_nonfinite = \"skip_step\"; 2 skipped so far, 1 in a row)"),
             std::string::npos)
       << log;
+  EXPECT_NE(log.find("epoch 2: 1 optimizer step skipped for a NaN or infinite loss or gradient "
+                     "(training.on_nonfinite = \"skip_step\"; 2 in the run, 0 in a row now)"),
+            std::string::npos)
+      << log;
+  const RunStatusRecord s = decode_status(read_file(tmp_ / "skip/status.json"));
+  EXPECT_EQ(s.status, RunStatus::Finished);
+  EXPECT_EQ(s.skipped_steps, 2);
+  EXPECT_EQ(s.skipped_in_a_row, 0);
+  // Logged with every window from the first skip on (batch 2, before step 2).
+  EXPECT_EQ(testing::metric_by_step(tmp_ / "skip/metrics.jsonl", "train/skipped_steps"),
+            (std::map<long, double>{{2, 1}, {3, 1}, {4, 1}, {5, 2}, {6, 2}}));
+  EXPECT_EQ(testing::metric_by_step(tmp_ / "skip/metrics.jsonl", "train/skipped_in_a_row").at(6), 0);
   const RunResult ignored = fit(options({"training.on_nonfinite=\"ignore\""}, "ignore",
                                         {std::make_shared<NanAt>("gradient", std::set<std::int64_t>{2})}));
   ASSERT_EQ(ignored.exit_code, kExitOk) << ignored.message;
   EXPECT_EQ(ignored.global_step, 8);
   EXPECT_TRUE(std::isnan(parameters(tmp_ / "ignore/checkpoints/step_00000008.pt").at(0)));
+}
+
+// A run whose steps keep being skipped has diverged: with a learning rate of 1e30 the first step
+// leaves weights that give a non-finite loss on every batch after it. Past
+// training.max_skipped_steps (10) in a row the run fails as diverged (exit 3), with no checkpoint
+// of those weights written at its end, the counts in status.json, metrics.jsonl and the report.
+TEST_F(Habits, ARunThatKeepsSkippingStepsFailsAsDiverged) {
+  const std::vector<std::string> diverging = {"training.on_nonfinite=\"skip_step\"", "optim.lr=1e30",
+                                              "training.batch_size=2", "checkpoint.every_steps=0"};
+  const RunResult r = fit(options(diverging, "dead"));
+  EXPECT_EQ(r.exit_code, kExitTrainingFailed) << r.message;
+  EXPECT_EQ(r.failure, FailureKind::Diverged);
+  EXPECT_EQ(r.global_step, 1);
+  EXPECT_NE(r.message.find("training diverged: 11 optimizer steps in a row skipped for a NaN or infinite loss or "
+                           "gradient (training.on_nonfinite = \"skip_step\"; training.max_skipped_steps = 10; 11 "
+                           "skipped in the run), the last at step 2 (epoch 1, batch 12)"),
+            std::string::npos)
+      << r.message;
+  const RunStatusRecord s = decode_status(read_file(tmp_ / "dead/status.json"));
+  EXPECT_EQ(s.failure, FailureKind::Diverged);
+  EXPECT_EQ(s.skipped_steps, 11);
+  EXPECT_EQ(s.skipped_in_a_row, 11);
+  EXPECT_EQ(testing::metric_by_step(tmp_ / "dead/metrics.jsonl", "train/skipped_in_a_row").rbegin()->second, 11);
+  EXPECT_FALSE(fs::exists(tmp_ / "dead/checkpoints/latest"));  // none before, none of the diverged weights
+  const auto page = testing::run_command(std::string(TRAINER_CLI) + " report " + (tmp_ / "dead"));
+  ASSERT_EQ(page.code, 0) << page.text;
+  EXPECT_NE(read_file(tmp_ / "dead/report.html")
+                .find("<dt>Skipped steps</dt><dd>11 for a NaN or infinite loss or gradient, 11 in a row at the end"),
+            std::string::npos);
+  // With no limit (0) it trains to the end, skipping: each of the first 10 skips warned, then each
+  // power of two, and every epoch's end says how many it skipped.
+  const RunResult unlimited = fit(options(
+      {"training.on_nonfinite=\"skip_step\"", "optim.lr=1e30", "training.batch_size=2", "training.max_skipped_steps=0"},
+      "unlimited"));
+  ASSERT_EQ(unlimited.exit_code, kExitOk) << unlimited.message;
+  EXPECT_EQ(unlimited.global_step, 1);
+  const std::string log = read_file(tmp_ / "unlimited/trainer.log");
+  std::size_t warned = 0;
+  for (std::size_t at = log.find("optimizer step skipped"); at != std::string::npos;
+       at = log.find("optimizer step skipped", at + 1)) {
+    ++warned;
+  }
+  EXPECT_EQ(warned, 12u) << log;  // skips 1-10, 16 and 32 of 63
+  EXPECT_NE(log.find("32 skipped so far, 32 in a row"), std::string::npos) << log;
+  EXPECT_NE(log.find("epoch 2: 32 optimizer steps skipped for a NaN or infinite loss or gradient "
+                     "(training.on_nonfinite = \"skip_step\"; 63 in the run, 63 in a row now)"),
+            std::string::npos)
+      << log;
+  EXPECT_EQ(decode_status(read_file(tmp_ / "unlimited/status.json")).skipped_steps, 63);
 }
 
 // Every run ends with its evaluation (eval.at_end, the default), once: one stopped by

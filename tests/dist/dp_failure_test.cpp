@@ -329,6 +329,25 @@ TEST(DataParallelFailures, ADivergenceOnOneRankEndsEveryRankAsDiverged) {
   EXPECT_EQ(status_steps(status).first, 2) << status;
 }
 
+// training.on_nonfinite = "skip_step" with weights that give a non-finite loss on every batch:
+// the ranks agree on each skip, so they count alike and fail together, past
+// training.max_skipped_steps (10) in a row, as diverged.
+TEST(DataParallelFailures, RanksThatKeepSkippingStepsFailTogetherAsDiverged) {
+  TempDir tmp;
+  const std::string args = "training.on_nonfinite=\"skip_step\" optim.lr=1e30 training.batch_size=32";
+  Ranks ranks(recipe(tmp), tmp / "dead", args, args);
+  EXPECT_EQ(exit_code_within(*ranks.r0, std::chrono::seconds(120)), 3) << read_file(tmp / "dead.r0");
+  EXPECT_EQ(exit_code_within(*ranks.r1, std::chrono::seconds(60)), 3) << read_file(tmp / "dead.r1");
+  const std::string status = read_file(tmp / "dead/status.json");
+  EXPECT_NE(status.find("\"failure\":\"diverged\""), std::string::npos) << status;
+  EXPECT_NE(status.find("\"skipped_steps\":11,\"skipped_in_a_row\":11"), std::string::npos) << status;
+  for (const char* rank : {"dead.r0", "dead.r1"}) {
+    EXPECT_NE(read_file(tmp / rank).find("training diverged: 11 optimizer steps in a row skipped"), std::string::npos)
+        << read_file(tmp / rank);
+  }
+  EXPECT_EQ(status_steps(status).first, 1) << status;
+}
+
 TEST(DataParallelFailures, AKilledRankMakesTheOthersFailNamingIt) {
   TempDir tmp;
   lose_a_rank(tmp, 1, SIGKILL, "killed");

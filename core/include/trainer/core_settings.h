@@ -42,6 +42,7 @@ struct TrainingSettings : Settings<TrainingSettings> {
   bool drop_last = false;
   bool group_by_length = false;
   std::string on_nonfinite = "stop";
+  std::int64_t max_skipped_steps = 10;
 
   /// Samples per forward/backward as configured: `micro_batch_size`, where 0 means
   /// `batch_size` and a larger value is clamped to it.
@@ -72,6 +73,11 @@ struct TrainingSettings : Settings<TrainingSettings> {
           "A NaN or infinite loss or gradient: stop (the run fails, reason diverged), skip_step (no optimizer "
           "step for the batch) or ignore")
         .choices({"stop", "skip_step", "ignore"})
+        .memory_neutral();
+    s.add(&TrainingSettings::max_skipped_steps, "max_skipped_steps",
+          "With on_nonfinite = skip_step: more optimizer steps than this skipped in a row (the weights unchanged "
+          "meanwhile) fail the run as diverged; 0 = no limit")
+        .min(0)
         .memory_neutral();
   }
 };

@@ -17,10 +17,10 @@ struct ExitStatus {
 };
 
 /// ExitRequest: its code and status; a usage or config error: 2; an out-of-memory error that
-/// was not recovered from: 3, out_of_memory; a diverged run (training.on_nonfinite = "stop"): 3,
-/// diverged; anything else: 3. A PluginError is a usage error
-/// (2) before a run (`during_run` false: a plugin the recipe lists cannot be loaded) and a
-/// failed run (3) during one (an essential plugin threw).
+/// was not recovered from: 3, out_of_memory; a diverged run (training.on_nonfinite = "stop", or
+/// "skip_step" past training.max_skipped_steps in a row): 3, diverged; anything else: 3. A
+/// PluginError is a usage error (2) before a run (`during_run` false: a plugin the recipe lists
+/// cannot be loaded) and a failed run (3) during one (an essential plugin threw).
 TRAINER_API ExitStatus exit_status_of(const std::exception& e, bool during_run);
 
 }  // namespace trainer

@@ -11,7 +11,8 @@
 /// it did so at a micro-batch size (the last one tried). "checkpointed_blocks",
 /// "optimizer_moment_bits" and "optimizer_offload" are there when memory savers were on when it
 /// was written (oom_backoff's ladder: blocks checkpointed by the core, AdamW's moments in other
-/// bits than optim.name's, AdamW's moments in host memory).
+/// bits than optim.name's, AdamW's moments in host memory). "skipped_steps" and
+/// "skipped_in_a_row" are there once training.on_nonfinite = "skip_step" skipped a step.
 /// Tools read these, never the message's words.
 #include <cmath>
 #include <cstdint>
@@ -42,7 +43,11 @@ struct RunStatusRecord {
   std::int64_t checkpointed_blocks = 0;     ///< blocks the core checkpointed; 0: none (left out)
   int optimizer_moment_bits = 0;            ///< AdamW's moments' bits when not optim.name's; 0: left out
   bool optimizer_offload = false;           ///< AdamW's moments in host memory; false: left out
-  double time = NAN;                        ///< when it was written, seconds since the Unix epoch
+  /// Optimizer steps skipped for a NaN or infinite loss or gradient (training.on_nonfinite =
+  /// "skip_step") in this process's run, and in a row when it was written; 0: both left out.
+  std::int64_t skipped_steps = 0;
+  std::int64_t skipped_in_a_row = 0;
+  double time = NAN;  ///< when it was written, seconds since the Unix epoch
 };
 
 /// status.json's text (one line and a newline).

@@ -48,7 +48,9 @@ enum class FailureKind : std::uint8_t {
   Usage,        ///< "usage": a configuration or usage error (exit code 2)
   NoDevice,     ///< "no_device": no device the run may use (exit code 4)
   Error,        ///< "error": any other error
-  Diverged,     ///< "diverged": a non-finite loss or gradient with training.on_nonfinite = "stop" (exit code 3)
+  /// "diverged": a non-finite loss or gradient with training.on_nonfinite = "stop", or more than
+  /// training.max_skipped_steps steps skipped in a row with "skip_step" (exit code 3)
+  Diverged,
 };
 /// "out_of_memory".
 TRAINER_API const char* failure_kind_name(FailureKind kind);

@@ -133,6 +133,7 @@ void EpochLoop::after_batch(bool stepped, bool last) {
 
 void EpochLoop::end_epoch(std::int64_t epoch) {
   window_.log(state_);
+  step_.end_epoch();
   if (epoch_evaluates(epoch)) evaluate();
   epochs_completed_ = epoch + 1;
   hooks_.fire(Event::EpochEnd);

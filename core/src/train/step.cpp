@@ -40,7 +40,8 @@ TrainStep::TrainStep(const TrainingSettings& training, RunParts& parts, RunState
       oom_(oom),
       metrics_(metrics),
       log_(log),
-      micro_batch_(training.micro_batch()) {
+      micro_batch_(training.micro_batch()),
+      skipped_(training.on_nonfinite == "skip_step" ? training.max_skipped_steps : 0) {
   sync_ = make_step_sync(parts_, hooks_, oom_, metrics_, log_);
 }
 
@@ -124,20 +125,63 @@ TrainStep::AttemptResult TrainStep::attempt(const at::Tensor& indices, std::int6
   state_.grad_norm = 0.0;
   // From here on the memory needed does not depend on the micro-batch.
   oom_.enter(OomPhase::OptimizerStep);
-  diverged_.clear();
+  nonfinite_.clear();
   const StepVerdict verdict = sync_->before_step([&] { return before_optimizer_step(totals.skip); });
   if (verdict == StepVerdict::Diverge) {
     drop_gradients(*parts_.model);
     throw Diverged(fmt::format(
-        "training diverged at step {} (epoch {}, batch {}): {}; training.on_nonfinite = \"stop\" ends the run before "
-        "that optimizer step (no checkpoint of it is written; \"skip_step\" would skip such steps, a lower optim.lr "
-        "or training.grad_clip_norm may avoid them)",
-        state_.global_step + 1, state_.epoch + 1, state_.batch_in_epoch + 1,
-        diverged_.empty() ? "another rank found a NaN or infinite loss or gradient" : diverged_));
+        "training diverged at {}: {}; training.on_nonfinite = \"stop\" ends the run before that optimizer step (no "
+        "checkpoint of it is written; \"skip_step\" would skip such steps, a lower optim.lr or "
+        "training.grad_clip_norm may avoid them)",
+        where(), found()));
   }
-  if (verdict == StepVerdict::Skip) return {true, 0.0, {}};
+  if (verdict == StepVerdict::SkipNonfinite) count_nonfinite_skip();
+  if (verdict != StepVerdict::Step) return {true, 0.0, {}};
   take_step();
+  if (skipped_.in_a_row() > 0) {
+    skipped_.stepped();
+    metrics_.set_skipped(skipped_.total(), 0);
+  }
   return {false, totals.loss, totals.stats};
+}
+
+std::string TrainStep::where() const {
+  return fmt::format("step {} (epoch {}, batch {})", state_.global_step + 1, state_.epoch + 1,
+                     state_.batch_in_epoch + 1);
+}
+
+std::string TrainStep::found() const {
+  // A rank whose plugin skipped before the check found nothing itself: the ranks agreed on another's.
+  return nonfinite_.empty() ? "another rank found a NaN or infinite loss or gradient" : nonfinite_;
+}
+
+void TrainStep::count_nonfinite_skip() {
+  skipped_.skipped();
+  metrics_.set_skipped(skipped_.total(), skipped_.in_a_row());
+  if (skipped_.diverged()) {
+    drop_gradients(*parts_.model);
+    // The window so far, and the counts, are in metrics.jsonl before the run ends.
+    metrics_.log(state_);
+    metrics_.commit();
+    throw Diverged(fmt::format(
+        "training diverged: {} optimizer steps in a row skipped for a NaN or infinite loss or gradient "
+        "(training.on_nonfinite = \"skip_step\"; training.max_skipped_steps = {}; {} skipped in the run), the last "
+        "at {}: {}; no checkpoint of it is written (a lower optim.lr or training.grad_clip_norm may avoid this)",
+        skipped_.in_a_row(), training_.max_skipped_steps, skipped_.total(), where(), found()));
+  }
+  if (skipped_.warn_each()) {
+    log_.warn("{}: {}; optimizer step skipped (training.on_nonfinite = \"skip_step\"; {} skipped so far, {} in a row)",
+              where(), found(), skipped_.total(), skipped_.in_a_row());
+  }
+}
+
+void TrainStep::end_epoch() {
+  const std::int64_t n = skipped_.take_epoch();
+  if (n == 0) return;
+  log_.warn(
+      "epoch {}: {} optimizer step{} skipped for a NaN or infinite loss or gradient (training.on_nonfinite = "
+      "\"skip_step\"; {} in the run, {} in a row now)",
+      state_.epoch + 1, n, n == 1 ? "" : "s", skipped_.total(), skipped_.in_a_row());
 }
 
 StepVerdict TrainStep::before_optimizer_step(bool skip) {
@@ -176,19 +220,8 @@ StepVerdict TrainStep::nonfinite() {
     if (!std::isfinite(norm)) what = "the gradient norm is " + text(norm);
   }
   if (what.empty()) return StepVerdict::Step;
-  if (training_.on_nonfinite == "stop") {
-    diverged_ = what;
-    return StepVerdict::Diverge;
-  }
-  const std::string where =
-      fmt::format("step {} (epoch {}, batch {})", state_.global_step + 1, state_.epoch + 1, state_.batch_in_epoch + 1);
-  ++nonfinite_skips_;
-  // Each of the first few, then every 100th: a run that keeps skipping says so without flooding its log.
-  if (nonfinite_skips_ <= 10 || nonfinite_skips_ % 100 == 0) {
-    log_.warn("{}: {}; optimizer step skipped (training.on_nonfinite = \"skip_step\"; {} skipped so far)", where, what,
-              nonfinite_skips_);
-  }
-  return StepVerdict::Skip;
+  nonfinite_ = what;
+  return training_.on_nonfinite == "stop" ? StepVerdict::Diverge : StepVerdict::SkipNonfinite;
 }
 
 StepTotals TrainStep::forward_backward(const at::Tensor& indices, std::int64_t micro, std::int64_t global_size) {

@@ -6,7 +6,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
+#include "train/skipped_steps.h"
 #include "train/step_sync.h"
 #include "trainer/context.h"
 #include "trainer/control.h"
@@ -61,6 +63,12 @@ class TrainStep {
   /// not be checkpointed.
   bool params_consistent() const { return params_consistent_; }
 
+  /// The optimizer steps skipped for a NaN or infinite loss or gradient (training.on_nonfinite =
+  /// "skip_step") in this process's run, and in a row now.
+  const SkippedSteps& skipped() const { return skipped_; }
+  /// At an epoch's end: one line saying how many steps the epoch skipped, when it skipped any.
+  void end_epoch();
+
  private:
   /// BatchStart and the ranks' plan for the batch (StepSync::start_batch): returns false
   /// when the batch is skipped.
@@ -86,9 +94,16 @@ class TrainStep {
   /// returns this rank's verdict.
   StepVerdict before_optimizer_step(bool skip);
   /// training.on_nonfinite, before the optimizer step: Step when the batch's loss and gradient
-  /// norm are finite (or unchecked, "ignore"); else Skip ("skip_step", warned) or Diverge
-  /// ("stop", the reason kept in diverged_).
+  /// norm are finite (or unchecked, "ignore"); else SkipNonfinite ("skip_step") or Diverge
+  /// ("stop"), what it found kept in nonfinite_.
   StepVerdict nonfinite();
+  /// The ranks agreed to skip for a NaN or infinity: counted, warned (SkippedSteps::warn_each),
+  /// and past training.max_skipped_steps in a row the run fails (Diverged).
+  void count_nonfinite_skip();
+  /// "step 6 (epoch 2, batch 2)": the step being attempted.
+  std::string where() const;
+  /// What nonfinite() found, or that another rank found it.
+  std::string found() const;
   /// The optimizer's state created and its temporaries reserved: after this, optimizer.step()
   /// has the memory it needs, so an out-of-memory error leaves parameters and optimizer state
   /// as they were.
@@ -112,9 +127,9 @@ class TrainStep {
   std::uint64_t reserve_for_ = ~std::uint64_t{0};
   bool state_materialized_ = false;  ///< optimizer state created before the first step
   bool params_consistent_ = true;
-  std::int64_t nonfinite_skips_ = 0;  ///< optimizer steps skipped for a NaN or infinite loss or gradient
-  std::string diverged_;              ///< what nonfinite() found when it said Diverge
-  std::unique_ptr<StepSync> sync_;    ///< where the ranks agree (nothing to agree in a run of one)
+  SkippedSteps skipped_;            ///< steps skipped for a NaN or infinite loss or gradient
+  std::string nonfinite_;           ///< what nonfinite() found in this attempt ("the loss is NaN"), empty if nothing
+  std::unique_ptr<StepSync> sync_;  ///< where the ranks agree (nothing to agree in a run of one)
   Position position_;
   Position next_;  ///< position_ once the current batch is consumed
 };

@@ -41,9 +41,12 @@ struct StepTotals {
 
 /// What becomes of an optimizer step, agreed by the ranks (the strongest wins).
 enum class StepVerdict : std::uint8_t {
-  Step = 0,     ///< take it
-  Skip = 1,     ///< skip it (a plugin asked, or training.on_nonfinite = "skip_step")
-  Diverge = 2,  ///< a non-finite loss or gradient with training.on_nonfinite = "stop": the run fails
+  Step = 0,  ///< take it
+  Skip = 1,  ///< skip it: a plugin asked
+  /// skip it: a non-finite loss or gradient with training.on_nonfinite = "skip_step" (counted
+  /// toward training.max_skipped_steps on every rank alike)
+  SkipNonfinite = 2,
+  Diverge = 3,  ///< a non-finite loss or gradient with training.on_nonfinite = "stop": the run fails
 };
 
 class StepSync {

@@ -9,7 +9,29 @@
 namespace trainer {
 
 void TrainMetrics::log(const RunState& st) {
-  if (steps_ == 0) return;
+  if (steps_ == 0 && !skipped_in_window_) return;
+  std::map<std::string, double> m;
+  if (steps_ > 0) m = step_metrics(st);
+  if (skipped_ > 0) {
+    // Once a step was skipped, every log says so: a chart of them shows a run that keeps skipping.
+    m["train/skipped_steps"] = double(skipped_);
+    m["train/skipped_in_a_row"] = double(skipped_in_a_row_);
+  }
+  metrics_.log(st.global_step, m);
+  grad_norm_ = 0;
+  norms_ = 0;
+  loss_ = 0;
+  std::fill(stats_.begin(), stats_.end(), 0.0);
+  steps_ = 0;
+  samples_ = 0;
+  excluded_s_ = 0.0;
+  comm_s_ = 0.0;
+  all_reduce_s_ = 0.0;
+  skipped_in_window_ = false;
+  start_ = Clock::now();
+}
+
+std::map<std::string, double> TrainMetrics::step_metrics(const RunState& st) const {
   const double secs = std::chrono::duration<double>(Clock::now() - start_).count() - excluded_s_;
   std::map<std::string, double> m{
       {"train/loss", loss_ / double(steps_)},
@@ -32,17 +54,7 @@ void TrainMetrics::log(const RunState& st) {
     m["dist/all_reduce_s"] = all_reduce_s_ / double(steps_);
     m["dist/all_reduce_share"] = secs > 0 ? all_reduce_s_ / secs : 0.0;
   }
-  metrics_.log(st.global_step, m);
-  grad_norm_ = 0;
-  norms_ = 0;
-  loss_ = 0;
-  std::fill(stats_.begin(), stats_.end(), 0.0);
-  steps_ = 0;
-  samples_ = 0;
-  excluded_s_ = 0.0;
-  comm_s_ = 0.0;
-  all_reduce_s_ = 0.0;
-  start_ = Clock::now();
+  return m;
 }
 
 }  // namespace trainer

@@ -458,6 +458,10 @@ struct Trainer::Impl {
     if (state.optimizer_moment_bits != state.configured_moment_bits)
       s.optimizer_moment_bits = state.optimizer_moment_bits;
     s.optimizer_offload = state.optimizer_offload;
+    if (rooms) {
+      s.skipped_steps = rooms->step.skipped().total();
+      s.skipped_in_a_row = rooms->step.skipped().in_a_row();
+    }
     const std::string error = dir->write_status(s);
     if (!error.empty()) log->error("cannot write run status: {}", error);
   }

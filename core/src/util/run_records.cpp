@@ -65,6 +65,10 @@ std::string encode_status(const RunStatusRecord& s) {
   if (s.checkpointed_blocks > 0) j["checkpointed_blocks"] = s.checkpointed_blocks;
   if (s.optimizer_moment_bits > 0) j["optimizer_moment_bits"] = s.optimizer_moment_bits;
   if (s.optimizer_offload) j["optimizer_offload"] = true;
+  if (s.skipped_steps > 0) {
+    j["skipped_steps"] = s.skipped_steps;
+    j["skipped_in_a_row"] = s.skipped_in_a_row;
+  }
   if (std::isfinite(s.time)) j["time"] = s.time;
   // Invalid UTF-8 in a message (an OS error's text) is replaced, not thrown.
   return j.dump(-1, ' ', false, ordered::error_handler_t::replace) + "\n";
@@ -98,6 +102,8 @@ RunStatusRecord decode_status(std::string_view text) {
   s.optimizer_moment_bits = bits == 32 || bits == 16 || bits == 8 ? bits : 0;
   const auto offload = j.find("optimizer_offload");
   s.optimizer_offload = offload != j.end() && offload->is_boolean() && offload->get<bool>();
+  s.skipped_steps = std::max<std::int64_t>(integer_of<std::int64_t>(j, "skipped_steps", 0), 0);
+  s.skipped_in_a_row = std::clamp<std::int64_t>(integer_of<std::int64_t>(j, "skipped_in_a_row", 0), 0, s.skipped_steps);
   const auto time = j.find("time");
   if (time != j.end() && time->is_number()) s.time = time->get<double>();
   return s;
