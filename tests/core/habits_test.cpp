@@ -1,12 +1,16 @@
 // What users of other trainers do without thinking: resume a run in place (or have a requeued
 // job resume itself), evaluate every N steps and at the end, have a diverging run stop instead
-// of training on NaN, and Ctrl-C answered in the long phases before the first step; a start
-// that fails or is interrupted leaves no empty run directory of its own naming.
+// of training on NaN (or on skipping nearly every step), take the threads the machine has free,
+// and Ctrl-C answered in the long phases before the first step; a start that fails or is
+// interrupted leaves no empty run directory of its own naming.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <sched.h>
+
 #include <filesystem>
 #include <limits>
+#include <regex>
 #include <set>
 
 #include "support/test_util.h"
@@ -370,6 +374,31 @@ TEST_F(Habits, ARunThatKeepsSkippingStepsFailsAsDiverged) {
             std::string::npos)
       << log;
   EXPECT_EQ(decode_status(read_file(tmp_ / "unlimited/status.json")).skipped_steps, 63);
+}
+
+// runtime.num_threads = 0 (the default) takes the cores this process may run on less the load
+// other work puts on them (tests/core/cpu_load_test.cpp has the choice under given loads), and
+// logs it with its reasons; a number given is kept.
+TEST_F(Habits, TheDefaultThreadCountIsChosenFromTheCoresAndTheirLoadAndLogged) {
+  ASSERT_EQ(fit(options({"training.max_steps=1"}, "default")).exit_code, kExitOk);
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(::sched_getaffinity(0, sizeof set, &set), 0);
+  const int cores = CPU_COUNT(&set);
+  const std::string log = read_file(tmp_ / "default/trainer.log");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(log, m,
+                                std::regex("runtime\\.num_threads = 0: ([0-9]+) threads? \\(([0-9]+) cores?, "
+                                           "[0-9]+\\.[0-9] busy with other work\\)\n")))
+      << log;
+  EXPECT_EQ(std::stoi(m[2]), cores);
+  EXPECT_GE(std::stoi(m[1]), 1);
+  EXPECT_LE(std::stoi(m[1]), cores);
+  EXPECT_NE(log.find("threads: " + m[1].str() + ", seed: "), std::string::npos) << log;
+  ASSERT_EQ(fit(options({"training.max_steps=1", "runtime.num_threads=3"}, "three")).exit_code, kExitOk);
+  const std::string three = read_file(tmp_ / "three/trainer.log");
+  EXPECT_NE(three.find("threads: 3, seed: "), std::string::npos) << three;
+  EXPECT_EQ(three.find("runtime.num_threads = 0"), std::string::npos) << three;
 }
 
 // Every run ends with its evaluation (eval.at_end, the default), once: one stopped by

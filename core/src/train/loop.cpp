@@ -10,6 +10,7 @@
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
 #include "train/hooks.h"
+#include "train/runtime_threads.h"
 #include "train/setup.h"
 #include "train/train_metrics.h"
 #include "trainer/interrupt.h"
@@ -61,6 +62,8 @@ std::optional<StopCause> EpochLoop::train_epochs() {
     const std::int64_t n = order.size(0);
     state_.epoch = epoch;
     state_.batch_in_epoch = batch_index(n, first_sample);
+    // runtime.num_threads = 0: the load of the epoch before may leave more or fewer cores free.
+    if (epoch > start_.epoch && parts_.threads) parts_.threads->at_epoch();
     if (parts_.loader) {
       std::vector<at::Tensor> batches;
       for (std::int64_t begin = first_sample; batches_left(n, begin) > 0;) {

@@ -1,6 +1,5 @@
 #include "train/setup.h"
 
-#include <ATen/Parallel.h>
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 #include <torch/cuda.h>
@@ -11,7 +10,6 @@
 #include <algorithm>
 #include <filesystem>
 #include <optional>
-#include <thread>
 
 #include "data/epoch_order.h"
 #include "memory/backend.h"
@@ -19,6 +17,7 @@
 #include "train/checkpoint_files.h"
 #include "train/hooks.h"
 #include "train/memory_format.h"
+#include "train/runtime_threads.h"
 #include "trainer/devices.h"
 #include "trainer/distributed.h"
 #include "trainer/error.h"
@@ -35,10 +34,9 @@ std::unique_ptr<MetricsLogger> make_metrics(const MetricsSettings& s, const std:
   return metrics;
 }
 
-void setup_runtime(const RuntimeSettings& s, std::int64_t seed, spdlog::logger& log) {
-  const int n = s.num_threads > 0 ? static_cast<int>(s.num_threads)
-                                  : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  at::set_num_threads(n);
+void setup_runtime(RunParts& parts, const RuntimeSettings& s, std::int64_t seed, int local_ranks, spdlog::logger& log) {
+  parts.threads = std::make_unique<RuntimeThreads>(s.num_threads, local_ranks, log);
+  const int n = parts.threads->threads();
   if (s.tune_malloc && !tune_cpu_allocator()) {
     log.warn("runtime.tune_malloc: the C library refused the malloc settings; running untuned");
   }

@@ -28,6 +28,7 @@ namespace trainer {
 
 class Hooks;
 class BatchLoader;
+class RuntimeThreads;
 
 /// What set-up builds; the rooms of the loop act on it.
 struct RunParts {
@@ -56,6 +57,8 @@ struct RunParts {
   /// The ranks of a data-parallel run (null in a run of one), and the size of the buckets its
   /// gradients are averaged in ([distributed]).
   std::shared_ptr<ProcessGroup> group;
+  /// LibTorch's intra-op threads (runtime.num_threads; 0 adapts to the load at each epoch).
+  std::shared_ptr<RuntimeThreads> threads;
   std::int64_t bucket_bytes = 25 << 20;
   bool overlap = true;  ///< the gradients' all-reduce starts inside the backward
   /// Whether this process writes the run's files (checkpoints, status.json, config.toml,
@@ -67,8 +70,9 @@ struct RunParts {
 std::unique_ptr<MetricsLogger> make_metrics(const MetricsSettings& s, const std::string& run_dir,
                                             std::shared_ptr<spdlog::logger> log);
 
-/// Threads, malloc tuning, the global seed; warns about a slow BLAS.
-void setup_runtime(const RuntimeSettings& s, std::int64_t seed, spdlog::logger& log);
+/// Threads (parts.threads, for one of `local_ranks` ranks of this host), malloc tuning, the global
+/// seed; warns about a slow BLAS.
+void setup_runtime(RunParts& parts, const RuntimeSettings& s, std::int64_t seed, int local_ranks, spdlog::logger& log);
 
 /// Fires SelectDevice with runtime.device proposed (`cuda` = `cuda:0`) and returns the device
 /// plugins chose; throws when this process cannot use that CUDA device.

@@ -202,7 +202,9 @@ struct Trainer::Impl {
   /// rooms of the loop.
   void set_up() {
     const auto runtime = RuntimeSettings::from(cfg.sub("runtime"));
-    setup_runtime(runtime, settings.seed, *log);
+    // Ranks on one host share its cores.
+    const DistEnv env = DistEnv::from_env();
+    setup_runtime(parts, runtime, settings.seed, env.active() ? static_cast<int>(env.local_world_size) : 1, *log);
     parts.device = select_device(*hooks, runtime);
     if (parts.group) check_one_gpu_per_rank();
     budget.emplace(parts.device, MemorySettings::from(cfg.sub("memory")), *log);
