@@ -3,26 +3,33 @@
 #include "text/added_tokens.h"
 
 #include <algorithm>
+#include <stdexcept>
 #include <string_view>
 
 #include "text/unicode.h"
 
 namespace trainer::text::detail {
 
-const AddedToken* AddedTokens::match(const std::string& s, std::size_t at) const {
-  for (const auto& [len, table] : by_length) {
-    if (len > s.size() - at) continue;
-    const auto it = table.find(s.substr(at, len));
-    if (it != table.end()) return &tokens[it->second];
+std::vector<std::int32_t> AddedTokens::longest_starts(const std::string& s, std::size_t& lookups) const {
+  // Read backwards, the automaton's longest string ending at byte i is the longest token,
+  // written backwards, that starts at i.
+  std::vector<std::int32_t> out(s.size(), -1);
+  std::int32_t node = 0;
+  for (std::size_t i = s.size(); i-- > 0;) {
+    node = reversed_.step(node, s[i], lookups);
+    out[i] = reversed_.longest(node).first;
   }
-  return nullptr;
+  return out;
 }
 
-void AddedTokens::split(const std::string& s, std::vector<Segment>& out) const {
+std::size_t AddedTokens::split(const std::string& s, std::vector<Segment>& out) const {
   if (empty() || s.empty()) {
     out.push_back({s, -1});
-    return;
+    return 0;
   }
+  if (!reversed_.linked()) throw std::logic_error("AddedTokens::split before finish()");
+  std::size_t lookups = 0;
+  const std::vector<std::int32_t> longest = longest_starts(s, lookups);
   const auto whitespace_at = [&](std::size_t i, std::size_t& len) {
     // The code point at byte i, when it is whitespace (its length in `len`).
     const auto b = static_cast<unsigned char>(s[i]);
@@ -42,7 +49,10 @@ void AddedTokens::split(const std::string& s, std::vector<Segment>& out) const {
     std::size_t at = pos;
     for (; at < s.size(); ++at) {
       if ((static_cast<unsigned char>(s[at]) & 0xC0) == 0x80) continue;  // inside a character
-      if ((best = match(s, at)) != nullptr) break;
+      if (longest[at] >= 0) {
+        best = &tokens_[static_cast<std::size_t>(longest[at])];
+        break;
+      }
     }
     if (best == nullptr) break;
     std::size_t start = at, stop = at + best->content.size();
@@ -77,6 +87,7 @@ void AddedTokens::split(const std::string& s, std::vector<Segment>& out) const {
     start_offset = stop;
   }
   if (start_offset != s.size()) out.push_back({s.substr(start_offset), -1});
+  return lookups;
 }
 
 }  // namespace trainer::text::detail

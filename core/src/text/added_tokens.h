@@ -3,12 +3,11 @@
 // the normalizer). Internal to text/tokenizer_json.cpp.
 #include <cstddef>
 #include <cstdint>
-#include <functional>
-#include <map>
 #include <string>
-#include <unordered_map>
 #include <utility>
 #include <vector>
+
+#include "text/byte_trie.h"
 
 namespace trainer::text::detail {
 
@@ -24,23 +23,34 @@ struct Segment {
   std::int64_t id = -1;
 };
 
-/// Added tokens by content, looked up by each length they have: the leftmost match, the longest
-/// there, the first listed among equals (tokenizers' leftmost-longest matching), in time linear
-/// in the text for each distinct length, whatever the number of tokens.
-struct AddedTokens {
-  std::vector<AddedToken> tokens;
-  std::map<std::size_t, std::unordered_map<std::string, std::size_t>, std::greater<>> by_length;
-
+/// Added tokens, matched as tokenizers matches them: the leftmost match, the longest there, the
+/// first listed among equals (leftmost-longest). A text is read twice, each time once: from its
+/// end through an automaton of the tokens written backwards, which finds the longest token that
+/// starts at each byte, then from its start, taking the leftmost. The work is linear in the text
+/// whatever the tokens (how many, how long, how many lengths).
+class AddedTokens {
+ public:
+  /// Adds `t`; of two with the same content, the first added is matched. Call finish() after the last.
   void add(AddedToken t) {
-    by_length[t.content.size()].emplace(t.content, tokens.size());
-    tokens.push_back(std::move(t));
+    reversed_.add(std::string(t.content.rbegin(), t.content.rend()), static_cast<std::int32_t>(tokens_.size()));
+    tokens_.push_back(std::move(t));
   }
-  bool empty() const { return tokens.empty(); }
-  /// The token matching `s` at `at`, longest first; nullptr when none does.
-  const AddedToken* match(const std::string& s, std::size_t at) const;
+  /// Builds the automaton: after the last add(), before split().
+  void finish() { reversed_.link(); }
+  bool empty() const { return tokens_.empty(); }
+
   /// Splits `s` at these tokens as tokenizers does, appending to `out`: the leftmost match, the
-  /// longest there, then on after it; single_word, lstrip and rstrip as the token says.
-  void split(const std::string& s, std::vector<Segment>& out) const;
+  /// longest there, then on after it; single_word, lstrip and rstrip as the token says. Returns
+  /// the automaton's edge lookups, the measure of its work: at most two per byte of `s`.
+  std::size_t split(const std::string& s, std::vector<Segment>& out) const;
+
+ private:
+  /// Per byte of `s`: the index of the longest token that starts there, or -1. Adds the edge
+  /// lookups it made to `lookups`.
+  std::vector<std::int32_t> longest_starts(const std::string& s, std::size_t& lookups) const;
+
+  std::vector<AddedToken> tokens_;
+  ByteTrie reversed_;  ///< each token's content written backwards, by its index
 };
 
 }  // namespace trainer::text::detail

@@ -360,6 +360,8 @@ struct JsonTokenizer final : Tokenizer::Impl {
         }
       }
     }
+    raw_tokens.finish();
+    normalized_tokens.finish();
   }
 
   /// The model's ids for one text, before the post-processor.
