@@ -191,6 +191,79 @@ struct Bad {
   std::vector<std::string> overrides;
   std::string says;
 };
+/// A .npy file (format 1.0) of int64 values of the shape `shape` ("2," or "2, 1"), as numpy.save
+/// writes one.
+void write_int64_npy(const std::string& path, const std::vector<std::int64_t>& values, const std::string& shape) {
+  std::string header = "{'descr': '<i8', 'fortran_order': False, 'shape': (" + shape + "), }";
+  header.resize((header.size() + 10 + 1 + 63) / 64 * 64 - 10 - 1, ' ');  // the data starts at a multiple of 64
+  header += '\n';
+  std::string bytes = std::string("\x93NUMPY\x01\x00", 8) + char(header.size()) + '\0' + header;
+  bytes.append(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(std::int64_t));
+  testing::write_file(path, bytes);
+}
+
+// A class index is what the data can mean: without dataset.num_classes, below max(samples, 1024).
+// Beyond it (a 39-byte file made a 400-million-class head), classification is refused naming the
+// file, the line (an array: the index) and the value, and the key that sets the classes; a
+// regression reads the same numbers as values. memory.limit_mb keeps a run that would build such
+// a head from taking the machine's memory.
+TEST_F(ArrayDatasets, AClassIndexBeyondWhatTheSamplesCanMeanIsRefusedNamingFileLineAndValue) {
+  const auto csv = [&](const std::string& name, const std::string& target) {
+    testing::write_file(tmp_ / name, "x,y\n1,0\n2," + target + "\n");
+    return std::vector<std::string>{"dataset.name=\"csv\"",    "dataset.train=" + quoted(tmp_ / name),
+                                    "dataset.targets=[\"y\"]", "eval.every_epochs=0",
+                                    "eval.at_end=false",       "memory.limit_mb=512"};
+  };
+  write_int64_npy(tmp_ / "x.npy", {1, 2}, "2, 1");
+  write_int64_npy(tmp_ / "y.npy", {0, INT64_MAX}, "2,");
+  const std::vector<std::string> npy = {"dataset.name=\"npy\"",
+                                        "dataset.train_inputs=" + quoted(tmp_ / "x.npy"),
+                                        "dataset.train_targets=" + quoted(tmp_ / "y.npy"),
+                                        "eval.every_epochs=0",
+                                        "eval.at_end=false",
+                                        "memory.limit_mb=512"};
+  const std::vector<Bad> cases = {
+      {csv("big.csv", "400000000"), "dataset.train = \"" + (tmp_ / "big.csv") +
+                                        "\" line 3: the target 400000000 is not a class index 2 samples can mean "
+                                        "(without dataset.num_classes, class indices are below max(samples, 1024) = "
+                                        "1024); if there are that many classes, set dataset.num_classes"},
+      {csv("max.csv", "9223372036854775807"),
+       "dataset.train = \"" + (tmp_ / "max.csv") +
+           "\" line 3: the target 9.223372036854776e+18 is a whole number too large to be a class index"},
+      {npy, "dataset.train_targets = \"" + (tmp_ / "y.npy") +
+                "\", element 1: the target 9223372036854775807 is not a class index 2 samples can mean"},
+  };
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(cases[i].says);
+    const RunResult r = run("big" + std::to_string(i), cases[i].overrides);
+    EXPECT_EQ(r.exit_code, kExitUsage) << r.message;
+    EXPECT_NE(r.message.find(cases[i].says), std::string::npos) << r.message;
+  }
+  // The same numbers are a regression's values; dataset.num_classes says there are more classes.
+  auto regression = csv("values.csv", "5000");
+  regression.insert(regression.end(), {"task.name=\"regression\"", "optim.lr=1e-9"});
+  EXPECT_EQ(run("values", regression).exit_code, kExitOk);
+  testing::write_file(tmp_ / "many.csv", "x,y\n1,0\n2,1500\n");
+  EXPECT_EQ(
+      dataset("name = \"csv\"\ntrain = " + quoted(tmp_ / "many.csv") + "\ntargets = [\"y\"]\nnum_classes = 2000\n")
+          ->spec()
+          .num_classes,
+      2000);
+}
+
+TEST_F(ArrayDatasets, WithoutNumClassesTheClassesAreBelowMaxOfSamplesAnd1024) {
+  const auto classes = [&](const std::string& target) {
+    testing::write_file(tmp_ / "c.csv", "x,y\n1,0\n2," + target + "\n");
+    return dataset("name = \"csv\"\ntrain = " + quoted(tmp_ / "c.csv") + "\ntargets = [\"y\"]\n")->spec();
+  };
+  EXPECT_EQ(classes("1023").num_classes, 1024);
+  EXPECT_TRUE(classes("1023").classes_refused.empty());
+  EXPECT_EQ(classes("1024").num_classes, 0);
+  EXPECT_NE(classes("1024").classes_refused.find("c.csv\" line 3: the target 1024"), std::string::npos);
+  // Float targets that are not whole, and negative whole numbers, are values: nothing is refused.
+  EXPECT_TRUE(classes("0.5").classes_refused.empty());
+  EXPECT_TRUE(classes("-400000000").classes_refused.empty());
+}
 
 TEST_F(ArrayDatasets, BadFilesExitTwoNamingFileLineAndWhatIsAllowed) {
   const auto csv = [](const std::string& name, const std::string& targets = "[\"y\"]") {

@@ -16,6 +16,7 @@
 #include "support/sentencepiece_skip.h"
 #include "support/test_util.h"
 #include "support/tiny_bert_recipe.h"
+#include "support/tiny_text.h"
 #include "trainer/data.h"
 #include "trainer/error.h"
 #include "trainer/plugin.h"
@@ -181,6 +182,30 @@ TEST_F(TextRows, ABadRowIsNamedByFileAndLineOrSkipped) {
           .find("f.csv line 3: the label 'pos' is a name where line 2's '1' is a class index; give the class names"),
       std::string::npos)
       << error_of(keys("f.csv"));
+}
+
+// Without dataset.labels, class indices are below max(rows, 1024): what the rows can mean. One
+// beyond (a label past 64 bits too) is refused naming the file, the line and the label.
+TEST_F(TextRows, AClassIndexBeyondWhatTheRowsCanMeanIsNamedByFileLineAndValue) {
+  write_file(tmp_ / "tokenizer.json", testing::kTinyTokenizer);
+  const auto keys_of = [&](const std::string& file) {
+    return "train = " + quoted(tmp_ / file) + "\ntokenizer = " + quoted(tmp_ / "tokenizer.json") + "\n";
+  };
+  write_file(tmp_ / "big.csv", "text,label\nhello,0\nworld,400000000\n");
+  EXPECT_NE(error_of(keys_of("big.csv"))
+                .find(tmp_ / "big.csv" +
+                      " line 3: the label 400000000 is not a class index 2 rows can mean (without dataset.labels, "
+                      "class indices are below max(rows, 1024) = 1024); name the classes in order in dataset.labels"),
+            std::string::npos)
+      << error_of(keys_of("big.csv"));
+  write_file(tmp_ / "huge.jsonl",
+             "{\"text\": \"hello\", \"label\": 0}\n{\"text\": \"world\", \"label\": 18446744073709551615}\n");
+  EXPECT_NE(
+      error_of(keys_of("huge.jsonl")).find("huge.jsonl line 2: the label 18446744073709551615 is not a class index"),
+      std::string::npos)
+      << error_of(keys_of("huge.jsonl"));
+  write_file(tmp_ / "fine.csv", "text,label\nhello,0\nworld,1023\n");
+  EXPECT_EQ(text_dataset(keys_of("fine.csv"))->spec().num_classes, 1024);
 }
 
 TEST_F(TextRows, SettingsThatCannotWorkAreRefusedNamingTheKey) {

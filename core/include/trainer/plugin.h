@@ -20,7 +20,7 @@ class logger;
 }
 
 /// Bumped whenever a public header changes a layout or a virtual table plugins rely on.
-#define TRAINER_ABI_VERSION 16
+#define TRAINER_ABI_VERSION 17
 
 namespace trainer {
 

@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -20,39 +21,77 @@ namespace trainer {
 namespace {
 
 namespace fs = std::filesystem;
+using detail::class_index_limit;
+using detail::kClassIndexFloor;
+using detail::kExactWholeLimit;
+using detail::TargetsSource;
+
+/// The classes a split's targets declare; when whole numbers from 0 declare none because one is
+/// too large to be a class index, why (DataSpec::classes_refused).
+struct Classes {
+  std::int64_t count = 0;
+  std::string refused;
+};
 
 /// Samples held in memory: inputs in the type they were read in (converted to float32 per
 /// batch), targets as int64 (integers) or float32.
 class ArrayDataset final : public Dataset {
  public:
-  ArrayDataset(at::Tensor inputs, at::Tensor targets, std::int64_t classes)
-      : inputs_(std::move(inputs)), targets_(std::move(targets)), classes_(classes) {}
+  ArrayDataset(at::Tensor inputs, at::Tensor targets, Classes classes)
+      : inputs_(std::move(inputs)), targets_(std::move(targets)), classes_(std::move(classes)) {}
   std::int64_t size() const override { return inputs_.size(0); }
   Batch get(const at::Tensor& idx) const override {
     return {inputs_.index_select(0, idx).to(at::kFloat), targets_.index_select(0, idx)};
   }
   DataSpec spec() const override {
-    return {std::vector<std::int64_t>(inputs_.sizes().begin() + 1, inputs_.sizes().end()), classes_};
+    DataSpec d;
+    d.sample_shape.assign(inputs_.sizes().begin() + 1, inputs_.sizes().end());
+    d.num_classes = classes_.count;
+    d.classes_refused = classes_.refused;
+    return d;
   }
 
  private:
   at::Tensor inputs_, targets_;
-  std::int64_t classes_;
+  Classes classes_;
 };
 
-/// The classes of integer targets: `configured` when set (every target must be below it),
-/// else the largest target of the split plus one; 0 for targets that cannot be class indices
-/// (not integers of one column, or negative: counts or values for a regression).
-std::int64_t classes_of(const at::Tensor& targets, std::int64_t configured, const std::string& where) {
-  if (targets.scalar_type() != at::kLong || targets.dim() != 1 || targets.numel() == 0) return 0;
-  const auto lo = targets.min().item<std::int64_t>(), hi = targets.max().item<std::int64_t>();
-  if (lo < 0) return 0;
+/// Float targets that are all whole numbers from 0 but no class indices because one is too
+/// large to be held exactly (a CSV reads whole numbers from kExactWholeLimit on as values): why.
+std::string too_large_whole(const at::Tensor& targets, const TargetsSource& source) {
+  if (!at::isFloatingType(targets.scalar_type())) return {};
+  const at::Tensor d = targets.to(at::kDouble);
+  if (!d.eq(d.round()).all().item<bool>() || d.min().item<double>() < 0) return {};
+  const std::int64_t i = d.argmax().item<std::int64_t>();
+  const double largest = d[i].item<double>();
+  if (largest < kExactWholeLimit) return {};
+  return fmt::format(
+      "{}: the target {} is a whole number too large to be a class index (from {:g} on, they are values)", source.at(i),
+      largest, kExactWholeLimit);
+}
+
+/// The classes of integer targets: `configured` when set (every target must be below it), else
+/// the largest target of the split plus one when it is below class_index_limit(); none for
+/// targets that cannot be class indices (not integers of one column, or negative: counts or
+/// values for a regression). A regression's whole numbers may be as large as they like: a
+/// refused count is an error only for a task that needs classes.
+Classes classes_of(const at::Tensor& targets, std::int64_t configured, const TargetsSource& source) {
+  if (targets.dim() != 1 || targets.numel() == 0) return {};
+  if (targets.scalar_type() != at::kLong) return {0, too_large_whole(targets, source)};
+  if (targets.min().item<std::int64_t>() < 0) return {};
+  const std::int64_t at_largest = targets.argmax().item<std::int64_t>();
+  const std::int64_t largest = targets[at_largest].item<std::int64_t>();
   if (configured > 0) {
-    TRAINER_CHECK_T(UsageError, hi < configured, where, ": a target of ", hi,
+    TRAINER_CHECK_T(UsageError, largest < configured, source.at(at_largest), ": the target ", largest,
                     " with dataset.num_classes = ", configured, "; class indices are below it");
-    return configured;
+    return {configured, {}};
   }
-  return hi + 1;
+  const std::int64_t samples = targets.size(0), limit = class_index_limit(samples);
+  if (largest < limit) return {largest + 1, {}};
+  return {0, fmt::format("{}: the target {} is not a class index {} samples can mean (without dataset.num_classes, "
+                         "class indices are below max(samples, {}) = {}); if there are that many classes, set "
+                         "dataset.num_classes",
+                         source.at(at_largest), largest, samples, kClassIndexFloor, limit)};
 }
 
 }  // namespace
@@ -159,16 +198,22 @@ at::Tensor as_targets(const at::Tensor& t) {
   return t.to(at::kFloat);
 }
 
+std::string TargetsSource::at(std::int64_t i) const {
+  if (lines.empty()) return fmt::format("{}, element {}", what, i);
+  return fmt::format("{} line {}", what, lines[static_cast<std::size_t>(i)]);
+}
+
 std::shared_ptr<Dataset> array_dataset(const at::Tensor& inputs, const at::Tensor& targets,
                                        std::int64_t configured_classes, const std::string& inputs_what,
-                                       const std::string& targets_what) {
+                                       const TargetsSource& targets_source) {
+  const std::string& targets_what = targets_source.what;
   TRAINER_CHECK_T(UsageError, inputs.size(0) == targets.size(0), inputs_what, " holds ", inputs.size(0), " samples, ",
                   targets_what, " ", targets.size(0), " targets");
   TRAINER_CHECK_T(UsageError, targets.dim() <= 2, targets_what, ": ", targets.dim(),
                   " dimensions; targets are [N] or [N, K]");
   TRAINER_CHECK_T(UsageError, inputs.dim() >= 2, inputs_what,
                   ": one dimension; inputs are [N, features] or [N, C, H, W]");
-  return std::make_shared<ArrayDataset>(inputs, targets, classes_of(targets, configured_classes, targets_what));
+  return std::make_shared<ArrayDataset>(inputs, targets, classes_of(targets, configured_classes, targets_source));
 }
 
 }  // namespace detail

@@ -3,6 +3,8 @@
 // (NumPy's arrays and archives, numpy_datasets.cpp), and what they share (array_datasets.cpp).
 #include <ATen/core/Tensor.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
@@ -43,14 +45,34 @@ std::pair<std::string, std::string> split_file(Split split, const std::string& t
 /// float32.
 at::Tensor as_targets(const at::Tensor& t);
 
+/// Class indices a split of `samples` samples can mean when no key gives the classes: below
+/// max(samples, kClassIndexFloor). A split shows at most one class per sample; the floor lets a
+/// small sample of many classes (ImageNet's 1,000) through. An index beyond it would size a
+/// model's head from one number in a file (400000000: 12 GiB).
+constexpr std::int64_t kClassIndexFloor = 1024;
+/// Whole numbers from here on are past what a double holds exactly (2^53 is about 9.007e15): a
+/// CSV reads them as values, not as class indices or counts.
+constexpr double kExactWholeLimit = 9.0e15;
+inline std::int64_t class_index_limit(std::int64_t samples) { return std::max(samples, kClassIndexFloor); }
+
+/// Where a split's targets are, for messages: `what` names the key and the file; sample i is on
+/// line lines[i] (a CSV's rows), or, without lines, element i of an array.
+struct TargetsSource {
+  std::string what;
+  std::vector<std::int64_t> lines;
+  std::string at(std::int64_t i) const;
+};
+
 /// The samples `inputs` [N, ...] (any numeric type: converted to float32 per batch) with
 /// `targets` [N] or [N, K] (as_targets' types), held in memory. UsageError, naming
-/// `inputs_what` and `targets_what`, unless their shapes fit. Integer targets of one column are
-/// classes: `configured_classes` (every target below it), else the largest plus one; targets
-/// that cannot be class indices (several columns, floats, negative numbers) declare none.
+/// `inputs_what` and the targets' source, unless their shapes fit. Integer targets of one column
+/// are classes: `configured_classes` (every target below it), else the largest plus one when it
+/// is below class_index_limit(N); targets that cannot be class indices (several columns, floats,
+/// negative numbers) declare none. Whole numbers from 0 that are too large to be class indices
+/// declare none either, and the spec's `classes_refused` names the largest (its line or index).
 std::shared_ptr<Dataset> array_dataset(const at::Tensor& inputs, const at::Tensor& targets,
                                        std::int64_t configured_classes, const std::string& inputs_what,
-                                       const std::string& targets_what);
+                                       const TargetsSource& targets_source);
 
 }  // namespace detail
 

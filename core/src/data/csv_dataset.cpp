@@ -43,7 +43,8 @@ struct CsvSettings : Settings<CsvSettings> {
         .choices({"auto", "comma", "tab", "semicolon"});
     s.add(&CsvSettings::header, "header", "The first line names the columns");
     s.add(&CsvSettings::num_classes, "num_classes",
-          "Classes of integer targets; 0 = the largest target of the training split plus one")
+          "Classes of integer targets; 0 = the largest target of the training split plus one, when it is below "
+          "max(rows, 1024)")
         .min(0);
   }
 };
@@ -52,6 +53,7 @@ struct CsvSettings : Settings<CsvSettings> {
 struct Table {
   std::vector<std::string> columns;
   std::vector<double> values;
+  std::vector<std::int64_t> lines;  ///< the line each row starts on
   std::int64_t rows = 0;
 };
 
@@ -84,6 +86,7 @@ Table read_csv(const std::string& path, const std::string& key, char delim, bool
                       " is not a finite number (fill or drop missing values first)");
       t.values.push_back(d);
     }
+    t.lines.push_back(line_no);
     ++t.rows;
   }
   TRAINER_CHECK_T(UsageError, t.rows > 0, key, " = \"", path, "\": no rows", header ? " after its header" : "");
@@ -129,10 +132,10 @@ std::shared_ptr<Dataset> csv_dataset(const CsvSettings& s, Split split) {
   at::Tensor y = columns_of(t, targets);
   if (targets.size() == 1) y = y.squeeze(1);
   // Whole numbers are class indices or counts (int64); anything else is a value (float32).
-  const bool whole = y.eq(y.round()).all().item<bool>() && y.abs().max().item<double>() < 9.0e15;
+  const bool whole = y.eq(y.round()).all().item<bool>() && y.abs().max().item<double>() < kExactWholeLimit;
   y = whole ? y.to(at::kLong) : y.to(at::kFloat);
   const std::string what = key + " = \"" + path + "\"";
-  return array_dataset(columns_of(t, features).to(at::kFloat), y, s.num_classes, what, what);
+  return array_dataset(columns_of(t, features).to(at::kFloat), y, s.num_classes, what, TargetsSource{what, t.lines});
 }
 
 }  // namespace

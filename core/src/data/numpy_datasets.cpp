@@ -37,7 +37,8 @@ struct NpySettings : Settings<NpySettings> {
     s.add(&NpySettings::test_inputs, "test_inputs", "The test inputs; empty = no test split");
     s.add(&NpySettings::test_targets, "test_targets", "The test targets");
     s.add(&NpySettings::num_classes, "num_classes",
-          "Classes of integer targets; 0 = the largest target of the training split plus one")
+          "Classes of integer targets; 0 = the largest target of the training split plus one, when it is below "
+          "max(samples, 1024)")
         .min(0);
   }
 };
@@ -151,7 +152,7 @@ std::shared_ptr<Dataset> npy_dataset(const NpySettings& s, Split split) {
                   "and needs both; set them or eval.every_epochs = 0");
   return array_dataset(read_npy(inputs_path, inputs_key), as_targets(read_npy(targets_path, targets_key)),
                        s.num_classes, inputs_key + " = \"" + inputs_path + "\"",
-                       targets_key + " = \"" + targets_path + "\"");
+                       TargetsSource{targets_key + " = \"" + targets_path + "\"", {}});
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -169,7 +170,8 @@ struct NpzSettings : Settings<NpzSettings> {
     s.add(&NpzSettings::inputs, "inputs", "The inputs' array in each archive: [N, ...]");
     s.add(&NpzSettings::targets, "targets", "The targets' array in each archive: [N] or [N, K]");
     s.add(&NpzSettings::num_classes, "num_classes",
-          "Classes of integer targets; 0 = the largest target of the training split plus one")
+          "Classes of integer targets; 0 = the largest target of the training split plus one, when it is below "
+          "max(samples, 1024)")
         .min(0);
   }
 };
@@ -206,7 +208,7 @@ std::shared_ptr<Dataset> npz_dataset(const NpzSettings& s, Split split) {
   };
   const auto what = [&](const std::string& name) { return fmt::format("{} = \"{}\", array '{}'", key, path, name); };
   return array_dataset(array(s.inputs, "inputs"), as_targets(array(s.targets, "targets")), s.num_classes,
-                       what(s.inputs), what(s.targets));
+                       what(s.inputs), TargetsSource{what(s.targets), {}});
 }
 
 }  // namespace

@@ -53,8 +53,8 @@ struct Classes {
     if (it != by_name.end()) return it->second;
     if (indices && r.label_is_integer) {
       std::int64_t v = 0;
-      std::from_chars(r.label.data(), r.label.data() + r.label.size(), v);
-      if (v < count) return v;
+      const auto parsed = std::from_chars(r.label.data(), r.label.data() + r.label.size(), v);
+      if (parsed.ec == std::errc() && v < count) return v;
     }
     return std::nullopt;
   }
@@ -74,6 +74,9 @@ Classes classes_of(const TextSettings& s, const std::vector<Row>& train_rows, co
   }
   bool all_integers = true;
   const Row* first = nullptr;
+  const Row* largest = nullptr;  // of the class indices
+  std::uint64_t most = 0;
+  std::int64_t rows = 0;
   std::vector<std::string> names;
   for (const auto& r : train_rows) {
     if (!r.problem.empty()) continue;
@@ -85,18 +88,28 @@ Classes classes_of(const TextSettings& s, const std::vector<Row>& train_rows, co
                     first->label_is_integer ? "a class index" : "a name",
                     "; give the class names in order in dataset.labels");
     all_integers = all_integers && r.label_is_integer;
+    if (r.label_is_integer) {
+      std::uint64_t v = 0;
+      const auto parsed = std::from_chars(r.label.data(), r.label.data() + r.label.size(), v);
+      if (parsed.ec != std::errc()) v = ~std::uint64_t{0};  // beyond 64 bits: beyond any limit
+      if (largest == nullptr || v > most) {
+        largest = &r;
+        most = v;
+      }
+    }
+    ++rows;
     names.push_back(r.label);
   }
   std::sort(names.begin(), names.end());
   names.erase(std::unique(names.begin(), names.end()), names.end());
   if (all_integers && !names.empty()) {
-    std::int64_t most = 0;
-    for (const auto& n : names) most = std::max<std::int64_t>(most, std::stoll(n));
-    TRAINER_CHECK_T(
-        UsageError, most < (1 << 20), "dataset.train: the label ", most,
-        " is not a class index a model can have (at most 2^20 classes); name the classes in dataset.labels");
+    const std::int64_t limit = class_index_limit(rows);
+    TRAINER_CHECK_T(UsageError, most < static_cast<std::uint64_t>(limit), train_path, " line ", largest->line,
+                    ": the label ", shown(largest->label), " is not a class index ", rows,
+                    " rows can mean (without dataset.labels, class indices are below max(rows, ", kClassIndexFloor,
+                    ") = ", limit, "); name the classes in order in dataset.labels");
     c.indices = true;
-    c.count = most + 1;
+    c.count = static_cast<std::int64_t>(most) + 1;
     c.described = fmt::format("class indices 0 to {} (the training split's largest)", most);
   } else {
     for (std::size_t i = 0; i < names.size(); ++i) c.by_name[names[i]] = static_cast<std::int64_t>(i);

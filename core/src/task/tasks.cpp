@@ -52,6 +52,7 @@ class Classification final : public Task {
  public:
   Classification(const ClassificationSettings& s, const DataSpec& data, const Batch& probe, SampleLoss loss = {})
       : smoothing_(s.label_smoothing), classes_(data.num_classes), top_k_(s.top_k), loss_(std::move(loss)) {
+    TRAINER_CHECK_T(UsageError, data.classes_refused.empty(), "task.name = \"classification\": ", data.classes_refused);
     TRAINER_CHECK_T(UsageError, at::isIntegralType(probe.targets.scalar_type(), /*includeBool=*/false),
                     refusal("classification", probe),
                     "; classification needs integer class indices (int64); for real-valued targets use "
