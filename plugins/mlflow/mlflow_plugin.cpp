@@ -17,6 +17,7 @@
 #include "trainer/distributed.h"
 #include "trainer/error.h"
 #include "trainer/plugin.h"
+#include "trainer/secrets.h"
 #include "trainer/settings.h"
 
 namespace fs = std::filesystem;
@@ -126,12 +127,15 @@ class MlflowPlugin final : public trainer::Plugin {
     Plugin::configure(section, std::move(logger));
     s_ = MlflowSettings::from(section);
     uri_ = s_.tracking_uri.empty() ? env_or("MLFLOW_TRACKING_URI", "") : s_.tracking_uri;
+    // The URI as written anywhere (journal, state, logs): without the credentials it may hold,
+    // which reach the server only (open_backend).
+    shown_uri_ = trainer::without_userinfo(uri_);
     TRAINER_CHECK_T(trainer::UsageError, !uri_.empty(),
                     "plugins.mlflow.tracking_uri is empty and MLFLOW_TRACKING_URI is not set: give an MLflow "
                     "tracking server (http://host:5000) or a file store (file:./mlruns)");
     TRAINER_CHECK_T(trainer::UsageError,
                     uri_.rfind("http://", 0) == 0 || uri_.rfind("https://", 0) == 0 || uri_.rfind("file:", 0) == 0,
-                    "plugins.mlflow.tracking_uri = '", uri_,
+                    "plugins.mlflow.tracking_uri = '", shown_uri_,
                     "' is not supported: use http://host:port, https://..., or file:./mlruns");
     experiment_ = s_.experiment.empty() ? env_or("MLFLOW_EXPERIMENT_NAME", "Default") : s_.experiment;
     parent_ = s_.parent_run_id.empty() ? env_or("MLFLOW_PARENT_RUN_ID", "") : s_.parent_run_id;
@@ -139,16 +143,19 @@ class MlflowPlugin final : public trainer::Plugin {
       const auto eq = t.find('=');
       TRAINER_CHECK_T(trainer::UsageError, eq != std::string::npos && eq > 0, "plugins.mlflow.tags: '", t,
                       "' is not \"key=value\"");
-      extra_tags_.push_back({t.substr(0, eq), t.substr(eq + 1)});
+      // A tag named like a secret is not sent (nor journaled); a URI in a value loses its credentials.
+      if (!trainer::is_secret_key(t.substr(0, eq))) {
+        extra_tags_.push_back({t.substr(0, eq), trainer::without_userinfo(t.substr(eq + 1))});
+      }
     }
   }
 
   void save_state(trainer::PluginState& state) override {
-    state.set_string("tracking_uri", mlf::canonical_uri(uri_));
+    state.set_string("tracking_uri", mlf::canonical_uri(shown_uri_));
     state.set_string("run_dir", run_dir_);
   }
   void load_state(const trainer::PluginState& state) override {
-    resumed_uri_ = state.get_string("tracking_uri");
+    resumed_uri_ = trainer::without_userinfo(state.get_string("tracking_uri"));  // an older trainer kept it whole
     resumed_run_dir_ = state.get_string("run_dir");
   }
 
@@ -189,7 +196,7 @@ class MlflowPlugin final : public trainer::Plugin {
         break;
       case trainer::Event::Exception:
         if (!started_) start(ctx);  // a run that failed before training is shown too
-        error_ = describe(ctx.exception);
+        error_ = trainer::without_userinfo(describe(ctx.exception));
         break;
       case trainer::Event::Shutdown:
         finish(ctx);
@@ -201,7 +208,9 @@ class MlflowPlugin final : public trainer::Plugin {
 
  private:
   MlflowSettings s_;
-  std::string uri_, experiment_, parent_, run_dir_;
+  std::string uri_;        ///< as given, with any credentials: only open_backend() reads it
+  std::string shown_uri_;  ///< without credentials: what is written and logged
+  std::string experiment_, parent_, run_dir_;
   std::vector<mlf::KeyValue> extra_tags_;
   std::string resumed_uri_, resumed_run_dir_;
   std::string resumed_checkpoint_;  ///< the file --resume loaded
@@ -299,9 +308,9 @@ class MlflowPlugin final : public trainer::Plugin {
       tag_list.push_back(json::array({k, value(k, t.value, mlf::kMaxTagValueLength, "tag")}));
     }
     const bool resuming =
-        !resumed_checkpoint_.empty() && !resumed_uri_.empty() && resumed_uri_ == mlf::canonical_uri(uri_);
+        !resumed_checkpoint_.empty() && !resumed_uri_.empty() && resumed_uri_ == mlf::canonical_uri(shown_uri_);
     json rec{{"op", resuming ? "continue" : "start"},
-             {"tracking_uri", mlf::canonical_uri(uri_)},
+             {"tracking_uri", mlf::canonical_uri(shown_uri_)},
              {"experiment", experiment_},
              {"run_name", run_name},
              {"user", mlf::current_user()},
@@ -321,8 +330,9 @@ class MlflowPlugin final : public trainer::Plugin {
         if (!params.empty()) exporter_->record({{"op", "batch"}, {"params", params}});
         params = json::array();
       };
-      for (const auto& k : ctx.config->leaf_keys()) {
-        const trainer::ConfigValue& v = ctx.config->value(k);
+      const trainer::Config written = trainer::redacted(*ctx.config);  // no secrets
+      for (const auto& k : written.leaf_keys()) {
+        const trainer::ConfigValue& v = written.value(k);
         std::string text =
             std::holds_alternative<std::string>(v) ? std::get<std::string>(v) : trainer::config_value_to_toml(v);
         const std::string pk = key(k, "param");
@@ -375,9 +385,9 @@ class MlflowPlugin final : public trainer::Plugin {
       logger_->warn(
           "mlflow: {} records could not be sent to {} within {} s; they are kept in {}: send them with "
           "`trainer mlflow sync {}`",
-          left, uri_, s_.shutdown_timeout_s, (mlf::journal_dir(run_dir_) / "journal.jsonl").string(), run_dir_);
+          left, shown_uri_, s_.shutdown_timeout_s, (mlf::journal_dir(run_dir_) / "journal.jsonl").string(), run_dir_);
     } else {
-      logger_->info("mlflow: run {} sent to {}", status, uri_);
+      logger_->info("mlflow: run {} sent to {}", status, shown_uri_);
     }
     exporter_.reset();
   }

@@ -20,6 +20,7 @@
 #include "trainer/error.h"
 #include "trainer/metrics.h"
 #include "trainer/plugin.h"
+#include "trainer/secrets.h"
 #include "trainer/settings.h"
 
 namespace {
@@ -110,7 +111,7 @@ class TensorboardPlugin final : public trainer::Plugin {
       // The run directory's tensorboard/ is its own: a link there is refused (exit 2), not followed.
       if (s_.log_dir.empty()) trainer::make_run_subdir(dir);
       writer_ = std::make_shared<Writer>(dir);
-      if (s_.hparams) write_session_start(*ctx.config);
+      if (s_.hparams) write_session_start(trainer::redacted(*ctx.config));  // no secrets
       ctx.metrics->add_sink(std::make_shared<Sink>(writer_, s_.hparams));
       logger_->info("tensorboard: writing {} (tensorboard --logdir {})", writer_->path(), dir);
     } else if (ctx.event == trainer::Event::Resume && writer_) {

@@ -22,6 +22,7 @@
 
 #include "mlflow_client.h"
 #include "mlflow_export.h"
+#include "scripted_server.h"
 #include "support/test_util.h"
 #include "trainer/json.h"
 
@@ -261,70 +262,7 @@ TEST(MlflowJournal, SyncRefusesAJournalThatIsALink) {
   EXPECT_EQ(read_file(tmp / "outside.jsonl"), before);
 }
 
-/// A scripted HTTP server on 127.0.0.1: answers each request with the next (status, body)
-/// and keeps the requests it got.
-class ScriptedServer {
- public:
-  /// `location`: the Location header of each 3xx answer.
-  explicit ScriptedServer(std::vector<std::pair<int, std::string>> answers, std::string location = "")
-      : answers_(std::move(answers)), location_(std::move(location)) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = 0;
-    EXPECT_EQ(::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-    EXPECT_EQ(::listen(fd_, 8), 0);
-    socklen_t len = sizeof addr;
-    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len);
-    port_ = ntohs(addr.sin_port);
-    thread_ = std::thread([this] { serve(); });
-  }
-  ~ScriptedServer() {
-    ::shutdown(fd_, SHUT_RDWR);
-    ::close(fd_);
-    thread_.join();
-  }
-  std::string uri() const { return "http://127.0.0.1:" + std::to_string(port_); }
-  std::vector<std::string> requests;
-
- private:
-  int fd_ = -1, port_ = 0;
-  std::vector<std::pair<int, std::string>> answers_;
-  std::string location_;
-  std::thread thread_;
-
-  void serve() {
-    for (const auto& [status, body] : answers_) {
-      const int c = ::accept(fd_, nullptr, nullptr);
-      if (c < 0) return;
-      std::string req;
-      char buf[4096];
-      std::size_t need = std::string::npos;
-      while (true) {
-        const ssize_t n = ::read(c, buf, sizeof buf);
-        if (n <= 0) break;
-        req.append(buf, static_cast<std::size_t>(n));
-        const auto end = req.find("\r\n\r\n");
-        if (end != std::string::npos && need == std::string::npos) {
-          std::size_t length = 0;
-          const auto cl = req.find("Content-Length: ");
-          if (cl != std::string::npos && cl < end) length = std::stoul(req.substr(cl + 16));
-          need = end + 4 + length;
-        }
-        if (need != std::string::npos && req.size() >= need) break;
-      }
-      requests.push_back(req);
-      const std::string reply = "HTTP/1.1 " + std::to_string(status) + " X\r\nContent-Type: application/json\r\n" +
-                                (status == 429 ? "Retry-After: 7\r\n" : "") +
-                                (status >= 300 && status < 400 ? "Location: " + location_ + "\r\n" : "") +
-                                "Content-Length: " + std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" +
-                                body;
-      [[maybe_unused]] const ssize_t w = ::write(c, reply.data(), reply.size());
-      ::close(c);
-    }
-  }
-};
+using trainer::testing::ScriptedServer;
 
 TEST(MlflowRest, ServerErrorsAreTransientAndRefusalsAreRejected) {
   ScriptedServer server(

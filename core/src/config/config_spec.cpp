@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "trainer/error.h"
+#include "trainer/secrets.h"
 
 namespace trainer {
 
@@ -231,15 +232,16 @@ std::vector<std::string> validate_config(Config& cfg, const std::vector<SectionS
       continue;
     }
     const ConfigValue& v = cfg.value(key);
+    // Messages go to the log and status.json: a secret's value is not in them (trainer/secrets.h).
+    const std::string shown = is_secret_key(key) ? "(a secret, not shown)" : without_userinfo(config_value_to_toml(v));
     const auto coerced = coerce(v, spec->type);
     if (!coerced) {
-      problems.push_back(fmt::format("{}: {} = {}: expected {}, got {}", where, key, config_value_to_toml(v),
-                                     spec->describe(), config_value_type_name(v)));
+      problems.push_back(fmt::format("{}: {} = {}: expected {}, got {}", where, key, shown, spec->describe(),
+                                     config_value_type_name(v)));
       continue;
     }
     if (const std::string bad = abnormal_number(*coerced, *spec); !bad.empty()) {
-      problems.push_back(
-          fmt::format("{}: {} = {}: {}; allowed: {}", where, key, config_value_to_toml(v), bad, spec->describe()));
+      problems.push_back(fmt::format("{}: {} = {}: {}; allowed: {}", where, key, shown, bad, spec->describe()));
       continue;
     }
     bool ok = true;
@@ -253,8 +255,8 @@ std::vector<std::string> validate_config(Config& cfg, const std::vector<SectionS
           ok = false;
           const std::string hint = closest_match(s, spec->allowed);
           if (!hint.empty()) {
-            problems.push_back(fmt::format("{}: {} = {}: must be {} (did you mean '{}'?)", where, key,
-                                           config_value_to_toml(v), spec->describe(), hint));
+            problems.push_back(
+                fmt::format("{}: {} = {}: must be {} (did you mean '{}'?)", where, key, shown, spec->describe(), hint));
             ok = true;  // reported with its hint already
             break;
           }
@@ -262,14 +264,13 @@ std::vector<std::string> validate_config(Config& cfg, const std::vector<SectionS
       }
     }
     if (!ok) {
-      problems.push_back(fmt::format("{}: {} = {}: must be {}", where, key, config_value_to_toml(v), spec->describe()));
+      problems.push_back(fmt::format("{}: {} = {}: must be {}", where, key, shown, spec->describe()));
       continue;
     }
     if (spec->rule.accepts) {
       const auto values = strings_of(*coerced);
       if (!std::all_of(values.begin(), values.end(), spec->rule.accepts)) {
-        problems.push_back(
-            fmt::format("{}: {} = {}: must be {}", where, key, config_value_to_toml(v), spec->rule.rule));
+        problems.push_back(fmt::format("{}: {} = {}: must be {}", where, key, shown, spec->rule.rule));
         continue;
       }
     }

@@ -43,6 +43,7 @@
 #include "trainer/logging.h"
 #include "trainer/memory.h"
 #include "util/log_file_sink.h"
+#include "trainer/secrets.h"
 
 namespace fs = std::filesystem;
 
@@ -223,7 +224,7 @@ struct Trainer::Impl {
     parts.loader = std::make_shared<BatchLoader>(parts.train_set, loader.workers, loader.prefetch);
     rooms = std::make_unique<Rooms>(settings, dir->checkpoints(),
                                     data_order_of(cfg, parts.train_set->size(), parts.train_set->lengths()),
-                                    cfg.to_toml(), parts, state, *hooks, *metrics, *log);
+                                    redacted(cfg).to_toml(), parts, state, *hooks, *metrics, *log);
   }
 
   /// Two ranks on one GPU would share its memory and, with NCCL, fail: each rank of a host
@@ -269,14 +270,16 @@ struct Trainer::Impl {
     if (then_text.empty()) return;
     std::vector<std::string> changed;
     try {
+      // The checkpoint's config has no secrets: neither has what it is compared with (logged).
+      const Config written = redacted(cfg);
       const Config then = Config::parse(then_text, "the checkpoint's config");
-      for (const auto& key : cfg.leaf_keys()) {
-        const std::string now = config_value_to_toml(cfg.value(key));
+      for (const auto& key : written.leaf_keys()) {
+        const std::string now = config_value_to_toml(written.value(key));
         const std::string was = then.has(key) ? config_value_to_toml(then.value(key)) : "(not set)";
         if (now != was) changed.push_back(key + " " + was + " -> " + now);
       }
       for (const auto& key : then.leaf_keys()) {
-        if (!cfg.has(key)) changed.push_back(key + " " + config_value_to_toml(then.value(key)) + " -> (not set)");
+        if (!written.has(key)) changed.push_back(key + " " + config_value_to_toml(then.value(key)) + " -> (not set)");
       }
     } catch (const std::exception& e) {
       log->warn("the checkpoint's config cannot be read ({}): its changes are not listed", e.what());
@@ -435,7 +438,7 @@ struct Trainer::Impl {
   /// This run's config.toml and status.json (RUNNING) in its directory; from now on the
   /// status is this run's.
   void claim_run_dir() {
-    if (parts.writer()) write_atomic(dir->path() + "/config.toml", cfg.to_toml());
+    if (parts.writer()) write_atomic(dir->path() + "/config.toml", redacted(cfg).to_toml());
     claimed = true;
     RunResult running;
     running.status = RunStatus::Running;

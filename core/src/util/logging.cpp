@@ -12,6 +12,7 @@
 #include "trainer/durable_file.h"
 #include "trainer/error.h"
 #include "util/log_file_sink.h"
+#include "trainer/secrets.h"
 
 namespace trainer {
 
@@ -46,6 +47,31 @@ class AppendFileSink final : public spdlog::sinks::base_sink<std::mutex> {
   std::FILE* file_ = nullptr;
 };
 
+/// A logger whose lines never hold a URI's credentials: a message that quotes a URI the user gave
+/// (a tracking server's, an error about it) reaches every sink without its "user:password@".
+class RedactingLogger final : public spdlog::logger {
+ public:
+  using spdlog::logger::logger;
+  std::shared_ptr<spdlog::logger> clone(std::string name) override {
+    auto copy = std::make_shared<RedactingLogger>(*this);
+    copy->name_ = std::move(name);
+    return copy;
+  }
+
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    const std::string_view payload(msg.payload.data(), msg.payload.size());
+    if (payload.find("://") == std::string_view::npos || payload.find('@') == std::string_view::npos) {
+      spdlog::logger::sink_it_(msg);
+      return;
+    }
+    const std::string cut = without_userinfo(payload);
+    spdlog::details::log_msg redacted_msg = msg;
+    redacted_msg.payload = spdlog::string_view_t(cut.data(), cut.size());
+    spdlog::logger::sink_it_(redacted_msg);
+  }
+};
+
 }  // namespace
 
 namespace detail {
@@ -56,7 +82,8 @@ std::shared_ptr<spdlog::sinks::sink> log_file_sink(const std::string& path) {
 
 std::shared_ptr<spdlog::logger> default_logger() {
   static std::shared_ptr<spdlog::logger> logger = [] {
-    auto l = std::make_shared<spdlog::logger>("trainer", std::make_shared<spdlog::sinks::stderr_color_sink_mt>());
+    std::shared_ptr<spdlog::logger> l =
+        std::make_shared<RedactingLogger>("trainer", std::make_shared<spdlog::sinks::stderr_color_sink_mt>());
     l->set_pattern("%Y-%m-%d %H:%M:%S.%e %^%-5l%$ %v");
     l->set_level(spdlog::level::info);
     return l;

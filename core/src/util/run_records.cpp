@@ -9,6 +9,7 @@
 
 #include "trainer/error.h"
 #include "trainer/json.h"
+#include "trainer/secrets.h"
 
 namespace trainer {
 
@@ -51,11 +52,12 @@ std::string encode_status(const RunStatusRecord& s) {
   j["exit_code"] = s.status == RunStatus::Running ? ordered(nullptr) : ordered(s.exit_code);
   j["global_step"] = s.global_step;
   j["epoch"] = s.epoch;
-  j["message"] = s.message;
+  // A message may quote a URI the user gave: its credentials are not written (trainer/secrets.h).
+  j["message"] = without_userinfo(s.message);
   j["last_checkpoint"] = s.last_checkpoint;
   if (!s.stopped_by.empty()) {
     j["stopped_by"] = s.stopped_by;
-    j["reason"] = s.reason;
+    j["reason"] = without_userinfo(s.reason);
   }
   if (s.status == RunStatus::Failed) {
     j["failure"] = failure_kind_name(s.failure);

@@ -6,12 +6,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <iterator>
+
+#include "trainer/secrets.h"
 
 namespace fs = std::filesystem;
 
@@ -153,17 +156,54 @@ std::string sanitize_key(const std::string& key) {
   return out;
 }
 
+namespace {
+
+/// `s` with its %XX escapes decoded (a URI's userinfo).
+std::string percent_decoded(const std::string& s) {
+  std::string out;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size() && std::isxdigit(static_cast<unsigned char>(s[i + 1])) != 0 &&
+        std::isxdigit(static_cast<unsigned char>(s[i + 2])) != 0) {
+      out += static_cast<char>(std::stoi(s.substr(i + 1, 2), nullptr, 16));
+      i += 2;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
+
+/// The credentials for an http(s) `uri`: its userinfo ("user:password@"), when it has one, else
+/// `given`.
+Credentials credentials_for(const std::string& uri, const Credentials& given) {
+  const std::size_t host = uri.find("://") + 3;
+  const std::size_t end = uri.find_first_of("/?#", host);
+  const std::string authority = uri.substr(host, end == std::string::npos ? std::string::npos : end - host);
+  const std::size_t at = authority.rfind('@');
+  if (at == std::string::npos) return given;
+  const std::string userinfo = authority.substr(0, at);
+  const std::size_t colon = userinfo.find(':');
+  Credentials c;
+  c.username = percent_decoded(userinfo.substr(0, colon));
+  if (colon != std::string::npos) c.password = percent_decoded(userinfo.substr(colon + 1));
+  return c;
+}
+
+}  // namespace
+
 std::unique_ptr<Backend> open_backend(const std::string& tracking_uri, const Credentials& credentials,
                                       HttpOptions http) {
   if (tracking_uri.rfind("http://", 0) == 0 || tracking_uri.rfind("https://", 0) == 0) {
-    return detail::make_rest_backend(tracking_uri, credentials, std::move(http));
+    // The backend knows the URI without its credentials (what it names in messages and records).
+    return detail::make_rest_backend(trainer::without_userinfo(tracking_uri),
+                                     credentials_for(tracking_uri, credentials), std::move(http));
   }
   if (tracking_uri.rfind("file:", 0) == 0) {
     std::string path = tracking_uri.substr(5);
     if (path.rfind("//", 0) == 0) {
       path = path.substr(2);
       if (!path.empty() && path.front() != '/') {
-        throw std::invalid_argument("tracking URI '" + tracking_uri +
+        throw std::invalid_argument("tracking URI '" + trainer::without_userinfo(tracking_uri) +
                                     "': a file URI with a host is not supported; use file:./mlruns or "
                                     "file:///absolute/path");
       }
@@ -171,7 +211,7 @@ std::unique_ptr<Backend> open_backend(const std::string& tracking_uri, const Cre
     if (path.empty()) throw std::invalid_argument("tracking URI '" + tracking_uri + "' names no directory");
     return detail::make_file_backend(tracking_uri, path);
   }
-  throw std::invalid_argument("tracking URI '" + tracking_uri +
+  throw std::invalid_argument("tracking URI '" + trainer::without_userinfo(tracking_uri) +
                               "' is not supported: use http://host:port or https://... (an MLflow tracking "
                               "server) or file:./mlruns (MLflow's file store)");
 }

@@ -85,7 +85,7 @@ struct HttpOptions {
 class Backend {
  public:
   virtual ~Backend() = default;
-  /// The tracking URI as given (`http://host:5000`, `file:./mlruns`).
+  /// The tracking URI as given, without credentials (`http://host:5000`, `file:./mlruns`).
   virtual std::string uri() const = 0;
   /// The id of the experiment `name`, created when it does not exist.
   virtual std::string experiment_id(const std::string& name) = 0;
@@ -107,7 +107,9 @@ class Backend {
 
 /// The backend of `tracking_uri`: `http://` or `https://` (the REST API), `file:PATH` or
 /// `file:///abs/path` (MLflow's file store). Throws std::invalid_argument for anything else,
-/// naming the URI and what is accepted.
+/// naming the URI and what is accepted. An http(s) URI's "user:password@" authenticates (basic,
+/// in place of `credentials`) and is cut from the URI the backend names (Backend::uri()), so that
+/// no record or message holds it.
 std::unique_ptr<Backend> open_backend(const std::string& tracking_uri, const Credentials& credentials = {},
                                       HttpOptions http = {});
 

@@ -1,0 +1,66 @@
+#pragma once
+// What a run never writes down: credentials. One list of what names a secret and one way to
+// take secrets out, used by every writer of a run's files: config.toml and the checkpoints'
+// copy of it, status.json, the log, and the MLflow and TensorBoard plugins (params, tags,
+// journal, plugin state, hparams). Keys named like a secret are left out; the "user:password@"
+// of every URI is cut. The functions are inline so that code that does not link the core (the
+// MLflow client) uses the same ones.
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <string>
+#include <string_view>
+
+#include "trainer/config.h"
+#include "trainer/export.h"
+
+namespace trainer {
+
+/// True when the last part of the dotted `key` is named like a secret: it holds password,
+/// passwd, passphrase, secret, credential, authorization, api key, private key or access key
+/// (with or without `_` or `-` between the words, any case), or it ends in "token" ("hf_token",
+/// "auth_token"; not "tokenizer", "max_tokens" or "pad_token_id").
+inline bool is_secret_key(std::string_view key) {
+  const std::size_t dot = key.rfind('.');
+  std::string name;  // the last part, lower case, without _ and -
+  for (const char c : key.substr(dot == std::string_view::npos ? 0 : dot + 1)) {
+    if (c != '_' && c != '-') name += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  }
+  static constexpr std::array<std::string_view, 9> kSecretWords = {
+      "password", "passwd", "passphrase", "secret", "credential", "apikey", "privatekey", "accesskey", "authorization"};
+  const auto holds = [&](std::string_view w) { return name.find(w) != std::string::npos; };
+  const std::string_view token = "token";
+  const bool ends_in_token =
+      name.size() >= token.size() && name.compare(name.size() - token.size(), token.size(), token) == 0;
+  return ends_in_token || std::any_of(kSecretWords.begin(), kSecretWords.end(), holds);
+}
+
+/// `text` with the userinfo of every URI in it cut: "http://user:pass@host:5000/x" is
+/// "http://host:5000/x", also inside a longer text (a message, a list).
+inline std::string without_userinfo(std::string_view text) {
+  std::string out;
+  std::size_t done = 0;
+  for (std::size_t sep = text.find("://"); sep != std::string_view::npos; sep = text.find("://", sep + 3)) {
+    std::size_t scheme = sep;  // a scheme: a letter, then letters, digits, + - .
+    while (scheme > 0 && (std::isalnum(static_cast<unsigned char>(text[scheme - 1])) != 0 || text[scheme - 1] == '+' ||
+                          text[scheme - 1] == '-' || text[scheme - 1] == '.')) {
+      --scheme;
+    }
+    if (scheme == sep || std::isalpha(static_cast<unsigned char>(text[scheme])) == 0) continue;
+    const std::size_t host = sep + 3;
+    std::size_t end = host;  // the authority ends at a path, query, fragment, blank or quote
+    while (end < text.size() && std::string_view("/?#\"'<> \t\r\n").find(text[end]) == std::string_view::npos) ++end;
+    const std::size_t at = text.substr(host, end - host).rfind('@');
+    if (at == std::string_view::npos) continue;
+    out.append(text.substr(done, host - done));
+    done = host + at + 1;
+  }
+  out.append(text.substr(done));
+  return out;
+}
+
+/// `cfg` as a run writes it anywhere: keys named like a secret (is_secret_key) left out, and
+/// userinfo cut from every string (without_userinfo). A deep copy: `cfg` is unchanged.
+TRAINER_API Config redacted(const Config& cfg);
+
+}  // namespace trainer
