@@ -18,6 +18,7 @@
 #include "trainer/error.h"
 #include "trainer/interrupt.h"
 #include "trainer/json.h"
+#include "trainer/secrets.h"
 #include "trial_process.h"
 
 namespace trainer::tune {
@@ -126,7 +127,7 @@ json end_record(const TrialRecord& t) {
 }
 
 json mlflow_record(const StudyRun& run) {
-  return json{{"event", "mlflow"}, {"run_id", run.id}, {"tracking_uri", run.tracking_uri}};
+  return json{{"event", "mlflow"}, {"run_id", run.id}, {"tracking_uri", without_userinfo(run.tracking_uri)}};
 }
 
 std::string config_hash(const std::string& toml_text) {

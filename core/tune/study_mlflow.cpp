@@ -7,8 +7,17 @@
 
 #include "mlflow_client.h"
 #include "trainer/plugin.h"
+#include "trainer/secrets.h"
 
 namespace trainer::tune {
+
+std::string study_tracking_uri(const PreparedRun& p) {
+  // As the plugin itself resolves it: the config, else the environment.
+  const char* env_uri = std::getenv("MLFLOW_TRACKING_URI");
+  return p.config.get_or<std::string>("plugins.mlflow.tracking_uri", "").empty()
+             ? (env_uri ? env_uri : "")
+             : p.config.get<std::string>("plugins.mlflow.tracking_uri");
+}
 
 StudyRun start_study_run(const PreparedRun& p, const std::string& name, const std::string& study_dir,
                          const SweepSettings& s, std::ostream& progress) {
@@ -16,12 +25,8 @@ StudyRun start_study_run(const PreparedRun& p, const std::string& name, const st
   const bool used =
       std::any_of(p.plugins.begin(), p.plugins.end(), [](const auto& x) { return x->name() == "mlflow"; });
   if (!used) return run;
-  // As the plugin itself resolves them: the config, else the environment.
-  const char* env_uri = std::getenv("MLFLOW_TRACKING_URI");
   const char* env_exp = std::getenv("MLFLOW_EXPERIMENT_NAME");
-  const std::string uri = p.config.get_or<std::string>("plugins.mlflow.tracking_uri", "").empty()
-                              ? (env_uri ? env_uri : "")
-                              : p.config.get<std::string>("plugins.mlflow.tracking_uri");
+  const std::string uri = study_tracking_uri(p);
   const std::string exp = p.config.get_or<std::string>("plugins.mlflow.experiment", "").empty()
                               ? (env_exp ? env_exp : "Default")
                               : p.config.get<std::string>("plugins.mlflow.experiment");
@@ -33,7 +38,7 @@ StudyRun start_study_run(const PreparedRun& p, const std::string& name, const st
                                 {"trainer.sweep.sampler", s.sampler}})
                  .run_id;
     run.tracking_uri = uri;
-    progress << "MLflow: parent run " << run.id << " (" << uri << ", experiment " << exp << ")\n";
+    progress << "MLflow: parent run " << run.id << " (" << without_userinfo(uri) << ", experiment " << exp << ")\n";
   } catch (const std::exception& e) {
     // The trials still log their own runs; only the nesting is lost.
     progress << "MLflow: cannot create the study's parent run (" << e.what() << "); trials log as top-level runs\n";

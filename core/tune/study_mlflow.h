@@ -10,6 +10,10 @@
 
 namespace trainer::tune {
 
+/// The tracking URI the recipe's mlflow plugin logs to: plugins.mlflow.tracking_uri, else
+/// $MLFLOW_TRACKING_URI (with any credentials it holds).
+std::string study_tracking_uri(const PreparedRun& recipe);
+
 /// Creates the study's run (named `name`, tagged with the study directory, objective and
 /// sampler) on the tracking server or file store the recipe's mlflow plugin logs to. Empty when
 /// the recipe does not load mlflow, or when the run cannot be created (said on `progress`: the

@@ -24,6 +24,7 @@
 #include "trainer/interrupt.h"
 #include "trainer/plugin.h"
 #include "trainer/recipe.h"
+#include "trainer/secrets.h"
 
 namespace trainer::tune {
 namespace fs = std::filesystem;
@@ -162,9 +163,12 @@ Assignment Study::propose(std::int64_t n) {
 json Study::study_record() const {
   const PreparedRun base = prepare_run(req_.recipe, req_.overrides, req_.plugin_dirs);
   // The resolved config (groups, recipe, overrides; [sweep] is not in it), key by key, and
-  // its content hash.
+  // its content hash; as every writer writes a config: without its secrets (trainer/secrets.h).
+  const Config written = redacted(base.config);
   json config = json::object();
-  for (const auto& k : base.config.leaf_keys()) config[k] = config_value_to_toml(base.config.value(k));
+  for (const auto& k : written.leaf_keys()) config[k] = config_value_to_toml(written.value(k));
+  std::vector<std::string> overrides;
+  for (const auto& o : req_.overrides) overrides.push_back(redacted_override(o));
   // The [sweep] settings besides objective, direction, sampler, seed and space (compared on
   // their own): the trials' budget, what admits a trial, and the settings of the pruner and
   // sampler in use. n_trials, parallel and dir may change.
@@ -187,9 +191,9 @@ json Study::study_record() const {
   return json{{"event", "study"},
               {"version", kStudyRecordVersion},
               {"recipe", recipe.string()},
-              {"config_hash", config_hash(base.config.to_toml())},
+              {"config_hash", config_hash(written.to_toml())},
               {"config", config},
-              {"overrides", req_.overrides},
+              {"overrides", overrides},
               {"objective", s_.objective},
               {"direction", s_.direction},
               {"sampler", s_.sampler},
@@ -227,6 +231,10 @@ void Study::start_or_resume() {
   }
   trials_ = std::move(past.trials);
   mlflow_ = past.mlflow;
+  // The journal names the parent run's server without credentials; the recipe's URI for the same
+  // server has them.
+  const std::string uri = study_tracking_uri(prepare_run(req_.recipe, req_.overrides, req_.plugin_dirs));
+  if (!mlflow_.id.empty() && without_userinfo(uri) == mlflow_.tracking_uri) mlflow_.tracking_uri = uri;
   progress_ << "resuming " << journal_.path() << ": " << past.ended << " trials ended, "
             << (trials_.size() - static_cast<std::size_t>(past.ended)) << " to run again\n";
 }

@@ -10,6 +10,7 @@
 
 #include "trainer/config.h"
 #include "trainer/logging.h"
+#include "trainer/recipe.h"
 #include "trainer/run_records.h"
 
 namespace {
@@ -37,6 +38,17 @@ TEST(Secrets, AUrisUserinfoIsCutWhereverItIsInATextAndNothingElse) {
   for (const char* same : {"http://h:5000", "file:./mlruns", "ana@example.org", "://a@b", "no uri here", ""}) {
     EXPECT_EQ(without_userinfo(same), same);
   }
+}
+
+TEST(Secrets, AnOverrideShowsNoSecretValueAndNoUserinfo) {
+  EXPECT_EQ(trainer::redacted_override("+plugins.x.api_token=\"t0k\""), "+plugins.x.api_token=(a secret, not shown)");
+  EXPECT_EQ(trainer::redacted_override("plugins.mlflow.tracking_uri=\"http://a:pw@h\""),
+            "plugins.mlflow.tracking_uri=\"http://h\"");
+  EXPECT_EQ(trainer::redacted_override("model=cnn"), "model=cnn");
+  // Where a config value came from is named in messages: without the secret.
+  const trainer::Override o = trainer::parse_override("+plugins.x.password=\"pw\"");
+  EXPECT_EQ(o.value, "\"pw\"");
+  EXPECT_EQ(o.text.find("pw\""), std::string::npos) << o.text;
 }
 
 TEST(Secrets, TheConfigARunWritesHasNoSecretKeyAndNoUserinfo) {

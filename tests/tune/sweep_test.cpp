@@ -866,6 +866,31 @@ values = [0.01, 0.001]
   EXPECT_EQ(children, 2);
 }
 
+// A secret given to a study (a key named like one, a URI with credentials; here in the section of
+// a plugin the study does not load, which is kept as written) is in no file of the study: not in
+// its journal's record of the config and the overrides, nor in a trial's run directory.
+TEST(Sweep, ASecretInTheOverridesIsInNoFileOfTheStudy) {
+  TempDir tmp;
+  const auto r = study(
+      recipe(tmp, "[]", R"(
+[sweep]
+sampler = "grid"
+pruner = "none"
+[sweep.space.optim.lr]
+type = "choice"
+values = [0.01]
+)"),
+      tmp / "s", {"+plugins.ema.hf_token=\"hf-hunter2\"", "+plugins.ema.mirror=\"http://ana:pw-hunter2@127.0.0.1/x\""});
+  ASSERT_EQ(r.count(TrialState::Complete), 1);
+  const std::string journal = read_file(tmp / "s/study.jsonl");
+  EXPECT_NE(journal.find(R"x("+plugins.ema.hf_token=(a secret, not shown)")x"), std::string::npos) << journal;
+  EXPECT_NE(journal.find(R"(http://127.0.0.1/x)"), std::string::npos) << journal;
+  for (const auto& e : fs::recursive_directory_iterator(tmp.str())) {
+    if (!e.is_regular_file() || e.path().filename() == "study.toml") continue;
+    EXPECT_EQ(read_file(e.path().string()).find("hunter2"), std::string::npos) << e.path();
+  }
+}
+
 TEST(Sweep, BadStudiesAreConfigErrors) {
   TempDir tmp;
   ::setenv("TRAINER_CONFIG_PATH", TRAINER_SOURCE_DIR "/configs", 1);

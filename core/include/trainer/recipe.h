@@ -26,7 +26,7 @@ struct Override {
   Kind kind = Kind::Set;
   std::string key;    ///< dotted key, group name or preset name
   std::string value;  ///< the text after '=' (Set/Add/Group)
-  std::string text;   ///< the override as typed, for messages
+  std::string text;   ///< the override as typed, for messages (a secret's value and a URI's credentials left out)
 };
 
 /// Parses `a.b=1`, `+a.b="x"`, `model=cnn`, `robust`. Throws ConfigError on bad syntax.

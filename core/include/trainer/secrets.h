@@ -59,6 +59,19 @@ inline std::string without_userinfo(std::string_view text) {
   return out;
 }
 
+/// A command-line override (`a.b=1`, `+a.b="x"`) as it may be shown or written: one whose key
+/// is named like a secret keeps its key only ("plugins.x.token=(a secret, not shown)"), any other
+/// loses its URIs' userinfo.
+inline std::string redacted_override(std::string_view text) {
+  const std::size_t eq = text.find('=');
+  std::string_view key = text.substr(0, eq);
+  if (!key.empty() && key.front() == '+') key.remove_prefix(1);
+  if (eq != std::string_view::npos && is_secret_key(key)) {
+    return std::string(text.substr(0, eq + 1)) + "(a secret, not shown)";
+  }
+  return without_userinfo(text);
+}
+
 /// `cfg` as a run writes it anywhere: keys named like a secret (is_secret_key) left out, and
 /// userinfo cut from every string (without_userinfo). A deep copy: `cfg` is unchanged.
 TRAINER_API Config redacted(const Config& cfg);

@@ -15,6 +15,7 @@
 #include "trainer/optim.h"
 #include "trainer/plugin.h"
 #include "trainer/plugin_host.h"
+#include "trainer/secrets.h"
 #include "util/paths.h"
 
 namespace fs = std::filesystem;
@@ -114,10 +115,12 @@ bool is_group_dir(const std::string& name, const std::vector<std::string>& dirs)
 
 }  // namespace
 
-Override parse_override(const std::string& text) {
+Override parse_override(const std::string& typed) {
+  // Messages and config origins show the override without a secret's value or a URI's credentials.
+  const std::string text = redacted_override(typed);
   Override o;
   o.text = text;
-  std::string body = text;
+  std::string body = typed;
   if (!body.empty() && body[0] == '+') {
     o.kind = Override::Kind::Add;
     body.erase(0, 1);
