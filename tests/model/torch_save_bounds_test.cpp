@@ -17,6 +17,7 @@
 
 #include "support/bounded_child.h"
 #include "support/test_util.h"
+#include "support/zip_writer.h"
 #include "trainer/error.h"
 #include "trainer/model.h"
 
@@ -25,11 +26,10 @@ namespace {
 
 // ---- Pickle opcodes, protocol 2 as torch.save writes them --------------------------------
 
-std::string le(std::uint64_t v, int bytes) {
-  std::string s;
-  for (int i = 0; i < bytes; ++i) s += static_cast<char>((v >> (8 * i)) & 0xff);
-  return s;
-}
+using testing::le;
+using testing::zip_archive;
+using testing::ZipEntry;
+
 std::string unicode(const std::string& s) { return "X" + le(s.size(), 4) + s; }
 std::string global(const std::string& module, const std::string& name) { return "c" + module + "\n" + name + "\n"; }
 /// BININT, or LONG1 of 8 bytes past 32 bits.
@@ -62,75 +62,6 @@ std::string state_dict(const std::vector<std::pair<std::string, std::string>>& i
   std::string s = kProto + kEmptyOrderedDict + "(";
   for (const auto& [k, v] : items) s += unicode(k) + v;
   return s + "u.";
-}
-
-// ---- A zip writer --------------------------------------------------------------------------
-
-struct ZipEntry {
-  std::string name;  ///< under the archive's folder
-  std::string data;
-  bool deflate = false;
-  /// The size read out that the directory declares; the data's own when not set.
-  std::optional<std::uint64_t> declared;
-  /// Point the directory entry at that entry's local header and data instead of its own.
-  int data_of = -1;
-};
-
-std::string raw_deflate(const std::string& in) {
-  z_stream z{};
-  EXPECT_EQ(deflateInit2(&z, 9, Z_DEFLATED, -15, 8, Z_DEFAULT_STRATEGY), Z_OK);
-  std::string out(deflateBound(&z, in.size()), '\0');
-  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(in.data()));
-  z.avail_in = static_cast<uInt>(in.size());
-  z.next_out = reinterpret_cast<Bytef*>(out.data());
-  z.avail_out = static_cast<uInt>(out.size());
-  EXPECT_EQ(deflate(&z, Z_FINISH), Z_STREAM_END);
-  out.resize(z.total_out);
-  deflateEnd(&z);
-  return out;
-}
-
-/// A zip archive of `entries` under the folder "archive/", as PyTorch's writer lays it out
-/// (local headers and data, the central directory, the end record); sizes past 32 bits go in
-/// zip64 extra fields.
-std::string zip_archive(const std::vector<ZipEntry>& entries) {
-  struct Written {
-    std::uint64_t offset, packed, size;
-    std::uint32_t crc;
-  };
-  std::string out;
-  std::vector<Written> written;
-  for (const auto& e : entries) {
-    const std::string payload = e.deflate ? raw_deflate(e.data) : e.data;
-    const auto crc = static_cast<std::uint32_t>(crc32(0, reinterpret_cast<const Bytef*>(e.data.data()), e.data.size()));
-    const std::uint64_t size = e.declared.value_or(e.data.size());
-    const std::uint64_t packed = e.deflate ? payload.size() : size;
-    written.push_back({out.size(), packed, size, crc});
-    if (e.data_of >= 0) continue;
-    const std::string name = "archive/" + e.name;
-    out += le(0x04034b50, 4) + le(20, 2) + le(0, 2) + le(e.deflate ? 8 : 0, 2) + le(0, 4) + le(crc, 4) +
-           le(std::min<std::uint64_t>(packed, 0xFFFFFFFF), 4) + le(std::min<std::uint64_t>(size, 0xFFFFFFFF), 4) +
-           le(name.size(), 2) + le(0, 2) + name + payload;
-  }
-  const std::uint64_t directory_at = out.size();
-  for (std::size_t i = 0; i < entries.size(); ++i) {
-    const auto& e = entries[i];
-    Written w = written[i];
-    if (e.data_of >= 0) w.offset = written[e.data_of].offset;
-    const std::string name = "archive/" + e.name;
-    std::string zip64;
-    if (w.size >= 0xFFFFFFFF) zip64 += le(w.size, 8);
-    if (w.packed >= 0xFFFFFFFF) zip64 += le(w.packed, 8);
-    const std::string extra = zip64.empty() ? "" : le(1, 2) + le(zip64.size(), 2) + zip64;
-    out += le(0x02014b50, 4) + le(20, 2) + le(20, 2) + le(0, 2) + le(e.deflate ? 8 : 0, 2) + le(0, 4) + le(w.crc, 4) +
-           le(std::min<std::uint64_t>(w.packed, 0xFFFFFFFF), 4) + le(std::min<std::uint64_t>(w.size, 0xFFFFFFFF), 4) +
-           le(name.size(), 2) + le(extra.size(), 2) + le(0, 2) + le(0, 2) + le(0, 2) + le(0, 4) + le(w.offset, 4) +
-           name + extra;
-  }
-  const std::uint64_t directory_size = out.size() - directory_at;
-  out += le(0x06054b50, 4) + le(0, 2) + le(0, 2) + le(entries.size(), 2) + le(entries.size(), 2) +
-         le(directory_size, 4) + le(directory_at, 4) + le(0, 2);
-  return out;
 }
 
 std::string floats(std::initializer_list<float> v) {
