@@ -45,6 +45,33 @@ inline constexpr std::int64_t kMaxTensorDims = 64;
 /// shorter), and a name built from two memoized strings must not copy megabytes per opcode.
 inline constexpr std::size_t kMaxNameBytes = 100;
 
+/// Bytes of a TorchScript type tag ("Dict[str, Tensor]", "List[Tuple[float, float]]") that
+/// LibTorch's pickler writes beside each list and dict. A value is checked against its tag at a
+/// cost of up to the tag's length; the tags LibTorch writes for what an archive holds are far
+/// shorter.
+inline constexpr std::size_t kMaxTypeTagBytes = 1000;
+
+/// Who wrote a pickle, and so what the unpickler accepts from it.
+enum class PickleDialect {
+  /// Python's torch.save: a call to anything but the few constructors of tensors and dicts it
+  /// uses becomes an opaque Object named after the callable (never run).
+  TorchSave,
+  /// LibTorch's TorchScript pickler (data.pkl of a torch::serialize archive, which trainer's
+  /// checkpoints and adapter files are): modules as `__torch__` objects built from attribute
+  /// dicts, tensors, and its typed-list and type-tag helpers. Any other call, and an object
+  /// built from anything but an attribute dict, is refused with ArchiveCodeError.
+  TorchScript,
+};
+
+/// A pickle that calls what trainer does not call, or an archive holding code: what only
+/// running code could make of it. A TorchSaveError, so that one catch refuses every file;
+/// thrown apart so that a caller may refuse such a file outright where it would pass over a
+/// damaged one.
+class ArchiveCodeError : public TorchSaveError {
+ public:
+  using TorchSaveError::TorchSaveError;
+};
+
 /// One unpickled value. Calls to anything but the few constructors of tensors and dicts that
 /// torch.save uses become an opaque Object named after the callable (never run).
 struct PyValue {
@@ -54,15 +81,17 @@ struct PyValue {
   std::int32_t nesting = 0;  ///< levels of lists, tuples and dicts, itself included, as far as the reader has seen
   std::int64_t integer = 0;
   double real = 0.0;
-  std::string text;                             ///< String, Bytes; Global/Object: "module.name"
-  std::vector<std::shared_ptr<PyValue>> items;  ///< Tuple, List
+  std::string text;  ///< String, Bytes; Global/Object: "module.name"; List/Dict: a TorchScript type tag
+  std::vector<std::shared_ptr<PyValue>> items;  ///< Tuple, List; Object: its BUILD state (TorchScript)
   std::vector<std::pair<std::shared_ptr<PyValue>, std::shared_ptr<PyValue>>> entries;  ///< Dict, in order
   at::Tensor tensor;                                                                   ///< Tensor; Storage (flat)
 
   /// Python's name of the type ("dict", "Tensor", "int" ...; an Object's class name).
   std::string type_name() const;
-  /// True for Tuple, List and Dict: the kinds that hold other values.
-  bool is_container() const { return kind == Kind::Tuple || kind == Kind::List || kind == Kind::Dict; }
+  /// True for Tuple, List, Dict and Object (its state): the kinds that hold other values.
+  bool is_container() const {
+    return kind == Kind::Tuple || kind == Kind::List || kind == Kind::Dict || kind == Kind::Object;
+  }
 
   PyValue() = default;
   PyValue(const PyValue&) = delete;

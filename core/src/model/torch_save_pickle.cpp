@@ -26,8 +26,9 @@ PyRef Unpickler::run() {
       }
       case '(':  // MARK
         if (marks_.size() >= static_cast<std::size_t>(kMaxPickleNesting)) {
-          throw TorchSaveError("data.pkl nests more than " + std::to_string(kMaxPickleNesting) + " MARKs (at byte " +
-                               std::to_string(pos_ - 1) + "); Python's pickle never writes that deep");
+          throw TorchSaveError(source_.name + " nests more than " + std::to_string(kMaxPickleNesting) +
+                               " MARKs (at byte " + std::to_string(pos_ - 1) +
+                               "); Python's pickle never writes that deep");
         }
         marks_.push_back(stack_.size());
         break;
@@ -168,14 +169,14 @@ PyRef Unpickler::run() {
         break;
       }  // REDUCE
       case 0x81: {
-        pop();
+        auto args = pop();
         auto cls = pop();
-        push(object(name_of(*cls)));
+        push(new_object(*cls, args.get()));
         break;
       }  // NEWOBJ
       case 'b':
-        pop();
-        break;  // BUILD: an object's state; nothing of it is needed
+        build(pop());
+        break;  // BUILD
       // Protocol 4/5 containers and constructors that a state_dict never holds: kept opaque.
       case 0x8f:
         push(object("set"));
@@ -192,7 +193,7 @@ PyRef Unpickler::run() {
         pop();
         pop();
         auto cls = pop();
-        push(object(name_of(*cls)));
+        push(new_object(*cls, nullptr));
         break;
       }  // NEWOBJ_EX
       case 0x96:
@@ -203,8 +204,8 @@ PyRef Unpickler::run() {
         break;  // BINPERSID
       default: {
         std::ostringstream os;
-        os << "pickle opcode 0x" << std::hex << int(op) << " at byte " << std::dec << (pos_ - 1)
-           << " of data.pkl, outside the data that torch.save writes";
+        os << "pickle opcode 0x" << std::hex << int(op) << " at byte " << std::dec << (pos_ - 1) << " of "
+           << source_.name << ", outside the data that torch.save writes";
         throw TorchSaveError(os.str());
       }
     }
@@ -212,7 +213,7 @@ PyRef Unpickler::run() {
 }
 
 void Unpickler::malformed(const std::string& what) const {
-  throw TorchSaveError("data.pkl is malformed (" + what + " at byte " + std::to_string(pos_) + ")");
+  throw TorchSaveError(source_.name + " is malformed (" + what + " at byte " + std::to_string(pos_) + ")");
 }
 
 const char* Unpickler::take(std::size_t n) {
@@ -242,6 +243,7 @@ std::string Unpickler::line() {
 PyRef Unpickler::long_int(std::uint64_t n) {
   if (n > 8) {
     if (n > data_.size() - pos_) malformed("an integer of " + std::to_string(n) + " bytes past the end");
+    if (script()) malformed("an integer of " + std::to_string(n) + " bytes, which LibTorch's pickler never writes");
     take(n);
     return object("int of " + std::to_string(n) + " bytes");
   }

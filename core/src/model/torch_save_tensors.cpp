@@ -40,7 +40,7 @@ PyRef Unpickler::storage(const PyValue& pid) {
   }
   const c10::ScalarType dtype = storage_dtype(pid.items[1]->text);
   const std::string& key = pid.items[2]->text;
-  const std::string record = "data/" + key;
+  const std::string record = source_.records + key;
   const std::int64_t numel = pid.items[4]->integer;
   const auto it = storages_.find(key);
   if (it != storages_.end()) {
@@ -63,6 +63,9 @@ PyRef Unpickler::storage(const PyValue& pid) {
   }
   at::Tensor flat = at::empty({numel}, at::TensorOptions().dtype(dtype));
   if (bytes > 0) zip_.read(record, flat.data_ptr());
+  // Onto the device the caller asked for, a storage at a time (as LibTorch's reader maps them):
+  // the host holds one storage's copy at most, and views of one storage stay views of one.
+  if (source_.device != flat.device()) flat = flat.to(source_.device);
   auto v = make(Kind::Storage);
   v->tensor = flat;
   storages_.emplace(key, v);
@@ -88,6 +91,11 @@ PyRef Unpickler::tensor(const PyValue& args) {
   if (args.kind != Kind::Tuple || args.items.size() < 4 || args.items[0]->kind != Kind::Storage ||
       args.items[1]->kind != Kind::Int) {
     malformed("tensor arguments");
+  }
+  // LibTorch's pickler writes (storage, offset, size, stride, requires_grad, empty hooks).
+  if (script() && (args.items.size() != 6 || args.items[4]->kind != Kind::Bool || args.items[5]->kind != Kind::Dict ||
+                   !args.items[5]->entries.empty())) {
+    malformed("tensor arguments other than LibTorch's");
   }
   const at::Tensor& flat = args.items[0]->tensor;
   const std::int64_t offset = args.items[1]->integer;
@@ -116,6 +124,7 @@ PyRef Unpickler::tensor(const PyValue& args) {
 }
 
 PyRef Unpickler::reduce(const PyValue& fn, const PyValue& args) {
+  if (script()) return script_call(fn, args);
   if (fn.kind != Kind::Global) return object(fn.type_name());
   const std::string& name = fn.text;
   if (name == "torch._utils._rebuild_tensor_v2" || name == "torch._utils._rebuild_tensor") return tensor(args);

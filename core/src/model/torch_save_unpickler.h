@@ -1,6 +1,8 @@
 #pragma once
-// Private: the unpickler of data.pkl that read_torch_save (torch_save.cpp) runs. Its opcode loop is
-// in torch_save_pickle.cpp, its values in torch_save_values.cpp, its tensors in torch_save_tensors.cpp.
+// Private: the unpickler of data.pkl that read_torch_save (torch_save.cpp) and read_script_archive
+// (script_archive.cpp) run. Its opcode loop is in torch_save_pickle.cpp, its values in
+// torch_save_values.cpp, its tensors in torch_save_tensors.cpp, the objects and calls of the
+// TorchScript dialect in torch_save_script.cpp.
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -16,9 +18,18 @@ namespace trainer::detail {
 
 // ---- The pickle --------------------------------------------------------------------------
 
+/// A pickle record of an archive and how to read it.
+struct PickleSource {
+  std::string name = "data.pkl";  ///< its record, named in messages
+  std::string records = "data/";  ///< the folder of the records its storages name
+  PickleDialect dialect = PickleDialect::TorchSave;
+  c10::Device device = c10::kCPU;  ///< where its storages are placed
+};
+
 class Unpickler {
  public:
-  Unpickler(const ZipArchive& zip, std::string pickle) : zip_(zip), data_(std::move(pickle)) {}
+  Unpickler(const ZipArchive& zip, std::string pickle, PickleSource source = {})
+      : zip_(zip), data_(std::move(pickle)), source_(std::move(source)) {}
   Unpickler(const Unpickler&) = delete;
   Unpickler& operator=(const Unpickler&) = delete;
   /// Breaks what the result does not hold (everything, after an error): lists and dicts
@@ -40,8 +51,8 @@ class Unpickler {
   PyRef make(Kind k);
   /// `container` now holds `child`: its nesting is at least one more than the child's. (A
   /// container already inside another does not pass this on; check_nesting() finds the rest.)
-  static void nest(PyValue& container, const PyValue& child);
-  [[noreturn]] static void too_deep();
+  void nest(PyValue& container, const PyValue& child) const;
+  [[noreturn]] void too_deep() const;
   void add_items(PyValue& l, const std::vector<PyRef>& items);
   PyRef boolean(bool b);
   PyRef integer(std::int64_t i);
@@ -86,8 +97,26 @@ class Unpickler {
 
   PyRef reduce(const PyValue& fn, const PyValue& args);
 
+  // The TorchScript dialect (torch_save_script.cpp).
+  bool script() const { return source_.dialect == PickleDialect::TorchScript; }
+  /// NEWOBJ of `cls` with `args` (nullptr: NEWOBJ_EX's keyword form). TorchScript: a module of a
+  /// `__torch__` class, of no arguments; torch.save: an opaque object.
+  PyRef new_object(const PyValue& cls, const PyValue* args);
+  /// BUILD of the object on the stack with `state`. TorchScript: a module's attribute dict, once;
+  /// torch.save: dropped.
+  void build(const PyRef& state);
+  /// REDUCE in the TorchScript dialect: tensors, their hooks' empty OrderedDict, the typed lists
+  /// and type tags of containers; anything else is refused.
+  PyRef script_call(const PyValue& fn, const PyValue& args);
+  /// torch.jit._pickle.build_<type>list((list,)): the list, its items checked, tagged List[type].
+  PyRef typed_list(const PyValue& args, const std::string& helper);
+  /// torch.jit._pickle.restore_type_tag((container, "type")): the container, tagged.
+  PyRef type_tag(const PyValue& args);
+  [[noreturn]] void refuse_code(const std::string& what) const;
+
   const ZipArchive& zip_;
   std::string data_;
+  PickleSource source_;
   std::size_t pos_ = 0;
   std::vector<PyRef> stack_;
   std::vector<std::size_t> marks_;

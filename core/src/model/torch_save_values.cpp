@@ -30,15 +30,15 @@ PyRef Unpickler::make(Kind k) {
   return v;
 }
 
-void Unpickler::nest(PyValue& container, const PyValue& child) {
+void Unpickler::nest(PyValue& container, const PyValue& child) const {
   if (child.nesting >= container.nesting) {
     container.nesting = child.nesting + 1;
     if (container.nesting > kMaxPickleNesting) too_deep();
   }
 }
 
-void Unpickler::too_deep() {
-  throw TorchSaveError("data.pkl nests lists, tuples and dicts more than " + std::to_string(kMaxPickleNesting) +
+void Unpickler::too_deep() const {
+  throw TorchSaveError(source_.name + " nests lists, tuples and dicts more than " + std::to_string(kMaxPickleNesting) +
                        " deep; Python's pickle never writes that deep");
 }
 
@@ -88,7 +88,7 @@ void Unpickler::push(PyRef v) {
 
 void Unpickler::count_value() {
   if (++values_ > kMaxPickleValues) {
-    throw TorchSaveError("data.pkl makes more than " + std::to_string(kMaxPickleValues) + " values (at byte " +
+    throw TorchSaveError(source_.name + " makes more than " + std::to_string(kMaxPickleValues) + " values (at byte " +
                          std::to_string(pos_) + "), more than a state_dict or training checkpoint holds");
   }
 }
@@ -126,8 +126,9 @@ PyRef Unpickler::list(const PyRef& v) {
 }
 
 PyRef Unpickler::dict(const PyRef& v) {
-  // BUILD-less objects (an opaque class instance filled with SETITEMS) take the items unread.
-  if (v->kind != Kind::Dict && v->kind != Kind::Object) malformed("SETITEM on a " + v->type_name());
+  // BUILD-less objects (an opaque class instance filled with SETITEMS) take the items unread;
+  // LibTorch's pickler sets a module's attributes only through BUILD.
+  if (v->kind != Kind::Dict && (v->kind != Kind::Object || script())) malformed("SETITEM on a " + v->type_name());
   return v;
 }
 
@@ -174,7 +175,7 @@ void Unpickler::check_nesting(const PyRef& root) {
     Frame& f = path.back();
     if (const PyValue* c = child(*f.value, f.next++)) {
       if (!c->is_container()) continue;
-      if (on_path.count(c)) throw TorchSaveError("data.pkl holds a " + c->type_name() + " that contains itself");
+      if (on_path.count(c)) throw TorchSaveError(source_.name + " holds a " + c->type_name() + " that contains itself");
       if (const auto it = depth.find(c); it != depth.end()) {
         f.below = std::max(f.below, it->second);
         if (static_cast<std::int64_t>(path.size()) + it->second > kMaxPickleNesting) too_deep();

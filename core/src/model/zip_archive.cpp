@@ -74,7 +74,8 @@ std::unique_ptr<ZipArchive> ZipArchive::open(const std::string& path, const ZipL
     ::close(fd);
     throw TorchSaveError("is not a regular file");
   }
-  std::unique_ptr<ZipArchive> zip(new ZipArchive(fd, static_cast<std::uint64_t>(st.st_size), layout.torch));
+  const bool inflate = !layout.torch || layout.inflate_code;
+  std::unique_ptr<ZipArchive> zip(new ZipArchive(fd, static_cast<std::uint64_t>(st.st_size), inflate));
   const std::uint64_t file = zip->file_size_;
   unsigned char head[4];
   if (file < sizeof head) return nullptr;
@@ -170,7 +171,7 @@ std::unique_ptr<ZipArchive> ZipArchive::open(const std::string& path, const ZipL
     const std::string entry = "entry " + shown(name);
     if (flags & 1) refuse_zip(entry + " is encrypted");
     if (method == 8) {
-      if (!layout.torch && size > 64 && (size - 64) / kMaxDeflateRatio > packed) {
+      if (inflate && size > 64 && (size - 64) / kMaxDeflateRatio > packed) {
         refuse_zip(entry + " declares " + std::to_string(size) + " bytes inflated from " + std::to_string(packed) +
                    ": more than deflate can expand them to");
       }
@@ -283,7 +284,7 @@ void ZipArchive::inflate(const Entry& e, const std::string& name, void* dst) con
 
 void ZipArchive::read(const std::string& name, void* dst) const {
   const Entry& e = entry(name);
-  if (e.deflated && torch_)
+  if (e.deflated && !inflate_)
     throw TorchSaveError("record " + shown(name) + " is compressed; torch.save stores its records");
   if (e.deflated) {
     inflate(e, name, dst);

@@ -35,6 +35,9 @@ struct ZipLayout {
   bool torch = true;
   /// Bytes the deflated entries may declare together (their inflated sizes).
   std::uint64_t max_inflated = kMaxInflatedBytes;
+  /// In torch's layout, whether read() inflates deflated records: the code/ of a TorchScript
+  /// archive (LibTorch deflates it) is read to check it, within max_inflated.
+  bool inflate_code = false;
 };
 
 /// Deflate expands by at most about 1032:1: an entry declaring more than this many times its
@@ -66,8 +69,8 @@ class ZipArchive {
   /// The records' names, sorted.
   std::vector<std::string> names() const;
   /// Reads record `name` into `dst` (size(name) bytes) and checks its CRC-32. A deflated
-  /// record is refused in torch's layout (torch.save stores its records) and inflated
-  /// otherwise: it must inflate to exactly the size it declares.
+  /// record is refused in torch's layout (torch.save stores its records) unless inflate_code,
+  /// and inflated otherwise: it must inflate to exactly the size it declares.
   void read(const std::string& name, void* dst) const;
   /// Record `name` as bytes.
   std::string read(const std::string& name) const;
@@ -80,14 +83,14 @@ class ZipArchive {
     bool deflated = false;
     std::uint64_t packed = 0;  ///< bytes in the archive
   };
-  ZipArchive(int fd, std::uint64_t file_size, bool torch) : fd_(fd), file_size_(file_size), torch_(torch) {}
+  ZipArchive(int fd, std::uint64_t file_size, bool inflate) : fd_(fd), file_size_(file_size), inflate_(inflate) {}
   void inflate(const Entry& e, const std::string& name, void* dst) const;
   void pread_all(std::uint64_t offset, void* dst, std::uint64_t n) const;
   const Entry& entry(const std::string& name) const;
 
   int fd_ = -1;
   std::uint64_t file_size_ = 0;
-  bool torch_ = true;
+  bool inflate_ = false;                  ///< whether read() inflates deflated records
   std::map<std::string, Entry> entries_;  ///< by name under the folder
 };
 
