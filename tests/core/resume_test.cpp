@@ -10,6 +10,7 @@
 #include <fstream>
 #include <set>
 
+#include "support/hostile_archive.h"
 #include "support/test_util.h"
 #include "support/zip_patch.h"
 #include "trainer/memory.h"
@@ -232,6 +233,25 @@ TEST_F(Resume, AModelOfAnotherShapeIsRefusedNamingTheParameter) {
   EXPECT_EQ(r.exit_code, kExitUsage);
   EXPECT_NE(r.message.find("model parameter 'body.0.bias' has shape [32] there, [16] in this model"), std::string::npos)
       << r.message;
+}
+
+TEST_F(Resume, ACheckpointThatWouldRunCodeIsRefusedAndNothingRuns) {
+  ASSERT_EQ(run({"training.max_steps=1"}, "part").exit_code, kExitOk);
+  // A TorchScript archive whose class's __setstate__ creates a file when LibTorch's reader
+  // (torch::jit::load) reads it, planted as the run's newest checkpoint with `latest` naming it.
+  const std::string planted = checkpoint("part", 2), marker = tmp_ / "ran";
+  write_file(planted, testing::hostile_archive(marker));
+  write_file(tmp_ / "part/checkpoints/latest", "step_00000002.pt\n");
+  // Named, and as the run directory's newest: refused, not passed over for step 1's.
+  for (const std::string& resume : {planted, std::string(tmp_ / "part")}) {
+    const RunResult r = run({}, resume == planted ? "from_file" : "from_dir", resume);
+    EXPECT_EQ(r.exit_code, kExitUsage) << resume;
+    EXPECT_NE(r.message.find("--resume: checkpoint " + planted +
+                             " is not one that trainer wrote: code/__torch__.py declares a method"),
+              std::string::npos)
+        << r.message;
+    EXPECT_FALSE(fs::exists(marker)) << resume;
+  }
 }
 
 TEST_F(Resume, RunningOutOfMemoryWhileLoadingIsReportedAsOutOfMemory) {

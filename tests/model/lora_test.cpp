@@ -7,6 +7,7 @@
 
 #include <filesystem>
 
+#include "support/hostile_archive.h"
 #include "support/test_util.h"
 #include "support/zip_patch.h"
 #include "trainer/error.h"
@@ -319,6 +320,27 @@ TEST(Lora, AdapterFilesRoundTripAndAreSmall) {
         << e.what();
     EXPECT_NE(std::string(e.what()).find("4294967280 bytes read out"), std::string::npos) << e.what();
   }
+}
+
+TEST(Lora, AnAdapterFileThatWouldRunCodeIsRefusedAndNothingRuns) {
+  TempDir tmp;
+  // A TorchScript archive whose class's __setstate__ creates a file when LibTorch's reader
+  // (torch::jit::load) reads it.
+  const std::string file = tmp / "adapters.pt", marker = tmp / "ran";
+  testing::write_file(file, testing::hostile_archive(marker));
+  auto vit = tiny_vit();
+  apply_lora(*vit, vit_options());
+  try {
+    load_adapters(*vit, file);
+    FAIL() << "a file of code was loaded as adapters";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("LoRA adapters \"" + file +
+                                         "\": not a file of adapters that trainer wrote: code/__torch__.py declares a "
+                                         "method"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(std::filesystem::exists(marker));
 }
 
 TEST(Lora, TheAdapterTermIsAlphaOverRankTimesBAOfTheDroppedOutInput) {

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 
+#include "support/hostile_archive.h"
 #include "support/test_util.h"
 #include "trainer/error.h"
 #include "trainer/model.h"
@@ -289,6 +290,24 @@ TEST_F(WeightsRun, ResumingDoesNotNeedTheWeightsFileAnyMore) {
   const auto r = resumed.fit();
   EXPECT_EQ(r.exit_code, 0) << r.message;
   EXPECT_NE(read_file(tmp_ / "third/trainer.log").find("model weights: " + init + " not loaded"), std::string::npos);
+}
+
+TEST_F(WeightsRun, ATorchScriptArchiveThatWouldRunCodeFailsTheRunWithExitCode2AndNothingRuns) {
+  // A TorchScript archive (what a trainer checkpoint is) whose class's __setstate__ creates a
+  // file when LibTorch's reader (torch::jit::load) reads it.
+  const std::string file = tmp_ / "weights.pt", marker = tmp_ / "ran";
+  testing::write_file(file, testing::hostile_archive(marker));
+  Trainer t(options_for(kResnetRun, {"model.weights=\"" + file + "\""}, "run"));
+  const auto r = t.fit();
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.message.find("model.weights = \"" + file +
+                           "\": a TorchScript archive that is not a trainer checkpoint: code/__torch__.py declares a "
+                           "method"),
+            std::string::npos)
+      << r.message;
+  EXPECT_NE(r.message.find("model.name = \"torchscript\" with model.path, which runs its code"), std::string::npos)
+      << r.message;
+  EXPECT_FALSE(std::filesystem::exists(marker));
 }
 
 TEST_F(WeightsRun, WeightsThatDoNotFitFailTheRunWithExitCode2) {

@@ -12,9 +12,9 @@
 #include <sstream>
 
 #include "model/bert.h"
+#include "model/script_archive.h"
 #include "model/tensor_archive.h"
 #include "model/torchscript.h"
-#include "model/zip_archive.h"
 #include "trainer/error.h"
 #include "trainer/layers.h"
 
@@ -267,16 +267,17 @@ std::int64_t load_adapters(Model& model, const std::string& file) {
     TRAINER_CHECK_T(UsageError, !l.layer->merged(), "LoRA adapters \"", file, "\": layer '", l.name,
                     "' has its adapter merged into its weight; unmerge the adapters before loading others");
   }
-  if (const auto problem = detail::archive_problem(file)) {
-    throw UsageError(fmt::format("LoRA adapters \"{}\": {}", file, *problem));
-  }
   torch::serialize::InputArchive ar, inner;
   at::Tensor rank, alpha;
   try {
-    ar.load_from(file, at::kCPU);
-  } catch (const c10::Error& e) {
-    throw UsageError(
-        fmt::format("LoRA adapters \"{}\": not a readable archive ({})", file, e.what_without_backtrace()));
+    ar = detail::read_script_archive(file, at::kCPU);
+  } catch (const detail::ArchiveCodeError& e) {
+    throw UsageError(fmt::format(
+        "LoRA adapters \"{}\": not a file of adapters that trainer wrote: {}. trainer reads adapters as data and runs "
+        "no code from them; give the lora_adapters.pt that a run with plugins.lora wrote",
+        file, e.what()));
+  } catch (const detail::TorchSaveError& e) {
+    throw UsageError(fmt::format("LoRA adapters \"{}\": its archive is refused: {}", file, e.what()));
   }
   TRAINER_CHECK_T(UsageError,
                   ar.try_read("tensors", inner) && ar.try_read("lora_rank", rank) && ar.try_read("lora_alpha", alpha),

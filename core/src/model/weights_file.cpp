@@ -7,6 +7,7 @@
 #include <torch/serialize/input-archive.h>
 
 #include "model/safetensors.h"
+#include "model/script_archive.h"
 #include "model/tensor_archive.h"
 #include "model/torch_save.h"
 #include "trainer/error.h"
@@ -20,10 +21,15 @@ using Tensors = std::map<std::string, at::Tensor>;
 Tensors read_trainer_checkpoint(const std::string& setting, const std::string& file) {
   torch::serialize::InputArchive ar, model;
   try {
-    ar.load_from(file, at::kCPU);
-  } catch (const c10::Error& e) {
-    throw UsageError(
-        fmt::format("{} = \"{}\": a damaged trainer checkpoint ({})", setting, file, e.what_without_backtrace()));
+    ar = read_script_archive(file, at::kCPU);
+  } catch (const ArchiveCodeError& e) {
+    throw UsageError(fmt::format(
+        "{} = \"{}\": a TorchScript archive that is not a trainer checkpoint: {}. trainer reads weights as data and "
+        "runs no code from them; a model written in Python is model.name = \"torchscript\" with model.path, which "
+        "runs its code: use that only for a file you trust",
+        setting, file, e.what()));
+  } catch (const TorchSaveError& e) {
+    throw UsageError(fmt::format("{} = \"{}\": a damaged trainer checkpoint ({})", setting, file, e.what()));
   }
   TRAINER_CHECK_T(UsageError, ar.try_read("model", model), setting, " = \"", file,
                   "\": a TorchScript archive without a 'model' entry: not a trainer checkpoint (a Python "

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "model/bert.h"
+#include "model/script_archive.h"
 #include "model/tensor_archive.h"
 #include "model/torchscript.h"
 #include "optim/adamw8bit.h"
@@ -219,10 +220,18 @@ Position Checkpointer::load(const std::string& path, ResumeInfo& info) {
     torch::serialize::InputArchive ar;
     if (!problem) {
       try {
-        ar.load_from(file, parts_.device);
+        ar = detail::read_script_archive(file, parts_.device);
+      } catch (const detail::ArchiveCodeError& e) {
+        // Not damage, which falling back to an older checkpoint would mend: a file that trainer
+        // did not write, in the place of one it did.
+        throw UsageError(fmt::format(
+            "--resume: checkpoint {} is not one that trainer wrote: {}. trainer reads checkpoints as data and runs "
+            "no code from them; remove the file (or resume from another checkpoint, by name)",
+            file, e.what()));
+      } catch (const detail::TorchSaveError& e) {
+        problem = std::string("it cannot be read as a checkpoint: ") + e.what();
       } catch (const c10::Error& e) {
-        if (is_out_of_memory(e)) throw_load_failure(e, file, parts_.device, "");
-        problem = "it cannot be read as a checkpoint: " + detail::error_text(e);
+        throw_load_failure(e, file, parts_.device, "");  // out of memory: read_script_archive passes nothing else
       }
     }
     if (problem) {
