@@ -280,6 +280,24 @@ TEST_F(TorchScript, ResumesExactly) {
   for (const auto& [step, loss] : b) EXPECT_DOUBLE_EQ(loss, a.at(step)) << step;
 }
 
+// A TorchScript model or loss is a program, which LibTorch's reader runs: the log says so, naming
+// the file (trainer reads every other file it is given as data only).
+TEST_F(TorchScript, TheLogSaysTheModelAndTheLossAreCodeThatRuns) {
+  TrainerOptions o = options_for(recipe_for(fixture("linear.pt")),
+                                 {"training.max_steps=1", "task.loss_path=\"" + fixture("focal.pt") + "\""}, "run");
+  o.log_level = "info";
+  Trainer t(std::move(o));
+  ASSERT_EQ(t.fit().exit_code, kExitOk);
+  const std::string log = read_file(tmp_ / "run/trainer.log");
+  EXPECT_NE(log.find("model = \"torchscript\": runs the code in " + fixture("linear.pt") +
+                     " (a TorchScript model is a program)"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("task.loss_path: runs the code in " + fixture("focal.pt") + " (a TorchScript loss is a program)"),
+            std::string::npos)
+      << log;
+}
+
 // docs/models-from-python.md's example: Python scripts docs/examples/torchscript/fashion_cnn.py
 // and recipes/torchscript_fashion_mnist.toml trains it (3 steps here), with the built-in cnn's
 // parameter count (the same network).

@@ -135,6 +135,9 @@ void setup_data(RunParts& parts, const Config& cfg, bool with_test_split, spdlog
                     "dataset.masked_lm = true), which task.name = \"masked_lm\" reads; task '{}'{}",
                     name, parts.task_name, why));
   };
+  // A scripted loss is code the user wrote, run as it is (trainer reads every other file as data).
+  const std::string loss_path = cfg.get_or<std::string>("task.loss_path", "");
+  if (!loss_path.empty()) log.info("task.loss_path: runs the code in {} (a TorchScript loss is a program)", loss_path);
   try {
     parts.task = make_task(cfg, *parts.train_set);
   } catch (const UsageError& e) {
@@ -185,6 +188,12 @@ void setup_model(RunParts& parts, Hooks& hooks, const Config& cfg, bool resuming
   DataSpec spec = parts.train_set->spec();
   spec.num_classes = parts.task->outputs();
   spec.token_outputs = parts.task->token_outputs();
+  // A model written in Python is code the user wrote, run as it is (trainer reads every other
+  // file as data): said before LibTorch's reader runs it.
+  if (section.get_or<std::string>("name", "") == "torchscript") {
+    log.info("model = \"torchscript\": runs the code in {} (a TorchScript model is a program)",
+             section.get_or<std::string>("path", ""));
+  }
   {
     // A model that reads its weights from a file itself (model "bert" with model.path) builds
     // them on the run's device and reads the file into them there: no copy on the host.
