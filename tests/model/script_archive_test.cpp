@@ -214,6 +214,10 @@ TEST(ScriptArchive, AListOrDictIsCheckedAgainstItsType) {
   msg = refusal(
       data_file(tmp, "type", kProto + module(unicode("l") + tag + "]" + unicode("List[os.system]") + "\x86R") + "."));
   EXPECT_NE(msg.find("a list or dict of type \"List[os.system]\": 'os' at character 7"), std::string::npos) << msg;
+  // A key type no dict may have: LibTorch's type says so.
+  msg = refusal(data_file(tmp, "key",
+                          kProto + module(unicode("d") + tag + "}" + unicode("Dict[List[int], int]") + "\x86R") + "."));
+  EXPECT_NE(msg.find("data LibTorch refuses (Cannot create dict for key type"), std::string::npos) << msg;
 }
 
 TEST(ScriptArchive, ModulesNestedPastTrainersAreRefused) {
