@@ -160,6 +160,27 @@ TEST(ScriptArchive, AClassThatDeclaresAMethodIsRefusedAndNothingRuns) {
   EXPECT_FALSE(std::filesystem::exists(marker));
 }
 
+TEST(ScriptArchive, MethodsAreFoundWhereverTheyAreDeclaredButNotInNames) {
+  TempDir tmp;
+  // An attribute named "def x": LibTorch's writer declares it in a string.
+  torch::serialize::OutputArchive ar;
+  ar.write("def x", torch::ones({1}));
+  ar.save_to(tmp / "named.pt");
+  torch::serialize::InputArchive in = read_script_archive(tmp / "named.pt", at::kCPU);
+  at::Tensor t;
+  EXPECT_TRUE(in.try_read("def x", t));
+  // A method on the class's own line.
+  const std::string path =
+      archive_file(tmp, "inline",
+                   {{"data.pkl", kProto + module("") + "."},
+                    {"code/__torch__.py", "class Module(Module): def f(self: Module) -> None: pass\n"},
+                    {"constants.pkl", kEmptyConstants}});
+  EXPECT_NE(refusal(path).find("code/__torch__.py declares a method, which torch::jit::load would compile and may run: "
+                               "\"def f(self: Module) -> None: pass\""),
+            std::string::npos)
+      << refusal(path);
+}
+
 TEST(ScriptArchive, AnObjectBuiltFromAnythingButItsAttributeDictIsRefused) {
   TempDir tmp;
   // What a class with __setstate__ pickles: the object, then BUILD from the state it returns.

@@ -27,6 +27,28 @@ using Kind = PyValue::Kind;
 
 bool starts_with(const std::string& s, const std::string& prefix) { return s.compare(0, prefix.size(), prefix) == 0; }
 
+/// Where `line` holds the keyword `def` outside a string literal, or npos.
+std::size_t def_keyword(const std::string& line) {
+  const auto word = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+  char quote = 0;
+  for (std::size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (quote) {
+      if (c == '\\') {
+        ++i;  // an escaped character, the quote included
+      } else if (c == quote) {
+        quote = 0;
+      }
+    } else if (c == '"' || c == '\'') {
+      quote = c;
+    } else if (line.compare(i, 3, "def") == 0 && (i == 0 || !word(line[i - 1])) && i + 3 < line.size() &&
+               (line[i + 3] == ' ' || line[i + 3] == '\t')) {
+      return i;
+    }
+  }
+  return std::string::npos;
+}
+
 /// code/ holds the classes' declarations; jit::load compiles them, and a method declared there
 /// (`def __setstate__`) runs. The modules OutputArchive writes declare attributes only.
 void check_script_code(const ZipArchive& zip) {
@@ -36,10 +58,10 @@ void check_script_code(const ZipArchive& zip) {
     for (std::size_t at = 0; at < text.size();) {
       std::size_t end = text.find('\n', at);
       if (end == std::string::npos) end = text.size();
-      const std::size_t first = text.find_first_not_of(" \t", at);
-      if (first < end && text.compare(first, 4, "def ") == 0) {
+      const std::string line = text.substr(at, end - at);
+      if (const std::size_t def = def_keyword(line); def != std::string::npos) {
         throw ArchiveCodeError(name + " declares a method, which torch::jit::load would compile and may run: \"" +
-                               text.substr(first, std::min<std::size_t>(end - first, kMaxNameBytes)) + "\"");
+                               line.substr(def, kMaxNameBytes) + "\"");
       }
       at = end + 1;
     }
