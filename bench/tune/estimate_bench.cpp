@@ -60,7 +60,8 @@ void BM_Estimate(benchmark::State& state, const std::string& model, std::vector<
     spec.overrides.insert(spec.overrides.end(), e.probe_overrides.begin(), e.probe_overrides.end());
     spec.batch_size = batch;
     spec.micro_batch = micro;
-    spec.run_dir = req.work_dir + "/held-out";
+    spec.work_dir = req.work_dir;
+    spec.label = "held-out";
     const auto r = trainer::tune::run_short(spec);
     if (r.exit_code != 0) {
       state.SkipWithError(("held-out run failed: " + r.message).c_str());
@@ -78,7 +79,8 @@ void BM_Estimate(benchmark::State& state, const std::string& model, std::vector<
     spec.batch_size = 96;  // not a probe's: what is held when the evaluation begins differs too
     spec.micro_batch = 96;
     spec.evaluate = true;
-    spec.run_dir = req.work_dir + "/held-out-eval";
+    spec.work_dir = req.work_dir;
+    spec.label = "held-out-eval";
     const auto r = trainer::tune::run_short(spec);
     if (r.exit_code != 0 || r.eval_peak == 0) {
       state.SkipWithError(("held-out evaluation failed: " + r.message).c_str());
