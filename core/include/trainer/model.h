@@ -22,11 +22,6 @@ struct DataSpec {
   /// model is built with: the outputs per sample the task needs (trainer/task.h): the classes
   /// (classification), the labels (multilabel) or the targets (regression).
   std::int64_t num_classes = 0;
-  /// A dataset's spec whose targets are whole numbers from 0 that declare no classes because one
-  /// is too large to be a class index: why, naming the file, the line (or index) and the value,
-  /// and the key that sets the classes. A task that needs classes refuses the data with it; a
-  /// regression reads the numbers as values. Empty otherwise.
-  std::string classes_refused = {};
   /// A dataset of token ids (dataset "text"): its ids are below this (its tokenizer's id
   /// limit), which a model's vocabulary must cover; 0 for other data.
   std::int64_t token_id_limit = 0;
@@ -38,6 +33,11 @@ struct DataSpec {
   /// [N, L, num_classes] for inputs of L tokens (Task::token_outputs(): masked language
   /// modelling), instead of [N, num_classes].
   bool token_outputs = false;
+  /// A dataset's spec whose targets are whole numbers from 0 that declare no classes because one
+  /// is too large to be a class index: why, naming the file, the line (or index) and the value,
+  /// and the key that sets the classes. A task that needs classes refuses the data with it; a
+  /// regression reads the numbers as values. Empty otherwise.
+  std::string classes_refused = {};
 };
 
 /// The [model] keys the core reads whatever the model; `name` picks the registry entry, whose
