@@ -42,8 +42,8 @@
 #include "trainer/loader.h"
 #include "trainer/logging.h"
 #include "trainer/memory.h"
-#include "util/log_file_sink.h"
 #include "trainer/secrets.h"
+#include "util/log_file_sink.h"
 
 namespace fs = std::filesystem;
 

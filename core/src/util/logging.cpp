@@ -11,8 +11,8 @@
 
 #include "trainer/durable_file.h"
 #include "trainer/error.h"
-#include "util/log_file_sink.h"
 #include "trainer/secrets.h"
+#include "util/log_file_sink.h"
 
 namespace trainer {
 
