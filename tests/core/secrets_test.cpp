@@ -25,7 +25,8 @@ TEST(Secrets, KeysNamedLikeASecretAreKnownByTheirLastPart) {
     EXPECT_TRUE(is_secret_key(key)) << key;
   }
   for (const char* key : {"dataset.tokenizer", "model.pad_token_id", "x.max_tokens", "plugins.mlflow.tracking_uri",
-                          "training.batch_size", "token.x", "plugins.secret.name", "keyboard"}) {
+                          "training.batch_size", "token.x", "plugins.secret.name", "keyboard", "dataset.pad_token",
+                          "x.eos_token", "mask_token", "special_token"}) {
     EXPECT_FALSE(is_secret_key(key)) << key;
   }
 }

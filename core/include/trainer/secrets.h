@@ -19,7 +19,8 @@ namespace trainer {
 /// True when the last part of the dotted `key` is named like a secret: it holds password,
 /// passwd, passphrase, secret, credential, authorization, api key, private key or access key
 /// (with or without `_` or `-` between the words, any case), or it ends in "token" ("hf_token",
-/// "auth_token"; not "tokenizer", "max_tokens" or "pad_token_id").
+/// "auth_token"; not "tokenizer", "max_tokens", "pad_token_id", nor a tokenizer's special tokens:
+/// "pad_token", "eos_token", "mask_token", ...).
 inline bool is_secret_key(std::string_view key) {
   const std::size_t dot = key.rfind('.');
   std::string name;  // the last part, lower case, without _ and -
@@ -29,10 +30,17 @@ inline bool is_secret_key(std::string_view key) {
   static constexpr std::array<std::string_view, 9> kSecretWords = {
       "password", "passwd", "passphrase", "secret", "credential", "apikey", "privatekey", "accesskey", "authorization"};
   const auto holds = [&](std::string_view w) { return name.find(w) != std::string::npos; };
+  // A tokenizer's special tokens ("pad_token", "eos_token", ...) end in "token" but are text, and a
+  // run that dropped them from its config.toml would resume with another tokenizer setting.
+  static constexpr std::array<std::string_view, 11> kTextTokens = {"pad",  "eos",   "bos", "unk",     "sep",  "cls",
+                                                                   "mask", "start", "end", "special", "added"};
   const std::string_view token = "token";
   const bool ends_in_token =
       name.size() >= token.size() && name.compare(name.size() - token.size(), token.size(), token) == 0;
-  return ends_in_token || std::any_of(kSecretWords.begin(), kSecretWords.end(), holds);
+  const bool text_token =
+      ends_in_token && std::find(kTextTokens.begin(), kTextTokens.end(),
+                                 std::string_view(name).substr(0, name.size() - token.size())) != kTextTokens.end();
+  return (ends_in_token && !text_token) || std::any_of(kSecretWords.begin(), kSecretWords.end(), holds);
 }
 
 /// `text` with the userinfo of every URI in it cut: "http://user:pass@host:5000/x" is
