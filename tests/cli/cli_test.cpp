@@ -11,6 +11,7 @@
 #include <string>
 #include <thread>
 
+#include "support/hostile_archive.h"
 #include "support/test_util.h"
 
 namespace {
@@ -419,6 +420,46 @@ TEST(Cli, AStoredConfigMayNamePluginsButNotPaths) {
       run_cli("--resume " + run + " training.max_steps=3 --plugin-dir " + std::string(TRAINER_TEST_PLUGIN_DIR), env);
   EXPECT_EQ(given_dir.code, 0) << given_dir.text;
   EXPECT_TRUE(std::filesystem::exists(marker));
+}
+
+// A stored config may not name TorchScript files either (loading one runs its code): model.path
+// of model "torchscript" and task.loss_path are refused before anything is read, naming the
+// line, the key and the file; given by an override, the file is the user's and is loaded (here
+// a hostile archive, whose code then runs, as the user asked).
+TEST(Cli, AStoredConfigMayNotNameTorchScriptFiles) {
+  TempDir tmp;
+  const std::string run = tmp / "run";
+  const auto first = run_cli("--recipe " + kRecipe + " --run-dir " + run +
+                             " dataset.limit=128 dataset.eval_limit=64 training.epochs=1 training.max_steps=1");
+  ASSERT_EQ(first.code, 0) << first.text;
+  const std::string config = trainer::testing::read_file(run + "/config.toml");
+  const std::string marker = tmp / "ran", script = tmp / "model.pt";
+  write_file(script, trainer::testing::hostile_archive(marker));
+  const auto plant = [&](const std::string& table, const std::string& keys) {
+    const std::regex section("\\[" + table + "\\]\n(?:[^\\[\\n][^\\n]*\\n)*");
+    ASSERT_TRUE(std::regex_search(config, section)) << config;
+    write_file(run + "/config.toml", std::regex_replace(config, section, "[" + table + "]\n" + keys + "\n"));
+  };
+  plant("model", "name = \"torchscript\"\npath = \"" + script + "\"");
+  const auto refused = run_cli("--resume " + run + " training.max_steps=2");
+  EXPECT_EQ(refused.code, 2) << refused.text;
+  EXPECT_NE(refused.text.find(run + "/config.toml:"), std::string::npos) << refused.text;
+  EXPECT_NE(refused.text.find("model.path names the TorchScript file '" + script +
+                              "'; a stored config may not name code to run"),
+            std::string::npos)
+      << refused.text;
+  EXPECT_NE(refused.text.find("model.path=" + script), std::string::npos) << refused.text;
+  EXPECT_FALSE(std::filesystem::exists(marker));
+  const auto given = run_cli("--resume " + run + " training.max_steps=2 model.path=" + script);
+  EXPECT_TRUE(std::filesystem::exists(marker)) << given.text;
+
+  std::filesystem::remove(marker);
+  plant("task", "name = \"classification\"\nloss_path = \"" + script + "\"");
+  const auto refused_loss = run_cli("--resume " + run + " training.max_steps=2");
+  EXPECT_EQ(refused_loss.code, 2) << refused_loss.text;
+  EXPECT_NE(refused_loss.text.find("task.loss_path names the TorchScript file '" + script + "'"), std::string::npos)
+      << refused_loss.text;
+  EXPECT_FALSE(std::filesystem::exists(marker));
 }
 
 // A start that fails before training leaves no run directory of its own naming behind.

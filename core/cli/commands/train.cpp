@@ -14,8 +14,8 @@ namespace {
 
 /// `--resume PATH` without `--recipe`: the config.toml of the run directory PATH belongs to (the
 /// run's resolved config, with every default filled in). A group override (`model=cnn`) would
-/// be merged under it and change nothing: refused. So is a plugin path it names that the
-/// command line does not (refuse_stored_plugin_paths).
+/// be merged under it and change nothing: refused. So is a plugin path or TorchScript file it
+/// names that the command line does not (refuse_stored_code_paths).
 std::string stored_config(const Invocation& in) {
   const std::string resume = in.vm["resume"].as<std::string>();
   std::error_code ec;
@@ -40,7 +40,7 @@ std::string stored_config(const Invocation& in) {
                     ", which holds every key already; a group cannot be swapped under it. Set its keys ", "instead (",
                     o.key, ".<key>=value), or give the recipe: trainer --recipe FILE --resume ", resume, " ", arg);
   }
-  refuse_stored_plugin_paths(config, in.args, in.plugin_dirs);
+  refuse_stored_code_paths(config, in.args, in.plugin_dirs);
   return config;
 }
 

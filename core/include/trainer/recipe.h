@@ -82,15 +82,18 @@ TRAINER_API PreparedRun prepare_run(const std::string& recipe, const std::vector
 
 /// For `--resume RUN_DIR` without `--recipe`, which runs with the config the run directory
 /// stored (`stored_config`): that file is data, which whoever could write the directory may have
-/// changed, and loading a plugin library runs its code (its constructors run before any check).
-/// So a stored config may name plugins (`plugins.load = ["lora"]`, searched where the command
-/// line, $TRAINER_PLUGIN_PATH and the default directories say), but a path in `plugins.load` or
+/// changed, and loading a plugin library or a TorchScript file runs its code (a library's
+/// constructors run before any check; a TorchScript module's code when it is loaded). So a
+/// stored config may name plugins (`plugins.load = ["lora"]`, searched where the command line,
+/// $TRAINER_PLUGIN_PATH and the default directories say), but a path in `plugins.load` or
 /// `plugins.path` is refused unless the user's command line gives the same path too: in an
 /// override that replaces the key (`'plugins.load=["/x/libtrainer_plugin_y.so"]'`,
-/// `'plugins.path=["/x"]'`) or, for a directory, `--plugin-dir` (`plugin_dirs`). Throws
-/// ConfigError (exit 2) naming the file and line, the key and each path, and how to give it.
-TRAINER_API void refuse_stored_plugin_paths(const std::string& stored_config, const std::vector<std::string>& overrides,
-                                            const std::vector<std::string>& plugin_dirs);
+/// `'plugins.path=["/x"]'`) or, for a directory, `--plugin-dir` (`plugin_dirs`). Likewise the
+/// TorchScript files of `model.path` (model "torchscript") and `task.loss_path` are refused
+/// unless an override gives the key. Throws ConfigError (exit 2) naming the file and line, the
+/// key and each path, and how to give it.
+TRAINER_API void refuse_stored_code_paths(const std::string& stored_config, const std::vector<std::string>& overrides,
+                                          const std::vector<std::string>& plugin_dirs);
 
 /// The keys every `plugins.<name>` section has besides the plugin's own. Unset: the plugin's
 /// default_priority() and default_policy().

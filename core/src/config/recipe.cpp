@@ -5,6 +5,7 @@
 #include <cctype>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <regex>
 #include <set>
 
@@ -412,17 +413,31 @@ std::vector<std::string> stored_paths(const Config& stored, const std::string& k
   return entries;
 }
 
+/// What a stored config's key `key` names that runs code: the TorchScript file of model.path
+/// (model "torchscript") or task.loss_path; none otherwise.
+std::optional<std::string> stored_script(const Config& stored, const std::string& key) {
+  try {
+    if (key == "model.path" && stored.get_or<std::string>("model.name", "") != "torchscript") return std::nullopt;
+    const std::string path = stored.get_or<std::string>(key, "");
+    if (!path.empty()) return path;
+  } catch (const ConfigError&) {
+    // Wrong types are reported by validate_recipe.
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
-void refuse_stored_plugin_paths(const std::string& stored_config, const std::vector<std::string>& overrides,
-                                const std::vector<std::string>& plugin_dirs) {
+void refuse_stored_code_paths(const std::string& stored_config, const std::vector<std::string>& overrides,
+                              const std::vector<std::string>& plugin_dirs) {
   // What the user's command line names: its directories, and the keys its overrides replace.
   std::set<std::string> given, replaced;
   for (const auto& d : plugin_dirs) given.insert(normal_path(d));
   for (const auto& text : overrides) {
     const Override o = parse_override(text);
-    if (o.kind != Override::Kind::Set || (o.key != "plugins.load" && o.key != "plugins.path")) continue;
+    if (o.kind != Override::Kind::Set) continue;
     replaced.insert(o.key);
+    if (o.key != "plugins.load" && o.key != "plugins.path") continue;
     const ConfigValue value = parse_override_value(o.value);
     if (const auto* list = std::get_if<std::vector<std::string>>(&value)) {
       for (const auto& e : *list) given.insert(normal_path(e));
@@ -440,6 +455,16 @@ void refuse_stored_plugin_paths(const std::string& stored_config, const std::vec
           stored.origin(key), key, path,
           key == "plugins.path" ? "--plugin-dir " + path
                                 : "'plugins.load=[\"" + path + "\", ...]' (the list as you want it)"));
+    }
+  }
+  for (const std::string key : {"model.path", "task.loss_path"}) {
+    if (replaced.count(key) != 0) continue;
+    if (const auto path = stored_script(stored, key)) {
+      problems.push_back(fmt::format(
+          "{}: {} names the TorchScript file '{}'; a stored config may not name code to run (a run directory is "
+          "data, and loading a TorchScript module runs its code). If you mean to run it, give it on the command "
+          "line: {}={}",
+          stored.origin(key), key, *path, key, *path));
     }
   }
   if (!problems.empty()) throw ConfigError(problems);
