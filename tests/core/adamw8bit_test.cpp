@@ -800,6 +800,7 @@ TEST_F(AdamW8bitRun, ARunTrainsLikeAdamWWithAQuarterOfItsStateInTheMemoryMap) {
 }
 
 TEST_F(AdamW8bitRun, ARunResumedFromItsCheckpointGoesOnAsIfNeverStopped) {
+  fix_threads();
   // Through the trainer's own resume (its checkpoint holds the 8-bit codes and scales, which are
   // not shaped like their parameters): the losses after the resume are the straight run's.
   ASSERT_EQ(fit(kRunRecipe, {"optim.name=adamw8bit"}, "straight").exit_code, kExitOk);

@@ -117,6 +117,7 @@ class Habits : public testing::TrainerTest {
 // or rewritten there, the resume marked in metrics.jsonl), prunes the checkpoints of both parts
 // as one run, and ends where an uninterrupted run ends.
 TEST_F(Habits, AResumeWithoutARunDirectoryGoesOnInTheRunsOwnDirectory) {
+  fix_threads();
   const RunResult straight = fit(options({}, "straight"));
   ASSERT_EQ(straight.exit_code, kExitOk) << straight.message;
 

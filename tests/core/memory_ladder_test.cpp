@@ -255,6 +255,7 @@ class MemoryLadder : public testing::TrainerTest {
 };
 
 TEST_F(MemoryLadder, AViTThatCannotStepAtMicroBatch1FinishesWithExactRungsAndTheUnbudgetedParameters) {
+  fix_threads();
   std::vector<at::Tensor> reference;
   const std::int64_t budget = vit_budget_between_one_sample_plain_and_checkpointed(reference);
   ASSERT_GT(budget, 0);
@@ -294,6 +295,7 @@ TEST_F(MemoryLadder, AViTThatCannotStepAtMicroBatch1FinishesWithExactRungsAndThe
 
 // The same for a text encoder: its layers are the blocks the checkpoint rung takes.
 TEST_F(MemoryLadder, ATextEncoderThatCannotStepAtMicroBatch1FinishesWithExactRungsAndTheUnbudgetedParameters) {
+  fix_threads();
   const std::string recipe = bert_recipe(tmp_ / "text");
   std::vector<at::Tensor> reference;
   const std::int64_t budget = budget_between_one_sample_plain_and_checkpointed(recipe, 4, reference);
@@ -315,6 +317,7 @@ TEST_F(MemoryLadder, ATextEncoderThatCannotStepAtMicroBatch1FinishesWithExactRun
 }
 
 TEST_F(MemoryLadder, AResumeStartsWithTheRungsOnAndEndsAtTheStraightRunsParameters) {
+  fix_threads();
   std::vector<at::Tensor> reference;
   const std::int64_t budget = vit_budget_between_one_sample_plain_and_checkpointed(reference);
   ASSERT_GT(budget, 0);
@@ -378,6 +381,7 @@ TEST_F(MemoryLadder, AnOptimizerStepOutOfMemoryTakesBf16MomentsOnlyWithAllowInex
 }
 
 TEST_F(MemoryLadder, MemoryFreedWalksTheRungsBackDown) {
+  fix_threads();
   // The ViT at micro-batch 8 under a budget it just fits, while a plugin holds half of what
   // checkpointing every block saves: blocks get checkpointed (ladder = ["checkpoint",
   // "micro_batch"]: checkpointing before a smaller micro-batch); once the memory is freed (step
@@ -427,6 +431,7 @@ TEST_F(MemoryLadder, MemoryFreedWalksTheRungsBackDown) {
 }
 
 TEST_F(MemoryLadder, MomentsOffloadedToHostMemoryTrainOnAsOnTheDeviceAndAResumeKeepsThemThere) {
+  fix_threads();
   // The offload rung's core half, on the CPU: the moments' memory is the host's here, so
   // nothing moves, but the step streams them a chunk at a time through copies as on a GPU, and
   // the switch, its log, metric, status and checkpoint are those of a GPU run. (oom_backoff

@@ -156,6 +156,7 @@ class Oom : public testing::TrainerTest {
 };
 
 TEST_F(Oom, RecoversInEveryTrainingPhaseWithTheSameResult) {
+  fix_threads();
   ASSERT_EQ(run("clean", {}).exit_code, kExitOk);
   const auto reference = params_;
   const std::vector<std::pair<Event, std::string>> phases = {{Event::BatchStart, "data"},
@@ -174,6 +175,7 @@ TEST_F(Oom, RecoversInEveryTrainingPhaseWithTheSameResult) {
 }
 
 TEST_F(Oom, EverySampleContributesExactlyOncePerEpoch) {
+  fix_threads();
   ASSERT_EQ(run("clean", {"training.epochs=2"}).exit_code, kExitOk);
   const auto reference = params_;
   auto ledger = std::make_shared<SampleLedger>();
@@ -195,6 +197,7 @@ TEST_F(Oom, EverySampleContributesExactlyOncePerEpoch) {
 }
 
 TEST_F(Oom, AnOomAfterMicroBatchesAccumulatedDropsTheirGradients) {
+  fix_threads();
   // Four micro-batches of 16; the OOM hits the backward of the third, when two have already
   // added their gradients. The retry starts from zero gradients, in micro-batches of 8.
   ASSERT_EQ(run("clean", {"training.micro_batch_size=16"}).exit_code, kExitOk);
@@ -211,6 +214,7 @@ TEST_F(Oom, AnOomAfterMicroBatchesAccumulatedDropsTheirGradients) {
 }
 
 TEST_F(Oom, OptimizerStepOomLeavesParametersBitIdentical) {
+  fix_threads();
   ASSERT_EQ(run("clean", {"optim.name=adamw"}).exit_code, kExitOk);
   const auto reference = params_;
   // Retrying at the same micro-batch size repeats the exact computation, so any change the
@@ -373,6 +377,7 @@ TEST_F(Oom, WithoutAPolicyTheRunFailsAndSaysWhatToLoad) {
 }
 
 TEST_F(Oom, EvalOomRetriesWithoutDoubleCounting) {
+  fix_threads();
   // The second batch of the first evaluation runs out of memory for real.
   testing::RefusingData::add("flaky_eval", "synthetic", Split::Test, 2, 1024, 4 << 20);
   const std::vector<std::string> eval = {"eval.every_epochs=1", "eval.batch_size=24"};

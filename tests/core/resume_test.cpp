@@ -121,6 +121,7 @@ TEST_F(Resume, AFailedCheckpointWriteLeavesNoTemporaryFileAndLatestAsItWas) {
 }
 
 TEST_F(Resume, FromARunDirectoryFallsBackToTheNewestCompleteCheckpoint) {
+  fix_threads();
   ASSERT_EQ(run({}, "straight").exit_code, kExitOk);
   const auto straight = metric_by_step(tmp_ / "straight/metrics.jsonl", "train/loss");
   ASSERT_EQ(run({"+checkpoint.every_steps=1", "checkpoint.keep_last=4", "training.max_steps=6"}, "part").exit_code,

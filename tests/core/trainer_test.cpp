@@ -138,6 +138,7 @@ std::vector<at::Tensor> params_of(const std::shared_ptr<Model>& m) {
 }
 
 TEST_F(TrainerRun, AccumulatedGradientEqualsFullBatchGradient) {
+  fix_threads();
   // One SGD step without momentum: the parameter change is -lr * gradient, so equal
   // parameters after the step mean equal gradients.
   const std::vector<std::string> common = {
@@ -161,6 +162,7 @@ TEST_F(TrainerRun, AccumulatedGradientEqualsFullBatchGradient) {
 }
 
 TEST_F(TrainerRun, ResumeReproducesTheLossesOfAnUninterruptedRun) {
+  fix_threads();
   // AdamW (optimizer state) and dropout (RNG state) both have to be restored exactly.
   const std::vector<std::string> common = {"optim.name=adamw", "+model.dropout=0.2", "training.epochs=3",
                                            "training.batch_size=16", "training.micro_batch_size=16"};
@@ -202,6 +204,7 @@ TEST_F(TrainerRun, TrainsInTheModelDtypeAndResumesInIt) {
 }
 
 TEST_F(TrainerRun, SameSeedGivesTheSameLosses) {
+  fix_threads();
   ASSERT_EQ(run({"+model.dropout=0.1"}, "a").exit_code, kExitOk);
   ASSERT_EQ(run({"+model.dropout=0.1"}, "b").exit_code, kExitOk);
   EXPECT_EQ(metric_by_step(tmp_ / "a/metrics.jsonl", "train/loss"),

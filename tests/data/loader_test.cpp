@@ -182,6 +182,7 @@ console = false
 class LoaderRuns : public testing::TrainerTest {};
 
 TEST_F(LoaderRuns, EndBitIdenticalWithZeroOneAndTwoWorkers) {
+  fix_threads();
   std::vector<at::Tensor> reference;
   double loss = 0;
   for (const char* workers : {"0", "1", "2"}) {

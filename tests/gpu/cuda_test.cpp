@@ -281,6 +281,7 @@ TEST_P(OnDevice, TheRunsMemoryLimitIsInForceDuringTheRunAndEndsWithIt) {
 }
 
 TEST_P(OnDevice, OutOfMemoryInTheForwardTheBackwardAndTheStepIsRecoveredWithTheSameSamplesAndResult) {
+  fix_threads();
   auto clean_ledger = std::make_shared<SampleLedger>();
   ASSERT_EQ(run("clean", {}, {clean_ledger}).exit_code, kExitOk);
   const auto reference = params_;
@@ -310,6 +311,7 @@ TEST_P(OnDevice, OutOfMemoryInTheForwardTheBackwardAndTheStepIsRecoveredWithTheS
 }
 
 TEST_P(OnDevice, TwentyRecoveriesLeaveNoMemoryBehind) {
+  fix_threads();
   std::string recipe = kRecipe;
   const std::string size = "size = 256";
   recipe.replace(recipe.find(size), size.size(), "size = 1344");  // 21 steps
@@ -340,6 +342,7 @@ TEST_P(OnDevice, TwentyRecoveriesLeaveNoMemoryBehind) {
 }
 
 TEST_P(OnDevice, TheDeviceGeneratorIsRestoredByAResume) {
+  fix_threads();
   // Dropout draws from the run device's generator (CUDA: its Philox state): a resume that
   // did not restore it would draw other masks and the losses would differ.
   const std::vector<std::string> common = {"+model.dropout=0.2", "training.epochs=3", "training.batch_size=16",

@@ -104,6 +104,7 @@ TEST_F(Ema, AnAverageThatIsTheWeightsScoresAsTheyDo) {
 // Resumed from step 4, the run goes on with the checkpoint's average and ends with the average
 // an uninterrupted run ends with; checkpoint.monitor keeps the best by it.
 TEST_F(Ema, AResumeGoesOnWithTheCheckpointsAverage) {
+  fix_threads();
   ASSERT_EQ(fit_with({}, "full").exit_code, kExitOk);
   ASSERT_EQ(fit_with({"training.max_steps=4"}, "first").exit_code, kExitOk);
   const RunResult resumed = fit_with({"checkpoint.monitor=\"eval/ema/accuracy\"", "checkpoint.mode=\"max\""}, "second",

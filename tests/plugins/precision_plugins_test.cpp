@@ -215,6 +215,7 @@ TEST_F(PrecisionPlugins, AnInfGradientSkipsTheStepWithParametersBitIdenticalAndH
 }
 
 TEST_F(PrecisionPlugins, TheScaleGrowsAfterTheIntervalAndARetriedBatchCountsOnce) {
+  fix_threads();
   // The first attempt of step 0 runs out of memory in the optimizer step, after its gradients
   // were unscaled; the retry computes and unscales its own. Growth after 2 clean steps.
   const std::vector<std::string> scaler = {
@@ -237,6 +238,7 @@ TEST_F(PrecisionPlugins, TheScaleGrowsAfterTheIntervalAndARetriedBatchCountsOnce
 }
 
 TEST_F(PrecisionPlugins, TheScalersStateRoundTripsThroughACheckpoint) {
+  fix_threads();
   const std::vector<std::string> scaler = {
       "+plugins.mixed_precision.precision=\"fp32\"", "+plugins.mixed_precision.grad_scaler=\"on\"",
       "+plugins.mixed_precision.init_scale=8", "+plugins.mixed_precision.growth_interval=3", "dataset.size=64"};
@@ -270,6 +272,7 @@ TEST_F(PrecisionPlugins, Fp16OnTheCpuIsAUsageErrorNamingWhatToUse) {
 }
 
 TEST_F(PrecisionPlugins, CheckpointedTrainingWithDropoutEqualsPlainTraining) {
+  fix_threads();
   const std::vector<std::string> dropout = {"model.dropout=0.1", "model.attention_dropout=0.1", "plugins.load=[]"};
   const RunResult plain = run("plain", dropout, {std::make_shared<RandomHead>()});
   ASSERT_EQ(plain.status, RunStatus::Finished) << plain.message;
@@ -293,6 +296,7 @@ TEST_F(PrecisionPlugins, GradCheckpointOnAModelWithoutBlocksIsAUsageError) {
 }
 
 TEST_F(PrecisionPlugins, AnOomRetryWithBothPluginsGivesTheParametersOfARunWithoutOne) {
+  fix_threads();
   const std::vector<std::string> both = {"plugins.load=[\"mixed_precision\", \"grad_checkpoint\"]",
                                          "+plugins.mixed_precision.precision=\"bf16\""};
   const RunResult clean = run("clean", both, {std::make_shared<RandomHead>()});

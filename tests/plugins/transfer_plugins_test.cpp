@@ -178,6 +178,7 @@ std::int64_t format_of(const std::string& file, std::string& frozen_base) {
 }
 
 TEST_F(TransferPlugins, LoraTrainsAdaptersAndHeadOnlyAndTheBaseStaysBitIdentical) {
+  fix_threads();
   auto snap = std::make_shared<Snapshot>();
   const RunResult r = run(kVitRecipe, {"plugins.lora.export_merged=true"}, "lora", {snap});
   ASSERT_EQ(r.exit_code, kExitOk) << r.message;
@@ -222,6 +223,7 @@ TEST_F(TransferPlugins, LoraTrainsAdaptersAndHeadOnlyAndTheBaseStaysBitIdentical
 }
 
 TEST_F(TransferPlugins, LoraResumesExactly) {
+  fix_threads();
   const RunResult whole = run(kVitRecipe, {}, "whole");
   ASSERT_EQ(whole.exit_code, kExitOk) << whole.message;
   const Tensors expected = state_of(*model_);
@@ -241,6 +243,7 @@ TEST_F(TransferPlugins, LoraResumesExactly) {
 // and model.weights refuses such a checkpoint. (Over a random initialisation, which no file
 // gives again, checkpoints hold the whole model: LoraResumesExactly.)
 TEST_F(TransferPlugins, LoraCheckpointsHoldWhatTrainsOverTheDigestOfTheBase) {
+  fix_threads();
   // The base: the checkpoint of a plain run of the same ViT (whole: everything trains there).
   ASSERT_EQ(run(kVitRecipe, {"plugins.load=[]", "training.epochs=1"}, "base").exit_code, kExitOk);
   const std::string weights = "model.weights=\"" + checkpoint("base", 6) + "\"";
@@ -341,6 +344,7 @@ TEST_F(TransferPlugins, LinearProbeLeavesTheBackboneBitIdenticalStatisticsInclud
 }
 
 TEST_F(TransferPlugins, CachedFeaturesTrainTheSameHeadAsTheBackboneEveryStep) {
+  fix_threads();
   const std::string weights = base_weights();
   const RunResult plain = run(kResnetRecipe, {weights}, "every_step");
   ASSERT_EQ(plain.exit_code, kExitOk) << plain.message;

@@ -76,10 +76,20 @@ lr = 0.1
 console = false
 )";
 
+/// The override that fixes a run's intra-op threads at one, for runs a test compares bit for bit
+/// or to float32 rounding: the default, runtime.num_threads = 0, takes the cores other work
+/// leaves free when a run starts and at each epoch, so under `ctest -j` two runs may get other
+/// counts, and a reduction split over another number of threads sums in another order.
+inline constexpr const char* kOneThread = "runtime.num_threads=1";
+
 /// Seeds LibTorch and gives each test its own temp dir.
 class TrainerTest : public ::testing::Test {
  protected:
   void SetUp() override { torch::manual_seed(0); }
+
+  /// For a test that compares its runs bit for bit or to float32 rounding: each run of
+  /// options_for() (and fit()) from here on gets kOneThread before the test's overrides.
+  void fix_threads() { fixed_threads_ = true; }
 
   /// Writes `recipe` to <tmp>/recipe.toml, resolves it with `overrides` (plugins searched in
   /// the test plugin directory first) and returns the options of a run in <tmp>/<name>, with
@@ -87,7 +97,10 @@ class TrainerTest : public ::testing::Test {
   TrainerOptions options_for(const std::string& recipe, const std::vector<std::string>& overrides,
                              const std::string& name, const std::vector<std::shared_ptr<Plugin>>& extra = {}) {
     write_file(tmp_ / "recipe.toml", recipe);
-    PreparedRun p = prepare_run(tmp_ / "recipe.toml", overrides, {TRAINER_TEST_PLUGIN_DIR});
+    std::vector<std::string> all;
+    if (fixed_threads_) all.push_back(kOneThread);
+    all.insert(all.end(), overrides.begin(), overrides.end());
+    PreparedRun p = prepare_run(tmp_ / "recipe.toml", all, {TRAINER_TEST_PLUGIN_DIR});
     TrainerOptions o;
     o.config = p.config;
     o.plugins = p.plugins;
@@ -118,6 +131,9 @@ class TrainerTest : public ::testing::Test {
   }
 
   TempDir tmp_;
+
+ private:
+  bool fixed_threads_ = false;
 };
 
 inline void write_file(const std::string& path, const std::string& text) {

@@ -185,9 +185,10 @@ TEST(Estimate, ARecipeThatEvaluatesOnlyAtItsEndHoldsItsTestSplitInEveryProbe) {
   EstimateRequest req;
   req.recipe = kTight;
   req.work_dir = tmp.str();
-  req.overrides = {"model=mlp", "eval.every_epochs=0", "eval.at_end=true"};
+  // The same bytes only on the same threads: a full reduction over threads allocates a slot each.
+  req.overrides = {"model=mlp", "eval.every_epochs=0", "eval.at_end=true", trainer::testing::kOneThread};
   const MemoryEstimate at_end = trainer::tune::estimate_memory(req);
-  req.overrides = {"model=mlp"};  // every epoch
+  req.overrides = {"model=mlp", trainer::testing::kOneThread};  // every epoch
   const MemoryEstimate every_epoch = trainer::tune::estimate_memory(req);
   EXPECT_EQ(at_end.eval_batch, 1000);
   EXPECT_EQ(at_end.peak, every_epoch.peak);

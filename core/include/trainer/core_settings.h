@@ -157,7 +157,9 @@ struct RuntimeSettings : Settings<RuntimeSettings> {
   bool tune_malloc = true;
 
   static void declare(SettingsSchema<RuntimeSettings>& s) {
-    s.add(&RuntimeSettings::num_threads, "num_threads", "Intra-op threads; 0 = number of cores").min(0);
+    s.add(&RuntimeSettings::num_threads, "num_threads",
+          "Intra-op threads; 0 = the cores other work leaves free, chosen at the start and at each epoch")
+        .min(0);
     s.add(&RuntimeSettings::device, "device",
           "Default device: cpu, cuda or cuda:N (plugins may choose in SelectDevice)")
         .check(device_setting_check());

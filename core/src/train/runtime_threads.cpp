@@ -34,19 +34,43 @@ double process_cpu_seconds() {
   return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
 }
 
+/// The CPUs' times (of the CPUs in `cpus`) from /proc/stat and this process's CPU time now.
+std::optional<RuntimeThreads::Sample> sample_proc_stat(const std::vector<int>& cpus) {
+  std::ifstream f("/proc/stat");
+  if (!f.is_open()) return std::nullopt;
+  std::ostringstream text;
+  text << f.rdbuf();
+  const auto times = detail::parse_proc_stat(text.str(), cpus);
+  if (!times) return std::nullopt;
+  return RuntimeThreads::Sample{*times, process_cpu_seconds(), std::chrono::steady_clock::now()};
+}
+
+int core_count(const std::vector<int>& cpus) {
+  return cpus.empty() ? static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))
+                      : static_cast<int>(cpus.size());
+}
+
 }  // namespace
 
 RuntimeThreads::RuntimeThreads(std::int64_t configured, int local_ranks, spdlog::logger& log)
-    : log_(log), adapts_(configured <= 0), local_ranks_(std::max(1, local_ranks)), cpus_(allowed_cpus()) {
+    : RuntimeThreads(configured, local_ranks, log, core_count(allowed_cpus()),
+                     [cpus = allowed_cpus()] { return sample_proc_stat(cpus); }) {}
+
+RuntimeThreads::RuntimeThreads(std::int64_t configured, int local_ranks, spdlog::logger& log, int cores, Sampler sample)
+    : log_(log),
+      adapts_(configured <= 0),
+      local_ranks_(std::max(1, local_ranks)),
+      cores_(std::max(1, cores)),
+      sample_(std::move(sample)) {
   if (!adapts_) {
     threads_ = static_cast<int>(configured);
     at::set_num_threads(threads_);
     return;
   }
   // The load now: 100 ms of it (a tenth of a second of each core is 10 clock ticks).
-  const auto before = sample();
+  const auto before = sample_();
   if (before) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  last_ = sample();
+  last_ = sample_();
   const detail::ThreadChoice c = choose(before, last_);
   threads_ = c.threads;
   at::set_num_threads(threads_);
@@ -55,7 +79,7 @@ RuntimeThreads::RuntimeThreads(std::int64_t configured, int local_ranks, spdlog:
 
 void RuntimeThreads::at_epoch() {
   if (!adapts_) return;
-  const auto now = sample();
+  const auto now = sample_();
   const detail::ThreadChoice c = choose(last_, now);
   last_ = now;
   if (c.threads == threads_) return;
@@ -64,21 +88,10 @@ void RuntimeThreads::at_epoch() {
   log_.info("runtime.num_threads = 0: {} from here on", c.reason);
 }
 
-std::optional<RuntimeThreads::Sample> RuntimeThreads::sample() const {
-  std::ifstream f("/proc/stat");
-  if (!f.is_open()) return std::nullopt;
-  std::ostringstream text;
-  text << f.rdbuf();
-  const auto cpus = detail::parse_proc_stat(text.str(), cpus_);
-  if (!cpus) return std::nullopt;
-  return Sample{*cpus, process_cpu_seconds(), std::chrono::steady_clock::now()};
-}
-
 detail::ThreadChoice RuntimeThreads::choose(const std::optional<Sample>& since,
                                             const std::optional<Sample>& now) const {
   detail::CpuLoad load;
-  load.cores = cpus_.empty() ? static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))
-                             : static_cast<int>(cpus_.size());
+  load.cores = cores_;
   load.local_ranks = local_ranks_;
   if (since && now) {
     load.other_busy = detail::other_busy(since->cpus, now->cpus, now->own_cpu_s - since->own_cpu_s,

@@ -6,6 +6,7 @@
 // run with 2 threads waits in every parallel region for the thread that shares its core.
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -19,10 +20,21 @@ namespace trainer {
 
 class RuntimeThreads {
  public:
+  /// The CPUs' times and this process's CPU time at one moment.
+  struct Sample {
+    detail::CpuTimes cpus;
+    double own_cpu_s = 0;
+    std::chrono::steady_clock::time_point at;
+  };
+  /// Takes a sample; nullopt where the load cannot be read.
+  using Sampler = std::function<std::optional<Sample>()>;
+
   /// Sets the threads: `configured` (runtime.num_threads) when > 0, else chosen from the load
   /// (sampled for ~100 ms) for one of `local_ranks` processes of this job on this host. Logs the
   /// choice.
   RuntimeThreads(std::int64_t configured, int local_ranks, spdlog::logger& log);
+  /// The same on `cores` CPUs whose load `sample` reads (a test's machine).
+  RuntimeThreads(std::int64_t configured, int local_ranks, spdlog::logger& log, int cores, Sampler sample);
 
   /// At an epoch's start: with runtime.num_threads = 0, chosen again from the load since the
   /// last choice; logged when it changes.
@@ -31,20 +43,14 @@ class RuntimeThreads {
   int threads() const { return threads_; }
 
  private:
-  /// The CPUs' times and this process's CPU time now; nullopt where /proc/stat cannot be read.
-  struct Sample {
-    detail::CpuTimes cpus;
-    double own_cpu_s = 0;
-    std::chrono::steady_clock::time_point at;
-  };
-  std::optional<Sample> sample() const;
   /// The choice from the load between `since` and now (unknown without both samples).
   detail::ThreadChoice choose(const std::optional<Sample>& since, const std::optional<Sample>& now) const;
 
   spdlog::logger& log_;
   const bool adapts_;
   const int local_ranks_;
-  std::vector<int> cpus_;  ///< the CPUs this process may run on
+  const int cores_;  ///< the CPUs this process may run on
+  const Sampler sample_;
   int threads_ = 1;
   std::optional<Sample> last_;
 };
