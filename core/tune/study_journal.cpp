@@ -146,10 +146,10 @@ StudyLock::StudyLock(const std::string& study_dir, std::ostream& progress) {
   // NOTE: no O_CLOEXEC: the trials inherit the descriptor, so the lock lasts as long as the
   // last of them. A study resumed after its process was killed waits for its old trials
   // instead of starting them again beside themselves.
-  fd_ = open_for_update(path).release();  // never through a link planted at its name
-  ::fcntl(fd_, F_SETFD, 0);
+  fd_ = open_for_update(path);  // never through a link planted at its name
+  ::fcntl(fd_.get(), F_SETFD, 0);
   bool said = false;
-  while (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+  while (::flock(fd_.get(), LOCK_EX | LOCK_NB) != 0) {
     TRAINER_CHECK(errno == EWOULDBLOCK || errno == EINTR, "cannot lock ", path, ": ", std::strerror(errno));
     const std::string text = read_text(path);
     const pid_t owner = static_cast<pid_t>(std::atol(text.c_str()));
@@ -164,13 +164,10 @@ StudyLock::StudyLock(const std::string& study_dir, std::ostream& progress) {
   }
   held_ = true;
   const std::string pid = std::to_string(::getpid()) + "\n";
-  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
+  if (::ftruncate(fd_.get(), 0) != 0 ||
+      ::pwrite(fd_.get(), pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
     progress << "cannot write the study's pid to " << path << "\n";
   }
-}
-
-StudyLock::~StudyLock() {
-  if (fd_ >= 0) ::close(fd_);
 }
 
 }  // namespace trainer::tune

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "sweep.h"
+#include "trainer/durable_file.h"
 
 namespace trainer::tune {
 
@@ -111,13 +112,12 @@ class StudyLock {
   /// pid. Only the processes of a study that died hold it (its trials got SIGTERM and stop at a
   /// safe point): waits for them, saying so on `progress`, unless interrupted (held() false).
   StudyLock(const std::string& study_dir, std::ostream& progress);
-  ~StudyLock();
   StudyLock(const StudyLock&) = delete;
   StudyLock& operator=(const StudyLock&) = delete;
   bool held() const { return held_; }
 
  private:
-  int fd_ = -1;
+  FileDescriptor fd_;  ///< closed when this goes, or when the constructor throws
   bool held_ = false;
 };
 

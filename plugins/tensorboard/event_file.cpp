@@ -59,11 +59,12 @@ EventFile::EventFile(const std::string& dir) {
   if (::gethostname(host, sizeof host - 1) != 0 || host[0] == '\0') std::strcpy(host, "localhost");
   const auto seconds =
       std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
-  // A new file every time ("x": never one that exists), named as TensorFlow names its own.
+  // A new file every time ("x": never one that exists; "e": close-on-exec, so that a process
+  // the run starts does not hold it), named as TensorFlow names its own.
   for (int attempt = 0; attempt < 100 && !file_; ++attempt) {
     path_ = dir + "/events.out.tfevents." + std::to_string(seconds) + "." + host + "." + std::to_string(::getpid()) +
             "." + fmt::format("{:06d}", g_files++);  // padded: TensorBoard reads the files in name order
-    file_ = std::fopen(path_.c_str(), "wbx");
+    file_ = std::fopen(path_.c_str(), "wbxe");
     if (!file_ && errno != EEXIST) break;
   }
   TRAINER_CHECK(file_, "tensorboard: cannot create ", path_, ": ", std::strerror(errno));

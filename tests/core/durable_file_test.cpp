@@ -3,9 +3,14 @@
 // redirects the write.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
+#include <functional>
+#include <future>
 #include <ostream>
 #include <stdexcept>
 #include <string>
@@ -141,6 +146,71 @@ TEST(DurableFile, ANewFileReplacesWhatIsAtItsNameAndAStreamWriteGoesThroughATemp
                std::runtime_error);
   EXPECT_FALSE(fs::exists(archive + ".tmp"));
   EXPECT_EQ(read_file(archive), std::string(200000, 'x'));
+}
+
+TEST(DurableFile, ADirectoryAtTheTemporarysNameIsRefusedWithExitCode2NamingIt) {
+  testing::TempDir dir;
+  const std::string path = dir / "status.json";
+  fs::create_directories(path + ".tmp/inside");
+  const std::string refused = usage_error_of([&] { write_atomic(path, "status"); });
+  EXPECT_NE(refused.find(path + ".tmp is a directory"), std::string::npos) << refused;
+  EXPECT_TRUE(fs::is_directory(path + ".tmp/inside"));  // left as it was
+  EXPECT_FALSE(fs::exists(path));
+  const std::string events = dir / "events.jsonl";
+  fs::create_directories(events);
+  // A UsageError (trainer ends with exit code 2), not a plain Error.
+  const std::string direct = usage_error_of([&] { create_new_file(events); });
+  EXPECT_NE(direct.find(events + " is a directory"), std::string::npos) << direct;
+  EXPECT_TRUE(fs::is_directory(events));
+}
+
+/// Runs `write` (which swaps `<tmp>` for a FIFO while it writes) on a thread: whether it ended
+/// within 10 s. When it did not (a FIFO opened by name blocks), the FIFO is opened for writing
+/// and closed, so that the blocked reader sees its end and the thread can be joined.
+bool ends_despite_a_fifo(const std::string& tmp, const std::function<void()>& write) {
+  auto done = std::async(std::launch::async, [&] {
+    try {
+      write();
+    } catch (const std::exception&) {
+    }
+  });
+  if (done.wait_for(std::chrono::seconds(10)) == std::future_status::ready) return true;
+  const int w = ::open(tmp.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+  if (w >= 0) ::close(w);
+  done.wait();
+  return false;
+}
+
+/// A writer that writes `text`, then replaces the temporary's name with a FIFO.
+std::function<void(std::ostream&)> swapping_writer(const std::string& tmp, const std::string& text) {
+  return [tmp, text](std::ostream& out) {
+    out << text;
+    ASSERT_EQ(::unlink(tmp.c_str()), 0);
+    ASSERT_EQ(::mkfifo(tmp.c_str(), 0644), 0);
+  };
+}
+
+TEST(DurableFile, AFifoSwappedInForTheTemporaryIsNeverOpenedSoItBlocksNothing) {
+  testing::TempDir dir;
+  const std::string path = dir / "snapshot.json";
+  // The flush to the disk goes through the descriptor that wrote the temporary, not its name.
+  EXPECT_TRUE(ends_despite_a_fifo(path + ".tmp", [&] { write_atomic(path, swapping_writer(path + ".tmp", "x")); }))
+      << "the temporary was opened again by name";
+  // A checkpoint's digest is counted as it is written, not read back from the temporary.
+  const std::string ckpt = dir / "step_00000001.pt";
+  const std::string text(200000, 'c');  // past the stream's buffer
+  Temporary written;
+  EXPECT_TRUE(ends_despite_a_fifo(ckpt + ".tmp", [&] {
+    written = write_temporary_digested(ckpt, swapping_writer(ckpt + ".tmp", text));
+  })) << "the temporary was read back by name";
+  EXPECT_EQ(written.path, ckpt + ".tmp");
+  EXPECT_EQ(written.digest.size, 200000);
+  // The digest counted is the file's: one written undisturbed, read back here.
+  const Temporary plain = write_temporary_digested(ckpt, [&](std::ostream& out) { out << text; });
+  const FileDigest read_back = digest_of(plain.path);
+  EXPECT_EQ(plain.digest.size, read_back.size);
+  EXPECT_EQ(plain.digest.crc32, read_back.crc32);
+  EXPECT_EQ(written.digest.crc32, read_back.crc32);
 }
 
 TEST(DurableFile, ARunSubfolderThatIsALinkOrAFileIsRefusedNamingIt) {

@@ -13,13 +13,16 @@
 // torch::jit::load). Before the file is written, the CRC-32 of each stored entry is set to that
 // of the bytes it points at, so that mutations of a record reach the pickle and tensor code
 // rather than stopping at the CRC check.
+#include <fcntl.h>
 #include <torch/torch.h>
 #include <unistd.h>
 #include <zlib.h>
 
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -75,20 +78,59 @@ void fix_crcs(std::vector<std::uint8_t>& b) {
   }
 }
 
+/// This process's input file, created once by mkostemps (mode 0600, under a name nobody can
+/// guess and plant a link at beforehand) in $TMPDIR or /tmp, rewritten through its descriptor
+/// for each input, and removed when the process exits.
+class InputFile {
+ public:
+  InputFile() {
+    const char* dir = std::getenv("TMPDIR");
+    std::string name = std::string(dir != nullptr && *dir != '\0' ? dir : "/tmp");
+    name += "/trainer-torch-save-fuzz-XXXXXX.pt";
+    fd_ = ::mkostemps(name.data(), 3, O_CLOEXEC);  // 3: the suffix ".pt"
+    if (fd_ < 0) {
+      std::perror(("torch_save_fuzz: cannot create " + name).c_str());
+      std::abort();
+    }
+    path_ = name;
+  }
+  ~InputFile() {
+    ::close(fd_);
+    ::unlink(path_.c_str());
+  }
+  InputFile(const InputFile&) = delete;
+  InputFile& operator=(const InputFile&) = delete;
+
+  const std::string& path() const { return path_; }
+
+  /// Replaces the file's contents with `bytes`; false when that fails.
+  bool write(const std::vector<std::uint8_t>& bytes) {
+    if (::ftruncate(fd_, 0) != 0) return false;
+    for (std::size_t at = 0; at < bytes.size();) {
+      const ssize_t n = ::pwrite(fd_, bytes.data() + at, bytes.size() - at, static_cast<off_t>(at));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return false;
+      at += static_cast<std::size_t>(n);
+    }
+    return true;
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   // model.weights names a file; the reader reads records where the zip directory points.
-  static const std::string path = "/tmp/trainer-torch-save-fuzz-" + std::to_string(::getpid()) + ".pt";
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (!f) return 0;
+  static InputFile file;
   std::vector<std::uint8_t> bytes(data, data + size);
   fix_crcs(bytes);
-  std::fwrite(bytes.data(), 1, bytes.size(), f);
-  std::fclose(f);
+  if (!file.write(bytes)) return 0;
   static SmallModel model;
   try {
-    trainer::load_weights(model, path);
+    trainer::load_weights(model, file.path());
   } catch (const trainer::UsageError&) {
     // A file refused, saying why: the expected outcome.
   }

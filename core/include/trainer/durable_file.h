@@ -15,6 +15,12 @@
 /// 4. a folder trainer keeps in a run directory (`checkpoints/`, `memory/`, `mlflow/`) must be a
 ///    directory, not a link to one.
 ///
+/// A temporary is flushed through the descriptor that wrote it and never opened again by name.
+/// What is assumed, not checked: each name is resolved from its full path on every call, and
+/// O_NOFOLLOW guards only its last component, so no folder on that path (the run directory, the
+/// folders above it, and `checkpoints/`, `memory/`, `mlflow/` once make_run_subdir checked them)
+/// may be replaced, by a link or another folder, by another user while a run is in it.
+///
 /// No LibTorch here: `trainer report` and the MLflow client use the same functions.
 #include <cstddef>
 #include <functional>
@@ -53,7 +59,9 @@ class TRAINER_API FileDescriptor {
 };
 
 /// Creates `path` new, for writing (mode 0644 before the umask): whatever is at the name (a
-/// leftover, a link, a FIFO) is removed first. Throws trainer::Error naming the path and errno.
+/// leftover, a link, a FIFO) is removed first. A directory there, or anything put at the name
+/// between the removal and the creation, is refused (UsageError, exit code 2, naming the path and
+/// what is there); another failure throws trainer::Error naming the path and errno.
 TRAINER_API FileDescriptor create_new_file(const std::string& path);
 
 /// Opens `path` to append to it, creating it (mode 0644) when missing. A symbolic link or
@@ -84,9 +92,10 @@ TRAINER_API void write_atomic(const std::string& path, const std::function<void(
 /// sent (MLflow's sent.json), where a flush each time would cost more than a resend.
 TRAINER_API void write_replacing(const std::string& path, const std::string& text);
 
-/// Writes `<path>.tmp` (step 1) with `fill` and returns its name, for a caller that looks at the
-/// finished file before it takes `path`'s place (a checkpoint's digest) and then publishes it
-/// (the core's durable rename). A failure removes the temporary and throws, naming `path`.
+/// Writes `<path>.tmp` (step 1) with `fill`, flushes it to the disk (fsync, through the
+/// descriptor that wrote it, before closing it) and returns its name, for a caller that looks at
+/// the finished file before it takes `path`'s place and then publishes it (the core's durable
+/// rename). A failure removes the temporary and throws, naming `path`.
 TRAINER_API std::string write_temporary(const std::string& path, const std::function<void(std::ostream&)>& fill);
 
 /// Makes `dir`, a folder trainer keeps inside a run directory (its parent must exist), or

@@ -13,6 +13,7 @@
 
 #include "dist/store_server.h"
 #include "dist/store_wire.h"
+#include "trainer/durable_file.h"
 
 namespace trainer {
 
@@ -28,26 +29,26 @@ namespace {
 /// A connected socket to one of `host`'s addresses, or -1 with `why` said.
 int connect_once(const std::string& host, int port, Clock::time_point deadline, std::string& why) {
   for (const auto& a : store_wire::resolve(host, port)) {
-    const int fd = ::socket(a.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0) {
+    // Closed however this ends (wait_ready throws on a poll error), unless handed over.
+    FileDescriptor fd(::socket(a.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    if (fd.get() < 0) {
       why = std::strerror(errno);
       continue;
     }
     const socklen_t len = a.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
-    int err = ::connect(fd, reinterpret_cast<const sockaddr*>(&a), len) == 0 ? 0 : errno;
+    int err = ::connect(fd.get(), reinterpret_cast<const sockaddr*>(&a), len) == 0 ? 0 : errno;
     if (err == EINPROGRESS) {
       err = ETIMEDOUT;
-      if (store_wire::wait_ready(fd, true, deadline)) {
+      if (store_wire::wait_ready(fd.get(), true, deadline)) {
         socklen_t size = sizeof err;
-        ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &size);
+        ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &size);
       }
     }
     if (err == 0) {
-      store_wire::tune_socket(fd);
-      return fd;
+      store_wire::tune_socket(fd.get());
+      return fd.release();
     }
     why = fmt::format("{}: {}", store_wire::to_string(a), std::strerror(err));
-    ::close(fd);
   }
   return -1;
 }

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -11,11 +12,11 @@
 #include <charconv>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <set>
 #include <stdexcept>
-#include <tuple>
 #include <vector>
 
 #include "dist/store_wire.h"
@@ -31,18 +32,22 @@ using store_wire::WireError;
 
 struct StoreServer::State : std::enable_shared_from_this<State> {
   std::string group;
-  int listen_fd = -1;
+  std::vector<int> listen_fds;  ///< one for each address listened on
+  int wake_fd = -1;             ///< an eventfd: the accept loop ends when it is written to
 
   std::mutex mu;
   std::condition_variable changed;  ///< a key came or went, or the server stops
   std::map<std::string, std::vector<std::uint8_t>> data;
-  std::size_t stored = 0;   ///< bytes of keys and values in `data`
-  std::set<int> open;       ///< connections being served
-  std::size_t serving = 0;  ///< their threads still running
+  std::size_t stored = 0;     ///< bytes of keys and values in `data`
+  std::set<int> open;         ///< connections being served (those closed for good included)
+  std::deque<int> ungreeted;  ///< of `open`, those that have not greeted yet, oldest first
+  std::set<int> greeted;      ///< of `open`, those that greeted with the group's id
+  std::size_t serving = 0;    ///< their threads still running
   std::condition_variable done;
   bool stopping = false;
 
   void accept_loop();
+  void admit(int listen_fd);
   void serve(int fd);
   bool greet(int fd);
   std::vector<std::uint8_t> answer(FrameReader& in, int fd);
@@ -81,31 +86,102 @@ void say_why(int fd, const std::string& why) {
 
 std::vector<std::uint8_t> ok() { return FrameWriter().u8(static_cast<std::uint8_t>(Status::ok)).frame(); }
 
-/// A listening socket on the first of `host`'s addresses that binds; its address as text.
-std::pair<int, std::string> listen_on(const std::string& host, int port) {
-  std::string tried;
-  for (const auto& a : store_wire::resolve(host, port)) {
-    const int fd = ::socket(a.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) continue;
-    const int one = 1;
-    // A port left in TIME_WAIT by an ended run is free to take again.
-    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (a.ss_family == AF_INET6) ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
-    const socklen_t len = a.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
-    if (::bind(fd, reinterpret_cast<const sockaddr*>(&a), len) == 0 && ::listen(fd, 128) == 0) {
-      return {fd, store_wire::to_string(a)};
-    }
-    tried += fmt::format("{}{}: {}", tried.empty() ? "" : "; ", store_wire::to_string(a), std::strerror(errno));
-    ::close(fd);
+/// Whether `a` and `b` are the same address and port.
+bool same_address(const sockaddr_storage& a, const sockaddr_storage& b) {
+  if (a.ss_family != b.ss_family) return false;
+  if (a.ss_family == AF_INET) {
+    const auto &x = reinterpret_cast<const sockaddr_in&>(a), &y = reinterpret_cast<const sockaddr_in&>(b);
+    return x.sin_port == y.sin_port && x.sin_addr.s_addr == y.sin_addr.s_addr;
   }
-  throw std::runtime_error(fmt::format("cannot listen on {} ({})", host, tried));
+  if (a.ss_family == AF_INET6) {
+    const auto &x = reinterpret_cast<const sockaddr_in6&>(a), &y = reinterpret_cast<const sockaddr_in6&>(b);
+    return x.sin6_port == y.sin6_port && x.sin6_scope_id == y.sin6_scope_id &&
+           std::memcmp(&x.sin6_addr, &y.sin6_addr, sizeof x.sin6_addr) == 0;
+  }
+  return std::memcmp(&a, &b, sizeof a) == 0;
+}
+
+struct Listening {
+  std::vector<int> fds;
+  std::string address;  ///< the addresses listened on, as text
+};
+
+/// A listening socket on each of listen_addresses(`found`). An address this host does not have
+/// (a name that resolves to ::1 too, on a host without IPv6) is left out; any other failure, the
+/// port taken on one of the addresses above all, ends it: a rank that tries that address first
+/// would reach whatever listens there. Throws std::runtime_error naming `what` and the addresses.
+Listening listen_on_each(const std::vector<sockaddr_storage>& found, const std::string& what) {
+  Listening out;
+  std::string failed, absent;
+  for (const auto& a : StoreServer::listen_addresses(found)) {
+    // Non-blocking: a connection reset between the accept loop's poll and its accept4 makes
+    // accept4 fail instead of waiting for the next one.
+    const int fd = ::socket(a.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    int err = fd < 0 ? errno : 0;
+    if (fd >= 0) {
+      const int one = 1;
+      // A port left in TIME_WAIT by an ended run is free to take again.
+      ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+      if (a.ss_family == AF_INET6) ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+      const socklen_t len = a.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+      if (::bind(fd, reinterpret_cast<const sockaddr*>(&a), len) == 0 && ::listen(fd, 128) == 0) {
+        out.fds.push_back(fd);
+        out.address += (out.address.empty() ? "" : ", ") + store_wire::to_string(a);
+        continue;
+      }
+      err = errno;
+      ::close(fd);
+    }
+    const bool not_here = err == EADDRNOTAVAIL || err == EAFNOSUPPORT;
+    std::string& said = not_here ? absent : failed;
+    said += fmt::format("{}{}: {}", said.empty() ? "" : "; ", store_wire::to_string(a), std::strerror(err));
+  }
+  if (failed.empty() && !out.fds.empty()) return out;
+  for (const int fd : out.fds) ::close(fd);
+  throw std::runtime_error(
+      fmt::format("cannot listen on {} ({}{}{})", what, failed, failed.empty() || absent.empty() ? "" : "; ", absent));
+}
+
+std::string joined(const std::vector<sockaddr_storage>& addresses) {
+  std::string out;
+  for (const auto& a : addresses) out += (out.empty() ? "" : ", ") + store_wire::to_string(a);
+  return out;
 }
 
 }  // namespace
 
+std::vector<sockaddr_storage> StoreServer::listen_addresses(const std::vector<sockaddr_storage>& found) {
+  std::vector<sockaddr_storage> out;
+  for (const auto& a : found) {
+    // getaddrinfo gives an address once for each line of /etc/hosts that names it: a second
+    // socket on the same address and port would not bind.
+    const bool seen =
+        std::any_of(out.begin(), out.end(), [&](const sockaddr_storage& b) { return same_address(a, b); });
+    if (!seen) out.push_back(a);
+  }
+  return out;
+}
+
 StoreServer::StoreServer(const std::string& host, int port, std::string group) : state_(std::make_shared<State>()) {
+  start(store_wire::resolve(host, port), std::move(group), host);
+}
+
+StoreServer::StoreServer(const std::vector<sockaddr_storage>& addresses, std::string group)
+    : state_(std::make_shared<State>()) {
+  start(addresses, std::move(group), joined(addresses));
+}
+
+void StoreServer::start(const std::vector<sockaddr_storage>& addresses, std::string group, const std::string& what) {
   state_->group = std::move(group);
-  std::tie(state_->listen_fd, address_) = listen_on(host, port);
+  Listening listening = listen_on_each(addresses, what);
+  state_->listen_fds = std::move(listening.fds);
+  address_ = std::move(listening.address);
+  state_->wake_fd = ::eventfd(0, EFD_CLOEXEC);
+  if (state_->wake_fd < 0) {
+    const int err = errno;
+    for (const int fd : state_->listen_fds) ::close(fd);
+    throw std::runtime_error(fmt::format("cannot listen on {} (eventfd: {})", what, std::strerror(err)));
+  }
   accept_ = std::thread([s = state_] { s->accept_loop(); });
 }
 
@@ -116,9 +192,12 @@ StoreServer::~StoreServer() {
     for (int fd : state_->open) ::shutdown(fd, SHUT_RDWR);
   }
   state_->changed.notify_all();
-  ::shutdown(state_->listen_fd, SHUT_RDWR);  // accept() returns
+  const std::uint64_t one = 1;
+  while (::write(state_->wake_fd, &one, sizeof one) < 0 && errno == EINTR) {
+  }
   accept_.join();
-  ::close(state_->listen_fd);
+  for (const int fd : state_->listen_fds) ::close(fd);
+  ::close(state_->wake_fd);
   // The connections' threads end once they see their sockets shut; each holds the state, so
   // one that is slow to go does not keep this process from ending.
   std::unique_lock<std::mutex> lock(state_->mu);
@@ -126,30 +205,57 @@ StoreServer::~StoreServer() {
 }
 
 void StoreServer::State::accept_loop() {
+  std::vector<pollfd> polled;
+  for (const int fd : listen_fds) polled.push_back({fd, POLLIN, 0});
+  polled.push_back({wake_fd, POLLIN, 0});
   for (;;) {
-    const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
-    std::unique_lock<std::mutex> lock(mu);
-    if (stopping) {
-      if (fd >= 0) ::close(fd);
-      return;
+    const int r = ::poll(polled.data(), polled.size(), -1);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (stopping) return;
     }
-    if (fd < 0) {
-      // Out of descriptors, or a connection reset before it was taken: the next one may do.
-      lock.unlock();
-      if (errno != EINTR && errno != ECONNABORTED) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (r < 0) {
+      if (errno != EINTR) std::this_thread::sleep_for(std::chrono::milliseconds(50));
       continue;
     }
-    if (open.size() >= kMaxConnections) {
-      ::close(fd);
-      continue;
+    for (std::size_t i = 0; i < listen_fds.size(); ++i) {
+      if (polled[i].revents != 0) admit(listen_fds[i]);
     }
-    store_wire::tune_socket(fd);
-    open.insert(fd);
-    ++serving;
-    lock.unlock();
-    // Each thread holds the state: it may outlive the StoreServer by a moment.
-    std::thread([s = shared_from_this(), fd] { s->serve(fd); }).detach();
   }
+}
+
+void StoreServer::State::admit(int listen_fd) {
+  const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+  if (fd < 0) {
+    // Out of descriptors (the next one may do), or a connection reset before it was taken.
+    if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK && errno != ECONNABORTED) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return;
+  }
+  std::unique_lock<std::mutex> lock(mu);
+  if (stopping) {
+    ::close(fd);
+    return;
+  }
+  if (ungreeted.size() >= kMaxUngreeted) {
+    // The oldest connection that has not greeted makes room: its thread sees its input end and
+    // tells it why (greet).
+    const int oldest = ungreeted.front();
+    ungreeted.pop_front();
+    ::shutdown(oldest, SHUT_RD);
+  }
+  if (greeted.size() + ungreeted.size() >= kMaxConnections) {
+    ::close(fd);
+    return;
+  }
+  store_wire::tune_socket(fd);
+  open.insert(fd);
+  ungreeted.push_back(fd);
+  ++serving;
+  lock.unlock();
+  // Each thread holds the state: it may outlive the StoreServer by a moment.
+  std::thread([s = shared_from_this(), fd] { s->serve(fd); }).detach();
 }
 
 void StoreServer::State::serve(int fd) {
@@ -165,13 +271,27 @@ void StoreServer::State::serve(int fd) {
   }
   std::lock_guard<std::mutex> lock(mu);
   open.erase(fd);
+  greeted.erase(fd);
+  if (const auto it = std::find(ungreeted.begin(), ungreeted.end(), fd); it != ungreeted.end()) ungreeted.erase(it);
   ::close(fd);
   if (--serving == 0) done.notify_all();
 }
 
 bool StoreServer::State::greet(int fd) {
-  const auto body = store_wire::read_frame(fd, Clock::now() + kGreeting, kGreeting);
-  if (!body) return false;
+  // Made room for a newer connection (admit): no longer among those waiting for a greeting.
+  const auto passed_over = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return !stopping && std::find(ungreeted.begin(), ungreeted.end(), fd) == ungreeted.end();
+  };
+  const std::string why_passed_over = fmt::format(
+      "closed before its greeting: more than {} connections to the store had not greeted, and this was "
+      "the oldest",
+      kMaxUngreeted);
+  const auto body = store_wire::read_frame(fd, Clock::now() + kGreeting, kGreeting, kMaxGreeting, "a greeting");
+  if (!body) {
+    if (passed_over()) throw WireError(why_passed_over);
+    return false;
+  }
   FrameReader in(*body);
   if (in.u8() != static_cast<std::uint8_t>(Op::hello)) throw WireError("a connection must greet first");
   const std::string magic = in.str(), theirs = in.str();
@@ -181,6 +301,13 @@ bool StoreServer::State::greet(int fd) {
     throw WireError(
         "this store serves another group: the rank's group (TRAINER_GROUP_ID, TORCHELASTIC_RESTART_COUNT) differs "
         "from rank 0's");
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    const auto it = std::find(ungreeted.begin(), ungreeted.end(), fd);
+    if (it == ungreeted.end()) throw WireError(why_passed_over);  // its input is shut: it cannot go on
+    ungreeted.erase(it);
+    greeted.insert(fd);
   }
   store_wire::send_frame(fd, ok(), Clock::now() + kRest);
   return true;

@@ -175,14 +175,18 @@ bool read_exact(int fd, std::size_t n, std::vector<std::uint8_t>& out, std::opti
 }  // namespace
 
 std::optional<std::vector<std::uint8_t>> read_frame(int fd, std::optional<Clock::time_point> first,
-                                                    std::chrono::milliseconds rest) {
+                                                    std::chrono::milliseconds rest, std::uint32_t limit,
+                                                    const char* what) {
   std::vector<std::uint8_t> head;
   if (!wait_ready(fd, false, first)) throw WireError("no frame came in time");
   const auto deadline = Clock::now() + rest;
   if (!read_exact(fd, 4, head, deadline, true)) return std::nullopt;
   const std::uint32_t n = get_u32(head.data());
-  if (n > kMaxFrame) {
-    throw WireError(fmt::format("a frame of {} bytes is over the store's limit of {} MiB", n, kMaxFrame >> 20));
+  if (n > limit) {
+    const std::string most = limit % (1u << 20) == 0 ? fmt::format("{} MiB", limit >> 20)
+                             : limit % 1024 == 0     ? fmt::format("{} KiB", limit >> 10)
+                                                     : fmt::format("{} bytes", limit);
+    throw WireError(fmt::format("{} of {} bytes is over the store's limit of {}", what, n, most));
   }
   std::vector<std::uint8_t> body;
   read_exact(fd, n, body, deadline, false);

@@ -93,10 +93,11 @@ void send_frame(int fd, const std::vector<std::uint8_t>& frame, std::optional<Cl
 
 /// The body of the next frame: its first byte by `first` (nullopt: however long the peer
 /// stays quiet), the rest within `rest` of it. nullopt when the peer closed the connection
-/// between frames. Throws WireError for a frame over kMaxFrame (before reading it), one cut
-/// short, or one that does not come in time.
+/// between frames. Throws WireError for a frame over `limit` bytes (before reading it: the
+/// message calls it `what`), one cut short, or one that does not come in time.
 std::optional<std::vector<std::uint8_t>> read_frame(int fd, std::optional<Clock::time_point> first,
-                                                    std::chrono::milliseconds rest);
+                                                    std::chrono::milliseconds rest, std::uint32_t limit = kMaxFrame,
+                                                    const char* what = "a frame");
 
 /// The addresses `host` resolves to, with `port` (TCP, IPv4 or IPv6). Throws WireError naming
 /// the host.

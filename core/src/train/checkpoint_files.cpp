@@ -50,16 +50,8 @@ std::string checkpoint_name(std::int64_t global_step) {
 
 void write_checkpoint_file(const std::string& file, const std::function<void(std::ostream& out)>& save) {
   // The temporary is created new (never a file or link found at its name: a run directory may
-  // come from someone else).
-  const std::string tmp = write_temporary(file, save);
-  detail::FileDigest digest;
-  try {
-    digest = detail::digest_of(tmp);
-  } catch (...) {
-    std::error_code ignored;
-    fs::remove(tmp, ignored);
-    throw;
-  }
+  // come from someone else); its digest is counted as it is written, not read back by name.
+  const auto [tmp, digest] = detail::write_temporary_digested(file, save);
   // A digest never sits beside a file it does not describe: an older one of this name goes
   // first, the new one comes once the file is in place. After a crash in between, the file
   // has no digest and is judged by loading it.

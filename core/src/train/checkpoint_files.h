@@ -17,7 +17,8 @@ std::string checkpoint_name(std::int64_t global_step);
 
 /// Writes the checkpoint `file` durably: `save` writes `<file>.tmp` (created new:
 /// trainer::write_temporary) through `out`, the file is published,
-/// then its digest goes to `<file>.sum` (an older digest of that name is removed first). A
+/// then its digest (of the bytes `save` wrote) goes to `<file>.sum` (an older digest of that
+/// name is removed first). A
 /// failure removes the temporary file; a file of that name that was there stays, without a
 /// digest (it is then judged by loading it).
 void write_checkpoint_file(const std::string& file, const std::function<void(std::ostream& out)>& save);

@@ -5,7 +5,9 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -30,6 +32,7 @@ std::string kind_at(const std::string& path) {
   if (S_ISFIFO(st.st_mode)) return "a FIFO";
   if (S_ISSOCK(st.st_mode)) return "a socket";
   if (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)) return "a device";
+  if (S_ISREG(st.st_mode)) return "a regular file";
   return "not a regular file";
 }
 
@@ -71,11 +74,13 @@ int write_all(int fd, const char* p, std::size_t n) {
 }
 
 /// A std::ostream's buffer over a file descriptor: what LibTorch's writers take. A failed write
-/// makes the stream bad; `error()` keeps its errno.
+/// makes the stream bad; `error()` keeps its errno. The size and CRC-32 of what it wrote are
+/// counted as the bytes go out, so the file need not be read back by name.
 class FdStreamBuf final : public std::streambuf {
  public:
   explicit FdStreamBuf(int fd) : fd_(fd), buf_(1 << 16) { setp(buf_.data(), buf_.data() + buf_.size()); }
   int error() const { return error_; }
+  detail::FileDigest digest() const { return {written_, static_cast<std::uint32_t>(crc_)}; }
 
  protected:
   int_type overflow(int_type c) override {
@@ -102,13 +107,23 @@ class FdStreamBuf final : public std::streambuf {
     return n == 0 || put(buf_.data(), n);
   }
   bool put(const char* s, std::size_t n) {
-    if (error_ == 0) error_ = write_all(fd_, s, n);
-    return error_ == 0;
+    if (error_ != 0) return false;
+    error_ = write_all(fd_, s, n);
+    if (error_ != 0) return false;
+    for (std::size_t at = 0; at < n;) {  // zlib takes at most 4 GiB at once
+      const auto part = static_cast<uInt>(std::min<std::size_t>(n - at, 1u << 30));
+      crc_ = ::crc32(crc_, reinterpret_cast<const Bytef*>(s + at), part);
+      at += part;
+    }
+    written_ += static_cast<std::int64_t>(n);
+    return true;
   }
 
   int fd_;
   std::vector<char> buf_;
   int error_ = 0;
+  uLong crc_ = ::crc32(0L, Z_NULL, 0);
+  std::int64_t written_ = 0;
 };
 
 }  // namespace
@@ -123,10 +138,24 @@ FileDescriptor create_new_file(const std::string& path) {
   // link planted to make the write land elsewhere) goes first, and the open neither follows a
   // link nor takes a file that appeared in between.
   if (::unlink(path.c_str()) != 0) {
-    TRAINER_CHECK(errno == ENOENT, "cannot remove the stale ", path, ": ", std::strerror(errno));
+    const int err = errno;
+    // EISDIR (Linux) or EPERM (POSIX): a directory, which unlink does not remove. EPERM also:
+    // another user's file in a folder with the sticky bit.
+    if (err == EISDIR || err == EPERM) {
+      const std::string kind = kind_at(path);
+      refuse(path, kind == "a regular file"
+                       ? "a file this user may not remove (" + std::string(std::strerror(err)) + ")"
+                       : kind);
+    }
+    TRAINER_CHECK(err == ENOENT, "cannot remove the stale ", path, ": ", std::strerror(err));
   }
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-  TRAINER_CHECK(fd >= 0, "cannot write ", path, ": ", std::strerror(errno));
+  if (fd < 0) {
+    const int err = errno;
+    // Something was put at the name between the unlink and the open.
+    if (err == EEXIST) refuse(path, kind_at(path));
+    TRAINER_CHECK(false, "cannot write ", path, ": ", std::strerror(err));
+  }
   return FileDescriptor(fd);
 }
 
@@ -139,9 +168,17 @@ void write_fully(int fd, const void* data, std::size_t n, const std::string& pat
   TRAINER_CHECK(err == 0, "short write to ", path, ": ", std::strerror(err));
 }
 
-std::string write_temporary(const std::string& path, const std::function<void(std::ostream&)>& fill) {
+namespace {
+
+/// Writes `<path>.tmp` (created new) with `fill`; with `durable`, flushes it to the disk through
+/// the descriptor that wrote it, before closing it. Nothing opens the temporary again by name: a
+/// FIFO or a link put at its name meanwhile neither blocks this nor is read. Returns the digest
+/// of what was written. A failure removes the temporary and throws, naming `path`.
+detail::FileDigest write_through_temporary(const std::string& path, const std::function<void(std::ostream&)>& fill,
+                                           bool durable) {
   const std::string tmp = path + ".tmp";
   FileDescriptor fd = create_new_file(tmp);
+  detail::FileDigest digest;
   try {
     FdStreamBuf buf(fd.get());
     std::ostream out(&buf);
@@ -149,14 +186,25 @@ std::string write_temporary(const std::string& path, const std::function<void(st
     out.flush();
     TRAINER_CHECK(out.good() && buf.error() == 0, "cannot write ", path, " (through ", tmp,
                   "): ", std::strerror(buf.error() != 0 ? buf.error() : EIO));
+    if (durable) {
+      TRAINER_CHECK(::fsync(fd.get()) == 0, "cannot flush ", tmp, " to disk (fsync): ", std::strerror(errno));
+    }
     const int rc = ::close(fd.release());
     TRAINER_CHECK(rc == 0, "cannot write ", path, " (closing ", tmp, "): ", std::strerror(errno));
+    digest = buf.digest();
   } catch (...) {
     fd.reset();
     ::unlink(tmp.c_str());
     throw;
   }
-  return tmp;
+  return digest;
+}
+
+}  // namespace
+
+std::string write_temporary(const std::string& path, const std::function<void(std::ostream&)>& fill) {
+  write_through_temporary(path, fill, true);
+  return path + ".tmp";
 }
 
 void write_atomic(const std::string& path, const std::function<void(std::ostream&)>& fill) {
@@ -168,8 +216,9 @@ void write_atomic(const std::string& path, const std::string& text) {
 }
 
 void write_replacing(const std::string& path, const std::string& text) {
-  const std::string tmp = write_temporary(
-      path, [&text](std::ostream& out) { out.write(text.data(), static_cast<std::streamsize>(text.size())); });
+  const std::string tmp = path + ".tmp";
+  write_through_temporary(
+      path, [&text](std::ostream& out) { out.write(text.data(), static_cast<std::streamsize>(text.size())); }, false);
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;
     ::unlink(tmp.c_str());
@@ -192,26 +241,24 @@ void make_run_subdir(const std::string& dir) {
 
 namespace detail {
 
-namespace {
-
-void sync_path(const std::string& path, int flags, const char* what) {
-  const int fd = ::open(path.c_str(), flags | O_CLOEXEC);
-  TRAINER_CHECK(fd >= 0, "cannot open ", what, " ", path, " to flush it to disk: ", std::strerror(errno));
+void sync_dir(const std::string& dir) {
+  const std::string path = dir.empty() ? "." : dir;
+  // O_DIRECTORY: anything but a directory at the name (a FIFO) fails the open, never blocks it.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  TRAINER_CHECK(fd >= 0, "cannot open directory ", path, " to flush it to disk: ", std::strerror(errno));
   const int rc = ::fsync(fd);
   const int err = errno;
   ::close(fd);
-  TRAINER_CHECK(rc == 0, "cannot flush ", what, " ", path, " to disk (fsync): ", std::strerror(err));
+  TRAINER_CHECK(rc == 0, "cannot flush directory ", path, " to disk (fsync): ", std::strerror(err));
 }
 
-}  // namespace
-
-void sync_file(const std::string& path) { sync_path(path, O_RDONLY, "file"); }
-
-void sync_dir(const std::string& dir) { sync_path(dir.empty() ? "." : dir, O_RDONLY | O_DIRECTORY, "directory"); }
+Temporary write_temporary_digested(const std::string& path, const std::function<void(std::ostream&)>& fill) {
+  const FileDigest digest = write_through_temporary(path, fill, true);
+  return {path + ".tmp", digest};
+}
 
 void publish(const std::string& tmp, const std::string& path) {
   try {
-    sync_file(tmp);
     std::error_code ec;
     fs::rename(tmp, path, ec);
     TRAINER_CHECK(!ec, "cannot rename ", tmp, " to ", path, ": ", ec.message());
