@@ -40,6 +40,13 @@ Output run_cli(const std::string& args, const std::string& prefix = "") {
 
 const std::string kRecipe = std::string(TRAINER_SOURCE_DIR) + "/recipes/fashion_mnist.toml";
 
+/// A run of one step of the main recipe on a small slice into `run` (a run directory for a
+/// resume to start from), with `extra` arguments.
+Output one_step_run(const std::string& run, const std::string& extra = "") {
+  return run_cli("--recipe " + kRecipe + " --run-dir " + run +
+                 " dataset.limit=128 dataset.eval_limit=64 training.epochs=1 training.max_steps=1" + extra);
+}
+
 TEST(Cli, HelpAndVersion) {
   const auto help = run_cli("--help");
   EXPECT_EQ(help.code, 0);
@@ -377,8 +384,7 @@ TEST(Cli, ResumeAloneGoesOnInTheRunDirectoryWithItsStoredConfig) {
 TEST(Cli, AStoredConfigMayNamePluginsButNotPaths) {
   TempDir tmp;
   const std::string run = tmp / "run";
-  const auto first = run_cli("--recipe " + kRecipe + " --run-dir " + run +
-                             " dataset.limit=128 dataset.eval_limit=64 training.epochs=1 training.max_steps=1");
+  const auto first = one_step_run(run);
   ASSERT_EQ(first.code, 0) << first.text;
   const std::string config = trainer::testing::read_file(run + "/config.toml");
   const std::string library = std::string(TRAINER_TEST_PLUGIN_DIR) + "/libtrainer_plugin_marker.so";
@@ -429,8 +435,7 @@ TEST(Cli, AStoredConfigMayNamePluginsButNotPaths) {
 TEST(Cli, AStoredConfigMayNotNameTorchScriptFiles) {
   TempDir tmp;
   const std::string run = tmp / "run";
-  const auto first = run_cli("--recipe " + kRecipe + " --run-dir " + run +
-                             " dataset.limit=128 dataset.eval_limit=64 training.epochs=1 training.max_steps=1");
+  const auto first = one_step_run(run);
   ASSERT_EQ(first.code, 0) << first.text;
   const std::string config = trainer::testing::read_file(run + "/config.toml");
   const std::string marker = tmp / "ran", script = tmp / "model.pt";
@@ -460,6 +465,111 @@ TEST(Cli, AStoredConfigMayNotNameTorchScriptFiles) {
   EXPECT_NE(refused_loss.text.find("task.loss_path names the TorchScript file '" + script + "'"), std::string::npos)
       << refused_loss.text;
   EXPECT_FALSE(std::filesystem::exists(marker));
+}
+
+// A stored config is already resolved: a `defaults` list in it, whose groups would be looked for
+// in and beside the run directory (data), is refused before any group is read, naming the
+// line. Here a planted group loads the marker plugin by path; given as a recipe (the user's),
+// the same files load it.
+TEST(Cli, AStoredConfigMayNotNameGroups) {
+  TempDir tmp;
+  const std::string run = tmp / "run";
+  const auto first = one_step_run(run);
+  ASSERT_EQ(first.code, 0) << first.text;
+  const std::string library = std::string(TRAINER_TEST_PLUGIN_DIR) + "/libtrainer_plugin_marker.so";
+  const std::string marker = tmp / "loaded";
+  const std::string env = "TRAINER_TEST_MARKER=" + marker + " ";
+  for (const std::string& dir : {run + "/configs", tmp / "configs"}) {
+    write_file(dir + "/plugins/x.toml", "load = [\"" + library + "\"]\n");
+  }
+  write_file(run + "/config.toml", "defaults = [\"plugins/x\"]\n" + trainer::testing::read_file(run + "/config.toml"));
+
+  const auto refused = run_cli("--resume " + run + " training.max_steps=2", env);
+  EXPECT_EQ(refused.code, 2) << refused.text;
+  EXPECT_NE(refused.text.find(run + "/config.toml:1: defaults names config groups; a stored config is already "
+                                    "resolved"),
+            std::string::npos)
+      << refused.text;
+  EXPECT_NE(refused.text.find("trainer --recipe FILE --resume RUN_DIR"), std::string::npos) << refused.text;
+  EXPECT_FALSE(std::filesystem::exists(marker));
+  // --print-config reads it the same way.
+  EXPECT_EQ(run_cli("--resume " + run + " --print-config", env).code, 2);
+  EXPECT_FALSE(std::filesystem::exists(marker));
+  // The plant works: as a recipe, its group is found beside it and loads the library.
+  run_cli("--recipe " + run + "/config.toml --resume " + run + " training.max_steps=2", env);
+  EXPECT_TRUE(std::filesystem::exists(marker));
+}
+
+// What a stored config resolves to is checked again before anything is loaded: a preset named
+// on the command line is not looked for beside the run directory, and a TorchScript model
+// that one found elsewhere sets is refused, naming the preset's line, unless an override gives
+// the key. Here the model is a hostile archive whose code creates a marker file.
+TEST(Cli, AStoredConfigsPresetsMayNotNameCodeEither) {
+  TempDir tmp;
+  const std::string run = tmp / "run";
+  const auto first = one_step_run(run);
+  ASSERT_EQ(first.code, 0) << first.text;
+  const std::string marker = tmp / "ran", script = tmp / "model.pt";
+  write_file(script, trainer::testing::hostile_archive(marker));
+  const std::string preset = "[model]\nname = \"torchscript\"\npath = \"" + script + "\"\n";
+  // The stored model's keys left to the preset.
+  const std::string config = trainer::testing::read_file(run + "/config.toml");
+  const std::regex model("\\[model\\]\n(?:[^\\[\\n][^\\n]*\\n)*");
+  ASSERT_TRUE(std::regex_search(config, model)) << config;
+  write_file(run + "/config.toml", std::regex_replace(config, model, "[model]\n"));
+
+  // Planted in and beside the run directory: not found.
+  for (const std::string& dir : {run + "/configs", tmp / "configs"}) write_file(dir + "/evil.toml", preset);
+  const auto beside = run_cli("--resume " + run + " evil training.max_steps=2");
+  EXPECT_EQ(beside.code, 2) << beside.text;
+  EXPECT_NE(beside.text.find("config group 'evil' not found"), std::string::npos) << beside.text;
+  EXPECT_FALSE(std::filesystem::exists(marker));
+
+  // Found on TRAINER_CONFIG_PATH: refused, naming the preset's line, the key and the file.
+  write_file(tmp / "presets/evil.toml", preset);
+  const std::string env = "TRAINER_CONFIG_PATH=" + (tmp / "presets") + " ";
+  const auto refused = run_cli("--resume " + run + " evil training.max_steps=2", env);
+  EXPECT_EQ(refused.code, 2) << refused.text;
+  EXPECT_NE(refused.text.find((tmp / "presets/evil.toml") + ":3: model.path names the TorchScript file '" + script +
+                              "'; a stored config may not name code to run"),
+            std::string::npos)
+      << refused.text;
+  EXPECT_FALSE(std::filesystem::exists(marker));
+  // Given by an override, the file is the user's: loaded, and its code runs.
+  const auto given = run_cli("--resume " + run + " evil training.max_steps=2 model.path=" + script, env);
+  EXPECT_TRUE(std::filesystem::exists(marker)) << given.text;
+}
+
+// A run writes no secret down: config.toml holds the name of a key it left out as a secret,
+// never its value, and a resume from it that does not give the key again warns that it goes
+// on without it and how to give it.
+TEST(Cli, AResumeNamesTheSecretsItsStoredConfigLeftOut) {
+  TempDir tmp;
+  const std::string run = tmp / "run";
+  const std::string secret = " '+plugins.ema.hf_token=\"hf-hunter2\"'";
+  const auto first = one_step_run(run, secret);
+  ASSERT_EQ(first.code, 0) << first.text;
+  const auto stored = [&] { return trainer::testing::read_file(run + "/config.toml"); };
+  EXPECT_EQ(stored().find("hunter2"), std::string::npos) << stored();
+  EXPECT_NE(stored().find("# plugins.ema.hf_token: left out (a secret); give it again on the command line: "
+                          "plugins.ema.hf_token=VALUE\n"),
+            std::string::npos)
+      << stored();
+  const std::string warning = run + "/config.toml: plugins.ema.hf_token was left out of it (a secret";
+
+  // Given again: nothing to say, and the config it rewrites names it again.
+  const auto given = run_cli("--resume " + run + " training.max_steps=2 'plugins.ema.hf_token=\"hf-hunter2\"'");
+  ASSERT_EQ(given.code, 0) << given.text;
+  EXPECT_EQ(given.text.find(warning), std::string::npos) << given.text;
+  EXPECT_EQ(stored().find("hunter2"), std::string::npos) << stored();
+  EXPECT_NE(stored().find("# plugins.ema.hf_token: left out (a secret)"), std::string::npos) << stored();
+
+  const auto without = run_cli("--resume " + run + " training.max_steps=3");
+  ASSERT_EQ(without.code, 0) << without.text;
+  EXPECT_NE(without.text.find(warning), std::string::npos) << without.text;
+  EXPECT_NE(without.text.find("give it again on the command line: plugins.ema.hf_token=VALUE"), std::string::npos)
+      << without.text;
+  EXPECT_NE(trainer::testing::read_file(run + "/trainer.log").find(warning), std::string::npos);
 }
 
 // A start that fails before training leaves no run directory of its own naming behind.

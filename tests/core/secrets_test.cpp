@@ -75,6 +75,39 @@ tokenizer = "data/tok.json"
   EXPECT_EQ(written.to_toml().find("pw"), std::string::npos) << written.to_toml();
 }
 
+// config.toml names each key it left out, in a comment (a TOML reader skips it), never its
+// value; a resume reads the names back, and only names of that form: the file is data.
+TEST(Secrets, AConfigTomlNamesTheSecretsItLeftOut) {
+  const trainer::Config cfg = trainer::Config::parse(R"(
+[plugins.other]
+api_token = "t0k"
+"odd\nkey_password" = "pw"
+name = "x"
+)");
+  const std::string text = trainer::run_config_toml(cfg);
+  EXPECT_EQ(text.find("t0k"), std::string::npos) << text;
+  EXPECT_EQ(text.find("pw"), std::string::npos) << text;
+  EXPECT_EQ(text.rfind("# plugins.other.api_token: left out (a secret); give it again on the command line: "
+                       "plugins.other.api_token=VALUE\n",
+                       0),
+            0u)
+      << text;
+  EXPECT_EQ(text.find("odd"), std::string::npos) << text;  // a name with a line break is not written
+  const trainer::Config back = trainer::Config::parse(text);
+  EXPECT_EQ(back.get<std::string>("plugins.other.name"), "x");
+  EXPECT_FALSE(back.has("plugins.other.api_token"));
+  EXPECT_EQ(trainer::secrets_left_out(text), std::vector<std::string>{"plugins.other.api_token"});
+  // Lines of another form, keys not named like a secret or not plain names: none.
+  EXPECT_EQ(trainer::secrets_left_out("#plugins.x.token: left out (a secret)\n"
+                                      "# training.lr: left out (a secret)\n"
+                                      "# a b.token: left out (a secret)\n"
+                                      "x = 1 # y.token: left out (a secret)\n"
+                                      "# y.token: left out\n"),
+            std::vector<std::string>{});
+  EXPECT_EQ(trainer::secrets_left_out("# y.token: left out (a secret)\r\n# y.token: left out (a secret)"),
+            std::vector<std::string>{"y.token"});
+}
+
 TEST(Secrets, StatusJsonAndTheLogCutAUrisUserinfo) {
   trainer::RunStatusRecord s;
   s.message = "plugins.mlflow: cannot reach http://ana:pw@127.0.0.1:9";

@@ -1,10 +1,11 @@
 // Credentials in a run's config reach only the server they are for. A tracking URI with
 // "user:password@" authenticates the run to its server (basic authentication, as given), and
-// neither the password nor a key named like a secret is in any file of the run directory
+// neither the password nor the value of a key named like a secret is in any file of the run directory
 // (config.toml, checkpoints, status.json, trainer.log, the MLflow journal and the plugin's state,
 // TensorBoard's event files), nor in what the server gets besides the Authorization header.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -17,6 +18,7 @@
 namespace {
 
 using trainer::testing::read_file;
+using trainer::testing::run_command;
 using trainer::testing::ScriptedServer;
 using trainer::testing::TrainerTest;
 namespace fs = std::filesystem;
@@ -89,9 +91,65 @@ TEST_F(MlflowCredentials, AUrisPasswordAndASecretKeyReachTheServerAndNoFileOfThe
   // What they are written as: the URI without its userinfo, the secret's key left out.
   const std::string config = read_file(dir / "config.toml");
   EXPECT_NE(config.find("tracking_uri = \"http://127.0.0.1:" + port + "\""), npos) << config;
-  EXPECT_EQ(config.find("hf_token"), npos) << config;
+  EXPECT_EQ(config.find("hf_token ="), npos) << config;
+  // Its name only, in a comment, for a resume to say what it runs without.
+  EXPECT_NE(config.find("# plugins.ema.hf_token: left out (a secret)"), npos) << config;
   EXPECT_NE(read_file(dir / "mlflow" / "journal.jsonl").find("\"tracking_uri\":\"http://127.0.0.1:" + port + "\""),
             npos);
+}
+
+/// `trainer mlflow sync RUN_DIR` with MLFLOW_TRACKING_URI set to `uri` (and no other MLflow
+/// credentials from the caller's environment): its exit code and what it printed.
+trainer::testing::CommandOutput sync_with_env_uri(const std::string& uri, const fs::path& run_dir) {
+  return run_command(
+      "env -u MLFLOW_TRACKING_TOKEN -u MLFLOW_TRACKING_USERNAME -u MLFLOW_TRACKING_PASSWORD "
+      "MLFLOW_TRACKING_URI='" +
+      uri + "' " + TRAINER_CLI + " mlflow sync " + run_dir.string());
+}
+
+// The journal keeps the run's tracking URI without its credentials; the user gives them again
+// as docs/metrics.md says, in MLFLOW_TRACKING_URI. Sync takes that for the journal's server,
+// sends there with those credentials, and prints them nowhere, nor when it refuses a URI.
+TEST_F(MlflowCredentials, SyncWithTheCredentialsInMlflowTrackingUriSendsTheJournalAndPrintsThemNowhere) {
+  std::atomic<bool> away{true};  // the server answers 503 during the run: its records stay in the journal
+  ScriptedServer server([&away](const std::string& request) -> ScriptedServer::Answer {
+    if (away) return {503, R"({"error_code": "TEMPORARILY_UNAVAILABLE"})"};
+    return mlflow_answer(request);
+  });
+  const std::string port = std::to_string(server.port());
+  const std::string with_credentials = "http://ana:pw-hunter2@127.0.0.1:" + port;
+  const trainer::RunResult r =
+      fit(kRun, {"+plugins.mlflow.tracking_uri=\"" + with_credentials + "\"", "+plugins.mlflow.shutdown_timeout_s=0"},
+          "run");
+  ASSERT_EQ(r.exit_code, 0) << r.message;
+  const fs::path dir = tmp_ / "run";
+  ASSERT_NE(read_file(dir / "mlflow" / "journal.jsonl").find("\"tracking_uri\":\"http://127.0.0.1:" + port + "\""),
+            npos);
+  away = false;
+  const std::size_t before = server.requests.size();
+  // Another server's URI: which did the user mean? Refused, naming both without credentials.
+  const auto other = sync_with_env_uri("http://ana:pw-hunter2@127.0.0.1:9", dir);
+  EXPECT_EQ(other.code, 2) << other.text;
+  EXPECT_NE(other.text.find("MLFLOW_TRACKING_URI is http://127.0.0.1:9:"), npos) << other.text;
+  EXPECT_EQ(other.text.find("hunter2"), npos) << other.text;
+  EXPECT_EQ(server.requests.size(), before);
+  // The journal's server, with credentials: sent there with them.
+  const auto sync = sync_with_env_uri(with_credentials, dir);
+  EXPECT_EQ(sync.code, 0) << sync.text;
+  EXPECT_NE(sync.text.find("to http://127.0.0.1:" + port), npos) << sync.text;
+  EXPECT_EQ(sync.text.find("hunter2"), npos) << sync.text;
+  ASSERT_GT(server.requests.size(), before);
+  bool created = false, ended = false;
+  for (std::size_t i = before; i < server.requests.size(); ++i) {
+    const std::string& req = server.requests[i];
+    EXPECT_NE(req.find("Authorization: Basic YW5hOnB3LWh1bnRlcjI="), npos) << req;  // ana:pw-hunter2
+    EXPECT_EQ(req.find("hunter2"), npos) << req;
+    created = created || req.find("runs/create") != npos;
+    ended = ended || (req.find("runs/update") != npos && req.find("FINISHED") != npos);
+  }
+  EXPECT_TRUE(created);
+  EXPECT_TRUE(ended);
+  EXPECT_EQ(files_holding(dir, "hunter2"), std::vector<std::string>{});
 }
 
 }  // namespace

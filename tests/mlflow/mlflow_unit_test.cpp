@@ -9,8 +9,11 @@
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -23,14 +26,17 @@
 #include "mlflow_client.h"
 #include "mlflow_export.h"
 #include "scripted_server.h"
+#include "support/bounded_child.h"
 #include "support/test_util.h"
 #include "trainer/json.h"
 
 namespace {
 
 using nlohmann::json;
+using trainer::testing::BoundedChild;
 using trainer::testing::read_file;
 using trainer::testing::read_lines;
+using trainer::testing::run_bounded;
 using trainer::testing::TempDir;
 using trainer::testing::write_file;
 namespace mlf = trainer::mlflow;
@@ -191,6 +197,31 @@ TEST(MlflowJournal, ASecondWriterIsRefusedNamingTheFirst) {
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("pid " + std::to_string(::getpid())), std::string::npos) << e.what();
   }
+}
+
+/// How many file descriptors this process has open.
+std::size_t open_fds() {
+  std::size_t n = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator("/proc/self/fd")) ++n;
+  return n;
+}
+
+// An exporter whose construction fails after it opened its journal (here: sent.json's entry
+// for the store holds a seq that is not a number, which its sender cannot read) leaves no
+// descriptor open, and its lock free.
+TEST(MlflowJournal, AnExporterThatCannotStartClosesItsJournal) {
+  TempDir tmp;
+  const std::string store = "file:" + (tmp / "mlruns");
+  const json sent{{"destinations", {{mlf::canonical_uri(store), {{"seq", "not a number"}}}}}};
+  write_file((mlf::journal_dir(tmp.str()) / "sent.json").string(), sent.dump());
+  mlf::ExportOptions o;
+  o.background = false;
+  auto backend = mlf::open_backend(store);
+  const std::size_t before = open_fds();
+  EXPECT_ANY_THROW(mlf::Exporter(std::move(backend), tmp.str(), o, nullptr));
+  EXPECT_EQ(open_fds(), before);
+  EXPECT_TRUE(fs::exists(mlf::journal_dir(tmp.str()) / "journal.jsonl"));  // it got as far as opening it
+  mlf::JournalLock free_again(mlf::journal_dir(tmp.str()));
 }
 
 // The journal's folder is the run directory's (untrusted): a link planted at its lock or its
@@ -612,6 +643,37 @@ TEST_F(UntrustedJournal, ARunThatSentJsonNamesAndTheDestinationLacksStopsSyncNam
   for (const auto& f : files_under(tmp_ / "mlruns")) EXPECT_EQ(f.find("/metrics/"), std::string::npos) << f;
 }
 
+// sent.json came with the run directory: one whose entry holds what trainer never writes (a
+// seq that is text, a negative offset, an entry that is not an object, a FIFO) stops sync with
+// exit code 2 naming the file, the entry's key and the value; nothing is sent.
+TEST_F(UntrustedJournal, ASentJsonThatTrainerCouldNotHaveWrittenIsRefusedNamingIt) {
+  write_journal(run_, {start_record(store_), end_record()});
+  const std::string key = mlf::canonical_uri(store_);
+  const fs::path sent = mlf::journal_dir(run_) / "sent.json";
+  const std::vector<std::pair<json, std::string>> cases = {
+      {json{{"destinations", {{key, {{"seq", "one"}}}}}}, "has seq = \"one\", not a whole number"},
+      {json{{"destinations", {{key, {{"seq", 1}, {"offset", -5}}}}}}, "has seq 1 and offset -5; both are 0 or more"},
+      {json{{"destinations", {{key, json::array({1, 2})}}}}, "is [1,2], not an object"},
+      {json{{"destinations", json::array({key})}}, "\"destinations\" is [\"" + key + "\"], not an object"},
+      {json{{"destinations", {{key, {{"run_id", 7}}}}}}, "has run_id = 7, not a string"},
+  };
+  const auto store_before = files_under(tmp_ / "mlruns");
+  for (const auto& [content, says] : cases) {
+    SCOPED_TRACE(says);
+    write_file(sent.string(), content.dump());
+    const SyncResult r = sync(run_);
+    EXPECT_EQ(r.code, 2) << r.out << r.err;
+    EXPECT_NE(r.err.find(sent.string()), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(says), std::string::npos) << r.err;
+    EXPECT_EQ(files_under(tmp_ / "mlruns"), store_before) << "sync sent something";
+  }
+  fs::remove(sent);
+  ASSERT_EQ(::mkfifo(sent.c_str(), 0600), 0);
+  const SyncResult r = sync(run_);
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find(sent.string() + " is not a regular file"), std::string::npos) << r.err;
+}
+
 TEST_F(UntrustedJournal, ArtifactsGoWhereTheDestinationSaysNotWhereSentJsonSays) {
   ScriptedServer server({{200,
                           "{\"run\":{\"info\":{\"run_id\":\"r9\",\"experiment_id\":\"3\",\"artifact_uri\":"
@@ -838,6 +900,77 @@ TEST_F(UntrustedJournal, CredentialsGoToTheServerTheUserNamed) {
   EXPECT_EQ(r.code, 0) << r.out << r.err;
   ASSERT_EQ(server.requests.size(), 4u);
   for (const auto& req : server.requests) EXPECT_NE(req.find("Authorization: Bearer secret-token"), std::string::npos);
+}
+
+// The plugin journals its tracking URI without the credentials in it; the user gives them
+// again as docs/metrics.md says, in MLFLOW_TRACKING_URI's userinfo. That is the journal's
+// server: the records go there with those credentials, and nothing sync prints holds them.
+TEST_F(UntrustedJournal, CredentialsInMlflowTrackingUriGoToTheServerTheJournalNamesWithoutThem) {
+  ScriptedServer server({{200, "{\"experiment\":{\"experiment_id\":\"3\",\"lifecycle_stage\":\"active\"}}"},
+                         {200, "{}"},  // runs/search
+                         {200, "{\"run\":{\"info\":{\"run_id\":\"r9\",\"experiment_id\":\"3\"}}}"},
+                         {200, "{}"}});  // runs/update
+  write_journal(run_, {start_record(server.uri()), end_record()});
+  EnvVar user_uri("MLFLOW_TRACKING_URI", "http://ana:pw-hunter2@127.0.0.1:" + std::to_string(server.port()));
+  const SyncResult r = sync(run_);
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  ASSERT_EQ(server.requests.size(), 4u);
+  for (const auto& req : server.requests) {
+    EXPECT_NE(req.find("Authorization: Basic YW5hOnB3LWh1bnRlcjI="), std::string::npos) << req;  // ana:pw-hunter2
+    EXPECT_EQ(req.find("hunter2"), std::string::npos) << req;
+  }
+  EXPECT_EQ((r.out + r.err).find("hunter2"), std::string::npos) << r.out << r.err;
+  EXPECT_NE(r.out.find("to " + server.uri()), std::string::npos) << r.out;
+  // Acknowledged under the URI without them: a later sync finds it.
+  EXPECT_EQ(mlf::read_progress(mlf::journal_dir(run_), server.uri()).seq, 2);
+  EXPECT_EQ(read_file((mlf::journal_dir(run_) / "sent.json").string()).find("hunter2"), std::string::npos);
+}
+
+// A continue record sent.json says the destination has is not checked again, whether or not
+// the URI the user gives holds credentials.
+TEST_F(UntrustedJournal, AnAcknowledgedContinueIsPassedWhenTheUsersUriHoldsCredentials) {
+  ScriptedServer server({{200, "{\"run\":{\"info\":{\"run_id\":\"r9\",\"experiment_id\":\"3\"}}}"},  // runs/get
+                         {200, "{}"},                                                                // log-batch
+                         {200, "{}"}});                                                              // runs/update
+  const std::string other = previous_run("other", "before");
+  write_journal(run_, {continue_record(server.uri(), other),
+                       {{"op", "batch"}, {"metrics", json::array({json::array({"after", 2.0, 2000, 2})})}},
+                       end_record()});
+  write_sent(run_, server.uri(), 1, "r9", "mlflow-artifacts:/3/r9/artifacts");
+  const SyncResult r = sync(run_, "http://ana:pw-hunter2@127.0.0.1:" + std::to_string(server.port()));
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  ASSERT_EQ(server.requests.size(), 3u);
+  for (const auto& req : server.requests) {
+    EXPECT_NE(req.find("Authorization: Basic YW5hOnB3LWh1bnRlcjI="), std::string::npos) << req;
+  }
+  EXPECT_EQ((r.out + r.err).find("hunter2"), std::string::npos) << r.out << r.err;
+  EXPECT_EQ(mlf::read_progress(mlf::journal_dir(run_), server.uri()).seq, 3);
+}
+
+// Whatever sync refuses, it names tracking URIs without their userinfo: the user's, and the
+// journal's (an older trainer journaled it whole).
+TEST_F(UntrustedJournal, SyncNamesNoCredentialsWhenItRefusesATrackingUri) {
+  const std::string journal_uri = "http://bob:journal-secret@127.0.0.1:9";
+  write_journal(run_, {start_record(journal_uri), end_record()});
+  {
+    // Another server than the journal's: which did they mean?
+    EnvVar user_uri("MLFLOW_TRACKING_URI", std::string("http://ana:pw-hunter2@127.0.0.1:8"));
+    const SyncResult r = sync(run_);
+    EXPECT_EQ(r.code, 2) << r.out << r.err;
+    EXPECT_NE(r.err.find("names the tracking URI http://127.0.0.1:9 "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("MLFLOW_TRACKING_URI is http://127.0.0.1:8:"), std::string::npos) << r.err;
+    for (const char* secret : {"hunter2", "journal-secret", "ana:", "bob:"}) {
+      EXPECT_EQ((r.out + r.err).find(secret), std::string::npos) << secret << ": " << r.err;
+    }
+  }
+  {
+    // The journal's URI alone, with a token set: refused, naming the URI without its userinfo.
+    EnvVar token("MLFLOW_TRACKING_TOKEN", std::string("secret-token"));
+    const SyncResult r = sync(run_);
+    EXPECT_EQ(r.code, 2) << r.out << r.err;
+    EXPECT_NE(r.err.find("--tracking-uri http://127.0.0.1:9 "), std::string::npos) << r.err;
+    EXPECT_EQ((r.out + r.err).find("journal-secret"), std::string::npos) << r.err;
+  }
 }
 
 // ---- a refused run: nothing after it is marked as delivered -------------------------------
@@ -1109,6 +1242,65 @@ TEST_F(FileStoreRoot, ASymlinkOutOfTheStoreIsNotFollowed) {
   fs::remove_all(run_dir() / "metrics");
   fs::create_directory_symlink(outside_, run_dir() / "metrics");
   EXPECT_THROW(store_->log_batch(run_.run_id, {{"n", 1.0, 1, 1}}, {}, {}), mlf::RejectedError);
+  expect_outside_untouched();
+}
+
+// A FIFO planted as a metric file in a shared store would block an open for writing until a
+// reader came: it is refused at once, naming it. (Run in a child with a time limit, so that an
+// open that waits fails the test instead of hanging it.)
+TEST_F(FileStoreRoot, AFifoPlantedAsAMetricFileIsRefusedNamingItNotWaitedOn) {
+  const std::string fifo = (run_dir() / "metrics" / "m").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  const BoundedChild c = run_bounded(
+      [&] {
+        try {
+          store_->log_batch(run_.run_id, {{"m", 1.0, 1, 1}}, {}, {});
+          return std::string("the metric was written into the FIFO");
+        } catch (const mlf::RejectedError& e) {
+          const std::string m = e.what();
+          return m.find(fifo + " is a FIFO") != std::string::npos ? std::string() : "refused as: " + m;
+        }
+      },
+      30);
+  EXPECT_EQ(c.code, 0) << (c.code == 128 + SIGALRM ? "the open waited on the FIFO (killed by the time limit)" : c.text);
+  EXPECT_EQ(c.text, "");
+  // The run's other metrics are still written.
+  store_->log_batch(run_.run_id, {{"n", 2.0, 1, 1}}, {}, {});
+  EXPECT_EQ(read_file((run_dir() / "metrics/n").string()), "1 2 1\n");
+}
+
+// An artifact is copied into a temporary created new: a link at the temporary's name (to
+// another file of the store, which the store's own check lets pass) is replaced, never
+// written through, and so is one planted again between its removal and the copy.
+TEST_F(FileStoreRoot, ALinkAtAnArtifactsTemporaryIsNeverWrittenThrough) {
+  store_->log_batch(run_.run_id, {}, {{"victim", "keep"}}, {});
+  const fs::path victim = run_dir() / "params" / "victim";
+  const fs::path tmp = run_dir() / "artifacts" / "x.txt.tmp";
+  fs::create_symlink(victim, tmp);
+  store_->log_artifact(run_, tmp_ / "artifact.txt", "x.txt");
+  EXPECT_EQ(read_file((run_dir() / "artifacts" / "x.txt").string()), "data\n");
+  EXPECT_FALSE(fs::exists(fs::symlink_status(tmp)));
+  EXPECT_EQ(read_file(victim.string()), "keep");
+  // Another process plants the link again and again while artifacts are logged: each copy is
+  // written whole, or refused; none goes through the link.
+  std::atomic<bool> stop{false};
+  std::thread planter([&] {
+    while (!stop) ::symlink(victim.c_str(), tmp.c_str());
+  });
+  int written = 0, refused = 0;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  for (int i = 0; i < 3000 && std::chrono::steady_clock::now() < until && read_file(victim.string()) == "keep"; ++i) {
+    try {
+      store_->log_artifact(run_, tmp_ / "artifact.txt", "x.txt");
+      ++written;
+    } catch (const mlf::RejectedError&) {
+      ++refused;
+    }
+  }
+  stop = true;
+  planter.join();
+  EXPECT_EQ(read_file(victim.string()), "keep") << written << " written, " << refused << " refused";
+  EXPECT_EQ(read_file((run_dir() / "artifacts" / "x.txt").string()), "data\n");
   expect_outside_untouched();
 }
 

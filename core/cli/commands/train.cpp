@@ -14,8 +14,9 @@ namespace {
 
 /// `--resume PATH` without `--recipe`: the config.toml of the run directory PATH belongs to (the
 /// run's resolved config, with every default filled in). A group override (`model=cnn`) would
-/// be merged under it and change nothing: refused. So is a plugin path or TorchScript file it
-/// names that the command line does not (refuse_stored_code_paths).
+/// be merged under it and change nothing: refused. prepare_run (RecipeKind::StoredConfig) then
+/// refuses a plugin path or TorchScript file it names that the command line does not, and
+/// notes the secrets it left out.
 std::string stored_config(const Invocation& in) {
   const std::string resume = in.vm["resume"].as<std::string>();
   std::error_code ec;
@@ -40,7 +41,6 @@ std::string stored_config(const Invocation& in) {
                     ", which holds every key already; a group cannot be swapped under it. Set its keys ", "instead (",
                     o.key, ".<key>=value), or give the recipe: trainer --recipe FILE --resume ", resume, " ", arg);
   }
-  refuse_stored_code_paths(config, in.args, in.plugin_dirs);
   return config;
 }
 
@@ -71,8 +71,9 @@ Command train_command() {
     }
     TRAINER_CHECK_T(UsageError, in.vm.count("recipe") || in.vm.count("resume"),
                     "--recipe (or --resume RUN_DIR) is required (trainer --help lists the commands)");
-    const PreparedRun prepared = prepare_run(
-        in.vm.count("recipe") ? in.vm["recipe"].as<std::string>() : stored_config(in), in.args, in.plugin_dirs);
+    const PreparedRun prepared =
+        in.vm.count("recipe") ? prepare_run(in.vm["recipe"].as<std::string>(), in.args, in.plugin_dirs)
+                              : prepare_run(stored_config(in), in.args, in.plugin_dirs, RecipeKind::StoredConfig);
     if (in.vm.count("print-config")) {
       std::cout << "# resolved from: ";
       for (std::size_t i = 0; i < prepared.sources.size(); ++i) std::cout << (i ? ", " : "") << prepared.sources[i];

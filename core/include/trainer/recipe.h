@@ -74,11 +74,28 @@ struct PreparedRun {
   std::vector<std::string> notes;
 };
 
+/// What prepare_run's `recipe` file is.
+enum class RecipeKind {
+  Recipe,  ///< a recipe the user gave (`--recipe FILE`): its groups, paths and code are the user's
+  /// The config.toml a run directory stored (`--resume RUN_DIR` without `--recipe`): data, which
+  /// whoever could write the directory may have changed. It is already resolved, so it names no
+  /// groups (`defaults` is refused) and groups (presets on the command line) are not searched
+  /// beside it; the code it and its presets name is refused unless the command line gives it
+  /// (refuse_stored_code_paths); the keys it left out as secrets (run_config_toml) become notes.
+  StoredConfig,
+};
+
 /// Loads `recipe` with `overrides`, loads the plugins it names (searching `plugin_dirs`,
 /// then the recipe's plugins.path, $TRAINER_PLUGIN_PATH and the default directories) and
-/// validates everything. Throws ConfigError or PluginError (exit code 2).
+/// validates everything. A RecipeKind::StoredConfig is checked first, and its resolved config
+/// again before any plugin is loaded: a path to load code from, in the stored file or in a
+/// preset the command line names, is refused naming the file and line it came from; and each
+/// key it left out as a secret that neither an override nor a preset gives again is a note
+/// (the run goes on without it; how to give it again: `key=VALUE`), which a run logs as a
+/// warning. Throws ConfigError or PluginError (exit code 2).
 TRAINER_API PreparedRun prepare_run(const std::string& recipe, const std::vector<std::string>& overrides,
-                                    const std::vector<std::string>& plugin_dirs = {});
+                                    const std::vector<std::string>& plugin_dirs = {},
+                                    RecipeKind kind = RecipeKind::Recipe);
 
 /// For `--resume RUN_DIR` without `--recipe`, which runs with the config the run directory
 /// stored (`stored_config`): that file is data, which whoever could write the directory may have
@@ -90,8 +107,11 @@ TRAINER_API PreparedRun prepare_run(const std::string& recipe, const std::vector
 /// override that replaces the key (`'plugins.load=["/x/libtrainer_plugin_y.so"]'`,
 /// `'plugins.path=["/x"]'`) or, for a directory, `--plugin-dir` (`plugin_dirs`). Likewise the
 /// TorchScript files of `model.path` (model "torchscript") and `task.loss_path` are refused
-/// unless an override gives the key. Throws ConfigError (exit 2) naming the file and line, the
-/// key and each path, and how to give it.
+/// unless an override gives the key. A `defaults = [...]` in it is refused too: trainer writes
+/// config.toml resolved, with no groups, and a group file would be found beside the stored
+/// file, in the directory that is data (groups go with `--recipe`). Throws ConfigError (exit 2)
+/// naming the file and line, the key and each path, and how to give it. prepare_run with
+/// RecipeKind::StoredConfig calls it, and checks the resolved config the same way.
 TRAINER_API void refuse_stored_code_paths(const std::string& stored_config, const std::vector<std::string>& overrides,
                                           const std::vector<std::string>& plugin_dirs);
 

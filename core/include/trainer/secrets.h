@@ -10,6 +10,7 @@
 #include <cctype>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "trainer/config.h"
 #include "trainer/export.h"
@@ -83,5 +84,17 @@ inline std::string redacted_override(std::string_view text) {
 /// `cfg` as a run writes it anywhere: keys named like a secret (is_secret_key) left out, and
 /// userinfo cut from every string (without_userinfo). A deep copy: `cfg` is unchanged.
 TRAINER_API Config redacted(const Config& cfg);
+
+/// A run directory's config.toml, as the run writes it: redacted(cfg) as TOML, opened by one
+/// comment line for each key left out as a secret,
+///   # plugins.mlflow.api_key: left out (a secret); give it again on the command line: plugins.mlflow.api_key=VALUE
+/// so that a resume from it (`--resume RUN_DIR`) says what it runs without (secrets_left_out).
+/// Never a `defaults` key: the config is the resolved one, its groups merged.
+TRAINER_API std::string run_config_toml(const Config& cfg);
+
+/// The keys a config.toml's comment lines (run_config_toml) say were left out as secrets, in
+/// order, each once. Only lines of that form count, and only keys that are dotted names
+/// (letters, digits, '_', '-') named like a secret: the file is data, and the names are shown.
+TRAINER_API std::vector<std::string> secrets_left_out(std::string_view config_toml);
 
 }  // namespace trainer

@@ -5,9 +5,11 @@
 #include <cctype>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <regex>
 #include <set>
+#include <sstream>
 
 #include "config/override_values.h"
 #include "trainer/data.h"
@@ -31,11 +33,14 @@ bool valid_key(const std::string& key) {
 }
 
 std::vector<std::string> config_search_dirs(const std::string& recipe_path,
-                                            const std::vector<std::string>& explicit_dirs) {
+                                            const std::vector<std::string>& explicit_dirs, RecipeKind kind) {
   std::vector<std::string> dirs = explicit_dirs;
-  const fs::path recipe_dir = fs::absolute(recipe_path).parent_path();
-  dirs.push_back((recipe_dir.parent_path() / "configs").lexically_normal().string());
-  dirs.push_back((recipe_dir / "configs").lexically_normal().string());
+  // A run directory is data: no group is looked for beside the config.toml it stored.
+  if (kind == RecipeKind::Recipe) {
+    const fs::path recipe_dir = fs::absolute(recipe_path).parent_path();
+    dirs.push_back((recipe_dir.parent_path() / "configs").lexically_normal().string());
+    dirs.push_back((recipe_dir / "configs").lexically_normal().string());
+  }
   if (const char* env = std::getenv("TRAINER_CONFIG_PATH")) {
     std::string s = env, cur;
     for (char c : s + ":") {
@@ -114,6 +119,18 @@ bool is_group_dir(const std::string& name, const std::vector<std::string>& dirs)
   return false;
 }
 
+/// A stored config's `defaults`, refused: what trainer writes is resolved, its groups merged,
+/// and the group files would be looked for in and beside the run directory, which is data.
+std::string stored_defaults_problem(const Config& stored) {
+  return fmt::format(
+      "{}: defaults names config groups; a stored config is already resolved (a run writes every key of its groups "
+      "and no defaults), so it may not name any. Give groups with the recipe: trainer --recipe FILE --resume RUN_DIR",
+      stored.origin("defaults"));
+}
+
+LoadedRecipe load_recipe_as(const std::string& recipe_path, const std::vector<std::string>& overrides,
+                            const std::vector<std::string>& config_dirs, RecipeKind kind);
+
 }  // namespace
 
 Override parse_override(const std::string& typed) {
@@ -150,6 +167,13 @@ Override parse_override(const std::string& typed) {
 
 LoadedRecipe load_recipe(const std::string& recipe_path, const std::vector<std::string>& overrides,
                          const std::vector<std::string>& config_dirs) {
+  return load_recipe_as(recipe_path, overrides, config_dirs, RecipeKind::Recipe);
+}
+
+namespace {
+
+LoadedRecipe load_recipe_as(const std::string& recipe_path, const std::vector<std::string>& overrides,
+                            const std::vector<std::string>& config_dirs, RecipeKind kind) {
   std::vector<std::string> problems;
   LoadedRecipe out;
 
@@ -163,11 +187,14 @@ LoadedRecipe load_recipe(const std::string& recipe_path, const std::vector<std::
   }
 
   Config recipe = Config::parse_file(recipe_path);  // unreadable recipe: nothing else to say
-  const auto dirs = config_search_dirs(recipe_path, config_dirs);
+  const auto dirs = config_search_dirs(recipe_path, config_dirs, kind);
 
   // defaults = [...] with group selections and presets from the command line applied.
   std::vector<std::string> defaults;
-  if (recipe.has("defaults")) {
+  if (kind == RecipeKind::StoredConfig && recipe.has("defaults")) {
+    // refuse_stored_code_paths refused it already, in what it read: the file may have changed since.
+    problems.push_back(stored_defaults_problem(recipe));
+  } else if (recipe.has("defaults")) {
     try {
       defaults = recipe.get<std::vector<std::string>>("defaults");
     } catch (const ConfigError& e) {
@@ -300,6 +327,8 @@ LoadedRecipe load_recipe(const std::string& recipe_path, const std::vector<std::
   return out;
 }
 
+}  // namespace
+
 void validate_recipe(LoadedRecipe& recipe, const std::vector<SectionSpec>& extra) {
   Config& cfg = recipe.config;
   auto sections = core_config_sections(cfg);
@@ -426,53 +455,101 @@ std::optional<std::string> stored_script(const Config& stored, const std::string
   return std::nullopt;
 }
 
-}  // namespace
+/// What the user's command line gives: the keys its overrides set (`key=value`, `+key=value`:
+/// their stored values are not used) and the paths it names to load plugins from (each
+/// --plugin-dir, the entries of its plugins.load and plugins.path overrides), normalized.
+struct CommandLine {
+  std::set<std::string> keys, paths;
+};
 
-void refuse_stored_code_paths(const std::string& stored_config, const std::vector<std::string>& overrides,
-                              const std::vector<std::string>& plugin_dirs) {
-  // What the user's command line names: its directories, and the keys its overrides replace.
-  std::set<std::string> given, replaced;
-  for (const auto& d : plugin_dirs) given.insert(normal_path(d));
+CommandLine command_line(const std::vector<std::string>& overrides, const std::vector<std::string>& plugin_dirs) {
+  CommandLine out;
+  for (const auto& d : plugin_dirs) out.paths.insert(normal_path(d));
   for (const auto& text : overrides) {
     const Override o = parse_override(text);
-    if (o.kind != Override::Kind::Set) continue;
-    replaced.insert(o.key);
+    if (o.kind != Override::Kind::Set && o.kind != Override::Kind::Add) continue;
+    out.keys.insert(o.key);
     if (o.key != "plugins.load" && o.key != "plugins.path") continue;
     const ConfigValue value = parse_override_value(o.value);
     if (const auto* list = std::get_if<std::vector<std::string>>(&value)) {
-      for (const auto& e : *list) given.insert(normal_path(e));
+      for (const auto& e : *list) out.paths.insert(normal_path(e));
     }
   }
-  const Config stored = Config::parse_file(stored_config);
+  return out;
+}
+
+/// One problem for each path to code that `cfg` names and `user` does not give: library paths
+/// and directories of plugins.load and plugins.path, the TorchScript files of model.path (model
+/// "torchscript") and task.loss_path. Each names where its value came from (the key's origin:
+/// the stored file's line, or a preset's), the key, the path and how to give it.
+std::vector<std::string> code_path_problems(const Config& cfg, const CommandLine& user) {
   std::vector<std::string> problems;
   for (const std::string key : {"plugins.load", "plugins.path"}) {
-    if (replaced.count(key) != 0) continue;  // the stored value is not used
-    for (const auto& path : stored_paths(stored, key)) {
-      if (given.count(normal_path(path)) != 0) continue;
+    if (user.keys.count(key) != 0) continue;  // the command line's value replaced it
+    for (const auto& path : stored_paths(cfg, key)) {
+      if (user.paths.count(normal_path(path)) != 0) continue;
       problems.push_back(fmt::format(
           "{}: {} names the path '{}'; a stored config may name plugins, not paths (a run directory is data, and "
           "loading a library runs its code). If you mean to load it, give it on the command line: {}",
-          stored.origin(key), key, path,
+          cfg.origin(key), key, path,
           key == "plugins.path" ? "--plugin-dir " + path
                                 : "'plugins.load=[\"" + path + "\", ...]' (the list as you want it)"));
     }
   }
   for (const std::string key : {"model.path", "task.loss_path"}) {
-    if (replaced.count(key) != 0) continue;
-    if (const auto path = stored_script(stored, key)) {
+    if (user.keys.count(key) != 0) continue;
+    if (const auto path = stored_script(cfg, key)) {
       problems.push_back(fmt::format(
           "{}: {} names the TorchScript file '{}'; a stored config may not name code to run (a run directory is "
           "data, and loading a TorchScript module runs its code). If you mean to run it, give it on the command "
           "line: {}={}",
-          stored.origin(key), key, *path, key, *path));
+          cfg.origin(key), key, *path, key, *path));
     }
   }
+  return problems;
+}
+
+/// The notes of a resume from `stored_config` for the keys it left out as secrets
+/// (run_config_toml's comments) that nothing gives again (`given`: the keys of the overrides and
+/// of the files merged, presets named on the command line among them): the run goes on without them.
+std::vector<std::string> secrets_notes(const std::string& stored_config, const std::set<std::string>& given) {
+  std::ifstream in(stored_config, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();  // read a moment ago by load_recipe_as; unreadable now: no comments to read
+  std::vector<std::string> notes;
+  for (const auto& key : secrets_left_out(text.str())) {
+    if (given.count(key) != 0) continue;
+    notes.push_back(fmt::format(
+        "{}: {} was left out of it (a secret: a run writes none down), so this run goes on without it (with its "
+        "default, if it has one); to resume with it, give it again on the command line: {}=VALUE",
+        stored_config, key, key));
+  }
+  return notes;
+}
+
+}  // namespace
+
+void refuse_stored_code_paths(const std::string& stored_config, const std::vector<std::string>& overrides,
+                              const std::vector<std::string>& plugin_dirs) {
+  const Config stored = Config::parse_file(stored_config);
+  std::vector<std::string> problems;
+  if (stored.has("defaults")) problems.push_back(stored_defaults_problem(stored));
+  for (auto& p : code_path_problems(stored, command_line(overrides, plugin_dirs))) problems.push_back(std::move(p));
   if (!problems.empty()) throw ConfigError(problems);
 }
 
 PreparedRun prepare_run(const std::string& recipe, const std::vector<std::string>& overrides,
-                        const std::vector<std::string>& plugin_dirs) {
-  LoadedRecipe loaded = load_recipe(recipe, overrides);
+                        const std::vector<std::string>& plugin_dirs, RecipeKind kind) {
+  const bool stored = kind == RecipeKind::StoredConfig;
+  if (stored) refuse_stored_code_paths(recipe, overrides, plugin_dirs);
+  LoadedRecipe loaded = load_recipe_as(recipe, overrides, {}, kind);
+  if (stored) {
+    // Again on what it resolved to, before any library is loaded: presets named on the command
+    // line merge over it, and what they name is checked as the stored file's own keys are (so is
+    // the stored file, read again: it may have changed since it was checked).
+    const auto problems = code_path_problems(loaded.config, command_line(overrides, plugin_dirs));
+    if (!problems.empty()) throw ConfigError(problems);
+  }
   std::vector<std::string> dirs = plugin_dirs;
   std::vector<std::string> names;
   try {
@@ -506,6 +583,13 @@ PreparedRun prepare_run(const std::string& recipe, const std::vector<std::string
   out.sources = loaded.sources;
   for (const auto& path : loaded.inert_sections) {
     out.notes.push_back(fmt::format("[{}] is inert: plugin '{}' is not in plugins.load", path, path.substr(8)));
+  }
+  if (stored) {
+    std::set<std::string> given = loaded.file_keys;
+    for (const auto& o : loaded.overrides) {
+      if (o.kind == Override::Kind::Set || o.kind == Override::Kind::Add) given.insert(o.key);
+    }
+    for (auto& note : secrets_notes(recipe, given)) out.notes.push_back(std::move(note));
   }
   return out;
 }

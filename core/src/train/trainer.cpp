@@ -438,7 +438,7 @@ struct Trainer::Impl {
   /// This run's config.toml and status.json (RUNNING) in its directory; from now on the
   /// status is this run's.
   void claim_run_dir() {
-    if (parts.writer()) write_atomic(dir->path() + "/config.toml", redacted(cfg).to_toml());
+    if (parts.writer()) write_atomic(dir->path() + "/config.toml", run_config_toml(cfg));
     claimed = true;
     RunResult running;
     running.status = RunStatus::Running;

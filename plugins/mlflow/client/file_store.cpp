@@ -1,11 +1,14 @@
 // The file-store backend: MLflow's FileStore layout (mlflow/store/tracking/file_store.py).
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -13,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
+#include <vector>
 
 #include "backends.h"
 #include "trainer/durable_file.h"
@@ -225,13 +229,22 @@ class FileBackend final : public Backend {
     }
     const fs::path dest = inside(run_dir(run.run_id) / "artifacts" / artifact_path);
     fs::create_directories(dest.parent_path());
-    const fs::path tmp = inside(dest.string() + ".tmp");
-    std::error_code ec;
-    fs::remove(tmp, ec);  // a stale one, or a link: never written through
-    ec.clear();
-    fs::copy_file(local_path, tmp, fs::copy_options::overwrite_existing, ec);
-    if (ec) throw RejectedError("cannot copy artifact " + local_path + " to " + dest.string() + ": " + ec.message());
-    fs::rename(tmp, dest);
+    inside(dest.string() + ".tmp");
+    const FileDescriptor source = open_artifact(local_path);
+    std::string tmp;
+    try {
+      // The temporary is created new (O_EXCL|O_NOFOLLOW): a stale one or a link at its name is
+      // removed, and one planted again after that makes the open fail; nothing is written
+      // through it.
+      tmp = write_temporary(dest.string(), [&](std::ostream& out) { copy_out(source.get(), local_path, out); });
+    } catch (const trainer::Error& e) {
+      throw RejectedError("cannot copy artifact " + local_path + " to " + dest.string() + ": " + e.what());
+    }
+    if (::rename(tmp.c_str(), dest.c_str()) != 0) {  // a link at `dest` is replaced, not followed
+      const int err = errno;
+      ::unlink(tmp.c_str());
+      throw RejectedError("cannot rename " + tmp + " to " + dest.string() + ": " + std::strerror(err));
+    }
   }
 
  private:
@@ -253,15 +266,43 @@ class FileBackend final : public Backend {
     if (files_.size() >= 256) close_files();
     inside(f);
     fs::create_directories(f.parent_path());
-    // O_NOFOLLOW: a link put there after the check is not followed either.
-    const int fd = ::open(f.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
-    std::FILE* out = fd < 0 ? nullptr : ::fdopen(fd, "ab");
-    if (!out) {
-      if (fd >= 0) ::close(fd);
-      throw RejectedError("cannot append to " + f.string());
+    // Never through a link (one put there after the check included), and never waiting on a
+    // FIFO planted in a shared store: anything but a regular file is refused, naming it.
+    FileDescriptor fd;
+    try {
+      fd = open_for_append(f.string());
+    } catch (const trainer::Error& e) {
+      throw RejectedError(e.what());
     }
+    std::FILE* out = ::fdopen(fd.get(), "ab");
+    if (!out) throw RejectedError("cannot append to " + f.string() + ": " + std::strerror(errno));
+    fd.release();  // the FILE closes it now
     files_[f.string()] = out;
     return out;
+  }
+
+  /// `path` opened to read an artifact from: a regular file (a FIFO there is refused, not
+  /// waited on).
+  static FileDescriptor open_artifact(const std::string& path) {
+    FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
+    if (fd.get() < 0) throw RejectedError("cannot read artifact " + path + ": " + std::strerror(errno));
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
+      throw RejectedError("artifact file " + path + " is not a regular file");
+    }
+    return fd;
+  }
+
+  /// Copies what `fd` (an artifact's file, `path`) holds to `out`.
+  static void copy_out(int fd, const std::string& path, std::ostream& out) {
+    std::vector<char> buf(1 << 16);
+    for (;;) {
+      const ssize_t n = ::read(fd, buf.data(), buf.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) throw RejectedError("cannot read artifact " + path + ": " + std::strerror(errno));
+      if (n == 0) return;
+      out.write(buf.data(), n);
+    }
   }
   void close_files() {
     for (auto& [path, f] : files_) std::fclose(f);

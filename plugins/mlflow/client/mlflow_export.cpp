@@ -5,6 +5,7 @@
 #include "journal_io.h"
 #include "trainer/durable_file.h"
 #include "trainer/json.h"
+#include "trainer/secrets.h"
 
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
@@ -81,7 +82,7 @@ using detail::kRejected;
 using detail::seq_of;
 
 std::string canonical_uri(const std::string& uri) {
-  if (uri.rfind("file:", 0) != 0) return uri;
+  if (uri.rfind("file:", 0) != 0) return trainer::without_userinfo(uri);
   std::string path = uri.substr(5);
   if (path.rfind("//", 0) == 0) path = path.substr(2);
   return "file://" + fs::absolute(path).lexically_normal().string();
@@ -134,14 +135,14 @@ Exporter::Exporter(std::unique_ptr<Backend> backend, const std::string& run_dir,
     next_seq_ = std::max(next_seq_, seq_of(rec, 0) + 1);
     return true;
   });
-  journal_fd_ = open_for_append((dir_ / kJournal).string()).release();
+  journal_fd_ = open_for_append((dir_ / kJournal).string());  // closed by its holder if what follows throws
   sender_ = std::make_unique<Sender>(*backend_, dir_, log_);
   if (options_.background) thread_ = std::thread([this] { run(); });
 }
 
 Exporter::~Exporter() {
   if (thread_.joinable()) close(0.0);
-  if (journal_fd_ >= 0) ::close(journal_fd_);
+  journal_fd_.reset();
 }
 
 void Exporter::metrics(std::vector<Metric> points) {
@@ -193,10 +194,10 @@ void Exporter::append(json rec) {
   if (!tail_dirty_) {
     rec["seq"] = next_seq_;
     const std::string line = rec.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
-    const off_t before = ::lseek(journal_fd_, 0, SEEK_END);
+    const off_t before = ::lseek(journal_fd_.get(), 0, SEEK_END);
     std::size_t done = 0;
     while (done < line.size()) {
-      const ssize_t n = ::write(journal_fd_, line.data() + done, line.size() - done);
+      const ssize_t n = ::write(journal_fd_.get(), line.data() + done, line.size() - done);
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) {
         err = n < 0 ? errno : EIO;
@@ -214,7 +215,7 @@ void Exporter::append(json rec) {
       return;
     }
     // Part of the line may be on disk: cut back to the last complete line.
-    if (done > 0 && (before < 0 || ::ftruncate(journal_fd_, before) != 0)) tail_dirty_ = true;
+    if (done > 0 && (before < 0 || ::ftruncate(journal_fd_.get(), before) != 0)) tail_dirty_ = true;
   } else {
     err = EIO;
   }

@@ -26,6 +26,7 @@
 
 #include "journal_check.h"
 #include "mlflow_client.h"
+#include "trainer/durable_file.h"
 #include "trainer/error.h"
 
 namespace spdlog {
@@ -111,7 +112,9 @@ class Sender {
 /// Reads RUN_DIR/mlflow/sent.json's entry for `uri` (empty Progress when none).
 Progress read_progress(const std::filesystem::path& dir, const std::string& uri);
 
-/// A tracking URI as the journal keys it: `file:` URIs made absolute (`file:///abs/path`).
+/// A tracking URI as the journal keys it: `file:` URIs made absolute (`file:///abs/path`), the
+/// userinfo of others cut (`http://user:pass@host` is `http://host`: the credentials name who
+/// sends, not where to).
 std::string canonical_uri(const std::string& uri);
 
 struct ExportOptions {
@@ -146,7 +149,7 @@ class Exporter {
   std::shared_ptr<spdlog::logger> log_;
   std::unique_ptr<JournalLock> lock_;
   std::unique_ptr<Sender> sender_;
-  int journal_fd_ = -1;  ///< the journal, opened for appending
+  FileDescriptor journal_fd_;  ///< the journal, opened for appending
   std::int64_t next_seq_ = 1;
   bool tail_dirty_ = false;        ///< a failed append left a partial line that could not be cut yet
   std::int64_t lost_records_ = 0;  ///< records not journaled since the last append that worked

@@ -6,11 +6,13 @@
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <type_traits>
 
 #include "journal_check.h"
 #include "journal_io.h"
 #include "mlflow_export.h"
 #include "trainer/durable_file.h"
+#include "trainer/error.h"
 #include "trainer/json.h"
 
 namespace fs = std::filesystem;
@@ -42,11 +44,30 @@ std::vector<KeyValue> key_values(const json& a) {
   return out;
 }
 
+/// sent.json as an object; none there is an empty one. It may come with a run directory from
+/// elsewhere: anything but a regular file (a FIFO would hold sync up) is refused naming it.
 json read_json_file(const fs::path& p) {
+  std::error_code ec;
+  const fs::file_status st = fs::symlink_status(p, ec);
+  if (!fs::exists(st)) return json::object();
+  TRAINER_CHECK_T(UsageError, fs::is_regular_file(st), p.string(),
+                  " is not a regular file (a link, a FIFO or a folder); remove it to send the journal from its start");
   std::ifstream in(p);
   if (!in) return json::object();
   json j = json::parse(in, nullptr, false);
   return j.is_object() ? j : json::object();
+}
+
+/// sent.json's `name` of destination `key` when it is there, checked to be what trainer writes.
+template <class T>
+T progress_field(const json& d, const char* name, T fallback, const fs::path& file, const std::string& key) {
+  if (!d.contains(name)) return fallback;
+  const json& v = d[name];
+  constexpr bool is_string = std::is_same_v<T, std::string>;
+  TRAINER_CHECK_T(UsageError, is_string ? v.is_string() : v.is_number_integer(), file.string(), ": \"destinations\" \"",
+                  key, "\" has ", name, " = ", v.dump(), ", not ", is_string ? "a string" : "a whole number",
+                  "; remove the entry (or the file) to send the journal from its start");
+  return v.get<T>();
 }
 
 void write_json_atomically(const fs::path& p, const json& j) { write_replacing(p.string(), j.dump(1) + "\n"); }
@@ -70,13 +91,21 @@ Progress read_progress(const fs::path& dir, const std::string& uri) {
   const json all = read_json_file(dir / kSent);
   Progress p;
   const std::string key = canonical_uri(uri);
-  if (!all.contains("destinations") || !all["destinations"].contains(key)) return p;
+  const fs::path file = dir / kSent;
+  if (!all.contains("destinations")) return p;
+  TRAINER_CHECK_T(UsageError, all["destinations"].is_object(), file.string(), ": \"destinations\" is ",
+                  all["destinations"].dump(), ", not an object; remove the file to send the journal from its start");
+  if (!all["destinations"].contains(key)) return p;
   const json& d = all["destinations"][key];
-  p.seq = d.value("seq", std::int64_t{0});
-  p.offset = d.value("offset", std::int64_t{0});
-  p.experiment_id = d.value("experiment_id", std::string());
-  p.run_id = d.value("run_id", std::string());
-  p.artifact_uri = d.value("artifact_uri", std::string());
+  TRAINER_CHECK_T(UsageError, d.is_object(), file.string(), ": \"destinations\" \"", key, "\" is ", d.dump(),
+                  ", not an object; remove the entry (or the file) to send the journal from its start");
+  p.seq = progress_field(d, "seq", std::int64_t{0}, file, key);
+  p.offset = progress_field(d, "offset", std::int64_t{0}, file, key);
+  TRAINER_CHECK_T(UsageError, p.seq >= 0 && p.offset >= 0, file.string(), ": \"destinations\" \"", key, "\" has seq ",
+                  p.seq, " and offset ", p.offset, "; both are 0 or more");
+  p.experiment_id = progress_field(d, "experiment_id", std::string(), file, key);
+  p.run_id = progress_field(d, "run_id", std::string(), file, key);
+  p.artifact_uri = progress_field(d, "artifact_uri", std::string(), file, key);
   return p;
 }
 

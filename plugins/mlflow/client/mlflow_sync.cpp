@@ -16,6 +16,7 @@
 #include "journal_io.h"
 #include "mlflow_export.h"
 #include "trainer/durable_file.h"
+#include "trainer/secrets.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -98,7 +99,8 @@ void check_continues(const fs::path& run_dir, const Scan& scan, const std::strin
 }
 
 /// Two tracking URIs that name the same destination (file: URIs made absolute, a trailing
-/// `/` dropped).
+/// `/` dropped, userinfo cut: the journal keeps its URI without credentials, the user gives
+/// them in the URI).
 bool same_uri(const std::string& a, const std::string& b) {
   auto norm = [](std::string u) {
     u = canonical_uri(u);
@@ -174,9 +176,9 @@ int sync_run_dir(const std::string& run_dir, const std::string& uri_override, st
   std::string uri = uri_override;
   if (uri.empty() && !env_uri.empty()) {
     if (!scan.uri.empty() && !same_uri(scan.uri, env_uri)) {
-      err << "trainer mlflow sync: the journal of " << run_dir << " names the tracking URI " << scan.uri << " ("
-          << scan.uri_where << "), MLFLOW_TRACKING_URI is " << env_uri
-          << ": pass --tracking-uri with the one to send to\n";
+      err << "trainer mlflow sync: the journal of " << run_dir << " names the tracking URI "
+          << without_userinfo(scan.uri) << " (" << scan.uri_where << "), MLFLOW_TRACKING_URI is "
+          << without_userinfo(env_uri) << ": pass --tracking-uri with the one to send to\n";
       return 2;
     }
     uri = env_uri;
@@ -187,6 +189,7 @@ int sync_run_dir(const std::string& run_dir, const std::string& uri_override, st
       return 2;
     }
     uri = scan.uri;
+    const std::string shown = without_userinfo(uri);  // an older trainer's journal kept it whole
     const bool remote = uri.rfind("file:", 0) != 0;
     const std::string set = !credentials.token.empty() ? "MLFLOW_TRACKING_TOKEN"
                             : !credentials.username.empty() || !credentials.password.empty()
@@ -198,20 +201,20 @@ int sync_run_dir(const std::string& run_dir, const std::string& uri_override, st
       // any directory.
       const fs::path root = canonical_uri(uri).substr(7);
       if (!fs::exists(root / "0" / "meta.yaml")) {
-        err << "trainer mlflow sync: the tracking URI " << uri << " comes from the journal of " << run_dir << " alone ("
-            << scan.uri_where << ") and " << root.string()
+        err << "trainer mlflow sync: the tracking URI " << shown << " comes from the journal of " << run_dir
+            << " alone (" << scan.uri_where << ") and " << root.string()
             << " is not an MLflow file store (no 0/meta.yaml); sync creates one only where you say: pass "
                "--tracking-uri "
-            << uri << " or set MLFLOW_TRACKING_URI=" << uri << "\n";
+            << shown << " or set MLFLOW_TRACKING_URI=" << shown << "\n";
         return 2;
       }
     }
     if (remote && !set.empty()) {
-      err << "trainer mlflow sync: " << set << " is set, and the tracking URI " << uri << " comes from the journal of "
-          << run_dir << " alone (" << scan.uri_where
+      err << "trainer mlflow sync: " << set << " is set, and the tracking URI " << shown
+          << " comes from the journal of " << run_dir << " alone (" << scan.uri_where
           << "); credentials are sent only to a server you name, as a copied run directory may name any: pass "
              "--tracking-uri "
-          << uri << " or set MLFLOW_TRACKING_URI=" << uri << "\n";
+          << shown << " or set MLFLOW_TRACKING_URI=" << shown << "\n";
       return 2;
     }
     credentials = {};
@@ -219,7 +222,7 @@ int sync_run_dir(const std::string& run_dir, const std::string& uri_override, st
   try {
     std::vector<fs::path> seen;
     check_continues(run_dir, scan, uri, trusted, seen);
-  } catch (const JournalError& e) {
+  } catch (const UsageError& e) {  // a continue record refused, or sent.json holding what trainer never writes
     err << "trainer mlflow sync: " << e.what() << "; nothing was sent\n";
     return 2;
   }
@@ -273,7 +276,7 @@ int sync_run_dir(const std::string& run_dir, const std::string& uri_override, st
   }
   const auto [left, left_metrics] = sender.pending();
   out << "trainer mlflow sync: sent " << sender.sent_records() << " of " << records << " records ("
-      << sender.sent_metrics() << " of " << metrics << " metrics) to " << uri;
+      << sender.sent_metrics() << " of " << metrics << " metrics) to " << without_userinfo(uri);
   if (!sender.progress().run_id.empty()) out << ", run " << sender.progress().run_id;
   out << "\n";
   if (sender.rejected_records() > 0) {
