@@ -65,7 +65,13 @@ class FeatureDataset final : public trainer::Dataset {
     TRAINER_CHECK(features_.defined(), "linear_probe: features read before they were computed (FitStart)");
     return {features_.index_select(0, indices), targets_.index_select(0, indices)};
   }
-  trainer::DataSpec spec() const override { return {{width_}, source_->spec().num_classes}; }
+  trainer::DataSpec spec() const override {
+    // Features of width_, with the source's classes (or why it declares none).
+    const trainer::DataSpec source = source_->spec();
+    trainer::DataSpec s{{width_}, source.num_classes};
+    s.classes_refused = source.classes_refused;
+    return s;
+  }
 
   /// Runs `backbone.features()` over every sample, `batch` at a time, on `device` in `dtype`;
   /// the samples (as `get` gives them) are read ahead by the run's loader workers.
