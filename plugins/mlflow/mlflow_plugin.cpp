@@ -137,6 +137,7 @@ class MlflowPlugin final : public trainer::Plugin {
                     uri_.rfind("http://", 0) == 0 || uri_.rfind("https://", 0) == 0 || uri_.rfind("file:", 0) == 0,
                     "plugins.mlflow.tracking_uri = '", shown_uri_,
                     "' is not supported: use http://host:port, https://..., or file:./mlruns");
+    refuse_credentials_for_a_stored_uri(section);
     experiment_ = s_.experiment.empty() ? env_or("MLFLOW_EXPERIMENT_NAME", "Default") : s_.experiment;
     parent_ = s_.parent_run_id.empty() ? env_or("MLFLOW_PARENT_RUN_ID", "") : s_.parent_run_id;
     for (const auto& t : s_.tags) {
@@ -231,6 +232,24 @@ class MlflowPlugin final : public trainer::Plugin {
     } catch (...) {
       return "unknown exception";
     }
+  }
+
+  /// A server that only a run directory's config.toml names (`--resume RUN_DIR`: the core marks
+  /// its keys' origins " (a stored config)") gets no credentials from the environment: whoever
+  /// could edit the directory would receive them. The user names it again: on the command line,
+  /// or as MLFLOW_TRACKING_URI, as `trainer mlflow sync` asks.
+  void refuse_credentials_for_a_stored_uri(const trainer::Config& section) const {
+    if (s_.tracking_uri.empty() || uri_.rfind("file:", 0) == 0) return;
+    if (section.origin("tracking_uri").find(" (a stored config)") == std::string::npos) return;
+    const mlf::Credentials c = mlf::Credentials::from_env();
+    if (c.token.empty() && c.username.empty() && c.password.empty()) return;
+    const std::string env_uri = env_or("MLFLOW_TRACKING_URI", "");
+    if (!env_uri.empty() && mlf::canonical_uri(env_uri) == mlf::canonical_uri(uri_)) return;
+    throw trainer::UsageError(
+        section.origin("tracking_uri") + ": plugins.mlflow.tracking_uri = '" + shown_uri_ +
+        "' is named by the run directory alone, and MLflow credentials are set in the environment: they go only "
+        "to a server you name, as a run directory may name any. Name it again: plugins.mlflow.tracking_uri=" +
+        shown_uri_ + " on the command line, or MLFLOW_TRACKING_URI=" + shown_uri_);
   }
 
   void open(trainer::EventContext& ctx) {

@@ -152,4 +152,57 @@ TEST_F(MlflowCredentials, SyncWithTheCredentialsInMlflowTrackingUriSendsTheJourn
   EXPECT_EQ(files_holding(dir, "hunter2"), std::vector<std::string>{});
 }
 
+/// `trainer --resume RUN_DIR ARGS` with `env` (NAME=VALUE ...) and no other MLflow setting from
+/// the caller's environment: its exit code and what it printed.
+trainer::testing::CommandOutput resume_with_env(const std::string& env, const fs::path& run_dir,
+                                                const std::string& args = "") {
+  return run_command(
+      "env -u MLFLOW_TRACKING_URI -u MLFLOW_TRACKING_TOKEN -u MLFLOW_TRACKING_USERNAME -u MLFLOW_TRACKING_PASSWORD " +
+      env + " " + TRAINER_CLI + " --resume " + run_dir.string() + " training.epochs=3 " + args);
+}
+
+// A run directory is data: a server that only its config.toml names gets no credentials from
+// the environment on `--resume RUN_DIR` (here someone pointed it at their own listener). The
+// run is refused before any request, saying how to name the server; named again (on the command
+// line or as MLFLOW_TRACKING_URI), the server is the user's and gets them.
+TEST_F(MlflowCredentials, AResumeSendsNoCredentialsToAServerOnlyTheRunDirectoryNames) {
+  ScriptedServer server(mlflow_answer), planted(mlflow_answer);
+  const std::string uri = "http://127.0.0.1:" + std::to_string(server.port());
+  const std::string planted_uri = "http://127.0.0.1:" + std::to_string(planted.port());
+  const trainer::RunResult r = fit(kRun, {"+plugins.mlflow.tracking_uri=\"" + uri + "\""}, "run");
+  ASSERT_EQ(r.exit_code, 0) << r.message;
+  const fs::path dir = tmp_ / "run";
+  const std::string config = read_file(dir / "config.toml");
+  const std::string stored_line = "tracking_uri = \"" + uri + "\"";
+  ASSERT_NE(config.find(stored_line), npos) << config;
+  std::string edited = config;
+  edited.replace(edited.find(stored_line), stored_line.size(), "tracking_uri = \"" + planted_uri + "\"");
+  trainer::testing::write_file(dir / "config.toml", edited);
+  const std::string token = "MLFLOW_TRACKING_TOKEN=tok-hunter2";
+
+  const auto refused = resume_with_env(token, dir);
+  EXPECT_EQ(refused.code, 2) << refused.text;
+  EXPECT_NE(refused.text.find((dir / "config.toml").string() + ":"), npos) << refused.text;
+  EXPECT_NE(refused.text.find("plugins.mlflow.tracking_uri = '" + planted_uri +
+                              "' is named by the run directory alone, and MLflow credentials are set"),
+            npos)
+      << refused.text;
+  EXPECT_NE(refused.text.find("MLFLOW_TRACKING_URI=" + planted_uri), npos) << refused.text;
+  EXPECT_TRUE(planted.requests.empty()) << planted.requests.front();
+  // Without credentials nothing is at stake: the stored server is used as before.
+  const auto without = resume_with_env("", dir);
+  EXPECT_EQ(without.code, 0) << without.text;
+  ASSERT_FALSE(planted.requests.empty());
+  for (const auto& req : planted.requests) EXPECT_EQ(req.find("Authorization"), npos) << req;
+
+  // Named by the user, as an override or as MLFLOW_TRACKING_URI: the server gets the token.
+  trainer::testing::write_file(dir / "config.toml", config);
+  const auto named = resume_with_env(token, dir, "training.epochs=4 'plugins.mlflow.tracking_uri=\"" + uri + "\"'");
+  EXPECT_EQ(named.code, 0) << named.text;
+  const auto by_env = resume_with_env(token + " MLFLOW_TRACKING_URI=" + uri, dir, "training.epochs=5");
+  EXPECT_EQ(by_env.code, 0) << by_env.text;
+  ASSERT_FALSE(server.requests.empty());
+  EXPECT_NE(server.requests.back().find("Authorization: Bearer tok-hunter2"), npos) << server.requests.back();
+}
+
 }  // namespace

@@ -128,6 +128,15 @@ std::string stored_defaults_problem(const Config& stored) {
       stored.origin("defaults"));
 }
 
+/// A stored config's keys say so in their origins ("runs/r/config.toml:41 (a stored config)"):
+/// in messages, and to a plugin that must not act on what a run directory alone says (the
+/// MLflow plugin sends the environment's credentials only to a server the user named).
+void mark_stored(Config& stored) {
+  for (const auto& key : stored.leaf_keys()) {
+    stored.set(key, stored.value(key), stored.origin(key) + " (a stored config)");
+  }
+}
+
 LoadedRecipe load_recipe_as(const std::string& recipe_path, const std::vector<std::string>& overrides,
                             const std::vector<std::string>& config_dirs, RecipeKind kind);
 
@@ -187,6 +196,7 @@ LoadedRecipe load_recipe_as(const std::string& recipe_path, const std::vector<st
   }
 
   Config recipe = Config::parse_file(recipe_path);  // unreadable recipe: nothing else to say
+  if (kind == RecipeKind::StoredConfig) mark_stored(recipe);
   const auto dirs = config_search_dirs(recipe_path, config_dirs, kind);
 
   // defaults = [...] with group selections and presets from the command line applied.
