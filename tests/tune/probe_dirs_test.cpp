@@ -84,6 +84,10 @@ TEST(ProbeDirs, AFolderOfThePredictableNameIsNeitherUsedWrittenThroughNorRemoved
   EXPECT_FALSE(fs::exists(tmp / "created-through-a-link.toml"));
 }
 
+// A recipe with checkpoint.autoresume = true and a checkpoint planted where today's folders
+// would be: no probe resumes from it. (Each probe's folder is new and empty, so there is nothing
+// there to resume; run_short also turns autoresume off, in case a recipe could ever point a run
+// at checkpoints elsewhere.)
 TEST(ProbeDirs, AProbeNeverResumesEvenWithAutoresumeInTheRecipe) {
   TempDir tmp;
   const std::string recipe = std::string(kSmallRun) + "[checkpoint]\nautoresume = true\n";
